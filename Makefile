@@ -1,0 +1,25 @@
+# Two entry points: `make demo` (the paper's pipeline in miniature) and `make test`.
+# Each creates .venv at the repository root when missing; torch is installed first and pinned,
+# because a plain `torch` would pull a multi-GB CUDA build.
+PY := .venv/bin/python
+STAMP := .venv/.installed
+
+.PHONY: demo test venv clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3.11 -m venv .venv || python3 -m venv .venv
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: $(STAMP)
+	HF_HUB_OFFLINE=1 $(PY) -m bridgelm demo --out runs/demo
+
+test: $(STAMP)
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests
+
+clean:
+	rm -rf runs .pytest_cache

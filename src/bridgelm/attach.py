@@ -1,0 +1,348 @@
+"""Attaching Bridge / P-Match blocks to a Hugging Face decoder, and saving or loading only those blocks.
+
+Each decoder layer keeps its modules and weights; it gains one submodule (`bridge` or `pmatch`) and its class
+is swapped for a subclass with the same name whose forward adds the block's update to the residual stream:
+after the feed-forward residual ("ffn", the paper's default) or after the attention residual ("attn").
+The model keeps its whole interface (`model(...)`, `generate`, `save_pretrained`, gradient checkpointing):
+the subclass is checkpointed like the original layer, and the group layout arrives as the keyword argument
+`bridge_groups` that Hugging Face decoders pass down to their layers (see grouped.py).
+
+The settings are recorded in `model.config.bridgelm`, so `save_pretrained` writes them into config.json
+and `load_model` rebuilds the blocks from such a checkpoint.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import nn
+
+from bridgelm.blocks import BlockConfig, make_block
+from bridgelm.grouped import KWARG
+
+FORMAT = "bridgelm-blocks-1"
+_USUAL_LAYOUT = ("self_attn", "mlp", "input_layernorm", "post_attention_layernorm")
+_EXTRA_NORMS = ("pre_feedforward_layernorm", "post_feedforward_layernorm")  # Gemma-like layouts
+
+
+class _BlockLayer:
+    """Mixin of the swapped decoder-layer classes; the original class follows it in the MRO."""
+
+    _bridgelm_kind: str  # attribute name of the added block: "bridge" or "pmatch"
+    _bridgelm_placement: str
+
+    def forward(self, hidden_states, *args, **kwargs):
+        groups = kwargs.pop(KWARG, None)
+        block = getattr(self, self._bridgelm_kind)
+        if self._bridgelm_placement == "ffn":
+            out = super().forward(hidden_states, *args, **kwargs)
+            if isinstance(out, tuple):
+                return (out[0] + block(out[0], groups), *out[1:])
+            return out + block(out, groups)
+        return self._forward_attn_placement(block, groups, hidden_states, *args, **kwargs)
+
+    def _forward_attn_placement(
+        self,
+        block,
+        groups,
+        hidden_states,
+        attention_mask=None,
+        position_ids=None,
+        past_key_values=None,
+        use_cache=False,
+        position_embeddings=None,
+        **kwargs,
+    ):
+        # The usual pre-norm layout, with the block after the attention residual.
+        residual = hidden_states
+        h = self.input_layernorm(hidden_states)
+        h, _ = self.self_attn(
+            hidden_states=h,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            use_cache=use_cache,
+            position_embeddings=position_embeddings,
+            **kwargs,
+        )
+        h = residual + h
+        h = h + block(h, groups)
+        residual = h
+        h = self.mlp(self.post_attention_layernorm(h))
+        return residual + h
+
+
+_SWAPPED: dict[tuple[type, str, str], type] = {}
+
+
+def _swapped_class(cls: type, kind: str, placement: str) -> type:
+    key = (cls, kind, placement)
+    if key not in _SWAPPED:
+        # Same name as the original, so that name-based lookups (no-split modules, FSDP wrap policies) still match.
+        new = type(cls.__name__, (_BlockLayer, cls), {"_bridgelm_kind": kind, "_bridgelm_placement": placement})
+        new.__qualname__ = cls.__qualname__
+        new.__module__ = cls.__module__
+        _SWAPPED[key] = new
+    return _SWAPPED[key]
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The decoder layers of a Hugging Face causal LM in the usual layout, or a ValueError naming its class."""
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    layers = getattr(decoder, "layers", None)
+    if not isinstance(layers, nn.ModuleList) or len(layers) == 0:
+        raise ValueError(
+            f"unsupported architecture {type(model).__name__}: expected a decoder with a `layers` list "
+            "(Qwen2, Qwen3, Llama, Mistral and other models in the usual layout)"
+        )
+    first = layers[0]
+    missing = [a for a in _USUAL_LAYOUT if not hasattr(first, a)]
+    if missing:
+        raise ValueError(
+            f"unsupported architecture {type(model).__name__}: its layer {type(first).__name__} lacks {missing}; "
+            f"expected the usual layout {list(_USUAL_LAYOUT)}"
+        )
+    return layers
+
+
+def block_config(model: nn.Module) -> BlockConfig | None:
+    """The settings of the blocks attached to `model`, or None when it has none."""
+    layers = decoder_layers(model)
+    if not isinstance(layers[0], _BlockLayer):
+        return None
+    return BlockConfig(**{k: v for k, v in model.config.bridgelm.items() if k in BlockConfig.__dataclass_fields__})
+
+
+def _text_config(model):
+    cfg = model.config
+    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+
+
+def _resolve(model: nn.Module, kind: str, num_heads: int, head_dim: int | None, placement: str) -> BlockConfig:
+    cfg = _text_config(model)
+    if head_dim is None:
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    return BlockConfig(kind=kind, num_heads=num_heads, head_dim=int(head_dim), placement=placement)
+
+
+def _new_norm(src: nn.Module, hidden_size: int, default_eps: float) -> nn.Module:
+    """A fresh norm of the host's class and eps (weight = ones), on the current default device."""
+    eps = getattr(src, "variance_epsilon", getattr(src, "eps", default_eps))
+    try:
+        return type(src)(hidden_size, eps=eps)
+    except TypeError as err:
+        raise ValueError(
+            f"cannot build an input norm of class {type(src).__name__} as {type(src).__name__}(hidden_size, eps=...)"
+        ) from err
+
+
+def _attach(model: nn.Module, cfg: BlockConfig) -> nn.Module:
+    layers = decoder_layers(model)
+    existing = block_config(model)
+    if existing is not None:
+        raise ValueError(
+            f"the model already has {existing.kind} blocks (placement {existing.placement!r}); "
+            "blocks can be added once. Load a fresh model to change them."
+        )
+    if cfg.placement == "attn":
+        extra = [n for n in _EXTRA_NORMS if hasattr(layers[0], n)]
+        if extra:
+            raise ValueError(
+                f"placement='attn' needs the usual layer layout, but {type(layers[0]).__name__} has {extra}; "
+                "use placement='ffn'"
+            )
+    text_cfg = _text_config(model)
+    hidden = text_cfg.hidden_size
+    init_std = getattr(text_cfg, "initializer_range", 0.02)
+    default_eps = getattr(text_cfg, "rms_norm_eps", 1e-6)
+    for layer in layers:
+        ref = next(p for p in layer.parameters() if p.is_floating_point())
+        with torch.device(ref.device):
+            norm = _new_norm(layer.post_attention_layernorm, hidden, default_eps)
+            block = make_block(cfg, hidden, norm, init_std)
+        block.to(dtype=ref.dtype)
+        block.requires_grad_(any(p.requires_grad for p in layer.parameters()))
+        layer.add_module(cfg.kind, block)
+        layer.__class__ = _swapped_class(type(layer), cfg.kind, cfg.placement)
+    model.config.bridgelm = {**asdict(cfg), "format": FORMAT}
+    return model
+
+
+def add_bridge(model: nn.Module, num_heads: int = 4, head_dim: int | None = None, placement: str = "ffn") -> nn.Module:
+    """Add a Bridge block (attention across a group's rows) to every decoder layer; returns the model."""
+    return _attach(model, _resolve(model, "bridge", num_heads, head_dim, placement))
+
+
+def add_pmatch(model: nn.Module, num_heads: int = 4, head_dim: int | None = None, placement: str = "ffn") -> nn.Module:
+    """Add the parameter-matched P-Match MLP to every decoder layer; returns the model."""
+    return _attach(model, _resolve(model, "pmatch", num_heads, head_dim, placement))
+
+
+def added_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
+    """The added blocks' parameters only, by their names in `model.named_parameters()`."""
+    cfg = block_config(model)
+    if cfg is None:
+        return {}
+    marker = f".{cfg.kind}."
+    return {name: p for name, p in model.named_parameters() if marker in name}
+
+
+def _block_state(model: nn.Module, cfg: BlockConfig) -> dict[str, torch.Tensor]:
+    """Blocks' tensors keyed `layers.{i}.{param}` (independent of where the decoder sits in the model)."""
+    state = {}
+    for i, layer in enumerate(decoder_layers(model)):
+        for name, t in getattr(layer, cfg.kind).state_dict().items():
+            state[f"layers.{i}.{name}"] = t
+    return state
+
+
+def _base_name(model: nn.Module) -> str:
+    return str(getattr(model.config, "_name_or_path", "") or type(model).__name__)
+
+
+def save_blocks(model: nn.Module, path: str | os.PathLike) -> Path:
+    """Write only the added blocks to a safetensors file (atomically), with their settings as metadata."""
+    cfg = block_config(model)
+    if cfg is None:
+        raise ValueError("the model has no Bridge or P-Match blocks to save: call add_bridge/add_pmatch first")
+    path = Path(path)
+    state = {k: v.detach().contiguous().cpu() for k, v in _block_state(model, cfg).items()}
+    text_cfg = _text_config(model)
+    meta = {
+        **{k: str(v) for k, v in asdict(cfg).items()},
+        "format": FORMAT,
+        "base_model": _base_name(model),
+        "hidden_size": str(text_cfg.hidden_size),
+        "num_layers": str(len(decoder_layers(model))),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    save_file(state, str(tmp), metadata=meta)
+    os.replace(tmp, path)
+    return path
+
+
+def read_block_settings(path: str | os.PathLike) -> tuple[BlockConfig, dict[str, str]]:
+    """The BlockConfig and raw metadata stored in a block file."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"block file {path} does not exist")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+    except Exception as err:
+        raise ValueError(f"{path} is not a safetensors block file: {err}") from err
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a bridgelm block file (format {meta.get('format')!r}, expected {FORMAT!r})")
+    cfg = BlockConfig(
+        kind=meta["kind"], num_heads=int(meta["num_heads"]), head_dim=int(meta["head_dim"]), placement=meta["placement"]
+    )
+    return cfg, meta
+
+
+def load_blocks(model: nn.Module, path: str | os.PathLike) -> nn.Module:
+    """Load a block file into `model`, adding the blocks first when the model has none.
+
+    Everything is checked before the model is touched: kind and settings against blocks already attached,
+    and every tensor's name and shape against what the model's blocks would hold.
+    """
+    cfg, meta = read_block_settings(path)
+    existing = block_config(model)
+    if existing is not None and existing != cfg:
+        raise ValueError(
+            f"{path} holds blocks {asdict(cfg)} but the model has {asdict(existing)}; "
+            "load it into a model without blocks or with the same ones"
+        )
+    # Expected names and shapes, from a throwaway block built on the meta device.
+    text_cfg = _text_config(model)
+    layers = decoder_layers(model)
+    with torch.device("meta"):
+        norm = _new_norm(layers[0].post_attention_layernorm, text_cfg.hidden_size, 1e-6)
+        probe = make_block(cfg, text_cfg.hidden_size, norm, 0.0)
+    expected = {
+        f"layers.{i}.{name}": tuple(t.shape) for i in range(len(layers)) for name, t in probe.state_dict().items()
+    }
+    with safe_open(str(path), framework="pt") as f:
+        got = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    missing = sorted(set(expected) - set(got))
+    unexpected = sorted(set(got) - set(expected))
+    wrong = sorted(k for k in set(got) & set(expected) if got[k] != expected[k])
+    if missing or unexpected or wrong:
+        detail = []
+        if missing:
+            detail.append(f"missing {missing[:3]}")
+        if unexpected:
+            detail.append(f"unexpected {unexpected[:3]}")
+        if wrong:
+            detail.append(", ".join(f"{k}: file {got[k]} vs model {expected[k]}" for k in wrong[:3]))
+        raise ValueError(
+            f"{path} ({meta.get('kind')} blocks for base {meta.get('base_model')!r}, hidden size "
+            f"{meta.get('hidden_size')}, {meta.get('num_layers')} layers) does not fit this model "
+            f"({type(model).__name__}, hidden size {text_cfg.hidden_size}, {len(layers)} layers): "
+            + "; ".join(detail)
+        )
+    if existing is None:
+        _attach(model, cfg)
+    with safe_open(str(path), framework="pt") as f:
+        for i, layer in enumerate(layers):
+            block = getattr(layer, cfg.kind)
+            ref = next(block.parameters())
+            prefix = f"layers.{i}."
+            sub = {k[len(prefix) :]: f.get_tensor(k) for k in got if k.startswith(prefix)}
+            block.load_state_dict({k: v.to(device=ref.device, dtype=ref.dtype) for k, v in sub.items()}, assign=ref.is_meta)
+    return model
+
+
+def load_model(name_or_path: str, blocks: str | os.PathLike | None = None, dtype=torch.float32, device="cpu", **kwargs):
+    """Load a causal LM (local dir or hub id), rebuilding blocks recorded in its config, then `blocks` if given."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(name_or_path, **kwargs)
+    recorded = getattr(config, "bridgelm", None)
+    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, **kwargs).to(device)
+    if recorded:
+        cfg = BlockConfig(**{k: v for k, v in recorded.items() if k in BlockConfig.__dataclass_fields__})
+        _attach(model, cfg)
+        _load_recorded_blocks(model, Path(name_or_path), cfg)
+    if blocks is not None:
+        load_blocks(model, blocks)
+    return model
+
+
+def _load_recorded_blocks(model: nn.Module, folder: Path, cfg: BlockConfig) -> None:
+    """Copy the block tensors that `save_pretrained` wrote into the model's safetensors shards."""
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{folder} records {cfg.kind} blocks in config.json but holds no safetensors weights")
+    params = dict(model.named_parameters())
+    params.update(dict(model.named_buffers()))
+    loaded = 0
+    marker = f".{cfg.kind}."
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            for key in f.keys():
+                if marker in key and key in params:
+                    with torch.no_grad():
+                        params[key].copy_(f.get_tensor(key))
+                    loaded += 1
+    wanted = sum(1 for k in params if marker in k)
+    if loaded != wanted:
+        raise ValueError(f"{folder}: found {loaded} of the {wanted} {cfg.kind} tensors that config.json records")
+
+
+__all__ = [
+    "add_bridge",
+    "add_pmatch",
+    "added_parameters",
+    "save_blocks",
+    "load_blocks",
+    "load_model",
+    "block_config",
+    "decoder_layers",
+    "read_block_settings",
+]

@@ -1,0 +1,135 @@
+"""The Bridge block and its parameter-matched baseline, P-Match.
+
+Bridge (paper Sec. 3.1, Algorithm 1): at every position s, the rows of a group attend to each other along
+the BATCH axis. Input RMSNorm (the host model's class and eps), Q/K/V projections D -> H*Dh and an output
+projection H*Dh -> D, no biases, no positional encoding, no KV cache. The output projection starts at zero,
+so a freshly added block changes nothing. Row b attends to the rows of its group that are valid at s, and
+always to itself, so that rows past their end (whose outputs nobody reads) stay finite.
+
+P-Match: a 2-layer MLP D -> 2*H*Dh -> D with SiLU and its own input norm, zero-initialised output; it has
+exactly the same parameter count as Bridge (D + 4*D*H*Dh) and ignores the batch axis.
+
+Both return the residual update; the caller adds it to the residual stream.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+if TYPE_CHECKING:  # the layout object is built one level up, in grouped.py
+    from bridgelm.grouped import Groups
+
+KINDS = ("bridge", "pmatch")
+PLACEMENTS = ("ffn", "attn")
+
+
+@dataclass(frozen=True)
+class BlockConfig:
+    """Settings of the blocks added to a model (saved next to their weights)."""
+
+    kind: str  # "bridge" or "pmatch"
+    num_heads: int = 4  # H, attention heads of a Bridge block (P-Match uses 2*H*Dh hidden units)
+    head_dim: int = 0  # Dh; 0 until resolved to the host model's head dimension
+    placement: str = "ffn"  # "ffn": after each feed-forward block (paper default); "attn": after attention
+
+    def __post_init__(self):
+        if self.kind not in KINDS:
+            raise ValueError(f"kind={self.kind!r} is not one of {KINDS}")
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"placement={self.placement!r} is not one of {PLACEMENTS}")
+        if not isinstance(self.num_heads, int) or self.num_heads < 1:
+            raise ValueError(f"num_heads={self.num_heads!r} must be a positive integer")
+        if not isinstance(self.head_dim, int) or self.head_dim < 0:
+            raise ValueError(f"head_dim={self.head_dim!r} must be a positive integer")
+
+
+class BridgeBlock(nn.Module):
+    """Attention across the rows of a group at each position. forward: x [B, S, D] -> update [B, S, D]."""
+
+    def __init__(self, hidden_size: int, num_heads: int, head_dim: int, norm: nn.Module):
+        super().__init__()
+        self.num_heads, self.head_dim = num_heads, head_dim
+        inner = num_heads * head_dim
+        self.norm = norm
+        self.q_proj = nn.Linear(hidden_size, inner, bias=False)
+        self.k_proj = nn.Linear(hidden_size, inner, bias=False)
+        self.v_proj = nn.Linear(hidden_size, inner, bias=False)
+        self.o_proj = nn.Linear(inner, hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, groups: Groups | None = None) -> torch.Tensor:
+        h = self.norm(x)  # [B, S, D]
+        if groups is None or (groups.contiguous and groups.width == 1):
+            # Each row alone in its group: softmax over one key is 1, the block is o(v(h)).
+            return self.o_proj(self.v_proj(h))
+        B, S, _ = h.shape
+        if groups.batch_size != B:
+            raise ValueError(f"bridge_groups describes {groups.batch_size} rows but the batch has {B}")
+        H, Dh = self.num_heads, self.head_dim
+        q = self.q_proj(h).view(B, S, H, Dh)
+        k = self.k_proj(h).view(B, S, H, Dh)
+        v = self.v_proj(h).view(B, S, H, Dh)
+        valid = groups.valid  # [B, S'] with S' >= S: the current inputs are its last S positions
+        if valid is not None:
+            valid = valid[:, -S:]
+        if groups.contiguous:
+            w = groups.width
+            G = B // w
+
+            def to_slots(t):  # [B, S, H, Dh] -> [G*S, H, w, Dh]
+                return t.view(G, w, S, H, Dh).permute(0, 2, 3, 1, 4).reshape(G * S, H, w, Dh)
+
+            key_ok = None if valid is None else valid.view(G, w, S).transpose(1, 2)  # [G, S, w]
+        else:
+            idx, w = groups.index, groups.width
+            G = idx.shape[0]
+
+            def to_slots(t):  # gather rows into slots: [B, S, H, Dh] -> [G*S, H, w, Dh]
+                return t[idx].permute(0, 2, 3, 1, 4).reshape(G * S, H, w, Dh)
+
+            used = groups.slot_used[:, None, :].expand(G, S, w)  # [G, S, w]
+            key_ok = used if valid is None else used & valid[idx].transpose(1, 2)
+        mask = None
+        if key_ok is not None:
+            eye = torch.eye(w, dtype=torch.bool, device=h.device)
+            mask = (key_ok[:, :, None, :] | eye).reshape(G * S, 1, w, w)  # [G*S, 1, w(query), w(key)]
+        out = F.scaled_dot_product_attention(to_slots(q), to_slots(k), to_slots(v), attn_mask=mask)
+        out = out.view(G, S, H, w, Dh).permute(0, 3, 1, 2, 4)  # [G, w, S, H, Dh]
+        if groups.contiguous:
+            out = out.reshape(B, S, H * Dh)
+        else:
+            out = out.reshape(G * w, S, H * Dh)[groups.slot_of_row]
+        return self.o_proj(out)
+
+
+class PMatchBlock(nn.Module):
+    """Parameter-matched MLP baseline. forward: x [B, S, D] -> update [B, S, D]; ignores groups."""
+
+    def __init__(self, hidden_size: int, num_heads: int, head_dim: int, norm: nn.Module):
+        super().__init__()
+        inner = 2 * num_heads * head_dim
+        self.norm = norm
+        self.up_proj = nn.Linear(hidden_size, inner, bias=False)
+        self.down_proj = nn.Linear(inner, hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor, groups: Groups | None = None) -> torch.Tensor:
+        return self.down_proj(F.silu(self.up_proj(self.norm(x))))
+
+
+def make_block(cfg: BlockConfig, hidden_size: int, norm: nn.Module, init_std: float) -> nn.Module:
+    """A block of `cfg.kind` with its input `norm`; inputs drawn N(0, init_std), output projection zero."""
+    cls = BridgeBlock if cfg.kind == "bridge" else PMatchBlock
+    block = cls(hidden_size, cfg.num_heads, cfg.head_dim, norm)
+    out_name = "o_proj" if cfg.kind == "bridge" else "down_proj"
+    for name, module in block.named_children():
+        if isinstance(module, nn.Linear) and module.weight.device.type != "meta":
+            with torch.no_grad():
+                if name == out_name:
+                    module.weight.zero_()
+                else:
+                    module.weight.normal_(0.0, init_std)
+    return block

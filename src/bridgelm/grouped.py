@@ -1,0 +1,119 @@
+"""How group membership and validity reach the Bridge blocks during a forward pass.
+
+A forward pass over a batch of B sequences carries a `Groups` bundle as the keyword argument
+`bridge_groups`; Hugging Face decoders pass unknown keyword arguments down to every decoder layer, and
+gradient checkpointing keeps them for the recomputation, so no global state is involved.
+
+`Groups` says which rows attend to each other (rows with equal group id) and which rows are valid at each
+position (`valid [B, S]`, the attention mask). Its layout is computed once per forward, not per layer:
+- "contiguous": groups are consecutive runs of equal width w, the common case of sampling; blocks then
+  reshape [B, ...] into [B/w, w, ...] without gathering;
+- "gathered": any other assignment; rows are gathered into [G, w_max] slots (padding slots masked).
+Either way the cost per layer is O(B * w * S * D), never a dense B x B matrix over the whole batch.
+
+Without `bridge_groups` every row is its own group (width 1), which is independent generation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+KWARG = "bridge_groups"
+
+
+@dataclass
+class Groups:
+    """Group layout of a batch, built by `Groups.build`."""
+
+    batch_size: int  # B, rows of the batch
+    width: int  # w for the contiguous layout; w_max (widest group) for the gathered layout
+    valid: torch.Tensor | None  # [B, S] bool: row b is a live token at position s; None means all valid
+    index: torch.Tensor | None = None  # [G, w_max] long: row of each slot (gathered layout only; pads -> 0)
+    slot_used: torch.Tensor | None = None  # [G, w_max] bool: slot holds a real row (gathered layout only)
+    slot_of_row: torch.Tensor | None = None  # [B] long: flat slot index g*w_max+j of each row (gathered only)
+
+    @property
+    def contiguous(self) -> bool:
+        return self.index is None
+
+    @staticmethod
+    def build(group_ids: torch.Tensor | list[int], valid: torch.Tensor | None = None) -> "Groups":
+        """Layout for `group_ids [B]` (equal ids interact) and the validity mask `valid [B, S]`."""
+        group_ids = torch.as_tensor(group_ids).reshape(-1)
+        if group_ids.dtype.is_floating_point:
+            raise ValueError(f"group_ids must be integers, got dtype {group_ids.dtype}")
+        batch = group_ids.numel()
+        if batch == 0:
+            raise ValueError("group_ids is empty: expected one group id per row of the batch")
+        if valid is not None:
+            if valid.dim() != 2 or valid.shape[0] != batch:
+                raise ValueError(
+                    f"attention mask of shape {tuple(valid.shape)} does not fit group_ids of length {batch}: "
+                    "expected [B, S] with the same B"
+                )
+            valid = valid.bool()
+        ids = group_ids.cpu()
+        # Contiguous runs of equal width, each id used by one run only?
+        change = torch.ones(batch, dtype=torch.bool)
+        change[1:] = ids[1:] != ids[:-1]
+        starts = torch.nonzero(change).reshape(-1)
+        runs = torch.diff(torch.cat([starts, torch.tensor([batch])]))
+        n_distinct = torch.unique(ids).numel()
+        if n_distinct == starts.numel() and bool((runs == runs[0]).all()):
+            return Groups(batch_size=batch, width=int(runs[0]), valid=valid)
+        # General layout: gather rows of each group into padded slots.
+        uniq, inverse, counts = torch.unique(ids, return_inverse=True, return_counts=True)
+        w_max = int(counts.max())
+        order = torch.argsort(inverse, stable=True)  # rows sorted by group, original order within a group
+        sorted_groups = inverse[order]
+        first = torch.cumsum(counts, 0) - counts  # first sorted position of each group
+        rank = torch.arange(batch) - first[sorted_groups]  # slot within the group
+        index = torch.zeros(uniq.numel(), w_max, dtype=torch.long)
+        slot_used = torch.zeros(uniq.numel(), w_max, dtype=torch.bool)
+        index[sorted_groups, rank] = order
+        slot_used[sorted_groups, rank] = True
+        slot_of_row = torch.empty(batch, dtype=torch.long)
+        slot_of_row[order] = sorted_groups * w_max + rank
+        device = valid.device if valid is not None else group_ids.device
+        return Groups(
+            batch_size=batch,
+            width=w_max,
+            valid=valid,
+            index=index.to(device),
+            slot_used=slot_used.to(device),
+            slot_of_row=slot_of_row.to(device),
+        )
+
+    @staticmethod
+    def contiguous_width(batch_size: int, width: int, valid: torch.Tensor | None = None) -> "Groups":
+        """Layout of `batch_size` rows in consecutive groups of `width` (the sampler's layout)."""
+        if width < 1 or batch_size % width:
+            raise ValueError(f"width={width} must be >= 1 and divide the batch size {batch_size}")
+        return Groups(batch_size=batch_size, width=width, valid=None if valid is None else valid.bool())
+
+
+def grouped_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, group_ids) -> torch.Tensor:
+    """Teacher-forced forward of a grouped batch; returns logits [B, S, V].
+
+    `input_ids [B, S]` are right-padded; `attention_mask [B, S]` is 1 on real tokens and 0 on the padding
+    after each sequence's end; `group_ids [B]`: rows with equal ids interact through Bridge blocks and share an
+    identical prompt at the start. At position s a Bridge block lets row b attend to every row of its group
+    whose attention mask is 1 at s (b itself included). Logits at padded positions are unspecified but finite.
+    """
+    if input_ids.dim() != 2:
+        raise ValueError(f"input_ids must be [B, S], got shape {tuple(input_ids.shape)}")
+    if attention_mask.shape != input_ids.shape:
+        raise ValueError(
+            f"attention_mask shape {tuple(attention_mask.shape)} must equal input_ids shape {tuple(input_ids.shape)}"
+        )
+    group_ids = torch.as_tensor(group_ids)
+    if group_ids.dim() != 1 or group_ids.numel() != input_ids.shape[0]:
+        raise ValueError(
+            f"group_ids has {group_ids.numel()} entries (shape {tuple(group_ids.shape)}); "
+            f"expected one per row of input_ids, i.e. {input_ids.shape[0]}"
+        )
+    groups = Groups.build(group_ids, attention_mask)
+    out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **{KWARG: groups})
+    return out.logits

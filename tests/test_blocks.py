@@ -1,0 +1,353 @@
+"""Bridge and P-Match blocks on tiny random models, against slow references."""
+
+import math
+
+import pytest
+import torch
+from conftest import ARCHS, randomize_blocks, tiny_model
+
+import bridgelm
+from bridgelm.grouped import Groups
+
+DTYPES = [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)]
+
+
+def close(a, b, tol):
+    """Equal up to `tol` relative to the larger magnitude (bf16 rounds every op at ~0.4%)."""
+    a, b = a.float(), b.float()
+    return bool((a - b).abs().max() <= tol * max(1.0, b.abs().max().item()))
+
+
+def reference_bridge(block, x, group_ids, valid):
+    """Algorithm 1 of the paper, loop by loop: per position s, per row b, per head."""
+    B, S, D = x.shape
+    H, Dh = block.num_heads, block.head_dim
+    h = block.norm(x).float()
+    q = h @ block.q_proj.weight.float().T
+    k = h @ block.k_proj.weight.float().T
+    v = h @ block.v_proj.weight.float().T
+    out = torch.zeros(B, S, H * Dh)
+    for s in range(S):
+        for b in range(B):
+            keys = [c for c in range(B) if group_ids[c] == group_ids[b] and bool(valid[c, s])]
+            if not valid[b, s]:
+                continue  # unspecified: nobody reads it
+            for head in range(H):
+                sl = slice(head * Dh, (head + 1) * Dh)
+                scores = torch.stack([q[b, s, sl] @ k[c, s, sl] / math.sqrt(Dh) for c in keys])
+                weights = torch.softmax(scores, 0)
+                out[b, s, sl] = sum(wt * v[c, s, sl] for wt, c in zip(weights, keys))
+    return out @ block.o_proj.weight.float().T
+
+
+@pytest.mark.parametrize("dtype,tol", DTYPES)
+@pytest.mark.parametrize(
+    "group_ids",
+    [[0, 0, 0, 0, 1, 1, 1, 1], [5, 5, 2, 2, 2, 7, 5, 9], [3, 3, 3, 3, 3, 3, 3, 3], [0, 1, 2, 3, 4, 5, 6, 7]],
+    ids=["contiguous", "ragged", "one-group", "width1"],
+)
+def test_block_matches_algorithm_1(group_ids, dtype, tol):
+    model = randomize_blocks(bridgelm.add_bridge(tiny_model(dtype=dtype)))
+    block = model.model.layers[0].bridge
+    torch.manual_seed(3)
+    B, S = len(group_ids), 5
+    x = torch.randn(B, S, 64).to(dtype)
+    valid = torch.ones(B, S, dtype=torch.bool)
+    valid[1, 3:] = False  # rows ending early
+    valid[4, 1:] = False
+    valid[6, 4:] = False
+    got = block(x, Groups.build(group_ids, valid)).float()
+    want = reference_bridge(block, x, group_ids, valid)
+    assert torch.isfinite(got).all()
+    assert close(got[valid], want[valid], tol), (got[valid] - want[valid]).abs().max()
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+@pytest.mark.parametrize("kind", ["bridge", "pmatch"])
+@pytest.mark.parametrize("placement", ["ffn", "attn"])
+def test_fresh_blocks_change_nothing(arch, kind, placement):
+    model = tiny_model(arch)
+    ids = torch.randint(3, 97, (4, 7))
+    mask = torch.ones_like(ids)
+    mask[1, 5:] = 0
+    base = model(input_ids=ids, attention_mask=mask).logits
+    add = bridgelm.add_bridge if kind == "bridge" else bridgelm.add_pmatch
+    add(model, placement=placement)
+    got = bridgelm.grouped_logits(model, ids, mask, [0, 0, 1, 1])
+    assert torch.equal(got[mask.bool()], base[mask.bool()])
+
+
+def layer_reference(layer, block, x, position_embeddings, placement, groups):
+    """The usual pre-norm layer written out, with the block at its place."""
+    attn_mask = torch.ones(x.shape[0], 1, x.shape[1], x.shape[1], dtype=torch.bool).tril()
+    h = x + layer.self_attn(layer.input_layernorm(x), position_embeddings, attn_mask)[0]
+    if placement == "attn":
+        h = h + block(h, groups)
+    h = h + layer.mlp(layer.post_attention_layernorm(h))
+    if placement == "ffn":
+        h = h + block(h, groups)
+    return h
+
+
+@pytest.mark.parametrize("placement", ["ffn", "attn"])
+@pytest.mark.parametrize("kind", ["bridge", "pmatch"])
+def test_block_sits_where_placement_says(placement, kind):
+    model = tiny_model("llama")
+    (bridgelm.add_bridge if kind == "bridge" else bridgelm.add_pmatch)(model, placement=placement)
+    randomize_blocks(model)
+    layer = model.model.layers[0]
+    torch.manual_seed(0)
+    x = torch.randn(4, 6, 64)
+    pos = torch.arange(6)[None].expand(4, 6)
+    pe = model.model.rotary_emb(x, pos)
+    groups = Groups.build([0, 0, 1, 1], torch.ones(4, 6))
+    attn_mask = torch.ones(4, 1, 6, 6, dtype=torch.bool).tril()
+    got = layer(x, attention_mask=attn_mask, position_embeddings=pe, position_ids=pos, bridge_groups=groups)
+    want = layer_reference(layer, getattr(layer, kind), x, pe, placement, groups)
+    assert torch.allclose(got, want, atol=1e-5)
+
+
+def _bridge_model(arch="qwen2", dtype=torch.float32):
+    return randomize_blocks(bridgelm.add_bridge(tiny_model(arch, dtype=dtype)))
+
+
+@pytest.mark.parametrize("dtype,tol", DTYPES)
+def test_permutation_equivariance_within_a_group(dtype, tol):
+    model = _bridge_model(dtype=dtype)
+    torch.manual_seed(1)
+    prompt = torch.randint(3, 97, (1, 3)).expand(4, 3)
+    ids = torch.cat([prompt, torch.randint(3, 97, (4, 5))], 1)
+    mask = torch.ones_like(ids)
+    mask[2, 6:] = 0
+    logits = bridgelm.grouped_logits(model, ids, mask, [0, 0, 0, 0]).float()
+    perm = torch.tensor([2, 0, 3, 1])
+    permuted = bridgelm.grouped_logits(model, ids[perm], mask[perm], [0, 0, 0, 0]).float()
+    m = mask[perm].bool()
+    assert close(permuted[m], logits[perm][m], tol)
+    # and the group matters: alone, a row's logits differ
+    alone = bridgelm.grouped_logits(model, ids, mask, [0, 1, 2, 3]).float()
+    assert not close(alone[0], logits[0], tol)
+
+
+def test_groups_are_isolated():
+    model = _bridge_model()
+    torch.manual_seed(2)
+    ids = torch.randint(3, 97, (6, 8))
+    ids[3:, :3] = ids[3, :3]
+    ids[:3, :3] = ids[0, :3]
+    mask = torch.ones_like(ids)
+    gid = [0, 0, 0, 1, 1, 1]
+    ref = bridgelm.grouped_logits(model, ids, mask, gid)
+    other = ids.clone()
+    other[3:, 4:] = torch.randint(3, 97, (3, 4))  # change group 1's responses only
+    got = bridgelm.grouped_logits(model, other, mask, gid)
+    assert torch.allclose(got[:3], ref[:3], atol=1e-6)
+    assert not torch.allclose(got[3:], ref[3:], atol=1e-3)
+
+
+def test_positions_past_the_end_influence_nobody():
+    model = _bridge_model()
+    torch.manual_seed(3)
+    ids = torch.randint(3, 97, (4, 9))
+    ids[:, :3] = ids[0, :3]
+    mask = torch.ones_like(ids)
+    mask[1, 5:] = 0  # row 1 ended at position 4
+    gid = [0, 0, 0, 0]
+    ref = bridgelm.grouped_logits(model, ids, mask, gid)
+    other = ids.clone()
+    other[1, 5:] = torch.randint(3, 97, (4,))  # garbage after row 1's end
+    got = bridgelm.grouped_logits(model, other, mask, gid)
+    keep = mask.bool()
+    assert torch.allclose(got[keep], ref[keep], atol=1e-6)
+    assert torch.isfinite(got).all()
+    # but while row 1 is valid, its tokens do reach its siblings
+    other[1, 4] = (ids[1, 4] + 1) % 97
+    got = bridgelm.grouped_logits(model, other, mask, gid)
+    assert not torch.allclose(got[0, 4:], ref[0, 4:], atol=1e-4)
+
+
+def test_a_siblings_token_changes_later_logits_only():
+    model = _bridge_model()
+    torch.manual_seed(4)
+    ids = torch.randint(3, 97, (2, 10))
+    ids[1, :3] = ids[0, :3]
+    mask = torch.ones_like(ids)
+    ref = bridgelm.grouped_logits(model, ids, mask, [0, 0])
+    t = 6
+    other = ids.clone()
+    other[1, t] = (ids[1, t] + 5) % 97
+    got = bridgelm.grouped_logits(model, other, mask, [0, 0])
+    assert torch.allclose(got[0, :t], ref[0, :t], atol=1e-6)
+    assert (got[0, t:] - ref[0, t:]).abs().amax(-1).min() > 1e-4  # every step >= t moves
+
+
+@pytest.mark.parametrize("arch", sorted(ARCHS))
+def test_width_one_equals_independent_sequences(arch):
+    model = _bridge_model(arch)
+    torch.manual_seed(5)
+    ids = torch.randint(3, 97, (3, 7))
+    mask = torch.ones_like(ids)
+    mask[2, 4:] = 0
+    got = bridgelm.grouped_logits(model, ids, mask, [0, 1, 2])
+    for b in range(3):
+        n = int(mask[b].sum())
+        alone = model(input_ids=ids[b : b + 1, :n]).logits[0]
+        assert torch.allclose(got[b, :n], alone, atol=1e-5)
+    # without group information the model behaves the same
+    plain = model(input_ids=ids, attention_mask=mask).logits
+    assert torch.allclose(plain[mask.bool()], got[mask.bool()], atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["bridge", "pmatch"])
+def test_save_load_round_trip(tmp_path, kind):
+    add = bridgelm.add_bridge if kind == "bridge" else bridgelm.add_pmatch
+    model = randomize_blocks(add(tiny_model(), placement="attn"))
+    path = bridgelm.save_blocks(model, tmp_path / "blocks.safetensors")
+    ids = torch.randint(3, 97, (4, 6))
+    ids[:, :2] = ids[0, :2]
+    mask = torch.ones_like(ids)
+    want = bridgelm.grouped_logits(model, ids, mask, [0, 0, 0, 0])
+    fresh = bridgelm.load_blocks(tiny_model(), path)  # same base weights (seed 0), blocks added by the loader
+    cfg = bridgelm.block_config(fresh)
+    assert (cfg.kind, cfg.placement, cfg.num_heads, cfg.head_dim) == (kind, "attn", 4, 16)
+    assert torch.equal(bridgelm.grouped_logits(fresh, ids, mask, [0, 0, 0, 0]), want)
+    # into a model that already has the same blocks
+    again = bridgelm.load_blocks(add(tiny_model(), placement="attn"), path)
+    assert torch.equal(bridgelm.grouped_logits(again, ids, mask, [0, 0, 0, 0]), want)
+    # only the blocks were written
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        keys = list(f.keys())
+        meta = f.metadata()
+    assert len(keys) == len(bridgelm.added_parameters(model))
+    assert meta["kind"] == kind and meta["num_heads"] == "4" and meta["head_dim"] == "16"
+    assert meta["placement"] == "attn" and "base_model" in meta
+
+
+def test_save_pretrained_and_generate_keep_working(tmp_path):
+    model = _bridge_model()
+    out = model.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=4, min_new_tokens=4, do_sample=False, pad_token_id=0)
+    assert out.shape == (1, 7)
+    model.save_pretrained(tmp_path / "ckpt")
+    loaded = bridgelm.load_model(str(tmp_path / "ckpt"))
+    assert bridgelm.block_config(loaded) == bridgelm.block_config(model)
+    ids = torch.randint(3, 97, (2, 5))
+    ids[1, :2] = ids[0, :2]
+    mask = torch.ones_like(ids)
+    assert torch.equal(
+        bridgelm.grouped_logits(loaded, ids, mask, [0, 0]), bridgelm.grouped_logits(model, ids, mask, [0, 0])
+    )
+
+
+@pytest.mark.parametrize("kind", ["bridge", "pmatch"])
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_gradients_reach_every_new_parameter(kind, checkpointing):
+    add = bridgelm.add_bridge if kind == "bridge" else bridgelm.add_pmatch
+    model = randomize_blocks(add(tiny_model()), std=0.1)
+    model.train()
+    if checkpointing:
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    torch.manual_seed(6)
+    ids = torch.randint(3, 97, (4, 6))
+    ids[:, :2] = ids[0, :2]
+    mask = torch.ones_like(ids)
+    logits = bridgelm.grouped_logits(model, ids, mask, [0, 0, 1, 1])
+    torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 97), ids[:, 1:].reshape(-1)).backward()
+    params = bridgelm.added_parameters(model)
+    assert params
+    for name, p in params.items():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+    grads = {n: p.grad.clone() for n, p in params.items()}
+    if checkpointing:  # the recomputation saw the same groups: gradients equal those without checkpointing
+        model.activation_checkpointing_disable()
+        model.zero_grad()
+        logits = bridgelm.grouped_logits(model, ids, mask, [0, 0, 1, 1])
+        torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 97), ids[:, 1:].reshape(-1)).backward()
+        for n, p in params.items():
+            assert torch.allclose(p.grad, grads[n], atol=1e-6), n
+
+
+def test_pmatch_matches_bridge_parameter_count():
+    bridge = sum(p.numel() for p in bridgelm.added_parameters(bridgelm.add_bridge(tiny_model())).values())
+    pmatch = sum(p.numel() for p in bridgelm.added_parameters(bridgelm.add_pmatch(tiny_model())).values())
+    assert abs(bridge - pmatch) <= 0.01 * bridge
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_blocks_follow_device_and_dtype(dtype):
+    with torch.device("meta"):
+        model = tiny_model(dtype=dtype)
+    bridgelm.add_bridge(model)
+    for p in bridgelm.added_parameters(model).values():
+        assert p.device.type == "meta" and p.dtype == dtype
+    model = bridgelm.add_bridge(tiny_model(dtype=dtype))
+    for p in bridgelm.added_parameters(model).values():
+        assert p.device.type == "cpu" and p.dtype == dtype
+    norm = model.model.layers[0].bridge.norm
+    assert type(norm) is type(model.model.layers[0].post_attention_layernorm)
+    assert norm.variance_epsilon == model.config.rms_norm_eps
+
+
+def test_frozen_model_gets_trainable_blocks_only_if_layers_train():
+    model = tiny_model()
+    model.requires_grad_(False)
+    bridgelm.add_bridge(model)
+    assert not any(p.requires_grad for p in bridgelm.added_parameters(model).values())
+
+
+# ---- bad input: a clear error, and nothing changed ----
+
+
+def test_unsupported_architecture_is_named():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model = GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=50))
+    with pytest.raises(ValueError, match="GPT2LMHeadModel"):
+        bridgelm.add_bridge(model)
+
+
+def test_adding_twice_is_refused():
+    model = bridgelm.add_bridge(tiny_model())
+    n = len(bridgelm.added_parameters(model))
+    with pytest.raises(ValueError, match="already has bridge blocks"):
+        bridgelm.add_pmatch(model)
+    assert len(bridgelm.added_parameters(model)) == n and bridgelm.block_config(model).kind == "bridge"
+
+
+def test_wrong_group_ids_length():
+    model = bridgelm.add_bridge(tiny_model())
+    ids = torch.randint(3, 97, (4, 5))
+    with pytest.raises(ValueError, match="group_ids has 3 entries"):
+        bridgelm.grouped_logits(model, ids, torch.ones_like(ids), [0, 0, 1])
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ValueError, match="placement='middle'"):
+        bridgelm.add_bridge(tiny_model(), placement="middle")
+    with pytest.raises(ValueError, match="num_heads=0"):
+        bridgelm.add_bridge(tiny_model(), num_heads=0)
+
+
+def test_block_file_that_does_not_fit_leaves_model_untouched(tmp_path):
+    path = bridgelm.save_blocks(randomize_blocks(bridgelm.add_bridge(tiny_model())), tmp_path / "b.safetensors")
+    other = tiny_model(hidden_size=32, intermediate_size=64)  # another width
+    before = {k: v.clone() for k, v in other.state_dict().items()}
+    with pytest.raises(ValueError, match="does not fit this model"):
+        bridgelm.load_blocks(other, path)
+    assert bridgelm.block_config(other) is None
+    assert all(torch.equal(before[k], v) for k, v in other.state_dict().items())
+    # a model with P-Match blocks refuses a Bridge file
+    pm = bridgelm.add_pmatch(tiny_model())
+    before = {k: v.clone() for k, v in pm.state_dict().items()}
+    with pytest.raises(ValueError, match="holds blocks"):
+        bridgelm.load_blocks(pm, path)
+    assert all(torch.equal(before[k], v) for k, v in pm.state_dict().items())
+    # another head count
+    with pytest.raises(ValueError, match="does not fit"):
+        bridgelm.load_blocks(tiny_model(num_hidden_layers=3), path)
+    # not a block file at all
+    junk = tmp_path / "junk.safetensors"
+    junk.write_bytes(b"not a safetensors file")
+    with pytest.raises(ValueError, match="junk.safetensors"):
+        bridgelm.load_blocks(tiny_model(), junk)
