@@ -28,3 +28,7 @@ __all__ = [
     "Groups",
     "BlockConfig",
 ]
+
+from bridgelm.sampling import Sample, SamplingConfig, generate, generate_ids  # noqa: E402
+
+__all__ += ["generate", "generate_ids", "Sample", "SamplingConfig"]

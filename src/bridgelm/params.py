@@ -1,0 +1,134 @@
+"""Parameter counts by part (the paper's Appendix B table), from shapes only.
+
+Models are built on the meta device: no weights are allocated or downloaded (`--model` reads only config.json).
+
+    bridgelm params --preset ds-qwen-7b
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from bridgelm.attach import add_bridge, add_pmatch, added_parameters, decoder_layers
+
+# Config numbers of the paper's three models (DeepSeek-R1-Distill-*), as published in their config.json.
+PRESETS: dict[str, tuple[str, dict]] = {
+    "ds-qwen-1.5b": (
+        "qwen2",
+        dict(
+            vocab_size=151936,
+            hidden_size=1536,
+            intermediate_size=8960,
+            num_hidden_layers=28,
+            num_attention_heads=12,
+            num_key_value_heads=2,
+            max_position_embeddings=131072,
+            tie_word_embeddings=False,
+            rms_norm_eps=1e-6,
+        ),
+    ),
+    "ds-qwen-7b": (
+        "qwen2",
+        dict(
+            vocab_size=152064,
+            hidden_size=3584,
+            intermediate_size=18944,
+            num_hidden_layers=28,
+            num_attention_heads=28,
+            num_key_value_heads=4,
+            max_position_embeddings=131072,
+            tie_word_embeddings=False,
+            rms_norm_eps=1e-6,
+        ),
+    ),
+    "ds-llama-8b": (
+        "llama",
+        dict(
+            vocab_size=128256,
+            hidden_size=4096,
+            intermediate_size=14336,
+            num_hidden_layers=32,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+            max_position_embeddings=131072,
+            tie_word_embeddings=False,
+            rms_norm_eps=1e-5,
+        ),
+    ),
+}
+
+
+@dataclass
+class ParamCounts:
+    """Parameter counts of one model, by part."""
+
+    name: str  # preset or model path
+    embed_head: int  # input embedding and output head (counted once when tied)
+    attn: int  # attention blocks (projections and their biases)
+    ffn: int  # feed-forward blocks
+    other: int  # norms and anything else of the original model
+    added: int  # the added Bridge / P-Match blocks
+
+    @property
+    def original(self) -> int:
+        return self.embed_head + self.attn + self.ffn + self.other
+
+    @property
+    def new_total(self) -> int:
+        return self.original + self.added
+
+
+def meta_model(preset: str | None = None, model_dir: str | None = None):
+    """A model with the preset's or the directory's config, on the meta device (no weights)."""
+    from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, Qwen2Config
+
+    if preset is not None:
+        if preset not in PRESETS:
+            raise ValueError(f"unknown preset {preset!r}; expected one of {sorted(PRESETS)}")
+        family, numbers = PRESETS[preset]
+        config = (Qwen2Config if family == "qwen2" else LlamaConfig)(**numbers)
+    elif model_dir is not None:
+        config = AutoConfig.from_pretrained(model_dir)
+    else:
+        raise ValueError("give a preset or a model directory")
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config)
+
+
+def count(model, name: str, kind: str = "bridge", num_heads: int = 4) -> ParamCounts:
+    """Count `model`'s parameters by part, then add `kind` blocks (on its device) and count those."""
+    seen: set[int] = set()
+
+    def total(params) -> int:
+        n = 0
+        for p in params:
+            if id(p) not in seen:
+                seen.add(id(p))
+                n += p.numel()
+        return n
+
+    embed_head = total(model.get_input_embeddings().parameters())
+    head = model.get_output_embeddings()
+    if head is not None:
+        embed_head += total(head.parameters())
+    layers = decoder_layers(model)
+    attn = total(p for layer in layers for p in layer.self_attn.parameters())
+    ffn = total(p for layer in layers for p in layer.mlp.parameters())
+    other = total(model.parameters())
+    (add_bridge if kind == "bridge" else add_pmatch)(model, num_heads=num_heads)
+    added = sum(p.numel() for p in added_parameters(model).values())
+    return ParamCounts(name, embed_head, attn, ffn, other, added)
+
+
+def table(rows: list[ParamCounts], kind: str = "bridge") -> str:
+    """The Appendix B table in billions, as markdown."""
+    label = "Bridge" if kind == "bridge" else "P-Match"
+    head = f"| Model | Embed & Head | Attn | FF | {label} | Orig. Total | New Total | Added % |"
+    lines = [head, "|" + "---|" * 8]
+    for r in rows:
+        cells = [r.embed_head, r.attn, r.ffn, r.added, r.original, r.new_total]
+        pct = 100.0 * r.added / r.original
+        lines.append(f"| {r.name} | " + " | ".join(f"{c / 1e9:.2f}" for c in cells) + f" | {pct:.1f}% |")
+    return "\n".join(lines)

@@ -1,0 +1,526 @@
+"""The sampling engine: N interdependent samples per prompt, in Bridge groups of width w.
+
+Design (token ids in, token ids out; tokenizing happens in `bridgelm.generate` at the edges):
+- Prompts stream through the batch in waves bounded by `max_batch_sequences` rows and `max_batch_tokens`
+  (rows x (longest prompt + max_new_tokens)). A wave prefills each distinct prompt ONCE (left-padded, ragged
+  lengths, per-row position ids) into a preallocated cache, then copies the cache rows to the prompt's samples.
+  Prefill needs no grouping: the samples of a group are identical there, so Bridge acts on identical rows.
+- Samples j*w .. (j+1)*w-1 of a prompt form one Bridge group; rows of a wave are contiguous groups, so the
+  blocks use the reshape layout (no gather).
+- Decoding writes into the preallocated cache (no concatenation), passes a ready 4D mask, and samples with an
+  exact top-p that sorts only the few most probable tokens. A row that emitted EOS at step t is still fed at
+  t+1 (its EOS is valid at that position, its siblings attend to it) and masked from then on, exactly as
+  `grouped_logits` defines validity. A group whose rows all finished is dropped from the batch.
+- Log-probs are those of the sampled token under softmax(logits / temperature), before top-p/top-k
+  truncation (temperature 1 for greedy decoding): the distribution a GRPO trainer recomputes with a
+  teacher-forced forward at the same temperature.
+- Randomness comes from one explicit `torch.Generator` seeded with `seed`: same inputs, same settings, same
+  samples.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin
+
+from bridgelm.grouped import KWARG, Groups
+
+
+@dataclass
+class SamplingConfig:
+    """How to sample; every field has the paper's evaluation default where it has one."""
+
+    n: int = 8  # samples per prompt
+    width: int = 1  # Bridge group width w (w divides n); 1 = independent samples
+    max_new_tokens: int = 256  # generated tokens per sample, at most
+    temperature: float = 0.6  # 0 = greedy
+    top_p: float = 0.95  # nucleus mass in (0, 1]
+    top_k: int = 0  # 0 = off
+    seed: int = 0  # seeds the torch.Generator of the whole run
+    max_batch_sequences: int = 256  # rows decoded together, at most
+    max_batch_tokens: int = 262_144  # rows x (longest prompt + max_new_tokens) of a wave, at most
+    compact_fraction: float = 0.125  # drop finished groups once they are this fraction of the batch
+
+    def validate(self) -> None:
+        if not isinstance(self.n, int) or self.n < 1:
+            raise ValueError(f"n={self.n!r} must be a positive integer")
+        if not isinstance(self.width, int) or self.width < 1:
+            raise ValueError(f"width={self.width!r} must be a positive integer")
+        if self.n % self.width:
+            raise ValueError(f"width={self.width} must divide n={self.n}")
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={self.max_new_tokens!r} must be >= 1")
+        if not (0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p={self.top_p!r} must be in (0, 1]")
+        if self.temperature < 0 or not math.isfinite(self.temperature):
+            raise ValueError(f"temperature={self.temperature!r} must be >= 0 (0 = greedy)")
+        if self.top_k < 0:
+            raise ValueError(f"top_k={self.top_k!r} must be >= 0 (0 = off)")
+        if self.max_batch_sequences < self.width:
+            raise ValueError(
+                f"max_batch_sequences={self.max_batch_sequences} must hold at least one group of width {self.width}"
+            )
+
+
+@dataclass
+class GeneratedIds:
+    """One sample, as token ids."""
+
+    token_ids: list[int]  # generated ids, ending with the EOS id when `finished`
+    logprobs: list[float]  # log-prob of each generated id (see the module docstring for the temperature)
+    finished: bool  # ended by EOS or a stop string (False: ran out of max_new_tokens)
+
+
+# ---------------------------------------------------------------------------------------------- the cache
+
+
+class SlabLayer(CacheLayerMixin):
+    """One layer's keys and values, preallocated as [B, H, capacity, Dh]; updates write in place."""
+
+    is_compileable = False
+    is_sliding = False
+
+    def __init__(self, capacity: int):
+        super().__init__()
+        self.capacity = capacity
+        self.length = 0
+
+    def lazy_initialization(self, key_states, value_states) -> None:
+        B, H, _, Dk = key_states.shape
+        self.keys = key_states.new_zeros(B, H, self.capacity, Dk)
+        self.values = value_states.new_zeros(B, H, self.capacity, value_states.shape[-1])
+        self.dtype, self.device = key_states.dtype, key_states.device
+        self.is_initialized = True
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        q = key_states.shape[-2]
+        end = self.length + q
+        if end > self.capacity:
+            raise RuntimeError(f"cache capacity {self.capacity} exceeded ({end} positions)")
+        self.keys[:, :, self.length : end] = key_states
+        self.values[:, :, self.length : end] = value_states
+        self.length = end
+        return self.keys[:, :, :end], self.values[:, :, :end]
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.length + query_length, 0
+
+    def get_seq_length(self) -> int:
+        return self.length
+
+    def get_max_length(self) -> int:
+        return self.capacity
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Keep (and repeat) the rows `rows [B']` of the batch, in that order."""
+        if self.is_initialized:
+            self.keys = self.keys.index_select(0, rows)
+            self.values = self.values.index_select(0, rows)
+
+
+class SlabCache(Cache):
+    """A preallocated cache whose rows can be repeated (prompt -> samples) or dropped (finished groups)."""
+
+    def __init__(self, num_layers: int, capacity: int):
+        super().__init__(layers=[SlabLayer(capacity) for _ in range(num_layers)])
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        for layer in self.layers:
+            layer.select_rows(rows)
+
+
+# ---------------------------------------------------------------------------------------------- the sampler
+
+
+def nucleus(logp: torch.Tensor, top_p: float, top_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The tokens that top-k then top-p keep, found without sorting the vocabulary.
+
+    logp [B, V] (log-probs at the sampling temperature) -> (logp of candidates [B, K], their ids [B, K],
+    keep [B, K] bool). Candidates are the K most probable tokens; K grows from 64 until every row's nucleus
+    fits (the smallest prefix whose mass reaches top_p), so the result equals a full sort's.
+    """
+    V = logp.shape[-1]
+    k = min(V, top_k) if top_k else min(V, 64)
+    while True:
+        vals, idx = logp.topk(k, -1)  # [B, k], sorted descending
+        probs = vals.exp()
+        before = torch.cumsum(probs, -1) - probs  # mass strictly above each candidate
+        if top_k or k == V or bool((before[:, -1] + probs[:, -1] >= top_p).all()):
+            break
+        k = min(V, k * 4)
+    # After top-k the nucleus is taken on the renormalised top-k distribution.
+    keep = before < (top_p * probs.sum(-1, keepdim=True) if top_k else top_p)
+    keep[:, 0] = True
+    return vals, idx, keep
+
+
+def sample_tokens(
+    logits: torch.Tensor, temperature: float, top_p: float, top_k: int, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw one token per row. logits [B, V] -> (tokens [B], logprobs [B] under softmax(logits / T))."""
+    logits = logits.float()
+    if temperature == 0:
+        tokens = logits.argmax(-1)
+        logprobs = torch.log_softmax(logits, -1).gather(-1, tokens[:, None])[:, 0]
+        return tokens, logprobs
+    logp = torch.log_softmax(logits / temperature, -1)  # [B, V]
+    if top_p >= 1.0 and top_k == 0:
+        tokens = torch.multinomial(logp.exp(), 1, generator=generator)[:, 0]
+        return tokens, logp.gather(-1, tokens[:, None])[:, 0]
+    vals, idx, keep = nucleus(logp, top_p, top_k)
+    probs = vals.exp().masked_fill(~keep, 0.0)
+    choice = torch.multinomial(probs, 1, generator=generator)  # [B, 1]; multinomial renormalises
+    return idx.gather(-1, choice)[:, 0], vals.gather(-1, choice)[:, 0]
+
+
+def decode_step(model, cache: Cache, tokens: torch.Tensor, positions: torch.Tensor, mask, groups) -> torch.Tensor:
+    """One token per row through the model. tokens, positions [B] -> next-token logits [B, V]."""
+    extra = {KWARG: groups} if groups is not None else {}
+    out = model(
+        input_ids=tokens[:, None],
+        position_ids=positions[:, None],
+        attention_mask=mask,
+        past_key_values=cache,
+        use_cache=True,
+        **extra,
+    )
+    return out.logits[:, -1]
+
+
+def _attention_mask(model, keep: torch.Tensor, dtype: torch.dtype):
+    """The mask to hand to the model for one decode step: keep [B, L] bool -> 4D when the backend takes it."""
+    impl = getattr(model.config, "_attn_implementation", "sdpa")
+    if impl == "sdpa":
+        return keep[:, None, None, :]
+    if impl == "eager":
+        return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(
+            ~keep, torch.finfo(dtype).min
+        )[:, None, None, :]
+    return keep.long()  # other backends build their own mask from the 2D padding mask
+
+
+@dataclass
+class _Job:
+    prompt: int  # index of the prompt
+    first: int  # index of its first sample in this job
+    count: int  # samples in this job (a multiple of the width)
+
+
+@dataclass
+class _Wave:
+    jobs: list[_Job] = field(default_factory=list)
+    longest: int = 0
+
+
+def plan_waves(lengths: Sequence[int], cfg: SamplingConfig) -> list[_Wave]:
+    """Split (prompt, samples) work into waves that respect the batch bounds, keeping prompt order."""
+    per_row = lambda longest: longest + cfg.max_new_tokens  # noqa: E731
+    waves: list[_Wave] = []
+    current = _Wave()
+    rows = 0
+    for p, length in enumerate(lengths):
+        # Largest chunk of whole groups that fits a wave alone.
+        fit = min(cfg.max_batch_sequences, cfg.max_batch_tokens // per_row(length))
+        chunk = (fit // cfg.width) * cfg.width
+        if chunk < cfg.width:
+            raise ValueError(
+                f"max_batch_tokens={cfg.max_batch_tokens} cannot hold one group of {cfg.width} rows of "
+                f"{per_row(length)} tokens (prompt {p} has {length} tokens + max_new_tokens={cfg.max_new_tokens})"
+            )
+        first = 0
+        while first < cfg.n:
+            count = min(chunk, cfg.n - first)
+            longest = max(current.longest, length)
+            if current.jobs and (
+                rows + count > cfg.max_batch_sequences or (rows + count) * per_row(longest) > cfg.max_batch_tokens
+            ):
+                waves.append(current)
+                current, rows = _Wave(), 0
+                longest = length
+            current.jobs.append(_Job(p, first, count))
+            current.longest = longest
+            rows += count
+            first += count
+    if current.jobs:
+        waves.append(current)
+    return waves
+
+
+@torch.no_grad()
+def _run_wave(
+    model,
+    prompts: Sequence[Sequence[int]],
+    wave: _Wave,
+    cfg: SamplingConfig,
+    eos: torch.Tensor,
+    pad_id: int,
+    generator: torch.Generator,
+    stop: Callable[[list[int]], bool] | None,
+    on_step: Callable[[int], None] | None,
+) -> list[GeneratedIds]:
+    device, model_dtype = next(model.parameters()).device, next(model.parameters()).dtype
+    P = len(wave.jobs)
+    Lmax = wave.longest
+    capacity = Lmax + cfg.max_new_tokens
+    lengths = torch.tensor([len(prompts[j.prompt]) for j in wave.jobs], device=device)
+    # Prefill each distinct prompt once, left-padded: [P, Lmax].
+    ids = torch.full((P, Lmax), pad_id, dtype=torch.long, device=device)
+    pad_mask = torch.zeros(P, capacity, dtype=torch.bool, device=device)
+    for i, job in enumerate(wave.jobs):
+        toks = torch.as_tensor(prompts[job.prompt], dtype=torch.long, device=device)
+        ids[i, Lmax - len(toks) :] = toks
+        pad_mask[i, Lmax - len(toks) : Lmax] = True
+    positions = (pad_mask[:, :Lmax].long().cumsum(-1) - 1).clamp(min=0)
+    num_layers = model.config.get_text_config().num_hidden_layers
+    cache = SlabCache(num_layers, capacity)
+    out = model(
+        input_ids=ids,
+        attention_mask=pad_mask[:, :Lmax].long(),
+        position_ids=positions,
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    # Copy each prompt's cache row to its samples: rows [B] in sample order.
+    counts = torch.tensor([j.count for j in wave.jobs], device=device)
+    src = torch.repeat_interleave(torch.arange(P, device=device), counts)
+    cache.select_rows(src)
+    pad_mask = pad_mask[src]
+    pos = lengths[src].clone()  # position of the next input token
+    logits = out.logits[:, -1][src]
+    B = int(counts.sum())
+    width = cfg.width
+    out_tokens = torch.full((B, cfg.max_new_tokens), pad_id, dtype=torch.long, device=device)
+    out_logps = torch.zeros(B, cfg.max_new_tokens, device=device)
+    gen_len = torch.zeros(B, dtype=torch.long, device=device)
+    ended = torch.zeros(B, dtype=torch.bool, device=device)  # emitted EOS / stop string
+    rows = torch.arange(B, device=device)  # wave row of each active batch row
+    alive = torch.ones(B, dtype=torch.bool, device=device)
+    for step in range(cfg.max_new_tokens):
+        if step > 0:
+            pad_mask[:, Lmax + step - 1] = True
+            mask = _attention_mask(model, pad_mask[:, : Lmax + step], model_dtype)
+            groups = None if width == 1 else Groups.contiguous_width(len(rows), width, valid[:, None])
+            logits = decode_step(model, cache, inputs, pos, mask, groups)
+            pos += 1
+        tok, lp = sample_tokens(logits, cfg.temperature, cfg.top_p, cfg.top_k, generator)
+        live_rows = rows[alive]
+        out_tokens[live_rows, step] = tok[alive]
+        out_logps[live_rows, step] = lp[alive]
+        gen_len[live_rows] = step + 1
+        done = alive & torch.isin(tok, eos)
+        if stop is not None:
+            for b in torch.nonzero(alive & ~done)[:, 0].tolist():
+                r = int(rows[b])
+                if stop(out_tokens[r, : step + 1].tolist()):
+                    done[b] = True
+        ended[rows[done]] = True
+        if on_step is not None:
+            on_step(int(done.sum()))
+        valid = alive  # inputs of the next step: live tokens, including a just-emitted EOS
+        alive = alive & ~done
+        if step == cfg.max_new_tokens - 1 or not bool(alive.any()):
+            break
+        inputs = torch.where(valid, tok, torch.full_like(tok, pad_id))
+        # Drop groups in which no row is alive, once they are a large enough part of the batch.
+        group_alive = alive.view(-1, width).any(-1)
+        dead = int((~group_alive).sum())
+        if dead and dead >= cfg.compact_fraction * group_alive.numel():
+            keep = torch.nonzero(group_alive.repeat_interleave(width))[:, 0]
+            cache.select_rows(keep)
+            pad_mask, pos, rows, alive, valid, inputs = (
+                t[keep] for t in (pad_mask, pos, rows, alive, valid, inputs)
+            )
+    if on_step is not None:
+        on_step(int((~ended).sum()))  # samples that ran out of tokens
+    results = []
+    for r in range(B):
+        n = int(gen_len[r])
+        results.append(GeneratedIds(out_tokens[r, :n].tolist(), out_logps[r, :n].tolist(), bool(ended[r])))
+    return results
+
+
+def iter_generate_ids(
+    model,
+    prompts: Sequence[Sequence[int]],
+    cfg: SamplingConfig,
+    eos_token_ids: Sequence[int],
+    pad_token_id: int,
+    stop: Callable[[list[int]], bool] | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> Iterator[tuple[int, list[GeneratedIds]]]:
+    """Yield (prompt index, its n samples) as prompts complete, in prompt order.
+
+    `stop(token_ids) -> bool` ends a sample early (stop strings); `progress(k)` is called with the number of
+    samples that completed since its last call (n * len(prompts) in all).
+    """
+    cfg.validate()
+    if len(prompts) == 0:
+        raise ValueError("prompts is empty: expected at least one prompt")
+    context = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+    for i, p in enumerate(prompts):
+        if len(p) == 0:
+            raise ValueError(f"prompt {i} is empty: expected at least one token")
+        if context is not None and len(p) + cfg.max_new_tokens > context:
+            raise ValueError(
+                f"prompt {i} has {len(p)} tokens; with max_new_tokens={cfg.max_new_tokens} it exceeds the "
+                f"model's context of {context} positions"
+            )
+    if not eos_token_ids:
+        eos_token_ids = [-1]  # nothing stops a sample but max_new_tokens
+    device = next(model.parameters()).device
+    eos = torch.tensor(list(eos_token_ids), dtype=torch.long, device=device)
+    generator = torch.Generator(device=device).manual_seed(cfg.seed)
+    was_training = model.training
+    model.eval()
+    pending: dict[int, list[GeneratedIds | None]] = {}
+    try:
+        for wave in plan_waves([len(p) for p in prompts], cfg):
+            samples = _run_wave(model, prompts, wave, cfg, eos, pad_token_id, generator, stop, progress)
+            at = 0
+            for job in wave.jobs:
+                slot = pending.setdefault(job.prompt, [None] * cfg.n)
+                slot[job.first : job.first + job.count] = samples[at : at + job.count]
+                at += job.count
+                if all(s is not None for s in slot):
+                    yield job.prompt, pending.pop(job.prompt)
+    finally:
+        model.train(was_training)
+
+
+def generate_ids(model, prompts, cfg: SamplingConfig, eos_token_ids, pad_token_id, stop=None, progress=None):
+    """All samples: a list (per prompt) of n `GeneratedIds`."""
+    out: list[list[GeneratedIds]] = [[] for _ in prompts]
+    for i, samples in iter_generate_ids(model, prompts, cfg, eos_token_ids, pad_token_id, stop, progress):
+        out[i] = samples
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- text edges
+
+
+@dataclass
+class Sample:
+    """One generated sample of a prompt."""
+
+    prompt_ids: list[int]  # the prompt as the model saw it (chat template applied when asked)
+    token_ids: list[int]  # generated ids, ending with EOS when `finished`
+    logprobs: list[float]  # one per generated id, under softmax(logits / temperature)
+    text: str  # decoded generated ids, special tokens skipped
+    finished: bool  # ended by EOS or a stop string
+
+
+def eos_ids(model, tokenizer=None, override: int | Sequence[int] | None = None) -> list[int]:
+    """EOS ids: the override, else the generation config's (one or several), else the tokenizer's."""
+    if override is not None:
+        return [override] if isinstance(override, int) else list(override)
+    gen = getattr(model, "generation_config", None)
+    ids = getattr(gen, "eos_token_id", None) if gen is not None else None
+    if ids is None and tokenizer is not None:
+        ids = tokenizer.eos_token_id
+    if ids is None:
+        return []
+    return [ids] if isinstance(ids, int) else list(ids)
+
+
+def encode_prompts(tokenizer, prompts: Sequence[str], chat: bool = False) -> list[list[int]]:
+    """Token ids of each prompt; with `chat`, through the tokenizer's chat template (generation prompt added)."""
+    if isinstance(prompts, str):
+        raise ValueError("prompts must be a list of strings, got one string")
+    out = []
+    for i, text in enumerate(prompts):
+        if not isinstance(text, str) or not text:
+            raise ValueError(f"prompt {i} is empty or not a string: {text!r}")
+        if chat:
+            if not getattr(tokenizer, "chat_template", None):
+                raise ValueError("chat=True but the tokenizer has no chat template")
+            ids = tokenizer.apply_chat_template(
+                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
+            )
+            if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+                ids = ids["input_ids"]
+        else:
+            ids = tokenizer(text, add_special_tokens=True)["input_ids"]
+        out.append(list(ids))
+    return out
+
+
+def stop_checker(tokenizer, stop_strings: Sequence[str]) -> Callable[[list[int]], bool] | None:
+    """A `stop(token_ids)` that looks for any stop string in the decoded tail of a sample."""
+    if not stop_strings:
+        return None
+    longest = max(len(s) for s in stop_strings)
+
+    def stop(token_ids: list[int]) -> bool:
+        tail = tokenizer.decode(token_ids[-(longest + 4) :], skip_special_tokens=True)
+        return any(s in tail for s in stop_strings)
+
+    return stop
+
+
+def generate(
+    model,
+    tokenizer,
+    prompts: Sequence[str],
+    n: int = 8,
+    width: int = 1,
+    max_new_tokens: int = 256,
+    temperature: float = 0.6,
+    top_p: float = 0.95,
+    seed: int = 0,
+    top_k: int = 0,
+    chat: bool = False,
+    stop_strings: Sequence[str] = (),
+    eos_token_id: int | Sequence[int] | None = None,
+    max_batch_sequences: int = 256,
+    max_batch_tokens: int = 262_144,
+    progress: bool = False,
+) -> list[list[Sample]]:
+    """Sample `n` responses per prompt; samples j*width .. (j+1)*width-1 of a prompt form one Bridge group.
+
+    Returns, per prompt, a list of n `Sample`. Works with and without Bridge blocks (width 1 = independent).
+    """
+    cfg = SamplingConfig(
+        n=n,
+        width=width,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        seed=seed,
+        max_batch_sequences=max_batch_sequences,
+        max_batch_tokens=max_batch_tokens,
+    )
+    cfg.validate()
+    if len(prompts) == 0:
+        raise ValueError("prompts is empty: expected at least one prompt")
+    ids = encode_prompts(tokenizer, prompts, chat)
+    eos = eos_ids(model, tokenizer, eos_token_id)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
+    bar = _progress_bar(len(prompts) * n, progress)
+    try:
+        done = generate_ids(model, ids, cfg, eos, pad, stop_checker(tokenizer, stop_strings), bar.update if bar else None)
+    finally:
+        if bar is not None:
+            bar.close()
+    return [
+        [
+            Sample(ids[i], g.token_ids, g.logprobs, tokenizer.decode(g.token_ids, skip_special_tokens=True), g.finished)
+            for g in samples
+        ]
+        for i, samples in enumerate(done)
+    ]
+
+
+def _progress_bar(total: int, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="sampling", unit="sample")

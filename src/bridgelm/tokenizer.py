@@ -1,0 +1,60 @@
+"""Tokenizers built on the spot with the `tokenizers` package, for the demo and the tests (no download).
+
+`char_tokenizer` maps every character of an alphabet to one id; `train_bpe` learns a byte-level BPE from
+texts. Both return a `transformers.PreTrainedTokenizerFast` with pad/bos/eos tokens and a small chat
+template, so every later stage loads them like any Hugging Face tokenizer (`save_pretrained`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+from transformers import PreTrainedTokenizerFast
+
+PAD, BOS, EOS = "<pad>", "<s>", "</s>"
+USER, ASSISTANT = "<|user|>", "<|assistant|>"
+SPECIALS = [PAD, BOS, EOS, USER, ASSISTANT]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}"
+    "{% if m['role'] == 'user' %}" + USER + "{{ m['content'] }}"
+    "{% else %}" + ASSISTANT + "{{ m['content'] }}" + EOS + "{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}" + ASSISTANT + "{% endif %}"
+)
+
+
+def _wrap(tok: Tokenizer, add_bos: bool) -> PreTrainedTokenizerFast:
+    if add_bos:
+        bos_id = tok.token_to_id(BOS)
+        tok.post_processor = processors.TemplateProcessing(single=f"{BOS} $A", special_tokens=[(BOS, bos_id)])
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token=PAD, bos_token=BOS, eos_token=EOS, additional_special_tokens=[USER, ASSISTANT]
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+def char_tokenizer(alphabet: str, add_bos: bool = False) -> PreTrainedTokenizerFast:
+    """One id per character of `alphabet` (after the special tokens 0..4: pad, bos, eos, user, assistant)."""
+    chars = sorted(set(alphabet))
+    vocab = {t: i for i, t in enumerate(SPECIALS)}
+    for c in chars:
+        vocab.setdefault(c, len(vocab))
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=PAD))
+    tok.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    tok.add_special_tokens(SPECIALS)
+    return _wrap(tok, add_bos)
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int = 512, add_bos: bool = False) -> PreTrainedTokenizerFast:
+    """A byte-level BPE of `vocab_size` ids learned from `texts`."""
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    return _wrap(tok, add_bos)

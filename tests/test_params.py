@@ -1,0 +1,44 @@
+"""`bridgelm params` reproduces the paper's Appendix B Bridge column, on the meta device."""
+
+import re
+
+import pytest
+from conftest import tiny_model
+
+from bridgelm.cli import main
+
+
+def _rows(out: str) -> dict[str, list[str]]:
+    rows = {}
+    for line in out.splitlines():
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        if cells and re.match(r"^ds-|/", cells[0]):
+            rows[cells[0]] = cells[1:]
+    return rows
+
+
+def test_paper_bridge_column(capsys):
+    main(["params"])
+    rows = _rows(capsys.readouterr().out)
+    # Embed & Head, Attn, FF, Bridge, Orig. Total as printed in the paper
+    assert rows["ds-qwen-1.5b"][:5] == ["0.47", "0.15", "1.16", "0.09", "1.78"]
+    assert rows["ds-qwen-7b"][:6] == ["1.09", "0.82", "5.70", "0.21", "7.62", "7.82"]
+    assert rows["ds-llama-8b"][:6] == ["1.05", "1.34", "5.64", "0.27", "8.03", "8.30"]
+
+
+def test_pmatch_column_equals_bridge(capsys):
+    main(["params", "--preset", "ds-qwen-7b", "--kind", "pmatch"])
+    assert _rows(capsys.readouterr().out)["ds-qwen-7b"][3] == "0.21"
+
+
+def test_model_directory(tmp_path, capsys):
+    tiny_model().config.save_pretrained(tmp_path)
+    main(["params", "--model", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert str(tmp_path) in out
+
+
+def test_unknown_preset(capsys):
+    with pytest.raises(SystemExit):
+        main(["params", "--preset", "gpt-5"])
+    assert "unknown preset 'gpt-5'" in capsys.readouterr().err

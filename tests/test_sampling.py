@@ -1,0 +1,219 @@
+"""The sampling engine against slow references: grouped_logits, transformers' generate, a full-sort top-p."""
+
+import pytest
+import torch
+from conftest import randomize_blocks, tiny_model
+
+import bridgelm
+from bridgelm import sampling
+from bridgelm.sampling import SamplingConfig, generate_ids, nucleus, plan_waves
+from bridgelm.tokenizer import char_tokenizer
+
+EOS = [2, 3, 4, 5, 6]  # several stop ids, so that some samples end early in a random tiny model
+
+
+def teacher_forced_logprobs(model, prompts, results, width, temperature):
+    """Log-probs of the sampled tokens under grouped_logits on the finished batch."""
+    rows, gids, spans = [], [], []
+    for i, (prompt, samples) in enumerate(zip(prompts, results)):
+        for j, s in enumerate(samples):
+            rows.append(list(prompt) + s.token_ids)
+            gids.append(i * 1000 + j // width)
+            spans.append((len(prompt), s.token_ids))
+    S = max(map(len, rows))
+    ids = torch.zeros(len(rows), S, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for r, row in enumerate(rows):
+        ids[r, : len(row)] = torch.tensor(row)
+        mask[r, : len(row)] = 1
+    logp = torch.log_softmax(bridgelm.grouped_logits(model, ids, mask, gids).float() / temperature, -1)
+    out = []
+    for r, (start, toks) in enumerate(spans):
+        pos = torch.arange(start - 1, start - 1 + len(toks))
+        out.append(logp[r, pos, torch.tensor(toks, dtype=torch.long)])
+    return out
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+@pytest.mark.parametrize("width,compact", [(4, 0.125), (2, 1.0), (1, 0.125)])
+def test_logprobs_match_grouped_logits(arch, width, compact):
+    model = randomize_blocks(bridgelm.add_bridge(tiny_model(arch)), std=0.2)
+    torch.manual_seed(0)
+    prompts = [torch.randint(7, 97, (n,)).tolist() for n in (5, 2, 9, 3)]  # ragged
+    cfg = SamplingConfig(
+        n=8, width=width, max_new_tokens=20, temperature=0.9, top_p=0.9, seed=3, compact_fraction=compact,
+        max_batch_sequences=16,  # two waves
+    )
+    results = generate_ids(model, prompts, cfg, EOS, 0)
+    lengths = [len(s.token_ids) for r in results for s in r]
+    assert min(lengths) < 20 and max(lengths) == 20  # some finished early, some ran on
+    if width > 1:  # a group where one sample ended while a sibling went on: the finished-mask matters
+        assert any(
+            len({len(s.token_ids) for s in r[g : g + width]}) > 1 for r in results for g in range(0, 8, width)
+        )
+    want = teacher_forced_logprobs(model, prompts, results, width, 0.9)
+    flat = [s for r in results for s in r]
+    for s, ref in zip(flat, want):
+        assert s.finished == (s.token_ids[-1] in EOS)
+        assert torch.allclose(torch.tensor(s.logprobs), ref, atol=2e-3), (torch.tensor(s.logprobs) - ref).abs().max()
+
+
+def test_finished_rows_must_be_masked(monkeypatch):
+    """A mutation that keeps finished samples visible to their siblings breaks the consistency."""
+    model = randomize_blocks(bridgelm.add_bridge(tiny_model()), std=0.3)
+    torch.manual_seed(1)
+    prompts = [torch.randint(7, 97, (4,)).tolist() for _ in range(3)]
+    cfg = SamplingConfig(n=4, width=4, max_new_tokens=16, temperature=1.0, top_p=1.0, seed=5)
+    real = sampling.Groups.contiguous_width
+
+    def leaky(batch_size, width, valid=None):
+        return real(batch_size, width, None)  # everyone valid, always
+
+    monkeypatch.setattr(sampling.Groups, "contiguous_width", staticmethod(leaky))
+    results = generate_ids(model, prompts, cfg, EOS, 0)
+    want = teacher_forced_logprobs(model, prompts, results, 4, 1.0)
+    errors = [(torch.tensor(s.logprobs) - ref).abs().max() for s, ref in zip([s for r in results for s in r], want)]
+    assert max(errors) > 2e-3
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_greedy_without_blocks_equals_transformers(arch):
+    model = tiny_model(arch)
+    torch.manual_seed(2)
+    prompts = [torch.randint(7, 97, (n,)).tolist() for n in (6, 3, 8)]
+    cfg = SamplingConfig(n=2, width=1, max_new_tokens=12, temperature=0.0)
+    results = generate_ids(model, prompts, cfg, [], 0)
+    for prompt, samples in zip(prompts, results):
+        ref = model.generate(
+            torch.tensor([prompt]), max_new_tokens=12, min_new_tokens=12, do_sample=False, pad_token_id=0
+        )[0, len(prompt) :].tolist()
+        for s in samples:
+            assert s.token_ids == ref and not s.finished
+
+
+def test_same_seed_same_samples_other_seed_other_samples():
+    model = randomize_blocks(bridgelm.add_bridge(tiny_model()))
+    prompts = [[10, 11, 12], [20, 21]]
+    cfg = SamplingConfig(n=4, width=2, max_new_tokens=10, temperature=1.0, seed=7)
+    a = generate_ids(model, prompts, cfg, EOS, 0)
+    b = generate_ids(model, prompts, cfg, EOS, 0)
+    c = generate_ids(model, prompts, SamplingConfig(n=4, width=2, max_new_tokens=10, temperature=1.0, seed=8), EOS, 0)
+    ids = lambda res: [s.token_ids for r in res for s in r]  # noqa: E731
+    assert ids(a) == ids(b)
+    assert ids(a) != ids(c)
+
+
+def test_memory_bound_is_respected(monkeypatch):
+    model = tiny_model()
+    torch.manual_seed(3)
+    prompts = [torch.randint(7, 97, (n,)).tolist() for n in (4, 7, 3, 5, 6, 2, 8)]
+    seen = []
+    real = sampling.decode_step
+
+    def spy(model, cache, tokens, *args):
+        seen.append(tokens.shape[0])
+        return real(model, cache, tokens, *args)
+
+    monkeypatch.setattr(sampling, "decode_step", spy)
+    small = SamplingConfig(n=4, width=2, max_new_tokens=6, temperature=0.0, max_batch_sequences=8, max_batch_tokens=100)
+    waves = plan_waves([len(p) for p in prompts], small)
+    assert len(waves) > 2
+    for wave in waves:
+        rows = sum(j.count for j in wave.jobs)
+        assert rows <= 8 and rows * (wave.longest + 6) <= 100
+    got = generate_ids(model, prompts, small, [], 0)
+    assert max(seen) <= 8
+    big = generate_ids(model, prompts, SamplingConfig(n=4, width=2, max_new_tokens=6, temperature=0.0), [], 0)
+    assert [s.token_ids for r in got for s in r] == [s.token_ids for r in big for s in r]
+
+
+def test_a_prompt_larger_than_a_batch_is_split_into_whole_groups():
+    cfg = SamplingConfig(n=16, width=4, max_new_tokens=4, max_batch_sequences=6)
+    waves = plan_waves([3], cfg)
+    assert [j.count for w in waves for j in w.jobs] == [4, 4, 4, 4]
+
+
+def reference_nucleus(logp, top_p, top_k):
+    """Full sort: keep the most probable tokens until their mass reaches top_p (after top-k)."""
+    keep = torch.zeros_like(logp, dtype=torch.bool)
+    for b in range(logp.shape[0]):
+        order = torch.argsort(logp[b], descending=True)
+        probs = logp[b, order].exp()
+        if top_k:
+            order, probs = order[:top_k], probs[:top_k] / probs[:top_k].sum()
+        mass = 0.0
+        for tok, p in zip(order.tolist(), probs.tolist()):
+            keep[b, tok] = True
+            mass += p
+            if mass >= top_p:
+                break
+    return keep
+
+
+@pytest.mark.parametrize("scale", [0.1, 1.0, 8.0])  # flat (nucleus spans most of the vocabulary) to peaked
+@pytest.mark.parametrize("top_p,top_k", [(0.95, 0), (0.5, 0), (0.9, 20), (1.0, 5)])
+def test_nucleus_equals_full_sort(scale, top_p, top_k):
+    torch.manual_seed(4)
+    logp = torch.log_softmax(scale * torch.randn(6, 1000, dtype=torch.float64), -1)
+    vals, idx, keep = nucleus(logp, top_p, top_k)
+    fast = torch.zeros_like(logp, dtype=torch.bool)
+    fast.scatter_(1, idx, keep)
+    assert torch.equal(fast, reference_nucleus(logp, top_p, top_k))
+
+
+def test_sampling_follows_the_truncated_distribution():
+    logits = torch.tensor([[2.0, 1.0, 0.5, -1.0, -3.0]])
+    g = torch.Generator().manual_seed(0)
+    toks = torch.stack([sampling.sample_tokens(logits, 1.0, 0.8, 0, g)[0] for _ in range(4000)])
+    p = torch.softmax(logits[0], 0)
+    kept = p[:2] / p[:2].sum()  # 0.607 + 0.223 = 0.83 >= 0.8: two tokens
+    freq = torch.bincount(toks[:, 0], minlength=5).float() / len(toks)
+    assert freq[2:].sum() == 0
+    assert torch.allclose(freq[:2], kept, atol=0.03)
+
+
+def test_text_api_with_a_tokenizer_chat_and_stop_strings():
+    tok = char_tokenizer("0123456789+-=() \nabc")
+    model = randomize_blocks(bridgelm.add_bridge(tiny_model(vocab_size=len(tok))))
+    out = bridgelm.generate(model, tok, ["1+2=", "a b"], n=4, width=2, max_new_tokens=8, temperature=1.0, top_p=1.0)
+    assert len(out) == 2 and all(len(r) == 4 for r in out)
+    s = out[0][0]
+    assert s.prompt_ids == tok("1+2=")["input_ids"] and len(s.logprobs) == len(s.token_ids)
+    assert s.text == tok.decode(s.token_ids, skip_special_tokens=True)
+    chat = bridgelm.generate(model, tok, ["1+2="], n=2, width=2, max_new_tokens=4, chat=True)
+    assert tok.decode(chat[0][0].prompt_ids) == "<|user|>1+2=<|assistant|>"
+    stop = bridgelm.generate(
+        model, tok, ["1+2="], n=8, width=2, max_new_tokens=30, temperature=1.0, top_p=1.0, stop_strings=["1"]
+    )
+    for s in stop[0]:
+        assert ("1" in s.text) == s.finished or tok.eos_token_id in s.token_ids
+        if "1" in s.text:
+            assert s.text.endswith("1") and s.text.count("1") == 1
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(n=6, width=4), "width=4 must divide n=6"),
+        (dict(width=0), "width=0"),
+        (dict(max_new_tokens=0), "max_new_tokens=0"),
+        (dict(top_p=0.0), "top_p=0.0"),
+        (dict(top_p=1.5), "top_p=1.5"),
+    ],
+)
+def test_bad_settings(kwargs, match):
+    tok = char_tokenizer("0123456789")
+    model = tiny_model(vocab_size=len(tok))
+    with pytest.raises(ValueError, match=match):
+        bridgelm.generate(model, tok, ["12"], **{"n": 4, **kwargs})
+
+
+def test_bad_prompts():
+    tok = char_tokenizer("0123456789")
+    model = tiny_model(vocab_size=len(tok), max_position_embeddings=32)
+    with pytest.raises(ValueError, match="prompts is empty"):
+        bridgelm.generate(model, tok, [], n=2)
+    with pytest.raises(ValueError, match="prompt 1 is empty"):
+        bridgelm.generate(model, tok, ["1", ""], n=2)
+    with pytest.raises(ValueError, match="context of 32"):
+        bridgelm.generate(model, tok, ["1" * 30], n=2, max_new_tokens=8)
