@@ -71,3 +71,17 @@ def shared_data():
     if not SHARED_DATA.is_dir():
         pytest.skip(f"{SHARED_DATA} is absent: these tests read the real data files beside the repository")
     return SHARED_DATA
+
+
+def save_tiny_model_dir(path, blocks: str | None = None, alphabet: str = "0123456789+-=() abc\n"):
+    """A tiny model + char tokenizer saved with save_pretrained into `path` (a model directory)."""
+    import bridgelm
+    from bridgelm.tokenizer import char_tokenizer
+
+    tok = char_tokenizer(alphabet)
+    model = tiny_model(vocab_size=len(tok), eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    if blocks == "bridge":
+        randomize_blocks(bridgelm.add_bridge(model))
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return model, tok

@@ -8,7 +8,7 @@ Design (token ids in, token ids out; tokenizing happens in `bridgelm.generate` a
 - Samples j*w .. (j+1)*w-1 of a prompt form one Bridge group; rows of a wave are contiguous groups, so the
   blocks use the reshape layout (no gather).
 - Decoding writes into the preallocated cache (no concatenation), passes a ready 4D mask, and samples with an
-  exact top-p that sorts only the few most probable tokens. A row that emitted EOS at step t is still fed at
+  exact top-p that never sorts the vocabulary. A row that emitted EOS at step t is still fed at
   t+1 (its EOS is valid at that position, its siblings attend to it) and masked from then on, exactly as
   `grouped_logits` defines validity. A group whose rows all finished is dropped from the batch.
 - Log-probs are those of the sampled token under softmax(logits / temperature), before top-p/top-k
@@ -138,45 +138,53 @@ class SlabCache(Cache):
 # ---------------------------------------------------------------------------------------------- the sampler
 
 
-def nucleus(logp: torch.Tensor, top_p: float, top_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The tokens that top-k then top-p keep, found without sorting the vocabulary.
+def in_nucleus(probs: torch.Tensor, tokens: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Whether each token is in its row's top-p nucleus. probs [B, V], tokens [B] -> [B] bool.
 
-    logp [B, V] (log-probs at the sampling temperature) -> (logp of candidates [B, K], their ids [B, K],
-    keep [B, K] bool). Candidates are the K most probable tokens; K grows from 64 until every row's nucleus
-    fits (the smallest prefix whose mass reaches top_p), so the result equals a full sort's.
+    The nucleus is the smallest set of most probable tokens whose mass reaches top_p: a token belongs to it
+    exactly when the tokens strictly more probable than it hold less than top_p. One pass, no sort.
     """
-    V = logp.shape[-1]
-    k = min(V, top_k) if top_k else min(V, 64)
-    while True:
-        vals, idx = logp.topk(k, -1)  # [B, k], sorted descending
-        probs = vals.exp()
-        before = torch.cumsum(probs, -1) - probs  # mass strictly above each candidate
-        if top_k or k == V or bool((before[:, -1] + probs[:, -1] >= top_p).all()):
-            break
-        k = min(V, k * 4)
-    # After top-k the nucleus is taken on the renormalised top-k distribution.
-    keep = before < (top_p * probs.sum(-1, keepdim=True) if top_k else top_p)
-    keep[:, 0] = True
-    return vals, idx, keep
+    p_tok = probs.gather(-1, tokens[:, None])  # [B, 1]
+    above = torch.where(probs > p_tok, probs, torch.zeros((), dtype=probs.dtype)).sum(-1)  # [B]
+    return above < top_p
+
+
+def _draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One draw per row by inverse CDF. probs [B, V] (unnormalised is fine) -> [B] ids."""
+    cdf = probs.cumsum(-1)  # [B, V]
+    u = torch.rand(probs.shape[0], 1, generator=generator, device=probs.device, dtype=cdf.dtype) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u, right=True)[:, 0].clamp_(max=probs.shape[-1] - 1)
 
 
 def sample_tokens(
     logits: torch.Tensor, temperature: float, top_p: float, top_k: int, generator: torch.Generator | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Draw one token per row. logits [B, V] -> (tokens [B], logprobs [B] under softmax(logits / T))."""
+    """Draw one token per row. logits [B, V] -> (tokens [B], logprobs [B] under softmax(logits / T)).
+
+    Top-p without sorting: draw from the (top-k) distribution and redraw the rows whose token fell outside the
+    nucleus. Accepted draws follow the renormalised nucleus exactly; each round accepts with probability equal
+    to the nucleus mass (>= top_p), so a round or two suffices.
+    """
     logits = logits.float()
     if temperature == 0:
         tokens = logits.argmax(-1)
-        logprobs = torch.log_softmax(logits, -1).gather(-1, tokens[:, None])[:, 0]
-        return tokens, logprobs
+        return tokens, torch.log_softmax(logits, -1).gather(-1, tokens[:, None])[:, 0]
     logp = torch.log_softmax(logits / temperature, -1)  # [B, V]
-    if top_p >= 1.0 and top_k == 0:
-        tokens = torch.multinomial(logp.exp(), 1, generator=generator)[:, 0]
-        return tokens, logp.gather(-1, tokens[:, None])[:, 0]
-    vals, idx, keep = nucleus(logp, top_p, top_k)
-    probs = vals.exp().masked_fill(~keep, 0.0)
-    choice = torch.multinomial(probs, 1, generator=generator)  # [B, 1]; multinomial renormalises
-    return idx.gather(-1, choice)[:, 0], vals.gather(-1, choice)[:, 0]
+    ids = None
+    probs = logp.exp()
+    if top_k and top_k < logp.shape[-1]:
+        vals, ids = logp.topk(top_k, -1)  # [B, k]
+        probs = torch.softmax(vals, -1)  # renormalised over the top k
+    tokens = _draw(probs, generator)
+    if top_p < 1.0:
+        ok = in_nucleus(probs, tokens, top_p)
+        while not bool(ok.all()):
+            redo = torch.nonzero(~ok)[:, 0]
+            tokens[redo] = _draw(probs[redo], generator)
+            ok[redo] = in_nucleus(probs[redo], tokens[redo], top_p)
+    if ids is not None:
+        tokens = ids.gather(-1, tokens[:, None])[:, 0]
+    return tokens, logp.gather(-1, tokens[:, None])[:, 0]
 
 
 def decode_step(model, cache: Cache, tokens: torch.Tensor, positions: torch.Tensor, mask, groups) -> torch.Tensor:

@@ -1,0 +1,262 @@
+"""Set metrics over n sampled answers per problem, of which c are correct (paper Sec. 4.3).
+
+Design notes:
+- Every estimator takes only (n, c, k[, tau]): which samples were correct does not matter, only how
+  many, because all of them are expectations over draws of k samples without replacement.
+- Pass@k uses the stable product form (no huge binomials); G-Pass@k_tau uses exact integer
+  binomials and one correctly rounded division, so it is exact up to the final float.
+- tau enters only through the threshold m = ceil(tau * k) ("at least m of k correct"), which is
+  computed with a small tolerance so that 0.7 * 10 counts as 7, not 8.
+- Intervals are percentile bootstraps over problems, with an explicit seeded generator.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from bridgelm.tasks.answers import canonical_number
+
+# Slack when turning tau * k into an integer threshold (tau * k is a float product).
+_TAU_EPS = 1e-9
+
+# Default G-Pass width: the paper reports G-Pass@8_tau.
+_GPASS_K = 8
+
+# Fractions tau of the G-Pass@k_tau summary columns (0 is reported as coverage, "cov").
+_SUMMARY_TAUS = (0.25, 0.5, 0.75, 1.0)
+
+
+def _check_counts(n: int, c: int, k: int) -> None:
+    """Validate a (samples, correct, draws) triple."""
+    for name, value in (("n", n), ("c", c), ("k", k)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+            raise TypeError(f"{name}={value!r} must be an integer")
+    if n < 1:
+        raise ValueError(f"n={n} must be >= 1")
+    if not 0 <= c <= n:
+        raise ValueError(f"c={c} must be in [0, n={n}]")
+    if k < 1:
+        raise ValueError(f"k={k} must be >= 1")
+    if k > n:
+        raise ValueError(f"k={k} must be <= n={n}")
+
+
+def _check_tau(tau: float) -> None:
+    """Validate a fraction of correct draws."""
+    if not (isinstance(tau, (int, float, np.floating)) and 0.0 <= float(tau) <= 1.0):
+        raise ValueError(f"tau={tau!r} must be a number in [0, 1]")
+
+
+def tau_threshold(tau: float, k: int) -> int:
+    """Minimum number of correct draws out of k that G-Pass@k_tau asks for: max(1, ceil(tau k)).
+
+    tau = 0 means "at least one", so G-Pass@k_0 is Pass@k (the paper's coverage limit).
+    """
+    _check_tau(tau)
+    return max(1, math.ceil(float(tau) * k - _TAU_EPS))
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased Pass@k = 1 - C(n-c, k) / C(n, k), as a product of ratios (no large binomials)."""
+    _check_counts(n, c, k)
+    if n - c < k:
+        return 1.0
+    # C(n-c, k) / C(n, k) = prod_{i=n-c+1}^{n} (1 - k / i)
+    return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1, dtype=np.float64)))
+
+
+def prob_at_least(n: int, c: int, k: int, m: int) -> float:
+    """P(at least m correct among k draws without replacement from n samples, c correct).
+
+    Hypergeometric tail sum_{j=m}^{min(c,k)} C(c,j) C(n-c,k-j) / C(n,k) in exact integers.
+    """
+    _check_counts(n, c, k)
+    if not 0 <= m <= k:
+        raise ValueError(f"m={m} must be in [0, k={k}]")
+    numerator = sum(math.comb(c, j) * math.comb(n - c, k - j) for j in range(m, min(c, k) + 1))
+    return numerator / math.comb(n, k)  # int / int is correctly rounded even for huge values
+
+
+def g_pass_at_k(n: int, c: int, k: int, tau: float) -> float:
+    """G-Pass@k_tau (Liu et al. 2024): P(at least ceil(tau k) of k draws are correct); tau=0 is Pass@k."""
+    _check_counts(n, c, k)
+    return prob_at_least(n, c, k, tau_threshold(tau, k))
+
+
+def mg_pass_at_k(n: int, c: int, k: int) -> float:
+    """mG-Pass@k = (2/k) sum_{i=ceil(k/2)+1}^{k} G-Pass@k_{i/k}, the mean over tau in (0.5, 1].
+
+    Liu et al.'s discretisation; note that the sum is empty for k = 1, which gives 0.
+    """
+    _check_counts(n, c, k)
+    total = sum(prob_at_least(n, c, k, i) for i in range(math.ceil(k / 2) + 1, k + 1))
+    return 2.0 * total / k
+
+
+def mean_accuracy(correct_lists: Sequence[Sequence[bool]]) -> float:
+    """Mean over problems of the fraction of correct samples (Pass@1)."""
+    if not correct_lists:
+        raise ValueError("correct_lists is empty: expected one list of flags per problem")
+    fractions = []
+    for i, flags in enumerate(correct_lists):
+        if len(flags) == 0:
+            raise ValueError(f"problem {i} has no samples: expected at least one flag")
+        fractions.append(sum(bool(f) for f in flags) / len(flags))
+    return float(np.mean(fractions))
+
+
+def coverage(correct_lists: Sequence[Sequence[bool]]) -> float:
+    """Fraction of problems with at least one correct sample (Pass@n)."""
+    if not correct_lists:
+        raise ValueError("correct_lists is empty: expected one list of flags per problem")
+    return float(np.mean([any(bool(f) for f in flags) for flags in correct_lists]))
+
+
+def canonical_answer(text: str | None) -> str | None:
+    """Normal form of a parsed answer for voting; None when there is nothing to vote for.
+
+    Removes `$`, `\\left`/`\\right`, LaTeX spacing (`\\!`, `\\,`, `\\;`), a trailing period and
+    redundant whitespace; numbers become canonical decimals ("1,000" -> "1000", "2.50" -> "2.5",
+    "3.0" -> "3"). Purely textual: "0.5" and "\\frac{1}{2}" stay different answers.
+    """
+    if text is None:
+        return None
+    s = str(text)
+    for noise in ("\\left", "\\right", "\\!", "\\,", "\\;", "\\$", "$"):
+        s = s.replace(noise, "")
+    s = " ".join(s.split()).rstrip(".").strip()
+    if not s:
+        return None
+    number = canonical_number(s)
+    return number if number is not None else s
+
+
+def majority_answer(answers: Sequence[str | None]) -> str | None:
+    """Most common canonical answer (first seen wins ties); None answers never win."""
+    canon = [canonical_answer(a) for a in answers]
+    counts = Counter(a for a in canon if a is not None)
+    if not counts:
+        return None
+    best = max(counts.values())
+    return next(a for a in canon if a is not None and counts[a] == best)
+
+
+def majority_vote(answers: Sequence[str | None], correct_flags: Sequence[bool]) -> bool:
+    """Is the self-consistency answer correct?
+
+    The vote picks the most common canonical answer; it is counted correct if any sample with that
+    canonical answer was graded correct (the grader's judgment, which may accept forms that the
+    textual canonicalisation does not merge). All-None answers give False.
+    """
+    if len(answers) != len(correct_flags):
+        raise ValueError(
+            f"len(answers)={len(answers)} must equal len(correct_flags)={len(correct_flags)}"
+        )
+    winner = majority_answer(answers)
+    if winner is None:
+        return False
+    return any(
+        bool(flag) for a, flag in zip(answers, correct_flags) if canonical_answer(a) == winner
+    )
+
+
+def bootstrap_ci(
+    values: Iterable[float], n_boot: int = 1000, alpha: float = 0.05, seed: int = 0
+) -> tuple[float, float]:
+    """Percentile bootstrap interval (1 - alpha) for the mean of per-problem values.
+
+    Resamples problems with replacement n_boot times with np.random.default_rng(seed). A single
+    value gives the degenerate interval (v, v).
+    """
+    data = np.asarray(list(values), dtype=np.float64)
+    if data.size == 0:
+        raise ValueError("values is empty: expected at least one per-problem value")
+    if n_boot < 1:
+        raise ValueError(f"n_boot={n_boot} must be >= 1")
+    if not 0.0 < alpha < 1.0:
+        raise ValueError(f"alpha={alpha} must be in (0, 1)")
+    if data.size == 1:
+        return float(data[0]), float(data[0])
+    rng = np.random.default_rng(seed)
+    means = np.empty(n_boot, dtype=np.float64)
+    # Chunks keep the index matrix small for large benchmarks.
+    chunk = max(1, 2_000_000 // data.size)
+    for start in range(0, n_boot, chunk):
+        stop = min(n_boot, start + chunk)
+        idx = rng.integers(0, data.size, size=(stop - start, data.size))
+        means[start:stop] = data[idx].mean(axis=1)
+    low, high = np.quantile(means, [alpha / 2.0, 1.0 - alpha / 2.0])
+    return float(low), float(high)
+
+
+def _tau_key(tau: float) -> str:
+    """Short JSON-friendly spelling of tau: 0.5 -> "0.5", 1.0 -> "1"."""
+    return f"{tau:g}"
+
+
+def summarize(
+    per_problem: Sequence[dict],
+    gpass_k: int = _GPASS_K,
+    n_boot: int = 1000,
+    alpha: float = 0.05,
+    seed: int = 0,
+) -> dict:
+    """Benchmark summary from per-problem records {"n": samples, "c": correct[, "majority_correct"]}.
+
+    Returns {"problems": P, "samples": n, "metrics": {name: {"mean", "low", "high"}}} where the
+    metrics are accuracy (mean c/n), coverage (c > 0), pass@k for k = 1, 2, 4, ... <= n,
+    G-Pass@k_tau with k = min(gpass_k, n) for tau = 0 ("cov"), 0.25, 0.5, 0.75, 1 and for every
+    count threshold m = 1..k ("atleast{m}", the paper's tau*k axis), mG-Pass@k and, when the
+    records carry it, majority-vote accuracy. Every interval resamples the same problems (same seed).
+    When n differs between problems, the k values are limited by the smallest n.
+    """
+    if not per_problem:
+        raise ValueError("per_problem is empty: expected one record per problem")
+    ns, cs = [], []
+    for i, rec in enumerate(per_problem):
+        for field in ("n", "c"):
+            if field not in rec:
+                raise ValueError(f"record {i} has no {field!r} field: expected keys 'n' and 'c'")
+        _check_counts(int(rec["n"]), int(rec["c"]), 1)
+        ns.append(int(rec["n"]))
+        cs.append(int(rec["c"]))
+    n_min = min(ns)
+    k_g = min(gpass_k, n_min)
+
+    columns: dict[str, list[float]] = {
+        "accuracy": [c / n for n, c in zip(ns, cs)],
+        "coverage": [float(c > 0) for c in cs],
+    }
+    k = 1
+    while k <= n_min:
+        columns[f"pass@{k}"] = [pass_at_k(n, c, k) for n, c in zip(ns, cs)]
+        k *= 2
+    columns[f"g_pass@{k_g}_cov"] = [g_pass_at_k(n, c, k_g, 0.0) for n, c in zip(ns, cs)]
+    for tau in _SUMMARY_TAUS:
+        columns[f"g_pass@{k_g}_tau{_tau_key(tau)}"] = [
+            g_pass_at_k(n, c, k_g, tau) for n, c in zip(ns, cs)
+        ]
+    for m in range(1, k_g + 1):
+        columns[f"g_pass@{k_g}_atleast{m}"] = [
+            prob_at_least(n, c, k_g, m) for n, c in zip(ns, cs)
+        ]
+    columns[f"mg_pass@{k_g}"] = [mg_pass_at_k(n, c, k_g) for n, c in zip(ns, cs)]
+
+    with_vote = [i for i, rec in enumerate(per_problem) if "majority_correct" in rec]
+    if with_vote and len(with_vote) != len(per_problem):
+        missing = next(i for i, rec in enumerate(per_problem) if "majority_correct" not in rec)
+        raise ValueError(
+            f"record {missing} has no 'majority_correct' field: expected it in all records or none"
+        )
+    if with_vote:
+        columns["majority_vote"] = [float(bool(rec["majority_correct"])) for rec in per_problem]
+
+    metrics = {}
+    for name, values in columns.items():
+        low, high = bootstrap_ci(values, n_boot=n_boot, alpha=alpha, seed=seed)
+        metrics[name] = {"mean": float(np.mean(values)), "low": low, "high": high}
+    return {"problems": len(per_problem), "samples": n_min, "metrics": metrics}

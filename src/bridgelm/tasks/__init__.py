@@ -1,0 +1,32 @@
+"""Benchmarks: `load(name, path, split)` returns a Task (prompts, gold answers, graders).
+
+Design: the registry maps names to modules that are imported only when used, so importing
+`bridgelm.tasks` stays cheap (no sympy, math-verify or reasoning-gym until a task needs them).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from bridgelm.tasks.base import BOXED_INSTRUCTION, Task, format_chat, read_rows, with_instruction
+
+# Task name -> module with a `load(path=None, split="test", **kwargs)` function.
+REGISTRY = {
+    "gsm8k": "bridgelm.tasks.gsm8k",
+    "math": "bridgelm.tasks.math",
+    "countdown": "bridgelm.tasks.countdown",
+}
+
+__all__ = ["BOXED_INSTRUCTION", "REGISTRY", "Task", "format_chat", "load", "read_rows", "with_instruction"]
+
+
+def load(name: str, path: str | None = None, split: str = "test", **kwargs) -> Task:
+    """The task `name` with examples from `path` (local file/folder or hub id; None = default source).
+
+    Extra keyword arguments go to the task's loader (e.g. `timeout` for math, `size`/`seed` for
+    countdown).
+    """
+    if name not in REGISTRY:
+        raise ValueError(f"unknown task {name!r}: expected one of {', '.join(sorted(REGISTRY))}")
+    module = importlib.import_module(REGISTRY[name])
+    return module.load(path=path, split=split, **kwargs)

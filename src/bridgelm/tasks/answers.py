@@ -1,0 +1,158 @@
+"""Answer extraction shared by the tasks.
+
+Design: completions are free text written by a model, so every helper here is total (returns None
+instead of raising) and purely lexical (regexes and a brace scanner, never eval). Numbers are kept
+as their cleaned decimal text as long as possible so that callers can choose between exact
+(Decimal) and float comparison.
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal, InvalidOperation
+
+# Commands that wrap a final answer; \fbox is what some models write instead of \boxed.
+_BOX_COMMANDS = ("\\boxed", "\\fbox")
+
+# A plain decimal number after cleaning: optional sign, digits with an optional fraction, or a bare
+# fraction like ".5", optional exponent.
+_NUMBER_RE = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+
+# Thousands separators: "1,234" or "12,345,678.5" (a comma list like "1,2" is not a number).
+_THOUSANDS_RE = re.compile(r"[-+]?\d{1,3}(?:,\d{3})+(?:\.\d*)?")
+
+# A number as it appears inside running text, with optional thousands separators.
+# A minus sign counts only when it is not a binary minus ("10-3" is 10 and 3, "-3" is -3).
+_NUMBER_IN_TEXT_RE = re.compile(r"(?:(?<![\w).])-)?(?:(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?|\.\d+)")
+
+# Decorations that can surround a number without changing it.
+_NUMBER_NOISE = ("\\$", "$", "\\%", "%", "\\!", "\\,", "\\;", "{,}", "\\ ", "~")
+
+
+def last_boxed(text: str | None) -> str | None:
+    """Content of the last `\\boxed{...}` / `\\fbox{...}` in `text`, or None.
+
+    Braces are matched by counting, so `\\boxed{\\frac{1}{2}}` gives `\\frac{1}{2}`. The brace-less
+    form `\\boxed 5` gives the following token. An unclosed box gives None.
+    """
+    if not text:
+        return None
+    start = max(text.rfind(cmd) for cmd in _BOX_COMMANDS)
+    if start < 0:
+        return None
+    cmd = next(c for c in _BOX_COMMANDS if text.startswith(c, start))
+    i = start + len(cmd)
+    while i < len(text) and text[i] in " \t":
+        i += 1
+    if i >= len(text):
+        return None
+    if text[i] != "{":
+        if i == start + len(cmd):
+            return None  # "\boxedx" is another command, not a box
+        # "\boxed 5": the token up to the next whitespace or '$'.
+        token = re.match(r"[^\s$]+", text[i:])
+        return token.group(0) if token else None
+    depth = 0
+    for j in range(i, len(text)):
+        ch = text[j]
+        if ch == "{":
+            depth += 1
+        elif ch == "}":
+            depth -= 1
+            if depth == 0:
+                return text[i + 1 : j].strip()
+    return None
+
+
+def _strip_text_commands(s: str) -> str:
+    """Drop `\\text{...}`/`\\mbox{...}` unit annotations ("18 \\text{ dollars}" -> "18 ")."""
+    return re.sub(r"\\(?:text|mbox|mathrm|textbf)\{[^{}]*\}", " ", s)
+
+
+def number_text(s: str | None) -> str | None:
+    """Cleaned decimal text of `s` if `s` is a single number, else None.
+
+    Ignores `$`, `\\$`, percent signs, LaTeX thin spaces, surrounding whitespace, unit text in
+    `\\text{}`, a trailing period and thousands separators ("1,234.50" -> "1234.50").
+    """
+    if s is None:
+        return None
+    s = _strip_text_commands(s)
+    for noise in _NUMBER_NOISE:
+        s = s.replace(noise, "")
+    s = s.strip().rstrip(".").strip()
+    if s.startswith("{") and s.endswith("}"):
+        s = s[1:-1].strip()
+    if _THOUSANDS_RE.fullmatch(s):
+        s = s.replace(",", "")
+    s = s.replace(" ", "")
+    return s if _NUMBER_RE.fullmatch(s) else None
+
+
+def parse_number(s: str | None) -> float | None:
+    """`s` as a float if it is a single number (see `number_text` for what is ignored), else None."""
+    text = number_text(s)
+    return float(text) if text is not None else None
+
+
+def canonical_number(s: str | None) -> str | None:
+    """Canonical decimal string of a number, exact: "1,000" -> "1000", "2.50" -> "2.5", "3.0" -> "3".
+
+    Returns None when `s` is not a single number.
+    """
+    text = number_text(s)
+    if text is None:
+        return None
+    try:
+        value = Decimal(text)
+    except InvalidOperation:
+        return None
+    if value == 0:
+        return "0"  # also folds "-0" and "0.00"
+    out = format(value.normalize(), "f")
+    return out
+
+
+def last_number(text: str | None) -> str | None:
+    """The last number written in running text, thousands separators removed ("1,234" -> "1234")."""
+    if not text:
+        return None
+    matches = _NUMBER_IN_TEXT_RE.findall(text)
+    return matches[-1].replace(",", "") if matches else None
+
+
+def after_marker(text: str, marker_re: str) -> str | None:
+    """The first number following the last match of `marker_re` (e.g. "####"), or None."""
+    hits = list(re.finditer(marker_re, text, flags=re.IGNORECASE))
+    if not hits:
+        return None
+    tail = text[hits[-1].end() :]
+    # Only look a short way ahead: "the answer is 18." and not a number three paragraphs later.
+    tail = tail.split("\n\n", 1)[0][:200]
+    found = _NUMBER_IN_TEXT_RE.search(_strip_text_commands(tail).replace("\\$", "$"))
+    return found.group(0).replace(",", "") if found else None
+
+
+def extract_number_answer(text: str | None) -> str | None:
+    """Final numeric answer of a GSM8K-style completion, as canonical decimal text.
+
+    Order: the last `\\boxed{}` (the number in it, or its last number when it holds a small
+    expression like "2 \\times 9 = 18"), then `#### N`, then "the answer is N", then the last
+    number anywhere in the text.
+    """
+    if not text:
+        return None
+    boxed = last_boxed(text)
+    if boxed is not None:
+        direct = canonical_number(boxed)
+        if direct is not None:
+            return direct
+        inner = last_number(_strip_text_commands(boxed))
+        if inner is not None:
+            return canonical_number(inner)
+    for marker in (r"####", r"the\s+(?:final\s+)?answer\s+is\s*:?"):
+        found = after_marker(text, marker)
+        if found is not None:
+            return canonical_number(found)
+    found = last_number(text)
+    return canonical_number(found) if found is not None else None

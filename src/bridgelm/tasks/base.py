@@ -1,0 +1,191 @@
+"""Task base class and the shared row loader.
+
+Design: a task is a list of example dicts plus four pure functions of them (prompt, gold answer,
+answer extraction, reward). Tasks never touch the network at construction unless asked to load
+from a dataset hub; local files are the normal path (`.jsonl`, `.json`, `.parquet`). Loader errors
+name the file, the 1-based line (or item) and the missing field, because data files are edited by
+hand.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+# The DeepSeek-R1 evaluation instruction appended to every math-style problem.
+BOXED_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+
+# File suffixes that read_rows understands.
+LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet")
+
+
+def with_instruction(problem: str, instruction: str = BOXED_INSTRUCTION) -> str:
+    """`problem` + newline + `instruction`, unless the problem already ends with the instruction."""
+    text = problem.rstrip()
+    if text.endswith(instruction):
+        return text
+    return f"{text}\n{instruction}"
+
+
+def format_chat(tokenizer: Any, text: str) -> str:
+    """Wrap `text` as one user turn with the tokenizer's chat template, ready for generation.
+
+    Tokenizers without a chat template (base models, tiny test models) get the text unchanged.
+    """
+    if getattr(tokenizer, "chat_template", None):
+        return tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
+        )
+    return text
+
+
+@dataclass
+class Task:
+    """A benchmark: examples plus prompt, gold answer, answer extraction and reward.
+
+    Subclasses override `prompt`, `answer`, `extract` and `reward`; `reward_many` exists so that
+    graders with a per-call overhead (math) can batch.
+    """
+
+    name: str  # registry name, e.g. "gsm8k"
+    examples: list[dict] = field(default_factory=list)  # one dict per problem, task-specific keys
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def prompt(self, example: dict) -> str:
+        """The raw user message for `example` (no chat template applied)."""
+        raise NotImplementedError(f"task {self.name!r} does not define prompt()")
+
+    def answer(self, example: dict) -> str:
+        """The gold answer of `example`, as text."""
+        raise NotImplementedError(f"task {self.name!r} does not define answer()")
+
+    def extract(self, completion: str) -> str | None:
+        """The final answer parsed from a completion (for majority voting), or None."""
+        raise NotImplementedError(f"task {self.name!r} does not define extract()")
+
+    def reward(self, completion: str, example: dict) -> float:
+        """1.0 if `completion` answers `example` correctly, else 0.0."""
+        raise NotImplementedError(f"task {self.name!r} does not define reward()")
+
+    def reward_many(self, pairs: Sequence[tuple[str, dict]]) -> list[float]:
+        """Rewards of (completion, example) pairs; the default just loops."""
+        return [self.reward(completion, example) for completion, example in pairs]
+
+
+def is_local_source(path: str | Path) -> bool:
+    """True when `path` names a local file or folder (existing, or with a data-file suffix)."""
+    p = Path(path)
+    return p.exists() or p.suffix in LOCAL_SUFFIXES or str(path).startswith((".", "/", "~"))
+
+
+def _check_row(row: Any, required_fields: Sequence[str], where: str) -> dict:
+    """`row` if it is an object with all required fields, else a ValueError naming `where`."""
+    if not isinstance(row, dict):
+        raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
+    for name in required_fields:
+        if name not in row:
+            raise ValueError(
+                f"{where}: missing field {name!r} (expected fields: {', '.join(required_fields)})"
+            )
+    return row
+
+
+def _read_jsonl(path: Path, required_fields: Sequence[str]) -> list[dict]:
+    """Rows of a JSON-lines file; blank lines are skipped."""
+    rows = []
+    with path.open(encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{lineno}: malformed JSON line ({exc.msg})") from exc
+            rows.append(_check_row(row, required_fields, f"{path}:{lineno}"))
+    return rows
+
+
+def _read_json(path: Path, required_fields: Sequence[str]) -> list[dict]:
+    """Rows of a JSON file holding a list of objects or {"data": [...]}."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}:{exc.lineno}: malformed JSON ({exc.msg})") from exc
+    if isinstance(data, dict) and isinstance(data.get("data"), list):
+        data = data["data"]
+    if not isinstance(data, list):
+        raise ValueError(f"{path}: expected a list of objects or {{\"data\": [...]}}")
+    return [_check_row(row, required_fields, f"{path}: item {i}") for i, row in enumerate(data, 1)]
+
+
+def _read_parquet(path: Path, required_fields: Sequence[str]) -> list[dict]:
+    """Rows of a parquet file, via pyarrow (or pandas) when one is installed."""
+    try:
+        import pyarrow.parquet as pq
+
+        rows = pq.read_table(path).to_pylist()
+    except ImportError:
+        try:
+            import pandas as pd
+        except ImportError as exc:
+            raise ValueError(
+                f"{path}: reading .parquet needs pyarrow or pandas, neither is installed; "
+                "convert the file to .jsonl or install pyarrow"
+            ) from exc
+        rows = pd.read_parquet(path).to_dict(orient="records")
+    return [_check_row(row, required_fields, f"{path}: row {i}") for i, row in enumerate(rows, 1)]
+
+
+def read_rows(path: str | Path, required_fields: Sequence[str] = ()) -> list[dict]:
+    """Rows of a local `.jsonl`, `.json` or `.parquet` file, each checked for `required_fields`."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise FileNotFoundError(f"data file {p} does not exist")
+    readers = {".jsonl": _read_jsonl, ".json": _read_json, ".parquet": _read_parquet}
+    reader = readers.get(p.suffix.lower())
+    if reader is None:
+        raise ValueError(f"{p}: unsupported file type {p.suffix!r}, expected one of {LOCAL_SUFFIXES}")
+    return reader(p, required_fields)
+
+
+def resolve_local(path: str | Path, split: str) -> Path:
+    """A data file: `path` itself, or `<path>/<split>.{jsonl,json,parquet}` when `path` is a folder."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        for suffix in LOCAL_SUFFIXES:
+            candidate = p / f"{split}{suffix}"
+            if candidate.is_file():
+                return candidate
+        raise FileNotFoundError(f"folder {p} has no {split}.jsonl, {split}.json or {split}.parquet")
+    return p
+
+
+def load_rows(
+    path: str | Path, split: str, required_fields: Sequence[str], hub_config: str | None = None
+) -> list[dict]:
+    """Rows from a local file/folder, or else from the Hugging Face hub via `datasets`.
+
+    The hub is tried only when `path` does not look local; `datasets` is imported lazily and any
+    failure (not installed, offline, unknown id) becomes a RuntimeError suggesting a local file.
+    """
+    if is_local_source(path):
+        return read_rows(resolve_local(path, split), required_fields)
+    try:
+        import datasets
+    except ImportError as exc:
+        raise RuntimeError(
+            f"{path!r} is not a local file and the 'datasets' package is not installed; "
+            "pass a local .jsonl/.json/.parquet path"
+        ) from exc
+    try:
+        ds = datasets.load_dataset(str(path), hub_config, split=split)
+    except Exception as exc:  # offline, unknown id, missing split: all mean "use a local file"
+        raise RuntimeError(
+            f"could not load {path!r} (split {split!r}) from the Hugging Face hub: "
+            f"{type(exc).__name__}: {exc}; pass a local .jsonl/.json/.parquet path instead"
+        ) from exc
+    return [_check_row(dict(row), required_fields, f"{path}[{split}] row {i}") for i, row in enumerate(ds, 1)]

@@ -1,0 +1,77 @@
+"""GSM8K: grade-school word problems with a numeric answer.
+
+Rows hold `question` and `answer`, a worked solution ending in `#### N`; the gold is N. A
+completion is correct when its extracted number equals N up to a relative tolerance of 1e-6, so
+"18", "18.0" and "$18" agree, and so do "1,234" and "1234".
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from bridgelm.tasks.answers import canonical_number, extract_number_answer
+from bridgelm.tasks.base import Task, load_rows, with_instruction
+
+# Fields every GSM8K row must have.
+FIELDS = ("question", "answer")
+
+# Hub fallback when no local path is given.
+HUB_ID, HUB_CONFIG = "openai/gsm8k", "main"
+
+# Relative tolerance of the numeric comparison.
+REL_TOL = 1e-6
+
+
+def gold_from_solution(solution: str) -> str:
+    """The canonical number after the last `####` of a GSM8K worked solution."""
+    if "####" not in solution:
+        raise ValueError(f"GSM8K solution {solution[-60:]!r} has no '#### N' final line")
+    gold = canonical_number(solution.rsplit("####", 1)[1].strip())
+    if gold is None:
+        raise ValueError(f"GSM8K solution ends with {solution.rsplit('####', 1)[1]!r}: expected a number")
+    return gold
+
+
+def numbers_match(pred: str | None, gold: str) -> bool:
+    """Numeric equality with relative tolerance REL_TOL (exact for integers of any size)."""
+    if pred is None:
+        return False
+    if pred == gold:
+        return True
+    try:
+        a, b = float(pred), float(gold)
+    except ValueError:
+        return False
+    return math.isclose(a, b, rel_tol=REL_TOL, abs_tol=1e-12)
+
+
+@dataclass
+class GSM8K(Task):
+    """GSM8K graded by the extracted final number."""
+
+    def prompt(self, example: dict) -> str:
+        return with_instruction(example["question"])
+
+    def answer(self, example: dict) -> str:
+        return gold_from_solution(example["answer"])
+
+    def extract(self, completion: str) -> str | None:
+        return extract_number_answer(completion)
+
+    def reward(self, completion: str, example: dict) -> float:
+        return 1.0 if numbers_match(self.extract(completion), self.answer(example)) else 0.0
+
+
+def load(path: str | None = None, split: str = "test") -> GSM8K:
+    """GSM8K rows from a local file/folder, or from the hub (`openai/gsm8k`) when path is None."""
+    if path is None:
+        rows = load_rows(HUB_ID, split, FIELDS, hub_config=HUB_CONFIG)
+    else:
+        rows = load_rows(path, split, FIELDS)
+    for i, row in enumerate(rows, 1):
+        try:
+            gold_from_solution(row["answer"])
+        except ValueError as exc:
+            raise ValueError(f"{path or HUB_ID}: row {i}: {exc}") from exc
+    return GSM8K(name="gsm8k", examples=rows)

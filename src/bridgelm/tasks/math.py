@@ -1,0 +1,308 @@
+"""MATH-style problems (MATH-500, AIME, AMC, HMMT) graded with math-verify in a worker process.
+
+Design notes:
+- math-verify's own timeouts use SIGALRM, which only works in the main thread, so they are turned
+  off (`parsing_timeout=None`, `timeout_seconds=None`) and every grading call is bounded from
+  outside instead: grading runs in one long-lived child Python process, and a call whose answer
+  does not arrive within the timeout gets the child killed (it is restarted on the next call) and
+  scores 0. Pathological answers such as `\\boxed{9^{9^{9^{9}}}}` make sympy run for minutes.
+- The child is a plain `subprocess` talking JSON lines over stdin/stdout, not `multiprocessing`:
+  it starts from any thread, from daemonic pool workers, and never re-imports the caller's
+  `__main__`. Startup (importing sympy) is not counted in the per-call timeout.
+- Calls are serialised by a lock; `grade_many` sends a batch under one lock so the per-item cost is
+  one pipe round trip. A process that forks after starting the worker gets its own worker.
+- Gold answers are wrapped as `\\boxed{gold}` (then `$gold$` if that does not parse) so that
+  math-verify reads them as LaTeX; the prediction is the whole completion (math-verify finds the
+  last boxed answer itself), with the bare `\\boxed{}` content as a second chance.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import select
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from bridgelm.tasks.answers import last_boxed
+from bridgelm.tasks.base import Task, load_rows, with_instruction
+
+# Fields every row must have.
+FIELDS = ("problem", "answer")
+
+# Hub fallback when no local path is given.
+HUB_ID = "HuggingFaceH4/MATH-500"
+
+# Default bound on one grading call, in seconds.
+DEFAULT_TIMEOUT = 5.0
+
+# Bound on starting the worker (importing sympy and math-verify), in seconds.
+START_TIMEOUT = 120.0
+
+
+# ----------------------------------------------------------------------------- worker side
+
+
+def _parsed_gold(gold: str):
+    """math-verify parse of a gold answer, wrapped so that it is read as LaTeX."""
+    from math_verify import parse
+
+    text = gold.strip()
+    if "\\boxed" in text or text.startswith("$"):
+        return parse(text, parsing_timeout=None)
+    parsed = parse(f"\\boxed{{{text}}}", parsing_timeout=None)
+    return parsed or parse(f"${text}$", parsing_timeout=None)
+
+
+def _grade_one(gold: str, completion: str) -> float:
+    """1.0 if math-verify finds `completion` equivalent to `gold` (runs inside the worker)."""
+    from math_verify import parse, verify
+
+    gold_parsed = _parsed_gold(gold)
+    if not gold_parsed:
+        return 0.0
+    pred = parse(completion, parsing_timeout=None)
+    if pred and verify(gold_parsed, pred, timeout_seconds=None):
+        return 1.0
+    boxed = last_boxed(completion)
+    if boxed:
+        pred = parse(f"\\boxed{{{boxed}}}", parsing_timeout=None)
+        if pred and verify(gold_parsed, pred, timeout_seconds=None):
+            return 1.0
+    return 0.0
+
+
+def _handle(request: dict) -> dict:
+    """One request -> one reply; grading errors count as a wrong answer."""
+    op = request.get("op")
+    if op == "ping":
+        return {"ok": True}
+    if op == "grade":
+        try:
+            return {"score": _grade_one(request["gold"], request["completion"])}
+        except Exception as exc:  # a crash in sympy is a wrong answer, not a dead worker
+            return {"score": 0.0, "error": f"{type(exc).__name__}: {exc}"[:500]}
+    if op == "sleep":  # test hook: a grading call that takes `seconds`
+        time.sleep(float(request["seconds"]))
+        return {"score": 0.0}
+    return {"error": f"unknown op {op!r}: expected ping, grade or sleep"}
+
+
+def serve() -> None:
+    """Worker main loop: JSON requests on stdin, JSON replies on the original stdout.
+
+    Anything the grading code prints goes to stderr, so it cannot corrupt the protocol.
+    """
+    import logging
+
+    logging.getLogger("math_verify").setLevel(logging.ERROR)  # silences "timeout disabled"
+    out = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)
+    import math_verify  # noqa: F401  (import once, before the first timed call)
+
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        reply = _handle(json.loads(line))
+        out.write(json.dumps(reply) + "\n")
+        out.flush()
+
+
+# ----------------------------------------------------------------------------- caller side
+
+
+class GradingTimeout(Exception):
+    """The worker did not answer in time (it has been killed)."""
+
+
+class MathGrader:
+    """Client of one grading worker process; thread-safe, restarts the worker after a timeout."""
+
+    def __init__(self, timeout: float = DEFAULT_TIMEOUT, start_timeout: float = START_TIMEOUT):
+        if not timeout > 0:
+            raise ValueError(f"timeout={timeout} must be > 0 seconds")
+        self.timeout = float(timeout)  # default bound on one grading call, seconds
+        self.start_timeout = float(start_timeout)  # bound on worker startup, seconds
+        self.restarts = 0  # how many workers were killed after a timeout or crash
+        self._lock = threading.Lock()  # one request in flight at a time
+        self._proc: subprocess.Popen | None = None  # the worker, started lazily
+        self._owner_pid = os.getpid()  # process that started the worker (forks get their own)
+        self._buf = b""  # bytes read from the worker but not yet consumed
+
+    # -- process management
+
+    def _start(self) -> None:
+        src = str(Path(__file__).resolve().parents[2])  # the folder holding the bridgelm package
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+        self._proc = subprocess.Popen(
+            [sys.executable, "-c", "from bridgelm.tasks.math import serve; serve()"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env=env,
+            close_fds=True,
+        )
+        self._owner_pid = os.getpid()
+        self._buf = b""
+        try:
+            self._request({"op": "ping"}, self.start_timeout)
+        except GradingTimeout as exc:
+            raise RuntimeError(
+                f"math grading worker did not start within {self.start_timeout} s"
+            ) from exc
+
+    def _ensure_started(self) -> None:
+        if self._proc is not None and self._owner_pid != os.getpid():
+            self._proc = None  # inherited through fork: the worker belongs to the parent
+        if self._proc is None or self._proc.poll() is not None:
+            self._start()
+
+    def _kill(self) -> None:
+        proc, self._proc = self._proc, None
+        self._buf = b""
+        if proc is None:
+            return
+        try:
+            proc.kill()
+            proc.wait(timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+        for stream in (proc.stdin, proc.stdout):
+            try:
+                stream.close()
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        """Stop the worker (a later call starts a new one)."""
+        with self._lock:
+            if self._owner_pid == os.getpid():
+                self._kill()
+            self._proc = None
+
+    # -- protocol
+
+    def _read_line(self, deadline: float) -> bytes:
+        fd = self._proc.stdout.fileno()
+        while b"\n" not in self._buf:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise GradingTimeout()
+            ready, _, _ = select.select([fd], [], [], remaining)
+            if not ready:
+                continue
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                raise EOFError("math grading worker exited")
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        return line
+
+    def _request(self, request: dict, timeout: float) -> dict:
+        """Send one request and wait for its reply; kill the worker on timeout or crash."""
+        try:
+            self._proc.stdin.write((json.dumps(request) + "\n").encode("utf-8"))
+            self._proc.stdin.flush()
+            return json.loads(self._read_line(time.monotonic() + timeout))
+        except (GradingTimeout, EOFError, OSError, ValueError) as exc:
+            self._kill()
+            self.restarts += 1
+            raise GradingTimeout(str(exc)) from exc
+
+    def _score(self, request: dict, timeout: float | None) -> float:
+        self._ensure_started()
+        try:
+            reply = self._request(request, self.timeout if timeout is None else timeout)
+        except GradingTimeout:
+            return 0.0
+        return float(reply.get("score", 0.0))
+
+    # -- public API
+
+    def grade(self, gold: str, completion: str, timeout: float | None = None) -> float:
+        """1.0 if `completion`'s final answer equals `gold` per math-verify, 0.0 otherwise/on timeout."""
+        return self.grade_many([(gold, completion)], timeout=timeout)[0]
+
+    def grade_many(
+        self, pairs: Iterable[tuple[str, str]], timeout: float | None = None
+    ) -> list[float]:
+        """Scores of (gold, completion) pairs; each pair gets its own timeout."""
+        pairs = list(pairs)
+        with self._lock:
+            return [
+                self._score({"op": "grade", "gold": str(g), "completion": str(c)}, timeout)
+                for g, c in pairs
+            ]
+
+    def debug_sleep(self, seconds: float, timeout: float | None = None) -> float:
+        """Test hook: a grading call that sleeps `seconds` in the worker (0.0 either way)."""
+        with self._lock:
+            return self._score({"op": "sleep", "seconds": seconds}, timeout)
+
+
+_DEFAULT_GRADER: MathGrader | None = None
+_DEFAULT_LOCK = threading.Lock()
+
+
+def default_grader() -> MathGrader:
+    """The process-wide shared grader (one worker process), created on first use."""
+    global _DEFAULT_GRADER
+    with _DEFAULT_LOCK:
+        if _DEFAULT_GRADER is None:
+            _DEFAULT_GRADER = MathGrader()
+            atexit.register(_DEFAULT_GRADER.close)
+        return _DEFAULT_GRADER
+
+
+def grade(gold: str, completion: str, timeout: float = DEFAULT_TIMEOUT) -> float:
+    """Grade one completion against a LaTeX gold answer with the shared worker."""
+    return default_grader().grade(gold, completion, timeout=timeout)
+
+
+def grade_many(pairs: Iterable[tuple[str, str]], timeout: float = DEFAULT_TIMEOUT) -> list[float]:
+    """Grade (gold, completion) pairs with the shared worker, one timeout per pair."""
+    return default_grader().grade_many(pairs, timeout=timeout)
+
+
+# ----------------------------------------------------------------------------- task
+
+
+@dataclass
+class MathTask(Task):
+    """Problems with a LaTeX `answer`, graded by math-verify with a per-call timeout."""
+
+    timeout: float = DEFAULT_TIMEOUT  # seconds allowed for grading one completion
+
+    def prompt(self, example: dict) -> str:
+        return with_instruction(example["problem"])
+
+    def answer(self, example: dict) -> str:
+        return str(example["answer"])
+
+    def extract(self, completion: str) -> str | None:
+        return last_boxed(completion)
+
+    def reward(self, completion: str, example: dict) -> float:
+        return grade(self.answer(example), completion, timeout=self.timeout)
+
+    def reward_many(self, pairs: Sequence[tuple[str, dict]]) -> list[float]:
+        return grade_many(
+            [(self.answer(example), completion) for completion, example in pairs],
+            timeout=self.timeout,
+        )
+
+
+def load(
+    path: str | None = None, split: str = "test", timeout: float = DEFAULT_TIMEOUT
+) -> MathTask:
+    """Rows with `problem` and `answer` from a local file, or MATH-500 from the hub when path is None."""
+    if not timeout > 0:
+        raise ValueError(f"timeout={timeout} must be > 0 seconds")
+    rows = load_rows(HUB_ID if path is None else path, split, FIELDS)
+    return MathTask(name="math", examples=rows, timeout=timeout)

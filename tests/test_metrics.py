@@ -1,0 +1,221 @@
+"""Set metrics against brute-force enumeration of k-subsets of a concrete 0/1 sample list."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import random
+
+import numpy as np
+import pytest
+
+from bridgelm.metrics import (
+    bootstrap_ci,
+    canonical_answer,
+    coverage,
+    g_pass_at_k,
+    majority_answer,
+    majority_vote,
+    mean_accuracy,
+    mg_pass_at_k,
+    pass_at_k,
+    prob_at_least,
+    summarize,
+    tau_threshold,
+)
+
+
+def brute_at_least(n: int, c: int, k: int, m: int) -> float:
+    """Fraction of k-subsets of [1]*c + [0]*(n-c) with at least m ones."""
+    samples = [1] * c + [0] * (n - c)
+    subsets = list(itertools.combinations(samples, k))
+    return sum(sum(s) >= m for s in subsets) / len(subsets)
+
+
+def brute_threshold(tau: float, k: int) -> int:
+    """At least one, and at least tau*k (by exact fraction arithmetic on the decimal tau)."""
+    from fractions import Fraction
+
+    return max(1, math.ceil(Fraction(str(tau)) * k))
+
+
+def random_cases(count: int, seed: int):
+    rng = random.Random(seed)
+    taus = [0.0, 0.1, 0.2, 0.25, 0.3, 0.4, 0.5, 0.6, 0.7, 0.75, 0.8, 0.9, 1.0]
+    for _ in range(count):
+        n = rng.randint(1, 10)
+        c = rng.randint(0, n)
+        k = rng.randint(1, n)
+        tau = rng.choice(taus) if rng.random() < 0.7 else rng.random()
+        yield n, c, k, tau
+
+
+def test_pass_at_k_matches_enumeration():
+    for n, c, k, _ in random_cases(200, seed=1):
+        assert pass_at_k(n, c, k) == pytest.approx(brute_at_least(n, c, k, 1), abs=1e-12)
+
+
+def test_g_pass_matches_enumeration():
+    for n, c, k, tau in random_cases(200, seed=2):
+        expected = brute_at_least(n, c, k, brute_threshold(tau, k))
+        assert g_pass_at_k(n, c, k, tau) == pytest.approx(expected, abs=1e-12), (n, c, k, tau)
+
+
+def test_g_pass_tau_zero_is_pass_at_k():
+    for n, c, k, _ in random_cases(200, seed=3):
+        assert g_pass_at_k(n, c, k, 0.0) == pytest.approx(pass_at_k(n, c, k), abs=1e-12)
+        # Any tau <= 1/k asks for a single correct draw as well.
+        assert g_pass_at_k(n, c, k, 1.0 / k) == pytest.approx(pass_at_k(n, c, k), abs=1e-12)
+
+
+def test_g_pass_tau_one_is_all_correct():
+    for n, c, k, _ in random_cases(100, seed=4):
+        expected = math.comb(c, k) / math.comb(n, k)
+        assert g_pass_at_k(n, c, k, 1.0) == pytest.approx(expected, abs=1e-12)
+
+
+def test_mg_pass_matches_definition_by_enumeration():
+    for n, c, k, _ in random_cases(200, seed=5):
+        start = math.ceil(k / 2) + 1
+        expected = 2.0 / k * sum(brute_at_least(n, c, k, i) for i in range(start, k + 1))
+        assert mg_pass_at_k(n, c, k) == pytest.approx(expected, abs=1e-12), (n, c, k)
+
+
+def test_mg_pass_known_values():
+    assert mg_pass_at_k(8, 8, 8) == pytest.approx(1.0)  # every tau in (0.5, 1] is met
+    assert mg_pass_at_k(8, 0, 8) == 0.0
+    assert mg_pass_at_k(5, 5, 1) == 0.0  # the (0.5, 1] grid is empty for k = 1
+
+
+def test_tau_threshold_is_robust_to_float_products():
+    assert tau_threshold(0.7, 10) == 7
+    assert tau_threshold(0.3, 10) == 3  # 0.3 * 10 == 3.0000000000000004 in floats
+    assert tau_threshold(0.0, 8) == 1
+    assert tau_threshold(1.0, 8) == 8
+    assert tau_threshold(3 / 8, 8) == 3
+    assert g_pass_at_k(10, 7, 10, 0.7) == 1.0  # 7 correct out of 10, all drawn: exactly 7
+
+
+def test_large_n_is_stable():
+    assert pass_at_k(1000, 1, 500) == pytest.approx(0.5)
+    assert pass_at_k(2000, 0, 1000) == 0.0
+    value = g_pass_at_k(3000, 1500, 1000, 0.5)  # binomials far beyond float range
+    assert 0.5 < value < 1.0
+    assert prob_at_least(3000, 1500, 1000, 0) == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: pass_at_k(4, 2, 5), "k=5 must be <= n=4"),
+        (lambda: pass_at_k(4, 2, 0), "k=0 must be >= 1"),
+        (lambda: pass_at_k(4, 5, 2), "c=5"),
+        (lambda: pass_at_k(0, 0, 1), "n=0"),
+        (lambda: g_pass_at_k(4, 2, 5, 0.5), "k=5 must be <= n=4"),
+        (lambda: g_pass_at_k(4, 2, 2, -0.1), "tau=-0.1"),
+        (lambda: g_pass_at_k(4, 2, 2, 1.5), "tau=1.5"),
+        (lambda: g_pass_at_k(4, 2, 2, float("nan")), "tau=nan"),
+        (lambda: mg_pass_at_k(3, 1, 4), "k=4 must be <= n=3"),
+    ],
+)
+def test_errors_name_the_bad_value(call, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(")):
+        call()
+
+
+def test_coverage_and_mean_accuracy():
+    flags = [[True, False, False, False], [False] * 4, [True] * 4]
+    assert coverage(flags) == pytest.approx(2 / 3)
+    assert mean_accuracy(flags) == pytest.approx((0.25 + 0 + 1) / 3)
+    with pytest.raises(ValueError):
+        coverage([])
+    with pytest.raises(ValueError, match="problem 1"):
+        mean_accuracy([[True], []])
+
+
+def test_canonical_answer():
+    assert canonical_answer("1,000") == "1000"
+    assert canonical_answer("2.50") == "2.5"
+    assert canonical_answer(" 3.0. ") == "3"
+    assert canonical_answer("$18$") == "18"
+    assert canonical_answer("\\left( 3, \\frac{\\pi}{2} \\right)") == "( 3, \\frac{\\pi}{2} )"
+    assert canonical_answer("10\\!000") == "10000"
+    assert canonical_answer("x  +\\, 1") == "x + 1"
+    assert canonical_answer("1,2") == "1,2"  # a pair, not a thousands separator
+    assert canonical_answer("  ") is None
+    assert canonical_answer(None) is None
+
+
+def test_majority_vote():
+    # "1,000" and "1000.0" are one answer; the vote wins 3 to 2; any correct sample in it counts.
+    answers = ["1,000", "7", "1000.0", "7", "1000"]
+    assert majority_answer(answers) == "1000"
+    assert majority_vote(answers, [False, True, False, True, True]) is True
+    assert majority_vote(answers, [False, True, False, True, False]) is False
+    # Ties go to the answer seen first; None never wins.
+    assert majority_answer(["b", "a", "a", "b"]) == "b"
+    assert majority_answer([None, None, "5"]) == "5"
+    assert majority_vote([None, None, None], [True, True, True]) is False
+    with pytest.raises(ValueError, match="len"):
+        majority_vote(["1"], [True, False])
+
+
+def test_bootstrap_contains_mean_and_narrows():
+    rng = np.random.default_rng(123)
+    small = rng.integers(0, 2, size=20).astype(float)
+    large = rng.integers(0, 2, size=2000).astype(float)
+    lo_s, hi_s = bootstrap_ci(small)
+    lo_l, hi_l = bootstrap_ci(large)
+    assert lo_s <= small.mean() <= hi_s
+    assert lo_l <= large.mean() <= hi_l
+    assert hi_l - lo_l < (hi_s - lo_s) / 3
+    assert bootstrap_ci(small, seed=7) == bootstrap_ci(small, seed=7)
+
+
+def test_bootstrap_edge_cases():
+    assert bootstrap_ci([0.25]) == (0.25, 0.25)
+    assert bootstrap_ci([1.0, 1.0, 1.0]) == (1.0, 1.0)
+    with pytest.raises(ValueError, match="empty"):
+        bootstrap_ci([])
+    with pytest.raises(ValueError, match="alpha=1.5"):
+        bootstrap_ci([1.0, 0.0], alpha=1.5)
+
+
+def test_summarize():
+    records = [
+        {"n": 8, "c": 8, "majority_correct": True},
+        {"n": 8, "c": 4, "majority_correct": True},
+        {"n": 8, "c": 1, "majority_correct": False},
+        {"n": 8, "c": 0, "majority_correct": False},
+    ]
+    out = summarize(records, n_boot=200)
+    json.dumps(out)  # JSON-friendly
+    assert out["problems"] == 4 and out["samples"] == 8
+    m = out["metrics"]
+    assert m["accuracy"]["mean"] == pytest.approx((1 + 0.5 + 0.125 + 0) / 4)
+    assert m["coverage"]["mean"] == pytest.approx(0.75)
+    assert m["pass@8"]["mean"] == pytest.approx(0.75)
+    assert m["pass@1"]["mean"] == pytest.approx(m["accuracy"]["mean"])
+    assert {"pass@1", "pass@2", "pass@4", "pass@8"} <= set(m)
+    assert m["g_pass@8_cov"]["mean"] == pytest.approx(0.75)
+    assert m["g_pass@8_tau0.5"]["mean"] == pytest.approx(0.5)  # c=8 and c=4 meet 4 of 8
+    assert m["g_pass@8_tau1"]["mean"] == pytest.approx(0.25)
+    assert m["g_pass@8_atleast4"]["mean"] == pytest.approx(m["g_pass@8_tau0.5"]["mean"])
+    assert [f"g_pass@8_atleast{i}" for i in range(1, 9)] == [k for k in m if "atleast" in k]
+    assert m["mg_pass@8"]["mean"] == pytest.approx(np.mean([mg_pass_at_k(8, r["c"], 8) for r in records]))
+    assert m["majority_vote"]["mean"] == pytest.approx(0.5)
+    for stats in m.values():
+        assert stats["low"] <= stats["mean"] + 1e-12 and stats["mean"] <= stats["high"] + 1e-12
+
+
+def test_summarize_small_n_and_errors():
+    out = summarize([{"n": 3, "c": 1}, {"n": 3, "c": 2}], n_boot=50)
+    assert "g_pass@3_tau0.5" in out["metrics"] and "pass@2" in out["metrics"]
+    assert "pass@4" not in out["metrics"] and "majority_vote" not in out["metrics"]
+    with pytest.raises(ValueError, match="empty"):
+        summarize([])
+    with pytest.raises(ValueError, match="record 1 has no 'c'"):
+        summarize([{"n": 2, "c": 1}, {"n": 2}])
+    with pytest.raises(ValueError, match="record 1 has no 'majority_correct'"):
+        summarize([{"n": 2, "c": 1, "majority_correct": True}, {"n": 2, "c": 1}])

@@ -1,0 +1,340 @@
+"""Graders on real benchmark rows from ../shared/data, loaders and their error messages."""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import sys
+import threading
+import time
+import types
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from bridgelm import tasks
+from bridgelm.tasks import answers, base
+from bridgelm.tasks import countdown as countdown_mod
+from bridgelm.tasks import math as math_mod
+
+DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+INTEGER = re.compile(r"-?\d+")
+
+
+def data_file(*parts: str) -> Path:
+    path = DATA.joinpath(*parts)
+    if not path.is_file():
+        pytest.skip(f"benchmark data {path} is absent (expected the shared data folder next to the repo)")
+    return path
+
+
+@pytest.fixture(scope="module")
+def math500():
+    return tasks.load("math", data_file("math", "math500.jsonl"))
+
+
+@pytest.fixture(scope="module")
+def gsm8k_test():
+    return tasks.load("gsm8k", data_file("gsm8k", "test.jsonl"))
+
+
+@pytest.fixture(scope="module")
+def countdown():
+    return tasks.load("countdown", size=40, seed=0)
+
+
+# ----------------------------------------------------------------------------- answer helpers
+
+
+def test_last_boxed():
+    assert answers.last_boxed(r"a \boxed{1} then \boxed{\frac{1}{2}} end") == r"\frac{1}{2}"
+    assert answers.last_boxed(r"nested \boxed{\sqrt{\frac{a}{b}}}") == r"\sqrt{\frac{a}{b}}"
+    assert answers.last_boxed(r"so $\boxed 5$") == "5"
+    assert answers.last_boxed(r"\fbox{x+1}") == "x+1"
+    assert answers.last_boxed(r"unclosed \boxed{3") is None
+    assert answers.last_boxed("no box") is None
+
+
+def test_parse_number():
+    assert answers.parse_number("1,234") == 1234.0
+    assert answers.parse_number("$18.00") == 18.0
+    assert answers.parse_number("50\\%") == 50.0
+    assert answers.parse_number("3.0") == 3.0
+    assert answers.parse_number("1,2") is None
+    assert answers.parse_number("x") is None
+
+
+# ----------------------------------------------------------------------------- MATH
+
+
+def test_math_prompt_keeps_single_instruction(math500):
+    prompt = math500.prompt(math500.examples[0])
+    assert prompt.count(base.BOXED_INSTRUCTION) == 1 and prompt.endswith(base.BOXED_INSTRUCTION)
+    assert base.with_instruction("What is 1+1?").endswith("\n" + base.BOXED_INSTRUCTION)
+
+
+def test_math500_every_gold_accepted(math500):
+    pairs = [(f"Thus the final answer is $\\boxed{{{ex['answer']}}}$.", ex) for ex in math500.examples]
+    assert len(pairs) == 500
+    rewards = math500.reward_many(pairs)
+    refused = [ex["answer"] for (_, ex), r in zip(pairs, rewards) if r != 1.0]
+    assert refused == []
+
+
+def test_math500_other_answers_refused(math500):
+    # Distinct plain integers can never be equal, so these pairs are certainly wrong.
+    rows = [ex for ex in math500.examples if INTEGER.fullmatch(ex["answer"].strip())]
+    rng = random.Random(0)
+    pairs = []
+    for ex in rng.sample(rows, 80):
+        other = rng.choice([o for o in rows if int(o["answer"]) != int(ex["answer"])])
+        pairs.append((f"The answer is $\\boxed{{{other['answer']}}}$.", ex))
+    assert math500.reward_many(pairs) == [0.0] * len(pairs)
+
+
+@pytest.mark.parametrize(
+    "gold, pred, expected",
+    [
+        ("\\frac{1}{2}", "0.5", 1.0),
+        ("0.5", "\\frac{1}{2}", 1.0),
+        ("2\\sqrt{2}", "\\sqrt{8}", 1.0),
+        ("\\frac{14}{3}", "\\frac{28}{6}", 1.0),
+        ("\\frac{14}{3}", "\\frac{3}{14}", 0.0),
+        ("p - q", "p + q", 0.0),
+        ("\\left( 3, \\frac{\\pi}{2} \\right)", "(3, \\pi)", 0.0),
+    ],
+)
+def test_math_equivalent_and_different_forms(gold, pred, expected):
+    assert math_mod.grade(gold, f"We get $\\boxed{{{pred}}}$.") == expected
+
+
+def test_math_grading_from_worker_threads(math500):
+    examples = math500.examples[:16]
+    jobs = [(f"\\boxed{{{ex['answer']}}}", ex, 1.0) for ex in examples]
+    jobs += [("\\boxed{\\text{no idea}}", ex, 0.0) for ex in examples[:4]]
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(lambda job: math500.reward(job[0], job[1]), jobs))
+    assert results == [expected for _, _, expected in jobs]
+
+    box: list[float] = []
+    thread = threading.Thread(target=lambda: box.append(math_mod.grade("\\frac{14}{3}", "\\boxed{14/3}")))
+    thread.start()
+    thread.join(60)
+    assert box == [1.0]
+
+
+def test_math_hanging_answer_is_bounded_and_scored_zero():
+    # sympy spends minutes on 9^(9^(9^9)) (checked by hand: > 15 s without a timeout).
+    grader = math_mod.MathGrader(timeout=1.0)
+    try:
+        assert grader.grade("5", "\\boxed{5}") == 1.0  # starts the worker outside the timed call
+        start = time.monotonic()
+        assert grader.grade("5", "So the answer is \\boxed{9^{9^{9^{9}}}}") == 0.0
+        elapsed = time.monotonic() - start
+        assert 0.9 <= elapsed < 10, elapsed  # it really hung, and was cut at the timeout
+        assert grader.restarts == 1
+        assert grader.grade("5", "\\boxed{5}") == 1.0  # a fresh worker takes over
+    finally:
+        grader.close()
+
+
+def test_math_timeout_hook_in_thread():
+    grader = math_mod.MathGrader(timeout=0.5)
+    try:
+        box: list[float] = []
+        thread = threading.Thread(target=lambda: box.append(grader.debug_sleep(30)))
+        start = time.monotonic()
+        thread.start()
+        thread.join(30)
+        assert box == [0.0] and time.monotonic() - start < 20
+        assert grader.restarts == 1
+        assert grader.grade("\\frac{1}{2}", "\\boxed{0.5}") == 1.0
+    finally:
+        grader.close()
+
+
+def test_math_rejects_bad_timeout():
+    with pytest.raises(ValueError, match="timeout=0"):
+        math_mod.MathGrader(timeout=0)
+
+
+# ----------------------------------------------------------------------------- GSM8K
+
+
+def with_commas(gold: str) -> str:
+    return f"{int(gold):,}" if INTEGER.fullmatch(gold) else gold
+
+
+def test_gsm8k_every_gold_accepted_in_four_forms(gsm8k_test):
+    assert len(gsm8k_test) == 1319
+    refused = []
+    for ex in gsm8k_test.examples:
+        gold = gsm8k_test.answer(ex)
+        forms = [
+            f"Adding everything up gives 3 + 4 = 7 items.\n#### {gold}",
+            f"So the total is $\\boxed{{{gold}}}$.",
+            f"We computed 12 * 3 = 36 before. The answer is {gold}.",
+            f"First 2 + 2 = 4, and in the end she pays {with_commas(gold)} dollars",
+        ]
+        refused += [(gold, f) for f in forms if gsm8k_test.reward(f, ex) != 1.0]
+    assert refused == []
+
+
+def test_gsm8k_wrong_number_refused(gsm8k_test):
+    for ex in gsm8k_test.examples[:200]:
+        wrong = str(int(gsm8k_test.answer(ex)) + 1)
+        assert gsm8k_test.reward(f"#### {wrong}", ex) == 0.0
+        assert gsm8k_test.reward(f"\\boxed{{{wrong}}}", ex) == 0.0
+        assert gsm8k_test.reward("I cannot solve this.", ex) == 0.0
+
+
+def test_gsm8k_gold_and_extraction(gsm8k_test):
+    ex = gsm8k_test.examples[0]
+    assert gsm8k_test.answer(ex) == "18"
+    assert gsm8k_test.prompt(ex).endswith(base.BOXED_INSTRUCTION)
+    assert gsm8k_test.extract("The answer is $1,234.50.") == "1234.5"
+    assert gsm8k_test.extract("x = \\boxed{18 \\text{ dollars}}") == "18"
+    assert gsm8k_test.reward("\\boxed{18.0}", ex) == 1.0
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        assert pool.submit(gsm8k_test.reward, "#### 18", ex).result() == 1.0
+
+
+# ----------------------------------------------------------------------------- Countdown
+
+
+def test_countdown_reference_solutions_score_one(countdown):
+    assert len(countdown) == 40
+    for ex in countdown.examples:
+        assert countdown.reward(f"Done: \\boxed{{{ex['solution']}}}", ex) == 1.0
+        assert countdown.reward(f"<answer>{ex['solution']}</answer>", ex) == 1.0
+
+
+def test_countdown_wrong_expressions_score_zero(countdown):
+    ex = countdown.examples[0]
+    numbers, target, solution = ex["numbers"], ex["target"], ex["solution"]
+    assert countdown.reward(f"\\boxed{{{solution} + 1}}", ex) == 0.0  # number not given
+    assert countdown.reward(f"\\boxed{{{solution} + 1000 - 1000}}", ex) == 0.0  # same value, foreign numbers
+    assert countdown.reward("\\boxed{" + " + ".join(map(str, numbers)) + "}", ex) == float(sum(numbers) == target)
+    assert countdown.reward(f"\\boxed{{{solution} + {numbers[0]} - {numbers[0]}}}", ex) == 0.0  # reused
+    assert countdown.reward(f"\\boxed{{{target}}}", ex) == 0.0
+    assert countdown.reward("\\boxed{1/0}", ex) == 0.0
+    assert countdown.reward("no answer", ex) == 0.0
+
+
+def test_countdown_latex_forms():
+    ex = {"numbers": [66, 34, 98, 54, 6], "target": 164}
+    task = countdown_mod.Countdown(name="countdown", examples=[ex])
+    assert task.reward("\\boxed{6 \\times (98 - 54) - 34 - 66 = 164}", ex) == 1.0
+    assert task.reward("\\boxed{\\left(98 - 54\\right) \\cdot 6 - (34 + 66)}", ex) == 1.0
+    assert task.reward("\\boxed{-34 + 6*(98 - 54) - 66}", ex) == 1.0
+    assert task.reward("\\boxed{6*(98 - 54) - 34 - 66}", {"numbers": [66, 34, 98, 54, 6, 1], "target": 164}) == 0.0
+    relaxed = countdown_mod.Countdown(name="countdown", examples=[ex], use_all=False)
+    assert relaxed.reward("\\boxed{6*(98-54) - 34 - 66}", {"numbers": [66, 34, 98, 54, 6, 1], "target": 164}) == 1.0
+
+
+def test_countdown_never_executes_code(tmp_path):
+    ex = {"numbers": [1, 2], "target": 3}
+    task = countdown_mod.Countdown(name="countdown", examples=[ex])
+    marker = tmp_path / "executed"
+    attacks = [
+        "\\boxed{__import__('os')}",
+        f"\\boxed{{__import__('pathlib').Path('{marker}').touch() or 3}}",
+        "\\boxed{(lambda: 3)()}",
+        "\\boxed{1 ** 2 + 2}",
+        "\\boxed{[1, 2]}",
+    ]
+    for attack in attacks:
+        assert task.reward(attack, ex) == 0.0, attack
+    assert not marker.exists()
+
+
+def test_countdown_splits_are_disjoint_and_deterministic():
+    test_a = countdown_mod.generate(30, seed=0, split="test")
+    test_b = countdown_mod.generate(30, seed=0, split="test")
+    train = countdown_mod.generate(30, seed=0, split="train")
+    key = lambda ex: (tuple(ex["numbers"]), ex["target"])  # noqa: E731
+    assert [key(e) for e in test_a] == [key(e) for e in test_b]
+    assert not {key(e) for e in test_a} & {key(e) for e in train}
+    with pytest.raises(ValueError, match="split='dev'"):
+        countdown_mod.generate(3, split="dev")
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def test_read_rows_missing_field_names_file_line_and_field(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"question": "q1", "answer": "#### 1"}\n{"question": "q2"}\n', encoding="utf-8")
+    with pytest.raises(ValueError) as info:
+        base.read_rows(path, ("question", "answer"))
+    message = str(info.value)
+    assert str(path) in message and ":2" in message and "'answer'" in message
+
+
+def test_read_rows_malformed_line_names_file_and_line(tmp_path):
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"problem": "p", "answer": "1"}\n\n{"problem": "p", "answer": \n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"rows\.jsonl:3: malformed JSON"):
+        base.read_rows(path, ("problem", "answer"))
+
+
+def test_read_rows_json_and_parquet(tmp_path):
+    rows = [{"problem": "p", "answer": "1"}, {"problem": "q", "answer": "2"}]
+    (tmp_path / "list.json").write_text(json.dumps(rows), encoding="utf-8")
+    (tmp_path / "wrapped.json").write_text(json.dumps({"data": rows}), encoding="utf-8")
+    assert base.read_rows(tmp_path / "list.json", ("problem",)) == rows
+    assert base.read_rows(tmp_path / "wrapped.json", ("problem",)) == rows
+    (tmp_path / "bad.json").write_text(json.dumps([rows[0], {"problem": "x"}]), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"bad\.json: item 2: missing field 'answer'"):
+        base.read_rows(tmp_path / "bad.json", ("problem", "answer"))
+    pq = pytest.importorskip("pyarrow.parquet")
+    import pyarrow as pa
+
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "rows.parquet")
+    assert base.read_rows(tmp_path / "rows.parquet", ("problem", "answer")) == rows
+
+
+def test_load_local_folder_with_split(tmp_path):
+    (tmp_path / "test.jsonl").write_text('{"question": "q", "answer": "x\\n#### 1,500"}\n', encoding="utf-8")
+    task = tasks.load("gsm8k", str(tmp_path), split="test")
+    assert task.answer(task.examples[0]) == "1500"
+    with pytest.raises(FileNotFoundError, match="train.jsonl"):
+        tasks.load("gsm8k", str(tmp_path), split="train")
+
+
+def test_hub_fallback_errors_are_clear(monkeypatch):
+    monkeypatch.setitem(sys.modules, "datasets", None)  # "not installed"
+    with pytest.raises(RuntimeError, match="'datasets' package is not installed"):
+        base.load_rows("someone/some-dataset", "test", ("question",))
+    fake = types.ModuleType("datasets")
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("offline")
+
+    fake.load_dataset = offline
+    monkeypatch.setitem(sys.modules, "datasets", fake)
+    with pytest.raises(RuntimeError, match="could not load 'someone/some-dataset'.*offline"):
+        base.load_rows("someone/some-dataset", "test", ("question",))
+
+
+def test_unknown_task_lists_known_names():
+    with pytest.raises(ValueError, match="unknown task 'gsm9k'.*countdown, gsm8k, math"):
+        tasks.load("gsm9k")
+
+
+def test_format_chat():
+    class Plain:
+        chat_template = None
+
+    class Chat:
+        chat_template = "{{ messages }}"
+
+        def apply_chat_template(self, messages, add_generation_prompt, tokenize):
+            assert add_generation_prompt is True and tokenize is False
+            return f"<user>{messages[0]['content']}</user><assistant>"
+
+    assert base.format_chat(Plain(), "hi") == "hi"
+    assert base.format_chat(Chat(), "hi") == "<user>hi</user><assistant>"
