@@ -23,9 +23,8 @@ def reference_bridge(block, x, group_ids, valid):
     B, S, D = x.shape
     H, Dh = block.num_heads, block.head_dim
     h = block.norm(x).float()
-    q = h @ block.q_proj.weight.float().T
-    k = h @ block.k_proj.weight.float().T
-    v = h @ block.v_proj.weight.float().T
+    w_q, w_k, w_v = block.qkv_proj.weight.float().chunk(3)
+    q, k, v = h @ w_q.T, h @ w_k.T, h @ w_v.T
     out = torch.zeros(B, S, H * Dh)
     for s in range(S):
         for b in range(B):

@@ -56,49 +56,40 @@ class BridgeBlock(nn.Module):
         self.num_heads, self.head_dim = num_heads, head_dim
         inner = num_heads * head_dim
         self.norm = norm
-        self.q_proj = nn.Linear(hidden_size, inner, bias=False)
-        self.k_proj = nn.Linear(hidden_size, inner, bias=False)
-        self.v_proj = nn.Linear(hidden_size, inner, bias=False)
+        self.qkv_proj = nn.Linear(hidden_size, 3 * inner, bias=False)  # W_Q, W_K, W_V stacked: one matmul
         self.o_proj = nn.Linear(inner, hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor, groups: Groups | None = None) -> torch.Tensor:
         h = self.norm(x)  # [B, S, D]
+        H, Dh = self.num_heads, self.head_dim
         if groups is None or (groups.contiguous and groups.width == 1):
-            # Each row alone in its group: softmax over one key is 1, the block is o(v(h)).
-            return self.o_proj(self.v_proj(h))
+            # Each row alone in its group: softmax over one key is 1, the block is W_O W_V h.
+            return self.o_proj(F.linear(h, self.qkv_proj.weight[2 * H * Dh :]))
         B, S, _ = h.shape
         if groups.batch_size != B:
             raise ValueError(f"bridge_groups describes {groups.batch_size} rows but the batch has {B}")
-        H, Dh = self.num_heads, self.head_dim
-        q = self.q_proj(h).view(B, S, H, Dh)
-        k = self.k_proj(h).view(B, S, H, Dh)
-        v = self.v_proj(h).view(B, S, H, Dh)
+        qkv = self.qkv_proj(h)  # [B, S, 3*H*Dh]
         valid = groups.valid  # [B, S'] with S' >= S: the current inputs are its last S positions
         if valid is not None:
             valid = valid[:, -S:]
         if groups.contiguous:
             w = groups.width
             G = B // w
-
-            def to_slots(t):  # [B, S, H, Dh] -> [G*S, H, w, Dh]
-                return t.view(G, w, S, H, Dh).permute(0, 2, 3, 1, 4).reshape(G * S, H, w, Dh)
-
+            slots = qkv.view(G, w, S, 3, H, Dh)  # rows of a group are consecutive
             key_ok = None if valid is None else valid.view(G, w, S).transpose(1, 2)  # [G, S, w]
         else:
             idx, w = groups.index, groups.width
             G = idx.shape[0]
-
-            def to_slots(t):  # gather rows into slots: [B, S, H, Dh] -> [G*S, H, w, Dh]
-                return t[idx].permute(0, 2, 3, 1, 4).reshape(G * S, H, w, Dh)
-
+            slots = qkv[idx].view(G, w, S, 3, H, Dh)  # gather rows into [G, w_max] slots
             used = groups.slot_used[:, None, :].expand(G, S, w)  # [G, S, w]
             key_ok = used if valid is None else used & valid[idx].transpose(1, 2)
+        q, k, v = slots.permute(3, 0, 2, 4, 1, 5)  # each [G, S, H, w, Dh]: attention runs over w
         mask = None
-        if key_ok is not None:
+        if key_ok is not None:  # keys: valid rows of the group, and always the row itself
             eye = torch.eye(w, dtype=torch.bool, device=h.device)
-            mask = (key_ok[:, :, None, :] | eye).reshape(G * S, 1, w, w)  # [G*S, 1, w(query), w(key)]
-        out = F.scaled_dot_product_attention(to_slots(q), to_slots(k), to_slots(v), attn_mask=mask)
-        out = out.view(G, S, H, w, Dh).permute(0, 3, 1, 2, 4)  # [G, w, S, H, Dh]
+            mask = (key_ok[:, :, None, :] | eye)[:, :, None]  # [G, S, 1, w(query), w(key)]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [G, S, H, w, Dh]
+        out = out.permute(0, 3, 1, 2, 4)  # [G, w, S, H, Dh]
         if groups.contiguous:
             out = out.reshape(B, S, H * Dh)
         else:

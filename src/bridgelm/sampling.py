@@ -314,7 +314,10 @@ def _run_wave(
         if step > 0:
             pad_mask[:, Lmax + step - 1] = True
             mask = _attention_mask(model, pad_mask[:, : Lmax + step], model_dtype)
-            groups = None if width == 1 else Groups.contiguous_width(len(rows), width, valid[:, None])
+            groups = None
+            if width > 1:  # validity only matters once some sample has finished
+                all_valid = bool(valid.all())
+                groups = Groups.contiguous_width(len(rows), width, None if all_valid else valid[:, None])
             logits = decode_step(model, cache, inputs, pos, mask, groups)
             pos += 1
         tok, lp = sample_tokens(logits, cfg.temperature, cfg.top_p, cfg.top_k, generator)
