@@ -147,19 +147,25 @@ def main() -> None:
         "bridge_params": added,
         "dtype": args.dtype,
         "threads": torch.get_num_threads(),
-        "setting": {"prompts": args.prompts, "prompt_len": args.prompt_len, "n": args.n, "width": args.width,
-                    "new_tokens": args.new_tokens, **s},
+        "setting": {
+            "prompts": args.prompts,
+            "prompt_len": args.prompt_len,
+            "n": args.n,
+            "width": args.width,
+            "new_tokens": args.new_tokens,
+            **s,
+        },
     }
-    print(f"model {n_params / 1e6:.1f}M params (+{added / 1e6:.2f}M Bridge), {args.dtype}, "
-          f"{torch.get_num_threads()} threads; {args.prompts} prompts x {args.prompt_len} tokens, n={args.n}, "
-          f"width {args.width}, {args.new_tokens} new tokens")
+    print(
+        f"model {n_params / 1e6:.1f}M params (+{added / 1e6:.2f}M Bridge), {args.dtype}, "
+        f"{torch.get_num_threads()} threads; {args.prompts} prompts x {args.prompt_len} tokens, n={args.n}, "
+        f"width {args.width}, {args.new_tokens} new tokens"
+    )
     results["hf_generate"] = timed(lambda: run_hf(plain, prompts, args.n, args.new_tokens, **s))
     print(f"(a) transformers generate : {results['hf_generate']}")
     results["engine_plain"] = timed(lambda: run_engine(plain, prompts, args.n, 1, args.new_tokens, **s))
     print(f"(b) engine, no blocks     : {results['engine_plain']}")
-    results["engine_bridge"] = timed(
-        lambda: run_engine(bridged, prompts, args.n, args.width, args.new_tokens, **s)
-    )
+    results["engine_bridge"] = timed(lambda: run_engine(bridged, prompts, args.n, args.width, args.new_tokens, **s))
     print(f"(c) engine, Bridge w={args.width}  : {results['engine_bridge']}")
     a, b, c = (results[k]["tok_per_s"] for k in ("hf_generate", "engine_plain", "engine_bridge"))
     results["bridge_over_plain"] = round(c / b, 3)
@@ -169,7 +175,7 @@ def main() -> None:
     if args.widths:
         scaling = {}
         for w in [int(x) for x in args.widths.split(",")]:
-            scaling[w] = timed(lambda: run_engine(bridged, prompts, args.scaling_n, w, args.new_tokens, **s))
+            scaling[w] = timed(lambda w=w: run_engine(bridged, prompts, args.scaling_n, w, args.new_tokens, **s))
             print(f"Bridge width {w:2d} (n={args.scaling_n}): {scaling[w]}")
         results["width_scaling"] = {str(k): v for k, v in scaling.items()}
     if args.json:

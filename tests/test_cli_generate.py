@@ -19,8 +19,21 @@ def test_generate_writes_and_resumes(tmp_path, capsys):
     save_tiny_model_dir(tmp_path / "m", blocks="bridge")
     prompts = _prompts(tmp_path, ["1+2=", "3+4=", "5-1=", "a b"])
     out = tmp_path / "samples.jsonl"
-    args = ["generate", "--model", str(tmp_path / "m"), "--prompts", str(prompts), "--n", "4", "--width", "2",
-            "--max-new-tokens", "6", "--out", str(out)]
+    args = [
+        "generate",
+        "--model",
+        str(tmp_path / "m"),
+        "--prompts",
+        str(prompts),
+        "--n",
+        "4",
+        "--width",
+        "2",
+        "--max-new-tokens",
+        "6",
+        "--out",
+        str(out),
+    ]
     main(args)
     full = read_records(out)
     assert [r["index"] for r in full] == [0, 1, 2, 3]
@@ -46,12 +59,38 @@ def test_generate_writes_and_resumes(tmp_path, capsys):
 def test_generate_single_prompt_and_bad_input(tmp_path, capsys):
     save_tiny_model_dir(tmp_path / "m")
     out = tmp_path / "one.jsonl"
-    main(["generate", "--model", str(tmp_path / "m"), "--prompt", "1+1=", "--n", "2", "--max-new-tokens", "3",
-          "--out", str(out)])
+    main(
+        [
+            "generate",
+            "--model",
+            str(tmp_path / "m"),
+            "--prompt",
+            "1+1=",
+            "--n",
+            "2",
+            "--max-new-tokens",
+            "3",
+            "--out",
+            str(out),
+        ]
+    )
     assert len(read_records(out)) == 1
     with pytest.raises(SystemExit):
-        main(["generate", "--model", str(tmp_path / "m"), "--prompt", "1", "--n", "3", "--width", "2",
-              "--out", str(tmp_path / "x.jsonl")])
+        main(
+            [
+                "generate",
+                "--model",
+                str(tmp_path / "m"),
+                "--prompt",
+                "1",
+                "--n",
+                "3",
+                "--width",
+                "2",
+                "--out",
+                str(tmp_path / "x.jsonl"),
+            ]
+        )
     assert "width=2 must divide n=3" in capsys.readouterr().err
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "1+1="}\n{"text": "no prompt"}\n')

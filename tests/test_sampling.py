@@ -41,16 +41,20 @@ def test_logprobs_match_grouped_logits(arch, width, compact):
     torch.manual_seed(0)
     prompts = [torch.randint(7, 97, (n,)).tolist() for n in (5, 2, 9, 3)]  # ragged
     cfg = SamplingConfig(
-        n=8, width=width, max_new_tokens=20, temperature=0.9, top_p=0.9, seed=3, compact_fraction=compact,
+        n=8,
+        width=width,
+        max_new_tokens=20,
+        temperature=0.9,
+        top_p=0.9,
+        seed=3,
+        compact_fraction=compact,
         max_batch_sequences=16,  # two waves
     )
     results = generate_ids(model, prompts, cfg, EOS, 0)
     lengths = [len(s.token_ids) for r in results for s in r]
     assert min(lengths) < 20 and max(lengths) == 20  # some finished early, some ran on
     if width > 1:  # a group where one sample ended while a sibling went on: the finished-mask matters
-        assert any(
-            len({len(s.token_ids) for s in r[g : g + width]}) > 1 for r in results for g in range(0, 8, width)
-        )
+        assert any(len({len(s.token_ids) for s in r[g : g + width]}) > 1 for r in results for g in range(0, 8, width))
     want = teacher_forced_logprobs(model, prompts, results, width, 0.9)
     flat = [s for r in results for s in r]
     for s, ref in zip(flat, want):

@@ -1,7 +1,7 @@
 """bridgelm: Bridge (batch reasoning with interdependent generations) for Hugging Face causal LMs.
 
-    model = bridgelm.add_bridge(model)                      # zero-initialised: changes nothing yet
-    logits = bridgelm.grouped_logits(model, ids, mask, group_ids)
+model = bridgelm.add_bridge(model)                      # zero-initialised: changes nothing yet
+logits = bridgelm.grouped_logits(model, ids, mask, group_ids)
 """
 
 from bridgelm.attach import (

@@ -283,8 +283,7 @@ def load_blocks(model: nn.Module, path: str | os.PathLike) -> nn.Module:
         raise ValueError(
             f"{path} ({meta.get('kind')} blocks for base {meta.get('base_model')!r}, hidden size "
             f"{meta.get('hidden_size')}, {meta.get('num_layers')} layers) does not fit this model "
-            f"({type(model).__name__}, hidden size {text_cfg.hidden_size}, {len(layers)} layers): "
-            + "; ".join(detail)
+            f"({type(model).__name__}, hidden size {text_cfg.hidden_size}, {len(layers)} layers): " + "; ".join(detail)
         )
     if existing is None:
         _attach(model, cfg)
@@ -294,7 +293,9 @@ def load_blocks(model: nn.Module, path: str | os.PathLike) -> nn.Module:
             ref = next(block.parameters())
             prefix = f"layers.{i}."
             sub = {k[len(prefix) :]: f.get_tensor(k) for k in got if k.startswith(prefix)}
-            block.load_state_dict({k: v.to(device=ref.device, dtype=ref.dtype) for k, v in sub.items()}, assign=ref.is_meta)
+            block.load_state_dict(
+                {k: v.to(device=ref.device, dtype=ref.dtype) for k, v in sub.items()}, assign=ref.is_meta
+            )
     return model
 
 

@@ -39,7 +39,7 @@ class Groups:
         return self.index is None
 
     @staticmethod
-    def build(group_ids: torch.Tensor | list[int], valid: torch.Tensor | None = None) -> "Groups":
+    def build(group_ids: torch.Tensor | list[int], valid: torch.Tensor | None = None) -> Groups:
         """Layout for `group_ids [B]` (equal ids interact) and the validity mask `valid [B, S]`."""
         group_ids = torch.as_tensor(group_ids).reshape(-1)
         if group_ids.dtype.is_floating_point:
@@ -87,7 +87,7 @@ class Groups:
         )
 
     @staticmethod
-    def contiguous_width(batch_size: int, width: int, valid: torch.Tensor | None = None) -> "Groups":
+    def contiguous_width(batch_size: int, width: int, valid: torch.Tensor | None = None) -> Groups:
         """Layout of `batch_size` rows in consecutive groups of `width` (the sampler's layout)."""
         if width < 1 or batch_size % width:
             raise ValueError(f"width={width} must be >= 1 and divide the batch size {batch_size}")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -153,15 +153,11 @@ def majority_vote(answers: Sequence[str | None], correct_flags: Sequence[bool]) 
     textual canonicalisation does not merge). All-None answers give False.
     """
     if len(answers) != len(correct_flags):
-        raise ValueError(
-            f"len(answers)={len(answers)} must equal len(correct_flags)={len(correct_flags)}"
-        )
+        raise ValueError(f"len(answers)={len(answers)} must equal len(correct_flags)={len(correct_flags)}")
     winner = majority_answer(answers)
     if winner is None:
         return False
-    return any(
-        bool(flag) for a, flag in zip(answers, correct_flags) if canonical_answer(a) == winner
-    )
+    return any(bool(flag) for a, flag in zip(answers, correct_flags) if canonical_answer(a) == winner)
 
 
 def bootstrap_ci(
@@ -237,21 +233,15 @@ def summarize(
         k *= 2
     columns[f"g_pass@{k_g}_cov"] = [g_pass_at_k(n, c, k_g, 0.0) for n, c in zip(ns, cs)]
     for tau in _SUMMARY_TAUS:
-        columns[f"g_pass@{k_g}_tau{_tau_key(tau)}"] = [
-            g_pass_at_k(n, c, k_g, tau) for n, c in zip(ns, cs)
-        ]
+        columns[f"g_pass@{k_g}_tau{_tau_key(tau)}"] = [g_pass_at_k(n, c, k_g, tau) for n, c in zip(ns, cs)]
     for m in range(1, k_g + 1):
-        columns[f"g_pass@{k_g}_atleast{m}"] = [
-            prob_at_least(n, c, k_g, m) for n, c in zip(ns, cs)
-        ]
+        columns[f"g_pass@{k_g}_atleast{m}"] = [prob_at_least(n, c, k_g, m) for n, c in zip(ns, cs)]
     columns[f"mg_pass@{k_g}"] = [mg_pass_at_k(n, c, k_g) for n, c in zip(ns, cs)]
 
     with_vote = [i for i, rec in enumerate(per_problem) if "majority_correct" in rec]
     if with_vote and len(with_vote) != len(per_problem):
         missing = next(i for i, rec in enumerate(per_problem) if "majority_correct" not in rec)
-        raise ValueError(
-            f"record {missing} has no 'majority_correct' field: expected it in all records or none"
-        )
+        raise ValueError(f"record {missing} has no 'majority_correct' field: expected it in all records or none")
     if with_vote:
         columns["majority_vote"] = [float(bool(rec["majority_correct"])) for rec in per_problem]
 

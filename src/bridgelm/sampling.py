@@ -207,9 +207,9 @@ def _attention_mask(model, keep: torch.Tensor, dtype: torch.dtype):
     if impl == "sdpa":
         return keep[:, None, None, :]
     if impl == "eager":
-        return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(
-            ~keep, torch.finfo(dtype).min
-        )[:, None, None, :]
+        return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(~keep, torch.finfo(dtype).min)[
+            :, None, None, :
+        ]
     return keep.long()  # other backends build their own mask from the 2D padding mask
 
 
@@ -310,17 +310,9 @@ def _run_wave(
     ended = torch.zeros(B, dtype=torch.bool, device=device)  # emitted EOS / stop string
     rows = torch.arange(B, device=device)  # wave row of each active batch row
     alive = torch.ones(B, dtype=torch.bool, device=device)
-    for step in range(cfg.max_new_tokens):
-        if step > 0:
-            pad_mask[:, Lmax + step - 1] = True
-            mask = _attention_mask(model, pad_mask[:, : Lmax + step], model_dtype)
-            groups = None
-            if width > 1:  # validity only matters once some sample has finished
-                all_valid = bool(valid.all())
-                groups = Groups.contiguous_width(len(rows), width, None if all_valid else valid[:, None])
-            logits = decode_step(model, cache, inputs, pos, mask, groups)
-            pos += 1
-        tok, lp = sample_tokens(logits, cfg.temperature, cfg.top_p, cfg.top_k, generator)
+    step = 0
+    while True:
+        tok, lp = sample_tokens(logits, cfg.temperature, cfg.top_p, cfg.top_k, generator)  # token of `step`
         live_rows = rows[alive]
         out_tokens[live_rows, step] = tok[alive]
         out_logps[live_rows, step] = lp[alive]
@@ -328,15 +320,15 @@ def _run_wave(
         done = alive & torch.isin(tok, eos)
         if stop is not None:
             for b in torch.nonzero(alive & ~done)[:, 0].tolist():
-                r = int(rows[b])
-                if stop(out_tokens[r, : step + 1].tolist()):
+                if stop(out_tokens[int(rows[b]), : step + 1].tolist()):
                     done[b] = True
         ended[rows[done]] = True
         if on_step is not None:
             on_step(int(done.sum()))
-        valid = alive  # inputs of the next step: live tokens, including a just-emitted EOS
+        valid = alive  # inputs of the next step: live tokens, a just-emitted EOS included
         alive = alive & ~done
-        if step == cfg.max_new_tokens - 1 or not bool(alive.any()):
+        step += 1
+        if step == cfg.max_new_tokens or not bool(alive.any()):
             break
         inputs = torch.where(valid, tok, torch.full_like(tok, pad_id))
         # Drop groups in which no row is alive, once they are a large enough part of the batch.
@@ -345,9 +337,14 @@ def _run_wave(
         if dead and dead >= cfg.compact_fraction * group_alive.numel():
             keep = torch.nonzero(group_alive.repeat_interleave(width))[:, 0]
             cache.select_rows(keep)
-            pad_mask, pos, rows, alive, valid, inputs = (
-                t[keep] for t in (pad_mask, pos, rows, alive, valid, inputs)
-            )
+            pad_mask, pos, rows, alive, valid, inputs = (t[keep] for t in (pad_mask, pos, rows, alive, valid, inputs))
+        pad_mask[:, Lmax + step - 1] = True  # the input token's own slot
+        mask = _attention_mask(model, pad_mask[:, : Lmax + step], model_dtype)
+        groups = None
+        if width > 1:  # validity only matters once some sample has finished
+            groups = Groups.contiguous_width(len(rows), width, None if bool(valid.all()) else valid[:, None])
+        logits = decode_step(model, cache, inputs, pos, mask, groups)
+        pos += 1
     if on_step is not None:
         on_step(int((~ended).sum()))  # samples that ran out of tokens
     results = []
@@ -516,7 +513,8 @@ def generate(
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
     bar = _progress_bar(len(prompts) * n, progress)
     try:
-        done = generate_ids(model, ids, cfg, eos, pad, stop_checker(tokenizer, stop_strings), bar.update if bar else None)
+        stop = stop_checker(tokenizer, stop_strings)
+        done = generate_ids(model, ids, cfg, eos, pad, stop, bar.update if bar else None)
     finally:
         if bar is not None:
             bar.close()

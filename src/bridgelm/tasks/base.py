@@ -10,9 +10,10 @@ hand.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 # The DeepSeek-R1 evaluation instruction appended to every math-style problem.
 BOXED_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
@@ -88,9 +89,7 @@ def _check_row(row: Any, required_fields: Sequence[str], where: str) -> dict:
         raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
     for name in required_fields:
         if name not in row:
-            raise ValueError(
-                f"{where}: missing field {name!r} (expected fields: {', '.join(required_fields)})"
-            )
+            raise ValueError(f"{where}: missing field {name!r} (expected fields: {', '.join(required_fields)})")
     return row
 
 
@@ -118,7 +117,7 @@ def _read_json(path: Path, required_fields: Sequence[str]) -> list[dict]:
     if isinstance(data, dict) and isinstance(data.get("data"), list):
         data = data["data"]
     if not isinstance(data, list):
-        raise ValueError(f"{path}: expected a list of objects or {{\"data\": [...]}}")
+        raise ValueError(f'{path}: expected a list of objects or {{"data": [...]}}')
     return [_check_row(row, required_fields, f"{path}: item {i}") for i, row in enumerate(data, 1)]
 
 

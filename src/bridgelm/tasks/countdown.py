@@ -36,12 +36,27 @@ FIELDS = ("numbers", "target")
 
 # LaTeX and unicode spellings of the four operations, mapped to Python syntax.
 _OPERATOR_SPELLINGS = (
-    ("\\times", "*"), ("\\cdot", "*"), ("\\div", "/"), ("×", "*"), ("÷", "/"), ("−", "-"),
-    ("\\left", ""), ("\\right", ""), ("\\(", ""), ("\\)", ""), ("$", ""), ("\\!", ""), ("\\,", ""),
+    ("\\times", "*"),
+    ("\\cdot", "*"),
+    ("\\div", "/"),
+    ("×", "*"),
+    ("÷", "/"),
+    ("−", "-"),
+    ("\\left", ""),
+    ("\\right", ""),
+    ("\\(", ""),
+    ("\\)", ""),
+    ("$", ""),
+    ("\\!", ""),
+    ("\\,", ""),
 )
 
-_BINARY_OPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b,
-               ast.Mult: lambda a, b: a * b, ast.Div: lambda a, b: a / b}
+_BINARY_OPS = {
+    ast.Add: lambda a, b: a + b,
+    ast.Sub: lambda a, b: a - b,
+    ast.Mult: lambda a, b: a * b,
+    ast.Div: lambda a, b: a / b,
+}
 
 
 def normalize_expression(text: str) -> str:
@@ -79,9 +94,7 @@ def _evaluate(node: ast.AST, literals: list[Fraction]) -> Fraction:
     raise ValueError(f"{type(node).__name__} is not allowed: expected numbers and + - * / only")
 
 
-def check_expression(
-    expression: str | None, numbers: list[int], target: int, use_all: bool = True
-) -> bool:
+def check_expression(expression: str | None, numbers: list[int], target: int, use_all: bool = True) -> bool:
     """Does `expression` reach `target` using the given numbers (each exactly once / at most once)?"""
     if not expression:
         return False
@@ -135,9 +148,7 @@ class Countdown(Task):
         return normalize_expression(expression) if expression is not None else None
 
     def reward(self, completion: str, example: dict) -> float:
-        ok = check_expression(
-            extract_expression(completion), example["numbers"], example["target"], self.use_all
-        )
+        ok = check_expression(extract_expression(completion), example["numbers"], example["target"], self.use_all)
         return 1.0 if ok else 0.0
 
 
@@ -155,12 +166,14 @@ def generate(size: int, seed: int = 0, split: str = "test") -> list[dict]:
     examples = []
     for entry in dataset:
         meta = entry["metadata"]
-        examples.append({
-            "numbers": list(meta["numbers"]),
-            "target": int(meta["target"]),
-            "solution": entry["answer"],
-            "entry": entry,
-        })
+        examples.append(
+            {
+                "numbers": list(meta["numbers"]),
+                "target": int(meta["target"]),
+                "solution": entry["answer"],
+                "entry": entry,
+            }
+        )
     return examples
 
 

@@ -26,9 +26,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
 
 from bridgelm.tasks.answers import last_boxed
 from bridgelm.tasks.base import Task, load_rows, with_instruction
@@ -153,9 +153,7 @@ class MathGrader:
         try:
             self._request({"op": "ping"}, self.start_timeout)
         except GradingTimeout as exc:
-            raise RuntimeError(
-                f"math grading worker did not start within {self.start_timeout} s"
-            ) from exc
+            raise RuntimeError(f"math grading worker did not start within {self.start_timeout} s") from exc
 
     def _ensure_started(self) -> None:
         if self._proc is not None and self._owner_pid != os.getpid():
@@ -229,16 +227,11 @@ class MathGrader:
         """1.0 if `completion`'s final answer equals `gold` per math-verify, 0.0 otherwise/on timeout."""
         return self.grade_many([(gold, completion)], timeout=timeout)[0]
 
-    def grade_many(
-        self, pairs: Iterable[tuple[str, str]], timeout: float | None = None
-    ) -> list[float]:
+    def grade_many(self, pairs: Iterable[tuple[str, str]], timeout: float | None = None) -> list[float]:
         """Scores of (gold, completion) pairs; each pair gets its own timeout."""
         pairs = list(pairs)
         with self._lock:
-            return [
-                self._score({"op": "grade", "gold": str(g), "completion": str(c)}, timeout)
-                for g, c in pairs
-            ]
+            return [self._score({"op": "grade", "gold": str(g), "completion": str(c)}, timeout) for g, c in pairs]
 
     def debug_sleep(self, seconds: float, timeout: float | None = None) -> float:
         """Test hook: a grading call that sleeps `seconds` in the worker (0.0 either way)."""
@@ -298,9 +291,7 @@ class MathTask(Task):
         )
 
 
-def load(
-    path: str | None = None, split: str = "test", timeout: float = DEFAULT_TIMEOUT
-) -> MathTask:
+def load(path: str | None = None, split: str = "test", timeout: float = DEFAULT_TIMEOUT) -> MathTask:
     """Rows with `problem` and `answer` from a local file, or MATH-500 from the hub when path is None."""
     if not timeout > 0:
         raise ValueError(f"timeout={timeout} must be > 0 seconds")

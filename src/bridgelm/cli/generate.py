@@ -1,0 +1,35 @@
+"""bridgelm generate: sample n interdependent responses per prompt into a resumable JSONL file."""
+
+from __future__ import annotations
+
+from bridgelm.cli.common import (
+    add_model_args,
+    add_sampling_args,
+    load_model_and_tokenizer,
+    read_prompts,
+    sampling_config,
+)
+
+
+def _cmd_generate(args) -> None:
+    from bridgelm.samples import run_settings, sample_to_file
+
+    cfg = sampling_config(args)
+    if (args.prompts is None) == (args.prompt is None):
+        raise ValueError("give exactly one of --prompts FILE.jsonl or --prompt TEXT")
+    prompts = read_prompts(args.prompts) if args.prompts else [args.prompt]
+    model, tokenizer = load_model_and_tokenizer(args)
+    settings = run_settings(cfg, args.model, args.blocks, args.chat, stop=args.stop)
+    print(f"bridgelm generate: {len(prompts)} prompts x {cfg.n} samples (width {cfg.width}) -> {args.out}")
+    made = sample_to_file(model, tokenizer, prompts, args.out, cfg, settings, args.chat, args.stop)
+    print(f"bridgelm generate: sampled {made} prompts now, {len(prompts) - made} were already in {args.out}")
+
+
+def add_commands(sub) -> None:
+    p = sub.add_parser("generate", help="sample n interdependent responses per prompt into a JSONL file")
+    add_model_args(p)
+    p.add_argument("--prompts", help="JSONL file, one object with a 'prompt' field per line")
+    p.add_argument("--prompt", help="a single prompt")
+    add_sampling_args(p)
+    p.add_argument("--out", required=True, help="output JSONL (one line per prompt; re-runs resume)")
+    p.set_defaults(func=_cmd_generate)
