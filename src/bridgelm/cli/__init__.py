@@ -14,7 +14,7 @@ import os
 import sys
 
 # Modules whose add_commands(sub) registers subcommands, in --help order.
-FAMILIES = ["params", "generate"]
+FAMILIES = ["params", "generate", "evaluate", "train", "demo"]
 
 
 def build_parser() -> argparse.ArgumentParser:
