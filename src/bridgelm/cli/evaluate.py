@@ -1,7 +1,185 @@
-"""bridgelm evaluate commands (to be filled in)."""
+"""bridgelm eval / score / report / analyze: evaluation runs, their scores, reports and analyses.
+
+bridgelm eval --model DIR --task math --data math500.jsonl --data aime24.jsonl --n 32 --width 8 --out runs/x
+torchrun --nproc_per_node 8 -m bridgelm eval ...        (one shard per rank; rank 0 scores)
+bridgelm score runs/x
+bridgelm report runs/base runs/bridge --names base,bridge --out reports/x
+bridgelm analyze features --model DIR --run runs/x --out reports/features
+bridgelm analyze similarity runs/x
+"""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from bridgelm.cli.common import add_model_args, add_sampling_args, dtype_of, load_model_and_tokenizer
+
+
+def _int_list(text: str, flag: str) -> list[int]:
+    out = []
+    for entry in text.split(","):
+        try:
+            out.append(int(entry.strip()))
+        except ValueError:
+            raise ValueError(f"{flag} entry {entry.strip()!r} is not an integer (expected e.g. 1,4,8,16)") from None
+    return out
+
+
+def _eval_config(args):
+    from bridgelm.evaluate import EvalConfig
+
+    cfg = EvalConfig(
+        n=args.n,
+        width=args.width,
+        widths=_int_list(args.widths, "--widths") if args.widths else None,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        seed=args.seed,
+        chat=args.chat,
+        stop=list(args.stop),
+        limit=args.limit,
+        max_batch_sequences=args.max_batch_sequences,
+        max_batch_tokens=args.max_batch_tokens,
+        gpass_k=args.gpass_k,
+    )
+    cfg.validate()
+    return cfg
+
+
+def _cmd_eval(args) -> None:
+    from bridgelm.evaluate import METRICS_FILE, Shard, load_benchmarks, run_eval, score_run, summary_line
+
+    cfg = _eval_config(args)
+    benches = load_benchmarks(args.task, args.data, cfg.limit)  # data errors before the model is loaded
+    shard = Shard.from_env()
+    if shard.world > 1:
+        args.device = shard.device()
+    lead = shard.rank == 0
+    if lead:
+        names = ", ".join(f"{b.name} ({len(b.problems)})" for b in benches)
+        print(
+            f"bridgelm eval: {names} x widths {cfg.all_widths()} x {cfg.n} samples -> {args.out}/ "
+            f"(run.json, samples{'.rank*' if shard.world > 1 else ''}.jsonl"
+            f"{'' if args.no_score else ', scores.jsonl, metrics.json'})"
+        )
+    model, tokenizer = load_model_and_tokenizer(args)
+    done = run_eval(model, tokenizer, args.task, args.data, cfg, args.out, args.model, args.blocks, shard=shard)
+    who = f"rank {shard.rank}: " if shard.world > 1 else ""
+    print(
+        f"bridgelm eval: {who}sampled {done['sampled']} problems now, {done['skipped']} were already in {done['shard']}"
+    )
+    if lead and not args.no_score:
+        result = score_run(args.out)
+        print(f"bridgelm eval: metrics -> {Path(args.out) / METRICS_FILE}")
+        print(f"bridgelm eval: {summary_line(result)}")
+
+
+def _cmd_score(args) -> None:
+    from bridgelm.evaluate import METRICS_FILE, SCORES_FILE, score_run, summary_line
+
+    result = score_run(args.run_dir, allow_partial=args.allow_partial)
+    run = Path(args.run_dir)
+    print(f"bridgelm score: {run / METRICS_FILE}, {run / SCORES_FILE}")
+    print(f"bridgelm score: {summary_line(result)}")
+
+
+def _cmd_report(args) -> None:
+    import json
+
+    from bridgelm.report import write_report
+
+    names = [x.strip() for x in args.names.split(",")] if args.names else None
+    path = write_report(args.run_dirs, args.out, names=names, base=args.base)
+    report = json.loads((Path(args.out) / "report.json").read_text())
+    files = ", ".join(Path(f).name for f in report["files"])
+    print(f"bridgelm report: {path} (and report.json{', ' + files if files else ''} in {args.out})")
+    acc = report["accuracy"]
+    for name, row in acc["rows"].items():
+        avg = "–" if row["avg"] is None else f"{100 * row['avg']:.2f}%"
+        delta = "" if row["delta"] is None else f" (Δ {100 * row['delta']:+.2f} vs {acc['base']})"
+        print(f"bridgelm report: {name}: mean accuracy {avg}{delta}")
+
+
+def _cmd_features(args) -> None:
+    from bridgelm.analyze import plot_feature_ratios, run_feature_ratios
+    from bridgelm.attach import load_model
+    from bridgelm.jsonl import write_json
+
+    model = load_model(args.model, blocks=args.blocks, dtype=dtype_of(args.dtype), device=args.device)
+    out = Path(args.out)
+    print(f"bridgelm analyze features: {args.sets} response sets of {args.run} -> {out}/features.json, features.png")
+    result = run_feature_ratios(model, args.run, args.sets, args.benchmark, args.width, args.max_tokens)
+    result.update(model=args.model, blocks=args.blocks, run=str(args.run))
+    write_json(out / "features.json", result)
+    plot_feature_ratios({f"{result['kind']} ({Path(args.model).name})": result["ratios"]}, out / "features.png")
+    ratios = ", ".join(f"{r:.4f}" for r in result["ratios"])
+    print(f"bridgelm analyze features: {result['kind']} ratio per layer over {result['tokens']} tokens: {ratios}")
+
+
+def _cmd_similarity(args) -> None:
+    from bridgelm.analyze import DEFAULT_EMBEDDER, run_similarity
+
+    out = Path(args.out) if args.out else Path(args.run_dir) / "similarity.json"
+    embedder = DEFAULT_EMBEDDER if args.embedding_model is None else (args.embedding_model or None)
+    result = run_similarity(args.run_dir, args.benchmark, args.width, args.max_samples, embedder, out)
+    print(f"bridgelm analyze similarity: -> {out}")
+    for bench, per in result.items():
+        for w, entry in per.items():
+            r = entry["rouge_l"]
+            emb = entry.get("embedding", {})
+            tail = f", embedding cosine {emb['cosine']['mean']:.4f}" if "cosine" in emb else ""
+            skipped = f" (embedding skipped: {emb['skipped']})" if "skipped" in emb else ""
+            print(
+                f"bridgelm analyze similarity: {bench} w={w}: ROUGE-L {r['mean']:.4f} "
+                f"[{r['low']:.4f}, {r['high']:.4f}] over {entry['problems']} sets{tail}{skipped}"
+            )
+
 
 def add_commands(sub) -> None:
-    """Register this family's subcommands on `sub`."""
+    p = sub.add_parser("eval", help="sample n responses per problem for benchmarks and widths, then score them")
+    add_model_args(p)
+    p.add_argument("--task", default="math", help="task of the data files (gsm8k, math, countdown, ...)")
+    p.add_argument(
+        "--data", action="extend", nargs="+", default=[], help="data file(s), one benchmark each (named by stem)"
+    )
+    add_sampling_args(p, n=32, width=8, max_new_tokens=4096)
+    p.add_argument("--widths", help="comma-separated widths to sample, e.g. 1,4,8,16 (each divides --n)")
+    p.add_argument("--limit", type=int, help="only the first LIMIT problems of each benchmark (smoke runs)")
+    p.add_argument("--gpass-k", type=int, default=8, help="k of G-Pass@k_tau (capped at --n)")
+    p.add_argument("--out", required=True, help="run directory (re-runs resume; other settings are refused)")
+    p.add_argument("--no-score", action="store_true", help="only sample; score later with bridgelm score")
+    p.set_defaults(func=_cmd_eval)
+
+    p = sub.add_parser("score", help="grade a run's samples; writes metrics.json and scores.jsonl")
+    p.add_argument("run_dir")
+    p.add_argument("--allow-partial", action="store_true", help="score an unfinished run (lists missing problems)")
+    p.set_defaults(func=_cmd_score)
+
+    p = sub.add_parser("report", help="tables (markdown) and plots (PNG) over scored runs")
+    p.add_argument("run_dirs", nargs="+")
+    p.add_argument("--out", required=True, help="report folder: table.md, report.json, *.png")
+    p.add_argument("--names", help="comma-separated row names, one per run (equal names merge runs into a row)")
+    p.add_argument("--base", help="row that the improvement column compares with (default: the first)")
+    p.set_defaults(func=_cmd_report)
+
+    p = sub.add_parser("analyze", help="feature contributions of the blocks; similarity of responses")
+    asub = p.add_subparsers(dest="analysis", required=True)
+    f = asub.add_parser("features", help="||block output|| / ||residual|| per layer over sampled response sets")
+    add_model_args(f)
+    f.add_argument("--run", required=True, help="eval run whose samples are re-run through the model")
+    f.add_argument("--out", required=True, help="folder for features.json and features.png")
+    f.add_argument("--sets", type=int, default=8, help="response sets (one group each) to re-run")
+    f.add_argument("--benchmark", help="only this benchmark's problems")
+    f.add_argument("--width", type=int, help="only samples of this width")
+    f.add_argument("--max-tokens", type=int, default=4096, help="cut each sequence (prompt + response) here")
+    f.set_defaults(func=_cmd_features)
+    s = asub.add_parser("similarity", help="mean pairwise ROUGE-L (and embedding cosine) within response sets")
+    s.add_argument("run_dir")
+    s.add_argument("--benchmark", help="only this benchmark")
+    s.add_argument("--width", type=int, help="only this width")
+    s.add_argument("--max-samples", type=int, help="first responses of each set only (pairs grow as n^2)")
+    s.add_argument("--embedding-model", help="local sentence-transformers model (default: MiniLM-L6; '' = skip)")
+    s.add_argument("--out", help="output JSON (default RUN_DIR/similarity.json)")
+    s.set_defaults(func=_cmd_similarity)

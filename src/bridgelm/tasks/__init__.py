@@ -15,6 +15,7 @@ REGISTRY = {
     "gsm8k": "bridgelm.tasks.gsm8k",
     "math": "bridgelm.tasks.math",
     "countdown": "bridgelm.tasks.countdown",
+    "arith": "bridgelm.tasks.arith",
 }
 
 __all__ = ["BOXED_INSTRUCTION", "REGISTRY", "Task", "format_chat", "load", "read_rows", "with_instruction"]

@@ -1,0 +1,301 @@
+"""Looking inside eval runs (paper Sec. 5): what the added blocks write, and how alike a prompt's responses are.
+
+Design notes:
+- Feature contribution (Figure 7): forward hooks on every layer's `bridge` / `pmatch` submodule see the residual
+  stream x entering the block and the update the block returns. Per token the ratio ||update|| / ||x||, averaged
+  over the valid tokens of grouped teacher-forced forwards (the group layout of `grouped_logits`) of sampled
+  response sets. A freshly added block has a zero output projection, so its ratio is exactly 0.
+- Output similarity (Table 4): ROUGE-L F1 over whitespace tokens. The longest common subsequence is computed
+  bit-parallel (one big-integer add / subtract / or per token of one text), so responses of thousands of words
+  cost milliseconds; the tests check it against the quadratic dynamic programme. Averaged over all pairs of
+  one prompt's responses, then over prompts.
+- Embedding similarity (the paper's BERTScore stands in for it) needs sentence-transformers and a model that is
+  already on disk; otherwise it is skipped with the reason. Nothing is ever downloaded.
+
+    bridgelm analyze features --model DIR [--blocks FILE] --run runs/x --out reports/features
+    bridgelm analyze similarity runs/x
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from bridgelm.attach import block_config, decoder_layers
+from bridgelm.evaluate import read_samples
+from bridgelm.grouped import KWARG, Groups
+from bridgelm.jsonl import write_atomic, write_json
+from bridgelm.metrics import bootstrap_ci
+
+# Sentence-embedding model tried for the embedding similarity (used only when it is on disk already).
+DEFAULT_EMBEDDER = "sentence-transformers/all-MiniLM-L6-v2"
+
+# ---------------------------------------------------------------------------------------------- features
+
+
+def _blocks(model) -> list[torch.nn.Module]:
+    cfg = block_config(model)
+    if cfg is None:
+        raise ValueError(
+            f"{type(model).__name__} has no Bridge or P-Match blocks: nothing to measure (add_bridge, or --blocks)"
+        )
+    return [getattr(layer, cfg.kind) for layer in decoder_layers(model)]
+
+
+@torch.no_grad()
+def feature_ratio_sums(model, input_ids, attention_mask, group_ids) -> tuple[list[float], int]:
+    """Sum over valid tokens of ||block output|| / ||block input|| per layer, and the number of valid tokens.
+
+    input_ids, attention_mask [B, S] (right-padded, 1 on real tokens); group_ids [B].
+    """
+    if input_ids.dim() != 2 or attention_mask.shape != input_ids.shape:
+        raise ValueError(
+            f"input_ids {tuple(input_ids.shape)} and attention_mask {tuple(attention_mask.shape)} must be equal [B, S]"
+        )
+    blocks = _blocks(model)
+    valid = attention_mask.bool()  # [B, S]
+    sums = [0.0] * len(blocks)
+
+    def hook_for(i: int):
+        def hook(module, args, output):
+            x = args[0]  # [B, S, D] residual stream entering the block
+            ratio = output.float().norm(dim=-1) / x.float().norm(dim=-1).clamp_min(1e-12)  # [B, S]
+            sums[i] += float(ratio[valid.to(ratio.device)].double().sum())
+
+        return hook
+
+    handles = [b.register_forward_hook(hook_for(i)) for i, b in enumerate(blocks)]
+    was_training = model.training
+    model.eval()
+    try:
+        groups = Groups.build(torch.as_tensor(group_ids), attention_mask)
+        # logits_to_keep=1: the hooks need the hidden states only, not [B, S, V] logits.
+        model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, logits_to_keep=1, **{KWARG: groups})
+    finally:
+        for h in handles:
+            h.remove()
+        model.train(was_training)
+    return sums, int(valid.sum())
+
+
+def block_feature_ratios(model, input_ids, attention_mask, group_ids) -> list[float]:
+    """Per layer, the mean over valid tokens of ||block output|| / ||residual stream at the block|| (Figure 7)."""
+    sums, count = feature_ratio_sums(model, input_ids, attention_mask, group_ids)
+    if count == 0:
+        raise ValueError("attention_mask has no valid token: expected at least one 1")
+    return [s / count for s in sums]
+
+
+def _pick(items: list, count: int) -> list:
+    """`count` items spread evenly over `items` (all of them when there are fewer)."""
+    if len(items) <= count:
+        return items
+    return [items[int(i)] for i in np.linspace(0, len(items) - 1, count).round()]
+
+
+def run_feature_ratios(
+    model,
+    run_dir: str | os.PathLike,
+    sets: int = 8,
+    benchmark: str | None = None,
+    width: int | None = None,
+    max_tokens: int | None = 4096,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Feature ratios over `sets` sampled response sets of a run: each problem's first group of its width.
+
+    Every sequence is its prompt ids + generated ids, cut at `max_tokens`. Returns {"ratios": [per layer],
+    "kind", "sets", "tokens", "problems": [[benchmark, width, index], ...]}.
+    """
+    records = read_samples(run_dir)
+    keys = sorted(k for k in records if (benchmark is None or k[0] == benchmark) and (width is None or k[1] == width))
+    if not keys:
+        raise ValueError(f"{run_dir} has no sampled problems for benchmark={benchmark!r}, width={width!r}")
+    chosen = _pick(keys, sets)
+    device = next(model.parameters()).device
+    totals, count = None, 0
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(chosen), desc="feature ratios", unit="set")
+    try:
+        for key in chosen:
+            rec = records[key]
+            w = int(rec["width"])
+            seqs = [(rec["prompt_ids"] + s["token_ids"])[:max_tokens] for s in rec["samples"][:w]]
+            S = max(len(s) for s in seqs)
+            ids = torch.zeros(len(seqs), S, dtype=torch.long)  # [w, S], right-padded
+            mask = torch.zeros(len(seqs), S, dtype=torch.long)
+            for r, s in enumerate(seqs):
+                ids[r, : len(s)] = torch.tensor(s)
+                mask[r, : len(s)] = 1
+            sums, n = feature_ratio_sums(
+                model, ids.to(device), mask.to(device), torch.zeros(len(seqs), dtype=torch.long)
+            )
+            totals = sums if totals is None else [a + b for a, b in zip(totals, sums)]
+            count += n
+            if bar is not None:
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    return {
+        "ratios": [t / count for t in totals],
+        "kind": block_config(model).kind,
+        "sets": len(chosen),
+        "tokens": count,
+        "problems": [list(k) for k in chosen],
+    }
+
+
+def plot_feature_ratios(ratios: dict[str, Sequence[float]] | Sequence[float], path: str | os.PathLike) -> Path:
+    """Bars of the per-layer ratio, one panel per model (`{name: ratios}`, or one list) (Figure 7)."""
+    from matplotlib.figure import Figure
+
+    panels = ratios if isinstance(ratios, dict) else {"blocks": list(ratios)}
+    fig = Figure(figsize=(4.2 * len(panels), 3.2), layout="constrained")
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    for ax, (name, values) in zip(axes, panels.items()):
+        ax.bar(range(len(values)), list(values))
+        ax.set_title(name)
+        ax.set_xlabel("layer")
+        ax.set_ylabel("||block output|| / ||residual||")
+        ax.grid(axis="y", alpha=0.3)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=120)
+    return write_atomic(path, buf.getvalue())
+
+
+# ---------------------------------------------------------------------------------------------- similarity
+
+
+def lcs_length(a: Sequence[str], b: Sequence[str]) -> int:
+    """Length of the longest common subsequence of two token lists, bit-parallel over `b` (Allison-Dix)."""
+    if not a or not b:
+        return 0
+    if len(b) > len(a):
+        a, b = b, a  # the shorter list sets the width of the bit vectors
+    match: dict[str, int] = {}
+    for i, tok in enumerate(b):
+        match[tok] = match.get(tok, 0) | (1 << i)
+    full = (1 << len(b)) - 1
+    v = full  # bit i clear <=> b[:i+1] gained a common token at i
+    for tok in a:
+        u = v & match.get(tok, 0)
+        v = ((v + u) | (v - u)) & full
+    return len(b) - bin(v).count("1")
+
+
+def rouge_l(a: str, b: str) -> float:
+    """ROUGE-L F1 of two texts over whitespace tokens: 2PR / (P + R) with P = LCS/|a|, R = LCS/|b|.
+
+    Symmetric. Two empty texts give 1.0; one empty text gives 0.0.
+    """
+    ta, tb = a.split(), b.split()
+    if not ta and not tb:
+        return 1.0
+    lcs = lcs_length(ta, tb)
+    if lcs == 0:
+        return 0.0
+    return 2.0 * lcs / (len(ta) + len(tb))  # = 2PR / (P + R)
+
+
+def _pairwise_mean(texts: Sequence[str]) -> tuple[float, int]:
+    values = [rouge_l(texts[i], texts[j]) for i in range(len(texts)) for j in range(i + 1, len(texts))]
+    return float(np.mean(values)), len(values)
+
+
+def set_similarity(
+    samples_by_problem: Sequence[Sequence[str]], max_samples: int | None = None, progress: bool = False
+) -> dict[str, Any]:
+    """Mean pairwise ROUGE-L within each prompt's response set, averaged over prompts (with a 95% interval).
+
+    `max_samples` keeps the first responses of each set (pairs grow as n^2). Sets with < 2 responses are skipped.
+    """
+    per_problem, pairs = [], 0
+    items = samples_by_problem
+    if progress:
+        from tqdm.auto import tqdm
+
+        items = tqdm(items, desc="ROUGE-L", unit="problem")
+    for texts in items:
+        texts = list(texts)[:max_samples] if max_samples else list(texts)
+        if len(texts) < 2:
+            continue
+        mean, count = _pairwise_mean(texts)
+        per_problem.append(mean)
+        pairs += count
+    if not per_problem:
+        raise ValueError("no response set has 2 or more responses: nothing to compare")
+    low, high = bootstrap_ci(per_problem)
+    return {
+        "rouge_l": {"mean": float(np.mean(per_problem)), "low": low, "high": high},
+        "problems": len(per_problem),
+        "pairs": pairs,
+    }
+
+
+def embedding_similarity(
+    samples_by_problem: Sequence[Sequence[str]], model_name: str = DEFAULT_EMBEDDER, max_samples: int | None = None
+) -> dict[str, Any]:
+    """Mean pairwise cosine of sentence embeddings within each response set, or {"skipped": reason}.
+
+    Uses sentence-transformers with `model_name` from the local cache only; never downloads.
+    """
+    try:
+        from sentence_transformers import SentenceTransformer
+    except ImportError:
+        return {"skipped": "sentence-transformers is not installed"}
+    try:
+        embedder = SentenceTransformer(model_name, local_files_only=True)
+    except Exception as err:  # not on disk, or a package version without local_files_only: never download
+        reason = f"{type(err).__name__}: {err}"[:240]
+        return {"skipped": f"no local copy of {model_name} ({reason}); nothing is downloaded"}
+    per_problem = []
+    for texts in samples_by_problem:
+        texts = list(texts)[:max_samples] if max_samples else list(texts)
+        if len(texts) < 2:
+            continue
+        emb = np.asarray(embedder.encode(texts, normalize_embeddings=True))  # [n, E], unit rows
+        sim = emb @ emb.T  # [n, n] cosines
+        upper = sim[np.triu_indices(len(texts), k=1)]
+        per_problem.append(float(upper.mean()))
+    if not per_problem:
+        return {"skipped": "no response set has 2 or more responses"}
+    low, high = bootstrap_ci(per_problem)
+    return {"model": model_name, "cosine": {"mean": float(np.mean(per_problem)), "low": low, "high": high}}
+
+
+def run_similarity(
+    run_dir: str | os.PathLike,
+    benchmark: str | None = None,
+    width: int | None = None,
+    max_samples: int | None = None,
+    embedding_model: str | None = DEFAULT_EMBEDDER,
+    out: str | os.PathLike | None = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """ROUGE-L (and embedding) similarity of each (benchmark, width) of a run; written to `out` (default
+    RUN_DIR/similarity.json) as {benchmark: {width: {"rouge_l", "problems", "pairs", "embedding"}}}."""
+    records = read_samples(run_dir)
+    groups: dict[tuple[str, int], list[list[str]]] = {}
+    for key in sorted(records):
+        if (benchmark is None or key[0] == benchmark) and (width is None or key[1] == width):
+            groups.setdefault(key[:2], []).append([s["text"] for s in records[key]["samples"]])
+    if not groups:
+        raise ValueError(f"{run_dir} has no sampled problems for benchmark={benchmark!r}, width={width!r}")
+    result: dict[str, dict] = {}
+    for (bench, w), sets in groups.items():
+        entry = set_similarity(sets, max_samples, progress)
+        if embedding_model:
+            entry["embedding"] = embedding_similarity(sets, embedding_model, max_samples)
+        result.setdefault(bench, {})[str(w)] = entry
+    write_json(Path(out) if out else Path(run_dir) / "similarity.json", result)
+    return result

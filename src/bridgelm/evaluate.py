@@ -1,0 +1,674 @@
+"""Evaluation runs: n samples per problem for every benchmark and width, then scores (paper Sec. 4, App. E).
+
+Design notes:
+- Samples first, scores second (human-eval): `run_eval` only samples into RUN_DIR; `score_run` grades what is
+  there and can be re-run alone (after a grader fix, with another G-Pass k, on a partial run...).
+- RUN_DIR/run.json holds the settings. samples.jsonl holds one line per (benchmark, width, problem), appended as
+  problems complete; a re-run skips what is written and redoes a line cut by a crash. A re-run with another
+  model, other data or other sampling settings is refused before anything is written: one run, one setting.
+- Under torchrun, problem i of every benchmark goes to rank i % WORLD_SIZE, which appends to its own shard
+  samples.rank{r}.jsonl; the ranks meet at a gloo barrier once every shard is complete. Scoring merges the
+  shards and refuses problems written twice, or missing (unless told to score a partial run).
+- Generation budgets (Figure 6) come from one long run, because generation is prefix-consistent: at budget L a
+  sample counts when it finished within L tokens and is correct.
+- A benchmark is one data file (named by its stem, e.g. `aime24`), or a Task object with its own examples.
+
+    bridgelm eval --model DIR --task math --data math500.jsonl --data aime24.jsonl --n 32 --width 8 --out runs/x
+    torchrun --nproc_per_node 8 -m bridgelm eval ...     (same arguments; one shard per rank)
+    bridgelm score runs/x
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bridgelm import metrics as M
+from bridgelm.jsonl import append_record, read_records, write_atomic, write_json
+from bridgelm.sampling import SamplingConfig, encode_prompts, eos_ids, iter_generate_ids, stop_checker
+from bridgelm.tasks import Task
+
+FORMAT = "bridgelm-eval-1"
+RUN_FILE = "run.json"
+METRICS_FILE = "metrics.json"
+SCORES_FILE = "scores.jsonl"
+_SHARD_RE = re.compile(r"^samples(?:\.rank(\d+))?\.jsonl$")
+
+# Settings of run.json that decide what is sampled; a re-run must match them all.
+_COMPARED = (
+    "model",
+    "blocks",
+    "task",
+    "benchmarks",
+    "n",
+    "widths",
+    "max_new_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "chat",
+    "stop",
+    "limit",
+)
+
+# G-Pass fractions reported at every generation budget (the paper's Figure 6 shows 0.5 and 1).
+BUDGET_TAUS = (0.25, 0.5, 0.75, 1.0)
+
+# A sample is correct when its reward reaches this (rewards of the tasks here are 0 or 1).
+CORRECT_AT = 0.5
+
+# How long ranks wait at the final barrier for the slowest shard.
+BARRIER_TIMEOUT = timedelta(days=3)
+
+# Completions graded per reward_many call (the progress bar moves once per batch).
+GRADE_BATCH = 256
+
+
+@dataclass
+class EvalConfig:
+    """How to sample and score an evaluation run (the task and data files are arguments of `run_eval`)."""
+
+    n: int = 32  # samples per problem
+    width: int = 8  # Bridge group width that tables report (must be in `widths` when those are given)
+    widths: list[int] | None = None  # widths to sample, each dividing n; None = [width]
+    max_new_tokens: int = 4096  # generated tokens per sample, at most
+    temperature: float = 0.6  # 0 = greedy
+    top_p: float = 0.95  # nucleus mass in (0, 1]
+    top_k: int = 0  # 0 = off
+    seed: int = 0  # seeds the sampler of every (benchmark, width)
+    chat: bool = False  # wrap prompts with the tokenizer's chat template
+    stop: list[str] = field(default_factory=list)  # stop strings that end a sample early
+    limit: int | None = None  # only the first `limit` problems of each benchmark (smoke runs); None = all
+    max_batch_sequences: int = 256  # rows decoded together, at most (does not change what is measured)
+    max_batch_tokens: int = 262_144  # rows x (prompt + max_new_tokens) of a batch, at most
+    gpass_k: int = 8  # k of G-Pass@k_tau (capped at n)
+
+    def all_widths(self) -> list[int]:
+        """The widths to sample, in order."""
+        return list(self.widths) if self.widths else [self.width]
+
+    def main_width(self) -> int:
+        """The width tables report: `width` when it is sampled, else the widest of `widths`."""
+        widths = self.all_widths()
+        return self.width if self.width in widths else max(widths)
+
+    def validate(self) -> None:
+        if not isinstance(self.n, int) or self.n < 1:
+            raise ValueError(f"n={self.n!r} must be a positive integer")
+        widths = self.all_widths()
+        for w in widths:
+            if not isinstance(w, int) or w < 1:
+                raise ValueError(f"widths entry {w!r} must be a positive integer")
+            if self.n % w:
+                raise ValueError(f"widths entry {w} does not divide n={self.n}: every width must divide n")
+        dup = sorted({w for w in widths if widths.count(w) > 1})
+        if dup:
+            raise ValueError(f"widths lists {dup[0]} more than once: {widths}")
+        if self.limit is not None and (not isinstance(self.limit, int) or self.limit < 1):
+            raise ValueError(f"limit={self.limit!r} must be a positive integer or None")
+        if not isinstance(self.gpass_k, int) or self.gpass_k < 1:
+            raise ValueError(f"gpass_k={self.gpass_k!r} must be a positive integer")
+        for w in widths:
+            self.sampling(w).validate()
+
+    def sampling(self, width: int) -> SamplingConfig:
+        """The engine's settings for one width."""
+        return SamplingConfig(
+            n=self.n,
+            width=width,
+            max_new_tokens=self.max_new_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k,
+            seed=self.seed,
+            max_batch_sequences=self.max_batch_sequences,
+            max_batch_tokens=self.max_batch_tokens,
+        )
+
+
+# ---------------------------------------------------------------------------------------------- benchmarks
+
+
+@dataclass
+class Benchmark:
+    """The problems of one data file (or of a Task object), with the task that prompts and grades them."""
+
+    name: str  # file stem ("aime24") or the task's name
+    path: str | None  # data file it was read from; None = the task's own examples
+    task: Task  # prompt, gold answer, answer extraction and reward
+    problems: list[dict]  # the examples evaluated (the first `limit` of the file)
+
+    def digest(self) -> str:
+        """Fingerprint of the prompts and gold answers: a changed data file cannot be mixed into a run."""
+        h = hashlib.sha256()
+        for ex in self.problems:
+            h.update(json.dumps([self.task.prompt(ex), self.task.answer(ex)], ensure_ascii=False).encode())
+        return "sha256:" + h.hexdigest()[:32]
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "path": self.path, "problems": len(self.problems), "digest": self.digest()}
+
+
+def _source(path: str) -> str:
+    """An existing local path made absolute (runs started from other folders compare equal); others as given."""
+    p = Path(path).expanduser()
+    return str(p.resolve()) if p.exists() else str(path)
+
+
+def load_benchmarks(task_or_name: Task | str, data_paths: Sequence[str] | None = None, limit: int | None = None):
+    """Benchmarks of a run: one per data file of the registry task `task_or_name`, or the Task object itself.
+
+    Without data files a task name gives one benchmark from the task's default source, named after the task.
+    """
+    from bridgelm import tasks
+
+    paths = [str(p) for p in (data_paths or [])]
+    if isinstance(task_or_name, Task):
+        if paths:
+            raise ValueError(
+                f"a Task object brings its own examples, got data files {paths} as well: pass the task's registry "
+                "name to read data files"
+            )
+        found = [(task_or_name.name, None, task_or_name)]
+    elif isinstance(task_or_name, str):
+        if not paths:
+            found = [(task_or_name, None, tasks.load(task_or_name))]
+        else:
+            found = []
+            for p in paths:
+                src = Path(p).expanduser()
+                name = src.stem if src.suffix else src.name
+                found.append((name, _source(p), tasks.load(task_or_name, p)))
+    else:
+        raise TypeError(f"task_or_name must be a Task or a task name, got {type(task_or_name).__name__}")
+    benches, seen = [], {}
+    for name, path, task in found:
+        if name in seen:
+            raise ValueError(f"two data files make the benchmark {name!r}: {seen[name]} and {path}; rename one")
+        seen[name] = path
+        problems = list(task.examples[:limit] if limit else task.examples)
+        if not problems:
+            raise ValueError(f"benchmark {name!r} ({path or 'task examples'}) holds no problems")
+        benches.append(Benchmark(name, path, task, problems))
+    return benches
+
+
+# ---------------------------------------------------------------------------------------------- run directory
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Which problems this process samples, and where it writes them."""
+
+    rank: int = 0  # this process's rank
+    world: int = 1  # processes sharing the run
+    local_rank: int = 0  # rank on this machine (picks the GPU)
+
+    @staticmethod
+    def from_env() -> Shard:
+        """The shard torchrun describes through RANK / WORLD_SIZE / LOCAL_RANK (one process when unset)."""
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        rank = int(os.environ.get("RANK", "0"))
+        if world < 1 or not 0 <= rank < world:
+            raise ValueError(f"RANK={rank} and WORLD_SIZE={world} must satisfy 0 <= RANK < WORLD_SIZE")
+        return Shard(rank, world, int(os.environ.get("LOCAL_RANK", str(rank))))
+
+    def owns(self, index: int) -> bool:
+        return index % self.world == self.rank
+
+    def file_name(self) -> str:
+        return "samples.jsonl" if self.world == 1 else f"samples.rank{self.rank}.jsonl"
+
+    def device(self) -> str:
+        """cuda:LOCAL_RANK when CUDA is available, else the CPU."""
+        import torch
+
+        return f"cuda:{self.local_rank}" if torch.cuda.is_available() else "cpu"
+
+
+def shard_files(run_dir: str | os.PathLike) -> list[Path]:
+    """samples.jsonl and samples.rank{r}.jsonl of a run, in rank order."""
+    found = [p for p in Path(run_dir).glob("samples*.jsonl") if _SHARD_RE.match(p.name)]
+    rank = lambda p: int(_SHARD_RE.match(p.name).group(1) or -1)  # noqa: E731
+    return sorted(found, key=rank)
+
+
+def read_run(run_dir: str | os.PathLike) -> dict[str, Any]:
+    """The settings of a run (its run.json)."""
+    path = Path(run_dir) / RUN_FILE
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: {run_dir} is not an eval run (made by bridgelm eval --out)")
+    return json.loads(path.read_text())
+
+
+def run_settings(
+    cfg: EvalConfig, benches: Sequence[Benchmark], task_name: str, model_id: str, blocks: str | None
+) -> dict[str, Any]:
+    """The content of run.json."""
+    return {
+        "format": FORMAT,
+        "model": _source(model_id),
+        "blocks": _source(blocks) if blocks else None,
+        "task": task_name,
+        "data": [b.path for b in benches if b.path is not None],
+        "benchmarks": [b.describe() for b in benches],
+        "n": cfg.n,
+        "widths": cfg.all_widths(),
+        "width": cfg.main_width(),
+        "max_new_tokens": cfg.max_new_tokens,
+        "temperature": cfg.temperature,
+        "top_p": cfg.top_p,
+        "top_k": cfg.top_k,
+        "seed": cfg.seed,
+        "chat": cfg.chat,
+        "stop": list(cfg.stop),
+        "limit": cfg.limit,
+        "gpass_k": cfg.gpass_k,
+        "max_batch_sequences": cfg.max_batch_sequences,
+        "max_batch_tokens": cfg.max_batch_tokens,
+    }
+
+
+def _benchmark_difference(old: list[dict], new: list[dict]) -> str:
+    old_names, new_names = [b["name"] for b in old], [b["name"] for b in new]
+    if old_names != new_names:
+        return f"benchmarks: run {old_names} vs now {new_names}"
+    for a, b in zip(old, new):
+        for key in ("path", "problems", "digest"):
+            if a.get(key) != b.get(key):
+                why = " (the data changed since it was sampled)" if key == "digest" else ""
+                return f"benchmark {a['name']!r} {key}: run {a.get(key)!r} vs now {b.get(key)!r}{why}"
+    return "benchmarks differ"
+
+
+def check_same_run(path: Path, old: dict, new: dict) -> None:
+    """ValueError naming the first setting of `new` that differs from the run's, else nothing."""
+    diffs = []
+    for key in _COMPARED:
+        if old.get(key) != new.get(key):
+            if key == "benchmarks":
+                diffs.append(_benchmark_difference(old.get(key) or [], new[key]))
+            else:
+                diffs.append(f"{key}: run {old.get(key)!r} vs now {new.get(key)!r}")
+    if diffs:
+        raise ValueError(
+            f"{path} was written with other settings ({'; '.join(diffs)}). Samples of other settings would be "
+            "scored together as one run, so mixing them is refused; nothing was written. Use another --out to "
+            "compare runs."
+        )
+
+
+def _key(rec: dict) -> tuple[str, int, int]:
+    return rec["benchmark"], int(rec["width"]), int(rec["index"])
+
+
+def _done_keys(run_dir: Path, own: str) -> set[tuple[str, int, int]]:
+    """Keys written in any shard; this process's own shard is repaired (a line cut by a crash is dropped)."""
+    done = set()
+    for path in shard_files(run_dir):
+        done.update(_key(r) for r in read_records(path, repair=path.name == own))
+    return done
+
+
+def _barrier(shard: Shard) -> None:
+    """Wait until every rank has finished its shard (gloo works on CPU and GPU alike)."""
+    if shard.world == 1:
+        return
+    import torch.distributed as dist
+
+    created = not dist.is_initialized()
+    if created:
+        dist.init_process_group("gloo", rank=shard.rank, world_size=shard.world, timeout=BARRIER_TIMEOUT)
+    try:
+        dist.barrier()
+    finally:
+        if created:
+            dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------------------------------------- sampling
+
+
+def run_eval(
+    model,
+    tokenizer,
+    task_or_name: Task | str,
+    data_paths: Sequence[str] | None,
+    cfg: EvalConfig,
+    out_dir: str | os.PathLike,
+    model_id: str,
+    blocks: str | None = None,
+    progress: bool = True,
+    shard: Shard | None = None,
+) -> dict[str, Any]:
+    """Sample cfg.n responses per problem for every benchmark and width into `out_dir` (resumable).
+
+    Returns {"run_dir", "shard" (this process's samples file), "sampled" (problems sampled now by this
+    process), "skipped" (already written), "problems" (owned by this process)}. Under torchrun
+    (`shard` from RANK/WORLD_SIZE), returns once every rank has finished.
+    """
+    cfg.validate()
+    shard = shard or Shard.from_env()
+    benches = load_benchmarks(task_or_name, data_paths, cfg.limit)
+    task_name = task_or_name.name if isinstance(task_or_name, Task) else task_or_name
+    run_dir = Path(out_dir)
+    settings = run_settings(cfg, benches, task_name, model_id, blocks)
+    run_file = run_dir / RUN_FILE
+    shards = shard_files(run_dir)  # listed before run.json is looked at: run.json is written before any shard
+    if run_file.exists():
+        check_same_run(run_file, json.loads(run_file.read_text()), settings)
+    elif shards:
+        raise ValueError(f"{run_dir} holds samples files but no {RUN_FILE}: refusing to mix into it; use another --out")
+    if shard.rank == 0:
+        write_json(run_file, settings)
+    out = run_dir / shard.file_name()
+    done = _done_keys(run_dir, own=out.name)
+    todo = {
+        (b.name, w): [i for i in range(len(b.problems)) if shard.owns(i) and (b.name, w, i) not in done]
+        for b in benches
+        for w in cfg.all_widths()
+    }
+    owned = sum(1 for b in benches for i in range(len(b.problems)) if shard.owns(i)) * len(cfg.all_widths())
+    total = sum(len(v) for v in todo.values())
+    bar = None
+    if progress and total:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=total * cfg.n, desc=f"sampling -> {out}", unit="sample", position=shard.rank)
+    try:
+        if total:
+            eos = eos_ids(model, tokenizer)
+            pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
+            stop = stop_checker(tokenizer, cfg.stop)
+            for b in benches:
+                ids: dict[int, list[int]] = {}
+                for w in cfg.all_widths():
+                    indices = todo[(b.name, w)]
+                    if not indices:
+                        continue
+                    need = [i for i in indices if i not in ids]
+                    if need:
+                        encoded = encode_prompts(tokenizer, [b.task.prompt(b.problems[i]) for i in need], cfg.chat)
+                        ids.update(zip(need, encoded))
+                    prompts = [ids[i] for i in indices]
+                    step = bar.update if bar is not None else None
+                    for k, samples in iter_generate_ids(model, prompts, cfg.sampling(w), eos, pad, stop, step):
+                        i = indices[k]
+                        ex = b.problems[i]
+                        append_record(
+                            out,
+                            {
+                                "benchmark": b.name,
+                                "width": w,
+                                "index": i,
+                                "prompt": b.task.prompt(ex),
+                                "answer": b.task.answer(ex),
+                                "prompt_ids": ids[i],
+                                "samples": [
+                                    {
+                                        "text": tokenizer.decode(g.token_ids, skip_special_tokens=True),
+                                        "token_ids": g.token_ids,
+                                        "finished": g.finished,
+                                    }
+                                    for g in samples
+                                ],
+                            },
+                        )
+    finally:
+        if bar is not None:
+            bar.close()
+    _barrier(shard)
+    return {"run_dir": str(run_dir), "shard": str(out), "sampled": total, "skipped": owned - total, "problems": owned}
+
+
+# ---------------------------------------------------------------------------------------------- scoring
+
+
+def read_samples(run_dir: str | os.PathLike) -> dict[tuple[str, int, int], dict]:
+    """Every sampled problem of a run, merged over its shards; a problem written twice is a ValueError."""
+    merged: dict[tuple[str, int, int], dict] = {}
+    where: dict[tuple[str, int, int], str] = {}
+    twice = []
+    for path in shard_files(run_dir):
+        for rec in read_records(path, repair=False):
+            key = _key(rec)
+            if key in merged:
+                twice.append(f"{key[0]} w={key[1]} #{key[2]} ({where[key]}, {path.name})")
+                continue
+            merged[key] = rec
+            where[key] = path.name
+    if twice:
+        shown = ", ".join(twice[:5]) + (f" and {len(twice) - 5} more" if len(twice) > 5 else "")
+        raise ValueError(
+            f"{run_dir}: {len(twice)} problems were sampled more than once: {shown}. Each problem must be generated "
+            "exactly once; were two eval runs writing into this directory at the same time?"
+        )
+    return merged
+
+
+def _grading_benchmarks(run: dict, task: Task | None) -> list[Benchmark]:
+    """The run's benchmarks re-read for grading, checked against the digests recorded at sampling time."""
+    from bridgelm import tasks
+
+    paths = [b["path"] for b in run["benchmarks"]]
+    if task is not None:
+        benches = load_benchmarks(task, [], run.get("limit"))
+    elif run["task"] not in tasks.REGISTRY:
+        raise ValueError(
+            f"run.json names task {run['task']!r}, which is not in the task registry: score the run with "
+            "score_run(run_dir, task=<the Task object>)"
+        )
+    else:
+        benches = load_benchmarks(run["task"], [p for p in paths if p is not None], run.get("limit"))
+    _benchmark_check(run, benches)
+    return benches
+
+
+def _benchmark_check(run: dict, benches: list[Benchmark]) -> None:
+    old = run["benchmarks"]
+    new = [b.describe() for b in benches]
+    for a, b in zip(old, new):
+        b["path"] = a["path"]  # a data file read from elsewhere is fine if its content is the same
+    if [b["name"] for b in old] != [b["name"] for b in new] or any(
+        (a["problems"], a["digest"]) != (b["problems"], b["digest"]) for a, b in zip(old, new)
+    ):
+        raise ValueError(f"cannot grade the run: {_benchmark_difference(old, new)}")
+
+
+def budgets(max_new_tokens: int) -> list[int]:
+    """Generation budgets of the length curves: powers of two below max_new_tokens, then max_new_tokens."""
+    out, L = [], 1
+    while L < max_new_tokens:
+        out.append(L)
+        L *= 2
+    return out + [max_new_tokens]
+
+
+def _gpass_names(k: int) -> dict[str, float]:
+    return {f"g_pass@{k}_tau{t:g}": t for t in BUDGET_TAUS}
+
+
+def budget_metrics(scores: Sequence[dict], budget: int, gpass_k: int) -> dict[str, float]:
+    """Accuracy, coverage and G-Pass@k_tau when only samples that finished within `budget` tokens count."""
+    ns, cs = [], []
+    for s in scores:
+        ns.append(s["n"])
+        cs.append(
+            sum(ok and fin and length <= budget for ok, fin, length in zip(s["correct"], s["finished"], s["lengths"]))
+        )
+    k = min(gpass_k, min(ns))
+    out = {
+        "accuracy": float(np.mean([c / n for n, c in zip(ns, cs)])),
+        "coverage": float(np.mean([c > 0 for c in cs])),
+    }
+    for name, tau in _gpass_names(k).items():
+        out[name] = float(np.mean([M.g_pass_at_k(n, c, k, tau) for n, c in zip(ns, cs)]))
+    out[f"mg_pass@{k}"] = float(np.mean([M.mg_pass_at_k(n, c, k) for n, c in zip(ns, cs)]))
+    return out
+
+
+def benchmark_metrics(scores: Sequence[dict], gpass_k: int, max_new_tokens: int) -> dict[str, Any]:
+    """`metrics.summarize` of one (benchmark, width), plus response length, finished fraction and budgets."""
+    summary = M.summarize(
+        [{"n": s["n"], "c": s["c"], "majority_correct": s["majority_correct"]} for s in scores], gpass_k=gpass_k
+    )
+    lengths = [x for s in scores for x in s["lengths"]]
+    finished = [x for s in scores for x in s["finished"]]
+    summary["mean_length"] = float(np.mean(lengths))
+    summary["finished"] = float(np.mean(finished))
+    summary["budgets"] = {str(L): budget_metrics(scores, L, gpass_k) for L in budgets(max_new_tokens)}
+    return summary
+
+
+def average_metrics(entries: dict[str, dict]) -> dict[str, Any]:
+    """Unweighted mean over benchmarks (the paper's Avg) of every number they all have; means only."""
+    parts = list(entries.values())
+    names = [m for m in parts[0]["metrics"] if all(m in p["metrics"] for p in parts)]
+    out: dict[str, Any] = {
+        "benchmarks": list(entries),
+        "problems": sum(p["problems"] for p in parts),
+        "metrics": {m: {"mean": float(np.mean([p["metrics"][m]["mean"] for p in parts]))} for m in names},
+        "mean_length": float(np.mean([p["mean_length"] for p in parts])),
+        "finished": float(np.mean([p["finished"] for p in parts])),
+    }
+    common = [L for L in parts[0]["budgets"] if all(L in p["budgets"] for p in parts)]
+    out["budgets"] = {
+        L: {
+            m: float(np.mean([p["budgets"][L][m] for p in parts]))
+            for m in parts[0]["budgets"][L]
+            if all(m in p["budgets"][L] for p in parts)
+        }
+        for L in common
+    }
+    return out
+
+
+def _problem_score(rec: dict, rewards: list[float], task: Task) -> dict[str, Any]:
+    answers = [task.extract(s["text"]) for s in rec["samples"]]
+    correct = [r >= CORRECT_AT for r in rewards]
+    return {
+        "benchmark": rec["benchmark"],
+        "width": int(rec["width"]),
+        "index": int(rec["index"]),
+        "n": len(correct),
+        "c": sum(correct),
+        "correct": correct,
+        "answers": answers,
+        "lengths": [len(s["token_ids"]) for s in rec["samples"]],
+        "finished": [bool(s["finished"]) for s in rec["samples"]],
+        "majority": M.majority_answer(answers),
+        "majority_correct": M.majority_vote(answers, correct),
+    }
+
+
+def score_run(
+    run_dir: str | os.PathLike, task: Task | None = None, allow_partial: bool = False, progress: bool = True
+) -> dict[str, Any]:
+    """Grade every sample of a run; write RUN_DIR/scores.jsonl and RUN_DIR/metrics.json; return the metrics.
+
+    `task` grades a run of a Task object that is not in the registry. A run that misses problems is a
+    ValueError unless `allow_partial`, which scores the problems present and lists the missing ones.
+    """
+    run_dir = Path(run_dir)
+    run = read_run(run_dir)
+    records = read_samples(run_dir)
+    benches = _grading_benchmarks(run, task)
+    widths = [int(w) for w in run["widths"]]
+    by_name = {b.name: b for b in benches}
+    strays = [k for k in records if k[0] not in by_name or k[1] not in widths or k[2] >= len(by_name[k[0]].problems)]
+    if strays:
+        raise ValueError(f"{run_dir} holds samples that run.json does not describe, e.g. {strays[0]}")
+    missing = {
+        (b.name, w): [i for i in range(len(b.problems)) if (b.name, w, i) not in records]
+        for b in benches
+        for w in widths
+    }
+    lacking = {k: v for k, v in missing.items() if v}
+    if lacking and not allow_partial:
+        detail = "; ".join(
+            f"{b} w={w} misses {len(v)} of {len(by_name[b].problems)} problems (#{', #'.join(map(str, v[:5]))}"
+            + (" ...)" if len(v) > 5 else ")")
+            for (b, w), v in lacking.items()
+        )
+        raise ValueError(
+            f"{run_dir} is incomplete: {detail}. Finish it by re-running bridgelm eval with the same --out, "
+            "or score what is there with --allow-partial"
+        )
+    for key, rec in records.items():
+        if len(rec["samples"]) != run["n"]:
+            raise ValueError(f"{run_dir}: {key} has {len(rec['samples'])} samples, expected n={run['n']}")
+
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        total = sum(len(r["samples"]) for r in records.values())
+        bar = tqdm(total=total, desc=f"grading -> {run_dir / METRICS_FILE}", unit="sample")
+    scores: list[dict] = []
+    try:
+        for b in benches:
+            recs = [
+                records[(b.name, w, i)] for w in widths for i in range(len(b.problems)) if (b.name, w, i) in records
+            ]
+            pairs = [(s["text"], b.problems[int(r["index"])]) for r in recs for s in r["samples"]]
+            rewards: list[float] = []
+            for start in range(0, len(pairs), GRADE_BATCH):
+                chunk = pairs[start : start + GRADE_BATCH]
+                rewards.extend(float(x) for x in b.task.reward_many(chunk))
+                if bar is not None:
+                    bar.update(len(chunk))
+            at = 0
+            for r in recs:
+                scores.append(_problem_score(r, rewards[at : at + len(r["samples"])], b.task))
+                at += len(r["samples"])
+    finally:
+        if bar is not None:
+            bar.close()
+
+    gpass_k = int(run.get("gpass_k", 8))
+    result: dict[str, Any] = {
+        "format": FORMAT,
+        "run": {k: run.get(k) for k in ("model", "blocks", "task", "n", "widths", "width", "max_new_tokens")},
+        "gpass_k": gpass_k,
+        "benchmarks": {},
+        "avg": {},
+    }
+    for b in benches:
+        for w in widths:
+            mine = [s for s in scores if s["benchmark"] == b.name and s["width"] == w]
+            if not mine:
+                continue
+            entry = benchmark_metrics(mine, gpass_k, int(run["max_new_tokens"]))
+            entry["missing"] = missing[(b.name, w)]
+            result["benchmarks"].setdefault(b.name, {})[str(w)] = entry
+    for w in widths:
+        entries = {b: per[str(w)] for b, per in result["benchmarks"].items() if str(w) in per}
+        if entries:
+            result["avg"][str(w)] = average_metrics(entries)
+    write_atomic(run_dir / SCORES_FILE, "".join(json.dumps(s, ensure_ascii=False) + "\n" for s in scores))
+    write_json(run_dir / METRICS_FILE, result)
+    return result
+
+
+def summary_line(result: dict[str, Any], width: int | None = None) -> str:
+    """One line for the terminal: the average over benchmarks at the reported width."""
+    w = str(width if width is not None else result["run"]["width"])
+    avg = result["avg"].get(w)
+    if avg is None:
+        return f"no scores at width {w}"
+    m = avg["metrics"]
+    parts = [f"accuracy {100 * m['accuracy']['mean']:.2f}%", f"coverage {100 * m['coverage']['mean']:.2f}%"]
+    if "majority_vote" in m:
+        parts.append(f"majority vote {100 * m['majority_vote']['mean']:.2f}%")
+    parts.append(f"mean length {avg['mean_length']:.0f} tokens")
+    return f"w={w}, avg over {len(avg['benchmarks'])} benchmarks ({', '.join(avg['benchmarks'])}): " + ", ".join(parts)

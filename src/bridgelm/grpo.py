@@ -1,0 +1,129 @@
+"""GRPO's objective as pure tensor math (paper Sec. 3.3, eq. 3, with DAPO's token-level normalisation).
+
+- `group_advantages`: A_i = (r_i - mean) / (std + eps) over the G rollouts of a prompt (std with Bessel's
+  correction, as TRL and verl compute it); exactly 0 in a group whose rewards are all equal.
+- `policy_loss`: -J. Per token, min(R A, clip(R, 1 - eps, 1 + eps_high) A) - beta * KL_k3(pi || pi_ref), summed
+  over unmasked tokens and divided by the token count of the whole mini-batch. A mini-batch split into
+  micro-batches (or over ranks) passes that global count as `num_tokens`, so the pieces add up to the loss of
+  the whole mini-batch.
+- `policy_stats`: token sums for logging (clipped tokens, KL), apart from the loss so the loss stays a scalar
+  function; sums add over micro-batches and ranks.
+
+With Bridge the G rollouts of a prompt are generated interdependently, so the log-probs of a group come from one
+grouped forward and the ratios, KL terms and gradients of its rollouts are coupled; the formula itself does not
+change. Everything here is elementwise math on [B, T] tensors; the trainer (train/rl.py) supplies them.
+
+    python -m pytest tests/test_grpo.py
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+
+def group_advantages(rewards: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
+    """Advantages of rewards [P, G] (P prompts, G rollouts each) -> [P, G]."""
+    if rewards.dim() != 2:
+        raise ValueError(f"rewards must be [P, G] (prompts x rollouts), got shape {tuple(rewards.shape)}")
+    if not bool(torch.isfinite(rewards).all()):
+        bad = rewards[~torch.isfinite(rewards)][0].item()
+        raise ValueError(f"rewards hold a non-finite value ({bad}): expected finite numbers")
+    rewards = rewards.float()
+    mean = rewards.mean(-1, keepdim=True)  # [P, 1]
+    if rewards.shape[1] < 2:
+        return torch.zeros_like(rewards)
+    std = rewards.std(-1, keepdim=True)  # [P, 1], unbiased
+    adv = (rewards - mean) / (std + eps)  # [P, G]
+    all_equal = (rewards == rewards[:, :1]).all(-1, keepdim=True)  # [P, 1]
+    return torch.where(all_equal, torch.zeros_like(adv), adv)
+
+
+def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimator of KL(pi || pi_ref): exp(ref - logp) - (ref - logp) - 1 (>= 0). [B, T] -> [B, T]."""
+    d = ref_logprobs - logprobs
+    return torch.exp(d) - d - 1
+
+
+def _check(logprobs, old_logprobs, advantages, mask) -> None:
+    if logprobs.dim() != 2 or old_logprobs.shape != logprobs.shape or mask.shape != logprobs.shape:
+        raise ValueError(
+            f"logprobs {tuple(logprobs.shape)}, old_logprobs {tuple(old_logprobs.shape)} and mask {tuple(mask.shape)} "
+            "must all be [B, T]"
+        )
+    if advantages.shape != logprobs.shape[:1]:
+        raise ValueError(f"advantages has shape {tuple(advantages.shape)}; expected [B] = [{logprobs.shape[0]}]")
+
+
+def _clipped_surrogate(ratio, adv, clip_eps, clip_eps_high):
+    high = clip_eps if clip_eps_high is None else clip_eps_high
+    return torch.minimum(ratio * adv, ratio.clamp(1 - clip_eps, 1 + high) * adv)
+
+
+def policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor | None,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_eps: float = 0.2,
+    clip_eps_high: float | None = None,
+    beta: float = 1e-3,
+    num_tokens: float | torch.Tensor | None = None,
+) -> torch.Tensor:
+    """-J of eq. 3: logprobs, old_logprobs, ref_logprobs [B, T]; advantages [B]; mask [B, T] -> scalar.
+
+    `num_tokens` is the normaliser (default: the unmasked tokens of this call). Masked positions may hold
+    anything, even non-finite values: they never reach the loss or its gradient.
+    """
+    _check(logprobs, old_logprobs, advantages, mask)
+    if beta != 0 and ref_logprobs is None:
+        raise ValueError(f"beta={beta} needs ref_logprobs (log-probs of the reference policy); pass them or beta=0")
+    keep = mask.bool()  # [B, T]
+    zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
+    logprobs = torch.where(keep, logprobs, zero)  # padding -> 0, so nothing non-finite enters the graph
+    ratio = torch.exp(logprobs - torch.where(keep, old_logprobs, zero))  # [B, T]
+    per_token = _clipped_surrogate(ratio, advantages[:, None].to(ratio.dtype), clip_eps, clip_eps_high)  # [B, T]
+    if beta != 0:
+        per_token = per_token - beta * k3_kl(logprobs, torch.where(keep, ref_logprobs, zero))
+    count = keep.sum() if num_tokens is None else num_tokens
+    count = torch.as_tensor(count, dtype=per_token.dtype, device=per_token.device).clamp(min=1)
+    return -torch.where(keep, per_token, zero).sum() / count
+
+
+class PolicyStats(NamedTuple):
+    """Token sums of one call (add them over micro-batches and ranks, then divide by `tokens`)."""
+
+    tokens: float  # unmasked tokens
+    clipped: float  # tokens whose clipped term is the active one (ratio outside the range, in the advantage's sign)
+    kl: float  # sum of the k3 KL to the reference (0 without one)
+    ratio: float  # sum of the ratios
+
+
+@torch.no_grad()
+def policy_stats(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor | None,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    clip_eps: float = 0.2,
+    clip_eps_high: float | None = None,
+) -> PolicyStats:
+    """Clip count, KL and ratio sums over the unmasked tokens (same arguments as `policy_loss`)."""
+    _check(logprobs, old_logprobs, advantages, mask)
+    keep = mask.bool()
+    high = clip_eps if clip_eps_high is None else clip_eps_high
+    ratio = torch.exp(torch.where(keep, logprobs - old_logprobs, torch.zeros_like(logprobs)))  # [B, T]
+    adv = advantages[:, None]
+    clipped = ((ratio < 1 - clip_eps) & (adv < 0)) | ((ratio > 1 + high) & (adv > 0))  # [B, T]
+    kl = 0.0
+    if ref_logprobs is not None:
+        kl = float(k3_kl(logprobs, torch.where(keep, ref_logprobs, logprobs))[keep].sum())
+    return PolicyStats(
+        tokens=float(keep.sum()),
+        clipped=float((clipped & keep).sum()),
+        kl=kl,
+        ratio=float(ratio[keep].sum()),
+    )
