@@ -305,7 +305,20 @@ def load_model(name_or_path: str, blocks: str | os.PathLike | None = None, dtype
 
     config = AutoConfig.from_pretrained(name_or_path, **kwargs)
     recorded = getattr(config, "bridgelm", None)
-    model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, **kwargs).to(device)
+    if not recorded:
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, **kwargs).to(device)
+    else:
+        # The block tensors are loaded below, once the blocks exist: tell the loader they are expected extras.
+        cls = AutoModelForCausalLM._model_mapping[type(config)]
+        saved = cls.__dict__.get("_keys_to_ignore_on_load_unexpected")
+        cls._keys_to_ignore_on_load_unexpected = [*(saved or []), rf"\.{recorded['kind']}\."]
+        try:
+            model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, **kwargs).to(device)
+        finally:
+            if saved is None:
+                del cls._keys_to_ignore_on_load_unexpected
+            else:
+                cls._keys_to_ignore_on_load_unexpected = saved
     if recorded:
         cfg = BlockConfig(**{k: v for k, v in recorded.items() if k in BlockConfig.__dataclass_fields__})
         _attach(model, cfg)

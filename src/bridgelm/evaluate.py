@@ -482,7 +482,10 @@ def _benchmark_check(run: dict, benches: list[Benchmark]) -> None:
     if [b["name"] for b in old] != [b["name"] for b in new] or any(
         (a["problems"], a["digest"]) != (b["problems"], b["digest"]) for a, b in zip(old, new)
     ):
-        raise ValueError(f"cannot grade the run: {_benchmark_difference(old, new)}")
+        hint = ""
+        if any(b["path"] is None for b in old):
+            hint = "; a run of a Task object's own examples is graded with score_run(run_dir, task=<that Task>)"
+        raise ValueError(f"cannot grade the run: {_benchmark_difference(old, new)}{hint}")
 
 
 def budgets(max_new_tokens: int) -> list[int]:

@@ -329,7 +329,11 @@ def _plot_panels(curves: dict[str, dict[int, dict[str, float]]], path, xlabel: s
             xs = sorted(curve)
             ax.plot(xs, [100 * curve[x][metric] for x in xs], marker="o", label=name)
         if log2:
+            from matplotlib.ticker import ScalarFormatter
+
             ax.set_xscale("log", base=2)
+            ax.xaxis.set_major_formatter(ScalarFormatter())
+        ax.set_ylim(bottom=0)
         ax.set_title(title)
         ax.set_xlabel(xlabel)
         ax.set_ylabel("%")

@@ -145,7 +145,12 @@ def add_commands(sub) -> None:
         "--data", action="extend", nargs="+", default=[], help="data file(s), one benchmark each (named by stem)"
     )
     add_sampling_args(p, n=32, width=8, max_new_tokens=4096)
-    p.add_argument("--widths", help="comma-separated widths to sample, e.g. 1,4,8,16 (each divides --n)")
+    p.add_argument("--num-samples", dest="n", type=int, help="same as --n (torchrun takes --n for its own options)")
+    p.add_argument(
+        "--widths",
+        help="comma-separated widths to sample, e.g. 1,4,8,16 (each divides --n); tables report --width when it "
+        "is listed, else the widest",
+    )
     p.add_argument("--limit", type=int, help="only the first LIMIT problems of each benchmark (smoke runs)")
     p.add_argument("--gpass-k", type=int, default=8, help="k of G-Pass@k_tau (capped at --n)")
     p.add_argument("--out", required=True, help="run directory (re-runs resume; other settings are refused)")

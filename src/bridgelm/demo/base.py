@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -31,14 +31,17 @@ BOXED = "\\boxed{"  # one token: the answer marker
 class BaseConfig:
     """The base model and its pre-training."""
 
+    task: arith.ArithSpec = field(default_factory=arith.ArithSpec)  # which arithmetic problems
+
     hidden_size: int = 192  # D
     num_layers: int = 4
     num_heads: int = 4  # attention heads (head dim D / heads)
     num_kv_heads: int = 2
     intermediate_size: int = 512  # feed-forward width
-    steps: int = 700  # optimiser steps of pre-training (pinned, not a time budget)
+    steps: int = 560  # optimiser steps of pre-training (pinned, not a time budget): stops mid-way, ~45% accuracy
+    schedule_steps: int = 1000  # horizon of the lr schedule (warm-up 5%, cosine to 10% at this step)
     batch_size: int = 64  # problems per step
-    lr: float = 2e-3  # AdamW peak learning rate (warm-up 5%, cosine to 10%)
+    lr: float = 2e-3  # AdamW peak learning rate
     weight_decay: float = 0.01
     seed: int = 0  # model init, data order
     threads: int = 0  # torch threads (0 = leave as is)
@@ -100,18 +103,20 @@ def pretrain(cfg: BaseConfig, out: str | Path, progress: bool = True, log=print)
         return out
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    task = arith.load(split="train", size=cfg.steps * cfg.batch_size, seed=cfg.seed)
+    examples = arith.generate(cfg.steps * cfg.batch_size, "train", cfg.seed, cfg.task, distinct=False)
+    task = arith.Arith(name="arith", examples=examples)
     alphabet = "0123456789+-=\n{}" + "".join(sorted(set(BOXED)))
     tokenizer = train_tokenizer([alphabet] + [task.prompt(e) + e["solution"] for e in task.examples[:2000]])
     model = build_model(cfg, tokenizer).train()
     n_params = sum(p.numel() for p in model.parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
-    warm = max(1, cfg.steps // 20)
+    horizon = max(cfg.steps, cfg.schedule_steps)
+    warm = max(1, horizon // 20)
 
     def lr_at(step: int) -> float:
         if step < warm:
             return cfg.lr * (step + 1) / warm
-        t = (step - warm) / max(1, cfg.steps - warm)
+        t = (step - warm) / max(1, horizon - warm)
         return cfg.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * t)))
 
     bar = None

@@ -77,8 +77,11 @@ def _draw(rng: random.Random, spec: ArithSpec) -> str:
             return text
 
 
-def generate(size: int, split: str = "train", seed: int = 0, spec: ArithSpec = ArithSpec()) -> list[dict]:
-    """`size` distinct problems of `split`, drawn by a generator seeded with (seed, split)."""
+def generate(
+    size: int, split: str = "train", seed: int = 0, spec: ArithSpec = ArithSpec(), distinct: bool = True
+) -> list[dict]:
+    """`size` problems of `split` (distinct ones unless `distinct=False`), drawn by a generator seeded with (seed,
+    split)."""
     if split not in SPLITS:
         raise ValueError(f"split={split!r} is not one of {SPLITS}")
     if size < 1:
@@ -92,7 +95,7 @@ def generate(size: int, split: str = "train", seed: int = 0, spec: ArithSpec = A
         if attempts > 200 * size + 10_000:
             raise ValueError(f"cannot draw {size} distinct {split} problems from {spec}")
         problem = _draw(rng, spec)
-        if problem in seen or split_of(problem) != split:
+        if (distinct and problem in seen) or split_of(problem) != split:
             continue
         seen.add(problem)
         _, answer = solve(problem)

@@ -1,0 +1,226 @@
+"""Eval runs: resumable, sharded under torchrun, refusing mixed settings; scores, majority vote and budgets."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import randomize_blocks, save_tiny_model_dir, tiny_model
+
+import bridgelm
+from bridgelm import evaluate as E
+from bridgelm.cli import main
+from bridgelm.jsonl import read_records
+from bridgelm.tokenizer import char_tokenizer
+
+ALPHABET = "0123456789+-=() abc\n"
+
+
+def _write_rows(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def _toy(path, count):
+    return _write_rows(path, [{"problem": f"{i}+{i}=", "answer": str(2 * i)} for i in range(count)])
+
+
+@pytest.fixture(scope="module")
+def model_tok():
+    tok = char_tokenizer(ALPHABET)
+    model = tiny_model(
+        vocab_size=len(tok), eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, max_position_embeddings=1024
+    )
+    randomize_blocks(bridgelm.add_bridge(model))
+    return model, tok
+
+
+def _snapshot(folder: Path) -> dict:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def test_resumed_run_samples_exactly_the_missing_problems(tmp_path, model_tok, monkeypatch):
+    model, tok = model_tok
+    data = [str(_toy(tmp_path / "toy.jsonl", 4)), str(_toy(tmp_path / "toy2.jsonl", 3))]
+    cfg = E.EvalConfig(n=4, width=2, widths=[1, 2], max_new_tokens=5)
+    run = tmp_path / "run"
+    first = E.run_eval(model, tok, "math", data, cfg, run, "tiny", progress=False)
+    assert first["sampled"] == 14 and first["skipped"] == 0
+    out = run / "samples.jsonl"
+    lines = out.read_text().splitlines(keepends=True)
+    keys = [E._key(json.loads(line)) for line in lines]
+    assert sorted(keys) == sorted((b, w, i) for b, k in (("toy", 4), ("toy2", 3)) for w in (1, 2) for i in range(k))
+    settings = json.loads((run / "run.json").read_text())
+    assert settings["n"] == 4 and settings["widths"] == [1, 2] and settings["task"] == "math"
+    assert [b["name"] for b in settings["benchmarks"]] == ["toy", "toy2"]
+
+    # a crash lost line 3 and cut the last line in half: the re-run samples exactly those two problems
+    out.write_text("".join(lines[:2] + lines[3:-1]) + lines[-1][: len(lines[-1]) // 2])
+    prompts_sampled = []
+    real = E.iter_generate_ids
+
+    def counting(model, prompts, *args, **kwargs):
+        prompts_sampled.append(len(prompts))
+        return real(model, prompts, *args, **kwargs)
+
+    monkeypatch.setattr(E, "iter_generate_ids", counting)
+    again = E.run_eval(model, tok, "math", data, cfg, run, "tiny", progress=False)
+    assert again["sampled"] == 2 and again["skipped"] == 12 and sum(prompts_sampled) == 2
+    after = out.read_text().splitlines(keepends=True)
+    assert sorted(E._key(json.loads(line)) for line in after) == sorted(keys)
+    assert after[:2] == lines[:2] and after[2:12] == lines[3:-1]  # what was written is untouched
+    prompts_sampled.clear()
+    assert E.run_eval(model, tok, "math", data, cfg, run, "tiny", progress=False)["sampled"] == 0
+    assert prompts_sampled == []
+
+
+def test_other_settings_are_refused_and_nothing_is_touched(tmp_path, model_tok):
+    model, tok = model_tok
+    data = [str(_toy(tmp_path / "toy.jsonl", 2))]
+    cfg = E.EvalConfig(n=4, width=2, max_new_tokens=4)
+    run = tmp_path / "run"
+    E.run_eval(model, tok, "math", data, cfg, run, "tiny", progress=False)
+    before = _snapshot(run)
+    other_n = E.EvalConfig(n=2, width=2, max_new_tokens=4)
+    with pytest.raises(ValueError, match=r"n: run 4 vs now 2.*mixing them is refused"):
+        E.run_eval(model, tok, "math", data, other_n, run, "tiny", progress=False)
+    with pytest.raises(ValueError, match=r"model: run 'tiny' vs now 'other-model'"):
+        E.run_eval(model, tok, "math", data, cfg, run, "other-model", progress=False)
+    _toy(tmp_path / "toy.jsonl", 3)  # the data file grew since it was sampled
+    with pytest.raises(ValueError, match=r"benchmark 'toy' problems: run 2 vs now 3"):
+        E.run_eval(model, tok, "math", data, cfg, run, "tiny", progress=False)
+    assert _snapshot(run) == before
+
+
+def test_widths_must_divide_n(tmp_path, capsys):
+    with pytest.raises(ValueError, match="widths entry 3 does not divide n=4"):
+        E.EvalConfig(n=4, widths=[1, 3]).validate()
+    data = str(_toy(tmp_path / "toy.jsonl", 2))
+    base = ["eval", "--model", str(tmp_path / "no-model"), "--data", data, "--n", "4", "--out", str(tmp_path / "r")]
+    with pytest.raises(SystemExit):
+        main(base + ["--widths", "1,3"])
+    assert "widths entry 3 does not divide n=4" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(base + ["--widths", "1,x"])
+    assert "--widths entry 'x' is not an integer" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
+def test_bad_data_file_names_file_line_and_field(tmp_path, capsys):
+    missing = tmp_path / "missing.jsonl"
+    missing.write_text('{"problem": "1+1=", "answer": "2"}\n{"problem": "2+2="}\n')
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"problem": "1+1=", "answer": "2"}\n{"problem": \n{"problem": "3", "answer": "3"}\n')
+    for path, expected in ((missing, f"{missing}:2: missing field 'answer'"), (broken, f"{broken}:2: malformed JSON")):
+        with pytest.raises(SystemExit):
+            main(["eval", "--model", str(tmp_path / "m"), "--data", str(path), "--out", str(tmp_path / "r")])
+        assert expected in capsys.readouterr().err
+
+
+def _fabricate(run: Path, texts_by_problem: dict, lengths=None, finished=None):
+    """Rewrite samples.jsonl with chosen texts; keys {(benchmark, index): [texts]} for every width."""
+    recs = read_records(run / "samples.jsonl")
+    for rec in recs:
+        texts = texts_by_problem[(rec["benchmark"], rec["index"])]
+        lens = (lengths or {}).get((rec["benchmark"], rec["index"]), [2] * len(texts))
+        fins = (finished or {}).get((rec["benchmark"], rec["index"]), [True] * len(texts))
+        rec["samples"] = [
+            {"text": t, "token_ids": [5] * n, "finished": f} for t, n, f in zip(texts, lens, fins, strict=True)
+        ]
+    (run / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+
+
+def _math_rows(shared_data):
+    math = [json.loads(x) for x in (shared_data / "math" / "math500.jsonl").read_text().splitlines()]
+    math = sorted((r for r in math if r["answer"].strip().isdigit()), key=lambda r: len(r["problem"]))[:2]
+    aime = [json.loads(x) for x in (shared_data / "math" / "aime24.jsonl").read_text().splitlines()]
+    return math, sorted(aime, key=lambda r: len(r["problem"]))[:2]
+
+
+def test_scoring_real_math_rows(tmp_path, model_tok, shared_data):
+    model, tok = model_tok
+    math, aime = _math_rows(shared_data)
+    data = [str(_write_rows(tmp_path / "math500.jsonl", math)), str(_write_rows(tmp_path / "aime24.jsonl", aime))]
+    cfg = E.EvalConfig(n=4, width=2, widths=[1, 2], max_new_tokens=8)
+    run = tmp_path / "run"
+    E.run_eval(model, tok, "math", data, cfg, run, "tiny", progress=False)
+    result = E.score_run(run, progress=False)
+    assert set(result["benchmarks"]) == {"math500", "aime24"} and set(result["avg"]) == {"1", "2"}
+    entry = result["benchmarks"]["aime24"]["2"]
+    assert entry["problems"] == 2 and entry["missing"] == [] and set(entry["budgets"]) == {"1", "2", "4", "8"}
+    assert 0.0 <= entry["metrics"]["accuracy"]["mean"] <= 1.0 and 1 <= entry["mean_length"] <= 8
+    assert json.loads((run / "metrics.json").read_text()) == result
+
+    # fake samples with boxed answers: what scoring counts, majority vote and budgets
+    g0, g1 = math[0]["answer"], math[1]["answer"]
+    texts = {
+        ("math500", 0): [f"so \\boxed{{{g0}}}", f"\\boxed{{{g0}}}", f"\\boxed{{{g0}}}", "\\boxed{7777}"],
+        ("math500", 1): ["\\boxed{5555}", "\\boxed{5555}", f"\\boxed{{{g1}}}", "no answer"],
+        ("aime24", 0): ["\\boxed{1}"] * 4,
+        ("aime24", 1): ["\\boxed{2}"] * 4,
+    }
+    lengths = {("math500", 0): [1, 6, 3, 3]}
+    finished = {("math500", 0): [True, True, False, True]}
+    _fabricate(run, texts, lengths, finished)
+    result = E.score_run(run, progress=False)
+    for w in ("1", "2"):
+        m = result["benchmarks"]["math500"][w]
+        assert m["metrics"]["accuracy"]["mean"] == pytest.approx(0.5)  # (3/4 + 1/4) / 2
+        assert m["metrics"]["coverage"]["mean"] == pytest.approx(1.0)
+        assert m["metrics"]["majority_vote"]["mean"] == pytest.approx(0.5)  # 5555 outvotes the right answer
+        assert m["mean_length"] == pytest.approx(21 / 8) and m["finished"] == pytest.approx(7 / 8)
+        # at budget L only samples that finished within L tokens count
+        assert m["budgets"]["1"]["accuracy"] == pytest.approx(0.125) and m["budgets"]["1"]["coverage"] == 0.5
+        assert m["budgets"]["2"]["accuracy"] == pytest.approx(0.25) and m["budgets"]["2"]["coverage"] == 1.0
+        assert m["budgets"]["8"]["accuracy"] == pytest.approx(0.375)
+        assert result["benchmarks"]["aime24"][w]["metrics"]["accuracy"]["mean"] == 0.0
+        assert result["avg"][w]["metrics"]["accuracy"]["mean"] == pytest.approx(0.25)
+    scores = {(s["benchmark"], s["width"], s["index"]): s for s in read_records(run / "scores.jsonl")}
+    assert len(scores) == 8
+    s = scores[("math500", 2, 0)]
+    assert s["c"] == 3 and s["correct"] == [True, True, True, False] and s["majority_correct"]
+    assert s["answers"] == [g0, g0, g0, "7777"] and s["lengths"] == [1, 6, 3, 3]
+    assert scores[("math500", 2, 1)]["majority"] == "5555" and not scores[("math500", 2, 1)]["majority_correct"]
+
+
+def test_overlapping_or_missing_problems_are_reported(tmp_path, model_tok):
+    model, tok = model_tok
+    data = [str(_toy(tmp_path / "toy.jsonl", 3))]
+    run = tmp_path / "run"
+    E.run_eval(model, tok, "math", data, E.EvalConfig(n=2, width=2, max_new_tokens=3), run, "tiny", progress=False)
+    lines = (run / "samples.jsonl").read_text().splitlines(keepends=True)
+    (run / "samples.rank1.jsonl").write_text(lines[1])
+    with pytest.raises(ValueError, match=r"1 problems were sampled more than once: toy w=2 #1"):
+        E.score_run(run, progress=False)
+    (run / "samples.rank1.jsonl").unlink()
+    (run / "samples.jsonl").write_text(lines[0] + lines[2])
+    with pytest.raises(ValueError, match=r"incomplete: toy w=2 misses 1 of 3 problems \(#1\)"):
+        E.score_run(run, progress=False)
+    result = E.score_run(run, allow_partial=True, progress=False)
+    assert result["benchmarks"]["toy"]["2"]["problems"] == 2 and result["benchmarks"]["toy"]["2"]["missing"] == [1]
+
+
+def _torchrun() -> list[str]:
+    script = Path(sys.executable).with_name("torchrun")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "torch.distributed.run"]
+
+
+def test_torchrun_shards_every_problem_exactly_once(tmp_path):
+    save_tiny_model_dir(tmp_path / "m", blocks="bridge")
+    data = _toy(tmp_path / "toy.jsonl", 5)
+    run = tmp_path / "run"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    cmd = _torchrun() + ["--standalone", "--nproc_per_node", "2", "-m", "bridgelm", "eval"]
+    # --num-samples: torchrun's own parser would take "--n" for an abbreviation of its options
+    args = ["--model", str(tmp_path / "m"), "--data", str(data), "--num-samples", "2", "--width", "2"]
+    args += ["--max-new-tokens", "4", "--out", str(run)]
+    proc = subprocess.run(cmd + args, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    shards = {p.name: [r["index"] for r in read_records(p)] for p in E.shard_files(run)}
+    assert shards == {"samples.rank0.jsonl": [0, 2, 4], "samples.rank1.jsonl": [1, 3]}
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["benchmarks"]["toy"]["2"]["problems"] == 5 and metrics["benchmarks"]["toy"]["2"]["missing"] == []
+    assert sorted(s["index"] for s in read_records(run / "scores.jsonl")) == [0, 1, 2, 3, 4]
+    assert "accuracy" in proc.stdout and "metrics.json" in proc.stdout

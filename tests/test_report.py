@@ -1,0 +1,95 @@
+"""Reports: Table-1 markdown with Avg and the improvement column, coverage table, PNG figures, report.json."""
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import tiny_model
+
+import bridgelm
+from bridgelm import evaluate as E
+from bridgelm.cli import main
+from bridgelm.jsonl import read_records
+from bridgelm.report import collect_rows, table_1, table_numbers
+from bridgelm.tokenizer import char_tokenizer
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def model_tok():
+    tok = char_tokenizer("0123456789+-=() abc\n")
+    model = tiny_model(vocab_size=len(tok), eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    return bridgelm.add_bridge(model), tok
+
+
+def _scored_run(folder: Path, model_tok, correct: dict, widths: list[int]) -> Path:
+    """A sampled and scored run whose samples are replaced: `correct[bench][i]` of 4 samples answer right."""
+    model, tok = model_tok
+    folder.mkdir()
+    data = []
+    for bench in correct:
+        path = folder / f"{bench}.jsonl"
+        path.write_text("".join(json.dumps({"problem": f"{i}+{i}=", "answer": str(2 * i)}) + "\n" for i in range(2)))
+        data.append(str(path))
+    cfg = E.EvalConfig(n=4, width=widths[-1], widths=widths, max_new_tokens=4)
+    run = folder / "run"
+    E.run_eval(model, tok, "math", data, cfg, run, "tiny", progress=False)
+    recs = read_records(run / "samples.jsonl")
+    for rec in recs:
+        c = correct[rec["benchmark"]][rec["index"]]
+        texts = [f"\\boxed{{{2 * rec['index']}}}"] * c + ["\\boxed{99}"] * (4 - c)
+        rec["samples"] = [{"text": t, "token_ids": [5, 5, 5], "finished": True} for t in texts]
+    (run / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    E.score_run(run, progress=False)
+    return run
+
+
+def test_report_of_two_runs(tmp_path, model_tok, capsys):
+    base = _scored_run(tmp_path / "a", model_tok, {"aime24": [1, 0], "amc23": [2, 2]}, [2])
+    bridge = _scored_run(tmp_path / "b", model_tok, {"aime24": [3, 1], "amc23": [4, 2]}, [1, 2])
+    out = tmp_path / "report"
+    main(["report", str(base), str(bridge), "--names", "base,bridge", "--out", str(out)])
+    assert "table.md" in capsys.readouterr().out
+    table = (out / "table.md").read_text()
+    acc = {}
+    for name, run in (("base", base), ("bridge", bridge)):
+        m = json.loads((run / "metrics.json").read_text())["benchmarks"]
+        acc[name] = [m[b]["2"]["metrics"]["accuracy"]["mean"] for b in ("aime24", "amc23")]
+    avg = {name: sum(v) / 2 for name, v in acc.items()}
+    assert avg == {"base": pytest.approx(0.3125), "bridge": pytest.approx(0.625)}
+    header = next(line for line in table.splitlines() if line.startswith("| Model | AIME24"))
+    assert header == "| Model | AIME24 | AMC | Avg | ↑Δ |"
+    base_row = next(line for line in table.splitlines() if line.startswith("| base |"))
+    bridge_row = next(line for line in table.splitlines() if line.startswith("| bridge |"))
+    assert base_row.endswith(f"| {100 * avg['base']:.2f} | +0.00 |")
+    assert bridge_row.endswith(f"| {100 * avg['bridge']:.2f} | {100 * (avg['bridge'] - avg['base']):+.2f} |")
+    assert bridge_row.startswith(f"| bridge | {100 * acc['bridge'][0]:.2f} [")
+    assert "## Coverage" in table and "## Majority vote" in table and "| bridge (w=1) |" in table
+    report = json.loads((out / "report.json").read_text())
+    assert report["accuracy"]["rows"]["bridge"]["delta"] == pytest.approx(avg["bridge"] - avg["base"])
+    assert report["coverage"]["rows"]["base"]["avg"] == pytest.approx(0.75)  # aime24 1 of 2, amc23 2 of 2
+    assert report["gpass"]["bridge"]["k"] == 4 and set(report["width"]) == {"bridge"}
+    for name in ("gpass.png", "width.png", "length.png"):
+        assert (out / name).read_bytes()[:8] == PNG_MAGIC
+    # another base row: the improvement column changes sign
+    main(["report", str(base), str(bridge), "--names", "base,bridge", "--base", "bridge", "--out", str(out)])
+    table = (out / "table.md").read_text()
+    base_row = next(line for line in table.splitlines() if line.startswith("| base |"))
+    assert base_row.endswith(f"| {100 * (avg['base'] - avg['bridge']):+.2f} |")
+    with pytest.raises(ValueError, match="has benchmark 'aime24' twice"):
+        collect_rows([str(base), str(bridge)], ["x", "x"])
+
+
+def test_table_helpers_take_plain_dicts():
+    rows = {
+        "a": {"b1": {"mean": 0.10, "low": 0.05, "high": 0.2}, "b2": {"mean": 0.30, "low": 0.2, "high": 0.4}},
+        "b": {"b1": {"mean": 0.20, "low": 0.1, "high": 0.3}},
+    }
+    numbers = table_numbers(rows)
+    assert numbers["columns"] == ["b1", "b2"] and numbers["rows"]["a"]["avg"] == pytest.approx(0.2)
+    assert numbers["rows"]["b"]["avg"] is None and numbers["rows"]["b"]["delta"] is None  # lacks b2
+    text = table_1(rows, intervals=False)
+    assert "| a | 10.00 | 30.00 | 20.00 | +0.00 |" in text and "| b | 20.00 | – | – | – |" in text
+    with pytest.raises(ValueError, match="base row 'c'"):
+        table_1(rows, base="c")
