@@ -85,3 +85,7 @@ def save_tiny_model_dir(path, blocks: str | None = None, alphabet: str = "012345
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return model, tok
+
+
+# Tiny models run fastest on one thread, and tests then do not fight each other for the two cores.
+torch.set_num_threads(1)

@@ -67,6 +67,9 @@ BUDGET_TAUS = (0.25, 0.5, 0.75, 1.0)
 # A sample is correct when its reward reaches this (rewards of the tasks here are 0 or 1).
 CORRECT_AT = 0.5
 
+# How long ranks other than 0 wait for rank 0 to write run.json.
+RUN_WAIT_SECONDS = 600.0
+
 # How long ranks wait at the final barrier for the slowest shard.
 BARRIER_TIMEOUT = timedelta(days=3)
 
@@ -320,6 +323,17 @@ def _done_keys(run_dir: Path, own: str) -> set[tuple[str, int, int]]:
     return done
 
 
+def _wait_for(path: Path, seconds: float) -> None:
+    """Poll until `path` exists (written by rank 0), or fail after `seconds`."""
+    import time
+
+    deadline = time.monotonic() + seconds
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{path} did not appear within {seconds:.0f}s: did rank 0 fail?")
+        time.sleep(0.1)
+
+
 def _barrier(shard: Shard) -> None:
     """Wait until every rank has finished its shard (gloo works on CPU and GPU alike)."""
     if shard.world == 1:
@@ -364,13 +378,18 @@ def run_eval(
     run_dir = Path(out_dir)
     settings = run_settings(cfg, benches, task_name, model_id, blocks)
     run_file = run_dir / RUN_FILE
-    shards = shard_files(run_dir)  # listed before run.json is looked at: run.json is written before any shard
-    if run_file.exists():
-        check_same_run(run_file, json.loads(run_file.read_text()), settings)
-    elif shards:
-        raise ValueError(f"{run_dir} holds samples files but no {RUN_FILE}: refusing to mix into it; use another --out")
     if shard.rank == 0:
+        shards = shard_files(run_dir)  # listed before run.json is looked at: run.json is written before any shard
+        if run_file.exists():
+            check_same_run(run_file, json.loads(run_file.read_text()), settings)
+        elif shards:
+            raise ValueError(
+                f"{run_dir} holds samples files but no {RUN_FILE}: refusing to mix into it; use another --out"
+            )
         write_json(run_file, settings)
+    else:  # the other ranks write nothing before rank 0 has checked the folder and written run.json
+        _wait_for(run_file, RUN_WAIT_SECONDS)
+        check_same_run(run_file, json.loads(run_file.read_text()), settings)
     out = run_dir / shard.file_name()
     done = _done_keys(run_dir, own=out.name)
     todo = {

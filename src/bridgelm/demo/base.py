@@ -38,12 +38,17 @@ class BaseConfig:
     num_heads: int = 4  # attention heads (head dim D / heads)
     num_kv_heads: int = 2
     intermediate_size: int = 512  # feed-forward width
-    steps: int = 560  # optimiser steps of pre-training (pinned, not a time budget): stops mid-way, ~45% accuracy
+    steps: int = 1500  # optimiser steps of pre-training, at most (pinned by count and seed, not by time)
     schedule_steps: int = 1000  # horizon of the lr schedule (warm-up 5%, cosine to 10% at this step)
+    target_accuracy: float = 0.4  # stop at the first check whose validation accuracy reaches this (RL needs room)
+    check_every: int = 25  # steps between validation checks (from check_from on)
+    check_from: int = 300  # first step checked
+    check_problems: int = 100  # validation problems per check (4 samples each, temperature 0.6)
     batch_size: int = 64  # problems per step
     lr: float = 2e-3  # AdamW peak learning rate
     weight_decay: float = 0.01
     seed: int = 0  # model init, data order
+    distinct: bool = True  # every training problem seen once (False for toy problem spaces)
     threads: int = 0  # torch threads (0 = leave as is)
 
 
@@ -94,6 +99,20 @@ def encode_examples(tokenizer, task, examples) -> tuple[torch.Tensor, torch.Tens
     return ids, mask
 
 
+@torch.no_grad()
+def accuracy(model, tokenizer, task, n: int = 4, max_new_tokens: int = 48) -> float:
+    """Mean reward of n samples per problem (temperature 0.6, top-p 0.95), through the engine."""
+    from bridgelm.sampling import SamplingConfig, encode_prompts, generate_ids
+
+    prompts = encode_prompts(tokenizer, [task.prompt(e) for e in task.examples])
+    cfg = SamplingConfig(n=n, max_new_tokens=max_new_tokens, temperature=0.6, top_p=0.95)
+    results = generate_ids(model, prompts, cfg, [tokenizer.eos_token_id], tokenizer.pad_token_id)
+    pairs = [
+        (tokenizer.decode(s.token_ids, skip_special_tokens=True), e) for r, e in zip(results, task.examples) for s in r
+    ]
+    return sum(task.reward_many(pairs)) / len(pairs)
+
+
 def pretrain(cfg: BaseConfig, out: str | Path, progress: bool = True, log=print) -> Path:
     """Build, pre-train and save the base model into `out` (reused when already there with these settings)."""
     out = Path(out)
@@ -103,7 +122,7 @@ def pretrain(cfg: BaseConfig, out: str | Path, progress: bool = True, log=print)
         return out
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    examples = arith.generate(cfg.steps * cfg.batch_size, "train", cfg.seed, cfg.task, distinct=False)
+    examples = arith.generate(cfg.steps * cfg.batch_size, "train", cfg.seed, cfg.task, distinct=cfg.distinct)
     task = arith.Arith(name="arith", examples=examples)
     alphabet = "0123456789+-=\n{}" + "".join(sorted(set(BOXED)))
     tokenizer = train_tokenizer([alphabet] + [task.prompt(e) + e["solution"] for e in task.examples[:2000]])
@@ -127,7 +146,18 @@ def pretrain(cfg: BaseConfig, out: str | Path, progress: bool = True, log=print)
     t0 = time.perf_counter()
     tokens = 0
     history = []
+    checks = cfg.check_from < cfg.steps
+    val = arith.Arith("arith", arith.generate(cfg.check_problems, "validation", cfg.seed, cfg.task)) if checks else None
+    val_accuracy = None
+    steps = 0  # optimiser steps taken
     for step in range(cfg.steps):
+        if checks and step >= cfg.check_from and (step - cfg.check_from) % cfg.check_every == 0:
+            val_accuracy = accuracy(model, tokenizer, val)
+            history.append({"step": step, "val_accuracy": val_accuracy})
+            if bar is not None:
+                bar.set_postfix(val=f"{val_accuracy:.2f}")
+            if val_accuracy >= cfg.target_accuracy:
+                break
         batch = task.examples[step * cfg.batch_size : (step + 1) * cfg.batch_size]
         ids, mask = encode_examples(tokenizer, task, batch)
         logits = model(input_ids=ids, attention_mask=(ids != tokenizer.pad_token_id).long()).logits
@@ -140,11 +170,11 @@ def pretrain(cfg: BaseConfig, out: str | Path, progress: bool = True, log=print)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         tokens += int(mask.sum())
+        steps = step + 1
         if step % 20 == 0 or step == cfg.steps - 1:
             history.append({"step": step, "loss": round(loss.item(), 4)})
         if bar is not None:
             bar.update(1)
-            bar.set_postfix(loss=f"{loss.item():.3f}")
     if bar is not None:
         bar.close()
     seconds = time.perf_counter() - t0
@@ -153,9 +183,10 @@ def pretrain(cfg: BaseConfig, out: str | Path, progress: bool = True, log=print)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    write_json(
-        marker,
-        {"config": asdict(cfg), "params": n_params, "seconds": round(seconds, 1), "history": history},
+    info = {"config": asdict(cfg), "params": n_params, "steps": steps, "val_accuracy": val_accuracy}
+    write_json(marker, {**info, "seconds": round(seconds, 1), "history": history})
+    log(
+        f"base model: {n_params / 1e6:.2f}M parameters, {steps} steps in {seconds:.0f}s, validation accuracy "
+        f"{val_accuracy if val_accuracy is None else round(val_accuracy, 3)} -> {out}"
     )
-    log(f"base model: {n_params / 1e6:.2f}M parameters, {cfg.steps} steps in {seconds:.0f}s -> {out}")
     return out

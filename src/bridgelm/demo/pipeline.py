@@ -40,12 +40,12 @@ class DemoConfig:
     warmup_n: int = 8  # answers per problem (paper: 8)
     sft_epochs: int = 5  # paper: 5
     sft_lr: float = 1e-3  # the paper's 2e-5 is for 7B models; a 2M model needs larger steps
-    rl_steps: int = 60  # GRPO steps per arm
+    rl_steps: int = 100  # GRPO steps per arm
     rl_prompts: int = 16  # P, prompts per step
     rl_rollouts: int = 8  # G (paper: 8)
     rl_width: int = 4  # w of Bridge while training (paper: 4 or 8)
     rl_steps_per_rollout: int = 2  # K
-    rl_lr: float = 2e-4  # constant after 10% warm-up
+    rl_lr: float = 1e-4  # constant after 10% warm-up (the paper: 1e-6 for 1.5B-8B models)
     rl_beta: float = 1e-3  # KL weight (paper: 1e-3)
     max_new_tokens: int = 48  # the longest worked solution is ~40 tokens
     temperature: float = 0.6  # paper: 0.6 for training and evaluation
@@ -71,6 +71,10 @@ class DemoConfig:
                 steps=300,
                 schedule_steps=300,
                 batch_size=32,
+                distinct=False,
+                check_from=200,
+                check_every=50,
+                check_problems=20,
             ),
             warmup_problems=48,
             warmup_n=4,

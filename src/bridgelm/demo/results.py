@@ -211,16 +211,13 @@ def write_demo_report(out: Path, cfg, eval_dirs: dict, timings: dict, quick: boo
             w: {
                 "accuracy": c["accuracy"]["mean"],
                 "coverage": c["coverage"]["mean"],
-                f"g_pass@{k}_tau0.5": c["gpass"].get(k // 2, 0.0),
-                f"g_pass@{k}_tau1": c["gpass"].get(k, 0.0),
+                "g_pass_tau0.5": c["gpass"].get(k // 2, 0.0),
+                "g_pass_tau1": c["gpass"].get(k, 0.0),
             }
             for w, c in widths.items()
         }
     }
-    try:
-        plot_width(width_curve, out / "widths.png")
-    except KeyError:  # the panel names of the generic plot differ: fall back to no width figure
-        pass
+    plot_width(width_curve, out / "widths.png")
     curves, training_png = training_curves(out, cfg)
     machine = f"{platform.machine()}, {_cpus()} CPU cores, Python {platform.python_version()}"
     results = {

@@ -1,0 +1,714 @@
+"""Plumbing shared by the SFT and RL trainers: seeds, distributed set-up, grouped batches, optimiser and schedule,
+checkpoints, metrics, Ctrl-C.
+
+Design notes:
+- Randomness that a trainer needs per step comes from generators seeded with `derive_seed(seed, name, step, ...)`,
+  so a resumed run draws exactly what an uninterrupted one would; the global RNG state is saved as well.
+- Data parallel without wrappers: each rank runs its own groups, the loss is normalised by the GLOBAL token count
+  (all-reduced), and gradients are summed with one all-reduce per optimiser step (`optimizer_step`). With
+  `fsdp=True` each decoder layer (holding its Bridge block) and then the root are `fully_shard`-ed; FSDP sums the
+  gradients itself (divide factor 1). Generation under FSDP runs on unsharded parameters (`unsharded`), because
+  ranks decode different numbers of steps and must not meet in collectives there.
+- A grouped batch (`TokenBatch`) holds prompt + response rows, right-padded; logits are computed only where the
+  next token is a response token (`logits_to_keep` as a [B, S] mask), never on the prompt or the padding.
+- Checkpoints are directories written under a temporary name and renamed; the last N are kept. Trainer state
+  (optimiser, scheduler, RNG, step) is a torch file read back with `weights_only=True`; weights are safetensors.
+
+Used by bridgelm.train.sft and bridgelm.train.rl; tested by tests/test_train_common.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import random
+import shutil
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+import torch.distributed as torch_dist
+
+from bridgelm.grouped import KWARG, Groups
+from bridgelm.jsonl import append_record, read_records, write_atomic, write_json
+
+TRAINER_STATE = "trainer_state.pt"  # optimiser, scheduler, RNG and step of a checkpoint
+TRAINER_INFO = "trainer.json"  # step, configuration and run facts of a checkpoint (written last: marks it complete)
+CHECKPOINTS = "checkpoints"  # folder of the step-NNNNNNNN checkpoints inside a run directory
+METRICS = "metrics.jsonl"  # one record per step
+
+# ---------------------------------------------------------------------------------------------- seeds and RNG
+
+
+def derive_seed(*keys: Any) -> int:
+    """A 63-bit seed from (seed, name, step, ...): stable across processes and Python versions."""
+    digest = hashlib.blake2b(repr(keys).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & (2**63 - 1)
+
+
+def generator(*keys: Any) -> torch.Generator:
+    """A CPU torch.Generator seeded with `derive_seed(*keys)`."""
+    return torch.Generator().manual_seed(derive_seed(*keys))
+
+
+def rng_state() -> dict[str, Any]:
+    """The global RNG states (Python, torch CPU, CUDA when present)."""
+    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore what `rng_state` captured."""
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# ---------------------------------------------------------------------------------------------- rewards
+
+# A response counts as correct when its reward reaches this value (rewards are correctness in [0, 1]).
+CORRECT_REWARD = 1.0
+
+
+def check_rewards(rewards: Sequence[float], where: str) -> list[float]:
+    """Rewards as floats; a non-finite one is a ValueError naming `where` and the response."""
+    out = []
+    for i, r in enumerate(rewards):
+        r = float(r)
+        if not math.isfinite(r):
+            raise ValueError(f"{where}: reward of response {i} is {r}; expected a finite number in [0, 1]")
+        out.append(r)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- distributed
+
+
+@dataclass
+class Dist:
+    """This process's place in a (possibly single-process) run."""
+
+    rank: int = 0  # global rank
+    world: int = 1  # number of processes
+    local_rank: int = 0  # rank on this machine (picks the GPU)
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))  # where this rank computes
+    fsdp: bool = False  # parameters are sharded with FSDP2
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def setup_distributed(device: str | torch.device | None = None) -> Dist:
+    """Join the torchrun process group (env WORLD_SIZE/RANK/LOCAL_RANK) if there is one.
+
+    Single process: the given device (default cpu). Several: cuda:LOCAL_RANK with NCCL when CUDA is available,
+    else cpu with gloo.
+    """
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1 and not torch_dist.is_initialized():
+        return Dist(device=torch.device(device or "cpu"))
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    use_cuda = torch.cuda.is_available() and str(device or "cuda").startswith("cuda")
+    dev = torch.device(f"cuda:{local}") if use_cuda else torch.device("cpu")
+    if not torch_dist.is_initialized():
+        if use_cuda:
+            torch.cuda.set_device(dev)
+        torch_dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+    return Dist(rank=torch_dist.get_rank(), world=torch_dist.get_world_size(), local_rank=local, device=dev)
+
+
+def teardown_distributed() -> None:
+    if torch_dist.is_initialized():
+        torch_dist.destroy_process_group()
+
+
+def barrier(dist: Dist) -> None:
+    if dist.world > 1:
+        torch_dist.barrier()
+
+
+def all_reduce_sum(values: Sequence[float], dist: Dist) -> list[float]:
+    """Sums of `values` over ranks (one collective for the whole list)."""
+    if dist.world == 1:
+        return [float(v) for v in values]
+    t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=dist.device)
+    torch_dist.all_reduce(t)
+    return t.tolist()
+
+
+def broadcast_parameters(model: torch.nn.Module, dist: Dist) -> None:
+    """Make every rank hold rank 0's parameters and buffers (e.g. blocks initialised from different RNGs)."""
+    if dist.world == 1:
+        return
+    with torch.no_grad():
+        for t in model.state_dict().values():
+            torch_dist.broadcast(t, src=0)
+
+
+def reduce_gradients(params: Sequence[torch.nn.Parameter], dist: Dist, bucket: int = 2**25) -> None:
+    """Sum gradients over ranks in place: one all-reduce per bucket of ~`bucket` elements of one dtype."""
+    if dist.world == 1 or dist.fsdp:
+        return
+    buckets: list[list[torch.nn.Parameter]] = []
+    open_bucket: dict[torch.dtype, list[torch.nn.Parameter]] = {}
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)  # every rank must contribute the same layout
+        group = open_bucket.setdefault(p.grad.dtype, [])
+        if group and sum(q.numel() for q in group) + p.numel() > bucket:
+            buckets.append(group)
+            group = open_bucket[p.grad.dtype] = []
+        group.append(p)
+    buckets += [g for g in open_bucket.values() if g]
+    for group in buckets:
+        flat = torch.cat([p.grad.reshape(-1) for p in group])
+        torch_dist.all_reduce(flat)
+        at = 0
+        for p in group:
+            n = p.grad.numel()
+            p.grad.copy_(flat[at : at + n].view_as(p.grad))
+            at += n
+
+
+def shard_model(model: torch.nn.Module, dist: Dist) -> torch.nn.Module:
+    """FSDP2: shard each decoder layer (with its Bridge/P-Match block inside), then the root. Sums gradients."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    from bridgelm.attach import decoder_layers
+
+    mesh = init_device_mesh(dist.device.type, (dist.world,))
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=mesh, reshard_after_forward=True)
+    fully_shard(model, mesh=mesh, reshard_after_forward=False)
+    for module in model.modules():  # neither setting is recursive
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0)  # sum: the loss is already normalised by the global token count
+            module.set_force_sum_reduction_for_comms(True)  # plain sums (gloo has no pre-multiplied sum)
+    dist.fsdp = True
+    return model
+
+
+@contextmanager
+def unsharded(model: torch.nn.Module, dist: Dist) -> Iterator[None]:
+    """Under FSDP: gather all parameters once, so that forwards (generation) need no collectives; reshard after."""
+    if not dist.fsdp:
+        yield
+        return
+    from torch.distributed.fsdp import FSDPModule
+
+    modules = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    for m in modules:
+        m.set_reshard_after_forward(False, recurse=False)
+        m.unshard()
+    try:
+        yield
+    finally:
+        for m in modules:
+            m.reshard()
+            m.set_reshard_after_forward(m is not model, recurse=False)
+
+
+def prepare_model(model: torch.nn.Module, dist: Dist, fsdp: bool) -> torch.nn.Module:
+    """Move to this rank's device, make ranks agree on the weights, and shard when asked."""
+    if fsdp and dist.world == 1:
+        raise ValueError("fsdp=True needs several processes: launch with torchrun --nproc_per_node N")
+    model.to(dist.device)
+    broadcast_parameters(model, dist)
+    if fsdp:
+        shard_model(model, dist)
+    return model
+
+
+def full_state_dict(model: torch.nn.Module, dist: Dist) -> dict[str, torch.Tensor] | None:
+    """Under FSDP: the gathered state dict on rank 0 (collective; {} on other ranks). Else None (use the model's)."""
+    if not dist.fsdp:
+        return None
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, dist: Dist) -> dict:
+    """The optimiser's state dict (gathered to rank 0 under FSDP; collective there)."""
+    if not dist.fsdp:
+        return optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict, dist: Dist) -> None:
+    if not dist.fsdp:
+        optimizer.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(model, optimizer, optim_state_dict=state, options=StateDictOptions(full_state_dict=True))
+
+
+@contextmanager
+def quiet_saves() -> Iterator[None]:
+    """Silence transformers' per-save progress bars ("Writing model shards") inside the block."""
+    from transformers.utils import logging as hf_logging
+
+    was = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was:
+            hf_logging.enable_progress_bar()
+
+
+def load_weights(model: torch.nn.Module, folder: str | os.PathLike) -> None:
+    """Copy the safetensors weights of `folder` (a save_pretrained directory) into `model` (not sharded), exactly.
+
+    Tensors absent from the files must be tied to loaded ones (e.g. a tied lm_head); anything else is an error.
+    """
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{folder} holds no .safetensors weights")
+    loaded: dict[str, torch.Tensor] = {}
+    for f in files:
+        loaded.update(load_file(str(f)))
+    own = model.state_dict()
+    unexpected = sorted(set(loaded) - set(own))
+    if unexpected:
+        raise ValueError(f"{folder} holds weights the model lacks: {unexpected[:3]}")
+    have = {own[k].data_ptr() for k in own if k in loaded}
+    missing = [k for k in own if k not in loaded and own[k].data_ptr() not in have]
+    if missing:
+        raise ValueError(f"{folder} lacks weights of the model: {missing[:3]}")
+    wrong = [k for k in loaded if loaded[k].shape != own[k].shape]
+    if wrong:
+        raise ValueError(
+            f"{folder}: {wrong[0]} has shape {tuple(loaded[wrong[0]].shape)}, the model's is "
+            f"{tuple(own[wrong[0]].shape)}"
+        )
+    with torch.no_grad():
+        for name, t in own.items():
+            if name in loaded:
+                t.copy_(loaded[name])
+
+
+# ---------------------------------------------------------------------------------------------- grouped batches
+
+
+class Row(NamedTuple):
+    """One sequence of a grouped batch."""
+
+    prompt: Sequence[int]  # prompt ids, identical for every row of a group
+    response: Sequence[int]  # response ids (ending with EOS when the response finished)
+    group: int  # Bridge group id; the rows of a group sit next to each other
+
+
+@dataclass
+class TokenBatch:
+    """Rows prompt + response, right-padded, ready for one grouped forward."""
+
+    input_ids: torch.Tensor  # [B, S] long
+    attention_mask: torch.Tensor  # [B, S] long: 1 on prompt and response tokens
+    group_ids: torch.Tensor  # [B] long: rows with equal ids attend to each other in Bridge blocks
+    predict: torch.Tensor  # [B, S] bool: position s predicts a response token (s + 1); logits are kept there
+    response_mask: torch.Tensor  # [B, T] bool: t < response length of the row (T = longest response)
+
+    @property
+    def tokens(self) -> int:
+        return int(self.response_mask.sum())
+
+
+def pack_rows(rows: Sequence[Row], pad_id: int, device: torch.device | str = "cpu") -> TokenBatch:
+    """A TokenBatch of `rows` (order kept). The rows of a group must be adjacent and share their prompt."""
+    if not rows:
+        raise ValueError("no rows to pack: a batch needs at least one group")
+    first_of: dict[int, int] = {}
+    for i, row in enumerate(rows):
+        if len(row.response) == 0:
+            raise ValueError(f"row {i} has an empty response: expected at least one token")
+        j = first_of.setdefault(row.group, i)
+        if j != i and (rows[i - 1].group != row.group or list(rows[j].prompt) != list(row.prompt)):
+            raise ValueError(f"row {i} of group {row.group} is not next to its group or has another prompt")
+    B = len(rows)
+    S = max(len(r.prompt) + len(r.response) for r in rows)
+    T = max(len(r.response) for r in rows)
+    ids = torch.full((B, S), pad_id, dtype=torch.long)
+    mask = torch.zeros(B, S, dtype=torch.long)
+    predict = torch.zeros(B, S, dtype=torch.bool)
+    resp = torch.zeros(B, T, dtype=torch.bool)
+    for b, r in enumerate(rows):
+        p, n = len(r.prompt), len(r.response)
+        ids[b, :p] = torch.as_tensor(list(r.prompt), dtype=torch.long)
+        ids[b, p : p + n] = torch.as_tensor(list(r.response), dtype=torch.long)
+        mask[b, : p + n] = 1
+        predict[b, p - 1 : p + n - 1] = True
+        resp[b, :n] = True
+    groups = torch.as_tensor([r.group for r in rows], dtype=torch.long)
+    return TokenBatch(ids.to(device), mask.to(device), groups.to(device), predict.to(device), resp.to(device))
+
+
+def forward_logits(model, batch: TokenBatch) -> torch.Tensor:
+    """The grouped teacher-forced forward, logits only where `batch.predict`: -> [N, V], N = response tokens.
+
+    Same forward as `bridgelm.grouped_logits` (same groups, mask and positions), restricted by `logits_to_keep`.
+    """
+    groups = Groups.build(batch.group_ids, batch.attention_mask)
+    out = model(
+        input_ids=batch.input_ids,
+        attention_mask=batch.attention_mask,
+        use_cache=False,
+        logits_to_keep=batch.predict,
+        **{KWARG: groups},
+    )
+    return out.logits
+
+
+class LogProbs(NamedTuple):
+    logprobs: torch.Tensor  # [B, T] log-prob of each response token under softmax(logits / temperature); 0 on pads
+    entropy: torch.Tensor | None  # [B, T] entropy of that distribution (no grad), when asked
+
+
+def response_logprobs(model, batch: TokenBatch, temperature: float = 1.0, with_entropy: bool = False) -> LogProbs:
+    """Log-probs of the response tokens of `batch`, from one grouped forward."""
+    if temperature <= 0:
+        raise ValueError(f"temperature={temperature} must be > 0 to define log-probs")
+    logits = forward_logits(model, batch)  # [N, V]
+    z = logits.float()
+    if temperature != 1.0:
+        z = z / temperature
+    targets = batch.input_ids[:, 1:][batch.predict[:, :-1]]  # [N], row-major like the kept logits
+    lse = torch.logsumexp(z, -1)  # [N]
+    flat = z.gather(-1, targets[:, None])[:, 0] - lse  # [N]
+    logprobs = torch.zeros(batch.response_mask.shape, dtype=flat.dtype, device=flat.device)
+    logprobs = logprobs.masked_scatter(batch.response_mask, flat)  # [B, T]
+    entropy = None
+    if with_entropy:
+        with torch.no_grad():
+            zd = z.detach()
+            h = lse.detach() - (torch.softmax(zd, -1) * zd).sum(-1)  # [N]
+            entropy = torch.zeros_like(logprobs).masked_scatter(batch.response_mask, h)
+    return LogProbs(logprobs, entropy)
+
+
+def rows_tensor(values: Sequence[torch.Tensor], response_mask: torch.Tensor) -> torch.Tensor:
+    """Per-row 1D tensors (one value per response token) padded into [B, T] with zeros."""
+    out = torch.zeros(response_mask.shape, dtype=torch.float32, device=response_mask.device)
+    return out.masked_scatter(response_mask, torch.cat(list(values)).to(out.device, torch.float32))
+
+
+def chunks(items: Sequence, size: int) -> list[list]:
+    """Consecutive pieces of at most `size` items."""
+    return [list(items[i : i + size]) for i in range(0, len(items), size)]
+
+
+def autocast(dist: Dist, bf16: bool):
+    """bf16 autocast on this rank's device when asked (a no-op context otherwise)."""
+    return torch.autocast(device_type=dist.device.type, dtype=torch.bfloat16, enabled=bf16)
+
+
+# ---------------------------------------------------------------------------------------------- optimiser, schedule
+
+
+@dataclass
+class WarmupSchedule:
+    """Learning-rate factor: linear warm-up to 1 over `warmup_steps`, then constant or linear decay to 0.
+
+    factor(s) = (s + 1) / (warmup + 1) while s < warmup; then 1 ("constant") or (total - s) / (total - warmup)
+    ("linear"). Step s is the s-th optimiser step (0-based). A plain object, so LambdaLR saves its fields.
+    """
+
+    total_steps: int  # optimiser steps of the whole run
+    warmup_steps: int  # steps of linear warm-up
+    decay: str = "constant"  # "constant" or "linear"
+
+    def __call__(self, step: int) -> float:
+        if step < self.warmup_steps:
+            return (step + 1) / (self.warmup_steps + 1)
+        if self.decay == "constant":
+            return 1.0
+        return max(0.0, (self.total_steps - step) / max(1, self.total_steps - self.warmup_steps))
+
+
+def make_optimizer(
+    params: Sequence[torch.nn.Parameter], lr: float, weight_decay: float = 0.0, betas=(0.9, 0.999)
+) -> torch.optim.AdamW:
+    params = list(params)
+    if not params:
+        raise ValueError("no trainable parameters: nothing to optimise")
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=tuple(betas))
+
+
+def make_scheduler(optimizer, total_steps: int, warmup_fraction: float, decay: str):
+    if decay not in ("constant", "linear"):
+        raise ValueError(f"decay={decay!r}: expected 'constant' or 'linear'")
+    if not 0.0 <= warmup_fraction < 1.0:
+        raise ValueError(f"warmup_fraction={warmup_fraction} must be in [0, 1)")
+    schedule = WarmupSchedule(total_steps, int(round(warmup_fraction * total_steps)), decay)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+
+
+def optimizer_step(params, optimizer, scheduler, max_grad_norm: float, dist: Dist) -> float:
+    """Sum gradients over ranks, clip, step, advance the schedule, zero the gradients; returns the gradient norm.
+
+    A non-finite norm skips the update (the schedule still advances) and is returned as is.
+    """
+    params = list(params)
+    reduce_gradients(params, dist)
+    norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm > 0 else math.inf)
+    if hasattr(norm, "full_tensor"):
+        norm = norm.full_tensor()
+    norm = float(norm)
+    if math.isfinite(norm):
+        optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return norm
+
+
+# ---------------------------------------------------------------------------------------------- checkpoints
+
+
+def checkpoint_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def list_checkpoints(out_dir: str | os.PathLike) -> list[Path]:
+    """Complete checkpoints of a run directory (those whose trainer.json exists), oldest first."""
+    folder = Path(out_dir) / CHECKPOINTS
+    if not folder.is_dir():
+        return []
+    found = [p for p in folder.glob("step-*") if p.is_dir() and (p / TRAINER_INFO).is_file()]
+    return sorted(found, key=lambda p: p.name)
+
+
+def latest_checkpoint(out_dir: str | os.PathLike) -> Path | None:
+    found = list_checkpoints(out_dir)
+    return found[-1] if found else None
+
+
+def write_dir_atomic(final: str | os.PathLike, write: Callable[[Path], None]) -> Path:
+    """Let `write(tmp)` fill a temporary directory, then rename it to `final` (replacing an older one)."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.with_name(f".{final.name}.tmp{os.getpid()}")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    try:
+        write(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if final.exists():
+        old = final.with_name(f".{final.name}.old{os.getpid()}")
+        if old.exists():
+            shutil.rmtree(old)
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+    return final
+
+
+def prune_checkpoints(out_dir: str | os.PathLike, keep_last: int) -> None:
+    """Delete all but the newest `keep_last` checkpoints (keep_last <= 0 keeps all)."""
+    if keep_last <= 0:
+        return
+    for old in list_checkpoints(out_dir)[:-keep_last]:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def save_trainer_state(folder: Path, step: int, optimizer_sd: dict, scheduler, extra: dict | None = None) -> None:
+    """trainer_state.pt: step, optimiser and scheduler states, RNG states, and `extra` (plain values)."""
+    state = {
+        "step": step,
+        "optimizer": optimizer_sd,
+        "scheduler": scheduler.state_dict(),
+        "rng": rng_state(),
+        "extra": extra or {},
+    }
+    tmp = folder / f".{TRAINER_STATE}.tmp"
+    torch.save(state, tmp)
+    os.replace(tmp, folder / TRAINER_STATE)
+
+
+def load_trainer_state(folder: str | os.PathLike) -> dict:
+    path = Path(folder) / TRAINER_STATE
+    if not path.is_file():
+        raise FileNotFoundError(f"checkpoint {folder} has no {TRAINER_STATE}")
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def read_info(folder: str | os.PathLike) -> dict:
+    import json
+
+    return json.loads((Path(folder) / TRAINER_INFO).read_text())
+
+
+def check_same_config(where: str | os.PathLike, saved: dict, current: dict) -> None:
+    """ValueError naming every field whose saved value differs from the current one."""
+    keys = sorted(set(saved) | set(current))
+    diff = [k for k in keys if saved.get(k) != current.get(k)]
+    if diff:
+        detail = ", ".join(f"{k}: saved {saved.get(k)!r} vs now {current.get(k)!r}" for k in diff)
+        raise ValueError(f"{where} was written by a run with another configuration ({detail}); use another --out")
+
+
+def check_fresh_or_resume(out_dir: Path, resume: bool) -> Path | None:
+    """The checkpoint to resume from (None: start afresh). Refuses to start afresh over an earlier run."""
+    latest = latest_checkpoint(out_dir)
+    if not resume and (latest is not None or (out_dir / METRICS).exists()):
+        raise ValueError(
+            f"{out_dir} already holds a run ({latest or out_dir / METRICS}); pass resume=True (--resume) "
+            "to continue it, or choose another output directory"
+        )
+    return latest
+
+
+def jsonable(obj: Any) -> Any:
+    """Config values as JSON round-trips them (tuples -> lists), so saved and current configs compare equal."""
+    import json
+
+    return json.loads(json.dumps(obj))
+
+
+# ---------------------------------------------------------------------------------------------- metrics, progress
+
+
+class MetricsLog:
+    """metrics.jsonl (one record per step, appended and fsynced) plus TensorBoard when asked and installed.
+
+    Only the main process writes; every process keeps `records`, the history returned to callers.
+    """
+
+    def __init__(self, path: str | os.PathLike, enabled: bool = True, tensorboard: bool = False):
+        self.path = Path(path)
+        self.enabled = enabled
+        self.records: list[dict] = read_records(self.path) if self.path.exists() else []
+        self.writer = None
+        if tensorboard and enabled:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.writer = SummaryWriter(str(self.path.parent / "tensorboard"))
+            except ImportError:
+                print("tensorboard is not installed: metrics go to metrics.jsonl only", file=sys.stderr)
+
+    def keep_until(self, step: int) -> None:
+        """Drop records after `step` (a resumed run recomputes them identically)."""
+        kept = [r for r in self.records if r.get("step", 0) <= step]
+        if len(kept) != len(self.records) and self.enabled:
+            import json
+
+            write_atomic(self.path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept))
+        self.records = kept
+
+    def log(self, record: dict) -> None:
+        self.records.append(record)
+        if not self.enabled:
+            return
+        append_record(self.path, record)
+        if self.writer is not None:
+            for k, v in record.items():
+                if isinstance(v, (int, float)) and k != "step":
+                    self.writer.add_scalar(k, v, record.get("step", 0))
+            self.writer.flush()
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+class _NoBar:
+    def update(self, n=1):
+        pass
+
+    def set_postfix(self, *a, **k):
+        pass
+
+    def close(self):
+        pass
+
+
+def progress_bar(total: int, initial: int = 0, desc: str = "", enabled: bool = True):
+    """A tqdm bar (or a silent stand-in)."""
+    if not enabled:
+        return _NoBar()
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, desc=desc, unit="step", dynamic_ncols=True)
+
+
+# ---------------------------------------------------------------------------------------------- Ctrl-C
+
+
+class DeferInterrupt:
+    """Hold back Ctrl-C inside the block (a step's updates) and raise it as KeyboardInterrupt at the end.
+
+    A second Ctrl-C raises at once. Only the main thread can install the handler; elsewhere this does nothing.
+    """
+
+    def __enter__(self):
+        self.hit = False
+        self.old = None
+        if threading.current_thread() is threading.main_thread():
+            self.old = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def _handler(self, signum, frame):
+        if self.hit:
+            raise KeyboardInterrupt
+        self.hit = True
+        print("\ninterrupted: finishing this step, then saving a checkpoint (Ctrl-C again: stop now)", file=sys.stderr)
+
+    def __exit__(self, exc_type, exc, tb):
+        if self.old is not None:
+            signal.signal(signal.SIGINT, self.old)
+        if self.hit and exc_type is None:
+            raise KeyboardInterrupt
+        return False
+
+
+__all__ = [
+    "Dist",
+    "LogProbs",
+    "MetricsLog",
+    "Row",
+    "TokenBatch",
+    "WarmupSchedule",
+    "derive_seed",
+    "generator",
+    "rng_state",
+    "set_rng_state",
+    "setup_distributed",
+    "prepare_model",
+    "pack_rows",
+    "forward_logits",
+    "response_logprobs",
+    "make_optimizer",
+    "make_scheduler",
+    "optimizer_step",
+    "write_dir_atomic",
+    "list_checkpoints",
+    "latest_checkpoint",
+    "prune_checkpoints",
+    "save_trainer_state",
+    "load_trainer_state",
+    "write_json",
+]

@@ -1,0 +1,579 @@
+"""RLVR with GRPO where the rollouts of a prompt are generated interdependently (paper Sec. 3.3, 4.1, App. A, C).
+
+A step:
+1. takes P prompts (sharded over ranks; a prompt's G rollouts never leave its rank) and samples G rollouts per
+   prompt with the engine, in Bridge groups of width w (w divides G);
+2. grades them (reward = correctness) and computes group advantages over the G rollouts of a prompt;
+3. computes old log-probs (and reference log-probs when beta > 0) with the training forward under no_grad, on the
+   same micro-batches as the first pass of updates, so that the first ratio is exactly 1 (with a single update
+   per rollout batch the detached current log-probs serve, which is the same);
+4. takes K optimiser steps on K mini-batches of whole Bridge groups (groups are the unit of shuffling and of
+   micro-batching; micro-batches accumulate gradients), with the loss of `bridgelm.grpo.policy_loss` normalised by
+   the token count of the whole mini-batch over all ranks.
+
+Log-probs are at the sampling temperature (logits / T), like the engine's. The reference is the policy at the start
+of RL (blocks included), kept only when beta > 0. Per-step randomness (sampling seed, mini-batch shuffles, data
+order) derives from (seed, step), so a resumed run ends with the same weights as an uninterrupted one.
+
+Outputs in OUT: metrics.jsonl (one record per step), checkpoints/step-N/ (each a model directory that
+`bridgelm.load_model` reads, plus trainer_state.pt and trainer.json; the last `keep_last` are kept), best/ (best
+validation accuracy), run.json.
+
+    bridgelm rl --model M --add bridge --task gsm8k --data train.jsonl --out rl_run
+    torchrun --nproc_per_node 2 -m bridgelm rl --model M --blocks sft_run/blocks.safetensors --task gsm8k ...
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import torch
+
+from bridgelm.attach import added_parameters, block_config
+from bridgelm.grpo import group_advantages, policy_loss, policy_stats
+from bridgelm.jsonl import write_json
+from bridgelm.sampling import SamplingConfig, encode_prompts, eos_ids, generate_ids
+from bridgelm.train import common
+from bridgelm.train.common import CORRECT_REWARD, Dist, Row, check_rewards
+
+BEST = "best"  # OUT/best: the checkpoint with the best validation accuracy
+
+
+@dataclass
+class RLConfig:
+    """GRPO settings; defaults follow the paper's Appendix A where it gives one (per-device sizes are smaller)."""
+
+    steps: int = 100  # rollout steps; each samples P x G rollouts, then takes K optimiser steps
+    prompts_per_step: int = 8  # P, over all ranks (divisible by the number of processes)
+    rollouts: int = 8  # G, rollouts per prompt: the GRPO group (paper: 8)
+    width: int = 4  # w, Bridge group width while sampling; divides G (paper: 4 or 8)
+    max_new_tokens: int = 512  # tokens per rollout, at most
+    temperature: float = 0.6  # sampling temperature; log-probs use logits / temperature as well
+    top_p: float = 1.0  # nucleus of the rollouts (1: exactly the policy the ratios assume)
+    steps_per_rollout: int = 8  # K: optimiser steps per rollout batch, on K mini-batches of whole groups
+    epochs_per_rollout: int = 1  # passes over the rollout batch (K steps each)
+    micro_batch_groups: int = 4  # Bridge groups per forward/backward (gradient accumulation in a mini-batch)
+    lr: float = 1e-6  # AdamW learning rate after warm-up (constant)
+    warmup_fraction: float = 0.1  # share of the optimiser steps spent warming the lr up linearly
+    weight_decay: float = 0.0  # AdamW weight decay
+    max_grad_norm: float = 1.0  # gradient clipping (<= 0: off)
+    clip_eps: float = 0.2  # ratio clip range below 1 (and above, unless clip_eps_high is set)
+    clip_eps_high: float | None = None  # ratio clip range above 1 (DAPO's clip-higher), None = clip_eps
+    beta: float = 1e-3  # weight of the k3 KL to the reference (0: no reference model)
+    freeze_base: bool = False  # train only the added blocks
+    bf16: bool = False  # bf16 autocast of the training forwards
+    gradient_checkpointing: bool = False  # recompute layer activations in the backward
+    fsdp: bool = False  # shard parameters, gradients and optimiser state with FSDP2 (torchrun only)
+    chat: bool = False  # wrap prompts in the tokenizer's chat template
+    seed: int = 0  # seeds data order, sampling and mini-batch shuffles (with the step)
+    max_batch_sequences: int = 256  # engine: rows decoded together, at most
+    max_batch_tokens: int = 262_144  # engine: rows x (prompt + max_new_tokens) of a wave, at most
+    eval_every: int = 0  # steps between validations (0: only after the last step); needs a val_task
+    eval_n: int = 4  # samples per validation problem (paper: 4 on MATH-500)
+    eval_width: int = 4  # Bridge width of validation sampling (divides eval_n)
+    eval_limit: int | None = None  # first problems of the val_task to use (None: all)
+    eval_max_new_tokens: int | None = None  # None: max_new_tokens
+    eval_temperature: float = 0.6  # validation sampling temperature (paper: 0.6)
+    eval_top_p: float = 0.95  # validation nucleus (paper: 0.95)
+    save_every: int = 50  # steps between checkpoints (0: only at the end and on Ctrl-C)
+    keep_last: int = 2  # checkpoints kept (best/ is kept apart)
+    resume: bool = False  # continue the run found in the output directory
+    progress: bool = True  # show a progress bar
+    tensorboard: bool = False  # also log to OUT/tensorboard (when tensorboard is installed)
+
+    def validate(self, world: int = 1) -> None:
+        for name in ("steps", "prompts_per_step", "rollouts", "width", "max_new_tokens", "steps_per_rollout"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+        if self.epochs_per_rollout < 1 or self.micro_batch_groups < 1:
+            raise ValueError("epochs_per_rollout and micro_batch_groups must be >= 1")
+        if self.rollouts % self.width:
+            raise ValueError(f"width={self.width} must divide rollouts={self.rollouts} (G % w == 0)")
+        if self.prompts_per_step % world:
+            raise ValueError(f"prompts_per_step={self.prompts_per_step} must be divisible by the {world} processes")
+        groups = self.prompts_per_step // world * (self.rollouts // self.width)
+        if groups < self.steps_per_rollout:
+            raise ValueError(
+                f"steps_per_rollout={self.steps_per_rollout} mini-batches need at least one Bridge group each, but a "
+                f"rank holds {self.prompts_per_step // world} prompts x {self.rollouts // self.width} groups = {groups}"
+            )
+        if self.temperature <= 0:
+            raise ValueError(f"temperature={self.temperature} must be > 0 for GRPO (log-probs at logits / T)")
+        if self.beta < 0 or self.clip_eps <= 0 or (self.clip_eps_high is not None and self.clip_eps_high <= 0):
+            raise ValueError(f"beta={self.beta} must be >= 0, clip_eps={self.clip_eps} and clip_eps_high > 0")
+        if self.eval_n % self.eval_width:
+            raise ValueError(f"eval_width={self.eval_width} must divide eval_n={self.eval_n}")
+
+
+# Fields that do not change the trained weights (may differ when resuming).
+RUN_FIELDS = ("resume", "progress", "tensorboard", "save_every", "keep_last", "eval_every", "eval_limit")
+
+
+@dataclass
+class Rollouts:
+    """One rank's rollout batch: P_local prompts x G rollouts, in prompt order."""
+
+    rows: list[Row]  # group g holds rows g*w .. g*w + w - 1
+    width: int  # w
+    rewards: torch.Tensor  # [R]
+    advantages: torch.Tensor  # [R]
+    finished: list[bool]  # [R]: ended with EOS
+    sample_seconds: float  # time spent sampling
+
+    @property
+    def n_groups(self) -> int:
+        return len(self.rows) // self.width
+
+    def group_rows(self, groups) -> list[int]:
+        return [g * self.width + j for g in groups for j in range(self.width)]
+
+
+@dataclass
+class RLResult:
+    history: list[dict]  # metrics.jsonl records, one per step
+    final_dir: Path | None  # the last checkpoint: a model directory for bridgelm.load_model
+    best_dir: Path | None  # OUT/best (best validation accuracy), None without validation
+    best_accuracy: float | None  # its validation accuracy
+    best_step: int | None  # its step
+    steps: int  # steps completed
+    out_dir: Path
+    stats: dict = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------------- data and rollouts
+
+
+def step_examples(task, cfg: RLConfig, step: int, dist: Dist) -> list[dict]:
+    """This rank's prompts of `step`: the step's P prompts of an epoch-wise shuffled stream, sharded by rank."""
+    n = len(task.examples)
+    per_rank = cfg.prompts_per_step // dist.world
+    first = step * cfg.prompts_per_step + dist.rank * per_rank
+    out, cache = [], {}
+    for i in range(first, first + per_rank):
+        epoch = i // n
+        if epoch not in cache:
+            cache[epoch] = torch.randperm(n, generator=common.generator(cfg.seed, "data", epoch)).tolist()
+        out.append(task.examples[cache[epoch][i % n]])
+    return out
+
+
+def collect_rollouts(model, tokenizer, task, examples: list[dict], cfg: RLConfig, step: int, dist: Dist) -> Rollouts:
+    """Sample G rollouts per example in Bridge groups of width w, grade them, and compute advantages."""
+    prompt_ids = encode_prompts(tokenizer, [task.prompt(ex) for ex in examples], cfg.chat)
+    scfg = SamplingConfig(
+        n=cfg.rollouts,
+        width=cfg.width,
+        max_new_tokens=cfg.max_new_tokens,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        seed=common.derive_seed(cfg.seed, "rollouts", step, dist.rank),
+        max_batch_sequences=cfg.max_batch_sequences,
+        max_batch_tokens=cfg.max_batch_tokens,
+    )
+    eos = eos_ids(model, tokenizer)
+    pad = _pad_id(tokenizer, eos)
+    t0 = time.perf_counter()
+    with common.unsharded(model, dist):
+        samples = generate_ids(model, prompt_ids, scfg, eos, pad)
+    seconds = time.perf_counter() - t0
+    rows, pairs, finished = [], [], []
+    per_prompt = cfg.rollouts // cfg.width
+    for p, outs in enumerate(samples):
+        for i, s in enumerate(outs):
+            rows.append(Row(prompt_ids[p], s.token_ids, p * per_prompt + i // cfg.width))
+            pairs.append((tokenizer.decode(s.token_ids, skip_special_tokens=True), examples[p]))
+            finished.append(s.finished)
+    rewards = torch.tensor(check_rewards(task.reward_many(pairs), f"task {task.name!r}, step {step + 1}"))
+    advantages = group_advantages(rewards.view(len(examples), cfg.rollouts)).view(-1)
+    return Rollouts(rows, cfg.width, rewards, advantages, finished, seconds)
+
+
+def _pad_id(tokenizer, eos: list[int]) -> int:
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
+
+
+def minibatch_plan(n_groups: int, cfg: RLConfig, step: int) -> list[list[int]]:
+    """Group indices of each mini-batch: per epoch a shuffle of the groups cut into K near-equal parts."""
+    K, plan = cfg.steps_per_rollout, []
+    for epoch in range(cfg.epochs_per_rollout):
+        perm = torch.randperm(n_groups, generator=common.generator(cfg.seed, "minibatches", step, epoch)).tolist()
+        plan += [perm[i * n_groups // K : (i + 1) * n_groups // K] for i in range(K)]
+    return plan
+
+
+# ---------------------------------------------------------------------------------------------- the update
+
+
+@dataclass
+class MinibatchStats:
+    loss: float  # the mini-batch's loss over all ranks
+    tokens: float  # response tokens of the mini-batch over all ranks
+    clipped: float = 0.0  # this rank's token sums (see grpo.PolicyStats)
+    kl: float = 0.0
+    entropy: float = 0.0
+
+
+@torch.no_grad()
+def rollout_logprobs(model, rollouts: Rollouts, micro: list[list[int]], cfg: RLConfig, pad_id: int, dist):
+    """Log-probs of `model` for each row ({row: [len]}) over the micro-batches `micro` (lists of groups), and the
+    entropy summed over all response tokens."""
+    logprobs: dict[int, torch.Tensor] = {}
+    entropy = 0.0
+    for groups in micro:
+        rows = rollouts.group_rows(groups)
+        batch = common.pack_rows([rollouts.rows[r] for r in rows], pad_id, dist.device)
+        with common.autocast(dist, cfg.bf16):
+            lp, ent = common.response_logprobs(model, batch, cfg.temperature, with_entropy=True)
+        entropy += float(ent[batch.response_mask].sum())
+        for b, r in enumerate(rows):
+            logprobs[r] = lp[b, : len(rollouts.rows[r].response)]
+    return logprobs, entropy
+
+
+def minibatch_backward(
+    model,
+    rollouts: Rollouts,
+    groups: list[int],
+    old: dict[int, torch.Tensor] | None,
+    ref: dict[int, torch.Tensor] | None,
+    cfg: RLConfig,
+    pad_id: int,
+    dist: Dist,
+) -> MinibatchStats:
+    """Forward/backward of one mini-batch (this rank's `groups`), micro-batch by micro-batch.
+
+    `old` None: the current log-probs, detached, are the old ones (single update per rollout batch).
+    The loss is normalised by the mini-batch's token count over all ranks; gradients accumulate in .grad.
+    """
+    local = sum(len(rollouts.rows[r].response) for r in rollouts.group_rows(groups))
+    total = common.all_reduce_sum([local], dist)[0]
+    out = MinibatchStats(loss=0.0, tokens=total)
+    for micro in common.chunks(groups, cfg.micro_batch_groups):
+        rows = rollouts.group_rows(micro)
+        batch = common.pack_rows([rollouts.rows[r] for r in rows], pad_id, dist.device)
+        mask = batch.response_mask  # [B, T]
+        with common.autocast(dist, cfg.bf16):
+            lp, ent = common.response_logprobs(model, batch, cfg.temperature, with_entropy=old is None)
+        old_lp = lp.detach() if old is None else common.rows_tensor([old[r] for r in rows], mask)  # [B, T]
+        ref_lp = None if ref is None else common.rows_tensor([ref[r] for r in rows], mask)  # [B, T]
+        adv = rollouts.advantages[rows].to(lp.device)  # [B]
+        loss = policy_loss(lp, old_lp, ref_lp, adv, mask, cfg.clip_eps, cfg.clip_eps_high, cfg.beta, num_tokens=total)
+        loss.backward()
+        s = policy_stats(lp.detach(), old_lp, ref_lp, adv, mask, cfg.clip_eps, cfg.clip_eps_high)
+        out.loss += float(loss.detach())
+        out.clipped += s.clipped
+        out.kl += s.kl
+        if ent is not None:
+            out.entropy += float(ent[mask].sum())
+    out.loss = common.all_reduce_sum([out.loss], dist)[0]
+    return out
+
+
+def update_policy(model, ref_model, rollouts: Rollouts, params, optimizer, scheduler, cfg, step, pad_id, dist) -> dict:
+    """K (x epochs) optimiser steps on this rollout batch; returns token-level sums and means for logging."""
+    plan = minibatch_plan(rollouts.n_groups, cfg, step)
+    micro_of = [common.chunks(mb, cfg.micro_batch_groups) for mb in plan]
+    first_pass = [m for mbs in micro_of[: cfg.steps_per_rollout] for m in mbs]  # every group once, as trained
+    reuse = len(plan) > 1
+    model.train()
+    old = entropy = ref = None
+    if reuse:
+        old, entropy = rollout_logprobs(model, rollouts, first_pass, cfg, pad_id, dist)
+    if ref_model is not None:
+        ref, _ = rollout_logprobs(ref_model, rollouts, first_pass, cfg, pad_id, dist)
+    sums = {"loss": 0.0, "clipped": 0.0, "kl": 0.0, "tokens": 0.0, "entropy": 0.0, "grad_norm": 0.0}
+    for mb in plan:
+        s = minibatch_backward(model, rollouts, mb, old, ref, cfg, pad_id, dist)
+        norm = common.optimizer_step(params, optimizer, scheduler, cfg.max_grad_norm, dist)
+        sums["loss"] += s.loss
+        sums["clipped"] += s.clipped
+        sums["kl"] += s.kl
+        sums["entropy"] += s.entropy
+        sums["tokens"] += s.tokens
+        sums["grad_norm"] += norm
+    if entropy is not None:
+        sums["entropy"] = entropy
+    return sums
+
+
+# ---------------------------------------------------------------------------------------------- evaluation
+
+
+def evaluate_accuracy(
+    model,
+    tokenizer,
+    task,
+    n: int = 4,
+    width: int = 4,
+    max_new_tokens: int = 512,
+    temperature: float = 0.6,
+    top_p: float = 0.95,
+    seed: int = 0,
+    limit: int | None = None,
+    chat: bool = False,
+    dist: Dist | None = None,
+) -> float:
+    """Mean accuracy of n samples per problem (width w) on `task.examples[:limit]`, problems sharded over ranks."""
+    dist = dist or Dist(device=next(model.parameters()).device)
+    examples = task.examples[:limit] if limit is not None else task.examples
+    mine = examples[dist.rank :: dist.world]
+    correct = 0.0
+    if mine:
+        cfg = SamplingConfig(
+            n=n, width=width, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed
+        )
+        ids = encode_prompts(tokenizer, [task.prompt(ex) for ex in mine], chat)
+        eos = eos_ids(model, tokenizer)
+        with common.unsharded(model, dist):
+            samples = generate_ids(model, ids, cfg, eos, _pad_id(tokenizer, eos))
+        texts = [[tokenizer.decode(s.token_ids, skip_special_tokens=True) for s in outs] for outs in samples]
+        pairs = [(text, ex) for ex, outs in zip(mine, texts) for text in outs]
+        rewards = check_rewards(task.reward_many(pairs), f"validation task {task.name!r}")
+        correct = sum(r >= CORRECT_REWARD for r in rewards)
+    elif dist.fsdp:
+        with common.unsharded(model, dist):
+            pass
+    correct, count = common.all_reduce_sum([correct, len(mine) * n], dist)
+    return correct / max(count, 1.0)
+
+
+# ---------------------------------------------------------------------------------------------- the run
+
+
+def _checksum(model) -> float:
+    with torch.no_grad():
+        total = sum(float(p.detach().sum(dtype=torch.float64)) for p in model.parameters())
+    return float(f"{total:.9g}")
+
+
+def _identity(model, task, cfg: RLConfig) -> dict:
+    blocks = block_config(model)
+    return {
+        **common.jsonable({k: v for k, v in asdict(cfg).items() if k not in RUN_FIELDS}),
+        "model": str(getattr(model.config, "_name_or_path", "")),
+        "blocks": None if blocks is None else asdict(blocks),
+        "task": task.name,
+        "examples": len(task.examples),
+        "initial_checksum": _checksum(model),
+    }
+
+
+def _set_trainable(model, cfg: RLConfig) -> None:
+    if cfg.freeze_base:
+        blocks = added_parameters(model)
+        if not blocks:
+            raise ValueError("freeze_base=True trains only the added blocks, but the model has none")
+        for name, p in model.named_parameters():
+            p.requires_grad_(name in blocks)
+    else:
+        model.requires_grad_(True)
+
+
+def _make_reference(model, cfg: RLConfig, dist: Dist):
+    """A frozen copy of the policy at the start of RL (blocks included), only when beta > 0."""
+    if cfg.beta == 0:
+        return None
+    ref = copy.deepcopy(model)
+    ref.requires_grad_(False)
+    return ref
+
+
+def train_rl(model, tokenizer, task, cfg: RLConfig, out_dir: str | os.PathLike, val_task=None) -> RLResult:
+    """GRPO on `task` starting from `model` (with or without blocks); see the module docstring for the outputs."""
+    out_dir = Path(out_dir)
+    dist = common.setup_distributed(next(model.parameters()).device)
+    cfg.validate(dist.world)
+    if not task.examples:
+        raise ValueError(f"task {task.name!r} has no examples to train on")
+    resume_from = common.check_fresh_or_resume(out_dir, cfg.resume)
+    identity = _identity(model, task, cfg)
+    if resume_from is not None:
+        common.check_same_config(resume_from, common.read_info(resume_from).get("identity", {}), identity)
+    _set_trainable(model, cfg)
+    ref_model = _make_reference(model, cfg, dist)
+    if resume_from is not None:
+        common.load_weights(model, resume_from)
+    if cfg.gradient_checkpointing:
+        model.activation_checkpointing_enable()
+    common.prepare_model(model, dist, cfg.fsdp)
+    if ref_model is not None:
+        common.prepare_model(ref_model, replace(dist), cfg.fsdp)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = common.make_optimizer(params, cfg.lr, cfg.weight_decay)
+    total = cfg.steps * cfg.steps_per_rollout * cfg.epochs_per_rollout
+    scheduler = common.make_scheduler(optimizer, total, cfg.warmup_fraction, "constant")
+    state = {"step": 0, "best_accuracy": None, "best_step": None}
+    if resume_from is not None:
+        saved = common.load_trainer_state(resume_from)
+        common.load_optimizer_state(model, optimizer, saved["optimizer"], dist)
+        scheduler.load_state_dict(saved["scheduler"])
+        common.set_rng_state(saved["rng"])
+        state.update(saved["extra"], step=saved["step"])
+    log = common.MetricsLog(out_dir / common.METRICS, enabled=dist.is_main, tensorboard=cfg.tensorboard)
+    log.keep_until(state["step"])
+    if dist.is_main:
+        write_json(out_dir / "run.json", {"kind": "rl", "identity": identity})
+        print(
+            f"bridgelm rl: {cfg.steps} steps of {cfg.prompts_per_step} prompts x {cfg.rollouts} rollouts "
+            f"(width {cfg.width}), {dist.world} process(es) -> {out_dir}"
+        )
+    pad_id = _pad_id(tokenizer, eos_ids(model, tokenizer))
+    was_training = model.training
+    saved_at = state["step"]
+    in_update = False
+    bar = common.progress_bar(cfg.steps, state["step"], f"GRPO -> {out_dir}", cfg.progress and dist.is_main)
+    try:
+        for step in range(state["step"], cfg.steps):
+            t0 = time.perf_counter()
+            rollouts = collect_rollouts(model, tokenizer, task, step_examples(task, cfg, step, dist), cfg, step, dist)
+            with common.DeferInterrupt():
+                in_update = True
+                lr = scheduler.get_last_lr()[0]
+                t1 = time.perf_counter()
+                sums = update_policy(model, ref_model, rollouts, params, optimizer, scheduler, cfg, step, pad_id, dist)
+                state["step"] = step + 1
+                record = _record(step, rollouts, sums, cfg, lr, t0, t1, dist)
+                if val_task is not None and (
+                    step + 1 == cfg.steps or (cfg.eval_every and (step + 1) % cfg.eval_every == 0)
+                ):
+                    record.update(_validate(model, tokenizer, val_task, cfg, state, out_dir, dist))
+                log.log(record)
+                in_update = False
+            bar.update(1)
+            bar.set_postfix(reward=f"{record['reward']:.3f}", kl=record["kl"], val=record.get("val_accuracy", ""))
+            if cfg.save_every and state["step"] % cfg.save_every == 0:
+                _save(model, tokenizer, optimizer, scheduler, state, identity, out_dir, cfg, dist)
+                saved_at = state["step"]
+        if saved_at != state["step"] or common.latest_checkpoint(out_dir) is None:
+            _save(model, tokenizer, optimizer, scheduler, state, identity, out_dir, cfg, dist)
+    except KeyboardInterrupt:
+        if in_update:
+            if dist.is_main:
+                print(f"\nbridgelm rl: stopped inside step {state['step'] + 1}'s update; not saved (last: {saved_at})")
+        else:
+            if state["step"] != saved_at:
+                _save(model, tokenizer, optimizer, scheduler, state, identity, out_dir, cfg, dist)
+            if dist.is_main:
+                where = out_dir / common.CHECKPOINTS
+                print(f"\nbridgelm rl: interrupted; checkpoint of step {state['step']} in {where}")
+        raise
+    finally:
+        bar.close()
+        log.close()
+        model.train(was_training)
+    best_dir = out_dir / BEST if state["best_step"] is not None else None
+    return RLResult(
+        history=log.records,
+        final_dir=common.latest_checkpoint(out_dir),
+        best_dir=best_dir,
+        best_accuracy=state["best_accuracy"],
+        best_step=state["best_step"],
+        steps=state["step"],
+        out_dir=out_dir,
+    )
+
+
+def _record(step, rollouts: Rollouts, sums: dict, cfg: RLConfig, lr, t0, t1, dist: Dist) -> dict:
+    """The step's metrics, summed over ranks."""
+    r = rollouts.rewards
+    per_prompt = r.view(-1, cfg.rollouts)
+    lengths = [len(row.response) for row in rollouts.rows]
+    local = [
+        float(r.sum()),
+        float((r >= CORRECT_REWARD).sum()),
+        float(r.numel()),
+        float((per_prompt == per_prompt[:, :1]).all(-1).sum()),
+        float(per_prompt.shape[0]),
+        float(sum(lengths)),
+        float(sum(not f for f in rollouts.finished)),
+        sums["clipped"],
+        sums["kl"],
+        sums["entropy"],
+        rollouts.sample_seconds,
+    ]
+    (reward, correct, n, flat, prompts, length, truncated, clipped, kl, entropy, sample_s) = common.all_reduce_sum(
+        local, dist
+    )
+    passes = cfg.epochs_per_rollout
+    trained = max(sums["tokens"], 1.0)  # tokens over all ranks and mini-batches (each pass)
+    now = time.perf_counter()
+    n_opt = cfg.steps_per_rollout * passes
+    return {
+        "step": step + 1,
+        "optimizer_steps": (step + 1) * n_opt,
+        "lr": lr,
+        "reward": reward / n,
+        "accuracy": correct / n,
+        "zero_advantage_prompts": flat / prompts,
+        "loss": sums["loss"] / n_opt,
+        "kl": kl / trained if cfg.beta > 0 else None,
+        "clip_fraction": clipped / trained,
+        "entropy": entropy / max(length, 1.0),
+        "response_length": length / n,
+        "truncated": truncated / n,
+        "grad_norm": sums["grad_norm"] / n_opt,
+        "tokens_per_s": length / max(now - t0, 1e-9),
+        "sample_tokens_per_s": length / max(sample_s / dist.world, 1e-9),
+        "sample_seconds": t1 - t0,
+        "update_seconds": now - t1,
+        "seconds": now - t0,
+        "passes": passes,
+    }
+
+
+def _validate(model, tokenizer, val_task, cfg: RLConfig, state: dict, out_dir: Path, dist: Dist) -> dict:
+    t0 = time.perf_counter()
+    acc = evaluate_accuracy(
+        model,
+        tokenizer,
+        val_task,
+        n=cfg.eval_n,
+        width=cfg.eval_width,
+        max_new_tokens=cfg.eval_max_new_tokens or cfg.max_new_tokens,
+        temperature=cfg.eval_temperature,
+        top_p=cfg.eval_top_p,
+        seed=common.derive_seed(cfg.seed, "eval"),
+        limit=cfg.eval_limit,
+        chat=cfg.chat,
+        dist=dist,
+    )
+    is_best = state["best_accuracy"] is None or acc > state["best_accuracy"]
+    if is_best:
+        state["best_accuracy"], state["best_step"] = acc, state["step"]
+        info = {"step": state["step"], "val_accuracy": acc}
+        _write_model_dir(model, tokenizer, out_dir / BEST, dist, lambda tmp: write_json(tmp / "best.json", info))
+    return {"val_accuracy": acc, "val_best": is_best, "val_seconds": time.perf_counter() - t0}
+
+
+def _write_model_dir(model, tokenizer, final: Path, dist: Dist, extra_write) -> None:
+    """save_pretrained + tokenizer + `extra_write(tmp)` into `final`, atomically; gathers FSDP shards first."""
+    state_dict = common.full_state_dict(model, dist)
+    if dist.is_main:
+
+        def write(tmp: Path) -> None:
+            with common.quiet_saves():
+                model.save_pretrained(tmp, state_dict=state_dict)
+            tokenizer.save_pretrained(tmp)
+            extra_write(tmp)
+
+        common.write_dir_atomic(final, write)
+    common.barrier(dist)
+
+
+def _save(model, tokenizer, optimizer, scheduler, state, identity, out_dir: Path, cfg: RLConfig, dist: Dist) -> None:
+    """A resumable checkpoint OUT/checkpoints/step-N (a model directory plus trainer state); keeps the last N."""
+    step = state["step"]
+    opt_state = common.optimizer_state(model, optimizer, dist)
+    extra = {k: v for k, v in state.items() if k != "step"}
+
+    def write_state(tmp: Path) -> None:
+        common.save_trainer_state(tmp, step, opt_state, scheduler, extra)
+        write_json(tmp / common.TRAINER_INFO, {"step": step, "identity": identity, **extra})  # last: marks it whole
+
+    _write_model_dir(model, tokenizer, out_dir / common.CHECKPOINTS / common.checkpoint_name(step), dist, write_state)
+    if dist.is_main:
+        common.prune_checkpoints(out_dir, cfg.keep_last)

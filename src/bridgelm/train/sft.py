@@ -1,0 +1,373 @@
+"""SFT warm-up of the new blocks only (paper Sec. 3.2, 4.1, App. A): the base is frozen, and correct responses the
+base model wrote itself (warmup_data.py) are fed in groups, so that the responses of a group see each other
+through the Bridge blocks.
+
+- A group is w in [min_width, max_width] (paper [2, 4]) correct responses of one problem; every epoch reshuffles
+  each problem's responses and redraws the widths with a generator seeded by (seed, epoch), so that all responses
+  are used once per epoch. A batch holds `batch_groups` groups, shuffled over problems.
+- A group is one grouped forward of right-padded prompt + response rows; the loss is next-token cross-entropy on
+  response tokens only, averaged over all response tokens of the batch (over all ranks under torchrun).
+- AdamW on the block parameters, linear schedule with 10% warm-up. After each epoch, perplexity on held-out
+  problems (grouped the same way, once); the best block file is `OUT/blocks.safetensors` (load_blocks reads it),
+  and the model ends with the best blocks loaded.
+- Resumable checkpoints in `OUT/checkpoints/step-N/` (blocks, optimiser, scheduler, RNG); Ctrl-C saves one.
+
+    bridgelm sft --model M --blocks bridge --data warmup.jsonl --out sft_run
+    torchrun --nproc_per_node 2 -m bridgelm sft --model M --blocks bridge --data warmup.jsonl --out sft_run
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from bridgelm.attach import add_bridge, add_pmatch, added_parameters, block_config, load_blocks, save_blocks
+from bridgelm.jsonl import read_records, write_json
+from bridgelm.train import common
+from bridgelm.train.common import Row
+
+BLOCKS_FILE = "blocks.safetensors"  # the best blocks of the run (by validation perplexity)
+
+
+@dataclass
+class SFTConfig:
+    """SFT warm-up settings; defaults follow the paper's Appendix A where it gives one."""
+
+    blocks: str = "bridge"  # kind of blocks to add when the model has none: "bridge" or "pmatch"
+    num_heads: int = 4  # heads of the added blocks (head dim = the host's)
+    placement: str = "ffn"  # where the blocks sit: "ffn" (paper) or "attn"
+    epochs: int = 5  # passes over the training problems
+    lr: float = 2e-5  # peak learning rate of AdamW
+    warmup_fraction: float = 0.1  # share of the optimiser steps spent warming the lr up linearly
+    weight_decay: float = 0.0  # AdamW weight decay
+    batch_groups: int = 8  # groups per optimiser step, over all ranks (paper: 32 responses)
+    micro_batch_groups: int = 8  # groups per forward/backward on a rank (gradient accumulation)
+    min_width: int = 2  # smallest group
+    max_width: int = 4  # largest group
+    max_length: int = 2048  # prompt + response tokens per row; longer responses are cut
+    val_fraction: float = 0.1  # share of the problems held out for validation perplexity
+    val_count: int | None = None  # held-out problems; overrides val_fraction (paper: 500)
+    max_grad_norm: float = 1.0  # gradient clipping (<= 0: off)
+    bf16: bool = False  # bf16 autocast of forwards
+    gradient_checkpointing: bool = False  # recompute layer activations in the backward
+    seed: int = 0  # seeds the block initialisation, the split, the groups and the batch order
+    save_every: int = 0  # optimiser steps between resumable checkpoints (0: at the end of each epoch)
+    keep_last: int = 2  # resumable checkpoints kept
+    resume: bool = False  # continue the run found in the output directory
+    progress: bool = True  # show a progress bar
+    tensorboard: bool = False  # also log to OUT/tensorboard (when tensorboard is installed)
+
+    def validate(self) -> None:
+        if self.blocks not in ("bridge", "pmatch"):
+            raise ValueError(f"blocks={self.blocks!r}: expected 'bridge' or 'pmatch'")
+        if not 2 <= self.min_width <= self.max_width:
+            raise ValueError(f"group widths [{self.min_width}, {self.max_width}]: expected 2 <= min_width <= max_width")
+        for name in ("epochs", "batch_groups", "micro_batch_groups", "max_length"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise ValueError(f"val_fraction={self.val_fraction} must be in [0, 1)")
+        if self.lr <= 0:
+            raise ValueError(f"lr={self.lr} must be > 0")
+
+
+# Fields that do not change what is trained (may differ when resuming).
+RUN_FIELDS = ("resume", "progress", "tensorboard", "save_every", "keep_last")
+
+
+@dataclass
+class Problem:
+    prompt_ids: list[int]  # the prompt as the model saw it
+    responses: list[list[int]]  # token ids of its correct responses (>= 2)
+
+
+@dataclass
+class SFTResult:
+    history: list[dict]  # metrics.jsonl records, one per optimiser step (epoch ends carry val_loss / val_ppl)
+    blocks_path: Path  # OUT/blocks.safetensors: the best blocks
+    best_val_ppl: float | None  # perplexity of the best blocks on the held-out problems (None without any)
+    best_epoch: int  # epoch (1-based) of the best blocks
+    steps: int  # optimiser steps taken in all
+    out_dir: Path
+    stats: dict = field(default_factory=dict)  # problems, responses and groups used
+
+
+# ---------------------------------------------------------------------------------------------- data
+
+
+def read_warmup(path: str | os.PathLike) -> list[Problem]:
+    """Kept problems of a warm-up file, each with >= 2 responses; errors name the file and line."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"warm-up data {path} does not exist")
+    records = read_records(path, repair=False)
+    if not records:
+        raise ValueError(f"{path} is empty: expected one JSON line per problem (bridgelm warmup-data writes it)")
+    problems = []
+    for number, rec in enumerate(records, start=1):
+        if not isinstance(rec, dict) or "kept" not in rec:
+            raise ValueError(f"{path}, line {number}: expected an object with a 'kept' field")
+        if not rec["kept"]:
+            continue
+        prompt, responses = rec.get("prompt_ids"), rec.get("responses")
+        if not _ids(prompt) or not isinstance(responses, list):
+            raise ValueError(f"{path}, line {number}: a kept problem needs 'prompt_ids' (token ids) and 'responses'")
+        ids = [r.get("token_ids") if isinstance(r, dict) else None for r in responses]
+        if not all(_ids(t) for t in ids):
+            raise ValueError(f"{path}, line {number}: every response needs non-empty 'token_ids'")
+        if len(ids) >= 2:
+            problems.append(Problem(list(prompt), [list(t) for t in ids]))
+    if not problems:
+        raise ValueError(
+            f"{path} holds no problem with two or more correct responses ({len(records)} lines): "
+            "sample more responses per problem (--n) or use more problems"
+        )
+    return problems
+
+
+def _ids(x) -> bool:
+    return isinstance(x, list) and len(x) > 0 and all(isinstance(t, int) for t in x)
+
+
+def split_widths(count: int, lo: int, hi: int, gen: torch.Generator) -> list[int]:
+    """Random widths in [lo, hi] summing to `count` (never leaving fewer than `lo` behind)."""
+    widths, rest = [], count
+    while rest >= lo:
+        choices = [w for w in range(lo, min(hi, rest) + 1) if rest - w == 0 or rest - w >= lo]
+        w = choices[int(torch.randint(len(choices), (1,), generator=gen))]
+        widths.append(w)
+        rest -= w
+    return widths
+
+
+def make_groups(problems: list[Problem], cfg: SFTConfig, gen: torch.Generator) -> list[list[Row]]:
+    """Each problem's responses, shuffled and cut into groups of random width; group ids are unique."""
+    groups: list[list[Row]] = []
+    for prob in problems:
+        room = cfg.max_length - len(prob.prompt_ids)
+        if room < 1:
+            continue
+        order = torch.randperm(len(prob.responses), generator=gen).tolist()
+        at = 0
+        for w in split_widths(len(order), cfg.min_width, cfg.max_width, gen):
+            gid = len(groups)
+            groups.append([Row(prob.prompt_ids, prob.responses[j][:room], gid) for j in order[at : at + w]])
+            at += w
+    return groups
+
+
+def epoch_batches(problems: list[Problem], cfg: SFTConfig, epoch: int) -> list[list[list[Row]]]:
+    """The batches (lists of groups) of `epoch`, a pure function of (seed, epoch)."""
+    gen = common.generator(cfg.seed, "sft-groups", epoch)
+    groups = make_groups(problems, cfg, gen)
+    order = torch.randperm(len(groups), generator=gen).tolist()
+    return common.chunks([groups[i] for i in order], cfg.batch_groups)
+
+
+def split_problems(problems: list[Problem], cfg: SFTConfig) -> tuple[list[Problem], list[Problem]]:
+    n_val = cfg.val_count if cfg.val_count is not None else int(round(cfg.val_fraction * len(problems)))
+    if n_val < 0 or n_val >= len(problems):
+        raise ValueError(
+            f"{n_val} validation problems leave none of the {len(problems)} problems for training; lower val_count"
+        )
+    order = torch.randperm(len(problems), generator=common.generator(cfg.seed, "sft-split")).tolist()
+    return [problems[i] for i in order[n_val:]], [problems[i] for i in order[:n_val]]
+
+
+# ---------------------------------------------------------------------------------------------- steps
+
+
+def batch_backward(model, groups: list[list[Row]], cfg: SFTConfig, pad_id: int, dist: common.Dist) -> tuple[float, int]:
+    """Cross-entropy of this rank's share of a batch, normalised by the batch's global token count; backward.
+
+    Returns (global mean loss, global response tokens).
+    """
+    mine = groups[dist.rank :: dist.world]
+    local_tokens = sum(len(r.response) for g in mine for r in g)
+    total = common.all_reduce_sum([local_tokens], dist)[0]
+    loss_sum = 0.0
+    for micro in common.chunks(mine, cfg.micro_batch_groups):
+        batch = common.pack_rows([r for g in micro for r in g], pad_id, dist.device)
+        with common.autocast(dist, cfg.bf16):
+            lp = common.response_logprobs(model, batch).logprobs  # [B, T]
+        loss = -(lp * batch.response_mask).sum() / max(total, 1.0)
+        loss.backward()
+        loss_sum += float(loss.detach())
+    return common.all_reduce_sum([loss_sum], dist)[0], int(total)
+
+
+@torch.no_grad()
+def validation_loss(model, groups: list[list[Row]], cfg: SFTConfig, pad_id: int, dist: common.Dist) -> float:
+    """Mean next-token NLL over the response tokens of the validation groups (all ranks)."""
+    was_training = model.training
+    model.eval()
+    nll, tokens = 0.0, 0
+    for micro in common.chunks(groups[dist.rank :: dist.world], cfg.micro_batch_groups):
+        batch = common.pack_rows([r for g in micro for r in g], pad_id, dist.device)
+        with common.autocast(dist, cfg.bf16):
+            lp = common.response_logprobs(model, batch).logprobs
+        nll -= float((lp * batch.response_mask).sum())
+        tokens += batch.tokens
+    model.train(was_training)
+    nll, tokens = common.all_reduce_sum([nll, tokens], dist)
+    return nll / max(tokens, 1.0)
+
+
+# ---------------------------------------------------------------------------------------------- the run
+
+
+def ensure_blocks(model, cfg: SFTConfig):
+    """Add `cfg.blocks` blocks (seeded) unless the model already has blocks of that kind."""
+    have = block_config(model)
+    if have is not None:
+        if have.kind != cfg.blocks:
+            raise ValueError(f"the model already has {have.kind} blocks but blocks={cfg.blocks!r} was asked")
+        return model
+    add = add_bridge if cfg.blocks == "bridge" else add_pmatch
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(common.derive_seed(cfg.seed, "sft-blocks"))
+        add(model, num_heads=cfg.num_heads, placement=cfg.placement)
+    return model
+
+
+def train_sft(model, tokenizer, data_path: str | os.PathLike, cfg: SFTConfig, out_dir: str | os.PathLike) -> SFTResult:
+    """Warm up the blocks of `model` (added when absent) on the warm-up file; writes OUT/blocks.safetensors."""
+    cfg.validate()
+    out_dir = Path(out_dir)
+    dist = common.setup_distributed(next(model.parameters()).device)
+    problems = read_warmup(data_path)
+    train, val = split_problems(problems, cfg)
+    resume_from = common.check_fresh_or_resume(out_dir, cfg.resume)
+    ensure_blocks(model, cfg)
+    trainable = added_parameters(model)
+    for name, p in model.named_parameters():
+        p.requires_grad_(name in trainable)
+    identity = {
+        **common.jsonable({k: v for k, v in asdict(cfg).items() if k not in RUN_FIELDS}),
+        "data": str(Path(data_path).resolve()),
+        "problems": len(problems),
+        "model": str(getattr(model.config, "_name_or_path", "")),
+    }
+    if resume_from is not None:
+        common.check_same_config(resume_from, common.read_info(resume_from).get("identity", {}), identity)
+        load_blocks(model, resume_from / BLOCKS_FILE)
+    common.prepare_model(model, dist, fsdp=False)
+    if cfg.gradient_checkpointing:
+        model.activation_checkpointing_enable()
+    params = [p for p in model.parameters() if p.requires_grad]
+    plan = [epoch_batches(train, cfg, e) for e in range(cfg.epochs)]
+    total = sum(len(b) for b in plan)
+    val_groups = make_groups(val, cfg, common.generator(cfg.seed, "sft-val"))
+    optimizer = common.make_optimizer(params, cfg.lr, cfg.weight_decay)
+    scheduler = common.make_scheduler(optimizer, total, cfg.warmup_fraction, "linear")
+    best = {"val_ppl": None, "epoch": 0}
+    start = 0
+    if resume_from is not None:
+        state = common.load_trainer_state(resume_from)
+        common.load_optimizer_state(model, optimizer, state["optimizer"], dist)
+        scheduler.load_state_dict(state["scheduler"])
+        common.set_rng_state(state["rng"])
+        start, best = state["step"], dict(state["extra"]["best"])
+    log = common.MetricsLog(out_dir / common.METRICS, enabled=dist.is_main, tensorboard=cfg.tensorboard)
+    log.keep_until(start)
+    if dist.is_main:
+        write_json(out_dir / "run.json", {"kind": "sft", "identity": identity})
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    stats = {
+        "train_problems": len(train),
+        "val_problems": len(val),
+        "val_groups": len(val_groups),
+        "steps": total,
+        "groups_per_epoch": [sum(len(b) for b in batches) for batches in plan],
+    }
+    if dist.is_main:
+        print(f"bridgelm sft: {len(train)} problems ({len(val)} held out), {total} steps -> {out_dir}")
+    state = {"step": start, "best": best}
+    was_training = model.training
+    model.train()
+    bar = common.progress_bar(total, start, f"SFT -> {out_dir}", cfg.progress and dist.is_main)
+    flat = [(e, i) for e, batches in enumerate(plan) for i in range(len(batches))]
+    saved_at = start
+    try:
+        for step in range(start, total):
+            epoch, index = flat[step]
+            with common.DeferInterrupt():
+                t0 = time.perf_counter()
+                lr = scheduler.get_last_lr()[0]
+                loss, tokens = batch_backward(model, plan[epoch][index], cfg, pad, dist)
+                norm = common.optimizer_step(params, optimizer, scheduler, cfg.max_grad_norm, dist)
+                state["step"] = step + 1
+                seconds = time.perf_counter() - t0
+                record = {
+                    "step": step + 1,
+                    "epoch": epoch + 1,
+                    "loss": loss,
+                    "lr": lr,
+                    "grad_norm": norm,
+                    "tokens": tokens,
+                    "sequences": sum(len(g) for g in plan[epoch][index]),
+                    "tokens_per_s": tokens / max(seconds, 1e-9),
+                    "seconds": seconds,
+                }
+                if index == len(plan[epoch]) - 1:
+                    record.update(_end_epoch(model, val_groups, cfg, pad, dist, epoch, state, out_dir))
+                log.log(record)
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss:.3f}", ppl=record.get("val_ppl", ""))
+            if (cfg.save_every and state["step"] % cfg.save_every == 0) or index == len(plan[epoch]) - 1:
+                _save(model, optimizer, scheduler, state, identity, out_dir, cfg, dist)
+                saved_at = state["step"]
+    except KeyboardInterrupt:
+        if state["step"] != saved_at:
+            _save(model, optimizer, scheduler, state, identity, out_dir, cfg, dist)
+        if dist.is_main:
+            print(f"\nbridgelm sft: interrupted; checkpoint of step {state['step']} in {out_dir / common.CHECKPOINTS}")
+        raise
+    finally:
+        bar.close()
+        log.close()
+    blocks_path = out_dir / BLOCKS_FILE
+    common.barrier(dist)
+    load_blocks(model, blocks_path)  # the model ends with the best blocks
+    model.train(was_training)
+    best = state["best"]
+    return SFTResult(log.records, blocks_path, best["val_ppl"], best["epoch"], state["step"], out_dir, stats)
+
+
+def _end_epoch(model, val_groups, cfg, pad, dist, epoch, state, out_dir) -> dict:
+    """Validation perplexity; writes OUT/blocks.safetensors when it is the best so far (or without validation)."""
+    extra = {}
+    is_best = True
+    if val_groups:
+        val_loss = validation_loss(model, val_groups, cfg, pad, dist)
+        ppl = math.exp(min(val_loss, 700.0))
+        best = state["best"]["val_ppl"]
+        is_best = best is None or ppl < best
+        extra = {"val_loss": val_loss, "val_ppl": ppl, "best": is_best}
+        if is_best:
+            state["best"] = {"val_ppl": ppl, "epoch": epoch + 1}
+    else:
+        state["best"] = {"val_ppl": None, "epoch": epoch + 1}
+    if is_best and dist.is_main:
+        save_blocks(model, out_dir / BLOCKS_FILE)
+        write_json(out_dir / "best.json", {"epoch": epoch + 1, "step": state["step"], **extra})
+    return extra
+
+
+def _save(model, optimizer, scheduler, state, identity, out_dir, cfg, dist) -> None:
+    step = state["step"]
+    if dist.is_main:
+
+        def write(tmp: Path) -> None:
+            save_blocks(model, tmp / BLOCKS_FILE)
+            common.save_trainer_state(tmp, step, optimizer.state_dict(), scheduler, {"best": state["best"]})
+            write_json(tmp / common.TRAINER_INFO, {"step": step, "identity": identity, "best": state["best"]})
+
+        common.write_dir_atomic(out_dir / common.CHECKPOINTS / common.checkpoint_name(step), write)
+        common.prune_checkpoints(out_dir, cfg.keep_last)
+    common.barrier(dist)

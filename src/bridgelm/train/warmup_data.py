@@ -1,0 +1,109 @@
+"""Warm-up data for the SFT stage (paper Sec. 3.2 and 4.1): the base model answers each training problem n times,
+independently (width 1); the answers are graded, the correct ones kept, and problems with one or fewer correct
+answers dropped (SFT needs at least two answers of a problem to form a group).
+
+One JSON line per processed problem, appended as problems complete, so a re-run continues after the last one
+(a dropped problem has a line too, with "kept": false). Lines carry the sampling settings; a re-run with other
+settings is refused. A resumed run samples the remaining problems with the same seed, which is not the same draw
+as an uninterrupted run would have made.
+
+    bridgelm warmup-data --model M --task gsm8k --data train.jsonl --n 8 --out warmup.jsonl
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from pathlib import Path
+
+from bridgelm.jsonl import append_record, read_records
+from bridgelm.samples import check_settings, run_settings
+from bridgelm.sampling import SamplingConfig, encode_prompts, eos_ids, iter_generate_ids
+from bridgelm.train.common import CORRECT_REWARD, check_rewards
+
+# Problems need at least this many correct responses to be kept (a Bridge group has >= 2 rows).
+MIN_CORRECT = 2
+
+
+def make_warmup_data(
+    model,
+    tokenizer,
+    task,
+    out: str | os.PathLike,
+    n: int = 8,
+    sampling: SamplingConfig | None = None,
+    chat: bool = False,
+    limit: int | None = None,
+    progress: bool = True,
+) -> dict:
+    """Sample, grade and filter responses to `task.examples[:limit]` into `out`; returns counts.
+
+    `sampling` sets max_new_tokens, temperature, top_p, seed and batch bounds (default: the paper's 0.6 / 0.95
+    with 1024 new tokens); its n and width are replaced by `n` and 1.
+    """
+    out = Path(out)
+    if n < MIN_CORRECT:
+        raise ValueError(f"n={n} must be >= {MIN_CORRECT}: a kept problem needs {MIN_CORRECT} correct responses")
+    base = sampling if sampling is not None else SamplingConfig(max_new_tokens=1024, temperature=0.6, top_p=0.95)
+    if base.width != 1:
+        raise ValueError(f"warm-up responses are sampled independently: width must be 1, got {base.width}")
+    cfg = replace(base, n=n, width=1)
+    cfg.validate()
+    examples = task.examples[:limit] if limit is not None else task.examples
+    if not examples:
+        raise ValueError(f"task {task.name!r} has no examples to sample warm-up data from")
+    model_id = str(getattr(model.config, "_name_or_path", "") or type(model).__name__)
+    settings = run_settings(cfg, model_id, None, chat, task=task.name)
+    done = read_records(out)
+    check_settings(out, done, settings)
+    have = {rec["index"] for rec in done}
+    todo = [i for i in range(len(examples)) if i not in have]
+    stats = {"problems": len(examples), "sampled_now": len(todo), "out": str(out)}
+    if todo:
+        _sample_and_write(model, tokenizer, task, examples, todo, cfg, settings, chat, out, progress)
+    records = read_records(out)
+    kept = [r for r in records if r.get("kept")]
+    stats.update(
+        kept=len(kept),
+        dropped=len(records) - len(kept),
+        responses=sum(len(r["responses"]) for r in kept),
+        accuracy=sum(r["correct"] for r in records) / max(1, sum(r["n"] for r in records)),
+    )
+    return stats
+
+
+def _sample_and_write(model, tokenizer, task, examples, todo, cfg, settings, chat, out, progress) -> None:
+    texts = [task.prompt(examples[i]) for i in todo]
+    ids = encode_prompts(tokenizer, texts, chat)
+    eos = eos_ids(model, tokenizer)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(todo) * cfg.n, desc=f"warm-up data -> {out}", unit="sample")
+    try:
+        for k, samples in iter_generate_ids(model, ids, cfg, eos, pad, progress=bar.update if bar else None):
+            i = todo[k]
+            example = examples[i]
+            completions = [tokenizer.decode(s.token_ids, skip_special_tokens=True) for s in samples]
+            rewards = check_rewards(
+                task.reward_many([(c, example) for c in completions]), f"task {task.name!r}, problem {i}"
+            )
+            good = [j for j, r in enumerate(rewards) if r >= CORRECT_REWARD]
+            record = {"index": i, "kept": len(good) >= MIN_CORRECT, "correct": len(good), "n": cfg.n}
+            if record["kept"]:
+                record.update(
+                    prompt=texts[k],
+                    prompt_ids=ids[k],
+                    answer=task.answer(example),
+                    responses=[
+                        {"text": completions[j], "token_ids": samples[j].token_ids, "finished": samples[j].finished}
+                        for j in good
+                    ],
+                )
+            record["settings"] = settings
+            append_record(out, record)
+    finally:
+        if bar is not None:
+            bar.close()

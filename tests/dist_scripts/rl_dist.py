@@ -1,0 +1,132 @@
+"""Run by tests/test_train_distributed.py, once under torchrun with 2 CPU processes and once in-process.
+
+- `minibatch_grads(fsdp)`: loss and gradients of one GRPO mini-batch of 8 Bridge groups; each rank holds the groups
+  of its prompts (4 of them with 2 processes), normalisation uses the global token count.
+- `train(out, fsdp)`: a 2-step GRPO run (checkpoint, validation, best model) under torchrun, data parallel and FSDP;
+  then an FSDP run interrupted by Ctrl-C and resumed.
+
+    torchrun --nproc_per_node 2 tests/dist_scripts/rl_dist.py OUT_DIR
+"""
+
+import json
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ (conftest, test_rl)
+
+import torch  # noqa: E402
+
+from bridgelm.train import common, rl  # noqa: E402
+
+PROMPTS, G, W = 4, 4, 2  # 4 prompts x 4 rollouts in groups of 2: 8 Bridge groups
+
+
+def model_and_tokenizer():
+    from test_rl import TOK, policy
+
+    return policy(seed=3), TOK
+
+
+def rollouts_of(rank: int, world: int, tok) -> tuple[rl.Rollouts, list[int]]:
+    """This rank's share of a fixed rollout batch (prompts of different lengths, responses of different lengths)."""
+    g = torch.Generator().manual_seed(0)
+    rows, adv, global_index = [], [], []
+    per_rank = PROMPTS // world
+    for p in range(PROMPTS):
+        prompt = torch.randint(5, len(tok), (3 + p,), generator=g).tolist()
+        for i in range(G):
+            resp = torch.randint(5, len(tok), (2 + (3 * p + i) % 5,), generator=g).tolist()
+            a = float(torch.randn(1, generator=g))
+            if p // per_rank == rank:
+                local_p = p - rank * per_rank
+                rows.append(common.Row(prompt, resp, local_p * (G // W) + i // W))
+                adv.append(a)
+                global_index.append(p * G + i)
+    n = len(rows)
+    out = rl.Rollouts(rows, W, torch.zeros(n), torch.tensor(adv), [True] * n, 0.0)
+    return out, global_index
+
+
+def minibatch_grads(dist: common.Dist, fsdp: bool) -> dict:
+    model, tok = model_and_tokenizer()
+    common.prepare_model(model, dist, fsdp)
+    model.train()
+    cfg = replace(rl.RLConfig(), micro_batch_groups=3, beta=0.05, clip_eps=0.1, temperature=0.8)
+    rollouts, index = rollouts_of(dist.rank, dist.world, tok)
+    groups = list(range(rollouts.n_groups))
+    current, _ = rl.rollout_logprobs(model, rollouts, [groups], cfg, 0, dist)
+    old, ref = {}, {}
+    for r, gi in enumerate(index):  # perturbations fixed by the global row index
+        noise = torch.Generator().manual_seed(100 + gi)
+        n = len(current[r])
+        old[r] = current[r] + 0.2 * torch.randn(n, generator=noise)
+        ref[r] = current[r] + 0.3 * torch.randn(n, generator=noise)
+    stats = rl.minibatch_backward(model, rollouts, groups, old, ref, cfg, 0, dist)
+    params = [p for p in model.parameters() if p.requires_grad]
+    common.reduce_gradients(params, dist)
+    grads = {}
+    for name, p in model.named_parameters():
+        grad = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+        grads[name] = grad.detach().clone()
+    return {"loss": stats.loss, "tokens": stats.tokens, "grads": grads}
+
+
+def train(dist: common.Dist, out: Path, fsdp: bool) -> dict:
+    from test_rl import CFG, TASK
+
+    model, tok = model_and_tokenizer()
+    cfg = replace(CFG, steps=2, prompts_per_step=4, fsdp=fsdp, eval_limit=4, save_every=1)
+    res = rl.train_rl(model, tok, TASK, cfg, out, val_task=TASK)
+    return {"history": res.history, "final": str(res.final_dir), "best": str(res.best_dir)}
+
+
+def train_interrupted_then_resumed(dist: common.Dist, out: Path) -> dict:
+    """FSDP run stopped by Ctrl-C while sampling step 2 (all ranks), then resumed."""
+    original, calls = rl.collect_rollouts, {"n": 0}
+
+    def interrupted(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+        return original(*args, **kwargs)
+
+    rl.collect_rollouts = interrupted
+    try:
+        train(dist, out, fsdp=True)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        rl.collect_rollouts = original
+    stopped_at = common.latest_checkpoint(out).name
+    from test_rl import CFG, TASK
+
+    model, tok = model_and_tokenizer()
+    cfg = replace(CFG, steps=2, prompts_per_step=4, fsdp=True, eval_limit=4, save_every=1, resume=True)
+    res = rl.train_rl(model, tok, TASK, cfg, out, val_task=TASK)
+    return {"stopped_at": stopped_at, "history": res.history, "final": str(res.final_dir)}
+
+
+def main(out: str) -> None:
+    out = Path(out)
+    dist = common.setup_distributed()
+    for fsdp in (False, True):
+        result = minibatch_grads(dist, fsdp)
+        if dist.is_main:
+            torch.save(result, out / f"grads_{'fsdp' if fsdp else 'plain'}.pt")
+        common.barrier(dist)
+    for fsdp in (False, True):
+        name = "train_fsdp" if fsdp else "train_plain"
+        result = train(dist, out / name, fsdp)
+        if dist.is_main:
+            (out / f"{name}.json").write_text(json.dumps(result))
+    result = train_interrupted_then_resumed(dist, out / "train_fsdp_resumed")
+    if dist.is_main:
+        (out / "train_fsdp_resumed.json").write_text(json.dumps(result))
+    common.teardown_distributed()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,36 @@
+"""`bridgelm demo --quick`: the whole pipeline at toy sizes, end to end, then resumed (every stage skipped)."""
+
+import json
+
+import pytest
+
+from bridgelm.cli import main
+
+pytestmark = pytest.mark.slow
+
+
+def test_quick_demo_runs_every_stage_and_resumes(tmp_path, capsys):
+    out = tmp_path / "demo"
+    main(["demo", "--quick", "--out", str(out)])
+    printed = capsys.readouterr().out
+    report = out / "report.md"
+    assert f"report at {report}" in printed
+    text = report.read_text()
+    for row in ("| Base |", "| RLVR only |", "| P-Match |", "| Bridge (w="):
+        assert row in text
+    results = json.loads((out / "results.json").read_text())
+    assert set(results["arms"]) == {"base", "rlvr", "pmatch", "bridge"}
+    for arm in results["arms"].values():
+        acc = arm["accuracy_mean"]
+        assert 0.0 <= acc <= 1.0
+    assert set(results["bridge_widths"]) == {"1", "2", "4", "8"}
+    for png in ("gpass.png", "training.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for stage in ("[warmup]", "[sft bridge]", "[rl bridge seed 0]", "[eval bridge seed 0]"):
+        assert f"{stage} done" in printed
+    # a second run finds every output and redoes nothing
+    main(["demo", "--quick", "--out", str(out)])
+    again = capsys.readouterr().out
+    assert "base model: reusing" in again
+    for stage in ("[warmup]", "[sft bridge]", "[sft pmatch]", "[rl rlvr seed 0]", "[eval base seed 0]"):
+        assert f"{stage} already done" in again

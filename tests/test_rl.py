@@ -1,0 +1,233 @@
+"""GRPO trainer on a tiny model and a toy task: outputs, grouping, exact resume, Ctrl-C, options and errors."""
+
+from dataclasses import dataclass, replace
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import randomize_blocks, tiny_model
+
+import bridgelm
+from bridgelm.jsonl import read_records
+from bridgelm.tasks.base import Task
+from bridgelm.tokenizer import char_tokenizer
+from bridgelm.train import common, rl
+from bridgelm.train.rl import RLConfig, train_rl
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models: one thread avoids OpenMP spin-waiting on a shared, busy CPU (10x slower at times)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@dataclass
+class AddTask(Task):
+    """ "a+b=" -> reward 1 when the completion contains the last digit of a+b."""
+
+    def prompt(self, example):
+        return f"{example['a']}+{example['b']}="
+
+    def answer(self, example):
+        return str((example["a"] + example["b"]) % 10)
+
+    def extract(self, completion):
+        return completion[:1] or None
+
+    def reward(self, completion, example):
+        return 1.0 if self.answer(example) in completion else 0.0
+
+
+TOK = char_tokenizer("0123456789+-=() abc\n")
+TASK = AddTask("add", [{"a": a, "b": b} for a in range(6) for b in range(4)])
+CFG = RLConfig(
+    steps=3,
+    prompts_per_step=2,
+    rollouts=4,
+    width=2,
+    max_new_tokens=6,
+    temperature=1.0,
+    steps_per_rollout=2,
+    micro_batch_groups=1,
+    lr=1e-3,
+    beta=0.05,
+    save_every=0,
+    progress=False,
+)
+
+
+def policy(blocks=True, seed=0):
+    model = tiny_model(seed=seed, vocab_size=len(TOK), eos_token_id=TOK.eos_token_id, pad_token_id=TOK.pad_token_id)
+    if blocks:
+        randomize_blocks(bridgelm.add_bridge(model), std=0.1)
+    return model
+
+
+def test_run_writes_metrics_checkpoints_and_best(tmp_path):
+    cfg = replace(CFG, eval_every=2, eval_limit=4, keep_last=2, save_every=1)
+    res = train_rl(policy(), TOK, TASK, cfg, tmp_path, val_task=TASK)
+    records = read_records(tmp_path / "metrics.jsonl")
+    assert records == res.history and [r["step"] for r in records] == [1, 2, 3]
+    for key in ("reward", "accuracy", "kl", "clip_fraction", "entropy", "response_length", "tokens_per_s", "loss"):
+        assert all(isinstance(r[key], float) for r in records), key
+    assert [r["optimizer_steps"] for r in records] == [2, 4, 6]
+    assert "val_accuracy" in records[1] and "val_accuracy" in records[2] and "val_accuracy" not in records[0]
+    assert [p.name for p in common.list_checkpoints(tmp_path)] == ["step-00000002", "step-00000003"]
+    assert res.final_dir.name == "step-00000003" and res.steps == 3
+    assert res.best_dir == tmp_path / "best" and res.best_step in (2, 3)
+    # a checkpoint is a model directory that load_model rebuilds, blocks included
+    loaded = bridgelm.load_model(str(res.final_dir))
+    assert bridgelm.block_config(loaded).kind == "bridge"
+    assert (res.final_dir / "tokenizer.json").is_file() and (res.best_dir / "best.json").is_file()
+
+
+def test_minibatches_never_split_a_group(tmp_path, monkeypatch):
+    seen = []
+    original = common.forward_logits
+
+    def spy(model, batch):
+        seen.append((batch.group_ids.tolist(), batch.input_ids.shape[0]))
+        return original(model, batch)
+
+    monkeypatch.setattr(common, "forward_logits", spy)
+    cfg = replace(CFG, steps=1, prompts_per_step=3, rollouts=8, width=4, steps_per_rollout=2, micro_batch_groups=2)
+    train_rl(policy(), TOK, TASK, cfg, tmp_path)
+    assert seen
+    for ids, rows in seen:
+        counts = {g: ids.count(g) for g in ids}
+        assert all(c == 4 for c in counts.values()), ids  # whole groups of width 4 only
+        assert ids == sorted(ids, key=ids.index)  # each group's rows are adjacent
+        assert rows <= 2 * 4
+    # old log-probs, reference and two mini-batches of 3 groups, each in micro-batches of <= 2 groups
+    assert sum(len(set(ids)) for ids, _ in seen) == 3 * 6
+
+
+def test_first_ratio_is_exactly_one(tmp_path, monkeypatch):
+    calls = []
+    original = rl.policy_loss
+
+    def spy(logprobs, old_logprobs, *args, **kwargs):
+        calls.append((logprobs.detach().clone(), old_logprobs.clone()))
+        return original(logprobs, old_logprobs, *args, **kwargs)
+
+    monkeypatch.setattr(rl, "policy_loss", spy)
+    cfg = replace(CFG, steps=1, steps_per_rollout=2, micro_batch_groups=2)
+    train_rl(policy(), TOK, TASK, cfg, tmp_path)
+    first_lp, first_old = calls[0]
+    assert torch.equal(first_lp, first_old)  # old log-probs from the same forward: ratio exactly 1
+
+
+def _params(model):
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def test_resume_ends_with_the_same_weights(tmp_path, monkeypatch):
+    cfg = replace(CFG, steps=4)
+    straight = policy()
+    train_rl(straight, TOK, TASK, cfg, tmp_path / "a")
+
+    # Ctrl-C while sampling step 3: a checkpoint of step 2 is written, then the error propagates
+    calls = {"n": 0}
+    original = rl.collect_rollouts
+
+    def interrupted(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(rl, "collect_rollouts", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        train_rl(policy(), TOK, TASK, cfg, tmp_path / "b")
+    assert common.latest_checkpoint(tmp_path / "b").name == "step-00000002"
+    monkeypatch.setattr(rl, "collect_rollouts", original)
+
+    resumed = policy()  # the same starting policy, as the CLI would load it again
+    res = train_rl(resumed, TOK, TASK, replace(cfg, resume=True), tmp_path / "b")
+    assert res.steps == 4
+    a, b = _params(straight), _params(resumed)
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
+    timing = {"tokens_per_s", "sample_tokens_per_s", "sample_seconds", "update_seconds", "seconds"}
+    ra, rb = read_records(tmp_path / "a" / "metrics.jsonl"), read_records(tmp_path / "b" / "metrics.jsonl")
+    assert [{k: v for k, v in r.items() if k not in timing} for r in ra] == [
+        {k: v for k, v in r.items() if k not in timing} for r in rb
+    ]
+
+
+def test_freeze_base_trains_only_blocks(tmp_path):
+    model = policy()
+    before = _params(model)
+    blocks = set(bridgelm.added_parameters(model))
+    train_rl(model, TOK, TASK, replace(CFG, steps=2, freeze_base=True), tmp_path)
+    after = _params(model)
+    for name in before:
+        if name in blocks:
+            continue
+        assert torch.equal(before[name], after[name]), name
+    assert any(not torch.equal(before[n], after[n]) for n in blocks)
+    with pytest.raises(ValueError, match="has none"):
+        train_rl(policy(blocks=False), TOK, TASK, replace(CFG, freeze_base=True), tmp_path / "x")
+
+
+def test_plain_model_without_reference(tmp_path, monkeypatch):
+    """No blocks and beta = 0: plain GRPO, no reference copy; one update per rollout batch."""
+    copies = []
+    monkeypatch.setattr(rl, "copy", SimpleNamespace(deepcopy=lambda m: copies.append(m) or m))
+    model = policy(blocks=False)
+    before = _params(model)
+    res = train_rl(model, TOK, TASK, replace(CFG, steps=2, beta=0.0, steps_per_rollout=1), tmp_path)
+    assert not copies
+    assert all(r["kl"] is None for r in res.history)
+    assert any(not torch.equal(before[n], v) for n, v in _params(model).items())
+
+
+def test_errors(tmp_path):
+    with pytest.raises(ValueError, match=r"width=3 must divide rollouts=4"):
+        train_rl(policy(), TOK, TASK, replace(CFG, width=3), tmp_path / "w")
+    with pytest.raises(ValueError, match=r"at least one Bridge group"):
+        train_rl(policy(), TOK, TASK, replace(CFG, prompts_per_step=1, rollouts=4, width=4), tmp_path / "k")
+
+    class NaNTask(AddTask):
+        def reward(self, completion, example):
+            return float("nan")
+
+    with pytest.raises(ValueError, match="reward of response 0 is nan"):
+        train_rl(policy(), TOK, NaNTask("nan", TASK.examples), CFG, tmp_path / "n")
+
+
+def test_resume_refuses_another_configuration(tmp_path):
+    train_rl(policy(), TOK, TASK, replace(CFG, steps=1), tmp_path)
+    before = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    with pytest.raises(ValueError, match=r"lr: saved 0.001 vs now 0.002"):
+        train_rl(policy(), TOK, TASK, replace(CFG, steps=1, lr=2e-3, resume=True), tmp_path)
+    with pytest.raises(ValueError, match="already holds a run"):
+        train_rl(policy(), TOK, TASK, replace(CFG, steps=1), tmp_path)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == before
+    assert len(read_records(tmp_path / "metrics.jsonl")) == 1
+
+
+def test_cli_rl_runs_and_reports_bad_input(tmp_path, capsys):
+    import json
+
+    from conftest import save_tiny_model_dir
+
+    from bridgelm.cli import main
+
+    save_tiny_model_dir(tmp_path / "m")
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"question": f"{a}+{a}", "answer": f"#### {2 * a}"}) + "\n" for a in range(6)))
+    common_args = ["rl", "--model", str(tmp_path / "m"), "--task", "gsm8k", "--data", str(data), "--out"]
+    small = ["--steps", "2", "--prompts-per-step", "2", "--rollouts", "4", "--max-new-tokens", "4"]
+    small += ["--steps-per-rollout", "2", "--width", "2", "--save-every", "1"]
+    main([*common_args, str(tmp_path / "run"), "--add", "bridge", *small])
+    assert [r["step"] for r in read_records(tmp_path / "run" / "metrics.jsonl")] == [1, 2]
+    assert "last checkpoint" in capsys.readouterr().out
+    main([*common_args, str(tmp_path / "run"), "--add", "bridge", *small, "--resume"])  # same blocks: resumes
+    with pytest.raises(SystemExit) as err:
+        main([*common_args, str(tmp_path / "bad"), *small, "--width", "3"])
+    assert err.value.code == 2 and "width=3 must divide rollouts=4" in capsys.readouterr().err

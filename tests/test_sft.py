@@ -1,0 +1,255 @@
+"""Warm-up data and the SFT warm-up of the new blocks on a tiny model."""
+
+import json
+from dataclasses import dataclass, replace
+
+import pytest
+import torch
+from conftest import tiny_model
+
+import bridgelm
+from bridgelm.jsonl import read_records
+from bridgelm.sampling import SamplingConfig
+from bridgelm.tasks.base import Task
+from bridgelm.tokenizer import char_tokenizer
+from bridgelm.train import common, sft
+from bridgelm.train.sft import SFTConfig, train_sft
+from bridgelm.train.warmup_data import make_warmup_data
+
+TOK = char_tokenizer("0123456789+-=() abc\n")
+CFG = SFTConfig(epochs=2, lr=1e-2, batch_groups=3, micro_batch_groups=2, val_count=2, progress=False)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models: one thread avoids OpenMP spin-waiting on a shared, busy CPU."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def base_model(seed=0):
+    return tiny_model(seed=seed, vocab_size=len(TOK), eos_token_id=TOK.eos_token_id, pad_token_id=TOK.pad_token_id)
+
+
+def write_warmup(path, problems=8, seed=0):
+    """A warm-up file by hand: problem i has 2 + i % 5 responses (and one dropped problem)."""
+    g = torch.Generator().manual_seed(seed)
+    with open(path, "w") as f:
+        for i in range(problems):
+            prompt = torch.randint(5, len(TOK), (3 + i % 3,), generator=g).tolist()
+            responses = [
+                {
+                    "text": "",
+                    "token_ids": torch.randint(
+                        5, len(TOK), (int(torch.randint(3, 9, (1,), generator=g)),), generator=g
+                    ).tolist()
+                    + [TOK.eos_token_id],
+                }
+                for _ in range(2 + i % 5)
+            ]
+            rec = {
+                "index": i,
+                "kept": True,
+                "correct": len(responses),
+                "n": 8,
+                "prompt_ids": prompt,
+                "responses": responses,
+            }
+            f.write(json.dumps(rec) + "\n")
+        f.write(json.dumps({"index": problems, "kept": False, "correct": 1, "n": 8}) + "\n")
+    return path
+
+
+def test_split_widths_cover_every_response():
+    g = torch.Generator().manual_seed(0)
+    for count in range(2, 30):
+        for _ in range(5):
+            widths = sft.split_widths(count, 2, 4, g)
+            assert sum(widths) == count and all(2 <= w <= 4 for w in widths)
+
+
+def test_base_unchanged_blocks_trained(tmp_path):
+    model = base_model()
+    sft.ensure_blocks(model, CFG)  # what train_sft adds; here first, to see the initial block weights
+    blocks = bridgelm.added_parameters(model)
+    before = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    res = train_sft(model, TOK, write_warmup(tmp_path / "w.jsonl"), CFG, tmp_path / "out")
+    after = model.state_dict()
+    for name in before:
+        if name in blocks:
+            assert not torch.equal(before[name], after[name]), f"block parameter {name} did not change"
+        else:
+            assert torch.equal(before[name], after[name]), f"base parameter {name} changed"
+    assert all(p.requires_grad == (n in blocks) for n, p in model.named_parameters())
+    assert res.steps == sum(
+        res.stats["groups_per_epoch"][e] // 3 + (res.stats["groups_per_epoch"][e] % 3 > 0) for e in range(2)
+    )
+
+
+def test_groups_of_one_problem_in_one_grouped_forward(tmp_path, monkeypatch):
+    path = write_warmup(tmp_path / "w.jsonl")
+    prompt_of = {}  # response tokens -> its problem's prompt
+    for rec in read_records(path):
+        for r in rec.get("responses", []):
+            prompt_of[tuple(r["token_ids"])] = tuple(rec["prompt_ids"])
+    seen = []
+    original = common.forward_logits
+
+    def spy(model, batch):
+        if model.training:
+            seen.append(batch)
+        return original(model, batch)
+
+    monkeypatch.setattr(common, "forward_logits", spy)
+    train_sft(base_model(), TOK, path, replace(CFG, epochs=1, val_count=0), tmp_path / "out")
+    widths, used = [], []
+    for batch in seen:
+        for g in batch.group_ids.unique().tolist():
+            rows = (batch.group_ids == g).nonzero()[:, 0].tolist()
+            widths.append(len(rows))
+            prompts = set()
+            for b in rows:
+                n = int(batch.attention_mask[b].sum())
+                ids = batch.input_ids[b, :n].tolist()
+                p = int(batch.predict[b].nonzero()[0]) + 1  # first response position
+                assert prompt_of[tuple(ids[p:])] == tuple(ids[:p])
+                prompts.add(tuple(ids[:p]))
+                used.append(tuple(ids[p:]))
+            assert len(prompts) == 1  # one problem per group
+    assert all(2 <= w <= 4 for w in widths) and len(set(widths)) > 1
+    assert sorted(used) == sorted(prompt_of)  # one epoch uses every response once
+
+
+def test_best_blocks_kept_and_loadable(tmp_path):
+    model = base_model()
+    res = train_sft(model, TOK, write_warmup(tmp_path / "w.jsonl"), replace(CFG, epochs=3), tmp_path / "out")
+    ends = [r for r in res.history if "val_ppl" in r]
+    assert [r["epoch"] for r in ends] == [1, 2, 3]
+    best = min(ends, key=lambda r: r["val_ppl"])
+    assert res.best_epoch == best["epoch"] and res.best_val_ppl == best["val_ppl"]
+    assert json.loads((tmp_path / "out" / "best.json").read_text())["epoch"] == best["epoch"]
+    assert res.blocks_path == tmp_path / "out" / "blocks.safetensors"
+    fresh = bridgelm.load_blocks(base_model(), res.blocks_path)
+    want = bridgelm.added_parameters(model)
+    for name, p in bridgelm.added_parameters(fresh).items():
+        assert torch.equal(p, want[name])  # the model ends with the best blocks, as in the file
+    assert read_records(tmp_path / "out" / "metrics.jsonl") == res.history
+
+
+def test_resume_after_interrupt_is_exact(tmp_path, monkeypatch):
+    path = write_warmup(tmp_path / "w.jsonl")
+    straight = base_model()
+    train_sft(straight, TOK, path, CFG, tmp_path / "a")
+    calls = {"n": 0}
+    original = sft.batch_backward
+
+    def interrupted(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(sft, "batch_backward", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        train_sft(base_model(), TOK, path, CFG, tmp_path / "b")
+    monkeypatch.setattr(sft, "batch_backward", original)
+    assert common.latest_checkpoint(tmp_path / "b").name == "step-00000002"
+    resumed = base_model()
+    train_sft(resumed, TOK, path, replace(CFG, resume=True), tmp_path / "b")
+    for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(a, b), name
+    with pytest.raises(ValueError, match="lr: saved 0.01 vs now 0.02"):
+        train_sft(base_model(), TOK, path, replace(CFG, lr=2e-2, resume=True), tmp_path / "b")
+
+
+def test_data_errors(tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(ValueError, match="is empty"):
+        train_sft(base_model(), TOK, empty, CFG, tmp_path / "o1")
+    bad = write_warmup(tmp_path / "bad.jsonl")
+    lines = bad.read_text().splitlines()
+    lines[2] = lines[2][:20]
+    bad.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match="line 3"):
+        train_sft(base_model(), TOK, bad, CFG, tmp_path / "o2")
+    lonely = tmp_path / "lonely.jsonl"
+    lonely.write_text(json.dumps({"index": 0, "kept": False, "correct": 1, "n": 8}) + "\n")
+    with pytest.raises(ValueError, match="no problem with two or more correct responses"):
+        train_sft(base_model(), TOK, lonely, CFG, tmp_path / "o3")
+    with pytest.raises(FileNotFoundError):
+        train_sft(base_model(), TOK, tmp_path / "missing.jsonl", CFG, tmp_path / "o4")
+    with pytest.raises(ValueError, match="blocks="):
+        train_sft(base_model(), TOK, write_warmup(tmp_path / "w.jsonl"), replace(CFG, blocks="lora"), tmp_path / "o5")
+    assert not (tmp_path / "o1").exists() and not (tmp_path / "o3").exists()
+
+
+@dataclass
+class EvenTask(Task):
+    """Reward 1 when the completion has an even number of characters (so some problems keep >= 2)."""
+
+    def prompt(self, example):
+        return f"{example['a']}+{example['a']}="
+
+    def answer(self, example):
+        return "0"
+
+    def extract(self, completion):
+        return completion
+
+    def reward(self, completion, example):
+        return 1.0 if len(completion) % 2 == 0 else 0.0
+
+
+def test_warmup_data_filters_and_resumes(tmp_path):
+    task = EvenTask("even", [{"a": i} for i in range(6)])
+    out = tmp_path / "warmup.jsonl"
+    sampling = SamplingConfig(max_new_tokens=5, temperature=1.0, top_p=1.0)
+    stats = make_warmup_data(base_model(), TOK, task, out, n=4, sampling=sampling, progress=False)
+    records = read_records(out)
+    assert [r["index"] for r in records] == list(range(6)) and stats["sampled_now"] == 6
+    for r in records:
+        if r["kept"]:
+            assert r["correct"] >= 2 and len(r["responses"]) == r["correct"]
+            assert all(len(x["text"]) % 2 == 0 for x in r["responses"])
+            assert r["prompt"] == task.prompt(task.examples[r["index"]]) and r["answer"] == "0"
+            assert all(x["token_ids"] for x in r["responses"])
+        else:
+            assert r["correct"] <= 1 and "responses" not in r
+    assert stats["kept"] + stats["dropped"] == 6 and stats["kept"] > 0
+    # a crash cut the last line: the re-run redoes only that problem
+    lines = out.read_text().splitlines(keepends=True)
+    out.write_text("".join(lines[:-1]) + lines[-1][:10])
+    again = make_warmup_data(base_model(), TOK, task, out, n=4, sampling=sampling, progress=False)
+    assert again["sampled_now"] == 1 and [r["index"] for r in read_records(out)] == list(range(6))
+    with pytest.raises(ValueError, match="other settings"):
+        make_warmup_data(base_model(), TOK, task, out, n=8, sampling=sampling, progress=False)
+    with pytest.raises(ValueError, match="width must be 1"):
+        make_warmup_data(base_model(), TOK, task, tmp_path / "x.jsonl", sampling=replace(sampling, n=4, width=2))
+
+
+def test_cli_warmup_data_then_sft(tmp_path, capsys):
+    from conftest import save_tiny_model_dir
+
+    from bridgelm.cli import main
+
+    save_tiny_model_dir(tmp_path / "m")
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"question": f"{a}+{a}", "answer": f"#### {2 * a}"}) + "\n" for a in range(4)))
+    main(
+        ["warmup-data", "--model", str(tmp_path / "m"), "--task", "gsm8k", "--data", str(data), "--n", "4"]
+        + ["--max-new-tokens", "4", "--out", str(tmp_path / "w.jsonl")]
+    )
+    assert len(read_records(tmp_path / "w.jsonl")) == 4 and "kept" in capsys.readouterr().out
+    sft_args = ["sft", "--model", str(tmp_path / "m"), "--blocks", "pmatch", "--out", str(tmp_path / "sft")]
+    main([*sft_args, "--data", str(write_warmup(tmp_path / "hand.jsonl")), "--epochs", "1", "--val-count", "2"])
+    assert (tmp_path / "sft" / "blocks.safetensors").is_file()
+    model = bridgelm.load_model(str(tmp_path / "m"), blocks=tmp_path / "sft" / "blocks.safetensors")
+    assert bridgelm.block_config(model).kind == "pmatch"
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(SystemExit) as err:
+        main([*sft_args[:-1], str(tmp_path / "sft2"), "--data", str(empty)])
+    assert err.value.code == 2 and "is empty" in capsys.readouterr().err

@@ -1,0 +1,218 @@
+"""Shared training plumbing: schedules, checkpoints, RNG, grouped batches and their log-probs."""
+
+import random
+
+import pytest
+import torch
+from conftest import randomize_blocks, tiny_model
+
+import bridgelm
+from bridgelm.jsonl import read_records
+from bridgelm.train import common
+from bridgelm.train.common import Row
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models: one thread avoids OpenMP spin-waiting on a shared, busy CPU (10x slower at times)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _lrs(total, warmup_fraction, decay, lr=1.0):
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = common.make_optimizer([p], lr)
+    sched = common.make_scheduler(opt, total, warmup_fraction, decay)
+    out = []
+    for _ in range(total):
+        out.append(sched.get_last_lr()[0])
+        opt.step()
+        sched.step()
+    return out
+
+
+def test_constant_schedule_with_warmup():
+    lrs = _lrs(20, 0.1, "constant")  # 2 warm-up steps
+    assert lrs[:3] == pytest.approx([1 / 3, 2 / 3, 1.0])
+    assert lrs[2:] == [1.0] * 18
+
+
+def test_linear_schedule_with_warmup():
+    lrs = _lrs(10, 0.2, "linear")  # 2 warm-up steps, then 8 decaying
+    assert lrs[:2] == pytest.approx([1 / 3, 2 / 3])
+    assert lrs[2:] == pytest.approx([(10 - s) / 8 for s in range(2, 10)])
+    assert all(a > b for a, b in zip(lrs[2:], lrs[3:])) and lrs[-1] > 0
+
+
+def test_schedule_errors():
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = common.make_optimizer([p], 1.0)
+    with pytest.raises(ValueError, match="decay="):
+        common.make_scheduler(opt, 10, 0.1, "cosine")
+    with pytest.raises(ValueError, match="warmup_fraction"):
+        common.make_scheduler(opt, 10, 1.5, "linear")
+    with pytest.raises(ValueError, match="no trainable"):
+        common.make_optimizer([], 1.0)
+
+
+def test_scheduler_and_optimizer_state_round_trip(tmp_path):
+    torch.manual_seed(0)
+    p = torch.nn.Parameter(torch.randn(3))
+    opt = common.make_optimizer([p], 0.1)
+    sched = common.make_scheduler(opt, 10, 0.3, "linear")
+    for _ in range(4):
+        p.grad = torch.ones(3)
+        opt.step()
+        sched.step()
+    common.save_trainer_state(tmp_path, 4, opt.state_dict(), sched, {"best": {"x": 1.5}})
+    state = common.load_trainer_state(tmp_path)
+    q = torch.nn.Parameter(p.detach().clone())
+    opt2 = common.make_optimizer([q], 0.1)
+    sched2 = common.make_scheduler(opt2, 10, 0.3, "linear")
+    opt2.load_state_dict(state["optimizer"])
+    sched2.load_state_dict(state["scheduler"])
+    assert state["step"] == 4 and state["extra"] == {"best": {"x": 1.5}}
+    for _ in range(3):
+        for param, o, s in ((p, opt, sched), (q, opt2, sched2)):
+            param.grad = torch.ones(3)
+            o.step()
+            s.step()
+        assert torch.equal(p, q) and sched.get_last_lr() == sched2.get_last_lr()
+
+
+def test_rng_round_trip():
+    state = common.rng_state()
+    a = (random.random(), torch.rand(3))
+    common.set_rng_state(state)
+    b = (random.random(), torch.rand(3))
+    assert a[0] == b[0] and torch.equal(a[1], b[1])
+
+
+def test_rng_state_survives_weights_only_load(tmp_path):
+    torch.save(common.rng_state(), tmp_path / "rng.pt")
+    state = torch.load(tmp_path / "rng.pt", weights_only=True)
+    first = (random.random(), torch.rand(2))
+    common.set_rng_state(state)
+    assert (random.random(), torch.rand(2))[0] == first[0]
+
+
+def test_derived_seeds_are_stable_and_distinct():
+    assert common.derive_seed(0, "data", 3) == common.derive_seed(0, "data", 3)
+    assert len({common.derive_seed(0, "data", s) for s in range(100)}) == 100
+    assert common.derive_seed(0, "data", 1) != common.derive_seed(1, "data", 1)
+    a = torch.rand(4, generator=common.generator(5, "x"))
+    assert torch.equal(a, torch.rand(4, generator=common.generator(5, "x")))
+
+
+def test_atomic_checkpoint_dir_and_keep_last(tmp_path):
+    def writer(step):
+        def write(tmp):
+            (tmp / "weights.bin").write_bytes(bytes([step]))
+            common.write_json(tmp / common.TRAINER_INFO, {"step": step})
+
+        return write
+
+    for step in (1, 2, 3, 4):
+        common.write_dir_atomic(tmp_path / common.CHECKPOINTS / common.checkpoint_name(step), writer(step))
+        common.prune_checkpoints(tmp_path, keep_last=2)
+    names = [p.name for p in common.list_checkpoints(tmp_path)]
+    assert names == ["step-00000003", "step-00000004"]
+    assert common.latest_checkpoint(tmp_path).name == "step-00000004"
+    # a failing write leaves the previous directory intact and no temporary behind
+    final = tmp_path / common.CHECKPOINTS / common.checkpoint_name(4)
+
+    def broken(tmp):
+        (tmp / "weights.bin").write_bytes(b"half")
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError):
+        common.write_dir_atomic(final, broken)
+    assert (final / "weights.bin").read_bytes() == bytes([4])
+    assert sorted(p.name for p in (tmp_path / common.CHECKPOINTS).iterdir()) == names
+    # replacing an existing directory
+    common.write_dir_atomic(final, writer(9))
+    assert (final / "weights.bin").read_bytes() == bytes([9])
+    # an incomplete checkpoint (no trainer.json) is not listed
+    (tmp_path / common.CHECKPOINTS / "step-00000005").mkdir()
+    assert common.latest_checkpoint(tmp_path).name == "step-00000004"
+
+
+def test_config_check_names_fields(tmp_path):
+    common.check_same_config(tmp_path, {"lr": 1.0, "steps": 3}, {"lr": 1.0, "steps": 3})
+    with pytest.raises(ValueError, match=r"lr: saved 1.0 vs now 2.0"):
+        common.check_same_config(tmp_path, {"lr": 1.0, "steps": 3}, {"lr": 2.0, "steps": 3})
+
+
+def test_fresh_run_refuses_a_used_directory(tmp_path):
+    assert common.check_fresh_or_resume(tmp_path, resume=False) is None
+    (tmp_path / common.METRICS).write_text('{"step": 1}\n')
+    with pytest.raises(ValueError, match="resume"):
+        common.check_fresh_or_resume(tmp_path, resume=False)
+    assert common.check_fresh_or_resume(tmp_path, resume=True) is None
+
+
+def test_metrics_log_keep_until(tmp_path):
+    log = common.MetricsLog(tmp_path / "metrics.jsonl")
+    for s in (1, 2, 3):
+        log.log({"step": s, "loss": float(s)})
+    again = common.MetricsLog(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in again.records] == [1, 2, 3]
+    again.keep_until(2)
+    assert [r["step"] for r in read_records(tmp_path / "metrics.jsonl")] == [1, 2]
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_load_weights_is_exact(tmp_path, tied):
+    src = randomize_blocks(bridgelm.add_bridge(tiny_model(seed=1, tie_word_embeddings=tied)))
+    src.save_pretrained(tmp_path)
+    dst = bridgelm.add_bridge(tiny_model(seed=2, tie_word_embeddings=tied))
+    common.load_weights(dst, tmp_path)
+    for (name, a), (_, b) in zip(src.state_dict().items(), dst.state_dict().items()):
+        assert torch.equal(a, b), name
+    with pytest.raises(ValueError, match="holds weights the model lacks"):
+        common.load_weights(tiny_model(seed=2, tie_word_embeddings=tied), tmp_path)
+    deeper = bridgelm.add_bridge(tiny_model(seed=2, tie_word_embeddings=tied, num_hidden_layers=3))
+    with pytest.raises(ValueError, match="lacks weights of the model"):
+        common.load_weights(deeper, tmp_path)
+
+
+def _rows():
+    g = torch.Generator().manual_seed(0)
+    p1 = torch.randint(5, 90, (4,), generator=g).tolist()
+    p2 = torch.randint(5, 90, (6,), generator=g).tolist()
+    lens = [3, 5, 2, 4, 1, 6]
+    resp = [torch.randint(5, 90, (n,), generator=g).tolist() for n in lens]
+    return [Row(p1, resp[0], 7), Row(p1, resp[1], 7), Row(p1, resp[2], 7), Row(p2, resp[3], 3), Row(p2, resp[4], 3)]
+
+
+def test_pack_rows_layout():
+    rows = _rows()
+    batch = common.pack_rows(rows, pad_id=0)
+    assert batch.input_ids.shape == (5, 10) and batch.response_mask.shape == (5, 5)
+    assert batch.tokens == 3 + 5 + 2 + 4 + 1
+    assert batch.attention_mask[1].tolist() == [1] * 9 + [0]
+    assert batch.predict[1].nonzero()[:, 0].tolist() == [3, 4, 5, 6, 7]
+    with pytest.raises(ValueError, match="not next to its group"):
+        common.pack_rows([rows[0], rows[3], rows[1]], 0)
+    with pytest.raises(ValueError, match="another prompt"):
+        common.pack_rows([rows[0], rows[3]._replace(group=7)], 0)
+
+
+@pytest.mark.parametrize("arch,temperature", [("qwen2", 1.0), ("qwen2", 0.6), ("llama", 0.6), ("qwen3", 0.6)])
+def test_response_logprobs_match_grouped_logits(arch, temperature):
+    """The trimmed forward (logits only at response positions) equals the full grouped_logits one."""
+    model = randomize_blocks(bridgelm.add_bridge(tiny_model(arch)))
+    rows = _rows()
+    batch = common.pack_rows(rows, pad_id=0)
+    got = common.response_logprobs(model, batch, temperature, with_entropy=True)
+    logits = bridgelm.grouped_logits(model, batch.input_ids, batch.attention_mask, batch.group_ids)
+    logp = torch.log_softmax(logits.float() / temperature, -1)
+    for b, r in enumerate(rows):
+        p, n = len(r.prompt), len(r.response)
+        want = logp[b, p - 1 : p + n - 1].gather(-1, torch.tensor(r.response)[:, None])[:, 0]
+        assert torch.allclose(got.logprobs[b, :n], want, atol=1e-5)
+        assert torch.equal(got.logprobs[b, n:], torch.zeros(5 - n))
+        ent = -(logp[b, p - 1 : p + n - 1].exp() * logp[b, p - 1 : p + n - 1]).sum(-1)
+        assert torch.allclose(got.entropy[b, :n], ent, atol=1e-5)
