@@ -85,6 +85,11 @@ def timed(fn):
     return {"tokens": tokens, "seconds": round(dt, 3), "tok_per_s": round(tokens / dt, 1), "peak_mb": round(mem.mb, 1)}
 
 
+def median_run(series: list[dict]) -> dict:
+    """The repeat with the median tokens/s."""
+    return sorted(series, key=lambda r: r["tok_per_s"])[len(series) // 2]
+
+
 def run_hf(model, prompts, n, new_tokens, temperature, top_p):
     ids = torch.tensor(prompts)
     torch.manual_seed(0)
@@ -121,6 +126,7 @@ def main() -> None:
     ap.add_argument("--temperature", type=float, default=0.6)
     ap.add_argument("--top-p", type=float, default=0.95)
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    ap.add_argument("--repeats", type=int, default=3, help="interleaved repeats; the median is reported")
     ap.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     args = ap.parse_args()
     if args.threads:
@@ -161,12 +167,24 @@ def main() -> None:
         f"{torch.get_num_threads()} threads; {args.prompts} prompts x {args.prompt_len} tokens, n={args.n}, "
         f"width {args.width}, {args.new_tokens} new tokens"
     )
-    results["hf_generate"] = timed(lambda: run_hf(plain, prompts, args.n, args.new_tokens, **s))
-    print(f"(a) transformers generate : {results['hf_generate']}")
-    results["engine_plain"] = timed(lambda: run_engine(plain, prompts, args.n, 1, args.new_tokens, **s))
-    print(f"(b) engine, no blocks     : {results['engine_plain']}")
-    results["engine_bridge"] = timed(lambda: run_engine(bridged, prompts, args.n, args.width, args.new_tokens, **s))
-    print(f"(c) engine, Bridge w={args.width}  : {results['engine_bridge']}")
+    # Interleaved repeats (a, b, c, a, b, c, ...): the median of each resists drift of the machine's speed.
+    runs = {
+        "hf_generate": lambda: run_hf(plain, prompts, args.n, args.new_tokens, **s),
+        "engine_plain": lambda: run_engine(plain, prompts, args.n, 1, args.new_tokens, **s),
+        "engine_bridge": lambda: run_engine(bridged, prompts, args.n, args.width, args.new_tokens, **s),
+    }
+    measured = {name: [] for name in runs}
+    for _ in range(args.repeats):
+        for name, fn in runs.items():
+            measured[name].append(timed(fn))
+    labels = {
+        "hf_generate": "(a) transformers generate",
+        "engine_plain": "(b) engine, no blocks",
+        "engine_bridge": f"(c) engine, Bridge w={args.width}",
+    }
+    for name, series in measured.items():
+        results[name] = median_run(series)
+        print(f"{labels[name]:28s}: {results[name]}  (tok/s of each repeat: {[r['tok_per_s'] for r in series]})")
     a, b, c = (results[k]["tok_per_s"] for k in ("hf_generate", "engine_plain", "engine_bridge"))
     results["bridge_over_plain"] = round(c / b, 3)
     results["plain_over_hf"] = round(b / a, 3)
@@ -175,7 +193,11 @@ def main() -> None:
     if args.widths:
         scaling = {}
         for w in [int(x) for x in args.widths.split(",")]:
-            scaling[w] = timed(lambda w=w: run_engine(bridged, prompts, args.scaling_n, w, args.new_tokens, **s))
+            series = [
+                timed(lambda w=w: run_engine(bridged, prompts, args.scaling_n, w, args.new_tokens, **s))
+                for _ in range(args.repeats)
+            ]
+            scaling[w] = median_run(series)
             print(f"Bridge width {w:2d} (n={args.scaling_n}): {scaling[w]}")
         results["width_scaling"] = {str(k): v for k, v in scaling.items()}
     if args.json:

@@ -40,7 +40,7 @@ class DemoConfig:
     warmup_n: int = 8  # answers per problem (paper: 8)
     sft_epochs: int = 5  # paper: 5
     sft_lr: float = 1e-3  # the paper's 2e-5 is for 7B models; a 2M model needs larger steps
-    rl_steps: int = 100  # GRPO steps per arm
+    rl_steps: int = 150  # GRPO steps per arm
     rl_prompts: int = 16  # P, prompts per step
     rl_rollouts: int = 8  # G (paper: 8)
     rl_width: int = 4  # w of Bridge while training (paper: 4 or 8)
@@ -50,7 +50,7 @@ class DemoConfig:
     max_new_tokens: int = 48  # the longest worked solution is ~40 tokens
     temperature: float = 0.6  # paper: 0.6 for training and evaluation
     top_p: float = 0.95  # evaluation nucleus (paper: 0.95)
-    eval_problems: int = 200  # held-out test problems
+    eval_problems: int = 400  # held-out test problems
     eval_n: int = 16  # samples per problem (divisible by every width)
     eval_width: int = 8  # Bridge's width in the main table (paper: 8)
     widths: tuple[int, ...] = (1, 2, 4, 8, 16)  # Bridge widths of the width table (paper Table 3)
