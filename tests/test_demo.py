@@ -11,7 +11,7 @@ pytestmark = pytest.mark.slow
 
 def test_quick_demo_runs_every_stage_and_resumes(tmp_path, capsys):
     out = tmp_path / "demo"
-    main(["demo", "--quick", "--out", str(out)])
+    main(["demo", "--quick", "--seeds", "2", "--out", str(out)])
     printed = capsys.readouterr().out
     report = out / "report.md"
     assert f"report at {report}" in printed
@@ -20,6 +20,8 @@ def test_quick_demo_runs_every_stage_and_resumes(tmp_path, capsys):
         assert row in text
     results = json.loads((out / "results.json").read_text())
     assert set(results["arms"]) == {"base", "rlvr", "pmatch", "bridge"}
+    assert len(results["arms"]["bridge"]["seeds"]) == 2 and len(results["arms"]["base"]["seeds"]) == 1
+    assert "mean ± sd over seeds" in text
     for arm in results["arms"].values():
         acc = arm["accuracy_mean"]
         assert 0.0 <= acc <= 1.0
@@ -29,8 +31,8 @@ def test_quick_demo_runs_every_stage_and_resumes(tmp_path, capsys):
     for stage in ("[warmup]", "[sft bridge]", "[rl bridge seed 0]", "[eval bridge seed 0]"):
         assert f"{stage} done" in printed
     # a second run finds every output and redoes nothing
-    main(["demo", "--quick", "--out", str(out)])
+    main(["demo", "--quick", "--seeds", "2", "--out", str(out)])
     again = capsys.readouterr().out
     assert "base model: reusing" in again
-    for stage in ("[warmup]", "[sft bridge]", "[sft pmatch]", "[rl rlvr seed 0]", "[eval base seed 0]"):
+    for stage in ("[warmup]", "[sft bridge]", "[sft pmatch]", "[rl rlvr seed 1]", "[eval base seed 0]"):
         assert f"{stage} already done" in again

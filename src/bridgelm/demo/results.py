@@ -71,7 +71,8 @@ def table_1(arms: dict, cfg) -> str:
     k = cfg.gpass_k
     seeds = max(len(a["seeds"]) for a in arms.values())
     head = (
-        f"| Method | Accuracy (%) | 95% interval | Coverage@{cfg.eval_n} | G-Pass@{k} τ=0.5 | G-Pass@{k} τ=1 "
+        f"| Method | Accuracy (%){' mean ± sd over seeds' if seeds > 1 else ''} | 95% interval"
+        f"{' (seed 0)' if seeds > 1 else ''} | Coverage@{cfg.eval_n} | G-Pass@{k} τ=0.5 | G-Pass@{k} τ=1 "
         f"| Majority vote | Avg | ↑Δ |"
     )
     lines = [head, "|---|---|---|---|---|---|---|---|---|"]
