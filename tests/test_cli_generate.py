@@ -47,6 +47,9 @@ def test_generate_writes_and_resumes(tmp_path, capsys):
     assert len(again) == 4
     by_index = {r["index"]: r for r in again}
     assert by_index[0] == full[0] and by_index[2] == full[2]
+    # per-prompt random streams: the redone prompts drew exactly what the first run drew
+    for i in (1, 3):  # (log-probs may differ in the last digit: other batch shapes round differently)
+        assert [s["token_ids"] for s in by_index[i]["samples"]] == [s["token_ids"] for s in full[i]["samples"]]
     assert "sampled 2 prompts now" in capsys.readouterr().out
     # other settings into the same file are refused, and the file is untouched
     before = out.read_bytes()

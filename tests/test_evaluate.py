@@ -71,6 +71,8 @@ def test_resumed_run_samples_exactly_the_missing_problems(tmp_path, model_tok, m
     after = out.read_text().splitlines(keepends=True)
     assert sorted(E._key(json.loads(line)) for line in after) == sorted(keys)
     assert after[:2] == lines[:2] and after[2:12] == lines[3:-1]  # what was written is untouched
+    # per-problem random streams: the redone problems drew exactly what the first run drew
+    assert sorted(after[12:]) == sorted([lines[2], lines[-1]])
     prompts_sampled.clear()
     assert E.run_eval(model, tok, "math", data, cfg, run, "tiny", progress=False)["sampled"] == 0
     assert prompts_sampled == []

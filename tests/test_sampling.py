@@ -221,3 +221,19 @@ def test_bad_prompts():
         bridgelm.generate(model, tok, ["1", ""], n=2)
     with pytest.raises(ValueError, match="context of 32"):
         bridgelm.generate(model, tok, ["1" * 30], n=2, max_new_tokens=8)
+
+
+def test_a_prompts_samples_do_not_depend_on_its_batch():
+    """Per-sample random streams: alone, in a batch, or split over waves, a prompt draws the same samples."""
+    model = randomize_blocks(bridgelm.add_bridge(tiny_model()), std=0.2)
+    torch.manual_seed(7)
+    prompts = [torch.randint(7, 97, (n,)).tolist() for n in (5, 3, 8, 4)]
+    cfg = SamplingConfig(n=4, width=2, max_new_tokens=12, temperature=1.0, top_p=0.9, seed=11)
+    together = generate_ids(model, prompts, cfg, EOS, 0)
+    alone = generate_ids(model, prompts[2:3], cfg, EOS, 0, keys=[2])
+    assert [s.token_ids for s in alone[0]] == [s.token_ids for s in together[2]]
+    small = SamplingConfig(n=4, width=2, max_new_tokens=12, temperature=1.0, top_p=0.9, seed=11, max_batch_sequences=2)
+    split = generate_ids(model, prompts, small, EOS, 0)
+    assert [s.token_ids for r in split for s in r] == [s.token_ids for r in together for s in r]
+    other_key = generate_ids(model, prompts[2:3], cfg, EOS, 0, keys=[99])
+    assert [s.token_ids for s in other_key[0]] != [s.token_ids for s in together[2]]

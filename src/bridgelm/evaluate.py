@@ -421,7 +421,9 @@ def run_eval(
                         ids.update(zip(need, encoded))
                     prompts = [ids[i] for i in indices]
                     step = bar.update if bar is not None else None
-                    for k, samples in iter_generate_ids(model, prompts, cfg.sampling(w), eos, pad, stop, step):
+                    keys = [(b.name, i) for i in indices]  # a problem's samples do not depend on its shard
+                    stream = iter_generate_ids(model, prompts, cfg.sampling(w), eos, pad, stop, step, keys)
+                    for k, samples in stream:
                         i = indices[k]
                         ex = b.problems[i]
                         append_record(

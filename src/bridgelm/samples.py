@@ -68,9 +68,9 @@ def sample_to_file(
 
         bar = tqdm(total=len(todo) * cfg.n, desc=f"sampling -> {out}", unit="sample")
     try:
-        stream = iter_generate_ids(
-            model, ids, cfg, eos, pad, stop_checker(tokenizer, stop_strings), bar.update if bar else None
-        )
+        stop = stop_checker(tokenizer, stop_strings)
+        # keys = prompt indices: a resumed run draws exactly what an uninterrupted one would have
+        stream = iter_generate_ids(model, ids, cfg, eos, pad, stop, bar.update if bar else None, keys=todo)
         for k, samples in stream:
             i = todo[k]
             line = {

@@ -14,12 +14,13 @@ Design (token ids in, token ids out; tokenizing happens in `bridgelm.generate` a
 - Log-probs are those of the sampled token under softmax(logits / temperature), before top-p/top-k
   truncation (temperature 1 for greedy decoding): the distribution a GRPO trainer recomputes with a
   teacher-forced forward at the same temperature.
-- Randomness comes from one explicit `torch.Generator` seeded with `seed`: same inputs, same settings, same
-  samples.
+- Randomness is explicit: every sample draws from generators seeded with (seed, prompt key, sample index), so
+  a prompt gets the same samples whatever shares its batch, and resumed or sharded runs redraw them exactly.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -149,22 +150,32 @@ def in_nucleus(probs: torch.Tensor, tokens: torch.Tensor, top_p: float) -> torch
     return above < top_p
 
 
-def _draw(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """One draw per row by inverse CDF. probs [B, V] (unnormalised is fine) -> [B] ids."""
+# uniform(rows, attempt) -> [len(rows)] uniforms in [0, 1): the draws of those batch rows, `attempt`-th try.
+Uniform = Callable[[torch.Tensor, int], torch.Tensor]
+
+
+def generator_uniform(generator: torch.Generator | None) -> Uniform:
+    """Uniforms from one generator (the draws then depend on the batch's composition)."""
+    return lambda rows, attempt: torch.rand(len(rows), generator=generator, device=rows.device)
+
+
+def _draw(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """One draw per row by inverse CDF. probs [B, V] (unnormalised is fine), u [B] uniforms -> [B] ids."""
     cdf = probs.cumsum(-1)  # [B, V]
-    u = torch.rand(probs.shape[0], 1, generator=generator, device=probs.device, dtype=cdf.dtype) * cdf[:, -1:]
-    return torch.searchsorted(cdf, u, right=True)[:, 0].clamp_(max=probs.shape[-1] - 1)
+    target = u.to(cdf.dtype)[:, None] * cdf[:, -1:]
+    return torch.searchsorted(cdf, target, right=True)[:, 0].clamp_(max=probs.shape[-1] - 1)
 
 
 def sample_tokens(
-    logits: torch.Tensor, temperature: float, top_p: float, top_k: int, generator: torch.Generator | None
+    logits: torch.Tensor, temperature: float, top_p: float, top_k: int, rand: torch.Generator | Uniform | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw one token per row. logits [B, V] -> (tokens [B], logprobs [B] under softmax(logits / T)).
 
     Top-p without sorting: draw from the (top-k) distribution and redraw the rows whose token fell outside the
     nucleus. Accepted draws follow the renormalised nucleus exactly; each round accepts with probability equal
-    to the nucleus mass (>= top_p), so a round or two suffices.
+    to the nucleus mass (>= top_p), so a round or two suffices. `rand` is a generator or a `Uniform`.
     """
+    uniform = rand if callable(rand) else generator_uniform(rand)
     logits = logits.float()
     if temperature == 0:
         tokens = logits.argmax(-1)
@@ -175,16 +186,60 @@ def sample_tokens(
     if top_k and top_k < logp.shape[-1]:
         vals, ids = logp.topk(top_k, -1)  # [B, k]
         probs = torch.softmax(vals, -1)  # renormalised over the top k
-    tokens = _draw(probs, generator)
+    every = torch.arange(probs.shape[0], device=probs.device)
+    tokens = _draw(probs, uniform(every, 0))
     if top_p < 1.0:
         ok = in_nucleus(probs, tokens, top_p)
+        attempt = 0
         while not bool(ok.all()):
+            attempt += 1
             redo = torch.nonzero(~ok)[:, 0]
-            tokens[redo] = _draw(probs[redo], generator)
+            tokens[redo] = _draw(probs[redo], uniform(redo, attempt))
             ok[redo] = in_nucleus(probs[redo], tokens[redo], top_p)
     if ids is not None:
         tokens = ids.gather(-1, tokens[:, None])[:, 0]
     return tokens, logp.gather(-1, tokens[:, None])[:, 0]
+
+
+def _stream_seed(*keys) -> int:
+    digest = hashlib.sha256(repr(keys).encode()).digest()
+    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+
+
+class SampleRandomness:
+    """The uniforms of every sample, fixed by (seed, prompt key, sample index, step, attempt).
+
+    A sample's draws then do not depend on which prompts share its batch, on the batch bounds, on resuming or on
+    sharding: the same prompt key gives the same samples. The first ROUNDS attempts of a step come from a table
+    drawn once per prompt; the rare later attempts from a generator seeded with the full coordinates.
+    """
+
+    ROUNDS = 4
+
+    def __init__(self, seed: int, jobs: Sequence[_Job], keys: Sequence, n: int, steps: int, device):
+        parts, self.coords = [], []
+        for job in jobs:
+            key = keys[job.prompt]
+            g = torch.Generator().manual_seed(_stream_seed(seed, key))
+            table = torch.rand(n, steps, self.ROUNDS, generator=g)  # every sample of the prompt
+            parts.append(table[job.first : job.first + job.count])
+            self.coords += [(key, job.first + j) for j in range(job.count)]
+        self.table = torch.cat(parts).to(device)  # [B, steps, ROUNDS]
+        self.seed = seed
+        self.rows = None  # [B'] wave row of each batch row, set every step
+        self.step = 0
+
+    def __call__(self, batch_rows: torch.Tensor, attempt: int) -> torch.Tensor:
+        rows = self.rows[batch_rows]
+        if attempt < self.ROUNDS:
+            return self.table[rows, self.step, attempt]
+        out = [
+            torch.rand(
+                1, generator=torch.Generator().manual_seed(_stream_seed(self.seed, *self.coords[r], self.step, attempt))
+            )
+            for r in rows.tolist()
+        ]
+        return torch.cat(out).to(self.table.device)
 
 
 def decode_step(model, cache: Cache, tokens: torch.Tensor, positions: torch.Tensor, mask, groups) -> torch.Tensor:
@@ -268,7 +323,7 @@ def _run_wave(
     cfg: SamplingConfig,
     eos: torch.Tensor,
     pad_id: int,
-    generator: torch.Generator,
+    keys: Sequence,
     stop: Callable[[list[int]], bool] | None,
     on_step: Callable[[int], None] | None,
 ) -> list[GeneratedIds]:
@@ -310,9 +365,14 @@ def _run_wave(
     ended = torch.zeros(B, dtype=torch.bool, device=device)  # emitted EOS / stop string
     rows = torch.arange(B, device=device)  # wave row of each active batch row
     alive = torch.ones(B, dtype=torch.bool, device=device)
+    rand = None
+    if cfg.temperature > 0:
+        rand = SampleRandomness(cfg.seed, wave.jobs, keys, cfg.n, cfg.max_new_tokens, device)
     step = 0
     while True:
-        tok, lp = sample_tokens(logits, cfg.temperature, cfg.top_p, cfg.top_k, generator)  # token of `step`
+        if rand is not None:
+            rand.rows, rand.step = rows, step
+        tok, lp = sample_tokens(logits, cfg.temperature, cfg.top_p, cfg.top_k, rand)  # token of `step`
         live_rows = rows[alive]
         out_tokens[live_rows, step] = tok[alive]
         out_logps[live_rows, step] = lp[alive]
@@ -362,11 +422,14 @@ def iter_generate_ids(
     pad_token_id: int,
     stop: Callable[[list[int]], bool] | None = None,
     progress: Callable[[int], None] | None = None,
+    keys: Sequence | None = None,
 ) -> Iterator[tuple[int, list[GeneratedIds]]]:
     """Yield (prompt index, its n samples) as prompts complete, in prompt order.
 
     `stop(token_ids) -> bool` ends a sample early (stop strings); `progress(k)` is called with the number of
-    samples that completed since its last call (n * len(prompts) in all).
+    samples that completed since its last call (n * len(prompts) in all). `keys[i]` (default i) names prompt i's
+    random stream: with the same seed and key a prompt gets the same samples whatever else is in the batch (up to
+    the rounding differences of other batch shapes).
     """
     cfg.validate()
     if len(prompts) == 0:
@@ -384,13 +447,16 @@ def iter_generate_ids(
         eos_token_ids = [-1]  # nothing stops a sample but max_new_tokens
     device = next(model.parameters()).device
     eos = torch.tensor(list(eos_token_ids), dtype=torch.long, device=device)
-    generator = torch.Generator(device=device).manual_seed(cfg.seed)
+    if keys is None:
+        keys = list(range(len(prompts)))
+    elif len(keys) != len(prompts):
+        raise ValueError(f"keys has {len(keys)} entries: expected one per prompt ({len(prompts)})")
     was_training = model.training
     model.eval()
     pending: dict[int, list[GeneratedIds | None]] = {}
     try:
         for wave in plan_waves([len(p) for p in prompts], cfg):
-            samples = _run_wave(model, prompts, wave, cfg, eos, pad_token_id, generator, stop, progress)
+            samples = _run_wave(model, prompts, wave, cfg, eos, pad_token_id, keys, stop, progress)
             at = 0
             for job in wave.jobs:
                 slot = pending.setdefault(job.prompt, [None] * cfg.n)
@@ -402,10 +468,10 @@ def iter_generate_ids(
         model.train(was_training)
 
 
-def generate_ids(model, prompts, cfg: SamplingConfig, eos_token_ids, pad_token_id, stop=None, progress=None):
+def generate_ids(model, prompts, cfg: SamplingConfig, eos_token_ids, pad_token_id, stop=None, progress=None, keys=None):
     """All samples: a list (per prompt) of n `GeneratedIds`."""
     out: list[list[GeneratedIds]] = [[] for _ in prompts]
-    for i, samples in iter_generate_ids(model, prompts, cfg, eos_token_ids, pad_token_id, stop, progress):
+    for i, samples in iter_generate_ids(model, prompts, cfg, eos_token_ids, pad_token_id, stop, progress, keys):
         out[i] = samples
     return out
 

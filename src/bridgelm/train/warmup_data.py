@@ -83,7 +83,8 @@ def _sample_and_write(model, tokenizer, task, examples, todo, cfg, settings, cha
 
         bar = tqdm(total=len(todo) * cfg.n, desc=f"warm-up data -> {out}", unit="sample")
     try:
-        for k, samples in iter_generate_ids(model, ids, cfg, eos, pad, progress=bar.update if bar else None):
+        stream = iter_generate_ids(model, ids, cfg, eos, pad, progress=bar.update if bar else None, keys=todo)
+        for k, samples in stream:
             i = todo[k]
             example = examples[i]
             completions = [tokenizer.decode(s.token_ids, skip_special_tokens=True) for s in samples]
