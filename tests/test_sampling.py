@@ -237,3 +237,12 @@ def test_a_prompts_samples_do_not_depend_on_its_batch():
     assert [s.token_ids for r in split for s in r] == [s.token_ids for r in together for s in r]
     other_key = generate_ids(model, prompts[2:3], cfg, EOS, 0, keys=[99])
     assert [s.token_ids for s in other_key[0]] != [s.token_ids for s in together[2]]
+
+
+def test_generation_is_prefix_consistent_in_max_new_tokens():
+    """The first L tokens do not depend on the budget: Figure 6's budgets can be read off one long run."""
+    model = randomize_blocks(bridgelm.add_bridge(tiny_model()), std=0.2)
+    prompts = [[10, 11, 12], [20, 21]]
+    long = generate_ids(model, prompts, SamplingConfig(n=4, width=2, max_new_tokens=16, temperature=1.0), [], 0)
+    short = generate_ids(model, prompts, SamplingConfig(n=4, width=2, max_new_tokens=6, temperature=1.0), [], 0)
+    assert [s.token_ids[:6] for r in long for s in r] == [s.token_ids for r in short for s in r]

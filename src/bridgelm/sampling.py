@@ -221,7 +221,8 @@ class SampleRandomness:
         for job in jobs:
             key = keys[job.prompt]
             g = torch.Generator().manual_seed(_stream_seed(seed, key))
-            table = torch.rand(n, steps, self.ROUNDS, generator=g)  # every sample of the prompt
+            # Drawn step-major, so that the draws of step t do not depend on max_new_tokens (prefix-consistent).
+            table = torch.rand(steps, n, self.ROUNDS, generator=g).transpose(0, 1)  # [n, steps, ROUNDS]
             parts.append(table[job.first : job.first + job.count])
             self.coords += [(key, job.first + j) for j in range(job.count)]
         self.table = torch.cat(parts).to(device)  # [B, steps, ROUNDS]
