@@ -19,6 +19,7 @@ from bridgelm.report import plot_gpass, plot_width
 
 ARMS = ("base", "rlvr", "pmatch", "bridge")
 TITLES = {"base": "Base", "rlvr": "RLVR only", "pmatch": "P-Match", "bridge": "Bridge"}
+MIN_GAIN = 0.005  # accuracy gain (half a point) below which a width is not said to beat w = 1
 
 
 def _entry(run_dir: Path, width: int) -> dict:
@@ -55,6 +56,8 @@ def collect(eval_dirs: dict[tuple[str, int], Path], cfg) -> dict:
         arms.setdefault(arm, {"seeds": {}})["seeds"][seed] = cell
         if arm == "bridge":
             arms[arm].setdefault("widths", {})[seed] = {w: _numbers(_entry(run_dir, w), k) for w in cfg.widths}
+            if seed == 0:
+                arms[arm]["diverged"] = diverged_from_width_1(run_dir)
     for data in arms.values():
         accs = [c["accuracy"]["mean"] for c in data["seeds"].values()]
         data["accuracy_mean"] = statistics.fmean(accs)
@@ -186,13 +189,42 @@ def verdict(arms: dict, cfg) -> str:
     widths = arms["bridge"]["widths"][min(arms["bridge"]["widths"])]
     w1 = widths[1]["accuracy"]["mean"] if 1 in widths else None
     wider = [w for w in widths if w > 1]
-    better = [w for w in wider if widths[w]["accuracy"]["mean"] > (w1 or 0)]
+    better = [w for w in wider if w1 is not None and widths[w]["accuracy"]["mean"] >= w1 + MIN_GAIN]
     claim(
-        "every width w > 1 beats independent generation (w = 1) with the same Bridge model",
+        f"every width w > 1 beats independent generation (w = 1) with the same Bridge model, by {100 * MIN_GAIN:.1f}"
+        " point or more",
         w1 is not None and len(better) == len(wider),
         f"w=1 {_pct(w1)}%; " + ", ".join(f"w={w} {_pct(widths[w]['accuracy']['mean'])}%" for w in wider),
     )
+    diverged = arms["bridge"].get("diverged", {})
+    if diverged:
+        lines.append(
+            "- How much the samples interact: with the same random draws, "
+            + ", ".join(f"{100 * f:.1f}% of samples at w={w}" for w, f in sorted(diverged.items()))
+            + " differ from their w=1 counterpart in at least one token."
+        )
     return "\n".join(lines)
+
+
+def diverged_from_width_1(run_dir: Path) -> dict[int, float]:
+    """Per width w > 1, the share of samples whose tokens differ from the same sample drawn at w = 1.
+
+    Evaluation draws are keyed by problem and sample index, so at w = 1 and w > 1 a sample uses the same random
+    numbers: any difference is the effect of its group.
+    """
+    by: dict[int, dict[tuple, list]] = {}
+    for path in sorted(run_dir.glob("samples*.jsonl")):
+        for rec in read_records(path, repair=False):
+            by.setdefault(rec["width"], {})[(rec["benchmark"], rec["index"])] = [s["token_ids"] for s in rec["samples"]]
+    if 1 not in by:
+        return {}
+    out = {}
+    for w, problems in by.items():
+        if w == 1:
+            continue
+        pairs = [(a, b) for key, samples in problems.items() for a, b in zip(samples, by[1].get(key, []))]
+        out[w] = sum(a != b for a, b in pairs) / max(1, len(pairs))
+    return out
 
 
 def write_demo_report(out: Path, cfg, eval_dirs: dict, timings: dict, quick: bool) -> Path:
