@@ -34,7 +34,7 @@ import numpy as np
 
 from bridgelm import metrics as M
 from bridgelm.jsonl import append_record, read_records, write_atomic, write_json
-from bridgelm.sampling import SamplingConfig, encode_prompts, eos_ids, iter_generate_ids, stop_checker
+from bridgelm.sampling import SamplingConfig, encode_prompts, eos_ids, iter_generate_ids, pad_id, stop_checker
 from bridgelm.tasks import Task
 
 FORMAT = "bridgelm-eval-1"
@@ -407,7 +407,7 @@ def run_eval(
     try:
         if total:
             eos = eos_ids(model, tokenizer)
-            pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
+            pad = pad_id(tokenizer, eos)
             stop = stop_checker(tokenizer, cfg.stop)
             for b in benches:
                 ids: dict[int, list[int]] = {}

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bridgelm.jsonl import append_record, read_records
-from bridgelm.sampling import SamplingConfig, encode_prompts, eos_ids, iter_generate_ids, stop_checker
+from bridgelm.sampling import SamplingConfig, encode_prompts, eos_ids, iter_generate_ids, pad_id, stop_checker
 
 # Settings that change what is sampled; batch bounds do not.
 _KEYED = ("n", "width", "max_new_tokens", "temperature", "top_p", "top_k", "seed")
@@ -61,7 +61,7 @@ def sample_to_file(
         return 0
     ids = encode_prompts(tokenizer, [prompts[i] for i in todo], chat)
     eos = eos_ids(model, tokenizer)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
+    pad = pad_id(tokenizer, eos)
     bar = None
     if progress:
         from tqdm.auto import tqdm

@@ -504,6 +504,13 @@ def eos_ids(model, tokenizer=None, override: int | Sequence[int] | None = None) 
     return [ids] if isinstance(ids, int) else list(ids)
 
 
+def pad_id(tokenizer, eos: Sequence[int]) -> int:
+    """The id that fills finished rows and padding: the tokenizer's pad, else the first EOS, else 0."""
+    if tokenizer.pad_token_id is not None:
+        return tokenizer.pad_token_id
+    return eos[0] if eos else 0
+
+
 def encode_prompts(tokenizer, prompts: Sequence[str], chat: bool = False) -> list[list[int]]:
     """Token ids of each prompt; with `chat`, through the tokenizer's chat template (generation prompt added)."""
     if isinstance(prompts, str):
@@ -577,7 +584,7 @@ def generate(
         raise ValueError("prompts is empty: expected at least one prompt")
     ids = encode_prompts(tokenizer, prompts, chat)
     eos = eos_ids(model, tokenizer, eos_token_id)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
+    pad = pad_id(tokenizer, eos)
     bar = _progress_bar(len(prompts) * n, progress)
     try:
         stop = stop_checker(tokenizer, stop_strings)

@@ -99,18 +99,11 @@ def encode_examples(tokenizer, task, examples) -> tuple[torch.Tensor, torch.Tens
     return ids, mask
 
 
-@torch.no_grad()
 def accuracy(model, tokenizer, task, n: int = 4, max_new_tokens: int = 48) -> float:
-    """Mean reward of n samples per problem (temperature 0.6, top-p 0.95), through the engine."""
-    from bridgelm.sampling import SamplingConfig, encode_prompts, generate_ids
+    """Mean accuracy of n independent samples per problem (temperature 0.6, top-p 0.95), through the engine."""
+    from bridgelm.train.rl import evaluate_accuracy
 
-    prompts = encode_prompts(tokenizer, [task.prompt(e) for e in task.examples])
-    cfg = SamplingConfig(n=n, max_new_tokens=max_new_tokens, temperature=0.6, top_p=0.95)
-    results = generate_ids(model, prompts, cfg, [tokenizer.eos_token_id], tokenizer.pad_token_id)
-    pairs = [
-        (tokenizer.decode(s.token_ids, skip_special_tokens=True), e) for r, e in zip(results, task.examples) for s in r
-    ]
-    return sum(task.reward_many(pairs)) / len(pairs)
+    return evaluate_accuracy(model, tokenizer, task, n=n, width=1, max_new_tokens=max_new_tokens)
 
 
 def pretrain(cfg: BaseConfig, out: str | Path, progress: bool = True, log=print) -> Path:

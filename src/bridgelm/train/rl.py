@@ -36,7 +36,7 @@ import torch
 from bridgelm.attach import added_parameters, block_config
 from bridgelm.grpo import group_advantages, policy_loss, policy_stats
 from bridgelm.jsonl import write_json
-from bridgelm.sampling import SamplingConfig, encode_prompts, eos_ids, generate_ids
+from bridgelm.sampling import SamplingConfig, encode_prompts, eos_ids, generate_ids, pad_id
 from bridgelm.train import common
 from bridgelm.train.common import CORRECT_REWARD, Dist, Row, check_rewards
 
@@ -175,7 +175,7 @@ def collect_rollouts(model, tokenizer, task, examples: list[dict], cfg: RLConfig
         max_batch_tokens=cfg.max_batch_tokens,
     )
     eos = eos_ids(model, tokenizer)
-    pad = _pad_id(tokenizer, eos)
+    pad = pad_id(tokenizer, eos)
     t0 = time.perf_counter()
     with common.unsharded(model, dist):
         samples = generate_ids(model, prompt_ids, scfg, eos, pad)
@@ -190,10 +190,6 @@ def collect_rollouts(model, tokenizer, task, examples: list[dict], cfg: RLConfig
     rewards = torch.tensor(check_rewards(task.reward_many(pairs), f"task {task.name!r}, step {step + 1}"))
     advantages = group_advantages(rewards.view(len(examples), cfg.rollouts)).view(-1)
     return Rollouts(rows, cfg.width, rewards, advantages, finished, seconds)
-
-
-def _pad_id(tokenizer, eos: list[int]) -> int:
-    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
 
 
 def minibatch_plan(n_groups: int, cfg: RLConfig, step: int) -> list[list[int]]:
@@ -329,7 +325,7 @@ def evaluate_accuracy(
         ids = encode_prompts(tokenizer, [task.prompt(ex) for ex in mine], chat)
         eos = eos_ids(model, tokenizer)
         with common.unsharded(model, dist):
-            samples = generate_ids(model, ids, cfg, eos, _pad_id(tokenizer, eos))
+            samples = generate_ids(model, ids, cfg, eos, pad_id(tokenizer, eos))
         texts = [[tokenizer.decode(s.token_ids, skip_special_tokens=True) for s in outs] for outs in samples]
         pairs = [(text, ex) for ex, outs in zip(mine, texts) for text in outs]
         rewards = check_rewards(task.reward_many(pairs), f"validation task {task.name!r}")
@@ -421,7 +417,7 @@ def train_rl(model, tokenizer, task, cfg: RLConfig, out_dir: str | os.PathLike, 
             f"bridgelm rl: {cfg.steps} steps of {cfg.prompts_per_step} prompts x {cfg.rollouts} rollouts "
             f"(width {cfg.width}), {dist.world} process(es) -> {out_dir}"
         )
-    pad_id = _pad_id(tokenizer, eos_ids(model, tokenizer))
+    pad = pad_id(tokenizer, eos_ids(model, tokenizer))
     was_training = model.training
     saved_at = state["step"]
     in_update = False
@@ -434,7 +430,7 @@ def train_rl(model, tokenizer, task, cfg: RLConfig, out_dir: str | os.PathLike, 
                 in_update = True
                 lr = scheduler.get_last_lr()[0]
                 t1 = time.perf_counter()
-                sums = update_policy(model, ref_model, rollouts, params, optimizer, scheduler, cfg, step, pad_id, dist)
+                sums = update_policy(model, ref_model, rollouts, params, optimizer, scheduler, cfg, step, pad, dist)
                 state["step"] = step + 1
                 record = _record(step, rollouts, sums, cfg, lr, t0, t1, dist)
                 if val_task is not None and (

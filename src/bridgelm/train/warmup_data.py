@@ -18,7 +18,7 @@ from pathlib import Path
 
 from bridgelm.jsonl import append_record, read_records
 from bridgelm.samples import check_settings, run_settings
-from bridgelm.sampling import SamplingConfig, encode_prompts, eos_ids, iter_generate_ids
+from bridgelm.sampling import SamplingConfig, encode_prompts, eos_ids, iter_generate_ids, pad_id
 from bridgelm.train.common import CORRECT_REWARD, check_rewards
 
 # Problems need at least this many correct responses to be kept (a Bridge group has >= 2 rows).
@@ -76,7 +76,7 @@ def _sample_and_write(model, tokenizer, task, examples, todo, cfg, settings, cha
     texts = [task.prompt(examples[i]) for i in todo]
     ids = encode_prompts(tokenizer, texts, chat)
     eos = eos_ids(model, tokenizer)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else (eos[0] if eos else 0)
+    pad = pad_id(tokenizer, eos)
     bar = None
     if progress:
         from tqdm.auto import tqdm
