@@ -259,3 +259,22 @@ def test_bf16_logprobs_follow_grouped_logits():
     got = torch.cat([torch.tensor(s.logprobs) for r in results for s in r])
     want = torch.cat(want)
     assert torch.isfinite(got).all() and (got - want).abs().mean() < 0.05
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"attn_implementation": "eager"},  # additive float mask instead of a boolean one
+        {"use_sliding_window": True, "sliding_window": 4, "max_window_layers": 0},  # masks built by the model
+    ],
+    ids=["eager", "sliding-window"],
+)
+def test_other_attention_setups_match_grouped_logits(overrides):
+    model = randomize_blocks(bridgelm.add_bridge(tiny_model(**overrides)), std=0.2)
+    torch.manual_seed(9)
+    prompts = [torch.randint(7, 97, (n,)).tolist() for n in (3, 7)]
+    cfg = SamplingConfig(n=4, width=2, max_new_tokens=12, temperature=1.0, top_p=1.0, seed=4)
+    results = generate_ids(model, prompts, cfg, EOS, 0)
+    want = teacher_forced_logprobs(model, prompts, results, 2, 1.0)
+    for s, ref in zip([s for r in results for s in r], want):
+        assert torch.allclose(torch.tensor(s.logprobs), ref, atol=2e-3)

@@ -257,9 +257,23 @@ def decode_step(model, cache: Cache, tokens: torch.Tensor, positions: torch.Tens
     return out.logits[:, -1]
 
 
+def _full_attention_only(config) -> bool:
+    """No sliding-window layers: one ready-made mask then serves every layer."""
+    types = getattr(config, "layer_types", None)
+    if types is not None:
+        return all(t == "full_attention" for t in types)
+    return getattr(config, "sliding_window", None) is None
+
+
 def _attention_mask(model, keep: torch.Tensor, dtype: torch.dtype):
-    """The mask to hand to the model for one decode step: keep [B, L] bool -> 4D when the backend takes it."""
+    """The mask to hand to the model for one decode step: keep [B, L] bool -> 4D when the backend takes it.
+
+    Models with sliding-window layers, and backends other than sdpa/eager, get the 2D padding mask and build
+    their own masks (slower, always right).
+    """
     impl = getattr(model.config, "_attn_implementation", "sdpa")
+    if not _full_attention_only(model.config.get_text_config()):
+        return keep.long()
     if impl == "sdpa":
         return keep[:, None, None, :]
     if impl == "eager":
