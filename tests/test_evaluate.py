@@ -59,13 +59,13 @@ def test_resumed_run_samples_exactly_the_missing_problems(tmp_path, model_tok, m
     # a crash lost line 3 and cut the last line in half: the re-run samples exactly those two problems
     out.write_text("".join(lines[:2] + lines[3:-1]) + lines[-1][: len(lines[-1]) // 2])
     prompts_sampled = []
-    real = E.iter_generate_ids
+    real = E.iter_generate
 
-    def counting(model, prompts, *args, **kwargs):
-        prompts_sampled.append(len(prompts))
-        return real(model, prompts, *args, **kwargs)
+    def counting(model, tokenizer, texts, *args, **kwargs):
+        prompts_sampled.append(len(texts))
+        return real(model, tokenizer, texts, *args, **kwargs)
 
-    monkeypatch.setattr(E, "iter_generate_ids", counting)
+    monkeypatch.setattr(E, "iter_generate", counting)
     again = E.run_eval(model, tok, "math", data, cfg, run, "tiny", progress=False)
     assert again["sampled"] == 2 and again["skipped"] == 12 and sum(prompts_sampled) == 2
     after = out.read_text().splitlines(keepends=True)

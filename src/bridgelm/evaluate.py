@@ -34,7 +34,7 @@ import numpy as np
 
 from bridgelm import metrics as M
 from bridgelm.jsonl import append_record, read_records, write_atomic, write_json
-from bridgelm.sampling import SamplingConfig, encode_prompts, eos_ids, iter_generate_ids, pad_id, stop_checker
+from bridgelm.sampling import SamplingConfig, iter_generate
 from bridgelm.tasks import Task
 
 FORMAT = "bridgelm-eval-1"
@@ -405,46 +405,32 @@ def run_eval(
 
         bar = tqdm(total=total * cfg.n, desc=f"sampling -> {out}", unit="sample", position=shard.rank)
     try:
-        if total:
-            eos = eos_ids(model, tokenizer)
-            pad = pad_id(tokenizer, eos)
-            stop = stop_checker(tokenizer, cfg.stop)
-            for b in benches:
-                ids: dict[int, list[int]] = {}
-                for w in cfg.all_widths():
-                    indices = todo[(b.name, w)]
-                    if not indices:
-                        continue
-                    need = [i for i in indices if i not in ids]
-                    if need:
-                        encoded = encode_prompts(tokenizer, [b.task.prompt(b.problems[i]) for i in need], cfg.chat)
-                        ids.update(zip(need, encoded))
-                    prompts = [ids[i] for i in indices]
-                    step = bar.update if bar is not None else None
-                    keys = [(b.name, i) for i in indices]  # a problem's samples do not depend on its shard
-                    stream = iter_generate_ids(model, prompts, cfg.sampling(w), eos, pad, stop, step, keys)
-                    for k, samples in stream:
-                        i = indices[k]
-                        ex = b.problems[i]
-                        append_record(
-                            out,
-                            {
-                                "benchmark": b.name,
-                                "width": w,
-                                "index": i,
-                                "prompt": b.task.prompt(ex),
-                                "answer": b.task.answer(ex),
-                                "prompt_ids": ids[i],
-                                "samples": [
-                                    {
-                                        "text": tokenizer.decode(g.token_ids, skip_special_tokens=True),
-                                        "token_ids": g.token_ids,
-                                        "finished": g.finished,
-                                    }
-                                    for g in samples
-                                ],
-                            },
-                        )
+        step = bar.update if bar is not None else (lambda k: None)
+        for b in benches:
+            for w in cfg.all_widths():
+                indices = todo[(b.name, w)]
+                if not indices:
+                    continue
+                texts = [b.task.prompt(b.problems[i]) for i in indices]
+                keys = [(b.name, i) for i in indices]  # a problem's samples do not depend on its shard
+                sampling = cfg.sampling(w)
+                stream = iter_generate(model, tokenizer, texts, sampling, keys, cfg.chat, cfg.stop, progress=step)
+                for k, samples in stream:
+                    i = indices[k]
+                    append_record(
+                        out,
+                        {
+                            "benchmark": b.name,
+                            "width": w,
+                            "index": i,
+                            "prompt": texts[k],
+                            "answer": b.task.answer(b.problems[i]),
+                            "prompt_ids": samples[0].prompt_ids,
+                            "samples": [
+                                {"text": g.text, "token_ids": g.token_ids, "finished": g.finished} for g in samples
+                            ],
+                        },
+                    )
     finally:
         if bar is not None:
             bar.close()

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from bridgelm.jsonl import append_record, read_records
-from bridgelm.sampling import SamplingConfig, encode_prompts, eos_ids, iter_generate_ids, pad_id, stop_checker
+from bridgelm.sampling import SamplingConfig, iter_generate
 
 # Settings that change what is sampled; batch bounds do not.
 _KEYED = ("n", "width", "max_new_tokens", "temperature", "top_p", "top_k", "seed")
@@ -59,38 +59,26 @@ def sample_to_file(
     todo = [i for i in range(len(prompts)) if i not in have]
     if not todo:
         return 0
-    ids = encode_prompts(tokenizer, [prompts[i] for i in todo], chat)
-    eos = eos_ids(model, tokenizer)
-    pad = pad_id(tokenizer, eos)
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(todo) * cfg.n, desc=f"sampling -> {out}", unit="sample")
-    try:
-        stop = stop_checker(tokenizer, stop_strings)
-        # keys = prompt indices: a resumed run draws exactly what an uninterrupted one would have
-        stream = iter_generate_ids(model, ids, cfg, eos, pad, stop, bar.update if bar else None, keys=todo)
-        for k, samples in stream:
-            i = todo[k]
-            line = {
-                "index": i,
-                **(dict(records[i]) if records is not None else {}),
-                "prompt": prompts[i],
-                "prompt_ids": ids[k],
-                "samples": [
-                    {
-                        "text": tokenizer.decode(g.token_ids, skip_special_tokens=True),
-                        "token_ids": g.token_ids,
-                        "logprobs": [round(x, 5) for x in g.logprobs],
-                        "finished": g.finished,
-                    }
-                    for g in samples
-                ],
-                "settings": settings,
-            }
-            append_record(out, line)
-    finally:
-        if bar is not None:
-            bar.close()
+    texts = [prompts[i] for i in todo]
+    title = f"sampling -> {out}" if progress else None
+    # keys = prompt indices: a resumed run draws exactly what an uninterrupted one would have
+    for k, samples in iter_generate(model, tokenizer, texts, cfg, todo, chat, stop_strings, progress=title):
+        i = todo[k]
+        line = {
+            "index": i,
+            **(dict(records[i]) if records is not None else {}),
+            "prompt": prompts[i],
+            "prompt_ids": samples[0].prompt_ids,
+            "samples": [
+                {
+                    "text": g.text,
+                    "token_ids": g.token_ids,
+                    "logprobs": [round(x, 5) for x in g.logprobs],
+                    "finished": g.finished,
+                }
+                for g in samples
+            ],
+            "settings": settings,
+        }
+        append_record(out, line)
     return len(todo)

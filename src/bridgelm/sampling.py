@@ -560,6 +560,42 @@ def stop_checker(tokenizer, stop_strings: Sequence[str]) -> Callable[[list[int]]
     return stop
 
 
+def iter_generate(
+    model,
+    tokenizer,
+    texts: Sequence[str],
+    cfg: SamplingConfig,
+    keys: Sequence | None = None,
+    chat: bool = False,
+    stop_strings: Sequence[str] = (),
+    eos_token_id: int | Sequence[int] | None = None,
+    progress: str | Callable[[int], None] | None = None,
+) -> Iterator[tuple[int, list[Sample]]]:
+    """The text edge of the engine: encode `texts`, sample, decode; yields (index, its n `Sample`) as prompts
+    complete. `keys` name the prompts' random streams (see `iter_generate_ids`); `progress` is a progress-bar
+    title, or a callable fed the number of completed samples.
+    """
+    cfg.validate()
+    if len(texts) == 0:
+        raise ValueError("prompts is empty: expected at least one prompt")
+    ids = encode_prompts(tokenizer, texts, chat)
+    eos = eos_ids(model, tokenizer, eos_token_id)
+    bar = None
+    if isinstance(progress, str):
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(texts) * cfg.n, desc=progress, unit="sample")
+    update = bar.update if bar is not None else progress
+    try:
+        stop = stop_checker(tokenizer, stop_strings)
+        decode = lambda g: tokenizer.decode(g.token_ids, skip_special_tokens=True)
+        for i, samples in iter_generate_ids(model, ids, cfg, eos, pad_id(tokenizer, eos), stop, update, keys):
+            yield i, [Sample(ids[i], g.token_ids, g.logprobs, decode(g), g.finished) for g in samples]
+    finally:
+        if bar is not None:
+            bar.close()
+
+
 def generate(
     model,
     tokenizer,
@@ -593,31 +629,8 @@ def generate(
         max_batch_sequences=max_batch_sequences,
         max_batch_tokens=max_batch_tokens,
     )
-    cfg.validate()
-    if len(prompts) == 0:
-        raise ValueError("prompts is empty: expected at least one prompt")
-    ids = encode_prompts(tokenizer, prompts, chat)
-    eos = eos_ids(model, tokenizer, eos_token_id)
-    pad = pad_id(tokenizer, eos)
-    bar = _progress_bar(len(prompts) * n, progress)
-    try:
-        stop = stop_checker(tokenizer, stop_strings)
-        done = generate_ids(model, ids, cfg, eos, pad, stop, bar.update if bar else None)
-    finally:
-        if bar is not None:
-            bar.close()
-    return [
-        [
-            Sample(ids[i], g.token_ids, g.logprobs, tokenizer.decode(g.token_ids, skip_special_tokens=True), g.finished)
-            for g in samples
-        ]
-        for i, samples in enumerate(done)
-    ]
-
-
-def _progress_bar(total: int, enabled: bool):
-    if not enabled:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc="sampling", unit="sample")
+    out: list[list[Sample]] = [[] for _ in prompts]
+    title = "sampling" if progress else None
+    for i, samples in iter_generate(model, tokenizer, prompts, cfg, None, chat, stop_strings, eos_token_id, title):
+        out[i] = samples
+    return out

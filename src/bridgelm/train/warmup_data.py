@@ -18,7 +18,7 @@ from pathlib import Path
 
 from bridgelm.jsonl import append_record, read_records
 from bridgelm.samples import check_settings, run_settings
-from bridgelm.sampling import SamplingConfig, encode_prompts, eos_ids, iter_generate_ids, pad_id
+from bridgelm.sampling import SamplingConfig, iter_generate
 from bridgelm.train.common import CORRECT_REWARD, check_rewards
 
 # Problems need at least this many correct responses to be kept (a Bridge group has >= 2 rows).
@@ -74,37 +74,24 @@ def make_warmup_data(
 
 def _sample_and_write(model, tokenizer, task, examples, todo, cfg, settings, chat, out, progress) -> None:
     texts = [task.prompt(examples[i]) for i in todo]
-    ids = encode_prompts(tokenizer, texts, chat)
-    eos = eos_ids(model, tokenizer)
-    pad = pad_id(tokenizer, eos)
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(todo) * cfg.n, desc=f"warm-up data -> {out}", unit="sample")
-    try:
-        stream = iter_generate_ids(model, ids, cfg, eos, pad, progress=bar.update if bar else None, keys=todo)
-        for k, samples in stream:
-            i = todo[k]
-            example = examples[i]
-            completions = [tokenizer.decode(s.token_ids, skip_special_tokens=True) for s in samples]
-            rewards = check_rewards(
-                task.reward_many([(c, example) for c in completions]), f"task {task.name!r}, problem {i}"
+    title = f"warm-up data -> {out}" if progress else None
+    for k, samples in iter_generate(model, tokenizer, texts, cfg, keys=todo, chat=chat, progress=title):
+        i = todo[k]
+        example = examples[i]
+        rewards = check_rewards(
+            task.reward_many([(s.text, example) for s in samples]), f"task {task.name!r}, problem {i}"
+        )
+        good = [j for j, r in enumerate(rewards) if r >= CORRECT_REWARD]
+        record = {"index": i, "kept": len(good) >= MIN_CORRECT, "correct": len(good), "n": cfg.n}
+        if record["kept"]:
+            record.update(
+                prompt=texts[k],
+                prompt_ids=samples[0].prompt_ids,
+                answer=task.answer(example),
+                responses=[
+                    {"text": samples[j].text, "token_ids": samples[j].token_ids, "finished": samples[j].finished}
+                    for j in good
+                ],
             )
-            good = [j for j, r in enumerate(rewards) if r >= CORRECT_REWARD]
-            record = {"index": i, "kept": len(good) >= MIN_CORRECT, "correct": len(good), "n": cfg.n}
-            if record["kept"]:
-                record.update(
-                    prompt=texts[k],
-                    prompt_ids=ids[k],
-                    answer=task.answer(example),
-                    responses=[
-                        {"text": completions[j], "token_ids": samples[j].token_ids, "finished": samples[j].finished}
-                        for j in good
-                    ],
-                )
-            record["settings"] = settings
-            append_record(out, record)
-    finally:
-        if bar is not None:
-            bar.close()
+        record["settings"] = settings
+        append_record(out, record)
