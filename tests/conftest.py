@@ -89,3 +89,18 @@ def save_tiny_model_dir(path, blocks: str | None = None, alphabet: str = "012345
 
 # Tiny models run fastest on one thread, and tests then do not fight each other for the two cores.
 torch.set_num_threads(1)
+
+
+def interrupt_on_call(monkeypatch, module, name: str, call: int):
+    """Make `module.name` raise KeyboardInterrupt on its `call`-th call (a simulated Ctrl-C); returns the original."""
+    original = getattr(module, name)
+    calls = {"n": 0}
+
+    def interrupted(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == call:
+            raise KeyboardInterrupt
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, interrupted)
+    return original

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import randomize_blocks, tiny_model
+from conftest import interrupt_on_call, randomize_blocks, tiny_model
 
 import bridgelm
 from bridgelm.jsonl import read_records
@@ -13,15 +13,6 @@ from bridgelm.tasks.base import Task
 from bridgelm.tokenizer import char_tokenizer
 from bridgelm.train import common, rl
 from bridgelm.train.rl import RLConfig, train_rl
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: one thread avoids OpenMP spin-waiting on a shared, busy CPU (10x slower at times)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @dataclass
@@ -130,16 +121,7 @@ def test_resume_ends_with_the_same_weights(tmp_path, monkeypatch):
     train_rl(straight, TOK, TASK, cfg, tmp_path / "a")
 
     # Ctrl-C while sampling step 3: a checkpoint of step 2 is written, then the error propagates
-    calls = {"n": 0}
-    original = rl.collect_rollouts
-
-    def interrupted(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise KeyboardInterrupt
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(rl, "collect_rollouts", interrupted)
+    original = interrupt_on_call(monkeypatch, rl, "collect_rollouts", 3)
     with pytest.raises(KeyboardInterrupt):
         train_rl(policy(), TOK, TASK, cfg, tmp_path / "b")
     assert common.latest_checkpoint(tmp_path / "b").name == "step-00000002"

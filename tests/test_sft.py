@@ -5,7 +5,7 @@ from dataclasses import dataclass, replace
 
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import interrupt_on_call, tiny_model
 
 import bridgelm
 from bridgelm.jsonl import read_records
@@ -18,15 +18,6 @@ from bridgelm.train.warmup_data import make_warmup_data
 
 TOK = char_tokenizer("0123456789+-=() abc\n")
 CFG = SFTConfig(epochs=2, lr=1e-2, batch_groups=3, micro_batch_groups=2, val_count=2, progress=False)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: one thread avoids OpenMP spin-waiting on a shared, busy CPU."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def base_model(seed=0):
@@ -142,16 +133,7 @@ def test_resume_after_interrupt_is_exact(tmp_path, monkeypatch):
     path = write_warmup(tmp_path / "w.jsonl")
     straight = base_model()
     train_sft(straight, TOK, path, CFG, tmp_path / "a")
-    calls = {"n": 0}
-    original = sft.batch_backward
-
-    def interrupted(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise KeyboardInterrupt
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(sft, "batch_backward", interrupted)
+    original = interrupt_on_call(monkeypatch, sft, "batch_backward", 3)
     with pytest.raises(KeyboardInterrupt):
         train_sft(base_model(), TOK, path, CFG, tmp_path / "b")
     monkeypatch.setattr(sft, "batch_backward", original)

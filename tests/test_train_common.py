@@ -12,15 +12,6 @@ from bridgelm.train import common
 from bridgelm.train.common import Row
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: one thread avoids OpenMP spin-waiting on a shared, busy CPU (10x slower at times)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _lrs(total, warmup_fraction, decay, lr=1.0):
     p = torch.nn.Parameter(torch.zeros(1))
     opt = common.make_optimizer([p], lr)
