@@ -94,8 +94,7 @@ class DemoConfig:
 class Stages:
     """Runs named stages in order; a stage whose output exists is skipped. Prints a one-line summary of each."""
 
-    def __init__(self, out: Path, log=print):
-        self.out = out
+    def __init__(self, log=print):
         self.log = log
         self.timings: dict[str, float] = {}
 
@@ -144,7 +143,7 @@ def run_demo(out: str | Path, cfg: DemoConfig, quick: bool = False, log=print) -
     out.mkdir(parents=True, exist_ok=True)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    stages = Stages(out, log)
+    stages = Stages(log)
     settings = {"quick": quick, **asdict(cfg)}
     (out / "demo.json").write_text(json.dumps(settings, indent=2))
 

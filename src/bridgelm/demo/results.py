@@ -228,8 +228,6 @@ def diverged_from_width_1(run_dir: Path) -> dict[int, float]:
 
 
 def write_demo_report(out: Path, cfg, eval_dirs: dict, timings: dict, quick: bool) -> Path:
-    from bridgelm.demo.base import BaseConfig  # noqa: F401  (settings are recorded from cfg)
-
     arms = collect(eval_dirs, cfg)
     k = cfg.gpass_k
     gpass_curves = {
