@@ -10,6 +10,7 @@ import random
 import numpy as np
 import pytest
 
+from bridgelm import metrics
 from bridgelm.metrics import (
     bootstrap_ci,
     canonical_answer,
@@ -219,3 +220,30 @@ def test_summarize_small_n_and_errors():
         summarize([{"n": 2, "c": 1}, {"n": 2}])
     with pytest.raises(ValueError, match="record 1 has no 'majority_correct'"):
         summarize([{"n": 2, "c": 1, "majority_correct": True}, {"n": 2, "c": 1}])
+
+
+def test_paired_difference_against_a_loop_reference():
+    rng = np.random.default_rng(1)
+    a = rng.random((3, 40))
+    b = a - 0.1 + 0.05 * rng.standard_normal((3, 40))
+    got = metrics.paired_difference(a, b, n_boot=300, seed=7)
+    # Slow reference: the same resampling, written as loops.
+    ref_rng = np.random.default_rng(7)
+    means = []
+    for _ in range(300):
+        seeds = ref_rng.integers(0, 3, size=3)
+        problems = ref_rng.integers(0, 40, size=40)
+        means.append(sum(a[s, p] - b[s, p] for s in seeds for p in problems) / (3 * 40))
+    assert got["mean"] == pytest.approx(float((a - b).mean()))
+    assert got["low"] == pytest.approx(float(np.quantile(means, 0.025)))
+    assert got["high"] == pytest.approx(float(np.quantile(means, 0.975)))
+    assert 0 < got["low"] < 0.1 < got["high"] < 0.2  # the true shift 0.1 is inside, 0 is outside
+    # Pairing matters: a shared per-problem difficulty cancels, so the interval is narrow.
+    hard = rng.random(40)[None, :] * np.ones((3, 1))
+    paired = metrics.paired_difference(hard + 0.01, hard, n_boot=200)
+    assert paired["high"] - paired["low"] < 1e-9
+
+
+def test_paired_difference_refuses_mismatched_shapes():
+    with pytest.raises(ValueError, match="one shape"):
+        metrics.paired_difference([[1.0, 0.0]], [[1.0]])

@@ -1,5 +1,7 @@
 """The sampling engine against slow references: grouped_logits, transformers' generate, a full-sort top-p."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 from conftest import randomize_blocks, tiny_model
@@ -278,3 +280,57 @@ def test_other_attention_setups_match_grouped_logits(overrides):
     want = teacher_forced_logprobs(model, prompts, results, 2, 1.0)
     for s, ref in zip([s for r in results for s in r], want):
         assert torch.allclose(torch.tensor(s.logprobs), ref, atol=2e-3)
+
+
+def test_foreign_groups_match_grouped_logits_and_keep_the_draws():
+    """Foreign groups: sample j of `width` prompts form a group. With copies of one prompt (distinct keys), the
+    teacher-forced reference can express that grouping: log-probs must follow it. Without Bridge effect, the
+    samples must equal those of ordinary grouping (same draws per (key, sample))."""
+    model = randomize_blocks(bridgelm.add_bridge(tiny_model("qwen2")), std=0.2)
+    prompt = torch.randint(7, 97, (6,), generator=torch.Generator().manual_seed(1)).tolist()
+    width, n, P = 4, 3, 8
+    keys = [("copy", i) for i in range(P)]
+    cfg = SamplingConfig(
+        n=n,
+        width=width,
+        max_new_tokens=16,
+        temperature=0.9,
+        top_p=0.9,
+        seed=5,
+        foreign_groups=True,
+        max_batch_sequences=width * n,
+        compact_fraction=0.3,  # two waves of one block each; compaction happens
+    )
+    results = generate_ids(model, [prompt] * P, cfg, EOS, 0, keys=keys)
+    rows, gids, spans = [], [], []
+    for i, samples in enumerate(results):
+        for j, s in enumerate(samples):
+            rows.append(prompt + s.token_ids)
+            gids.append((i // width) * 1000 + j)  # block of prompts, sample index
+            spans.append(s.token_ids)
+    S = max(map(len, rows))
+    ids = torch.zeros(len(rows), S, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for r, row in enumerate(rows):
+        ids[r, : len(row)] = torch.tensor(row)
+        mask[r, : len(row)] = 1
+    logp = torch.log_softmax(bridgelm.grouped_logits(model, ids, mask, gids).float() / 0.9, -1)
+    flat = [s for r in results for s in r]
+    for r, (s, toks) in enumerate(zip(flat, spans)):
+        pos = torch.arange(len(prompt) - 1, len(prompt) - 1 + len(toks))
+        torch.testing.assert_close(torch.tensor(s.logprobs), logp[r, pos, torch.tensor(toks)], atol=1e-4, rtol=0)
+    # The grouping is real: ordinary grouping of the same prompts gives other samples.
+    plain = generate_ids(model, [prompt] * P, replace(cfg, foreign_groups=False, width=1, n=n), EOS, 0, keys=keys)
+    assert [s.token_ids for r in plain for s in r] != [s.token_ids for r in results for s in r]
+    # A fresh Bridge (no effect): foreign groups draw exactly what independent sampling draws.
+    fresh = bridgelm.add_bridge(tiny_model("qwen2"))
+    a = generate_ids(fresh, [prompt] * P, cfg, EOS, 0, keys=keys)
+    b = generate_ids(fresh, [prompt] * P, replace(cfg, foreign_groups=False, width=1), EOS, 0, keys=keys)
+    assert [s.token_ids for r in a for s in r] == [s.token_ids for r in b for s in r]
+
+
+def test_foreign_groups_need_whole_blocks_of_prompts():
+    with pytest.raises(ValueError, match="not a multiple of width"):
+        plan_waves([3] * 5, SamplingConfig(n=2, width=2, foreign_groups=True))
+    with pytest.raises(ValueError, match="width x n"):
+        SamplingConfig(n=8, width=4, foreign_groups=True, max_batch_sequences=16).validate()

@@ -207,3 +207,36 @@ def test_response_logprobs_match_grouped_logits(arch, temperature):
         assert torch.equal(got.logprobs[b, n:], torch.zeros(5 - n))
         ent = -(logp[b, p - 1 : p + n - 1].exp() * logp[b, p - 1 : p + n - 1]).sum(-1)
         assert torch.allclose(got.entropy[b, :n], ent, atol=1e-5)
+
+
+def test_gradient_parts_split_the_fused_projection():
+    model = randomize_blocks(bridgelm.add_bridge(tiny_model("qwen2")), std=0.2)
+    ids = torch.randint(7, 97, (4, 9))
+    out = bridgelm.grouped_logits(model, ids, torch.ones_like(ids), [0, 0, 1, 1])
+    out.float().pow(2).mean().backward()
+    parts = common.gradient_parts(model)
+    assert set(parts) == {"bridge_q", "bridge_k", "bridge_v", "bridge_o", "bridge_norm", "base"}
+    norms = common.part_grad_norms(parts)
+    # Slow reference: the rows of every layer's fused qkv gradient, by hand.
+    sq = {"bridge_q": 0.0, "bridge_k": 0.0, "bridge_v": 0.0}
+    for name, p in model.named_parameters():
+        if name.endswith("bridge.qkv_proj.weight"):
+            q, k, v = p.grad.chunk(3, dim=0)
+            for key, g in zip(sq, (q, k, v)):
+                sq[key] += float(g.pow(2).sum())
+    for key, value in sq.items():
+        assert norms[key] == pytest.approx(value**0.5, rel=1e-5)
+        assert value > 0
+    total = sum(float(p.grad.pow(2).sum()) for p in model.parameters() if p.grad is not None)
+    assert sum(v**2 for v in norms.values()) == pytest.approx(total, rel=1e-5)
+
+
+def test_make_optimizer_gives_blocks_their_own_rate():
+    model = bridgelm.add_bridge(tiny_model("qwen2"))
+    blocks = bridgelm.added_parameters(model)
+    params = list(model.parameters())
+    opt = common.make_optimizer(params, 1e-4, lr_of={id(p): 1e-2 for p in blocks.values()})
+    by_rate = {g["lr"]: g["params"] for g in opt.param_groups}
+    assert set(by_rate) == {1e-4, 1e-2}
+    assert {id(p) for p in by_rate[1e-2]} == {id(p) for p in blocks.values()}
+    assert len(by_rate[1e-4]) + len(by_rate[1e-2]) == len(params)

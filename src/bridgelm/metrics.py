@@ -189,6 +189,36 @@ def bootstrap_ci(
     return float(low), float(high)
 
 
+def paired_difference(
+    a: Sequence[Sequence[float]], b: Sequence[Sequence[float]], n_boot: int = 2000, alpha: float = 0.05, seed: int = 0
+) -> dict[str, float]:
+    """Mean of a - b with a paired percentile bootstrap interval, over seeds and problems.
+
+    `a[s][p]` and `b[s][p]` are per-problem scores (e.g. accuracy over the samples of problem p) of two methods
+    trained or sampled with the same seed s on the same problems. Each replicate resamples seeds with
+    replacement, then problems with replacement, and keeps every pair (s, p) together, so the interval holds
+    the variation between training seeds as well as between problems. Returns {"mean", "low", "high"}.
+    """
+    x = np.asarray(a, dtype=np.float64)
+    y = np.asarray(b, dtype=np.float64)
+    if x.ndim != 2 or x.shape != y.shape or x.size == 0:
+        raise ValueError(
+            f"a and b must be non-empty [seeds, problems] arrays of one shape, got {x.shape} and {y.shape}"
+        )
+    if n_boot < 1 or not 0.0 < alpha < 1.0:
+        raise ValueError(f"n_boot={n_boot} must be >= 1 and alpha={alpha} in (0, 1)")
+    d = x - y  # [S, P]
+    S, P = d.shape
+    rng = np.random.default_rng(seed)
+    means = np.empty(n_boot, dtype=np.float64)
+    for i in range(n_boot):
+        seeds = rng.integers(0, S, size=S)
+        problems = rng.integers(0, P, size=P)
+        means[i] = d[np.ix_(seeds, problems)].mean()
+    low, high = np.quantile(means, [alpha / 2.0, 1.0 - alpha / 2.0])
+    return {"mean": float(d.mean()), "low": float(low), "high": float(high)}
+
+
 def _tau_key(tau: float) -> str:
     """Short JSON-friendly spelling of tau: 0.5 -> "0.5", 1.0 -> "1"."""
     return f"{tau:g}"

@@ -14,6 +14,10 @@ Design (token ids in, token ids out; tokenizing happens in `bridgelm.generate` a
 - Log-probs are those of the sampled token under softmax(logits / temperature), before top-p/top-k
   truncation (temperature 1 for greedy decoding): the distribution a GRPO trainer recomputes with a
   teacher-forced forward at the same temperature.
+- Foreign groups (`foreign_groups=True`, a control, not a way to sample): sample j of `width` consecutive
+  prompts form one group, so that a Bridge block sees the samples of other prompts, aligned by generation step,
+  instead of its siblings. Prefill is unchanged (each prompt alone, as ever); grouping starts with the first
+  generated token. The number of prompts must be a multiple of the width.
 - Randomness is explicit: every sample draws from generators seeded with (seed, prompt key, sample index), so
   a prompt gets the same samples whatever shares its batch, and resumed or sharded runs redraw them exactly.
 """
@@ -45,13 +49,14 @@ class SamplingConfig:
     max_batch_sequences: int = 256  # rows decoded together, at most
     max_batch_tokens: int = 262_144  # rows x (longest prompt + max_new_tokens) of a wave, at most
     compact_fraction: float = 0.125  # drop finished groups once they are this fraction of the batch
+    foreign_groups: bool = False  # control: group sample j of `width` different prompts (see "Foreign groups")
 
     def validate(self) -> None:
         if not isinstance(self.n, int) or self.n < 1:
             raise ValueError(f"n={self.n!r} must be a positive integer")
         if not isinstance(self.width, int) or self.width < 1:
             raise ValueError(f"width={self.width!r} must be a positive integer")
-        if self.n % self.width:
+        if self.n % self.width and not self.foreign_groups:
             raise ValueError(f"width={self.width} must divide n={self.n}")
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens={self.max_new_tokens!r} must be >= 1")
@@ -64,6 +69,11 @@ class SamplingConfig:
         if self.max_batch_sequences < self.width:
             raise ValueError(
                 f"max_batch_sequences={self.max_batch_sequences} must hold at least one group of width {self.width}"
+            )
+        if self.foreign_groups and self.max_batch_sequences < self.width * self.n:
+            raise ValueError(
+                f"foreign_groups: max_batch_sequences={self.max_batch_sequences} must hold width x n = "
+                f"{self.width * self.n} rows (the samples of `width` prompts decoded together)"
             )
 
 
@@ -299,6 +309,8 @@ class _Wave:
 def plan_waves(lengths: Sequence[int], cfg: SamplingConfig) -> list[_Wave]:
     """Split (prompt, samples) work into waves that respect the batch bounds, keeping prompt order."""
     per_row = lambda longest: longest + cfg.max_new_tokens  # noqa: E731
+    if cfg.foreign_groups:
+        return _plan_foreign_waves(lengths, cfg)
     waves: list[_Wave] = []
     current = _Wave()
     rows = 0
@@ -327,6 +339,28 @@ def plan_waves(lengths: Sequence[int], cfg: SamplingConfig) -> list[_Wave]:
             first += count
     if current.jobs:
         waves.append(current)
+    return waves
+
+
+def _plan_foreign_waves(lengths: Sequence[int], cfg: SamplingConfig) -> list[_Wave]:
+    """Waves of whole blocks of `width` prompts with all their samples (foreign groups)."""
+    w = cfg.width
+    if len(lengths) % w:
+        raise ValueError(f"foreign_groups: {len(lengths)} prompts is not a multiple of width={w}")
+    waves: list[_Wave] = []
+    current = _Wave()
+    for start in range(0, len(lengths), w):
+        longest = max(current.longest, *lengths[start : start + w])
+        rows = (len(current.jobs) + w) * cfg.n
+        if current.jobs and (
+            rows > cfg.max_batch_sequences or rows * (longest + cfg.max_new_tokens) > cfg.max_batch_tokens
+        ):
+            waves.append(current)
+            current = _Wave()
+            longest = max(lengths[start : start + w])
+        current.jobs += [_Job(p, 0, cfg.n) for p in range(start, start + w)]
+        current.longest = longest
+    waves.append(current)
     return waves
 
 
@@ -368,17 +402,20 @@ def _run_wave(
     # Copy each prompt's cache row to its samples: rows [B] in sample order.
     counts = torch.tensor([j.count for j in wave.jobs], device=device)
     src = torch.repeat_interleave(torch.arange(P, device=device), counts)
+    B = int(counts.sum())
+    rows = torch.arange(B, device=device)  # wave row (prompt-major sample order) of each batch row
+    if cfg.foreign_groups:  # batch order [block, sample j, prompt of the block]: groups of `width` prompts
+        rows = rows.view(P // cfg.width, cfg.width, cfg.n).transpose(1, 2).reshape(-1)
+        src = src[rows]
     cache.select_rows(src)
     pad_mask = pad_mask[src]
     pos = lengths[src].clone()  # position of the next input token
     logits = out.logits[:, -1][src]
-    B = int(counts.sum())
     width = cfg.width
     out_tokens = torch.full((B, cfg.max_new_tokens), pad_id, dtype=torch.long, device=device)
     out_logps = torch.zeros(B, cfg.max_new_tokens, device=device)
     gen_len = torch.zeros(B, dtype=torch.long, device=device)
     ended = torch.zeros(B, dtype=torch.bool, device=device)  # emitted EOS / stop string
-    rows = torch.arange(B, device=device)  # wave row of each active batch row
     alive = torch.ones(B, dtype=torch.bool, device=device)
     rand = None
     if cfg.temperature > 0:

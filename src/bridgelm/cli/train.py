@@ -116,6 +116,7 @@ def _rl_config(args):
         clip_eps_high=args.clip_eps_high,
         beta=args.beta,
         freeze_base=args.freeze_base,
+        block_lr=args.block_lr,
         bf16=args.bf16,
         gradient_checkpointing=args.gradient_checkpointing,
         fsdp=args.fsdp,
@@ -248,6 +249,9 @@ def add_commands(sub) -> None:
     p.add_argument("--clip-eps-high", type=float)
     p.add_argument("--beta", type=float, default=1e-3, help="KL weight (0: no reference model)")
     p.add_argument("--freeze-base", action="store_true", help="train only the blocks")
+    p.add_argument(
+        "--block-lr", type=float, default=None, help="lr of the added blocks (default: --lr, as in the paper)"
+    )
     p.add_argument("--fsdp", action="store_true", help="shard with FSDP2 (under torchrun)")
     p.add_argument("--chat", action="store_true")
     p.add_argument("--max-batch-sequences", type=int, default=256)

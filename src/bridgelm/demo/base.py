@@ -1,5 +1,6 @@
 """The demo's base model, built on the spot: a character tokenizer and a small Qwen2, pre-trained on worked
-solutions of the arithmetic task, saved with `save_pretrained` like any Hugging Face model.
+solutions of the demo's task (`anysum` by default, `arith` too), saved with `save_pretrained` like any Hugging
+Face model.
 
 Pre-training is pinned by step count and seed (accuracy jumps sharply during training, so a time budget would
 give a different model on another machine). The result is cached: a folder holding a `pretrain.json` whose
@@ -21,7 +22,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from bridgelm.jsonl import write_json
-from bridgelm.tasks import arith
+from bridgelm.tasks import anysum, arith
 from bridgelm.tokenizer import BOS, CHAT_TEMPLATE, EOS, PAD
 
 BOXED = "\\boxed{"  # one token: the answer marker
@@ -31,7 +32,7 @@ BOXED = "\\boxed{"  # one token: the answer marker
 class BaseConfig:
     """The base model and its pre-training."""
 
-    task: arith.ArithSpec = field(default_factory=arith.ArithSpec)  # which arithmetic problems
+    task: anysum.AnySumSpec | arith.ArithSpec = field(default_factory=anysum.AnySumSpec)  # which problems (its task)
 
     hidden_size: int = 192  # D
     num_layers: int = 4
@@ -50,6 +51,26 @@ class BaseConfig:
     seed: int = 0  # model init, data order
     distinct: bool = True  # every training problem seen once (False for toy problem spaces)
     threads: int = 0  # torch threads (0 = leave as is)
+
+
+def _module(spec):
+    return anysum if isinstance(spec, anysum.AnySumSpec) else arith
+
+
+def task_name(spec) -> str:
+    """The registry name of the task whose problems `spec` describes."""
+    return "anysum" if isinstance(spec, anysum.AnySumSpec) else "arith"
+
+
+def generate(spec, size: int, split: str, seed: int, distinct: bool = True) -> list[dict]:
+    """Problems (with one worked solution each) of the task that `spec` describes."""
+    return _module(spec).generate(size, split, seed, spec, distinct=distinct)
+
+
+def make_task(spec, examples: list[dict]):
+    """The task object of `spec`'s task over `examples`."""
+    cls = anysum.AnySum if isinstance(spec, anysum.AnySumSpec) else arith.Arith
+    return cls(name=task_name(spec), examples=examples)
 
 
 def train_tokenizer(texts) -> PreTrainedTokenizerFast:
@@ -115,9 +136,9 @@ def pretrain(cfg: BaseConfig, out: str | Path, progress: bool = True, log=print)
         return out
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    examples = arith.generate(cfg.steps * cfg.batch_size, "train", cfg.seed, cfg.task, distinct=cfg.distinct)
-    task = arith.Arith(name="arith", examples=examples)
+    examples = generate(cfg.task, cfg.steps * cfg.batch_size, "train", cfg.seed, distinct=cfg.distinct)
     alphabet = "0123456789+-=\n{}" + "".join(sorted(set(BOXED)))
+    task = make_task(cfg.task, examples)
     tokenizer = train_tokenizer([alphabet] + [task.prompt(e) + e["solution"] for e in task.examples[:2000]])
     model = build_model(cfg, tokenizer).train()
     n_params = sum(p.numel() for p in model.parameters())
@@ -140,7 +161,7 @@ def pretrain(cfg: BaseConfig, out: str | Path, progress: bool = True, log=print)
     tokens = 0
     history = []
     checks = cfg.check_from < cfg.steps
-    val = arith.Arith("arith", arith.generate(cfg.check_problems, "validation", cfg.seed, cfg.task)) if checks else None
+    val = make_task(cfg.task, generate(cfg.task, cfg.check_problems, "validation", cfg.seed)) if checks else None
     val_accuracy = None
     steps = 0  # optimiser steps taken
     for step in range(cfg.steps):

@@ -16,6 +16,7 @@ REGISTRY = {
     "math": "bridgelm.tasks.math",
     "countdown": "bridgelm.tasks.countdown",
     "arith": "bridgelm.tasks.arith",
+    "anysum": "bridgelm.tasks.anysum",
 }
 
 __all__ = ["BOXED_INSTRUCTION", "REGISTRY", "Task", "format_chat", "load", "read_rows", "with_instruction"]

@@ -445,12 +445,23 @@ class WarmupSchedule:
 
 
 def make_optimizer(
-    params: Sequence[torch.nn.Parameter], lr: float, weight_decay: float = 0.0, betas=(0.9, 0.999)
+    params: Sequence[torch.nn.Parameter],
+    lr: float,
+    weight_decay: float = 0.0,
+    betas=(0.9, 0.999),
+    lr_of: dict[int, float] | None = None,
 ) -> torch.optim.AdamW:
+    """AdamW over `params`; `lr_of` maps id(parameter) to its own learning rate (one param group per rate)."""
     params = list(params)
     if not params:
         raise ValueError("no trainable parameters: nothing to optimise")
-    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=tuple(betas))
+    if not lr_of:
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=tuple(betas))
+    rates: dict[float, list] = {}
+    for p in params:
+        rates.setdefault(lr_of.get(id(p), lr), []).append(p)
+    groups = [{"params": ps, "lr": rate} for rate, ps in rates.items()]
+    return torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay, betas=tuple(betas))
 
 
 def make_scheduler(optimizer, total_steps: int, warmup_fraction: float, decay: str):
@@ -462,13 +473,61 @@ def make_scheduler(optimizer, total_steps: int, warmup_fraction: float, decay: s
     return torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
 
 
-def optimizer_step(params, optimizer, scheduler, max_grad_norm: float, dist: Dist) -> float:
+def gradient_parts(model: torch.nn.Module) -> dict[str, list[tuple[torch.nn.Parameter, slice | None]]]:
+    """The parameters whose gradient norms the trainers log apart (a diagnostic of what the new blocks learn).
+
+    Bridge's fused projection is split into its query, key and value rows; P-Match into up and down; the
+    host model's trainable parameters form one part.
+    """
+    parts: dict[str, list] = {}
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        if ".bridge.qkv_proj." in name:
+            third = p.shape[0] // 3
+            for i, part in enumerate(("bridge_q", "bridge_k", "bridge_v")):
+                parts.setdefault(part, []).append((p, slice(i * third, (i + 1) * third)))
+        elif ".bridge.o_proj." in name:
+            parts.setdefault("bridge_o", []).append((p, None))
+        elif ".pmatch.up_proj." in name:
+            parts.setdefault("pmatch_up", []).append((p, None))
+        elif ".pmatch.down_proj." in name:
+            parts.setdefault("pmatch_down", []).append((p, None))
+        elif ".bridge." in name or ".pmatch." in name:  # the blocks' input norms
+            parts.setdefault("bridge_norm" if ".bridge." in name else "pmatch_norm", []).append((p, None))
+        else:
+            parts.setdefault("base", []).append((p, None))
+    return parts
+
+
+def part_grad_norms(parts: dict[str, list[tuple[torch.nn.Parameter, slice | None]]]) -> dict[str, float]:
+    """L2 norm of the current gradients of each part (after the ranks' sum, before clipping)."""
+    out = {}
+    for name, entries in parts.items():
+        sq = 0.0
+        for p, rows in entries:
+            if p.grad is None:
+                continue
+            g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+            g = g if rows is None else g[rows]
+            sq += float(g.detach().float().pow(2).sum())
+        out[name] = math.sqrt(sq)
+    return out
+
+
+def optimizer_step(
+    params, optimizer, scheduler, max_grad_norm: float, dist: Dist, parts: dict | None = None, norms: dict | None = None
+) -> float:
     """Sum gradients over ranks, clip, step, advance the schedule, zero the gradients; returns the gradient norm.
 
-    A non-finite norm skips the update (the schedule still advances) and is returned as is.
+    A non-finite norm skips the update (the schedule still advances) and is returned as is. With `parts` (from
+    `gradient_parts`), the norm of each part is added into the dict `norms` (summed over calls).
     """
     params = list(params)
     reduce_gradients(params, dist)
+    if parts:
+        for name, value in part_grad_norms(parts).items():
+            norms[name] = norms.get(name, 0.0) + value
     norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm > 0 else math.inf)
     if hasattr(norm, "full_tensor"):
         norm = norm.full_tensor()
@@ -704,6 +763,8 @@ __all__ = [
     "make_optimizer",
     "make_scheduler",
     "optimizer_step",
+    "gradient_parts",
+    "part_grad_norms",
     "write_dir_atomic",
     "list_checkpoints",
     "latest_checkpoint",

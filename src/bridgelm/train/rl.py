@@ -58,6 +58,7 @@ class RLConfig:
     epochs_per_rollout: int = 1  # passes over the rollout batch (K steps each)
     micro_batch_groups: int = 4  # Bridge groups per forward/backward (gradient accumulation in a mini-batch)
     lr: float = 1e-6  # AdamW learning rate after warm-up (constant)
+    block_lr: float | None = None  # learning rate of the added blocks (None: lr, as in the paper)
     warmup_fraction: float = 0.1  # share of the optimiser steps spent warming the lr up linearly
     weight_decay: float = 0.0  # AdamW weight decay
     max_grad_norm: float = 1.0  # gradient clipping (<= 0: off)
@@ -269,7 +270,9 @@ def minibatch_backward(
     return out
 
 
-def update_policy(model, ref_model, rollouts: Rollouts, params, optimizer, scheduler, cfg, step, pad_id, dist) -> dict:
+def update_policy(
+    model, ref_model, rollouts: Rollouts, params, optimizer, scheduler, cfg, step, pad_id, dist, parts=None
+) -> dict:
     """K (x epochs) optimiser steps on this rollout batch; returns token-level sums and means for logging."""
     plan = minibatch_plan(rollouts.n_groups, cfg, step)
     micro_of = [common.chunks(mb, cfg.micro_batch_groups) for mb in plan]
@@ -282,9 +285,10 @@ def update_policy(model, ref_model, rollouts: Rollouts, params, optimizer, sched
     if ref_model is not None:
         ref, _ = rollout_logprobs(ref_model, rollouts, first_pass, cfg, pad_id, dist)
     sums = {"loss": 0.0, "clipped": 0.0, "kl": 0.0, "tokens": 0.0, "entropy": 0.0, "grad_norm": 0.0}
+    sums["parts"] = {}  # gradient norm of each part (see common.gradient_parts), summed over optimiser steps
     for mb in plan:
         s = minibatch_backward(model, rollouts, mb, old, ref, cfg, pad_id, dist)
-        norm = common.optimizer_step(params, optimizer, scheduler, cfg.max_grad_norm, dist)
+        norm = common.optimizer_step(params, optimizer, scheduler, cfg.max_grad_norm, dist, parts, sums["parts"])
         sums["loss"] += s.loss
         sums["clipped"] += s.clipped
         sums["kl"] += s.kl
@@ -399,7 +403,11 @@ def train_rl(model, tokenizer, task, cfg: RLConfig, out_dir: str | os.PathLike, 
     if ref_model is not None:
         common.prepare_model(ref_model, replace(dist), cfg.fsdp)
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = common.make_optimizer(params, cfg.lr, cfg.weight_decay)
+    lr_of = None
+    if cfg.block_lr is not None:
+        lr_of = {id(p): cfg.block_lr for p in added_parameters(model).values() if p.requires_grad}
+    optimizer = common.make_optimizer(params, cfg.lr, cfg.weight_decay, lr_of=lr_of)
+    parts = common.gradient_parts(model)
     total = cfg.steps * cfg.steps_per_rollout * cfg.epochs_per_rollout
     scheduler = common.make_scheduler(optimizer, total, cfg.warmup_fraction, "constant")
     state = {"step": 0, "best_accuracy": None, "best_step": None}
@@ -430,7 +438,9 @@ def train_rl(model, tokenizer, task, cfg: RLConfig, out_dir: str | os.PathLike, 
                 in_update = True
                 lr = scheduler.get_last_lr()[0]
                 t1 = time.perf_counter()
-                sums = update_policy(model, ref_model, rollouts, params, optimizer, scheduler, cfg, step, pad, dist)
+                sums = update_policy(
+                    model, ref_model, rollouts, params, optimizer, scheduler, cfg, step, pad, dist, parts
+                )
                 state["step"] = step + 1
                 record = _record(step, rollouts, sums, cfg, lr, t0, t1, dist)
                 if val_task is not None and (
@@ -512,6 +522,7 @@ def _record(step, rollouts: Rollouts, sums: dict, cfg: RLConfig, lr, t0, t1, dis
         "response_length": length / n,
         "truncated": truncated / n,
         "grad_norm": sums["grad_norm"] / n_opt,
+        **{f"grad_norm_{k}": v / n_opt for k, v in sums.get("parts", {}).items() if k != "base"},
         "tokens_per_s": length / max(now - t0, 1e-9),
         "sample_tokens_per_s": length / max(sample_s / dist.world, 1e-9),
         "sample_seconds": t1 - t0,

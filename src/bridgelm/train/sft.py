@@ -260,6 +260,7 @@ def train_sft(model, tokenizer, data_path: str | os.PathLike, cfg: SFTConfig, ou
     if cfg.gradient_checkpointing:
         model.activation_checkpointing_enable()
     params = [p for p in model.parameters() if p.requires_grad]
+    parts = common.gradient_parts(model)
     plan = [epoch_batches(train, cfg, e) for e in range(cfg.epochs)]
     total = sum(len(b) for b in plan)
     val_groups = make_groups(val, cfg, common.generator(cfg.seed, "sft-val"))
@@ -300,7 +301,8 @@ def train_sft(model, tokenizer, data_path: str | os.PathLike, cfg: SFTConfig, ou
                 t0 = time.perf_counter()
                 lr = scheduler.get_last_lr()[0]
                 loss, tokens = batch_backward(model, plan[epoch][index], cfg, pad, dist)
-                norm = common.optimizer_step(params, optimizer, scheduler, cfg.max_grad_norm, dist)
+                part_norms: dict[str, float] = {}
+                norm = common.optimizer_step(params, optimizer, scheduler, cfg.max_grad_norm, dist, parts, part_norms)
                 state["step"] = step + 1
                 seconds = time.perf_counter() - t0
                 record = {
@@ -309,6 +311,7 @@ def train_sft(model, tokenizer, data_path: str | os.PathLike, cfg: SFTConfig, ou
                     "loss": loss,
                     "lr": lr,
                     "grad_norm": norm,
+                    **{f"grad_norm_{k}": v for k, v in part_norms.items()},
                     "tokens": tokens,
                     "sequences": sum(len(g) for g in plan[epoch][index]),
                     "tokens_per_s": tokens / max(seconds, 1e-9),
