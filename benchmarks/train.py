@@ -34,6 +34,7 @@ import torch  # noqa: E402
 from generate import bench_model  # noqa: E402
 
 import bridgelm  # noqa: E402
+from bridgelm.hardware import matmul_flops  # noqa: E402
 from bridgelm.tasks.base import Task  # noqa: E402
 from bridgelm.train.rl import RLConfig, train_rl  # noqa: E402
 from bridgelm.train.sft import SFTConfig, train_sft  # noqa: E402
@@ -189,16 +190,6 @@ def run_trl(model_dir: Path, prompts: list[str], args, out: Path, dtype) -> dict
     trainer.train()
     ends = clock.ends[args.k - 1 :: args.k]  # end of each rollout batch's K optimiser steps
     return {"seconds_per_step": round((ends[-1] - ends[0]) / (len(ends) - 1), 3)}
-
-
-def matmul_flops(dtype: torch.dtype, n: int, repeats: int = 5) -> float:
-    a = torch.randn(n, n, dtype=dtype)
-    b = torch.randn(n, n, dtype=dtype)
-    a @ b
-    t0 = time.perf_counter()
-    for _ in range(repeats):
-        a @ b
-    return 2 * n**3 * repeats / (time.perf_counter() - t0)
 
 
 def write_sft_data(path: Path, problems: int, prompt_len: int, response_len: int, seed: int = 0) -> None:

@@ -26,9 +26,19 @@ def test_quick_demo_runs_every_stage_and_resumes(tmp_path, capsys):
         acc = arm["accuracy_mean"]
         assert 0.0 <= acc <= 1.0
     assert set(results["bridge_widths"]) == {"1", "2", "4", "8"}
+    # The controls and paired differences that acceptance checks read.
+    assert results["seeds"] == 2
+    assert set(results["interaction"]) == {"1", "2", "4", "8"} and results["interaction"]["1"] == 0.0
+    assert all(0.0 <= v <= 1.0 for v in results["interaction"].values())
+    assert 0.0 <= results["foreign_siblings"] <= 1.0
+    assert set(results["diffs"]) == {"bridge-rlvr", "bridge-pmatch", "w4-w1", "foreign-w1"}
+    for d in results["diffs"].values():
+        assert d["low"] <= d["mean"] <= d["high"]
+    assert "foreign siblings" in text and "Departures from the paper" in text
+    assert results["matmul_peak"]["fp32_tflops"] > 0
     for png in ("gpass.png", "training.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    for stage in ("[warmup]", "[sft bridge]", "[rl bridge seed 0]", "[eval bridge seed 0]"):
+    for stage in ("[warmup]", "[sft bridge]", "[rl bridge seed 0]", "[eval bridge seed 0]", "[eval foreign siblings seed 1]"):
         assert f"{stage} done" in printed
     # a second run finds every output and redoes nothing
     main(["demo", "--quick", "--seeds", "2", "--out", str(out)])

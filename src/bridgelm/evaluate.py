@@ -59,6 +59,7 @@ _COMPARED = (
     "chat",
     "stop",
     "limit",
+    "foreign_groups",
 )
 
 # G-Pass fractions reported at every generation budget (the paper's Figure 6 shows 0.5 and 1).
@@ -95,6 +96,7 @@ class EvalConfig:
     max_batch_sequences: int = 256  # rows decoded together, at most (does not change what is measured)
     max_batch_tokens: int = 262_144  # rows x (prompt + max_new_tokens) of a batch, at most
     gpass_k: int = 8  # k of G-Pass@k_tau (capped at n)
+    foreign_groups: bool = False  # control: groups of sample j of `width` different problems (see sampling.py)
 
     def all_widths(self) -> list[int]:
         """The widths to sample, in order."""
@@ -136,6 +138,7 @@ class EvalConfig:
             seed=self.seed,
             max_batch_sequences=self.max_batch_sequences,
             max_batch_tokens=self.max_batch_tokens,
+            foreign_groups=self.foreign_groups and width > 1,
         )
 
 
@@ -279,6 +282,8 @@ def run_settings(
         "gpass_k": cfg.gpass_k,
         "max_batch_sequences": cfg.max_batch_sequences,
         "max_batch_tokens": cfg.max_batch_tokens,
+        # Only present when on, so that runs written before the option existed still resume.
+        **({"foreign_groups": True} if cfg.foreign_groups else {}),
     }
 
 

@@ -43,6 +43,7 @@ def _eval_config(args):
         max_batch_sequences=args.max_batch_sequences,
         max_batch_tokens=args.max_batch_tokens,
         gpass_k=args.gpass_k,
+        foreign_groups=args.foreign_groups,
     )
     cfg.validate()
     return cfg
@@ -155,6 +156,11 @@ def add_commands(sub) -> None:
     p.add_argument("--gpass-k", type=int, default=8, help="k of G-Pass@k_tau (capped at --n)")
     p.add_argument("--out", required=True, help="run directory (re-runs resume; other settings are refused)")
     p.add_argument("--no-score", action="store_true", help="only sample; score later with bridgelm score")
+    p.add_argument(
+        "--foreign-groups",
+        action="store_true",
+        help="control: each group holds sample j of `width` different problems (Bridge sees strangers, not siblings)",
+    )
     p.set_defaults(func=_cmd_eval)
 
     p = sub.add_parser("score", help="grade a run's samples; writes metrics.json and scores.jsonl")

@@ -1,15 +1,19 @@
 """The paper's pipeline in miniature, offline, on a CPU: `bridgelm demo --out DIR`.
 
 Stages, each with the project's own functions, each writing under DIR and skipped when its output is there:
-  base       pre-train a small Qwen2 on worked arithmetic (cached; see demo/base.py)
+  base       pre-train a small Qwen2 on worked sums taken in any order (cached; see demo/base.py, tasks/anysum.py)
   warmup     the base model samples 8 answers per training problem; correct ones kept (paper 4.1)
   sft        warm up Bridge blocks and P-Match blocks on them, base frozen (paper 3.2)
   rl         GRPO for the arms "RLVR only", "P-Match" and "Bridge": same prompts, budget, seeds, settings
-  eval       held-out test problems, n samples each: every arm, and Bridge at widths 1..16
-  report     DIR/report.md, DIR/results.json and PNG figures
+  eval       held-out test problems, n samples each: every arm, Bridge at widths 1..16 (same random draws at
+             every width: the share of samples that change is the interaction), and control (b), foreign
+             siblings: the Bridge model with groups made of samples of different problems
+  report     DIR/report.md, DIR/results.json and PNG figures: the paper's tables, the controls, and paired
+             differences between arms with 95% intervals over seeds and problems
 
-`--quick` runs the same stages at toy sizes (numbers mean nothing; it proves the pipeline); `--seeds 3`
-repeats the RL arms over seeds and reports their spread.
+The RL arms run over `seeds` seeds (3 by default); the arms share each seed. `--quick` runs the same stages at
+toy sizes (numbers mean nothing; it proves the pipeline). Departures from the paper's settings that a model of
+this size needs are fields of DemoConfig, listed by the report (`departures`).
 """
 
 from __future__ import annotations
@@ -17,16 +21,25 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, dataclass, field, replace
+from functools import partial
 from pathlib import Path
 
 import torch
 
 from bridgelm.attach import add_bridge, add_pmatch, load_blocks, load_model
-from bridgelm.demo.base import BaseConfig, pretrain
-from bridgelm.tasks import arith
+from bridgelm.demo.base import BaseConfig, generate, make_task, pretrain
+from bridgelm.jsonl import write_json
+from bridgelm.tasks import anysum
 
-ARMS = ("base", "rlvr", "pmatch", "bridge")
-ARM_TITLES = {"base": "Base", "rlvr": "RLVR only", "pmatch": "P-Match", "bridge": "Bridge"}
+RL_ARMS = ("rlvr", "pmatch", "bridge")  # the paper's arms; optional: "bridge_cold", "bridge_attn"
+ARM_TITLES = {
+    "base": "Base",
+    "rlvr": "RLVR only",
+    "pmatch": "P-Match",
+    "bridge": "Bridge",
+    "bridge_cold": "Bridge, cold start",
+    "bridge_attn": "Bridge after attention",
+}
 
 
 @dataclass
@@ -47,7 +60,8 @@ class DemoConfig:
     rl_steps_per_rollout: int = 2  # K
     rl_lr: float = 1e-4  # constant after 10% warm-up (the paper: 1e-6 for 1.5B-8B models)
     rl_beta: float = 1e-3  # KL weight (paper: 1e-3)
-    max_new_tokens: int = 48  # the longest worked solution is ~40 tokens
+    rl_block_lr: float | None = None  # lr of the added blocks in RL (None: rl_lr, as in the paper)
+    max_new_tokens: int = 56  # the longest worked solution (5 numbers) is 49 tokens with its EOS
     temperature: float = 0.6  # paper: 0.6 for training and evaluation
     top_p: float = 0.95  # evaluation nucleus (paper: 0.95)
     eval_problems: int = 400  # held-out test problems
@@ -55,14 +69,17 @@ class DemoConfig:
     eval_width: int = 8  # Bridge's width in the main table (paper: 8)
     widths: tuple[int, ...] = (1, 2, 4, 8, 16)  # Bridge widths of the width table (paper Table 3)
     gpass_k: int = 8  # G-Pass@k of the set figures (paper: 8)
-    seeds: int = 1  # RL seeds per arm
+    seeds: int = 3  # RL seeds per arm (the arms share each seed)
+    foreign_control: bool = True  # control (b): Bridge at eval_width with groups of samples of different problems
+    cold_start: bool = False  # optional arm: Bridge RL from fresh blocks, no SFT (paper Table 4)
+    attn_placement: bool = False  # optional arm: Bridge blocks after attention, SFT + RL (paper App. D)
     threads: int = 0  # torch threads (0 = leave as is)
 
     @staticmethod
     def quick() -> DemoConfig:
         return DemoConfig(
             base=BaseConfig(
-                task=arith.ArithSpec(max_operands=2, max_value=20),  # learnable in seconds by a 0.1M model
+                task=anysum.AnySumSpec(min_operands=3, max_operands=3, max_value=40),  # learnable in seconds
                 hidden_size=64,
                 num_layers=2,
                 num_heads=4,
@@ -87,7 +104,8 @@ class DemoConfig:
             eval_n=8,
             eval_width=4,
             widths=(1, 2, 4, 8),
-            max_new_tokens=40,
+            max_new_tokens=32,
+            seeds=1,
         )
 
 
@@ -124,6 +142,7 @@ def _rl_config(cfg: DemoConfig, seed: int, quick: bool):
         steps_per_rollout=cfg.rl_steps_per_rollout,
         micro_batch_groups=64,
         lr=cfg.rl_lr,
+        block_lr=cfg.rl_block_lr,
         beta=cfg.rl_beta,
         seed=seed,
         save_every=0,
@@ -132,133 +151,212 @@ def _rl_config(cfg: DemoConfig, seed: int, quick: bool):
     )
 
 
+@dataclass
+class Context:
+    """What every stage reads: the output folder, the settings, the base model and the tasks."""
+
+    out: Path
+    cfg: DemoConfig
+    quick: bool
+    base_dir: Path
+    tokenizer: object
+    train: object  # Task: RL prompts (the first warmup_problems are the warm-up problems)
+    test: object  # Task: held-out test problems
+
+    def rl_dir(self, arm: str, seed: int) -> Path:
+        return self.out / f"rl_{arm}_s{seed}"
+
+    def eval_dir(self, arm: str, seed: int) -> Path:
+        return self.out / f"eval_{arm}_s{seed}"
+
+    def foreign_dir(self, seed: int) -> Path:
+        return self.out / f"eval_bridge_foreign_s{seed}"
+
+
+def rl_arms(cfg: DemoConfig) -> tuple[str, ...]:
+    """The RL arms of this run: the paper's three, then the optional ones asked for."""
+    return RL_ARMS + (("bridge_cold",) if cfg.cold_start else ()) + (("bridge_attn",) if cfg.attn_placement else ())
+
+
+def sft_kinds(cfg: DemoConfig) -> tuple[str, ...]:
+    """Block sets warmed up by SFT: Bridge and P-Match, and Bridge after attention when that arm is asked for."""
+    return ("bridge", "pmatch") + (("bridge_attn",) if cfg.attn_placement else ())
+
+
+def stage_warmup(ctx: Context) -> dict:
+    """The base model samples warmup_n answers per training problem (independently); correct ones are kept."""
+    from bridgelm.train.warmup_data import make_warmup_data
+
+    cfg = ctx.cfg
+    task = replace(ctx.train, examples=ctx.train.examples[: cfg.warmup_problems])
+    stats = make_warmup_data(
+        load_model(str(ctx.base_dir)),
+        ctx.tokenizer,
+        task,
+        ctx.out / "warmup.jsonl",
+        n=cfg.warmup_n,
+        sampling=_sampling(cfg, cfg.warmup_n, 1),
+    )
+    stats["distinct_per_kept_problem"] = distinct_traces(ctx.out / "warmup.jsonl")
+    return stats
+
+
+def distinct_traces(path: Path) -> float:
+    """Mean number of distinct responses among the kept responses of a problem of a warm-up file."""
+    from bridgelm.jsonl import read_records
+
+    kept = [r for r in read_records(path, repair=False) if r.get("kept")]
+    counts = [len({json.dumps(x) for x in r["responses"]}) for r in kept]
+    return sum(counts) / max(1, len(counts))
+
+
+def stage_sft(ctx: Context, kind: str):
+    """SFT warm-up of one block set, base frozen (paper 3.2)."""
+    from bridgelm.train.sft import SFTConfig, train_sft
+
+    cfg = ctx.cfg
+    blocks = "pmatch" if kind == "pmatch" else "bridge"
+    placement = "attn" if kind == "bridge_attn" else "ffn"
+    sft_cfg = SFTConfig(
+        blocks=blocks,
+        num_heads=cfg.block_heads,
+        placement=placement,
+        epochs=cfg.sft_epochs,
+        lr=cfg.sft_lr,
+        max_length=256,
+        progress=True,
+    )
+    model = _with_blocks(load_model(str(ctx.base_dir)), blocks, cfg, placement)
+    return train_sft(model, ctx.tokenizer, ctx.out / "warmup.jsonl", sft_cfg, ctx.out / f"sft_{kind}")
+
+
+def stage_rl(ctx: Context, arm: str, seed: int) -> dict:
+    """GRPO of one arm and seed; every arm shares the prompts, budget, settings and seed."""
+    from bridgelm.train.rl import train_rl
+
+    model = load_model(str(ctx.base_dir))
+    if arm == "bridge_cold":  # paper Table 4: fresh Bridge blocks (zero output), no SFT
+        _with_blocks(model, "bridge", ctx.cfg)
+    elif arm != "rlvr":
+        load_blocks(model, ctx.out / f"sft_{arm}" / "blocks.safetensors")
+    result = train_rl(model, ctx.tokenizer, ctx.train, _rl_config(ctx.cfg, seed, ctx.quick), ctx.rl_dir(arm, seed))
+    return _rl_summary(result)
+
+
+def model_of(ctx: Context, arm: str, seed: int) -> str:
+    if arm == "base":
+        return str(ctx.base_dir)
+    return str(json.loads((ctx.rl_dir(arm, seed) / "done.json").read_text())["final_dir"])
+
+
+def stage_eval(ctx: Context, arm: str, seed: int, foreign: bool = False) -> dict:
+    """Held-out evaluation of one arm and seed: n samples per problem, every width for Bridge arms.
+
+    `foreign`: control (b), the Bridge model at the main width with groups made of samples of different problems.
+    """
+    from bridgelm.evaluate import EvalConfig, run_eval, score_run
+
+    cfg = ctx.cfg
+    bridge_like = arm.startswith("bridge")
+    widths = [cfg.eval_width] if foreign else list(cfg.widths) if bridge_like else [1]
+    ecfg = EvalConfig(
+        n=cfg.eval_n,
+        width=cfg.eval_width if bridge_like else 1,
+        widths=widths,
+        max_new_tokens=cfg.max_new_tokens,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        seed=seed,
+        gpass_k=cfg.gpass_k,
+        foreign_groups=foreign,
+    )
+    path = model_of(ctx, arm, seed)
+    run_dir = ctx.foreign_dir(seed) if foreign else ctx.eval_dir(arm, seed)
+    run_eval(load_model(path), ctx.tokenizer, ctx.test, None, ecfg, run_dir, model_id=path)
+    return score_run(run_dir, task=ctx.test)
+
+
 def run_demo(out: str | Path, cfg: DemoConfig, quick: bool = False, log=print) -> Path:
     """Every stage of the miniature pipeline into `out`; returns the path of report.md."""
-    from bridgelm.evaluate import EvalConfig, run_eval, score_run
-    from bridgelm.train.rl import train_rl
-    from bridgelm.train.sft import SFTConfig, train_sft
-    from bridgelm.train.warmup_data import make_warmup_data
+    from transformers import AutoTokenizer
+
+    from bridgelm.hardware import matmul_peaks
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    peaks = matmul_peaks()
+    log(f"this machine now: fp32 matmul {peaks['fp32_tflops']} TFLOP/s, bf16 {peaks['bf16_tflops']} TFLOP/s")
     stages = Stages(log)
     settings = {"quick": quick, **asdict(cfg)}
-    (out / "demo.json").write_text(json.dumps(settings, indent=2))
+    write_json(out / "demo.json", settings)
 
     # 1. base model (cached by its settings)
     t0 = time.perf_counter()
     base_dir = pretrain(cfg.base, out / "base", log=log)
     stages.timings["base"] = round(time.perf_counter() - t0, 1)
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(base_dir)
-    spec = asdict(cfg.base.task)
+    spec = cfg.base.task
     # Training prompts may repeat at toy sizes; test problems are always distinct.
     rl_problems = max(cfg.warmup_problems, cfg.rl_steps * cfg.rl_prompts)
-    train = arith.Arith("arith", arith.generate(rl_problems, "train", 1, cfg.base.task, distinct=not quick))
-    test = arith.load(split="test", size=cfg.eval_problems, seed=0, **spec)
-    test.name = "arith"
-
-    # 2. warm-up data from the base model, independent samples
-    warm_path = out / "warmup.jsonl"
-    warm_task = replace(train, examples=train.examples[: cfg.warmup_problems])
-    stages.run(
-        "warmup",
-        out / "warmup.done",
-        lambda: _touch(
-            out / "warmup.done",
-            make_warmup_data(
-                load_model(str(base_dir)),
-                tokenizer,
-                warm_task,
-                warm_path,
-                n=cfg.warmup_n,
-                sampling=_sampling(cfg, cfg.warmup_n, 1),
-            ),
-        ),
-        lambda stats: json.dumps(stats),
+    ctx = Context(
+        out=out,
+        cfg=cfg,
+        quick=quick,
+        base_dir=base_dir,
+        tokenizer=AutoTokenizer.from_pretrained(base_dir),
+        train=make_task(spec, generate(spec, rl_problems, "train", 1, distinct=not quick)),
+        test=make_task(spec, generate(spec, cfg.eval_problems, "test", 0)),
     )
 
+    # 2. warm-up data from the base model, independent samples
+    stages.run("warmup", out / "warmup.done", lambda: _touch(out / "warmup.done", stage_warmup(ctx)), json.dumps)
+
     # 3. SFT warm-up of the new blocks (base frozen)
-    for kind in ("bridge", "pmatch"):
-        sft_dir = out / f"sft_{kind}"
-        sft_cfg = SFTConfig(
-            blocks=kind, num_heads=cfg.block_heads, epochs=cfg.sft_epochs, lr=cfg.sft_lr, max_length=256, progress=True
-        )
+    for kind in sft_kinds(cfg):
         stages.run(
             f"sft {kind}",
-            sft_dir / "blocks.safetensors",
-            lambda kind=kind, sft_dir=sft_dir, sft_cfg=sft_cfg: train_sft(
-                _with_blocks(load_model(str(base_dir)), kind, cfg), tokenizer, warm_path, sft_cfg, sft_dir
-            ),
+            out / f"sft_{kind}" / "blocks.safetensors",
+            partial(stage_sft, ctx, kind),
             lambda r: f"best validation perplexity {r.best_val_ppl:.3f} (epoch {r.best_epoch})",
         )
 
     # 4. RL arms: same prompts, budget, seeds and settings
-    rl_train = replace(train, examples=train.examples)
     for seed in range(cfg.seeds):
-        for arm in ("rlvr", "pmatch", "bridge"):
-            rl_dir = out / f"rl_{arm}_s{seed}"
-
-            def start(arm=arm):
-                model = load_model(str(base_dir))
-                if arm != "rlvr":
-                    load_blocks(model, out / f"sft_{arm}" / "blocks.safetensors")
-                return model
-
+        for arm in rl_arms(cfg):
+            done = ctx.rl_dir(arm, seed) / "done.json"
             stages.run(
                 f"rl {arm} seed {seed}",
-                rl_dir / "done.json",
-                lambda rl_dir=rl_dir, start=start, seed=seed: _touch(
-                    rl_dir / "done.json",
-                    _rl_summary(train_rl(start(), tokenizer, rl_train, _rl_config(cfg, seed, quick), rl_dir)),
-                ),
+                done,
+                lambda arm=arm, seed=seed, done=done: _touch(done, stage_rl(ctx, arm, seed)),
                 lambda s: f"reward {s['first_reward']:.3f} -> {s['last_reward']:.3f} over {s['steps']} steps",
             )
 
-    # 5. evaluation on the held-out test split
-    def model_of(arm: str, seed: int):
-        if arm == "base":
-            return str(base_dir)
-        return str(json.loads((out / f"rl_{arm}_s{seed}" / "done.json").read_text())["final_dir"])
-
+    # 5. evaluation on the held-out test split, then control (b): foreign siblings
     eval_dirs: dict[tuple[str, int], Path] = {}
     for seed in range(cfg.seeds):
-        for arm in ARMS:
+        for arm in ("base",) + rl_arms(cfg):
             if arm == "base" and seed > 0:
                 continue
-            run_dir = out / f"eval_{arm}_s{seed}"
-            eval_dirs[(arm, seed)] = run_dir
-            widths = list(cfg.widths) if arm == "bridge" else [1]
-            ecfg = EvalConfig(
-                n=cfg.eval_n,
-                width=cfg.eval_width if arm == "bridge" else 1,
-                widths=widths,
-                max_new_tokens=cfg.max_new_tokens,
-                temperature=cfg.temperature,
-                top_p=cfg.top_p,
-                seed=seed,
-                gpass_k=cfg.gpass_k,
-            )
-
-            def evaluate(arm=arm, seed=seed, run_dir=run_dir, ecfg=ecfg):
-                path = model_of(arm, seed)
-                run_eval(load_model(path), tokenizer, test, None, ecfg, run_dir, model_id=path)
-                return score_run(run_dir, task=test)
-
+            eval_dirs[(arm, seed)] = ctx.eval_dir(arm, seed)
             stages.run(
                 f"eval {arm} seed {seed}",
-                run_dir / "metrics.json",
-                evaluate,
-                lambda m, arm=arm: _eval_summary(m, arm, cfg),
+                ctx.eval_dir(arm, seed) / "metrics.json",
+                partial(stage_eval, ctx, arm, seed),
+                partial(_eval_summary, arm=arm),
+            )
+        if cfg.foreign_control:
+            stages.run(
+                f"eval foreign siblings seed {seed}",
+                ctx.foreign_dir(seed) / "metrics.json",
+                partial(stage_eval, ctx, "bridge", seed, foreign=True),
+                partial(_eval_summary, arm="bridge"),
             )
 
     # 6. report
     from bridgelm.demo.results import write_demo_report
 
-    report = write_demo_report(out, cfg, eval_dirs, stages.timings, quick)
+    report = write_demo_report(out, cfg, eval_dirs, stages.timings, quick, peaks)
     log(f"[report] {report}")
     return report
 
@@ -271,14 +369,12 @@ def _sampling(cfg: DemoConfig, n: int, width: int):
     )
 
 
-def _with_blocks(model, kind: str, cfg: DemoConfig):
+def _with_blocks(model, kind: str, cfg: DemoConfig, placement: str = "ffn"):
     add = add_bridge if kind == "bridge" else add_pmatch
-    return add(model, num_heads=cfg.block_heads, head_dim=cfg.block_head_dim)
+    return add(model, num_heads=cfg.block_heads, head_dim=cfg.block_head_dim, placement=placement)
 
 
 def _touch(path: Path, payload):
-    from bridgelm.jsonl import write_json
-
     write_json(path, payload)
     return payload
 
@@ -295,10 +391,10 @@ def _rl_summary(result) -> dict:
     }
 
 
-def _eval_summary(metrics: dict, arm: str, cfg: DemoConfig) -> str:
+def _eval_summary(metrics: dict, arm: str) -> str:
     avg = metrics.get("avg", {})
     parts = []
     for w, entry in sorted(avg.items(), key=lambda kv: int(kv[0])):
         acc = entry["metrics"]["accuracy"]["mean"]
         parts.append(f"w={w} accuracy {100 * acc:.1f}%")
-    return f"{ARM_TITLES[arm]}: " + ", ".join(parts)
+    return f"{ARM_TITLES.get(arm, arm)}: " + ", ".join(parts)

@@ -2,8 +2,11 @@
 
 Rows follow the paper's Table 1 (Base, RLVR only, P-Match, Bridge); the set figures follow Figure 4 (G-Pass@8
 against tau*k) and Table 3 (Bridge at every width); training curves come from each RL run's metrics.jsonl.
-The closing paragraph is written from the numbers: it says which of the paper's claims the miniature
-reproduces, within the 95% intervals, and which it does not.
+The controls say whether Bridge uses its siblings: (a) interaction, the share of samples that change when the
+same draws are made at width w instead of 1; (b) foreign siblings, accuracy when a group holds samples of
+different problems; (c) P-Match, the parameter control. Differences between arms are paired (same problems,
+same seeds) with 95% bootstrap intervals over seeds and problems (`metrics.paired_difference`). The claim list
+is written from those intervals: it says which of the paper's claims the miniature reproduces and which not.
 """
 
 from __future__ import annotations
@@ -15,10 +18,19 @@ import statistics
 from pathlib import Path
 
 from bridgelm.jsonl import read_records, write_atomic, write_json
+from bridgelm.metrics import paired_difference
 from bridgelm.report import plot_gpass, plot_width
 
-ARMS = ("base", "rlvr", "pmatch", "bridge")
-TITLES = {"base": "Base", "rlvr": "RLVR only", "pmatch": "P-Match", "bridge": "Bridge"}
+ARMS = ("base", "rlvr", "pmatch", "bridge", "bridge_cold", "bridge_attn")
+TITLES = {
+    "base": "Base",
+    "rlvr": "RLVR only",
+    "pmatch": "P-Match",
+    "bridge": "Bridge",
+    "bridge_cold": "Bridge, cold start",
+    "bridge_attn": "Bridge after attention",
+}
+INTERACTION_TARGET = 0.2  # design target: share of samples at w = 8 that differ from w = 1
 MIN_GAIN = 0.005  # accuracy gain (half a point) below which a width is not said to beat w = 1
 
 
@@ -50,14 +62,13 @@ def collect(eval_dirs: dict[tuple[str, int], Path], cfg) -> dict:
     k = cfg.gpass_k
     arms: dict[str, dict] = {}
     for (arm, seed), run_dir in sorted(eval_dirs.items()):
-        width = cfg.eval_width if arm == "bridge" else 1
+        width = cfg.eval_width if arm.startswith("bridge") else 1
         cell = _numbers(_entry(run_dir, width), k)
         cell["width"] = width
         arms.setdefault(arm, {"seeds": {}})["seeds"][seed] = cell
-        if arm == "bridge":
+        if arm.startswith("bridge"):
             arms[arm].setdefault("widths", {})[seed] = {w: _numbers(_entry(run_dir, w), k) for w in cfg.widths}
-            if seed == 0:
-                arms[arm]["diverged"] = diverged_from_width_1(run_dir)
+            arms[arm].setdefault("diverged_by_seed", {})[seed] = diverged_from_width_1(run_dir)
     for data in arms.values():
         accs = [c["accuracy"]["mean"] for c in data["seeds"].values()]
         data["accuracy_mean"] = statistics.fmean(accs)
@@ -85,7 +96,7 @@ def table_1(arms: dict, cfg) -> str:
             continue
         data = arms[arm]
         first = data["seeds"][min(data["seeds"])]
-        title = TITLES[arm] + (f" (w={first['width']})" if arm == "bridge" else "")
+        title = TITLES[arm] + (f" (w={first['width']})" if arm.startswith("bridge") else "")
         acc = _pct(data["accuracy_mean"])
         if seeds > 1 and len(data["seeds"]) > 1:
             acc += f" ± {100 * data['accuracy_sd']:.1f}"
@@ -102,18 +113,24 @@ def table_1(arms: dict, cfg) -> str:
 
 
 def width_table(arms: dict, cfg) -> str:
+    """Bridge at every width: accuracy averaged over seeds, the rest of seed 0, and the interaction."""
     k = cfg.gpass_k
-    rows = arms["bridge"]["widths"][min(arms["bridge"]["widths"])]
+    by_seed = arms["bridge"]["widths"]
+    rows = by_seed[min(by_seed)]
+    diverged = arms["bridge"].get("diverged_by_seed", {})
     lines = [
-        f"| Bridge width w | Accuracy (%) | 95% interval | Coverage@{cfg.eval_n} | G-Pass@{k} τ=1 |",
-        "|---|---|---|---|---|",
+        f"| Bridge width w | Accuracy (%), mean over {len(by_seed)} seed(s) | 95% interval (seed 0) "
+        f"| Coverage@{cfg.eval_n} | G-Pass@{k} τ=1 | Samples that differ from w=1 (%) |",
+        "|---|---|---|---|---|---|",
     ]
     for w in sorted(rows):
         c = rows[w]
+        mean = statistics.fmean(by_seed[s][w]["accuracy"]["mean"] for s in by_seed)
+        changed = [d[w] for d in diverged.values() if w in d]
         lines.append(
-            f"| {w}{' (independent)' if w == 1 else ''} | {_pct(c['accuracy']['mean'])} | "
+            f"| {w}{' (independent)' if w == 1 else ''} | {_pct(mean)} | "
             f"[{_pct(c['accuracy']['low'])}, {_pct(c['accuracy']['high'])}] | {_pct(c['coverage']['mean'])} "
-            f"| {_pct(c['gpass'].get(k))} |"
+            f"| {_pct(c['gpass'].get(k))} | {_pct(statistics.fmean(changed)) if changed else '0.0'} |"
         )
     return "\n".join(lines)
 
@@ -146,63 +163,123 @@ def training_curves(out: Path, cfg) -> tuple[dict, Path | None]:
     return curves, write_atomic(out / "training.png", buf.getvalue())
 
 
-def _overlap(a: dict, b: dict) -> bool:
-    return not (a["low"] > b["high"] or b["low"] > a["high"])
+def per_problem_accuracy(run_dir: Path, width: int) -> list[float]:
+    """Accuracy (c / n) of every problem sampled at `width`, in problem order, from RUN_DIR/scores.jsonl."""
+    scores = [r for r in read_records(run_dir / "scores.jsonl", repair=False) if int(r["width"]) == width]
+    scores.sort(key=lambda r: (r["benchmark"], int(r["index"])))
+    return [r["c"] / r["n"] for r in scores]
 
 
-def verdict(arms: dict, cfg) -> str:
-    """Which of the paper's claims the miniature reproduces, read off the numbers."""
+def foreign_dirs(out: Path, cfg) -> dict[int, Path]:
+    """Control (b)'s run folder of every seed that has one."""
+    dirs = {seed: out / f"eval_bridge_foreign_s{seed}" for seed in range(cfg.seeds)}
+    return {seed: d for seed, d in dirs.items() if (d / "scores.jsonl").exists()}
+
+
+def controls(arms: dict, eval_dirs: dict[tuple[str, int], Path], foreign: dict[int, Path], cfg) -> dict:
+    """The causal controls and the paired differences, over every seed of the Bridge arm.
+
+    Returns {"seeds", "interaction" {w: share of samples that differ from w = 1}, "foreign_siblings" (accuracy,
+    or None), "diffs" {"bridge-rlvr", "bridge-pmatch", "wW-w1", "foreign-w1": {"mean", "low", "high"}}}.
+    """
+    w = cfg.eval_width
+    seeds = sorted(s for (arm, s) in eval_dirs if arm == "bridge")
+    bridge_w = [per_problem_accuracy(eval_dirs[("bridge", s)], w) for s in seeds]
+    bridge_1 = [per_problem_accuracy(eval_dirs[("bridge", s)], 1) for s in seeds] if 1 in cfg.widths else None
+    by_seed = arms["bridge"].get("diverged_by_seed", {})
+    interaction = {"1": 0.0} if 1 in cfg.widths else {}
+    for width in sorted({x for d in by_seed.values() for x in d}):
+        interaction[str(width)] = statistics.fmean(by_seed[s][width] for s in by_seed if width in by_seed[s])
+    diffs: dict[str, dict] = {}
+    for other in ("rlvr", "pmatch"):
+        if all((other, s) in eval_dirs for s in seeds):
+            theirs = [per_problem_accuracy(eval_dirs[(other, s)], 1) for s in seeds]
+            diffs[f"bridge-{other}"] = paired_difference(bridge_w, theirs)
+    if bridge_1 is not None:
+        diffs[f"w{w}-w1"] = paired_difference(bridge_w, bridge_1)
+    foreign_acc = None
+    if bridge_1 is not None and foreign and all(s in foreign for s in seeds):
+        strangers = [per_problem_accuracy(foreign[s], w) for s in seeds]
+        foreign_acc = statistics.fmean(statistics.fmean(x) for x in strangers)
+        diffs["foreign-w1"] = paired_difference(strangers, bridge_1)
+    return {"seeds": len(seeds), "interaction": interaction, "foreign_siblings": foreign_acc, "diffs": diffs}
+
+
+def _diff_text(d: dict) -> str:
+    return f"{100 * d['mean']:+.1f} points [{100 * d['low']:+.1f}, {100 * d['high']:+.1f}]"
+
+
+def controls_table(ctl: dict, cfg) -> str:
+    """Paired differences (same problems, same seeds), and the controls."""
+    w = cfg.eval_width
+    names = {
+        "bridge-rlvr": f"Bridge (w={w}) − RLVR only",
+        "bridge-pmatch": f"Bridge (w={w}) − P-Match (control c: same parameters, no cross-sample attention)",
+        f"w{w}-w1": f"Bridge w={w} − Bridge w=1 (same weights)",
+        "foreign-w1": f"Bridge w={w} with foreign siblings (control b) − Bridge w=1",
+    }
+    lines = [
+        f"| Paired difference of accuracy, over {ctl['seeds']} seed(s) | Mean and 95% interval |",
+        "|---|---|",
+    ]
+    lines += [f"| {names[k]} | {_diff_text(d)} |" for k, d in ctl["diffs"].items() if k in names]
+    if ctl["interaction"]:
+        lines += [
+            "",
+            "| Width w | " + " | ".join(ctl["interaction"]) + " |",
+            "|---|" + "---|" * len(ctl["interaction"]),
+            "| Samples that differ from w=1 (control a), % | "
+            + " | ".join(f"{100 * v:.1f}" for v in ctl["interaction"].values())
+            + " |",
+        ]
+    return "\n".join(lines)
+
+
+def verdict(arms: dict, ctl: dict, cfg) -> str:
+    """Which of the paper's claims the miniature reproduces, read off the paired intervals."""
     k = cfg.gpass_k
+    w = cfg.eval_width
     first = {arm: d["seeds"][min(d["seeds"])] for arm, d in arms.items()}
     acc = {arm: d["accuracy_mean"] for arm, d in arms.items()}
+    diffs = ctl["diffs"]
     lines = []
 
     def claim(text: str, holds: bool, detail: str):
         lines.append(f"- {text}: **{'reproduced' if holds else 'not reproduced'}** ({detail}).")
 
-    best_other = max(("rlvr", "pmatch"), key=lambda a: acc[a])
-    gap = acc["bridge"] - acc[best_other]
-    sig = not _overlap(first["bridge"]["accuracy"], first[best_other]["accuracy"])
-    claim(
-        "Bridge improves accuracy after RLVR more than RLVR alone and P-Match",
-        gap > 0,
-        f"Bridge {_pct(acc['bridge'])}% vs {TITLES[best_other]} {_pct(acc[best_other])}%, "
-        f"{'outside' if sig else 'within'} the 95% intervals",
-    )
-    claim(
-        "RLVR improves on the base model",
-        acc["rlvr"] > acc["base"],
-        f"{_pct(acc['base'])}% -> {_pct(acc['rlvr'])}%",
-    )
-    full = {a: first[a]["gpass"].get(k) or 0.0 for a in first}
-    claim(
-        f"Bridge answers more consistently (G-Pass@{k} at τ=1, all {k} correct)",
-        full["bridge"] >= max(full["rlvr"], full["pmatch"]),
-        ", ".join(f"{TITLES[a]} {_pct(full[a])}%" for a in ARMS if a in full),
-    )
-    cov = {a: first[a]["coverage"]["mean"] for a in first}
-    claim(
-        "Bridge keeps or raises coverage",
-        cov["bridge"] >= max(cov["rlvr"], cov["pmatch"]) - 0.01,
-        ", ".join(f"{TITLES[a]} {_pct(cov[a])}%" for a in ARMS if a in cov),
-    )
-    widths = arms["bridge"]["widths"][min(arms["bridge"]["widths"])]
-    w1 = widths[1]["accuracy"]["mean"] if 1 in widths else None
-    wider = [w for w in widths if w > 1]
-    better = [w for w in wider if w1 is not None and widths[w]["accuracy"]["mean"] >= w1 + MIN_GAIN]
-    claim(
-        f"every width w > 1 beats independent generation (w = 1) with the same Bridge model, by {100 * MIN_GAIN:.1f}"
-        " point or more",
-        w1 is not None and len(better) == len(wider),
-        f"w=1 {_pct(w1)}%; " + ", ".join(f"w={w} {_pct(widths[w]['accuracy']['mean'])}%" for w in wider),
-    )
-    diverged = arms["bridge"].get("diverged", {})
-    if diverged:
-        lines.append(
-            "- How much the samples interact: with the same random draws, "
-            + ", ".join(f"{100 * f:.1f}% of samples at w={w}" for w, f in sorted(diverged.items()))
-            + " differ from their w=1 counterpart in at least one token."
+    def by_interval(text: str, key: str, sign: int = 1):
+        d = diffs.get(key)
+        if d is None:
+            return
+        low, high = (d["low"], d["high"]) if sign > 0 else (-d["high"], -d["low"])
+        word = "reproduced" if low > 0 else "reversed" if high < 0 else "not shown: the interval holds 0"
+        lines.append(f"- {text}: **{word}** ({_diff_text(d)}, paired over {ctl['seeds']} seed(s) and problems).")
+
+    by_interval("Bridge improves accuracy after RLVR more than RLVR alone", "bridge-rlvr")
+    by_interval("Bridge beats P-Match, the parameter-matched control", "bridge-pmatch")
+    by_interval(f"Bridge at w={w} beats independent generation (w=1) with the same weights", f"w{w}-w1")
+    by_interval("Bridge uses what its siblings know: with foreign siblings it falls below w=1", "foreign-w1", -1)
+    share = ctl["interaction"].get(str(w))
+    if share is not None:
+        claim(
+            f"The samples interact: at least {100 * INTERACTION_TARGET:.0f}% of them change at w={w} (design target)",
+            share >= INTERACTION_TARGET,
+            f"{100 * share:.1f}% differ from their w=1 counterpart with the same random draws",
         )
+    claim("RLVR improves on the base model", acc["rlvr"] > acc["base"], f"{_pct(acc['base'])}% -> {_pct(acc['rlvr'])}%")
+    paper = [a for a in ("base", "rlvr", "pmatch", "bridge") if a in first]
+    full = {a: first[a]["gpass"].get(k) or 0.0 for a in paper}
+    claim(
+        f"Bridge answers more consistently (G-Pass@{k} at τ=1, all {k} correct; seed 0)",
+        full["bridge"] >= max(full["rlvr"], full["pmatch"]),
+        ", ".join(f"{TITLES[a]} {_pct(full[a])}%" for a in paper),
+    )
+    cov = {a: first[a]["coverage"]["mean"] for a in paper}
+    claim(
+        "Bridge keeps or raises coverage (seed 0)",
+        cov["bridge"] >= max(cov["rlvr"], cov["pmatch"]) - 0.01,
+        ", ".join(f"{TITLES[a]} {_pct(cov[a])}%" for a in paper),
+    )
     return "\n".join(lines)
 
 
@@ -227,8 +304,25 @@ def diverged_from_width_1(run_dir: Path) -> dict[int, float]:
     return out
 
 
-def write_demo_report(out: Path, cfg, eval_dirs: dict, timings: dict, quick: bool) -> Path:
+def departures(cfg) -> list[str]:
+    """Where the miniature departs from the paper's settings (Appendix A), one line each."""
+    lines = [
+        f"SFT lr {cfg.sft_lr:g} (paper 2e-5) and RL lr {cfg.rl_lr:g} (paper 1e-6): the paper's rates are for "
+        "1.5B-8B models; a 2M model needs larger steps",
+        f"RL: {cfg.rl_steps} steps of {cfg.rl_prompts} prompts x {cfg.rl_rollouts} rollouts (paper: 1000 steps of "
+        "56 x 8), Bridge width {cfg.rl_width} while training",
+        f"Block heads {cfg.block_heads} of dim {cfg.block_head_dim} (paper: 4 heads of the host's head dim)",
+    ]
+    if cfg.rl_block_lr is not None:
+        lines.append(f"The added blocks learn at lr {cfg.rl_block_lr:g} in RL (paper: one lr for all)")
+    return lines
+
+
+def write_demo_report(
+    out: Path, cfg, eval_dirs: dict, timings: dict, quick: bool, peaks: dict | None = None
+) -> Path:
     arms = collect(eval_dirs, cfg)
+    ctl = controls(arms, eval_dirs, foreign_dirs(out, cfg), cfg)
     k = cfg.gpass_k
     gpass_curves = {
         TITLES[a] + (f" (w={arms[a]['seeds'][0]['width']})" if a == "bridge" else ""): arms[a]["seeds"][0]["gpass"]
@@ -252,6 +346,12 @@ def write_demo_report(out: Path, cfg, eval_dirs: dict, timings: dict, quick: boo
     curves, training_png = training_curves(out, cfg)
     machine = f"{platform.machine()}, {_cpus()} CPU cores, Python {platform.python_version()}"
     results = {
+        "seeds": ctl["seeds"],
+        "interaction": ctl["interaction"],
+        "foreign_siblings": ctl["foreign_siblings"],
+        "diffs": ctl["diffs"],
+        "departures": departures(cfg),
+        "matmul_peak": peaks or {},
         "arms": {a: arms[a] for a in ARMS if a in arms},
         "bridge_widths": {str(w): c for w, c in widths.items()},
         "gpass": {a: arms[a]["seeds"][0]["gpass"] for a in arms},
@@ -267,10 +367,9 @@ def write_demo_report(out: Path, cfg, eval_dirs: dict, timings: dict, quick: boo
     text = [
         "# Bridge in miniature" + (" (--quick: toy sizes, the numbers mean nothing)" if quick else ""),
         "",
-        f"Task: step-by-step addition and subtraction ({cfg.base.task.min_operands}-{cfg.base.task.max_operands} "
-        f"numbers in 1..{cfg.base.task.max_value}), {cfg.eval_problems} held-out test "
-        f"problems, {cfg.eval_n} samples each at temperature {cfg.temperature}, top-p {cfg.top_p}. "
-        f"Machine: {machine}. Stage times (s): {json.dumps(timings)}.",
+        f"Task: {task_text(cfg)}, {cfg.eval_problems} held-out test problems, {cfg.eval_n} samples each at "
+        f"temperature {cfg.temperature}, top-p {cfg.top_p}; RL over {ctl['seeds']} seed(s). Machine: {machine}; "
+        f"matmul peak measured in this run: {_peaks_text(peaks)}. Stage times (s): {json.dumps(timings)}.",
         "",
         "## Accuracy and set metrics (layout of the paper's Table 1)",
         "",
@@ -289,13 +388,22 @@ def write_demo_report(out: Path, cfg, eval_dirs: dict, timings: dict, quick: boo
         "",
         width_table(arms, cfg),
         "",
+        "## Does Bridge use its siblings? Controls and paired differences",
+        "",
+        controls_table(ctl, cfg),
+        "",
         "## What the miniature reproduces",
         "",
-        verdict(arms, cfg),
+        verdict(arms, ctl, cfg),
         "",
         "The miniature is a 1-2M parameter model on a synthetic task, trained for minutes: it tests the mechanics",
-        "of the method and its direction, not the paper's numbers. Intervals are 95% bootstrap intervals over",
-        "problems; with one RL seed per arm, differences within them are not evidence either way.",
+        "of the method and its direction, not the paper's numbers. Differences are paired (same test problems,",
+        "same seeds, same random draws) with 95% bootstrap intervals that resample seeds and problems; a",
+        "difference whose interval holds 0 is not evidence either way.",
+        "",
+        "## Departures from the paper's settings",
+        "",
+        *[f"- {line}" for line in departures(cfg)],
         "",
         "## Figures",
         "",
@@ -303,6 +411,25 @@ def write_demo_report(out: Path, cfg, eval_dirs: dict, timings: dict, quick: boo
         "",
     ]
     return write_atomic(out / "report.md", "\n".join(text))
+
+
+def task_text(cfg) -> str:
+    spec = cfg.base.task
+    if hasattr(spec, "min_value"):
+        return (
+            f"sums of {spec.min_operands}-{spec.max_operands} numbers in {spec.min_value}..{spec.max_value}, "
+            "added in any order (anysum)"
+        )
+    return (
+        f"step-by-step addition and subtraction ({spec.min_operands}-{spec.max_operands} numbers in "
+        f"1..{spec.max_value}; arith)"
+    )
+
+
+def _peaks_text(peaks: dict | None) -> str:
+    if not peaks:
+        return "not measured"
+    return f"fp32 {peaks['fp32_tflops']} TFLOP/s, bf16 {peaks['bf16_tflops']} TFLOP/s"
 
 
 def _cpus() -> int:

@@ -1,0 +1,36 @@
+"""This machine's measured matmul peak: the yardstick that reports and benchmarks state beside their times.
+
+CPU speed varies from day to day (the same run can take 3x longer), so a time means little without the peak
+measured in the same run: reports give both, and ratios against the peak are comparable across days.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+def matmul_flops(dtype: torch.dtype = torch.float32, n: int = 1024, repeats: int = 5, device="cpu") -> float:
+    """FLOP/s of a square n x n matmul in `dtype` (best of `repeats` timed runs, after one warm-up)."""
+    a = torch.randn(n, n, device=device).to(dtype)
+    b = torch.randn(n, n, device=device).to(dtype)
+    a @ b
+    best = float("inf")
+    for _ in range(repeats):
+        if a.is_cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        a @ b
+        if a.is_cuda:
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best
+
+
+def matmul_peaks(n: int = 1024) -> dict[str, float]:
+    """{"fp32_tflops", "bf16_tflops"} of this machine, now."""
+    return {
+        "fp32_tflops": round(matmul_flops(torch.float32, n) / 1e12, 4),
+        "bf16_tflops": round(matmul_flops(torch.bfloat16, n) / 1e12, 4),
+    }
