@@ -127,13 +127,14 @@ def _cmd_similarity(args) -> None:
     print(f"bridgelm analyze similarity: -> {out}")
     for bench, per in result.items():
         for w, entry in per.items():
-            r = entry["rouge_l"]
+            r, r1 = entry["rouge_l"], entry["rouge_1"]
             emb = entry.get("embedding", {})
             tail = f", embedding cosine {emb['cosine']['mean']:.4f}" if "cosine" in emb else ""
             skipped = f" (embedding skipped: {emb['skipped']})" if "skipped" in emb else ""
             print(
                 f"bridgelm analyze similarity: {bench} w={w}: ROUGE-L {r['mean']:.4f} "
-                f"[{r['low']:.4f}, {r['high']:.4f}] over {entry['problems']} sets{tail}{skipped}"
+                f"[{r['low']:.4f}, {r['high']:.4f}], ROUGE-1 {r1['mean']:.4f} "
+                f"over {entry['problems']} sets{tail}{skipped}"
             )
 
 
@@ -180,7 +181,9 @@ def add_commands(sub) -> None:
     f.add_argument("--width", type=int, help="only samples of this width")
     f.add_argument("--max-tokens", type=int, default=4096, help="cut each sequence (prompt + response) here")
     f.set_defaults(func=_cmd_features)
-    s = asub.add_parser("similarity", help="mean pairwise ROUGE-L (and embedding cosine) within response sets")
+    s = asub.add_parser(
+        "similarity", help="mean pairwise ROUGE-L and ROUGE-1 (rouge-score; and embedding cosine) within response sets"
+    )
     s.add_argument("run_dir")
     s.add_argument("--benchmark", help="only this benchmark")
     s.add_argument("--width", type=int, help="only this width")
