@@ -70,6 +70,11 @@ def _cmd_eval(args) -> None:
     print(
         f"bridgelm eval: {who}sampled {done['sampled']} problems now, {done['skipped']} were already in {done['shard']}"
     )
+    if done["truncated"]:
+        print(
+            f"bridgelm eval: {who}{done['truncated']} long documents were cut to fit the context minus "
+            "--max-new-tokens (each recorded as 'truncated' on its line of the samples file)"
+        )
     if lead and not args.no_score:
         result = score_run(args.out)
         print(f"bridgelm eval: metrics -> {Path(args.out) / METRICS_FILE}")
@@ -141,7 +146,11 @@ def _cmd_similarity(args) -> None:
 def add_commands(sub) -> None:
     p = sub.add_parser("eval", help="sample n responses per problem for benchmarks and widths, then score them")
     add_model_args(p)
-    p.add_argument("--task", default="math", help="task of the data files (gsm8k, math, countdown, ...)")
+    p.add_argument(
+        "--task",
+        default="math",
+        help="task of the data files (gsm8k, math, countdown, xsum, cnn_dailymail, gpqa, zebra, ...)",
+    )
     p.add_argument(
         "--data", action="extend", nargs="+", default=[], help="data file(s), one benchmark each (named by stem)"
     )
