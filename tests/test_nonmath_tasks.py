@@ -209,3 +209,32 @@ def test_registry_knows_the_new_tasks():
     assert {"xsum", "cnn_dailymail", "gpqa", "zebra"} <= set(tasks.REGISTRY)
     with pytest.raises(ValueError, match="unknown task 'xsun'.*cnn_dailymail.*gpqa.*xsum, zebra"):
         tasks.load("xsun")
+
+
+# ---------------------------------------------------------------------------------------------- Countdown (TinyZero)
+
+
+def test_countdown_tinyzero_prompt_rows_and_answer_tags(tmp_path):
+    path = _jsonl(tmp_path / "countdown.jsonl", [{"target": 98, "nums": [44, 19, 35]}])  # Countdown-Tasks-3to4
+    task = tasks.load("countdown", path)
+    ex = task.examples[0]
+    assert ex["numbers"] == [44, 19, 35]
+    assert task.prompt(ex) == (
+        "Using the numbers [44, 19, 35], create an equation that equals 98. You can use basic arithmetic "
+        "operations (+, -, *, /) and each number can only be used once. Show your work in <think> </think> tags. "
+        "And return the final answer in <answer> </answer> tags, for example <answer> (1 + 2) / 3 </answer>."
+    )
+    boxed = tasks.load("countdown", path, prompt_style="boxed")
+    assert boxed.prompt(ex).endswith("within \\boxed{}.") and boxed.reward("\\boxed{44 + 19 + 35}", ex) == 1.0
+    # TinyZero's rule: every number exactly once, value equal to the target
+    assert task.reward("<think>44 + 19 = 63</think>\n<answer>44 + 19 + 35</answer>", ex) == 1.0
+    assert task.reward("<answer> (44 + 19 + 35) = 98 </answer>", ex) == 1.0  # "= target" tail dropped
+    assert task.reward("<answer>44 + 19 - 35</answer>", ex) == 0.0  # 28
+    assert task.reward("<answer>44 + 54</answer>", ex) == 0.0  # 98 with numbers not given
+    # whichever comes last of \boxed{} and <answer> is the answer
+    assert task.reward("draft \\boxed{44 - 19} then <answer>44 + 19 + 35</answer>", ex) == 1.0
+    assert task.reward("<answer>44 + 19 + 35</answer> no wait \\boxed{44 - 19}", ex) == 0.0
+    with pytest.raises(ValueError, match=r"row 1: missing field 'numbers' \(expected fields: numbers, target; or nums"):
+        tasks.load("countdown", _jsonl(tmp_path / "bad.jsonl", [{"target": 3, "values": [1, 2]}]))
+    with pytest.raises(ValueError, match=r"prompt_style='chat' is unknown: expected one of tinyzero, boxed"):
+        tasks.load("countdown", path, prompt_style="chat")

@@ -105,6 +105,11 @@ def _cmd_report(args) -> None:
         avg = "–" if row["avg"] is None else f"{100 * row['avg']:.2f}%"
         delta = "" if row["delta"] is None else f" (Δ {100 * row['delta']:+.2f} vs {acc['base']})"
         print(f"bridgelm report: {name}: mean accuracy {avg}{delta}")
+    table2 = report.get("nonmath")
+    for name, cells in (table2 or {}).get("rows", {}).items():
+        shown = [f"{table2['titles'][b]} {100 * cells[b]['mean']:.2f}" for b in table2["columns"] if cells.get(b)]
+        if shown:
+            print(f"bridgelm report: {name}: non-math (ROUGE-1 / accuracy, %): {', '.join(shown)}")
 
 
 def _cmd_features(args) -> None:
