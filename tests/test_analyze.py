@@ -1,4 +1,4 @@
-"""Analyses: block feature ratios through hooks, ROUGE-L (bit-parallel LCS vs the DP), set similarity, CLI."""
+"""Analyses: block feature ratios through hooks, ROUGE-L / ROUGE-1 (rouge-score) similarity of sets, CLI."""
 
 import json
 import math
@@ -9,17 +9,8 @@ import torch
 from conftest import randomize_blocks, save_tiny_model_dir, tiny_model
 
 import bridgelm
-from bridgelm.analyze import block_feature_ratios, embedding_similarity, lcs_length, rouge_l, set_similarity
+from bridgelm.analyze import block_feature_ratios, embedding_similarity, pair_similarity, rouge_l, set_similarity
 from bridgelm.cli import main
-
-
-def _lcs_dp(a, b):
-    """The textbook quadratic LCS, the reference for the bit-parallel one."""
-    table = [[0] * (len(b) + 1) for _ in range(len(a) + 1)]
-    for i, x in enumerate(a):
-        for j, y in enumerate(b):
-            table[i + 1][j + 1] = table[i][j] + 1 if x == y else max(table[i][j + 1], table[i + 1][j])
-    return table[-1][-1]
 
 
 def test_rouge_l_hand_examples():
@@ -32,17 +23,32 @@ def test_rouge_l_hand_examples():
     assert rouge_l("  the\ncat ", "the cat") == 1.0  # any whitespace separates tokens
 
 
-def test_bit_parallel_lcs_matches_the_dp():
+def test_pair_similarity_is_rouge_score_itself():
+    from rouge_score import rouge_scorer
+
+    scorer = rouge_scorer.RougeScorer(["rouge1", "rougeL"], use_stemmer=True)
     rng = random.Random(0)
-    for _ in range(300):
-        a = [rng.choice("abcd") for _ in range(rng.randint(0, 30))]
-        b = [rng.choice("abcde") for _ in range(rng.randint(0, 70))]
-        assert lcs_length(a, b) == _lcs_dp(a, b) == lcs_length(b, a)
+    words = ["cat", "cats", "sat", "sitting", "on", "the", "mat", "Mats", "a", "dog", "running", "ran"]
+    for _ in range(100):
+        a = " ".join(rng.choice(words) for _ in range(rng.randint(1, 12)))
+        b = " ".join(rng.choice(words) for _ in range(rng.randint(1, 12)))
+        ref = scorer.score(a, b)
+        got = pair_similarity(a, b)
+        assert got == {"rouge_l": ref["rougeL"].fmeasure, "rouge_1": ref["rouge1"].fmeasure}
+        assert pair_similarity(b, a) == pytest.approx(got)  # F1 is symmetric
+    # stemming and lowercasing: "Cats were running" and "cat was run" share cat, run (2 of 3 tokens each)
+    assert pair_similarity("Cats were running", "cat was run") == {"rouge_l": 2 / 3, "rouge_1": 2 / 3}
+    # unigrams ignore order, the LCS does not: ROUGE-1 = 1, ROUGE-L = 1/4
+    assert pair_similarity("a b c d", "d c b a") == {"rouge_l": 0.25, "rouge_1": 1.0}
 
 
 def test_set_similarity_averages_pairs_then_problems():
     result = set_similarity([["a b c", "a b c", "a b c"], ["a b", "c d"], ["only one"]])
     assert result["rouge_l"]["mean"] == pytest.approx(0.5) and result["problems"] == 2 and result["pairs"] == 4
+    assert result["rouge_1"]["mean"] == pytest.approx(0.5)
+    # ROUGE-1 beside ROUGE-L: a reordered set is alike in words, not in order
+    reordered = set_similarity([["a b c d", "d c b a"]])
+    assert reordered["rouge_1"]["mean"] == 1.0 and reordered["rouge_l"]["mean"] == pytest.approx(0.25)
     assert set_similarity([["a b", "a c", "x y"]], max_samples=2)["rouge_l"]["mean"] == pytest.approx(0.5)
     with pytest.raises(ValueError, match="2 or more responses"):
         set_similarity([["alone"]])
@@ -96,4 +102,6 @@ def test_analyze_commands(tmp_path, capsys):
     main(["analyze", "similarity", str(run), "--embedding-model", ""])
     similarity = json.loads((run / "similarity.json").read_text())
     assert similarity["toy"]["2"]["problems"] == 3 and 0.0 <= similarity["toy"]["2"]["rouge_l"]["mean"] <= 1.0
-    assert "ROUGE-L" in capsys.readouterr().out
+    assert 0.0 <= similarity["toy"]["2"]["rouge_1"]["mean"] <= 1.0
+    printed = capsys.readouterr().out
+    assert "ROUGE-L" in printed and "ROUGE-1" in printed

@@ -5,10 +5,11 @@ Design notes:
   stream x entering the block and the update the block returns. Per token the ratio ||update|| / ||x||, averaged
   over the valid tokens of grouped teacher-forced forwards (the group layout of `grouped_logits`) of sampled
   response sets. A freshly added block has a zero output projection, so its ratio is exactly 0.
-- Output similarity (Table 4): ROUGE-L F1 over whitespace tokens. The longest common subsequence is computed
-  bit-parallel (one big-integer add / subtract / or per token of one text), so responses of thousands of words
-  cost milliseconds; the tests check it against the quadratic dynamic programme. Averaged over all pairs of
-  one prompt's responses, then over prompts.
+- Output similarity (Table 5): ROUGE-L F1, and ROUGE-1 F1 beside it, from Google's `rouge-score` (stemmed, its
+  own tokenizer; `bridgelm.rouge`), averaged over all pairs of one prompt's responses, then over prompts. Two
+  responses without any ROUGE token (empty, or no [a-z0-9]) count as identical (1.0); rouge-score alone says 0.
+  rouge-score's LCS is quadratic pure Python (about 0.2 s for a pair of 1,000-word texts): long reasoning
+  traces at n=32 (496 pairs a prompt) are slow, and `--max-samples` bounds the pairs.
 - Embedding similarity (the paper's BERTScore stands in for it) needs sentence-transformers and a model that is
   already on disk; otherwise it is skipped with the reason. Nothing is ever downloaded.
 
@@ -27,11 +28,15 @@ from typing import Any
 import numpy as np
 import torch
 
+from bridgelm import rouge
 from bridgelm.attach import block_config, decoder_layers
 from bridgelm.evaluate import read_samples
 from bridgelm.grouped import KWARG, Groups
 from bridgelm.jsonl import write_atomic, write_json
 from bridgelm.metrics import bootstrap_ci
+
+# Similarity measures of `set_similarity`, each an F1 from rouge-score.
+SIMILARITY_METRICS = ("rouge_l", "rouge_1")
 
 # Sentence-embedding model tried for the embedding similarity (used only when it is on disk already).
 DEFAULT_EMBEDDER = "sentence-transformers/all-MiniLM-L6-v2"
@@ -176,70 +181,58 @@ def plot_feature_ratios(ratios: dict[str, Sequence[float]] | Sequence[float], pa
 # ---------------------------------------------------------------------------------------------- similarity
 
 
-def lcs_length(a: Sequence[str], b: Sequence[str]) -> int:
-    """Length of the longest common subsequence of two token lists, bit-parallel over `b` (Allison-Dix)."""
-    if not a or not b:
-        return 0
-    if len(b) > len(a):
-        a, b = b, a  # the shorter list sets the width of the bit vectors
-    match: dict[str, int] = {}
-    for i, tok in enumerate(b):
-        match[tok] = match.get(tok, 0) | (1 << i)
-    full = (1 << len(b)) - 1
-    v = full  # bit i clear <=> b[:i+1] gained a common token at i
-    for tok in a:
-        u = v & match.get(tok, 0)
-        v = ((v + u) | (v - u)) & full
-    return len(b) - bin(v).count("1")
+def pair_similarity(a: str, b: str) -> dict[str, float]:
+    """{"rouge_l", "rouge_1"}: ROUGE-L and ROUGE-1 F1 of two texts (symmetric), from rouge-score.
+
+    Two texts without ROUGE tokens are identical (1.0 each); one without gives 0.0.
+    """
+    if not rouge.tokens(a) and not rouge.tokens(b):
+        return {"rouge_l": 1.0, "rouge_1": 1.0}
+    f1 = rouge.f1_scores(a, b, ("rougeL", "rouge1"))
+    return {"rouge_l": f1["rougeL"], "rouge_1": f1["rouge1"]}
 
 
 def rouge_l(a: str, b: str) -> float:
-    """ROUGE-L F1 of two texts over whitespace tokens: 2PR / (P + R) with P = LCS/|a|, R = LCS/|b|.
-
-    Symmetric. Two empty texts give 1.0; one empty text gives 0.0.
-    """
-    ta, tb = a.split(), b.split()
-    if not ta and not tb:
-        return 1.0
-    lcs = lcs_length(ta, tb)
-    if lcs == 0:
-        return 0.0
-    return 2.0 * lcs / (len(ta) + len(tb))  # = 2PR / (P + R)
+    """ROUGE-L F1 of two texts (see `pair_similarity`)."""
+    return pair_similarity(a, b)["rouge_l"]
 
 
-def _pairwise_mean(texts: Sequence[str]) -> tuple[float, int]:
-    values = [rouge_l(texts[i], texts[j]) for i in range(len(texts)) for j in range(i + 1, len(texts))]
-    return float(np.mean(values)), len(values)
+def _pairwise_mean(texts: Sequence[str]) -> tuple[dict[str, float], int]:
+    values = [pair_similarity(texts[i], texts[j]) for i in range(len(texts)) for j in range(i + 1, len(texts))]
+    return {m: float(np.mean([v[m] for v in values])) for m in SIMILARITY_METRICS}, len(values)
 
 
 def set_similarity(
     samples_by_problem: Sequence[Sequence[str]], max_samples: int | None = None, progress: bool = False
 ) -> dict[str, Any]:
-    """Mean pairwise ROUGE-L within each prompt's response set, averaged over prompts (with a 95% interval).
+    """Mean pairwise ROUGE-L and ROUGE-1 F1 within each prompt's response set, averaged over prompts (with 95%
+    intervals): {"rouge_l", "rouge_1", "problems", "pairs"}.
 
     `max_samples` keeps the first responses of each set (pairs grow as n^2). Sets with < 2 responses are skipped.
     """
-    per_problem, pairs = [], 0
+    per_problem: dict[str, list[float]] = {m: [] for m in SIMILARITY_METRICS}
+    pairs = 0
     items = samples_by_problem
     if progress:
         from tqdm.auto import tqdm
 
-        items = tqdm(items, desc="ROUGE-L", unit="problem")
+        items = tqdm(items, desc="ROUGE-L / ROUGE-1", unit="problem")
     for texts in items:
         texts = list(texts)[:max_samples] if max_samples else list(texts)
         if len(texts) < 2:
             continue
-        mean, count = _pairwise_mean(texts)
-        per_problem.append(mean)
+        means, count = _pairwise_mean(texts)
+        for m in SIMILARITY_METRICS:
+            per_problem[m].append(means[m])
         pairs += count
-    if not per_problem:
+    if not per_problem["rouge_l"]:
         raise ValueError("no response set has 2 or more responses: nothing to compare")
-    low, high = bootstrap_ci(per_problem)
-    return {
-        "rouge_l": {"mean": float(np.mean(per_problem)), "low": low, "high": high},
-        "problems": len(per_problem),
-        "pairs": pairs,
-    }
+    out: dict[str, Any] = {}
+    for m, values in per_problem.items():
+        low, high = bootstrap_ci(values)
+        out[m] = {"mean": float(np.mean(values)), "low": low, "high": high}
+    out.update(problems=len(per_problem["rouge_l"]), pairs=pairs)
+    return out
 
 
 def embedding_similarity(
@@ -282,8 +275,8 @@ def run_similarity(
     out: str | os.PathLike | None = None,
     progress: bool = True,
 ) -> dict[str, Any]:
-    """ROUGE-L (and embedding) similarity of each (benchmark, width) of a run; written to `out` (default
-    RUN_DIR/similarity.json) as {benchmark: {width: {"rouge_l", "problems", "pairs", "embedding"}}}."""
+    """ROUGE-L, ROUGE-1 (and embedding) similarity of each (benchmark, width) of a run; written to `out` (default
+    RUN_DIR/similarity.json) as {benchmark: {width: {"rouge_l", "rouge_1", "problems", "pairs", "embedding"}}}."""
     records = read_samples(run_dir)
     groups: dict[tuple[str, int], list[list[str]]] = {}
     for key in sorted(records):

@@ -12,6 +12,12 @@ Design notes:
 - Generation budgets (Figure 6) come from one long run, because generation is prefix-consistent: at budget L a
   sample counts when it finished within L tokens and is correct.
 - A benchmark is one data file (named by its stem, e.g. `aime24`), or a Task object with its own examples.
+- Continuous scores (summarisation's ROUGE-1, `Task.continuous`): a problem's score line holds its per-sample
+  scores, their mean and variance; metrics are the mean score and the mean per-prompt variance with 95%
+  intervals, not pass@k / G-Pass / majority vote.
+- Long documents (`Task.long_field()`, e.g. a CNN/DailyMail article) are cut to their longest token prefix whose
+  prompt fits the model's context minus max_new_tokens; the cut is recorded on the problem's samples line
+  ("truncated") and counted in metrics.json, and run.json records the prompt budget.
 
     bridgelm eval --model DIR --task math --data math500.jsonl --data aime24.jsonl --n 32 --width 8 --out runs/x
     torchrun --nproc_per_node 8 -m bridgelm eval ...     (same arguments; one shard per rank)
@@ -34,7 +40,7 @@ import numpy as np
 
 from bridgelm import metrics as M
 from bridgelm.jsonl import append_record, read_records, write_atomic, write_json
-from bridgelm.sampling import SamplingConfig, iter_generate
+from bridgelm.sampling import SamplingConfig, encode_prompts, iter_generate
 from bridgelm.tasks import Task
 
 FORMAT = "bridgelm-eval-1"
@@ -355,6 +361,65 @@ def _barrier(shard: Shard) -> None:
             dist.destroy_process_group()
 
 
+# ---------------------------------------------------------------------------------------------- long documents
+
+
+def prompt_budget(model, max_new_tokens: int) -> int | None:
+    """Most prompt tokens a sample may have: the model's context minus max_new_tokens (None: no known context)."""
+    context = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+    return None if context is None else int(context) - int(max_new_tokens)
+
+
+def _token_ends(tokenizer, text: str) -> list[int]:
+    """Character offset where each token of `text` ends (slow tokenizers: lengths of decoded prefixes)."""
+    try:
+        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        return [int(end) for _, end in enc["offset_mapping"]]
+    except (NotImplementedError, KeyError, TypeError):
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        return [len(tokenizer.decode(ids[: k + 1])) for k in range(len(ids))]
+
+
+def fit_prompt(task: Task, example: dict, tokenizer, chat: bool, budget: int | None) -> tuple[str, dict | None]:
+    """(prompt, cut) of `example`: when its prompt has more than `budget` tokens and the task names a long field,
+    that field is cut to its longest token prefix whose prompt fits; `cut` describes it (None: nothing cut).
+
+    A prompt that does not fit even with the field empty is a ValueError naming the sizes.
+    """
+    text = task.prompt(example)
+    field_name = task.long_field()
+    if field_name is None or budget is None:
+        return text, None
+    count = lambda t: len(encode_prompts(tokenizer, [t], chat)[0])  # noqa: E731
+    full = count(text)
+    if full <= budget:
+        return text, None
+    document = str(example[field_name])
+    ends = _token_ends(tokenizer, document)
+    shortened = lambda k: task.prompt({**example, field_name: document[: ends[k - 1]] if k else ""})  # noqa: E731
+    if count(shortened(0)) > budget:
+        raise ValueError(
+            f"the prompt has {count(shortened(0))} tokens even with its {field_name!r} empty: more than the "
+            f"{budget} tokens left by the context after max_new_tokens; lower --max-new-tokens"
+        )
+    lo, hi = 0, len(ends)  # the largest k whose prompt fits
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if count(shortened(mid)) <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    cut = {
+        "field": field_name,
+        "prompt_tokens": full,  # before the cut
+        "field_tokens": len(ends),
+        "kept_tokens": lo,
+        "kept_chars": ends[lo - 1] if lo else 0,
+        "budget": budget,
+    }
+    return shortened(lo), cut
+
+
 # ---------------------------------------------------------------------------------------------- sampling
 
 
@@ -373,7 +438,8 @@ def run_eval(
     """Sample cfg.n responses per problem for every benchmark and width into `out_dir` (resumable).
 
     Returns {"run_dir", "shard" (this process's samples file), "sampled" (problems sampled now by this
-    process), "skipped" (already written), "problems" (owned by this process)}. Under torchrun
+    process), "skipped" (already written), "problems" (owned by this process), "truncated" (problems sampled
+    now whose long document was cut to fit the context)}. Under torchrun
     (`shard` from RANK/WORLD_SIZE), returns once every rank has finished.
     """
     cfg.validate()
@@ -382,6 +448,9 @@ def run_eval(
     task_name = task_or_name.name if isinstance(task_or_name, Task) else task_or_name
     run_dir = Path(out_dir)
     settings = run_settings(cfg, benches, task_name, model_id, blocks)
+    budget = prompt_budget(model, cfg.max_new_tokens)
+    if any(b.task.long_field() is not None for b in benches):
+        settings["prompt_budget"] = budget  # long documents are cut to this many prompt tokens
     run_file = run_dir / RUN_FILE
     if shard.rank == 0:
         shards = shard_files(run_dir)  # listed before run.json is looked at: run.json is written before any shard
@@ -409,6 +478,7 @@ def run_eval(
         from tqdm.auto import tqdm
 
         bar = tqdm(total=total * cfg.n, desc=f"sampling -> {out}", unit="sample", position=shard.rank)
+    truncated = 0
     try:
         step = bar.update if bar is not None else (lambda k: None)
         for b in benches:
@@ -416,7 +486,14 @@ def run_eval(
                 indices = todo[(b.name, w)]
                 if not indices:
                     continue
-                texts = [b.task.prompt(b.problems[i]) for i in indices]
+                fitted = []
+                for i in indices:
+                    try:
+                        fitted.append(fit_prompt(b.task, b.problems[i], tokenizer, cfg.chat, budget))
+                    except ValueError as exc:
+                        raise ValueError(f"benchmark {b.name!r} problem #{i}: {exc}") from exc
+                texts = [text for text, _ in fitted]
+                truncated += sum(cut is not None for _, cut in fitted)
                 keys = [(b.name, i) for i in indices]  # a problem's samples do not depend on its shard
                 sampling = cfg.sampling(w)
                 stream = iter_generate(model, tokenizer, texts, sampling, keys, cfg.chat, cfg.stop, progress=step)
@@ -434,13 +511,21 @@ def run_eval(
                             "samples": [
                                 {"text": g.text, "token_ids": g.token_ids, "finished": g.finished} for g in samples
                             ],
+                            **({"truncated": fitted[k][1]} if fitted[k][1] is not None else {}),
                         },
                     )
     finally:
         if bar is not None:
             bar.close()
     _barrier(shard)
-    return {"run_dir": str(run_dir), "shard": str(out), "sampled": total, "skipped": owned - total, "problems": owned}
+    return {
+        "run_dir": str(run_dir),
+        "shard": str(out),
+        "sampled": total,
+        "skipped": owned - total,
+        "problems": owned,
+        "truncated": truncated,
+    }
 
 
 # ---------------------------------------------------------------------------------------------- scoring
@@ -532,8 +617,32 @@ def budget_metrics(scores: Sequence[dict], budget: int, gpass_k: int) -> dict[st
     return out
 
 
+def _score_within(score: dict, budget: int) -> float:
+    """Mean score of a problem's samples when those not finished within `budget` tokens score 0."""
+    kept = zip(score["scores"], score["finished"], score["lengths"])
+    return float(np.mean([v if fin and n <= budget else 0.0 for v, fin, n in kept]))
+
+
+def continuous_metrics(scores: Sequence[dict], max_new_tokens: int) -> dict[str, Any]:
+    """`metrics.summarize_scores` of one (benchmark, width) of a continuous task, plus response length, finished
+    fraction and budgets (at budget L a sample keeps its score when it finished within L tokens, else 0)."""
+    summary = M.summarize_scores([s["scores"] for s in scores])
+    summary["mean_length"] = float(np.mean([x for s in scores for x in s["lengths"]]))
+    summary["finished"] = float(np.mean([x for s in scores for x in s["finished"]]))
+    summary["budgets"] = {
+        str(L): {"score": float(np.mean([_score_within(s, L) for s in scores]))} for L in budgets(max_new_tokens)
+    }
+    summary["truncated"] = sum(1 for s in scores if s.get("truncated"))
+    return summary
+
+
 def benchmark_metrics(scores: Sequence[dict], gpass_k: int, max_new_tokens: int) -> dict[str, Any]:
-    """`metrics.summarize` of one (benchmark, width), plus response length, finished fraction and budgets."""
+    """`metrics.summarize` of one (benchmark, width), plus response length, finished fraction and budgets.
+
+    Problems of a continuous task (score lines with "scores") get `continuous_metrics` instead.
+    """
+    if scores and "scores" in scores[0]:
+        return continuous_metrics(scores, max_new_tokens)
     summary = M.summarize(
         [{"n": s["n"], "c": s["c"], "majority_correct": s["majority_correct"]} for s in scores], gpass_k=gpass_k
     )
@@ -569,6 +678,19 @@ def average_metrics(entries: dict[str, dict]) -> dict[str, Any]:
 
 
 def _problem_score(rec: dict, rewards: list[float], task: Task) -> dict[str, Any]:
+    if task.continuous:
+        return {
+            "benchmark": rec["benchmark"],
+            "width": int(rec["width"]),
+            "index": int(rec["index"]),
+            "n": len(rewards),
+            "scores": list(rewards),
+            "mean": float(np.mean(rewards)),
+            "variance": float(np.var(rewards)),
+            "lengths": [len(s["token_ids"]) for s in rec["samples"]],
+            "finished": [bool(s["finished"]) for s in rec["samples"]],
+            "truncated": bool(rec.get("truncated")),
+        }
     answers = [task.extract(s["text"]) for s in rec["samples"]]
     correct = [r >= CORRECT_AT for r in rewards]
     return {
@@ -682,8 +804,15 @@ def summary_line(result: dict[str, Any], width: int | None = None) -> str:
     if avg is None:
         return f"no scores at width {w}"
     m = avg["metrics"]
+    head = f"w={w}, avg over {len(avg['benchmarks'])} benchmarks ({', '.join(avg['benchmarks'])}): "
+    if "score" in m and "accuracy" not in m:
+        variance = 1e4 * m["score_variance"]["mean"]
+        return head + (
+            f"mean score {100 * m['score']['mean']:.2f}, per-prompt score variance {variance:.2f} (points²), "
+            f"mean length {avg['mean_length']:.0f} tokens"
+        )
     parts = [f"accuracy {100 * m['accuracy']['mean']:.2f}%", f"coverage {100 * m['coverage']['mean']:.2f}%"]
     if "majority_vote" in m:
         parts.append(f"majority vote {100 * m['majority_vote']['mean']:.2f}%")
     parts.append(f"mean length {avg['mean_length']:.0f} tokens")
-    return f"w={w}, avg over {len(avg['benchmarks'])} benchmarks ({', '.join(avg['benchmarks'])}): " + ", ".join(parts)
+    return head + ", ".join(parts)

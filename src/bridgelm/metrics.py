@@ -280,3 +280,29 @@ def summarize(
         low, high = bootstrap_ci(values, n_boot=n_boot, alpha=alpha, seed=seed)
         metrics[name] = {"mean": float(np.mean(values)), "low": low, "high": high}
     return {"problems": len(per_problem), "samples": n_min, "metrics": metrics}
+
+
+def summarize_scores(
+    score_lists: Sequence[Sequence[float]], n_boot: int = 1000, alpha: float = 0.05, seed: int = 0
+) -> dict:
+    """Benchmark summary of a continuous score (ROUGE), one list of per-sample scores per problem.
+
+    Returns {"problems": P, "samples": n, "metrics": {"score", "score_variance"}}, each {"mean", "low", "high"}:
+    `score` is the mean over problems of each problem's mean score; `score_variance` the mean over problems of
+    the variance of the scores within a problem's response set (population variance, ddof=0: the spread of the
+    set itself; the paper's Table 5). Pass@k and G-Pass need correct/incorrect and are not defined here.
+    """
+    if not score_lists:
+        raise ValueError("score_lists is empty: expected one list of scores per problem")
+    for i, scores in enumerate(score_lists):
+        if len(scores) == 0:
+            raise ValueError(f"problem {i} has no scores: expected at least one")
+    columns = {
+        "score": [float(np.mean(s)) for s in score_lists],
+        "score_variance": [float(np.var(np.asarray(s, dtype=np.float64))) for s in score_lists],
+    }
+    metrics = {}
+    for name, values in columns.items():
+        low, high = bootstrap_ci(values, n_boot=n_boot, alpha=alpha, seed=seed)
+        metrics[name] = {"mean": float(np.mean(values)), "low": low, "high": high}
+    return {"problems": len(score_lists), "samples": min(len(s) for s in score_lists), "metrics": metrics}

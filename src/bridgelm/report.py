@@ -9,7 +9,13 @@ Design notes:
   width sampled. Avg is the unweighted mean over benchmarks, shown only for rows that have every benchmark
   column; Delta = Avg(row) - Avg(base) in percentage points (paper Table 1).
 - Curves averaged over benchmarks (G-Pass against tau*k, width, budget) use the benchmarks that share the row's
-  largest G-Pass k (MATH-500 at n=4 drops out of a k=8 average, as in the paper's Figure 4).
+  largest G-Pass k (MATH-500 at n=4 drops out of a k=8 average, as in the paper's Figure 4). Benchmarks with a
+  continuous score (summarisation) have no G-Pass and stay out of these curves.
+- Non-math benchmarks (paper Table 2): runs of the tasks xsum, cnn_dailymail, gpqa, zebra and countdown, one
+  column each in that order; ROUGE-1 F1 for summarisation, accuracy for the others; no Avg (the columns measure
+  different things). Output stability (paper Table 5): the mean per-prompt variance of the summarisation score
+  (in points², i.e. of ROUGE-1 x 100), and the mean pairwise similarity of a run's responses where
+  `bridgelm analyze similarity RUN` has written RUN/similarity.json (ROUGE-L; embedding cosine when computed).
 
     bridgelm report runs/base runs/bridge --names base,bridge --out reports/x
 """
@@ -42,6 +48,18 @@ ABBREVIATIONS = {
     "hmmt_feb25": "HMMT",
     "gsm8k": "GSM8K",
 }
+
+# Tasks of the paper's Table 2, in its column order, with their column titles.
+NONMATH_TASKS = {
+    "xsum": "XSum",
+    "cnn_dailymail": "CNN/DM",
+    "gpqa": "GPQA",
+    "zebra": "ZebraLogic",
+    "countdown": "Countdown",
+}
+
+# File that `bridgelm analyze similarity` writes into a run.
+SIMILARITY_FILE = "similarity.json"
 
 # Panels of the width and length plots: metric key in the curves -> axis title.
 CURVE_PANELS = {
@@ -98,7 +116,8 @@ def collect_rows(run_dirs: Sequence[str], names: Sequence[str] | None = None) ->
                     "runs merged into one row must cover different benchmarks"
                 )
             width = main if main in per_width else sorted(per_width, key=int)[-1]
-            row["benchmarks"][bench] = {"width": width, "widths": per_width, "run": str(run_dir)}
+            task = result["run"].get("task")
+            row["benchmarks"][bench] = {"width": width, "widths": per_width, "run": str(run_dir), "task": task}
     return rows
 
 
@@ -199,11 +218,120 @@ def gpass_table(curves: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _main_entry(b: dict) -> dict:
+    """The metrics.json entry of a row's benchmark at its main width."""
+    return b["widths"][b["width"]]
+
+
+def _nonmath_columns(rows: dict[str, dict]) -> list[tuple[str, str]]:
+    """(benchmark, title) of the Table 2 columns: benchmarks of NONMATH_TASKS runs, in the paper's task order."""
+    found: dict[str, list[str]] = {task: [] for task in NONMATH_TASKS}
+    for row in rows.values():
+        for bench, b in row["benchmarks"].items():
+            if b.get("task") in NONMATH_TASKS and bench not in found[b["task"]]:
+                found[b["task"]].append(bench)
+    return [
+        (bench, NONMATH_TASKS[task] if len(benches) == 1 else f"{NONMATH_TASKS[task]} ({bench})")
+        for task, benches in found.items()
+        for bench in benches
+    ]
+
+
+def nonmath_table(rows: dict[str, dict]) -> dict[str, Any] | None:
+    """Numbers of the paper's Table 2: {"columns": [bench], "titles": {bench: title}, "metric": {bench: name},
+    "rows": {row: {bench: {"mean", "low", "high"} or None}}}; ROUGE-1 ("score") for summarisation, else accuracy.
+    None when no row has such a benchmark."""
+    columns = _nonmath_columns(rows)
+    if not columns:
+        return None
+    metric, out_rows = {}, {}
+    for name, row in rows.items():
+        out_rows[name] = {}
+        for bench, _ in columns:
+            b = row["benchmarks"].get(bench)
+            m = _main_entry(b)["metrics"] if b else {}
+            key = "score" if "score" in m else "accuracy"
+            if b:
+                metric[bench] = key
+            out_rows[name][bench] = m.get(key)
+    return {"columns": [c for c, _ in columns], "titles": dict(columns), "metric": metric, "rows": out_rows}
+
+
+def _similarity(run_dir: str, bench: str, width: str) -> dict | None:
+    """RUN/similarity.json's entry of (bench, width), or None."""
+    path = Path(run_dir) / SIMILARITY_FILE
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text()).get(bench, {}).get(width)
+
+
+def stability_table(rows: dict[str, dict]) -> dict[str, Any] | None:
+    """Numbers of the paper's Table 5: {"columns": [key], "titles": {key: title}, "rows": {row: {key: cell}}}.
+
+    Keys: "variance:<bench>" for continuous benchmarks (mean per-prompt score variance, points²) and
+    "rouge_l:<bench>" / "embedding:<bench>" where a run's similarity.json has the benchmark at its main width.
+    None when there is nothing to show.
+    """
+    titles: dict[str, str] = {}
+    out_rows: dict[str, dict] = {}
+    nonmath_titles = dict(_nonmath_columns(rows))
+    for name, row in rows.items():
+        cells = out_rows.setdefault(name, {})
+        for bench, b in row["benchmarks"].items():
+            title = nonmath_titles.get(bench) or column_title(bench)
+            variance = _main_entry(b)["metrics"].get("score_variance")
+            if variance is not None:
+                key = f"variance:{bench}"
+                titles.setdefault(key, f"{title} variance")
+                cells[key] = {k: 1e4 * v for k, v in variance.items()}
+            sim = _similarity(b["run"], bench, b["width"])
+            if sim and "rouge_l" in sim:
+                titles.setdefault(f"rouge_l:{bench}", f"{title} ROUGE-L sim.")
+                cells[f"rouge_l:{bench}"] = {k: 100 * v for k, v in sim["rouge_l"].items()}
+            if sim and "cosine" in sim.get("embedding", {}):
+                titles.setdefault(f"embedding:{bench}", f"{title} emb. cos.")
+                cells[f"embedding:{bench}"] = {k: 100 * v for k, v in sim["embedding"]["cosine"].items()}
+    if not titles:
+        return None
+    order = sorted(titles, key=lambda key: (0 if key.startswith("variance:") else 1, list(titles).index(key)))
+    return {"columns": order, "titles": {k: titles[k] for k in order}, "rows": out_rows}
+
+
+def _plain_cell(value: dict | None, digits: int = 2) -> str:
+    """mean [low, high] of a cell already in display units."""
+    if value is None:
+        return "–"
+    text = f"{value['mean']:.{digits}f}"
+    if "low" in value and "high" in value:
+        text += f" [{value['low']:.{digits - 1}f}, {value['high']:.{digits - 1}f}]"
+    return text
+
+
+def table_2(table: dict[str, Any], intervals: bool = True) -> str:
+    """Markdown of `nonmath_table` in the paper's Table 2 layout (percent)."""
+    head = ["Model", *(table["titles"][b] for b in table["columns"])]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" + "---:|" * (len(head) - 1)]
+    for name, cells in table["rows"].items():
+        lines.append("| " + " | ".join([name, *(_cell(cells.get(b), intervals) for b in table["columns"])]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def table_5(table: dict[str, Any]) -> str:
+    """Markdown of `stability_table` in the paper's Table 5 layout."""
+    head = ["Model", *(table["titles"][k] for k in table["columns"])]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" + "---:|" * (len(head) - 1)]
+    for name, cells in table["rows"].items():
+        lines.append("| " + " | ".join([name, *(_plain_cell(cells.get(k)) for k in table["columns"])]) + " |")
+    return "\n".join(lines) + "\n"
+
+
 # ---------------------------------------------------------------------------------------------- curves
 
 
 def _k_of(entry: dict) -> int:
-    """The G-Pass k of a metrics entry (from its mg_pass@k name)."""
+    """The G-Pass k of a metrics entry (from its mg_pass@k name); 0 for a continuous score (no G-Pass)."""
+    if "score" in entry["metrics"] and "accuracy" not in entry["metrics"]:
+        return 0
     for name in entry["metrics"]:
         found = re.fullmatch(r"mg_pass@(\d+)", name)
         if found:
@@ -216,7 +344,7 @@ def _curve_benchmarks(row: dict, width: str | None = None) -> tuple[int, list[st
     ks = {}
     for bench, b in row["benchmarks"].items():
         w = width or b["width"]
-        if w in b["widths"]:
+        if w in b["widths"] and _k_of(b["widths"][w]) > 0:
             ks[bench] = _k_of(b["widths"][w])
     if not ks:
         return 0, []
@@ -229,6 +357,8 @@ def gpass_curves(rows: dict[str, dict]) -> dict[str, dict[str, Any]]:
     out = {}
     for name, row in rows.items():
         k, benches = _curve_benchmarks(row)
+        if not benches:
+            continue  # only continuous scores: no G-Pass
         entries = [row["benchmarks"][b]["widths"][row["benchmarks"][b]["width"]]["metrics"] for b in benches]
         out[name] = {
             "k": k,
@@ -388,6 +518,8 @@ def build_report(
         "coverage": table_numbers(metric_cells(rows, "coverage"), base),
         "majority_vote": table_numbers(metric_cells(rows, "majority_vote"), base),
         "accuracy_by_width": table_numbers(widths, width_base) if len(widths) > len(rows) else None,
+        "nonmath": nonmath_table(rows),
+        "stability": stability_table(rows),
         "gpass": gpass_curves(rows),
         "width": width_curves(rows),
         "length": length_curves(rows),
@@ -426,10 +558,24 @@ def render_markdown(report: dict[str, Any], figures: Sequence[str] = ()) -> str:
         if not any(r["cells"] and any(v is not None for v in r["cells"].values()) for r in table["rows"].values()):
             continue
         out += ["", f"## {title}", "", table_1(_rows_of(table), table_base or table["base"]), note]
-    out += ["", "## G-Pass@k_τ against τ·k, mean over benchmarks (paper Figure 4)", ""]
-    out.append(gpass_table(report["gpass"]))
-    used = {name: ", ".join(c["benchmarks"]) for name, c in report["gpass"].items()}
-    out.append("Benchmarks averaged: " + "; ".join(f"{n}: {b}" for n, b in used.items()))
+    if report.get("nonmath"):
+        out += ["", "## Non-math benchmarks (paper Table 2)", "", table_2(report["nonmath"])]
+        out.append(
+            "Percent, 95% bootstrap intervals over problems in brackets: ROUGE-1 F1 (rouge-score, stemmed) for "
+            "summarisation, accuracy (Pass@1) for the others; each at its run's main width."
+        )
+    if report.get("stability"):
+        out += ["", "## Output stability (paper Table 5)", "", table_5(report["stability"])]
+        out.append(
+            "Variance: the variance of ROUGE-1 F1 x 100 across one prompt's responses, mean over prompts (points², "
+            "lower = more consistent). Similarity: mean pairwise ROUGE-L F1 x 100 (and embedding cosine x 100) "
+            "within a prompt's responses, from `bridgelm analyze similarity RUN` (higher = more alike)."
+        )
+    if report["gpass"]:
+        out += ["", "## G-Pass@k_τ against τ·k, mean over benchmarks (paper Figure 4)", ""]
+        out.append(gpass_table(report["gpass"]))
+        used = {name: ", ".join(c["benchmarks"]) for name, c in report["gpass"].items()}
+        out.append("Benchmarks averaged: " + "; ".join(f"{n}: {b}" for n, b in used.items()))
     out += ["", "## Responses", "", "| Run | benchmark | mean length (tokens) | finished (%) |", "|---|---|---:|---:|"]
     for name, run in report["runs"].items():
         for b, length in run["mean_length"].items():

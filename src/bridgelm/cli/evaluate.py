@@ -71,6 +71,11 @@ def _cmd_eval(args) -> None:
     print(
         f"bridgelm eval: {who}sampled {done['sampled']} problems now, {done['skipped']} were already in {done['shard']}"
     )
+    if done["truncated"]:
+        print(
+            f"bridgelm eval: {who}{done['truncated']} long documents were cut to fit the context minus "
+            "--max-new-tokens (each recorded as 'truncated' on its line of the samples file)"
+        )
     if lead and not args.no_score:
         result = score_run(args.out)
         print(f"bridgelm eval: metrics -> {Path(args.out) / METRICS_FILE}")
@@ -101,6 +106,11 @@ def _cmd_report(args) -> None:
         avg = "–" if row["avg"] is None else f"{100 * row['avg']:.2f}%"
         delta = "" if row["delta"] is None else f" (Δ {100 * row['delta']:+.2f} vs {acc['base']})"
         print(f"bridgelm report: {name}: mean accuracy {avg}{delta}")
+    table2 = report.get("nonmath")
+    for name, cells in (table2 or {}).get("rows", {}).items():
+        shown = [f"{table2['titles'][b]} {100 * cells[b]['mean']:.2f}" for b in table2["columns"] if cells.get(b)]
+        if shown:
+            print(f"bridgelm report: {name}: non-math (ROUGE-1 / accuracy, %): {', '.join(shown)}")
 
 
 def _cmd_features(args) -> None:
@@ -128,20 +138,25 @@ def _cmd_similarity(args) -> None:
     print(f"bridgelm analyze similarity: -> {out}")
     for bench, per in result.items():
         for w, entry in per.items():
-            r = entry["rouge_l"]
+            r, r1 = entry["rouge_l"], entry["rouge_1"]
             emb = entry.get("embedding", {})
             tail = f", embedding cosine {emb['cosine']['mean']:.4f}" if "cosine" in emb else ""
             skipped = f" (embedding skipped: {emb['skipped']})" if "skipped" in emb else ""
             print(
                 f"bridgelm analyze similarity: {bench} w={w}: ROUGE-L {r['mean']:.4f} "
-                f"[{r['low']:.4f}, {r['high']:.4f}] over {entry['problems']} sets{tail}{skipped}"
+                f"[{r['low']:.4f}, {r['high']:.4f}], ROUGE-1 {r1['mean']:.4f} "
+                f"over {entry['problems']} sets{tail}{skipped}"
             )
 
 
 def add_commands(sub) -> None:
     p = sub.add_parser("eval", help="sample n responses per problem for benchmarks and widths, then score them")
     add_model_args(p)
-    p.add_argument("--task", default="math", help="task of the data files (gsm8k, math, countdown, ...)")
+    p.add_argument(
+        "--task",
+        default="math",
+        help="task of the data files (gsm8k, math, countdown, xsum, cnn_dailymail, gpqa, zebra, ...)",
+    )
     p.add_argument(
         "--data", action="extend", nargs="+", default=[], help="data file(s), one benchmark each (named by stem)"
     )
@@ -186,7 +201,9 @@ def add_commands(sub) -> None:
     f.add_argument("--width", type=int, help="only samples of this width")
     f.add_argument("--max-tokens", type=int, default=4096, help="cut each sequence (prompt + response) here")
     f.set_defaults(func=_cmd_features)
-    s = asub.add_parser("similarity", help="mean pairwise ROUGE-L (and embedding cosine) within response sets")
+    s = asub.add_parser(
+        "similarity", help="mean pairwise ROUGE-L and ROUGE-1 (rouge-score; and embedding cosine) within response sets"
+    )
     s.add_argument("run_dir")
     s.add_argument("--benchmark", help="only this benchmark")
     s.add_argument("--width", type=int, help="only this width")

@@ -156,3 +156,10 @@ def extract_number_answer(text: str | None) -> str | None:
             return canonical_number(found)
     found = last_number(text)
     return canonical_number(found) if found is not None else None
+
+
+def after_thinking(completion: str | None) -> str:
+    """The part of a completion after its last `</think>` (R1-style reasoning models think first); the whole
+    completion when it has none."""
+    text = completion or ""
+    return text.rsplit("</think>", 1)[1] if "</think>" in text else text

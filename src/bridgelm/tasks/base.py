@@ -13,7 +13,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 # The DeepSeek-R1 evaluation instruction appended to every math-style problem.
 BOXED_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
@@ -53,6 +53,10 @@ class Task:
     name: str  # registry name, e.g. "gsm8k"
     examples: list[dict] = field(default_factory=list)  # one dict per problem, task-specific keys
 
+    # True when `reward` is a graded score in [0, 1] (ROUGE) rather than correct (1) / incorrect (0): eval runs
+    # then report the mean score and its per-prompt variance instead of pass@k, G-Pass and majority vote.
+    continuous: ClassVar[bool] = False
+
     def __len__(self) -> int:
         return len(self.examples)
 
@@ -71,6 +75,10 @@ class Task:
     def reward(self, completion: str, example: dict) -> float:
         """1.0 if `completion` answers `example` correctly, else 0.0."""
         raise NotImplementedError(f"task {self.name!r} does not define reward()")
+
+    def long_field(self) -> str | None:
+        """The example field that may be shortened so that the prompt fits the model's context (None: never)."""
+        return None
 
     def reward_many(self, pairs: Sequence[tuple[str, dict]]) -> list[float]:
         """Rewards of (completion, example) pairs; the default just loops."""

@@ -11,6 +11,25 @@ Design notes:
 - Rules follow reasoning-gym's scorer (and TinyZero's): the multiset of literals must equal the
   given numbers, i.e. every number used exactly once. `use_all=False` relaxes this to "each at most
   once".
+- The paper cites TinyZero for Countdown, so the default prompt is TinyZero's user message
+  (examples/data_preprocess/countdown.py, without its base-model "Assistant: ... <think>" prefix, which
+  a chat template or the model's own thinking replaces):
+
+      Using the numbers [44, 19, 35], create an equation that equals 98. You can use basic arithmetic
+      operations (+, -, *, /) and each number can only be used once. Show your work in <think> </think>
+      tags. And return the final answer in <answer> </answer> tags, for example <answer> (1 + 2) / 3 </answer>.
+
+  `prompt_style="boxed"` asks for the expression within \boxed{} instead (DeepSeek-R1 style).
+- Answer format: whichever comes last of the last `<answer>...</answer>` and the last `\boxed{}`;
+  an `= target` tail is dropped. Checked against TinyZero's `compute_score` (verl/utils/reward_score/
+  countdown.py): the same rule (every given number exactly once, value equal to the target; TinyZero
+  compares floats within 1e-5, here Fractions exactly, which agree for these integer problems). Two
+  differences, both lenient: TinyZero reads `<answer>` only on the response's last line, and scores
+  "(1 + 2) / 3 = 1" as wrong where this grader keeps the left-hand side. TinyZero's 0.1 format reward is
+  a training reward, not accuracy, and is not given.
+- Rows: `numbers`/`target`, or TinyZero's data set layout `nums`/`target` (Jiayi-Pan/Countdown-Tasks-3to4,
+  3-4 numbers). The offline reasoning-gym problems have 4-6 numbers and targets 100-999, so they are
+  harder than TinyZero's; use a Countdown-Tasks-3to4 file for the paper's setting.
 """
 
 from __future__ import annotations
@@ -31,8 +50,11 @@ SPLIT_OFFSETS = {"test": 0, "validation": SPLIT_STRIDE, "train": 2 * SPLIT_STRID
 # Longest expression considered (longer text is refused before parsing).
 MAX_EXPRESSION_CHARS = 500
 
-# Fields of a countdown row read from a local file.
+# Fields of a countdown row read from a local file (TinyZero's files call the numbers `nums`).
 FIELDS = ("numbers", "target")
+
+# Prompt wordings: TinyZero's (answer in <answer> tags) and DeepSeek-R1's (answer within \boxed{}).
+PROMPT_STYLES = ("tinyzero", "boxed")
 
 # LaTeX and unicode spellings of the four operations, mapped to Python syntax.
 _OPERATOR_SPELLINGS = (
@@ -116,12 +138,13 @@ def check_expression(expression: str | None, numbers: list[int], target: int, us
 
 
 def extract_expression(completion: str) -> str | None:
-    """The last `\\boxed{}` content, else the last `<answer>...</answer>` (reasoning-gym style)."""
-    boxed = last_boxed(completion)
-    if boxed is not None:
+    """The last `\\boxed{}` content or the last `<answer>...</answer>` (TinyZero style), whichever comes last."""
+    text = completion or ""
+    boxed = last_boxed(text)
+    tags = list(re.finditer(r"<answer>\s*(.*?)\s*</answer>", text, flags=re.DOTALL))
+    if boxed is not None and (not tags or max(text.rfind(cmd) for cmd in ("\\boxed", "\\fbox")) > tags[-1].start()):
         return boxed
-    tags = re.findall(r"<answer>\s*(.*?)\s*</answer>", completion or "", flags=re.DOTALL)
-    return tags[-1] if tags else None
+    return tags[-1].group(1) if tags else None
 
 
 @dataclass
@@ -129,8 +152,16 @@ class Countdown(Task):
     """Countdown problems with exact, eval-free grading."""
 
     use_all: bool = True  # every given number must be used exactly once (else: at most once)
+    prompt_style: str = "tinyzero"  # "tinyzero": TinyZero's <answer> prompt; "boxed": \boxed{} (R1 style)
 
     def prompt(self, example: dict) -> str:
+        if self.prompt_style == "tinyzero":
+            return (
+                f"Using the numbers {[int(n) for n in example['numbers']]}, create an equation that equals "
+                f"{example['target']}. You can use basic arithmetic operations (+, -, *, /) and each number can "
+                "only be used once. Show your work in <think> </think> tags. And return the final answer in "
+                "<answer> </answer> tags, for example <answer> (1 + 2) / 3 </answer>."
+            )
         numbers = ", ".join(str(n) for n in example["numbers"])
         rule = "exactly once" if self.use_all else "at most once"
         return (
@@ -177,13 +208,34 @@ def generate(size: int, seed: int = 0, split: str = "test") -> list[dict]:
     return examples
 
 
+def _with_numbers(rows: list[dict], source: str) -> list[dict]:
+    """Rows with `numbers`: TinyZero's `nums` is copied to it; a row with neither is a ValueError."""
+    out = []
+    for i, row in enumerate(rows, 1):
+        if "numbers" not in row:
+            if "nums" not in row:
+                raise ValueError(
+                    f"{source}: row {i}: missing field 'numbers' (expected fields: numbers, target; or nums, target)"
+                )
+            row = {**row, "numbers": list(row["nums"])}
+        out.append(row)
+    return out
+
+
 def load(
-    path: str | None = None, split: str = "test", size: int = 500, seed: int = 0, use_all: bool = True
+    path: str | None = None,
+    split: str = "test",
+    size: int = 500,
+    seed: int = 0,
+    use_all: bool = True,
+    prompt_style: str = "tinyzero",
 ) -> Countdown:
     """Countdown problems: generated offline (path None) or read from a local file of rows with
-    `numbers` and `target`."""
+    `numbers` (or TinyZero's `nums`) and `target`."""
+    if prompt_style not in PROMPT_STYLES:
+        raise ValueError(f"prompt_style={prompt_style!r} is unknown: expected one of {', '.join(PROMPT_STYLES)}")
     if path is None:
         examples = generate(size, seed=seed, split=split)
     else:
-        examples = read_rows(resolve_local(path, split), FIELDS)
-    return Countdown(name="countdown", examples=examples, use_all=use_all)
+        examples = _with_numbers(read_rows(resolve_local(path, split), ("target",)), str(path))
+    return Countdown(name="countdown", examples=examples, use_all=use_all, prompt_style=prompt_style)
