@@ -338,3 +338,56 @@ def test_format_chat():
 
     assert base.format_chat(Plain(), "hi") == "hi"
     assert base.format_chat(Chat(), "hi") == "<user>hi</user><assistant>"
+
+
+# ---------------------------------------------------------------------------------------------- anysum
+
+
+def test_anysum_solutions_have_one_layout_whatever_the_order():
+    from itertools import permutations
+
+    from bridgelm.tasks import anysum
+
+    numbers = [37, 12, 58, 64]
+    texts = {anysum.solution_text(numbers, list(order)) for order in permutations(range(4))}
+    assert len(texts) == 24  # every order is a distinct trace...
+    assert len({len(t) for t in texts}) == 1  # ...of one length
+    assert {t.splitlines()[-1] for t in texts} == {"\\boxed{171}"}
+    assert anysum.solution_text(numbers, [1, 0, 2, 3]) == "12+37=049\n049+58=107\n107+64=171\n\\boxed{171}"
+
+
+def test_anysum_rows_grading_and_splits():
+    from bridgelm.tasks import anysum
+
+    rows = anysum.generate(60, "train", seed=3)
+    assert rows == anysum.generate(60, "train", seed=3)  # seeded
+    task = anysum.AnySum("anysum", rows)
+    for row in rows:
+        numbers = anysum.numbers_of(row["problem"])
+        assert 3 <= len(numbers) <= 5 and all(10 <= x <= 99 for x in numbers)
+        assert int(row["answer"]) == sum(numbers)
+        assert task.reward(row["solution"], row) == 1.0
+        assert anysum.split_of(row["problem"]) == "train"
+        # The split follows the numbers, not the order they are written in.
+        assert anysum.split_of("+".join(map(str, reversed(numbers)))) == "train"
+    ex = {"problem": "20+30+40", "answer": "90"}
+    assert task.reward("20+30=050\n050+40=090\n\\boxed{090}", ex) == 1.0  # padded total, compared as an integer
+    assert task.reward("\\boxed{91}", ex) == 0.0
+    assert task.reward("no box", ex) == 0.0
+    assert task.extract("\\boxed{12} then \\boxed{090}") == "90"  # the last box counts
+    test = {r["problem"] for r in anysum.generate(50, "test", seed=3)}
+    assert not test & {r["problem"] for r in rows}
+
+
+def test_anysum_file_rows_are_checked(tmp_path):
+    from bridgelm.tasks import anysum
+
+    good = tmp_path / "good.jsonl"
+    good.write_text('{"problem": "10+20+30", "answer": "60"}\n')
+    assert anysum.load(str(good)).examples[0]["answer"] == "60"
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"problem": "10+20+30", "answer": "61"}\n')
+    with pytest.raises(ValueError, match="row 1: answer '61' is not the sum 60"):
+        anysum.load(str(bad))
+    with pytest.raises(ValueError, match="is not a sum"):
+        anysum.numbers_of("10*20")
