@@ -177,6 +177,19 @@ def generate(size: int, seed: int = 0, split: str = "test") -> list[dict]:
     return examples
 
 
+def check_row(row: dict) -> None:
+    """ValueError unless `numbers` is a non-empty list of integers and `target` an integer."""
+    numbers, target = row["numbers"], row["target"]
+    if not isinstance(numbers, list) or not numbers or not all(_is_int(n) for n in numbers):
+        raise ValueError(f"field 'numbers' is {numbers!r}: expected a non-empty list of integers")
+    if not _is_int(target):
+        raise ValueError(f"field 'target' is {target!r}: expected an integer")
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
 def load(
     path: str | None = None, split: str = "test", size: int = 500, seed: int = 0, use_all: bool = True
 ) -> Countdown:
@@ -185,5 +198,5 @@ def load(
     if path is None:
         examples = generate(size, seed=seed, split=split)
     else:
-        examples = read_rows(resolve_local(path, split), FIELDS)
+        examples = read_rows(resolve_local(path, split), FIELDS, check=check_row)
     return Countdown(name="countdown", examples=examples, use_all=use_all)

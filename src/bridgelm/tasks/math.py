@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bridgelm.tasks.answers import last_boxed
-from bridgelm.tasks.base import Task, load_rows, with_instruction
+from bridgelm.tasks.base import Task, load_rows, require_text, with_instruction
 
 # Fields every row must have.
 FIELDS = ("problem", "answer")
@@ -291,9 +291,25 @@ class MathTask(Task):
         )
 
 
+def check_row(row: dict) -> None:
+    """ValueError unless the row has a problem and a gold answer: non-empty text (or a number) with balanced
+    braces. (Whether math-verify parses it is known only in the grading worker.)"""
+    require_text(row, "problem")
+    gold = row["answer"]
+    if isinstance(gold, bool) or not isinstance(gold, (str, int, float)) or not str(gold).strip():
+        raise ValueError(f"field 'answer' is {gold!r}: expected a non-empty LaTeX answer or a number")
+    depth = 0
+    for ch in str(gold).replace("\\{", "").replace("\\}", ""):
+        depth += {"{": 1, "}": -1}.get(ch, 0)
+        if depth < 0:
+            break
+    if depth != 0:
+        raise ValueError(f"field 'answer' is {gold!r}: expected a LaTeX answer with balanced braces")
+
+
 def load(path: str | None = None, split: str = "test", timeout: float = DEFAULT_TIMEOUT) -> MathTask:
     """Rows with `problem` and `answer` from a local file, or MATH-500 from the hub when path is None."""
     if not timeout > 0:
         raise ValueError(f"timeout={timeout} must be > 0 seconds")
-    rows = load_rows(HUB_ID if path is None else path, split, FIELDS)
+    rows = load_rows(HUB_ID if path is None else path, split, FIELDS, check=check_row)
     return MathTask(name="math", examples=rows, timeout=timeout)
