@@ -57,11 +57,11 @@ def check_prompts(path: Path, done: list[dict], prompts: Sequence[str], source: 
         i = rec["index"]
         now = prompts[i] if 0 <= i < len(prompts) else None
         if rec.get("prompt") != now:
-            shown = "no prompt" if now is None else f"{_short(now)!r}"
+            shown = "none" if now is None else f"{_short(now)!r}"
             raise UserError(
                 f"{path} holds samples of other prompts than {source}: its line for prompt {i + 1} was sampled from "
-                f"{_short(rec.get('prompt'))!r}, but {source} now has {shown} there ({source} changed since); "
-                "use another --out"
+                f"{_short(rec.get('prompt'))!r}, but prompt {i + 1} of {source} is {shown} (another file, or one "
+                "edited since); use another --out"
             )
 
 

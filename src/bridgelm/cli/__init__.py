@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> None:
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     args = build_parser().parse_args(argv)
-    prog = f"bridgelm {args.command}"
+    prog = " ".join(["bridgelm", args.command, *([args.analysis] if getattr(args, "analysis", None) else [])])
     show = warnings.showwarning
 
     def show_data_warning(message, category, *rest, **kw):

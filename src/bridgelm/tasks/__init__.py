@@ -50,8 +50,7 @@ def warn_repeats(task: Task, source: str) -> list[tuple[int, int]]:
         shown = ", ".join(f"row {r} repeats row {f}" for r, f in repeats[:3])
         more = f" and {len(repeats) - 3} more" if len(repeats) > 3 else ""
         warnings.warn(
-            f"{source}: {len(repeats)} problems appear more than once ({shown}{more}); each copy is sampled and "
-            "scored as a problem of its own",
+            f"{source} repeats problems: {shown}{more}; each copy is sampled and scored as a problem of its own",
             DataWarning,
             stacklevel=2,
         )
