@@ -353,7 +353,9 @@ def check_device(device: str | torch.device) -> None:
     if dev.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count == 0:
-            raise UserError(f"device {device!r}: this machine has no CUDA GPU (or torch was built without CUDA); use cpu")
+            raise UserError(
+                f"device {device!r}: this machine has no CUDA GPU (or torch was built without CUDA); use cpu"
+            )
         if dev.index is not None and dev.index >= count:
             raise UserError(f"device {device!r}: this machine has {count} CUDA GPU(s), cuda:0 to cuda:{count - 1}")
     if dev.type == "mps" and not torch.backends.mps.is_available():

@@ -261,7 +261,9 @@ def read_run(run_dir: str | os.PathLike) -> dict[str, Any]:
     if not isinstance(run, dict) or run.get("format") != FORMAT:
         kind = run.get("kind") if isinstance(run, dict) else None
         what = f"a bridgelm {kind} training run" if kind else "not an eval run"
-        raise UserError(f"{run_dir} is {what} ({path} lacks format {FORMAT!r}): expected a folder made by bridgelm eval --out")
+        raise UserError(
+            f"{run_dir} is {what} ({path} lacks format {FORMAT!r}): expected a folder made by bridgelm eval --out"
+        )
     return run
 
 

@@ -13,7 +13,9 @@ def read_prompts(path: str) -> list[str]:
     from bridgelm.jsonl import read_records
 
     if not Path(path).exists():
-        raise UserError(f"--prompts {path} does not exist: expected a JSONL file, one object with a 'prompt' field per line")
+        raise UserError(
+            f"--prompts {path} does not exist: expected a JSONL file, one object with a 'prompt' field per line"
+        )
     rows = read_records(path, repair=False)
     if not rows:
         raise ValueError(f"{path} holds no prompts: expected one JSON object per line with a 'prompt' field")
@@ -40,7 +42,9 @@ def load_tokenizer(name: str):
         return AutoTokenizer.from_pretrained(name)
     except Exception as err:  # transformers and tokenizers raise many types for missing or damaged files
         first = str(err).splitlines()[0] if str(err) else ""
-        raise UserError(f"--model {name}: no tokenizer could be loaded from it ({type(err).__name__}: {first})") from err
+        raise UserError(
+            f"--model {name}: no tokenizer could be loaded from it ({type(err).__name__}: {first})"
+        ) from err
 
 
 def load_model_and_tokenizer(args):
@@ -61,7 +65,9 @@ def check_out(path: str, kind: str, flag: str = "--out") -> None:
         raise UserError(f"{flag} {path} is a file: expected a folder (created when missing)")
     if p.exists():
         if not os.access(p, os.W_OK | (os.X_OK if p.is_dir() else 0)):
-            raise UserError(f"{flag} {path} is not writable: expected a {'folder' if kind == 'dir' else 'file'} you may write")
+            raise UserError(
+                f"{flag} {path} is not writable: expected a {'folder' if kind == 'dir' else 'file'} you may write"
+            )
         return
     parent = next(q for q in p.absolute().parents if q.exists())
     if not parent.is_dir():
@@ -73,7 +79,9 @@ def check_out(path: str, kind: str, flag: str = "--out") -> None:
 def stop_string(text: str) -> str:
     """argparse type of --stop: non-empty text."""
     if not text:
-        raise argparse.ArgumentTypeError("empty stop string: expected non-empty text (an empty one ends every sample at once)")
+        raise argparse.ArgumentTypeError(
+            "empty stop string: expected non-empty text (an empty one ends every sample at once)"
+        )
     return text
 
 

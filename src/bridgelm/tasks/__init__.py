@@ -10,7 +10,6 @@ import importlib
 import warnings
 
 from bridgelm.errors import DataWarning
-
 from bridgelm.tasks.base import BOXED_INSTRUCTION, Task, format_chat, read_rows, with_instruction
 
 # Task name -> module with a `load(path=None, split="test", **kwargs)` function.

@@ -13,9 +13,9 @@ Design notes:
   one pipe round trip. A process that forks after starting the worker gets its own worker.
 - math-verify's parser can hand model text to sympy's `parse_expr`, which calls `eval`. The worker is
   therefore a separate process with resource limits set before it reads any request: address space
-  (MEMORY_LIMIT beyond its size at start-up), a CPU-time budget per request (the timeout plus CPU_MARGIN seconds; SIGXCPU ends a
-  worker whose parent is gone or stuck) and no core files. These bound runaway or hostile arithmetic;
-  they are not a sandbox (see the README's security paragraph).
+  (MEMORY_LIMIT beyond its size at start-up), a CPU-time budget per request (the timeout plus
+  CPU_MARGIN seconds; SIGXCPU ends a worker whose parent is gone or stuck) and no core files. These
+  bound runaway or hostile arithmetic; they are not a sandbox (see the README's security paragraph).
 - Gold answers are wrapped as `\\boxed{gold}` (then `$gold$` if that does not parse) so that
   math-verify reads them as LaTeX; the prediction is the whole completion (math-verify finds the
   last boxed answer itself), with the bare `\\boxed{}` content as a second chance.
@@ -206,7 +206,11 @@ class MathGrader:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
         self._proc = subprocess.Popen(
-            [sys.executable, "-c", f"from bridgelm.tasks.math import serve; serve({self.memory_limit!r}, {self.cpu_limit!r})"],
+            [
+                sys.executable,
+                "-c",
+                f"from bridgelm.tasks.math import serve; serve({self.memory_limit!r}, {self.cpu_limit!r})",
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
