@@ -477,3 +477,18 @@ def test_math_grader_worker_runs_under_resource_limits():
         assert grader.grade("\\frac{1}{2}", "so \\boxed{0.5}") == 1.0  # a fresh worker grades on
     finally:
         grader.close()
+
+
+def test_the_real_data_files_pass_the_row_checks_without_warnings(shared_data):
+    import warnings
+
+    files = {
+        "gsm8k": sorted((shared_data / "gsm8k").glob("*.jsonl")),
+        "math": sorted((shared_data / "math").glob("*.jsonl")),
+    }
+    assert files["gsm8k"] and files["math"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DataWarning)
+        for task, paths in files.items():
+            for path in paths:
+                assert len(tasks.load(task, str(path))) > 0
