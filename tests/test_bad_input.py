@@ -120,8 +120,17 @@ def test_read_records_refuses_what_is_not_a_record_and_leaves_it(tmp_path, conte
 def test_only_an_unterminated_record_is_a_cut_line(tmp_path):
     path = tmp_path / "f.jsonl"
     path.write_bytes(b'{"index": 0}\n{"index": 1, "te')
+    with pytest.raises(UserError, match="line 2: malformed JSON"):  # a file written by hand: nothing is dropped
+        read_records(path, repair=False, allow_cut=False)
     assert read_records(path) == [{"index": 0}]
     assert path.read_bytes() == b'{"index": 0}\n'
+
+
+def test_a_cut_last_prompt_is_not_dropped(models, tmp_path, capsys):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "1+2="}\n{"prompt": "3+')
+    line = _fails(capsys, ["generate", "--model", models / "m", "--prompts", prompts, "--out", tmp_path / "s.jsonl"])
+    assert f"{prompts}, line 2: malformed JSON" in line
 
 
 def test_generate_leaves_a_foreign_out_file_alone(models, tmp_path, capsys):

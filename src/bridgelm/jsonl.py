@@ -27,13 +27,13 @@ def append_record(path: str | os.PathLike, record: dict[str, Any]) -> None:
         os.fsync(f.fileno())
 
 
-def read_records(path: str | os.PathLike, repair: bool = True) -> list[dict[str, Any]]:
+def read_records(path: str | os.PathLike, repair: bool = True, allow_cut: bool = True) -> list[dict[str, Any]]:
     """All records (JSON objects, one a line) of `path`; [] when it does not exist.
 
     Only an unterminated last line that begins like a record (`{`) is a line cut by a crash: it is dropped, and
-    cut off the file when `repair`, so that the caller redoes that record. Any other line that is not a JSON
-    object (malformed, not UTF-8, a list, plain text) is a UserError naming the file and line, and the file is
-    left as it is: it is not one of ours.
+    cut off the file when `repair`, so that the caller redoes that record (`allow_cut=False`, for files written
+    by hand: an error too). Any other line that is not a JSON object (malformed, not UTF-8, a list, plain text)
+    is a UserError naming the file and line, and the file is left as it is: it is not one of ours.
     """
     path = Path(path)
     if not path.exists():
@@ -50,7 +50,7 @@ def read_records(path: str | os.PathLike, repair: bool = True) -> list[dict[str,
             try:
                 record = json.loads(line.decode("utf-8"))
             except (UnicodeDecodeError, json.JSONDecodeError) as err:
-                if unterminated and line.lstrip().startswith(b"{"):
+                if allow_cut and unterminated and line.lstrip().startswith(b"{"):
                     if repair:
                         with open(path, "r+b") as f:
                             f.truncate(offset)

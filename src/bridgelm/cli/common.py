@@ -16,7 +16,7 @@ def read_prompts(path: str) -> list[str]:
         raise UserError(
             f"--prompts {path} does not exist: expected a JSONL file, one object with a 'prompt' field per line"
         )
-    rows = read_records(path, repair=False)
+    rows = read_records(path, repair=False, allow_cut=False)  # written by hand: a cut last line is an error
     if not rows:
         raise ValueError(f"{path} holds no prompts: expected one JSON object per line with a 'prompt' field")
     prompts = []
