@@ -38,7 +38,13 @@ def test_quick_demo_runs_every_stage_and_resumes(tmp_path, capsys):
     assert results["matmul_peak"]["fp32_tflops"] > 0
     for png in ("gpass.png", "training.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    for stage in ("[warmup]", "[sft bridge]", "[rl bridge seed 0]", "[eval bridge seed 0]", "[eval foreign siblings seed 1]"):
+    for stage in (
+        "[warmup]",
+        "[sft bridge]",
+        "[rl bridge seed 0]",
+        "[eval bridge seed 0]",
+        "[eval foreign siblings seed 1]",
+    ):
         assert f"{stage} done" in printed
     # a second run finds every output and redoes nothing
     main(["demo", "--quick", "--seeds", "2", "--out", str(out)])

@@ -13,6 +13,7 @@ and `load_model` rebuilds the blocks from such a checkpoint.
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import asdict
 from pathlib import Path
@@ -23,6 +24,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from bridgelm.blocks import BlockConfig, make_block
+from bridgelm.errors import UserError
 from bridgelm.grouped import KWARG
 
 FORMAT = "bridgelm-blocks-1"
@@ -300,20 +302,34 @@ def load_blocks(model: nn.Module, path: str | os.PathLike) -> nn.Module:
 
 
 def load_model(name_or_path: str, blocks: str | os.PathLike | None = None, dtype=torch.float32, device="cpu", **kwargs):
-    """Load a causal LM (local dir or hub id), rebuilding blocks recorded in its config, then `blocks` if given."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    """Load a causal LM (local dir or hub id), rebuilding blocks recorded in its config, then `blocks` if given.
 
-    config = AutoConfig.from_pretrained(name_or_path, **kwargs)
+    Bad input (no such folder, a cut config.json, a truncated weights file, weights that do not fit the config,
+    a device this machine lacks) is a UserError naming the file or value.
+    """
+    from transformers import AutoConfig
+
+    check_device(device)
+    check_model_folder(name_or_path)
+    try:
+        config = AutoConfig.from_pretrained(name_or_path, **kwargs)
+    except OSError as err:  # not a folder here, and the hub cannot give it (offline, unknown id, gated)
+        raise UserError(
+            f"model {name_or_path!r}: no such folder here, and loading it as a Hugging Face hub id failed: "
+            f"{str(err).splitlines()[0]}"
+        ) from err
     recorded = getattr(config, "bridgelm", None)
     if not recorded:
-        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, **kwargs).to(device)
+        model = _from_pretrained(name_or_path, config, dtype, kwargs).to(device)
     else:
         # The block tensors are loaded below, once the blocks exist: tell the loader they are expected extras.
+        from transformers import AutoModelForCausalLM
+
         cls = AutoModelForCausalLM._model_mapping[type(config)]
         saved = cls.__dict__.get("_keys_to_ignore_on_load_unexpected")
         cls._keys_to_ignore_on_load_unexpected = [*(saved or []), rf"\.{recorded['kind']}\."]
         try:
-            model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, **kwargs).to(device)
+            model = _from_pretrained(name_or_path, config, dtype, kwargs).to(device)
         finally:
             if saved is None:
                 del cls._keys_to_ignore_on_load_unexpected
@@ -326,6 +342,83 @@ def load_model(name_or_path: str, blocks: str | os.PathLike | None = None, dtype
     if blocks is not None:
         load_blocks(model, blocks)
     return model
+
+
+def check_device(device: str | torch.device) -> None:
+    """UserError unless `device` names a device of this machine (cpu, cuda:i with i < the GPU count, mps, meta)."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise UserError(f"device {device!r} is not a device name: expected cpu, cuda, cuda:0, ...") from err
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise UserError(
+                f"device {device!r}: this machine has no CUDA GPU (or torch was built without CUDA); use cpu"
+            )
+        if dev.index is not None and dev.index >= count:
+            raise UserError(f"device {device!r}: this machine has {count} CUDA GPU(s), cuda:0 to cuda:{count - 1}")
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise UserError(f"device {device!r}: MPS is not available on this machine; use cpu")
+
+
+def check_model_folder(name_or_path: str | os.PathLike) -> None:
+    """UserError for a model path that cannot be a model: a missing folder, a file, a folder without a readable
+    config.json, or with a cut or corrupt *.safetensors file. Names that may be hub ids are left to the hub."""
+    name = str(name_or_path)
+    folder = Path(name).expanduser()
+    if not folder.exists():
+        if name.startswith((".", "/", "~")) or name.count("/") > 1 or (os.sep != "/" and os.sep in name):
+            raise UserError(f"model folder {name} does not exist: expected a folder with config.json and weights")
+        return  # perhaps a hub id ("Qwen/Qwen2.5-1.5B-Instruct"): AutoConfig decides
+    if not folder.is_dir():
+        raise UserError(f"model {name} is a file: expected a model folder (config.json and *.safetensors) or a hub id")
+    config = folder / "config.json"
+    if not config.is_file():
+        raise UserError(f"model folder {name} has no config.json: expected a folder written by save_pretrained")
+    try:
+        json.loads(config.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        where = f" (line {err.lineno}, column {err.colno}: {err.msg})" if isinstance(err, json.JSONDecodeError) else ""
+        raise UserError(f"{config} is not valid JSON{where}: a cut or damaged file? expected a model config") from err
+    for weights in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(str(weights), framework="pt"):
+                pass
+        except Exception as err:  # safetensors raises its own error type for every kind of damage
+            raise UserError(f"{weights} is unreadable ({err}): a truncated or damaged weights file?") from err
+
+
+def _from_pretrained(name_or_path: str, config, dtype, kwargs: dict):
+    """AutoModelForCausalLM.from_pretrained, with weights that do not fit the config reported as a UserError."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, **kwargs)
+    except RuntimeError as err:
+        if "mismatched_sizes" not in str(err) and "size mismatch" not in str(err):
+            raise
+        detail = "; ".join(_shape_mismatches(Path(name_or_path), config)[:3]) or "see the load report above"
+        raise UserError(
+            f"the weights of model {name_or_path} do not fit the shapes its config.json describes ({detail}): "
+            "expected the config.json saved with these weights"
+        ) from err
+
+
+def _shape_mismatches(folder: Path, config) -> list[str]:
+    """'file: tensor is [a, b], config.json makes it [c, d]' for each weight whose shape the config contradicts."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        shapes = {k: list(v.shape) for k, v in AutoModelForCausalLM.from_config(config).state_dict().items()}
+    found = []
+    for file in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            for key in f.keys():
+                got = list(f.get_slice(key).get_shape())
+                if key in shapes and shapes[key] != got:
+                    found.append(f"{file.name}: {key} is {got}, config.json makes it {shapes[key]}")
+    return found
 
 
 def _load_recorded_blocks(model: nn.Module, folder: Path, cfg: BlockConfig) -> None:

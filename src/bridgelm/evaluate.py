@@ -39,7 +39,9 @@ from typing import Any
 import numpy as np
 
 from bridgelm import metrics as M
+from bridgelm.errors import UserError
 from bridgelm.jsonl import append_record, read_records, write_atomic, write_json
+from bridgelm.samples import check_stop_strings
 from bridgelm.sampling import SamplingConfig, encode_prompts, iter_generate
 from bridgelm.tasks import Task
 
@@ -131,6 +133,7 @@ class EvalConfig:
             raise ValueError(f"gpass_k={self.gpass_k!r} must be a positive integer")
         for w in widths:
             self.sampling(w).validate()
+        check_stop_strings(self.stop)
 
     def sampling(self, width: int) -> SamplingConfig:
         """The engine's settings for one width."""
@@ -256,11 +259,33 @@ def shard_files(run_dir: str | os.PathLike) -> list[Path]:
 
 
 def read_run(run_dir: str | os.PathLike) -> dict[str, Any]:
-    """The settings of a run (its run.json)."""
+    """The settings of a run (its run.json); UserError when `run_dir` is not an eval run."""
     path = Path(run_dir) / RUN_FILE
     if not path.is_file():
         raise FileNotFoundError(f"{path} does not exist: {run_dir} is not an eval run (made by bridgelm eval --out)")
-    return json.loads(path.read_text())
+    try:
+        run = json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise UserError(f"{path} is not valid JSON ({err}): expected the run.json of bridgelm eval") from err
+    if not isinstance(run, dict) or run.get("format") != FORMAT:
+        kind = run.get("kind") if isinstance(run, dict) else None
+        what = f"a bridgelm {kind} training run" if kind else "not an eval run"
+        raise UserError(
+            f"{run_dir} is {what} ({path} lacks format {FORMAT!r}): expected a folder made by bridgelm eval --out"
+        )
+    return run
+
+
+def check_run_model(run_dir: str | os.PathLike, model_id: str, blocks: str | None) -> None:
+    """UserError unless the run was sampled with this model and these blocks (its token ids fit only them)."""
+    run = read_run(run_dir)
+    now = {"model": _source(model_id), "blocks": _source(blocks) if blocks else None}
+    diff = [f"{k}: run {run.get(k)!r} vs now {v!r}" for k, v in now.items() if run.get(k) != v]
+    if diff:
+        raise UserError(
+            f"{run_dir} was sampled with another model ({'; '.join(diff)}): its samples must be re-run through the "
+            "model and blocks that wrote them; expected --model and --blocks as in its run.json"
+        )
 
 
 def run_settings(

@@ -1,7 +1,8 @@
 """Crash-safe files: append-only JSONL that resumes, and atomic whole-file writes.
 
 A line is appended with one write of its complete bytes followed by fsync; should a crash still cut a line,
-`read_records` drops (and truncates away) the incomplete tail, so a re-run redoes exactly that record.
+`read_records` drops (and truncates away) the unterminated tail, so a re-run redoes exactly that record. Any
+other line that is not a record is refused, and the file left untouched.
 Whole files (metrics, reports, checkpoints' manifests) are written to a temporary name and renamed.
 """
 
@@ -11,6 +12,8 @@ import json
 import os
 from pathlib import Path
 from typing import Any
+
+from bridgelm.errors import UserError
 
 
 def append_record(path: str | os.PathLike, record: dict[str, Any]) -> None:
@@ -24,40 +27,49 @@ def append_record(path: str | os.PathLike, record: dict[str, Any]) -> None:
         os.fsync(f.fileno())
 
 
-def read_records(path: str | os.PathLike, repair: bool = True) -> list[dict[str, Any]]:
-    """All complete JSON lines of `path` ([] when missing). An incomplete last line is cut off when `repair`.
+def read_records(path: str | os.PathLike, repair: bool = True, allow_cut: bool = True) -> list[dict[str, Any]]:
+    """All records (JSON objects, one a line) of `path`; [] when it does not exist.
 
-    A malformed line other than the last is an error naming the file and line.
+    Only an unterminated last line that begins like a record (`{`) is a line cut by a crash: it is dropped, and
+    cut off the file when `repair`, so that the caller redoes that record (`allow_cut=False`, for files written
+    by hand: an error too). Any other line that is not a JSON object (malformed, not UTF-8, a list, plain text)
+    is a UserError naming the file and line, and the file is left as it is: it is not one of ours.
     """
     path = Path(path)
     if not path.exists():
         return []
+    if path.is_dir():
+        raise UserError(f"{path} is a folder: expected a JSON-lines file (one JSON object per line)")
     raw = path.read_bytes()
-    records = []
-    good_end = 0
     lines = raw.split(b"\n")
+    records = []
+    offset = 0  # where the current line starts
     for number, line in enumerate(lines, start=1):
-        is_last = number == len(lines)
-        if not line.strip():
-            good_end += len(line) + (0 if is_last else 1)
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as err:
-            if is_last or (number == len(lines) - 1 and lines[-1] == b""):
-                break  # a line cut by a crash: dropped, redone by the caller
-            raise ValueError(f"{path}, line {number}: malformed JSON ({err.msg})") from err
-        if is_last:  # complete JSON but no newline: keep it, and end the file properly
-            good_end = len(raw)
-            if repair:
-                with open(path, "ab") as f:
-                    f.write(b"\n")
-            return records
-        good_end += len(line) + 1
-    if repair and good_end < len(raw):
-        with open(path, "r+b") as f:
-            f.truncate(good_end)
+        if line.strip():
+            unterminated = number == len(lines)
+            try:
+                record = json.loads(line.decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError) as err:
+                if allow_cut and unterminated and line.lstrip().startswith(b"{"):
+                    if repair:
+                        with open(path, "r+b") as f:
+                            f.truncate(offset)
+                    return records
+                raise UserError(f"{path}, line {number}: {_not_json(err)}: expected one JSON object per line") from err
+            if not isinstance(record, dict):
+                raise UserError(f"{path}, line {number}: a JSON {type(record).__name__}, expected a JSON object")
+            records.append(record)
+        offset += len(line) + 1
+    if repair and raw.strip() and not raw.endswith(b"\n"):  # a complete last record without its newline
+        with open(path, "ab") as f:
+            f.write(b"\n")
     return records
+
+
+def _not_json(err: Exception) -> str:
+    if isinstance(err, UnicodeDecodeError):
+        return f"not UTF-8 text (byte 0x{err.object[err.start]:02x} at column {err.start + 1})"
+    return f"malformed JSON ({err.msg})"
 
 
 def write_atomic(path: str | os.PathLike, text: str | bytes) -> Path:

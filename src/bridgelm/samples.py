@@ -14,11 +14,19 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from bridgelm.errors import UserError
 from bridgelm.jsonl import append_record, read_records
 from bridgelm.sampling import SamplingConfig, iter_generate
 
 # Settings that change what is sampled; batch bounds do not.
 _KEYED = ("n", "width", "max_new_tokens", "temperature", "top_p", "top_k", "seed")
+
+
+def check_stop_strings(stop: Sequence[str]) -> None:
+    """UserError unless every stop string is non-empty text (an empty one would end every sample at once)."""
+    for text in stop:
+        if not isinstance(text, str) or not text:
+            raise UserError(f"stop string {text!r}: expected non-empty text (an empty one ends every sample at once)")
 
 
 def run_settings(cfg: SamplingConfig, model_id: str, blocks: str | None, chat: bool, **extra) -> dict[str, Any]:
@@ -28,12 +36,38 @@ def run_settings(cfg: SamplingConfig, model_id: str, blocks: str | None, chat: b
 
 
 def check_settings(path: Path, done: list[dict], settings: dict) -> None:
+    """UserError when the lines of `path` are not bridgelm lines, or were written with other settings."""
+    for number, rec in enumerate(done, start=1):
+        if not isinstance(rec.get("index"), int) or not isinstance(rec.get("settings"), dict):
+            raise UserError(
+                f"{path}, line {number}: not a line written by bridgelm (expected 'index' and 'settings' fields); "
+                "refusing to append to a file that is not ours: use another --out"
+            )
     for rec in done[:1]:
         old = rec.get("settings", {})
         diff = {k: (old.get(k), v) for k, v in settings.items() if old.get(k) != v}
         if diff:
             detail = ", ".join(f"{k}: file {a!r} vs now {b!r}" for k, (a, b) in sorted(diff.items()))
-            raise ValueError(f"{path} was written with other settings ({detail}); use another --out to compare runs")
+            raise UserError(f"{path} was written with other settings ({detail}); use another --out to compare runs")
+
+
+def check_prompts(path: Path, done: list[dict], prompts: Sequence[str], source: str) -> None:
+    """UserError when a line of `path` was sampled from another prompt than the one now at its index."""
+    for rec in done:
+        i = rec["index"]
+        now = prompts[i] if 0 <= i < len(prompts) else None
+        if rec.get("prompt") != now:
+            shown = "none" if now is None else f"{_short(now)!r}"
+            raise UserError(
+                f"{path} holds samples of other prompts than {source}: its line for prompt {i + 1} was sampled from "
+                f"{_short(rec.get('prompt'))!r}, but prompt {i + 1} of {source} is {shown} (another file, or one "
+                "edited since); use another --out"
+            )
+
+
+def _short(text, limit: int = 60) -> str:
+    text = str(text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def sample_to_file(
@@ -47,14 +81,18 @@ def sample_to_file(
     stop_strings: Sequence[str] = (),
     records: Sequence[dict[str, Any]] | None = None,
     progress: bool = True,
+    source: str = "the prompts",
 ) -> int:
     """Sample n responses for every prompt not yet in `out`; returns the number of prompts sampled now.
 
-    `records[i]` (optional) holds extra fields written on prompt i's line (an id, a gold answer...).
+    `records[i]` (optional) holds extra fields written on prompt i's line (an id, a gold answer...). Lines already
+    in `out` must come from the same settings and the same prompts (`source` names them in errors).
     """
     out = Path(out)
+    check_stop_strings(stop_strings)
     done = read_records(out)
     check_settings(out, done, settings)
+    check_prompts(out, done, prompts, source)
     have = {rec["index"] for rec in done}
     todo = [i for i in range(len(prompts)) if i not in have]
     if not todo:

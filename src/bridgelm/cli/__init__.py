@@ -12,6 +12,7 @@ import argparse
 import importlib
 import os
 import sys
+import warnings
 
 # Modules whose add_commands(sub) registers subcommands, in --help order.
 FAMILIES = ["params", "generate", "evaluate", "train", "demo"]
@@ -26,10 +27,34 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Run one command. Bad input ends it with `bridgelm <command>: error: ...` and exit code 2 (see
+    bridgelm.errors); any other exception is a bug: it is announced as one and raised with its traceback."""
+    from bridgelm.errors import DataWarning, user_message
+
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     args = build_parser().parse_args(argv)
+    prog = " ".join(["bridgelm", args.command, *([args.analysis] if getattr(args, "analysis", None) else [])])
+    show = warnings.showwarning
+
+    def show_data_warning(message, category, *rest, **kw):
+        if issubclass(category, DataWarning):
+            print(f"{prog}: warning: {message}", file=sys.stderr)
+        else:
+            show(message, category, *rest, **kw)
+
+    warnings.showwarning = show_data_warning
     try:
         args.func(args)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"bridgelm {args.command}: error: {err}", file=sys.stderr)
+    except Exception as err:
+        message = user_message(err)
+        if message is None:
+            print(
+                f"{prog}: unexpected {type(err).__name__}: this is a bug in bridgelm, not a problem with your input; "
+                "please report it with the traceback below",
+                file=sys.stderr,
+            )
+            raise
+        print(f"{prog}: error: {' '.join(message.split())}", file=sys.stderr)
         sys.exit(2)
+    finally:
+        warnings.showwarning = show

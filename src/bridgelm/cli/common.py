@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import argparse
+import os
+from pathlib import Path
+
+from bridgelm.errors import UserError
+
 
 def read_prompts(path: str) -> list[str]:
     from bridgelm.jsonl import read_records
 
-    rows = read_records(path, repair=False)
+    if not Path(path).exists():
+        raise UserError(
+            f"--prompts {path} does not exist: expected a JSONL file, one object with a 'prompt' field per line"
+        )
+    rows = read_records(path, repair=False, allow_cut=False)  # written by hand: a cut last line is an error
     if not rows:
         raise ValueError(f"{path} holds no prompts: expected one JSON object per line with a 'prompt' field")
     prompts = []
@@ -24,15 +34,55 @@ def dtype_of(name: str):
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
 
 
-def load_model_and_tokenizer(args):
-    """Model (with --blocks) and tokenizer from --model, on --device in --dtype."""
+def load_tokenizer(name: str):
+    """The tokenizer of --model; one that cannot be loaded (missing, damaged files) is a UserError."""
     from transformers import AutoTokenizer
 
+    try:
+        return AutoTokenizer.from_pretrained(name)
+    except Exception as err:  # transformers and tokenizers raise many types for missing or damaged files
+        first = str(err).splitlines()[0] if str(err) else ""
+        raise UserError(
+            f"--model {name}: no tokenizer could be loaded from it ({type(err).__name__}: {first})"
+        ) from err
+
+
+def load_model_and_tokenizer(args):
+    """Model (with --blocks) and tokenizer from --model, on --device in --dtype."""
     from bridgelm.attach import load_model
 
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
     model = load_model(args.model, blocks=args.blocks, dtype=dtype_of(args.dtype), device=args.device)
-    return model, tokenizer
+    return model, load_tokenizer(args.model)
+
+
+def check_out(path: str, kind: str, flag: str = "--out") -> None:
+    """UserError, before any work, for an output path that cannot be written: a folder where a file is expected
+    ("file") or a file where a folder is expected ("dir"), or a place without write permission. Creates nothing."""
+    p = Path(path).expanduser()
+    if kind == "file" and p.is_dir():
+        raise UserError(f"{flag} {path} is a folder: expected a file name")
+    if kind == "dir" and p.exists() and not p.is_dir():
+        raise UserError(f"{flag} {path} is a file: expected a folder (created when missing)")
+    if p.exists():
+        if not os.access(p, os.W_OK | (os.X_OK if p.is_dir() else 0)):
+            raise UserError(
+                f"{flag} {path} is not writable: expected a {'folder' if kind == 'dir' else 'file'} you may write"
+            )
+        return
+    parent = next(q for q in p.absolute().parents if q.exists())
+    if not parent.is_dir():
+        raise UserError(f"{flag} {path}: {parent} is a file, so nothing can be created under it")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UserError(f"{flag} {path}: folder {parent} is not writable, so {path} cannot be created there")
+
+
+def stop_string(text: str) -> str:
+    """argparse type of --stop: non-empty text."""
+    if not text:
+        raise argparse.ArgumentTypeError(
+            "empty stop string: expected non-empty text (an empty one ends every sample at once)"
+        )
+    return text
 
 
 def add_model_args(p) -> None:
@@ -53,7 +103,7 @@ def add_sampling_args(p, n=8, width=1, max_new_tokens=256) -> None:
     p.add_argument("--max-batch-sequences", type=int, default=256)
     p.add_argument("--max-batch-tokens", type=int, default=262_144)
     p.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template")
-    p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    p.add_argument("--stop", action="append", default=[], type=stop_string, help="stop string (repeatable)")
 
 
 def sampling_config(args):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from bridgelm.cli.common import add_model_args, add_sampling_args, dtype_of, load_model_and_tokenizer
+from bridgelm.cli.common import add_model_args, add_sampling_args, check_out, dtype_of, load_model_and_tokenizer
 
 
 def _int_list(text: str, flag: str) -> list[int]:
@@ -53,6 +53,7 @@ def _cmd_eval(args) -> None:
     from bridgelm.evaluate import METRICS_FILE, Shard, load_benchmarks, run_eval, score_run, summary_line
 
     cfg = _eval_config(args)
+    check_out(args.out, "dir")
     benches = load_benchmarks(args.task, args.data, cfg.limit)  # data errors before the model is loaded
     shard = Shard.from_env()
     if shard.world > 1:
@@ -97,6 +98,7 @@ def _cmd_report(args) -> None:
     from bridgelm.report import write_report
 
     names = [x.strip() for x in args.names.split(",")] if args.names else None
+    check_out(args.out, "dir")
     path = write_report(args.run_dirs, args.out, names=names, base=args.base)
     report = json.loads((Path(args.out) / "report.json").read_text())
     files = ", ".join(Path(f).name for f in report["files"])
@@ -116,8 +118,11 @@ def _cmd_report(args) -> None:
 def _cmd_features(args) -> None:
     from bridgelm.analyze import plot_feature_ratios, run_feature_ratios
     from bridgelm.attach import load_model
+    from bridgelm.evaluate import check_run_model
     from bridgelm.jsonl import write_json
 
+    check_out(args.out, "dir")
+    check_run_model(args.run, args.model, args.blocks)
     model = load_model(args.model, blocks=args.blocks, dtype=dtype_of(args.dtype), device=args.device)
     out = Path(args.out)
     print(f"bridgelm analyze features: {args.sets} response sets of {args.run} -> {out}/features.json, features.png")
@@ -133,6 +138,7 @@ def _cmd_similarity(args) -> None:
     from bridgelm.analyze import DEFAULT_EMBEDDER, run_similarity
 
     out = Path(args.out) if args.out else Path(args.run_dir) / "similarity.json"
+    check_out(str(out), "file")
     embedder = DEFAULT_EMBEDDER if args.embedding_model is None else (args.embedding_model or None)
     result = run_similarity(args.run_dir, args.benchmark, args.width, args.max_samples, embedder, out)
     print(f"bridgelm analyze similarity: -> {out}")

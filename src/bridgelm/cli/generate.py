@@ -5,6 +5,7 @@ from __future__ import annotations
 from bridgelm.cli.common import (
     add_model_args,
     add_sampling_args,
+    check_out,
     load_model_and_tokenizer,
     read_prompts,
     sampling_config,
@@ -17,11 +18,13 @@ def _cmd_generate(args) -> None:
     cfg = sampling_config(args)
     if (args.prompts is None) == (args.prompt is None):
         raise ValueError("give exactly one of --prompts FILE.jsonl or --prompt TEXT")
+    check_out(args.out, "file")
     prompts = read_prompts(args.prompts) if args.prompts else [args.prompt]
     model, tokenizer = load_model_and_tokenizer(args)
     settings = run_settings(cfg, args.model, args.blocks, args.chat, stop=args.stop)
     print(f"bridgelm generate: {len(prompts)} prompts x {cfg.n} samples (width {cfg.width}) -> {args.out}")
-    made = sample_to_file(model, tokenizer, prompts, args.out, cfg, settings, args.chat, args.stop)
+    source = f"--prompts {args.prompts}" if args.prompts else "--prompt"
+    made = sample_to_file(model, tokenizer, prompts, args.out, cfg, settings, args.chat, args.stop, source=source)
     print(f"bridgelm generate: sampled {made} prompts now, {len(prompts) - made} were already in {args.out}")
 
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 
-from bridgelm.cli.common import add_model_args, dtype_of, load_model_and_tokenizer
+from bridgelm.cli.common import add_model_args, check_out, dtype_of, load_model_and_tokenizer, load_tokenizer
+from bridgelm.errors import UserError
 
 
 def _main_process() -> bool:
@@ -39,6 +40,7 @@ def _cmd_warmup_data(args) -> None:
         max_batch_tokens=args.max_batch_tokens,
     )
     sampling.validate()
+    check_out(args.out, "file")
     task = _load_task(args.task, args.data, args.split)
     model, tokenizer = load_model_and_tokenizer(args)
     print(f"bridgelm warmup-data: {args.limit or len(task.examples)} problems x {args.n} samples -> {args.out}")
@@ -50,8 +52,6 @@ def _cmd_warmup_data(args) -> None:
 
 
 def _cmd_sft(args) -> None:
-    from transformers import AutoTokenizer
-
     from bridgelm.attach import load_model
     from bridgelm.train import common
     from bridgelm.train.sft import SFTConfig, train_sft
@@ -81,8 +81,9 @@ def _cmd_sft(args) -> None:
         tensorboard=args.tensorboard,
     )
     cfg.validate()
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    check_out(args.out, "dir")
     model = load_model(args.model, dtype=dtype_of(args.dtype), device=args.device)
+    tokenizer = load_tokenizer(args.model)
     try:
         res = train_sft(model, tokenizer, args.data, cfg, args.out)
         if not _main_process():
@@ -144,6 +145,10 @@ def _cmd_rl(args) -> None:
     from bridgelm.train.rl import train_rl
 
     cfg = _rl_config(args)
+    if args.blocks and (args.no_blocks or args.add):
+        flag = "--no-blocks" if args.no_blocks else f"--add {args.add}"
+        raise UserError(f"--blocks {args.blocks} and {flag} contradict each other: expected one of them")
+    check_out(args.out, "dir")
     task = _load_task(args.task, args.data, args.split)
     val_task = _load_task(args.val_task, args.val_data, args.val_split) if args.val_task else None
     model, tokenizer = load_model_and_tokenizer(args)

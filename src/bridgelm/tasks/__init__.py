@@ -7,7 +7,9 @@ Design: the registry maps names to modules that are imported only when used, so 
 from __future__ import annotations
 
 import importlib
+import warnings
 
+from bridgelm.errors import DataWarning
 from bridgelm.tasks.base import BOXED_INSTRUCTION, Task, format_chat, read_rows, with_instruction
 
 # Task name -> module with a `load(path=None, split="test", **kwargs)` function ("module:function" names
@@ -37,4 +39,25 @@ def load(name: str, path: str | None = None, split: str = "test", **kwargs) -> T
         raise ValueError(f"unknown task {name!r}: expected one of {', '.join(sorted(REGISTRY))}")
     module_name, _, loader = REGISTRY[name].partition(":")
     module = importlib.import_module(module_name)
-    return getattr(module, loader or "load")(path=path, split=split, **kwargs)
+    task = getattr(module, loader or "load")(path=path, split=split, **kwargs)
+    warn_repeats(task, path or f"task {name!r} ({split})")
+    return task
+
+
+def warn_repeats(task: Task, source: str) -> list[tuple[int, int]]:
+    """Warn (DataWarning) when two examples of `task` make the same prompt; returns the (row, first row) pairs."""
+    first: dict[str, int] = {}
+    repeats = []
+    for row, example in enumerate(task.examples, start=1):
+        seen = first.setdefault(task.prompt(example), row)
+        if seen != row:
+            repeats.append((row, seen))
+    if repeats:
+        shown = ", ".join(f"row {r} repeats row {f}" for r, f in repeats[:3])
+        more = f" and {len(repeats) - 3} more" if len(repeats) > 3 else ""
+        warnings.warn(
+            f"{source} repeats problems: {shown}{more}; each copy is sampled and scored as a problem of its own",
+            DataWarning,
+            stacklevel=2,
+        )
+    return repeats

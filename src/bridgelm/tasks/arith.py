@@ -25,6 +25,7 @@ from bridgelm.tasks.base import Task
 
 SPLITS = ("train", "validation", "test")
 _BOXED = re.compile(r"\\boxed\{(-?\d+)\}")
+_PROBLEM = re.compile(r"\d+(?:[+-]\d+)*")  # integers joined by + and -, as the generator writes them
 
 
 @dataclass(frozen=True)
@@ -111,20 +112,33 @@ class Arith(Task):
         return f"{example['problem']}="
 
     def answer(self, example: dict) -> str:
-        return example["answer"]
+        return str(example["answer"]).strip()
 
     def extract(self, completion: str) -> str | None:
         found = _BOXED.findall(completion)
         return found[-1] if found else None
 
     def reward(self, completion: str, example: dict) -> float:
-        return 1.0 if self.extract(completion) == example["answer"] else 0.0
+        return 1.0 if self.extract(completion) == self.answer(example) else 0.0
+
+
+def check_row(row: dict) -> None:
+    """ValueError unless `problem` is integers joined by + and - and `answer` is its value, as an integer."""
+    problem, answer = row["problem"], row["answer"]
+    if not isinstance(problem, str) or not _PROBLEM.fullmatch(problem):
+        raise ValueError(f"field 'problem' is {problem!r}: expected integers joined by + and -, e.g. '48-13+27'")
+    text = str(answer).strip() if isinstance(answer, (str, int)) and not isinstance(answer, bool) else ""
+    if not re.fullmatch(r"-?(0|[1-9]\d*)", text):
+        raise ValueError(f"field 'answer' is {answer!r}: expected an integer")
+    value = solve(problem)[1]
+    if int(text) != value:
+        raise ValueError(f"field 'answer' is {answer!r}, but {problem} = {value}")
 
 
 def load(path: str | None = None, split: str = "test", size: int = 500, seed: int = 0, **spec) -> Arith:
     """Generated problems of `split` (no file needed); `path`, when given, is a JSONL of such rows."""
     if path is not None:
-        from bridgelm.tasks.base import read_rows
+        from bridgelm.tasks.base import read_rows, resolve_local
 
-        return Arith(name="arith", examples=read_rows(path, ("problem", "answer")))
+        return Arith(name="arith", examples=read_rows(resolve_local(path, split), ("problem", "answer"), check_row))
     return Arith(name="arith", examples=generate(size, split, seed, ArithSpec(**spec)))

@@ -4,16 +4,19 @@ Design: a task is a list of example dicts plus four pure functions of them (prom
 answer extraction, reward). Tasks never touch the network at construction unless asked to load
 from a dataset hub; local files are the normal path (`.jsonl`, `.json`, `.parquet`). Loader errors
 name the file, the 1-based line (or item) and the missing field, because data files are edited by
-hand.
+hand. Each task passes a `check` of its rows to the loader (non-empty problem, a gold answer that
+parses), so a bad row is refused on load, by line, instead of being sampled and scored.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
+
+from bridgelm.errors import UserError
 
 # The DeepSeek-R1 evaluation instruction appended to every math-style problem.
 BOXED_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
@@ -91,45 +94,74 @@ def is_local_source(path: str | Path) -> bool:
     return p.exists() or p.suffix in LOCAL_SUFFIXES or str(path).startswith((".", "/", "~"))
 
 
-def _check_row(row: Any, required_fields: Sequence[str], where: str) -> dict:
-    """`row` if it is an object with all required fields, else a ValueError naming `where`."""
+# A row check: raises ValueError (naming the field, its value and what was expected) for a bad row.
+RowCheck = Callable[[dict], None]
+
+
+def require_text(row: dict, name: str) -> str:
+    """`row[name]` when it is non-empty text, else a ValueError naming the field and its value."""
+    value = row.get(name)
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"field {name!r} is {value!r}: expected non-empty text")
+    return value
+
+
+def _check_row(row: Any, required_fields: Sequence[str], where: str, check: RowCheck | None = None) -> dict:
+    """`row` if it is an object with all required fields that passes `check`, else a UserError naming `where`."""
     if not isinstance(row, dict):
-        raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
+        raise UserError(f"{where}: expected a JSON object, got {type(row).__name__}")
     for name in required_fields:
         if name not in row:
-            raise ValueError(f"{where}: missing field {name!r} (expected fields: {', '.join(required_fields)})")
+            raise UserError(f"{where}: missing field {name!r} (expected fields: {', '.join(required_fields)})")
+    if check is not None:
+        try:
+            check(row)
+        except (ValueError, TypeError) as exc:
+            raise UserError(f"{where}: {exc}") from exc
     return row
 
 
-def _read_jsonl(path: Path, required_fields: Sequence[str]) -> list[dict]:
+def _decode(raw: bytes, path: Path, line: int | None = None) -> str:
+    """UTF-8 text of `raw`, else a UserError naming the file, the line and the bad byte."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if line is None:
+            line = raw.count(b"\n", 0, exc.start) + 1
+        raise UserError(
+            f"{path}:{line}: not UTF-8 text (byte 0x{raw[exc.start]:02x}): expected a UTF-8 encoded file"
+        ) from exc
+
+
+def _read_jsonl(path: Path, required_fields: Sequence[str], check: RowCheck | None = None) -> list[dict]:
     """Rows of a JSON-lines file; blank lines are skipped."""
     rows = []
-    with path.open(encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}:{lineno}: malformed JSON line ({exc.msg})") from exc
-            rows.append(_check_row(row, required_fields, f"{path}:{lineno}"))
+    for lineno, raw in enumerate(path.read_bytes().splitlines(), start=1):
+        line = _decode(raw, path, lineno)
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise UserError(f"{path}:{lineno}: malformed JSON line ({exc.msg})") from exc
+        rows.append(_check_row(row, required_fields, f"{path}:{lineno}", check))
     return rows
 
 
-def _read_json(path: Path, required_fields: Sequence[str]) -> list[dict]:
+def _read_json(path: Path, required_fields: Sequence[str], check: RowCheck | None = None) -> list[dict]:
     """Rows of a JSON file holding a list of objects or {"data": [...]}."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(_decode(path.read_bytes(), path))
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}:{exc.lineno}: malformed JSON ({exc.msg})") from exc
+        raise UserError(f"{path}:{exc.lineno}: malformed JSON ({exc.msg})") from exc
     if isinstance(data, dict) and isinstance(data.get("data"), list):
         data = data["data"]
     if not isinstance(data, list):
-        raise ValueError(f'{path}: expected a list of objects or {{"data": [...]}}')
-    return [_check_row(row, required_fields, f"{path}: item {i}") for i, row in enumerate(data, 1)]
+        raise UserError(f'{path}: expected a list of objects or {{"data": [...]}}')
+    return [_check_row(row, required_fields, f"{path}: item {i}", check) for i, row in enumerate(data, 1)]
 
 
-def _read_parquet(path: Path, required_fields: Sequence[str]) -> list[dict]:
+def _read_parquet(path: Path, required_fields: Sequence[str], check: RowCheck | None = None) -> list[dict]:
     """Rows of a parquet file, via pyarrow (or pandas) when one is installed."""
     try:
         import pyarrow.parquet as pq
@@ -144,19 +176,21 @@ def _read_parquet(path: Path, required_fields: Sequence[str]) -> list[dict]:
                 "convert the file to .jsonl or install pyarrow"
             ) from exc
         rows = pd.read_parquet(path).to_dict(orient="records")
-    return [_check_row(row, required_fields, f"{path}: row {i}") for i, row in enumerate(rows, 1)]
+    return [_check_row(row, required_fields, f"{path}: row {i}", check) for i, row in enumerate(rows, 1)]
 
 
-def read_rows(path: str | Path, required_fields: Sequence[str] = ()) -> list[dict]:
-    """Rows of a local `.jsonl`, `.json` or `.parquet` file, each checked for `required_fields`."""
+def read_rows(path: str | Path, required_fields: Sequence[str] = (), check: RowCheck | None = None) -> list[dict]:
+    """Rows of a local `.jsonl`, `.json` or `.parquet` file, each checked for `required_fields` and by `check`."""
     p = Path(path).expanduser()
+    if p.is_dir():
+        raise UserError(f"data file {p} is a folder: expected a {', '.join(LOCAL_SUFFIXES)} file")
     if not p.is_file():
         raise FileNotFoundError(f"data file {p} does not exist")
     readers = {".jsonl": _read_jsonl, ".json": _read_json, ".parquet": _read_parquet}
     reader = readers.get(p.suffix.lower())
     if reader is None:
-        raise ValueError(f"{p}: unsupported file type {p.suffix!r}, expected one of {LOCAL_SUFFIXES}")
-    return reader(p, required_fields)
+        raise UserError(f"{p}: unsupported file type {p.suffix!r}, expected one of {LOCAL_SUFFIXES}")
+    return reader(p, required_fields, check)
 
 
 def resolve_local(path: str | Path, split: str) -> Path:
@@ -171,28 +205,36 @@ def resolve_local(path: str | Path, split: str) -> Path:
     return p
 
 
+class HubUnavailable(UserError, RuntimeError):
+    """A data set could not be read from the Hugging Face hub (not installed, offline, unknown id)."""
+
+
 def load_rows(
-    path: str | Path, split: str, required_fields: Sequence[str], hub_config: str | None = None
+    path: str | Path,
+    split: str,
+    required_fields: Sequence[str],
+    hub_config: str | None = None,
+    check: RowCheck | None = None,
 ) -> list[dict]:
-    """Rows from a local file/folder, or else from the Hugging Face hub via `datasets`.
+    """Rows from a local file/folder, or else from the Hugging Face hub via `datasets`, each checked by `check`.
 
     The hub is tried only when `path` does not look local; `datasets` is imported lazily and any
-    failure (not installed, offline, unknown id) becomes a RuntimeError suggesting a local file.
+    failure (not installed, offline, unknown id) becomes a HubUnavailable error suggesting a local file.
     """
     if is_local_source(path):
-        return read_rows(resolve_local(path, split), required_fields)
+        return read_rows(resolve_local(path, split), required_fields, check)
     try:
         import datasets
     except ImportError as exc:
-        raise RuntimeError(
+        raise HubUnavailable(
             f"{path!r} is not a local file and the 'datasets' package is not installed; "
             "pass a local .jsonl/.json/.parquet path"
         ) from exc
     try:
         ds = datasets.load_dataset(str(path), hub_config, split=split)
     except Exception as exc:  # offline, unknown id, missing split: all mean "use a local file"
-        raise RuntimeError(
+        raise HubUnavailable(
             f"could not load {path!r} (split {split!r}) from the Hugging Face hub: "
             f"{type(exc).__name__}: {exc}; pass a local .jsonl/.json/.parquet path instead"
         ) from exc
-    return [_check_row(dict(row), required_fields, f"{path}[{split}] row {i}") for i, row in enumerate(ds, 1)]
+    return [_check_row(dict(row), required_fields, f"{path}[{split}] row {i}", check) for i, row in enumerate(ds, 1)]

@@ -222,6 +222,25 @@ def _with_numbers(rows: list[dict], source: str) -> list[dict]:
     return out
 
 
+def check_row(row: dict) -> None:
+    """ValueError unless `numbers` is a non-empty list of integers and `target` an integer."""
+    numbers, target = row["numbers"], row["target"]
+    if not isinstance(numbers, list) or not numbers or not all(_is_int(n) for n in numbers):
+        raise ValueError(f"field 'numbers' is {numbers!r}: expected a non-empty list of integers")
+    if not _is_int(target):
+        raise ValueError(f"field 'target' is {target!r}: expected an integer")
+
+
+def _check_either_layout(row: dict) -> None:
+    """`check_row` of a row in our layout (numbers) or TinyZero's (nums); a row with neither fails later."""
+    if "numbers" in row or "nums" in row:
+        check_row({"numbers": row.get("numbers", row.get("nums")), "target": row["target"]})
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
 def load(
     path: str | None = None,
     split: str = "test",
@@ -237,5 +256,6 @@ def load(
     if path is None:
         examples = generate(size, seed=seed, split=split)
     else:
-        examples = _with_numbers(read_rows(resolve_local(path, split), ("target",)), str(path))
+        rows = read_rows(resolve_local(path, split), ("target",), check=_check_either_layout)
+        examples = _with_numbers(rows, str(path))
     return Countdown(name="countdown", examples=examples, use_all=use_all, prompt_style=prompt_style)

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 
 from bridgelm.tasks.answers import canonical_number, extract_number_answer
-from bridgelm.tasks.base import Task, load_rows, with_instruction
+from bridgelm.tasks.base import Task, load_rows, require_text, with_instruction
 
 # Fields every GSM8K row must have.
 FIELDS = ("question", "answer")
@@ -63,15 +63,17 @@ class GSM8K(Task):
         return 1.0 if numbers_match(self.extract(completion), self.answer(example)) else 0.0
 
 
+def check_row(row: dict) -> None:
+    """ValueError unless the row has a question and a solution ending in '#### N'."""
+    require_text(row, "question")
+    require_text(row, "answer")
+    gold_from_solution(row["answer"])
+
+
 def load(path: str | None = None, split: str = "test") -> GSM8K:
     """GSM8K rows from a local file/folder, or from the hub (`openai/gsm8k`) when path is None."""
     if path is None:
-        rows = load_rows(HUB_ID, split, FIELDS, hub_config=HUB_CONFIG)
+        rows = load_rows(HUB_ID, split, FIELDS, hub_config=HUB_CONFIG, check=check_row)
     else:
-        rows = load_rows(path, split, FIELDS)
-    for i, row in enumerate(rows, 1):
-        try:
-            gold_from_solution(row["answer"])
-        except ValueError as exc:
-            raise ValueError(f"{path or HUB_ID}: row {i}: {exc}") from exc
+        rows = load_rows(path, split, FIELDS, check=check_row)
     return GSM8K(name="gsm8k", examples=rows)

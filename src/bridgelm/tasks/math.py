@@ -11,6 +11,11 @@ Design notes:
   `__main__`. Startup (importing sympy) is not counted in the per-call timeout.
 - Calls are serialised by a lock; `grade_many` sends a batch under one lock so the per-item cost is
   one pipe round trip. A process that forks after starting the worker gets its own worker.
+- math-verify's parser can hand model text to sympy's `parse_expr`, which calls `eval`. The worker is
+  therefore a separate process with resource limits set before it reads any request: address space
+  (MEMORY_LIMIT beyond its size at start-up), a CPU-time budget per request (the timeout plus
+  CPU_MARGIN seconds; SIGXCPU ends a worker whose parent is gone or stuck) and no core files. These
+  bound runaway or hostile arithmetic; they are not a sandbox (see the README's security paragraph).
 - Gold answers are wrapped as `\\boxed{gold}` (then `$gold$` if that does not parse) so that
   math-verify reads them as LaTeX; the prediction is the whole completion (math-verify finds the
   last boxed answer itself), with the bare `\\boxed{}` content as a second chance.
@@ -31,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bridgelm.tasks.answers import last_boxed
-from bridgelm.tasks.base import Task, load_rows, with_instruction
+from bridgelm.tasks.base import Task, load_rows, require_text, with_instruction
 
 # Fields every row must have.
 FIELDS = ("problem", "answer")
@@ -44,6 +49,12 @@ DEFAULT_TIMEOUT = 5.0
 
 # Bound on starting the worker (importing sympy and math-verify), in seconds.
 START_TIMEOUT = 120.0
+
+# Address space the grading worker may add to what it holds at start-up, in bytes (grading needs < 100 MB).
+MEMORY_LIMIT = 2 * 1024**3
+
+# CPU seconds a request may use beyond its timeout before the kernel ends the worker (SIGXCPU).
+CPU_MARGIN = 5.0
 
 
 # ----------------------------------------------------------------------------- worker side
@@ -91,16 +102,60 @@ def _handle(request: dict) -> dict:
     if op == "sleep":  # test hook: a grading call that takes `seconds`
         time.sleep(float(request["seconds"]))
         return {"score": 0.0}
-    return {"error": f"unknown op {op!r}: expected ping, grade or sleep"}
+    if op == "burn":  # test hook: a grading call that computes for `seconds` of CPU time
+        end = time.process_time() + float(request["seconds"])
+        while time.process_time() < end:
+            pass
+        return {"score": 0.0}
+    if op == "limits":  # test hook: the worker's resource limits
+        import resource
+
+        return {name: resource.getrlimit(getattr(resource, name))[0] for name in ("RLIMIT_AS", "RLIMIT_CPU")}
+    return {"error": f"unknown op {op!r}: expected ping, grade, sleep, burn or limits"}
 
 
-def serve() -> None:
+def _address_space() -> int | None:
+    """Bytes of address space this process maps now (Linux), else None."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _set_limits(memory: int | None, cpu_seconds: float | None) -> None:
+    """Let this process map `memory` more bytes than now, compute `cpu_seconds` more, and write no core files.
+
+    (The address space is counted from now because imports differ in size: a CUDA build of torch maps GBs.)
+    """
+    import resource
+
+    def limit(kind: int, soft: int, fixed: bool) -> None:
+        _, hard = resource.getrlimit(kind)
+        if hard != resource.RLIM_INFINITY:
+            soft = min(soft, hard)
+        resource.setrlimit(kind, (soft, soft if fixed else hard))
+
+    if memory is not None:
+        now = _address_space()
+        if now is not None:
+            limit(resource.RLIMIT_AS, now + int(memory), fixed=True)
+        limit(resource.RLIMIT_CORE, 0, fixed=True)
+    if cpu_seconds is not None:
+        used = resource.getrusage(resource.RUSAGE_SELF)
+        limit(resource.RLIMIT_CPU, int(used.ru_utime + used.ru_stime + cpu_seconds) + 1, fixed=False)
+
+
+def serve(memory: int | None = MEMORY_LIMIT, cpu_seconds: float | None = DEFAULT_TIMEOUT + CPU_MARGIN) -> None:
     """Worker main loop: JSON requests on stdin, JSON replies on the original stdout.
 
-    Anything the grading code prints goes to stderr, so it cannot corrupt the protocol.
+    Anything the grading code prints goes to stderr, so it cannot corrupt the protocol. Each request may use
+    `cpu_seconds` of CPU time, and the process `memory` bytes of address space beyond its start-up size (None:
+    no limit).
     """
     import logging
 
+    _set_limits(memory, cpu_seconds)
     logging.getLogger("math_verify").setLevel(logging.ERROR)  # silences "timeout disabled"
     out = os.fdopen(os.dup(1), "w", encoding="utf-8")
     os.dup2(2, 1)
@@ -109,6 +164,7 @@ def serve() -> None:
     for line in sys.stdin:
         if not line.strip():
             continue
+        _set_limits(None, cpu_seconds)  # a fresh CPU budget for every request
         reply = _handle(json.loads(line))
         out.write(json.dumps(reply) + "\n")
         out.flush()
@@ -124,11 +180,19 @@ class GradingTimeout(Exception):
 class MathGrader:
     """Client of one grading worker process; thread-safe, restarts the worker after a timeout."""
 
-    def __init__(self, timeout: float = DEFAULT_TIMEOUT, start_timeout: float = START_TIMEOUT):
+    def __init__(
+        self,
+        timeout: float = DEFAULT_TIMEOUT,
+        start_timeout: float = START_TIMEOUT,
+        memory_limit: int | None = MEMORY_LIMIT,
+        cpu_limit: float | None = None,
+    ):
         if not timeout > 0:
             raise ValueError(f"timeout={timeout} must be > 0 seconds")
         self.timeout = float(timeout)  # default bound on one grading call, seconds
         self.start_timeout = float(start_timeout)  # bound on worker startup, seconds
+        self.memory_limit = memory_limit  # address space the worker may add after start-up, bytes (None: no limit)
+        self.cpu_limit = timeout + CPU_MARGIN if cpu_limit is None else float(cpu_limit)  # CPU s per request
         self.restarts = 0  # how many workers were killed after a timeout or crash
         self._lock = threading.Lock()  # one request in flight at a time
         self._proc: subprocess.Popen | None = None  # the worker, started lazily
@@ -142,7 +206,11 @@ class MathGrader:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
         self._proc = subprocess.Popen(
-            [sys.executable, "-c", "from bridgelm.tasks.math import serve; serve()"],
+            [
+                sys.executable,
+                "-c",
+                f"from bridgelm.tasks.math import serve; serve({self.memory_limit!r}, {self.cpu_limit!r})",
+            ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             env=env,
@@ -238,6 +306,17 @@ class MathGrader:
         with self._lock:
             return self._score({"op": "sleep", "seconds": seconds}, timeout)
 
+    def debug_burn(self, seconds: float, timeout: float | None = None) -> float:
+        """Test hook: a grading call that computes for `seconds` of CPU time in the worker (0.0 either way)."""
+        with self._lock:
+            return self._score({"op": "burn", "seconds": seconds}, timeout)
+
+    def debug_limits(self) -> dict:
+        """Test hook: the worker's soft limits {"RLIMIT_AS": bytes, "RLIMIT_CPU": seconds} (-1: unlimited)."""
+        with self._lock:
+            self._ensure_started()
+            return self._request({"op": "limits"}, self.timeout)
+
 
 _DEFAULT_GRADER: MathGrader | None = None
 _DEFAULT_LOCK = threading.Lock()
@@ -291,9 +370,25 @@ class MathTask(Task):
         )
 
 
+def check_row(row: dict) -> None:
+    """ValueError unless the row has a problem and a gold answer: non-empty text (or a number) with balanced
+    braces. (Whether math-verify parses it is known only in the grading worker.)"""
+    require_text(row, "problem")
+    gold = row["answer"]
+    if isinstance(gold, bool) or not isinstance(gold, (str, int, float)) or not str(gold).strip():
+        raise ValueError(f"field 'answer' is {gold!r}: expected a non-empty LaTeX answer or a number")
+    depth = 0
+    for ch in str(gold).replace("\\{", "").replace("\\}", ""):
+        depth += {"{": 1, "}": -1}.get(ch, 0)
+        if depth < 0:
+            break
+    if depth != 0:
+        raise ValueError(f"field 'answer' is {gold!r}: expected a LaTeX answer with balanced braces")
+
+
 def load(path: str | None = None, split: str = "test", timeout: float = DEFAULT_TIMEOUT) -> MathTask:
     """Rows with `problem` and `answer` from a local file, or MATH-500 from the hub when path is None."""
     if not timeout > 0:
         raise ValueError(f"timeout={timeout} must be > 0 seconds")
-    rows = load_rows(HUB_ID if path is None else path, split, FIELDS)
+    rows = load_rows(HUB_ID if path is None else path, split, FIELDS, check=check_row)
     return MathTask(name="math", examples=rows, timeout=timeout)

@@ -13,6 +13,9 @@ Design notes:
   next token is a response token (`logits_to_keep` as a [B, S] mask), never on the prompt or the padding.
 - Checkpoints are directories written under a temporary name and renamed; the last N are kept. Trainer state
   (optimiser, scheduler, RNG, step) is a torch file read back with `weights_only=True`; weights are safetensors.
+  A resume first checks the files of the newest checkpoint (JSON, safetensors headers and sizes, the checksums
+  of trainer_state.pt's zip); a damaged one is named and passed over for the previous whole one, which a resumed
+  run continues from exactly.
 
 Used by bridgelm.train.sft and bridgelm.train.rl; tested by tests/test_train_common.py.
 """
@@ -20,13 +23,17 @@ Used by bridgelm.train.sft and bridgelm.train.rl; tested by tests/test_train_com
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import os
+import pickle
 import random
 import shutil
 import signal
 import sys
 import threading
+import warnings
+import zipfile
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -36,6 +43,7 @@ from typing import Any, NamedTuple
 import torch
 import torch.distributed as torch_dist
 
+from bridgelm.errors import DataWarning, UserError
 from bridgelm.grouped import KWARG, Groups
 from bridgelm.jsonl import append_record, read_records, write_atomic, write_json
 
@@ -608,15 +616,51 @@ def save_trainer_state(folder: Path, step: int, optimizer_sd: dict, scheduler, e
 
 
 def load_trainer_state(folder: str | os.PathLike) -> dict:
+    """trainer_state.pt of a checkpoint, read with weights_only=True; a file holding anything else is refused."""
     path = Path(folder) / TRAINER_STATE
     if not path.is_file():
         raise FileNotFoundError(f"checkpoint {folder} has no {TRAINER_STATE}")
-    return torch.load(path, map_location="cpu", weights_only=True)
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:
+        raise UserError(
+            f"{path} holds objects other than tensors and plain values, so it was not loaded (loading them could "
+            "run code): expected a trainer_state.pt written by bridgelm; do not resume from a checkpoint you did "
+            "not write"
+        ) from err
+    except (RuntimeError, EOFError, OSError) as err:
+        raise UserError(f"{path} is damaged ({str(err).splitlines()[0]}): expected a whole trainer_state.pt") from err
+
+
+def checkpoint_damage(folder: str | os.PathLike) -> str | None:
+    """What is wrong with a checkpoint's files (cut, damaged, missing), or None when they read back whole.
+
+    Checks trainer.json, the headers and sizes of the *.safetensors files and the checksums of trainer_state.pt;
+    the data of a safetensors file carries no checksum, so a flipped bit there goes unnoticed.
+    """
+    from safetensors import safe_open
+
+    folder = Path(folder)
+    try:
+        json.loads((folder / TRAINER_INFO).read_bytes().decode("utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        return f"{TRAINER_INFO}: {err}"
+    for weights in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(str(weights), framework="pt"):
+                pass
+        except Exception as err:  # safetensors has its own error type for every kind of damage
+            return f"{weights.name}: {err}"
+    state = folder / TRAINER_STATE
+    try:
+        with zipfile.ZipFile(state) as z:
+            bad = z.testzip()
+    except (OSError, zipfile.BadZipFile) as err:
+        return f"{TRAINER_STATE}: {err}"
+    return f"{TRAINER_STATE}: entry {bad} fails its checksum" if bad else None
 
 
 def read_info(folder: str | os.PathLike) -> dict:
-    import json
-
     return json.loads((Path(folder) / TRAINER_INFO).read_text())
 
 
@@ -637,7 +681,24 @@ def check_fresh_or_resume(out_dir: Path, resume: bool) -> Path | None:
             f"{out_dir} already holds a run ({latest or out_dir / METRICS}); pass resume=True (--resume) "
             "to continue it, or choose another output directory"
         )
-    return latest
+    if latest is None:
+        return None
+    damage = checkpoint_damage(latest)
+    if damage is None:
+        return latest
+    for earlier in reversed(list_checkpoints(out_dir)[:-1]):
+        if checkpoint_damage(earlier) is None:
+            warnings.warn(
+                f"checkpoint {latest} is damaged ({damage}); resuming from the previous one, {earlier} (the run "
+                "recomputes the steps after it exactly)",
+                DataWarning,
+                stacklevel=2,
+            )
+            return earlier
+    raise UserError(
+        f"checkpoint {latest} is damaged ({damage}) and no earlier checkpoint of {out_dir} is whole: expected a "
+        "checkpoint to resume from; start afresh with another output directory"
+    )
 
 
 def jsonable(obj: Any) -> Any:

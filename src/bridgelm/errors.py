@@ -1,0 +1,51 @@
+"""Expected failures (bad input) versus bugs, and how the command line tells them apart.
+
+Design: bad input is reported as one line, `bridgelm <command>: error: <message>`, with exit code 2 and no
+traceback; the message names the bad value and what was expected. Anything else is a bug in bridgelm and keeps
+its traceback. `user_message` decides which is which, in one place:
+
+- `UserError` (a ValueError) is always bad input: raise it where input is checked.
+- A ValueError or FileNotFoundError raised by bridgelm's own code is a checked input too (the library's
+  messages follow the same rule); one raised inside torch, transformers or the standard library is not.
+- An OSError about a file (permission denied, is a folder, disk full) is the machine's answer to a path the
+  user gave, reported with the path.
+
+`DataWarning` is for input that is accepted but probably not meant (a data file that repeats a problem); the
+command line prints it as `bridgelm <command>: warning: <message>`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+# Folder of the bridgelm package: exceptions raised by code under it carry our own messages.
+_PACKAGE_DIR = str(Path(__file__).resolve().parent)
+
+
+class UserError(ValueError):
+    """Bad input: the message names the value and what was expected; the CLI prints it and exits with 2."""
+
+
+class DataWarning(UserWarning):
+    """Input accepted, but probably not what was meant."""
+
+
+def _raised_by_bridgelm(err: BaseException) -> bool:
+    """True when the innermost frame of `err`'s traceback is bridgelm code (builtins have no frame)."""
+    tb = err.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return str(Path(tb.tb_frame.f_code.co_filename).resolve()).startswith(_PACKAGE_DIR)
+
+
+def user_message(err: BaseException) -> str | None:
+    """The one-line message of an expected failure, or None when `err` is a bug (it keeps its traceback)."""
+    if isinstance(err, UserError):
+        return str(err)
+    if isinstance(err, (ValueError, FileNotFoundError)) and _raised_by_bridgelm(err):
+        return str(err)
+    if isinstance(err, OSError) and err.filename is not None:
+        return f"cannot use {err.filename}: {err.strerror or err}"
+    return None

@@ -1,0 +1,503 @@
+"""Bad and hostile input: every case answers with one line naming the value (exit 2), loses nothing, and never
+silently does the wrong thing; a bug keeps its traceback and says it is one."""
+
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+import types
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import save_tiny_model_dir
+from safetensors.torch import save_file
+
+from bridgelm import tasks
+from bridgelm.cli import main
+from bridgelm.errors import DataWarning, UserError, user_message
+from bridgelm.evaluate import EvalConfig
+from bridgelm.jsonl import read_records
+from bridgelm.train import common
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """A plain tiny model folder, one with Bridge blocks, and damaged copies of the plain one."""
+    root = tmp_path_factory.mktemp("models")
+    save_tiny_model_dir(root / "m")
+    save_tiny_model_dir(root / "mb", blocks="bridge")
+    for name in ("cut", "trunc", "shape"):
+        shutil.copytree(root / "m", root / name)
+    config = (root / "m" / "config.json").read_bytes()
+    (root / "cut" / "config.json").write_bytes(config[: len(config) // 2])
+    weights = (root / "m" / "model.safetensors").read_bytes()
+    (root / "trunc" / "model.safetensors").write_bytes(weights[: len(weights) // 2])
+    shape = json.loads(config)
+    shape["intermediate_size"] = 96  # the weights were saved with 128
+    (root / "shape" / "config.json").write_text(json.dumps(shape))
+    return root
+
+
+def _fails(capsys, argv) -> str:
+    """Run the CLI in-process; it must exit with 2 and say `bridgelm <command>: error:` in one line (returned;
+    the rest of stderr is in `_fails.stderr`)."""
+    with pytest.raises(SystemExit) as err:
+        main([str(a) for a in argv])
+    assert err.value.code == 2
+    msg = capsys.readouterr().err
+    lines = [line for line in msg.splitlines() if ": error: " in line]
+    assert len(lines) == 1 and "Traceback" not in msg, msg
+    _fails.stderr = msg
+    return lines[0]
+
+
+def _jsonl(path: Path, rows) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+# ---------------------------------------------------------------------------------------------- silent wrong results
+
+
+@pytest.mark.parametrize("command", ["generate", "eval"])
+def test_empty_stop_string_is_refused(models, tmp_path, capsys, command):
+    extra = ["--prompt", "1+1="] if command == "generate" else ["--task", "arith"]
+    out = tmp_path / ("s.jsonl" if command == "generate" else "run")
+    line = _fails(capsys, [command, "--model", models / "m", *extra, "--stop", "", "--out", out])
+    assert "--stop" in line and "empty stop string" in line
+    assert not out.exists()
+    with pytest.raises(ValueError, match="stop string ''"):
+        EvalConfig(n=2, width=1, stop=["</s>", ""]).validate()
+
+
+def test_generate_refuses_to_resume_with_other_prompts(models, tmp_path, capsys):
+    first = _jsonl(tmp_path / "first.jsonl", [{"prompt": "1+2="}, {"prompt": "3+4="}])
+    other = _jsonl(tmp_path / "other.jsonl", [{"prompt": "1+2="}, {"prompt": "9+9="}, {"prompt": "5"}])
+    out = tmp_path / "s.jsonl"
+    args = ["generate", "--model", models / "m", "--n", "2", "--max-new-tokens", "2", "--out", out]
+    main([str(a) for a in args + ["--prompts", first]])
+    before = out.read_bytes()
+    line = _fails(capsys, args + ["--prompts", other])
+    assert f"--prompts {other}" in line and "'3+4='" in line and "'9+9='" in line
+    assert out.read_bytes() == before
+    # the same prompts with one more at the end resume (only the new prompt is sampled)
+    main(
+        [
+            str(a)
+            for a in args
+            + ["--prompts", _jsonl(tmp_path / "more.jsonl", [{"prompt": "1+2="}, {"prompt": "3+4="}, {"prompt": "5"}])]
+        ]
+    )
+    assert [r["index"] for r in read_records(out)] == [0, 1, 2]
+
+
+@pytest.mark.parametrize(
+    "content, expected",
+    [
+        (b"hello world\n", "line 1: malformed JSON"),  # a text file with one line
+        (b"hello world", "line 1: malformed JSON"),  # unterminated, but not the start of a record
+        (b'{"index": 0}\n{"index": \n', "line 2: malformed JSON"),  # a malformed last line that ends properly
+        (b'{"index": 0}\n[1, 2]\n', "line 2: a JSON list, expected a JSON object"),
+        (b'{"index": 0}\n{"text": "caf\xe9"}\n', "line 2: not UTF-8 text (byte 0xe9"),
+    ],
+)
+def test_read_records_refuses_what_is_not_a_record_and_leaves_it(tmp_path, content, expected):
+    path = tmp_path / "f.jsonl"
+    path.write_bytes(content)
+    with pytest.raises(UserError, match=re.escape(expected)):
+        read_records(path)
+    assert path.read_bytes() == content
+
+
+def test_only_an_unterminated_record_is_a_cut_line(tmp_path):
+    path = tmp_path / "f.jsonl"
+    path.write_bytes(b'{"index": 0}\n{"index": 1, "te')
+    with pytest.raises(UserError, match="line 2: malformed JSON"):  # a file written by hand: nothing is dropped
+        read_records(path, repair=False, allow_cut=False)
+    assert read_records(path) == [{"index": 0}]
+    assert path.read_bytes() == b'{"index": 0}\n'
+
+
+def test_a_cut_last_prompt_is_not_dropped(models, tmp_path, capsys):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "1+2="}\n{"prompt": "3+')
+    line = _fails(capsys, ["generate", "--model", models / "m", "--prompts", prompts, "--out", tmp_path / "s.jsonl"])
+    assert f"{prompts}, line 2: malformed JSON" in line
+
+
+def test_generate_leaves_a_foreign_out_file_alone(models, tmp_path, capsys):
+    for content in (b"hello world\n", b'{"note": "mine"}\n'):  # not JSON; JSON but not a line of ours
+        out = tmp_path / "notes.txt"
+        out.write_bytes(content)
+        line = _fails(capsys, ["generate", "--model", models / "m", "--prompt", "1=", "--n", "1", "--out", out])
+        assert f"{out}, line 1" in line
+        assert out.read_bytes() == content
+
+
+@pytest.mark.parametrize(
+    "task, row, expected",
+    [
+        ("arith", {"problem": "", "answer": "2"}, "field 'problem' is ''"),
+        ("arith", {"problem": "1+1", "answer": ""}, "field 'answer' is '': expected an integer"),
+        ("arith", {"problem": "1+1", "answer": "impossible"}, "field 'answer' is 'impossible': expected an integer"),
+        ("arith", {"problem": "3+5", "answer": "7"}, "field 'answer' is '7', but 3\\+5 = 8"),
+        ("gsm8k", {"question": "", "answer": "x\n#### 3"}, "field 'question' is ''"),
+        ("gsm8k", {"question": "  ", "answer": "x\n#### 3"}, "field 'question' is '  '"),
+        (
+            "gsm8k",
+            {"question": "q", "answer": "no final line"},
+            "GSM8K solution 'no final line' has no '#### N' final line",
+        ),
+        ("math", {"problem": "", "answer": "2"}, "field 'problem' is ''"),
+        ("math", {"problem": "p", "answer": " "}, "field 'answer' is ' '"),
+        (
+            "math",
+            {"problem": "p", "answer": "\\frac{1}{2"},
+            "field 'answer' is .*: expected a LaTeX answer with balanced braces",
+        ),
+        ("countdown", {"numbers": [1, 2], "target": "x"}, "field 'target' is 'x'"),
+        ("countdown", {"numbers": [], "target": 3}, "field 'numbers' is \\[\\]"),
+    ],
+)
+def test_bad_rows_are_refused_on_load_by_line(tmp_path, task, row, expected):
+    good = {
+        "arith": {"problem": "1+2", "answer": "3"},
+        "gsm8k": {"question": "1+2?", "answer": "x\n#### 3"},
+        "math": {"problem": "1+2?", "answer": "3"},
+        "countdown": {"numbers": [1, 2], "target": 3},
+    }[task]
+    path = _jsonl(tmp_path / "test.jsonl", [good, row])
+    assert len(tasks.load(task, str(_jsonl(tmp_path / "ok.jsonl", [good])))) == 1
+    with pytest.raises(UserError, match=f"test.jsonl:2: {expected}"):
+        tasks.load(task, str(path))
+
+
+@pytest.mark.parametrize("command", ["eval", "warmup-data", "rl"])
+def test_commands_refuse_an_empty_problem_before_loading_the_model(tmp_path, capsys, command):
+    data = _jsonl(
+        tmp_path / "train.jsonl", [{"question": "1+1", "answer": "#### 2"}, {"question": "", "answer": "#### 0"}]
+    )
+    out = tmp_path / ("w.jsonl" if command == "warmup-data" else "out")
+    line = _fails(capsys, [command, "--model", tmp_path / "no-model", "--task", "gsm8k", "--data", data, "--out", out])
+    assert f"{data}:2: field 'question' is ''" in line
+    assert not out.exists()
+
+
+def test_a_repeated_problem_is_warned_about(tmp_path, capsys):
+    path = _jsonl(tmp_path / "d.jsonl", [{"problem": p, "answer": str(eval(p))} for p in ("1+1", "2+2", "1+1", "1+1")])
+    with pytest.warns(DataWarning, match="d.jsonl repeats problems: row 3 repeats row 1, row 4 repeats row 1"):
+        task = tasks.load("arith", str(path))
+    assert len(task) == 4  # kept: a warning, not an error
+    # the command line prints it as one warning line (here before failing on the missing model)
+    line = _fails(
+        capsys, ["eval", "--model", tmp_path / "m", "--task", "arith", "--data", path, "--out", tmp_path / "r"]
+    )
+    assert "model folder" in line
+    assert f"bridgelm eval: warning: {path} repeats problems: row 3 repeats row 1" in _fails.stderr
+
+
+def test_analyze_features_refuses_a_run_of_another_model(models, tmp_path, capsys):
+    data = _jsonl(tmp_path / "a.jsonl", [{"problem": "1+2", "answer": "3"}])
+    run = tmp_path / "run"
+    main(["eval", "--model", str(models / "mb"), "--task", "arith", "--data", str(data), "--n", "2", "--width", "2",
+          "--max-new-tokens", "2", "--out", str(run), "--no-score"])  # fmt: skip
+    out = tmp_path / "features"
+    base = ["analyze", "features", "--run", run, "--out", out, "--sets", "1"]
+    line = _fails(capsys, [*base, "--model", models / "m", "--blocks", tmp_path / "b.safetensors"])
+    assert line.startswith("bridgelm analyze features: error:") and f"model: run '{models / 'mb'}' vs now" in line
+    assert not out.exists()
+    main([str(a) for a in [*base, "--model", models / "mb"]])  # the model that sampled it
+    assert len(json.loads((out / "features.json").read_text())["ratios"]) == 2
+
+
+# ---------------------------------------------------------------------------------------------- one-line errors
+
+
+def _model_cases(root: Path, tmp: Path):
+    """(flag values, expected message part) for model folders and devices that cannot work."""
+    return [
+        (["--model", tmp / "no-such-model"], f"model folder {tmp / 'no-such-model'} does not exist"),
+        (["--model", root / "m" / "config.json"], "is a file: expected a model folder"),
+        (["--model", root / "cut"], f"{root / 'cut' / 'config.json'} is not valid JSON (line"),
+        (["--model", root / "trunc"], f"{root / 'trunc' / 'model.safetensors'} is unreadable"),
+        (
+            ["--model", root / "shape"],
+            "model.layers.0.mlp.down_proj.weight is [64, 128], config.json makes it [64, 96]",
+        ),
+        (["--model", root / "m", "--device", "cuda:99"], "device 'cuda:99': this machine has"),
+        (["--model", root / "m", "--device", "gpu0"], "device 'gpu0' is not a device name"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(7))
+def test_models_and_devices_that_cannot_work(models, tmp_path, capsys, case):
+    flags, expected = _model_cases(models, tmp_path)[case]
+    out = tmp_path / "s.jsonl"
+    line = _fails(capsys, ["generate", *flags, "--prompt", "1=", "--n", "1", "--out", out])
+    assert expected in line
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "command, out_kind",
+    [
+        ("generate", "dir"),
+        ("eval", "file"),
+        ("rl", "file"),
+        ("warmup-data", "dir"),
+        ("sft", "file"),
+        ("report", "file"),
+    ],
+)
+def test_out_of_the_wrong_kind(models, tmp_path, capsys, command, out_kind):
+    out = tmp_path / "taken"
+    if out_kind == "dir":
+        out.mkdir()
+    else:
+        out.write_text("keep me\n")
+    data = _jsonl(tmp_path / "d.jsonl", [{"question": "1+1", "answer": "#### 2"}])
+    argv = {
+        "generate": ["generate", "--model", models / "m", "--prompt", "1="],
+        "eval": ["eval", "--model", models / "m", "--task", "gsm8k", "--data", data],
+        "rl": ["rl", "--model", models / "m", "--task", "gsm8k", "--data", data],
+        "warmup-data": ["warmup-data", "--model", models / "m", "--task", "gsm8k", "--data", data],
+        "sft": ["sft", "--model", models / "m", "--data", data],
+        "report": ["report", tmp_path / "run"],
+    }[command]
+    line = _fails(capsys, [*argv, "--out", out])
+    assert f"--out {out} is a {'folder' if out_kind == 'dir' else 'file'}: expected a" in line
+    assert out_kind == "dir" and not any(out.iterdir()) or out_kind == "file" and out.read_text() == "keep me\n"
+
+
+def test_out_in_a_folder_without_write_permission(models, tmp_path, capsys, monkeypatch):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: Path(p) != locked and real_access(p, mode))  # root ignores modes
+    for argv in (
+        ["generate", "--model", models / "m", "--prompt", "1=", "--out", locked / "s.jsonl"],
+        ["eval", "--model", models / "m", "--task", "arith", "--out", locked / "run" / "deeper"],
+    ):
+        line = _fails(capsys, argv)
+        assert f"folder {locked} is not writable" in line
+    assert not any(locked.iterdir())
+
+
+def test_report_and_score_refuse_a_training_run(tmp_path, capsys):
+    run = tmp_path / "rl_run"
+    run.mkdir()
+    (run / "run.json").write_text(json.dumps({"kind": "rl", "identity": {}}))
+    for argv in (["score", run], ["report", run, "--out", tmp_path / "rep"]):
+        line = _fails(capsys, argv)
+        assert f"{run} is a bridgelm rl training run" in line and "expected a folder made by bridgelm eval" in line
+    assert not (tmp_path / "rep").exists()
+
+
+def test_data_that_is_a_folder_or_not_utf8(models, tmp_path, capsys):
+    folder = tmp_path / "data"
+    folder.mkdir()
+    base = ["eval", "--model", tmp_path / "no-model", "--task", "arith", "--out", tmp_path / "r"]
+    assert "folder " + str(folder) + " has no test.jsonl" in _fails(capsys, [*base, "--data", folder])
+    _jsonl(folder / "test.jsonl", [{"problem": "1+2", "answer": "3"}])  # a folder with the split's file is fine
+    assert "model folder" in _fails(capsys, [*base, "--data", folder])
+    latin = tmp_path / "latin.jsonl"
+    latin.write_bytes(b'{"problem": "1+2", "answer": "3"}\n{"problem": "1+2", "answer": "3", "note": "caf\xe9"}\n')
+    assert f"{latin}:2: not UTF-8 text (byte 0xe9)" in _fails(capsys, [*base, "--data", latin])
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_bytes(b'{"prompt": "caf\xe9"}\n')
+    line = _fails(capsys, ["generate", "--model", models / "m", "--prompts", prompts, "--out", tmp_path / "s.jsonl"])
+    assert f"{prompts}, line 1: not UTF-8 text" in line
+    assert f"--prompts {tmp_path / 'none.jsonl'} does not exist" in _fails(
+        capsys,
+        ["generate", "--model", models / "m", "--prompts", tmp_path / "none.jsonl", "--out", tmp_path / "s.jsonl"],
+    )
+
+
+def test_gsm8k_without_data_offline(tmp_path, capsys, monkeypatch):
+    fake = types.ModuleType("datasets")
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("Couldn't reach 'openai/gsm8k' on the Hub (OfflineModeIsEnabled)")
+
+    fake.load_dataset = offline
+    monkeypatch.setitem(sys.modules, "datasets", fake)
+    line = _fails(capsys, ["eval", "--model", tmp_path / "m", "--task", "gsm8k", "--out", tmp_path / "r"])
+    assert "could not load 'openai/gsm8k' (split 'test')" in line and "pass a local .jsonl" in line
+
+
+def test_rl_blocks_and_no_blocks(models, tmp_path, capsys):
+    blocks = tmp_path / "b.safetensors"
+    data = _jsonl(tmp_path / "d.jsonl", [{"question": "1+1", "answer": "#### 2"}])
+    base = [
+        "rl",
+        "--model",
+        models / "m",
+        "--task",
+        "gsm8k",
+        "--data",
+        data,
+        "--blocks",
+        blocks,
+        "--out",
+        tmp_path / "r",
+    ]
+    assert f"--blocks {blocks} and --no-blocks contradict each other" in _fails(capsys, [*base, "--no-blocks"])
+    assert f"--blocks {blocks} and --add bridge contradict each other" in _fails(capsys, [*base, "--add", "bridge"])
+    # a model folder that holds blocks itself is blamed by name
+    line = _fails(capsys, [*base[:2], models / "mb", *base[3:7], "--no-blocks", "--out", tmp_path / "r"])
+    assert f"--no-blocks, but {models / 'mb'} holds bridge blocks" in line
+
+
+def _fake_checkpoint(out: Path, step: int) -> Path:
+    folder = out / common.CHECKPOINTS / common.checkpoint_name(step)
+    folder.mkdir(parents=True)
+    save_file({"w": torch.full((4,), float(step))}, str(folder / "model.safetensors"))
+    torch.save({"step": step, "optimizer": {"m": torch.full((64,), 7.0)}, "extra": {}}, folder / common.TRAINER_STATE)
+    common.write_json(folder / common.TRAINER_INFO, {"step": step})
+    return folder
+
+
+def test_resume_passes_over_a_damaged_checkpoint(tmp_path):
+    one, two = _fake_checkpoint(tmp_path, 1), _fake_checkpoint(tmp_path, 2)
+    assert common.check_fresh_or_resume(tmp_path, resume=True) == two
+    state = (two / common.TRAINER_STATE).read_bytes()
+    flipped = bytearray(state)
+    flipped[state.index(torch.full((4,), 7.0).numpy().tobytes()) + 5] ^= 0xFF  # a bit of a tensor: torch.load
+    assert torch.load(io.BytesIO(bytes(flipped)), weights_only=True)["optimizer"]["m"][1] != 7.0  # reads it anyway
+    for damage in (bytes(flipped), state[: len(state) // 2]):
+        (two / common.TRAINER_STATE).write_bytes(damage)
+        with pytest.warns(
+            DataWarning, match=f"checkpoint {two} is damaged .*trainer_state.pt.*resuming from .*{one.name}"
+        ):
+            assert common.check_fresh_or_resume(tmp_path, resume=True) == one
+    weights = (one / "model.safetensors").read_bytes()
+    (one / "model.safetensors").write_bytes(weights[:-8])
+    with pytest.raises(UserError, match=f"checkpoint {two} is damaged .* no earlier checkpoint .* is whole"):
+        common.check_fresh_or_resume(tmp_path, resume=True)
+
+
+class _Payload:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (Path(self.marker),))
+
+
+def test_an_unsafe_trainer_state_is_refused_without_running_it(tmp_path):
+    marker = tmp_path / "ran"
+    folder = _fake_checkpoint(tmp_path, 1)
+    torch.save({"step": 1, "payload": _Payload(str(marker))}, folder / common.TRAINER_STATE)
+    with pytest.raises(UserError) as err:
+        common.load_trainer_state(folder)
+    assert str(folder / common.TRAINER_STATE) in str(err.value) and "was not loaded" in str(err.value)
+    assert "weights_only" not in str(err.value)  # no hint to turn the protection off
+    assert not marker.exists()
+
+
+def test_rl_resume_over_a_damaged_checkpoint_ends_like_an_uninterrupted_run(tmp_path):
+    from test_rl import CFG, TASK, TOK, _params, policy
+
+    from bridgelm.train.rl import train_rl
+
+    cfg = replace(CFG, steps=3, save_every=1, keep_last=0)
+    straight = policy()
+    train_rl(straight, TOK, TASK, cfg, tmp_path / "a")
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    shutil.rmtree(tmp_path / "b" / common.CHECKPOINTS / "step-00000003")  # killed after the checkpoint of step 2
+    state = tmp_path / "b" / common.CHECKPOINTS / "step-00000002" / common.TRAINER_STATE
+    state.write_bytes(state.read_bytes()[:100])  # ... which is then found cut
+    resumed = policy()
+    with pytest.warns(DataWarning, match="step-00000002 is damaged"):
+        train_rl(resumed, TOK, TASK, replace(cfg, resume=True), tmp_path / "b")
+    a, b = _params(straight), _params(resumed)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+# ---------------------------------------------------------------------------------------------- errors versus bugs
+
+
+def test_user_message_tells_input_errors_from_bugs():
+    from bridgelm.sampling import SamplingConfig
+
+    with pytest.raises(ValueError) as ours:
+        SamplingConfig(n=4, width=3).validate()
+    assert user_message(ours.value) == str(ours.value)
+    with pytest.raises(ValueError) as theirs:
+        json.loads("{")  # raised inside the json module: a bug if it escapes
+    assert user_message(theirs.value) is None
+    assert user_message(UserError("x=1: expected 2")) == "x=1: expected 2"
+    assert user_message(KeyError("benchmarks")) is None
+    assert "Permission denied" in user_message(PermissionError(13, "Permission denied", "/x/out.jsonl"))
+
+
+def test_a_bug_says_so_and_keeps_its_traceback(tmp_path, capsys, monkeypatch):
+    import bridgelm.cli.generate as gen
+
+    monkeypatch.setattr(gen, "_cmd_generate", lambda args: {}["missing"])
+    with pytest.raises(KeyError):
+        main(["generate", "--prompt", "x", "--model", "m", "--out", str(tmp_path / "s.jsonl")])
+    assert "bridgelm generate: unexpected KeyError: this is a bug in bridgelm" in capsys.readouterr().err
+
+
+def _run_cli(code: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(SRC), "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_exit_codes_in_a_real_process(tmp_path):
+    """Bad input: exit 2, one line, no traceback. A bug: exit 1, the bug line and the traceback."""
+    bad = _run_cli(
+        "from bridgelm.cli import main; "
+        f"main(['generate', '--model', {str(tmp_path / 'nope')!r}, '--prompt', 'x', '--out', {str(tmp_path / 'o')!r}])"
+    )
+    assert bad.returncode == 2, bad.stderr
+    assert bad.stderr.strip() == (
+        f"bridgelm generate: error: model folder {tmp_path / 'nope'} does not exist: expected a folder with "
+        "config.json and weights"
+    )
+    bug = _run_cli(
+        "import bridgelm.cli.generate as g; g._cmd_generate = lambda a: 1 / 0; from bridgelm.cli import main; "
+        "main(['generate', '--model', 'm', '--prompt', 'x', '--out', 'o'])"
+    )
+    assert bug.returncode == 1
+    assert "unexpected ZeroDivisionError: this is a bug in bridgelm" in bug.stderr and "Traceback" in bug.stderr
+
+
+def test_math_grader_worker_runs_under_resource_limits():
+    pytest.importorskip("math_verify")
+    from bridgelm.tasks.math import MathGrader
+
+    grader = MathGrader(timeout=60, cpu_limit=1, memory_limit=256 * 1024**2)
+    try:
+        limits = grader.debug_limits()
+        assert 0 < limits["RLIMIT_AS"] < 64 * 1024**3 and 0 < limits["RLIMIT_CPU"] < 60
+        start = time.monotonic()
+        assert grader.debug_burn(30) == 0.0  # 30 s of CPU: the kernel ends the worker long before the timeout
+        assert time.monotonic() - start < 20 and grader.restarts == 1
+        assert grader.grade("\\frac{1}{2}", "so \\boxed{0.5}") == 1.0  # a fresh worker grades on
+    finally:
+        grader.close()
+
+
+def test_the_real_data_files_pass_the_row_checks_without_warnings(shared_data):
+    import warnings
+
+    files = {
+        "gsm8k": sorted((shared_data / "gsm8k").glob("*.jsonl")),
+        "math": sorted((shared_data / "math").glob("*.jsonl")),
+    }
+    assert files["gsm8k"] and files["math"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DataWarning)
+        for task, paths in files.items():
+            for path in paths:
+                assert len(tasks.load(task, str(path))) > 0
