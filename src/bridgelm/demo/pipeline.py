@@ -79,7 +79,7 @@ class DemoConfig:
     def quick() -> DemoConfig:
         return DemoConfig(
             base=BaseConfig(
-                task=anysum.AnySumSpec(min_operands=3, max_operands=3, max_value=40),  # learnable in seconds
+                task=anysum.AnySumSpec(min_operands=2, max_operands=3, max_value=20),  # learnable in seconds
                 hidden_size=64,
                 num_layers=2,
                 num_heads=4,

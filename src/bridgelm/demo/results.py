@@ -310,7 +310,7 @@ def departures(cfg) -> list[str]:
         f"SFT lr {cfg.sft_lr:g} (paper 2e-5) and RL lr {cfg.rl_lr:g} (paper 1e-6): the paper's rates are for "
         "1.5B-8B models; a 2M model needs larger steps",
         f"RL: {cfg.rl_steps} steps of {cfg.rl_prompts} prompts x {cfg.rl_rollouts} rollouts (paper: 1000 steps of "
-        "56 x 8), Bridge width {cfg.rl_width} while training",
+        f"56 x 8), Bridge width {cfg.rl_width} while training",
         f"Block heads {cfg.block_heads} of dim {cfg.block_head_dim} (paper: 4 heads of the host's head dim)",
     ]
     if cfg.rl_block_lr is not None:
