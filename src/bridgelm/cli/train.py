@@ -1,12 +1,14 @@
 """bridgelm warmup-data / sft / rl: the training stages (argument parsing only; the work is in bridgelm.train).
 
 bridgelm warmup-data --model M --task gsm8k --data train.jsonl --n 8 --out warmup.jsonl
-bridgelm sft --model M --blocks bridge --data warmup.jsonl --out sft_run
+bridgelm sft --model M --add bridge --data warmup.jsonl --out sft_run
 bridgelm rl --model M --blocks sft_run/blocks.safetensors --task gsm8k --data train.jsonl --out rl_run
 torchrun --nproc_per_node 2 -m bridgelm rl ...   (data parallel; add --fsdp to shard the model)
 """
 
 from __future__ import annotations
+
+import argparse
 
 import os
 
@@ -56,8 +58,13 @@ def _cmd_sft(args) -> None:
     from bridgelm.train import common
     from bridgelm.train.sft import SFTConfig, train_sft
 
+    if args.blocks is not None:  # `--blocks` is a file path everywhere else; here it was the kind to add
+        raise UserError(
+            f"bridgelm sft takes the kind of blocks to add as --add {args.blocks} (--blocks is a block file in the "
+            "other commands)"
+        )
     cfg = SFTConfig(
-        blocks=args.blocks,
+        blocks=args.add,
         num_heads=args.num_heads,
         placement=args.placement,
         epochs=args.epochs,
@@ -211,7 +218,8 @@ def add_commands(sub) -> None:
     p.add_argument("--model", required=True, help="base model directory or hub id")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default="cpu")
-    p.add_argument("--blocks", default="bridge", choices=["bridge", "pmatch"], help="kind of blocks to add")
+    p.add_argument("--add", default="bridge", choices=["bridge", "pmatch"], help="kind of blocks to add and warm up")
+    p.add_argument("--blocks", help=argparse.SUPPRESS)  # the old spelling of --add: refused with a message
     p.add_argument("--num-heads", type=int, default=4)
     p.add_argument("--placement", default="ffn", choices=["ffn", "attn"])
     p.add_argument("--data", required=True, help="warm-up JSONL from bridgelm warmup-data")

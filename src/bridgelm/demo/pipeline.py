@@ -53,10 +53,10 @@ class DemoConfig:
     warmup_n: int = 8  # answers per problem (paper: 8)
     sft_epochs: int = 5  # paper: 5
     sft_lr: float = 1e-3  # the paper's 2e-5 is for 7B models; a 2M model needs larger steps
-    rl_steps: int = 150  # GRPO steps per arm
+    rl_steps: int = 80  # GRPO steps per arm
     rl_prompts: int = 16  # P, prompts per step
     rl_rollouts: int = 8  # G (paper: 8)
-    rl_width: int = 4  # w of Bridge while training (paper: 4 or 8)
+    rl_width: int = 8  # w of Bridge while training (paper: 4 or 8): every rollout of a prompt sees the others
     rl_steps_per_rollout: int = 2  # K
     rl_lr: float = 1e-4  # constant after 10% warm-up (the paper: 1e-6 for 1.5B-8B models)
     rl_beta: float = 1e-3  # KL weight (paper: 1e-3)
@@ -64,7 +64,7 @@ class DemoConfig:
     max_new_tokens: int = 56  # the longest worked solution (5 numbers) is 49 tokens with its EOS
     temperature: float = 0.6  # paper: 0.6 for training and evaluation
     top_p: float = 0.95  # evaluation nucleus (paper: 0.95)
-    eval_problems: int = 400  # held-out test problems
+    eval_problems: int = 240  # held-out test problems (a multiple of eval_width, for the foreign-siblings control)
     eval_n: int = 16  # samples per problem (divisible by every width)
     eval_width: int = 8  # Bridge's width in the main table (paper: 8)
     widths: tuple[int, ...] = (1, 2, 4, 8, 16)  # Bridge widths of the width table (paper Table 3)

@@ -12,8 +12,8 @@ through the Bridge blocks.
   and the model ends with the best blocks loaded.
 - Resumable checkpoints in `OUT/checkpoints/step-N/` (blocks, optimiser, scheduler, RNG); Ctrl-C saves one.
 
-    bridgelm sft --model M --blocks bridge --data warmup.jsonl --out sft_run
-    torchrun --nproc_per_node 2 -m bridgelm sft --model M --blocks bridge --data warmup.jsonl --out sft_run
+    bridgelm sft --model M --add bridge --data warmup.jsonl --out sft_run
+    torchrun --nproc_per_node 2 -m bridgelm sft --model M --add bridge --data warmup.jsonl --out sft_run
 """
 
 from __future__ import annotations
