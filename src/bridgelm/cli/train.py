@@ -9,7 +9,6 @@ torchrun --nproc_per_node 2 -m bridgelm rl ...   (data parallel; add --fsdp to s
 from __future__ import annotations
 
 import argparse
-
 import os
 
 from bridgelm.cli.common import add_model_args, check_out, dtype_of, load_model_and_tokenizer, load_tokenizer
