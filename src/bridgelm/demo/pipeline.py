@@ -145,9 +145,10 @@ def _rl_config(cfg: DemoConfig, seed: int, quick: bool):
         block_lr=cfg.rl_block_lr,
         beta=cfg.rl_beta,
         seed=seed,
-        save_every=0,
+        save_every=20,  # an interrupted demo resumes its RL stage from here (bit-exact)
         keep_last=1,
         eval_every=0,
+        resume=True,  # continue a run found in the stage's folder; start afresh when there is none
     )
 
 
