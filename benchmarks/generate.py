@@ -39,6 +39,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
+import transformers  # noqa: E402
 from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
 import bridgelm  # noqa: E402
@@ -196,8 +197,8 @@ def run_engine(model, prompts, n, width, new_tokens, temperature, top_p, pad_id,
     return sum(len(s.token_ids) for r in res for s in r)
 
 
-def compare(plain, bridged, prompts, args, peaks, dtype_name: str, pad_id: int, label: str) -> dict:
-    """Interleaved repeats of (a) hf, (b) engine, (c) engine + Bridge; ratios pair by pair; rooflines."""
+def compare(plain, bridged, prompts, args, dtype_name: str, pad_id: int, label: str) -> dict:
+    """Interleaved repeats of (a) hf, (b) engine, (c) engine + Bridge; ratios pair by pair (rooflines: later)."""
     s = dict(temperature=args.temperature, top_p=args.top_p, pad_id=pad_id)
     n, w, T = args.n, args.width, args.new_tokens
     compile = args.compile
@@ -215,23 +216,16 @@ def compare(plain, bridged, prompts, args, peaks, dtype_name: str, pad_id: int, 
         order = names[r % 3 :] + names[: r % 3]  # rotate, so that no engine always runs first
         for name in order:
             measured[name].append(timed(runs[name]))
-    peak = max(peaks[dtype_name])  # FLOP/s: the better of the measurements around the runs
-    roof_plain = peak / (2 * matmul_params(plain))  # tok/s at the compute roofline
-    roof_bridge = peak / (2 * matmul_params(bridged))
     tps = {k: [r["tok_per_s"] for r in v] for k, v in measured.items()}
     pairs = {
         "bridge_over_plain": [c / b for b, c in zip(tps["engine_plain"], tps["engine_bridge"])],
         "plain_over_hf": [b / a for a, b in zip(tps["hf_generate"], tps["engine_plain"])],
-        "plain_over_roofline": [b / roof_plain for b in tps["engine_plain"]],
-        "bridge_over_roofline": [c / roof_bridge for c in tps["engine_bridge"]],
-        "hf_over_roofline": [a / roof_plain for a in tps["hf_generate"]],
     }
     out = {
         "label": label,
+        "dtype": dtype_name,
         "matmul_params": matmul_params(plain),
         "bridge_params": matmul_params(bridged) - matmul_params(plain),
-        "peak_tflops": round(peak / 1e12, 4),
-        "roofline_tok_per_s": round(roof_plain, 1),
         # Bridge's FLOPs per token over the plain model's: c/b cannot beat 1/this at the roofline.
         "bridge_flops_ratio": round(matmul_params(bridged) / matmul_params(plain), 4),
         "compile": compile if compile is not None else f"auto ({compile_wins(next(plain.parameters()).device)})",
@@ -251,13 +245,26 @@ def compare(plain, bridged, prompts, args, peaks, dtype_name: str, pad_id: int, 
         out[key], out[f"{key}_iqr"], out[f"{key}_quartiles"] = q["median"], q["iqr"], [q["q25"], q["q75"]]
     print(
         f"  {label} {dtype_name}: tok/s hf {out['hf_generate']['tok_per_s']}, engine {out['engine_plain']['tok_per_s']}"
-        f", bridge {out['engine_bridge']['tok_per_s']}; roofline {out['roofline_tok_per_s']} tok/s; "
-        f"bridge/plain {out['bridge_over_plain']} (iqr {out['bridge_over_plain_iqr']}), "
-        f"plain/hf {out['plain_over_hf']} (iqr {out['plain_over_hf_iqr']}), "
-        f"plain/roofline {out['plain_over_roofline']} (iqr {out['plain_over_roofline_iqr']})",
+        f", bridge {out['engine_bridge']['tok_per_s']}; bridge/plain {out['bridge_over_plain']} "
+        f"(iqr {out['bridge_over_plain_iqr']}), plain/hf {out['plain_over_hf']} (iqr {out['plain_over_hf_iqr']})",
         flush=True,
     )
     return out
+
+
+def add_rooflines(out: dict, peak: float) -> None:
+    """Each engine's tok/s over its compute roofline peak / (2 x matmul parameters), repeat by repeat."""
+    roof_plain = peak / (2 * out["matmul_params"])  # tok/s at the compute roofline
+    roof_bridge = peak / (2 * (out["matmul_params"] + out["bridge_params"]))
+    out["peak_tflops"] = round(peak / 1e12, 4)
+    out["roofline_tok_per_s"] = round(roof_plain, 1)
+    for key, name, roof in (
+        ("plain_over_roofline", "engine_plain", roof_plain),
+        ("bridge_over_roofline", "engine_bridge", roof_bridge),
+        ("hf_over_roofline", "hf_generate", roof_plain),
+    ):
+        q = summary([r["tok_per_s"] / roof for r in out[name]["runs"]])
+        out[key], out[f"{key}_iqr"], out[f"{key}_quartiles"] = q["median"], q["iqr"], [q["q25"], q["q75"]]
 
 
 def measure_peaks(peaks: dict, size: int, device) -> None:
@@ -308,6 +315,7 @@ def main() -> None:
         layers = 2
     if args.threads:
         torch.set_num_threads(args.threads)
+    transformers.utils.logging.disable_progress_bar()
     device = torch.device(args.device)
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     from bridgelm.pretrained import load_smollm2, smollm2_missing
@@ -339,7 +347,7 @@ def main() -> None:
         dtype = getattr(torch, name)
         plain = bench_model(dtype, layers=layers).to(device)
         bridged = with_random_bridge(bench_model(dtype, layers=layers)).to(device)
-        results["random_30m"][name] = compare(plain, bridged, prompts, args, peaks, name, 0, "random Qwen2")
+        results["random_30m"][name] = compare(plain, bridged, prompts, args, name, 0, "random Qwen2")
     if use_smollm2:
         results["smollm2"] = {}
         for name in dtypes:
@@ -353,7 +361,7 @@ def main() -> None:
                     m.config.num_hidden_layers = 2
             ids = encode_prompts(tok, gsm8k_questions(args.smollm2_prompts), chat=True)
             sub = argparse.Namespace(**{**vars(args), "new_tokens": args.smollm2_new_tokens})
-            results["smollm2"][name] = compare(plain, bridged, ids, sub, peaks, name, tok.pad_token_id, "SmolLM2")
+            results["smollm2"][name] = compare(plain, bridged, ids, sub, name, tok.pad_token_id, "SmolLM2")
             results["smollm2"][name]["prompt_tokens"] = [len(p) for p in ids]
     if args.widths:
         dtype = getattr(torch, dtypes[0])
@@ -370,11 +378,21 @@ def main() -> None:
             print(f"  Bridge width {w:2d} (n={args.scaling_n}, {dtypes[0]}): {scaling[str(w)]} tok/s", flush=True)
         results["width_scaling"] = scaling
     measure_peaks(peaks, args.matmul_size, device)
-    results["peaks_tflops"] = {k: [round(v / 1e12, 4) for v in vs] for k, vs in peaks.items()}
+    results["peaks_tflops"] = {k: [round(v / 1e12, 4) for v in vs] for k, vs in peaks.items()}  # before, after
+    for section in ("random_30m", "smollm2"):
+        for name, out in results.get(section, {}).items():
+            add_rooflines(out, max(peaks[name]))  # the better of the two measurements around the runs
     first = results["random_30m"][dtypes[0]]
     for key in ("bridge_over_plain", "plain_over_hf", "plain_over_roofline"):
         results[key], results[f"{key}_iqr"] = first[key], first[f"{key}_iqr"]
     results["top_level_dtype"] = dtypes[0]
+    for section in ("random_30m", "smollm2"):
+        for name, out in results.get(section, {}).items():
+            print(
+                f"  {out['label']} {name}: roofline {out['roofline_tok_per_s']} tok/s at {out['peak_tflops']} TFLOP/s; "
+                f"over roofline: engine {out['plain_over_roofline']}, bridge {out['bridge_over_roofline']}, "
+                f"hf {out['hf_over_roofline']}"
+            )
     print(
         f"bridge_over_plain = {results['bridge_over_plain']} (iqr {results['bridge_over_plain_iqr']}; goal >= 0.97), "
         f"plain_over_hf = {results['plain_over_hf']} (goal >= 4), "
