@@ -289,12 +289,16 @@ def update_policy(
     model.train()
     old = ref = None
     entropy = 0.0
+    t0 = time.perf_counter()
     if len(plan) > 1:  # later mini-batches need the old policy's log-probs; the first one makes its own
         later = [m for mbs in micro_of[1 : cfg.steps_per_rollout] for m in mbs]
         old, entropy = rollout_logprobs(model, rollouts, later, cfg, pad_id, dist)
+    t1 = time.perf_counter()
     if ref_model is not None:
         ref, _ = rollout_logprobs(ref_model, rollouts, first_pass, cfg, pad_id, dist)
+    t2 = time.perf_counter()
     sums = {"loss": 0.0, "clipped": 0.0, "kl": 0.0, "tokens": 0.0, "entropy": 0.0, "grad_norm": 0.0}
+    sums["old_seconds"], sums["ref_seconds"] = t1 - t0, t2 - t1  # the no_grad passes (old log-probs, reference)
     sums["parts"] = {}  # gradient norm of each part (see common.gradient_parts), summed over optimiser steps
     for mb in plan:
         s = minibatch_backward(model, rollouts, mb, old, ref, cfg, pad_id, dist)
@@ -438,6 +442,7 @@ def train_rl(model, tokenizer, task, cfg: RLConfig, out_dir: str | os.PathLike, 
     was_training = model.training
     saved_at = state["step"]
     in_update = False
+    update_parts = []  # per step: seconds of the update's no_grad passes (RLResult.stats["update_parts"])
     bar = common.progress_bar(cfg.steps, state["step"], f"GRPO -> {out_dir}", cfg.progress and dist.is_main)
     try:
         for step in range(state["step"], cfg.steps):
@@ -452,6 +457,9 @@ def train_rl(model, tokenizer, task, cfg: RLConfig, out_dir: str | os.PathLike, 
                 )
                 state["step"] = step + 1
                 record = _record(step, rollouts, sums, cfg, lr, t0, t1, dist)
+                update_parts.append(
+                    {"old_logprob_seconds": sums["old_seconds"], "reference_seconds": sums["ref_seconds"]}
+                )
                 if val_task is not None and (
                     step + 1 == cfg.steps or (cfg.eval_every and (step + 1) % cfg.eval_every == 0)
                 ):
@@ -489,6 +497,7 @@ def train_rl(model, tokenizer, task, cfg: RLConfig, out_dir: str | os.PathLike, 
         best_step=state["best_step"],
         steps=state["step"],
         out_dir=out_dir,
+        stats={"update_parts": update_parts},
     )
 
 
