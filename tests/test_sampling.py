@@ -14,13 +14,15 @@ from bridgelm.tokenizer import char_tokenizer
 EOS = [2, 3, 4, 5, 6]  # several stop ids, so that some samples end early in a random tiny model
 
 
-def teacher_forced_logprobs(model, prompts, results, width, temperature):
-    """Log-probs of the sampled tokens under grouped_logits on the finished batch."""
+def teacher_forced_logprobs(model, prompts, results, width, temperature, group_of=None):
+    """Log-probs of the sampled tokens under grouped_logits on the finished batch. `group_of(i, j)` is the group
+    of sample j of prompt i (default: the engine's, consecutive samples of one prompt)."""
+    group_of = group_of or (lambda i, j: i * 1000 + j // width)
     rows, gids, spans = [], [], []
     for i, (prompt, samples) in enumerate(zip(prompts, results)):
         for j, s in enumerate(samples):
             rows.append(list(prompt) + s.token_ids)
-            gids.append(i * 1000 + j // width)
+            gids.append(group_of(i, j))
             spans.append((len(prompt), s.token_ids))
     S = max(map(len, rows))
     ids = torch.zeros(len(rows), S, dtype=torch.long)
@@ -302,23 +304,10 @@ def test_foreign_groups_match_grouped_logits_and_keep_the_draws():
         compact_fraction=0.3,  # two waves of one block each; compaction happens
     )
     results = generate_ids(model, [prompt] * P, cfg, EOS, 0, keys=keys)
-    rows, gids, spans = [], [], []
-    for i, samples in enumerate(results):
-        for j, s in enumerate(samples):
-            rows.append(prompt + s.token_ids)
-            gids.append((i // width) * 1000 + j)  # block of prompts, sample index
-            spans.append(s.token_ids)
-    S = max(map(len, rows))
-    ids = torch.zeros(len(rows), S, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for r, row in enumerate(rows):
-        ids[r, : len(row)] = torch.tensor(row)
-        mask[r, : len(row)] = 1
-    logp = torch.log_softmax(bridgelm.grouped_logits(model, ids, mask, gids).float() / 0.9, -1)
-    flat = [s for r in results for s in r]
-    for r, (s, toks) in enumerate(zip(flat, spans)):
-        pos = torch.arange(len(prompt) - 1, len(prompt) - 1 + len(toks))
-        torch.testing.assert_close(torch.tensor(s.logprobs), logp[r, pos, torch.tensor(toks)], atol=1e-4, rtol=0)
+    block_and_sample = lambda i, j: (i // width) * 1000 + j  # noqa: E731
+    want = teacher_forced_logprobs(model, [prompt] * P, results, width, 0.9, block_and_sample)
+    for s, ref in zip([s for r in results for s in r], want):
+        torch.testing.assert_close(torch.tensor(s.logprobs), ref, atol=1e-4, rtol=0)
     # The grouping is real: ordinary grouping of the same prompts gives other samples.
     plain = generate_ids(model, [prompt] * P, replace(cfg, foreign_groups=False, width=1, n=n), EOS, 0, keys=keys)
     assert [s.token_ids for r in plain for s in r] != [s.token_ids for r in results for s in r]

@@ -28,18 +28,11 @@ import torch
 
 from bridgelm.attach import add_bridge, add_pmatch, load_blocks, load_model
 from bridgelm.demo.base import BaseConfig, generate, make_task, pretrain
+from bridgelm.demo.results import TITLES, write_demo_report
 from bridgelm.jsonl import write_json
 from bridgelm.tasks import anysum
 
 RL_ARMS = ("rlvr", "pmatch", "bridge")  # the paper's arms; optional: "bridge_cold", "bridge_attn"
-ARM_TITLES = {
-    "base": "Base",
-    "rlvr": "RLVR only",
-    "pmatch": "P-Match",
-    "bridge": "Bridge",
-    "bridge_cold": "Bridge, cold start",
-    "bridge_attn": "Bridge after attention",
-}
 
 
 @dataclass
@@ -355,8 +348,6 @@ def run_demo(out: str | Path, cfg: DemoConfig, quick: bool = False, log=print) -
             )
 
     # 6. report
-    from bridgelm.demo.results import write_demo_report
-
     report = write_demo_report(out, cfg, eval_dirs, stages.timings, quick, peaks)
     log(f"[report] {report}")
     return report
@@ -398,4 +389,4 @@ def _eval_summary(metrics: dict, arm: str) -> str:
     for w, entry in sorted(avg.items(), key=lambda kv: int(kv[0])):
         acc = entry["metrics"]["accuracy"]["mean"]
         parts.append(f"w={w} accuracy {100 * acc:.1f}%")
-    return f"{ARM_TITLES.get(arm, arm)}: " + ", ".join(parts)
+    return f"{TITLES.get(arm, arm)}: " + ", ".join(parts)

@@ -318,9 +318,7 @@ def departures(cfg) -> list[str]:
     return lines
 
 
-def write_demo_report(
-    out: Path, cfg, eval_dirs: dict, timings: dict, quick: bool, peaks: dict | None = None
-) -> Path:
+def write_demo_report(out: Path, cfg, eval_dirs: dict, timings: dict, quick: bool, peaks: dict | None = None) -> Path:
     arms = collect(eval_dirs, cfg)
     ctl = controls(arms, eval_dirs, foreign_dirs(out, cfg), cfg)
     k = cfg.gpass_k

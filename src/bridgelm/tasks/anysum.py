@@ -31,7 +31,7 @@ import random
 import re
 from dataclasses import dataclass
 
-from bridgelm.tasks.base import Task
+from bridgelm.tasks.arith import Arith
 
 SPLITS = ("train", "validation", "test")
 _BOXED = re.compile(r"\\boxed\{(\d+)\}")
@@ -113,21 +113,13 @@ def generate(
 
 
 @dataclass
-class AnySum(Task):
-    """Sums taken in any order, with a boxed total."""
-
-    def prompt(self, example: dict) -> str:
-        return f"{example['problem']}="
-
-    def answer(self, example: dict) -> str:
-        return example["answer"]
+class AnySum(Arith):
+    """Sums taken in any order, with a boxed total: `arith`'s prompt, gold answer and reward; the boxed total is
+    zero-padded, so it is read as an integer."""
 
     def extract(self, completion: str) -> str | None:
         found = _BOXED.findall(completion)
         return str(int(found[-1])) if found else None
-
-    def reward(self, completion: str, example: dict) -> float:
-        return 1.0 if self.extract(completion) == example["answer"] else 0.0
 
 
 def load(path: str | None = None, split: str = "test", size: int = 500, seed: int = 0, **spec) -> AnySum:

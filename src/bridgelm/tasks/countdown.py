@@ -183,17 +183,22 @@ class Countdown(Task):
         return 1.0 if ok else 0.0
 
 
-def generate(size: int, seed: int = 0, split: str = "test") -> list[dict]:
-    """`size` problems from reasoning-gym, with seeds reserved for `split`."""
+def split_seed(split: str, seed: int, size: int) -> int:
+    """The reasoning-gym seed of problems `seed .. seed + size` of `split` (splits never share a seed)."""
     if split not in SPLIT_OFFSETS:
         raise ValueError(f"split={split!r} is unknown: expected one of {sorted(SPLIT_OFFSETS)}")
     if size < 1:
         raise ValueError(f"size={size} must be >= 1")
     if seed < 0 or seed + size > SPLIT_STRIDE:
         raise ValueError(f"seed={seed} and size={size} must satisfy 0 <= seed, seed + size <= {SPLIT_STRIDE}")
+    return SPLIT_OFFSETS[split] + seed
+
+
+def generate(size: int, seed: int = 0, split: str = "test") -> list[dict]:
+    """`size` problems from reasoning-gym, with seeds reserved for `split`."""
     import reasoning_gym  # heavy import, only when generating
 
-    dataset = reasoning_gym.create_dataset("countdown", size=size, seed=SPLIT_OFFSETS[split] + seed)
+    dataset = reasoning_gym.create_dataset("countdown", size=size, seed=split_seed(split, seed, size))
     examples = []
     for entry in dataset:
         meta = entry["metadata"]

@@ -28,7 +28,7 @@ from functools import lru_cache
 
 from bridgelm.tasks.answers import after_thinking, last_boxed
 from bridgelm.tasks.base import Task, load_rows, with_instruction
-from bridgelm.tasks.countdown import SPLIT_OFFSETS, SPLIT_STRIDE
+from bridgelm.tasks.countdown import split_seed
 
 # Fields of the two row layouts.
 GYM_FIELDS = ("question", "answer")
@@ -183,15 +183,10 @@ def _check(rows: list[dict], source: str) -> list[dict]:
 
 def generate(size: int, seed: int = 0, split: str = "test", **config) -> list[dict]:
     """`size` reasoning-gym zebra puzzles with seeds reserved for `split` (`config`: num_people, ...)."""
-    if split not in SPLIT_OFFSETS:
-        raise ValueError(f"split={split!r} is unknown: expected one of {sorted(SPLIT_OFFSETS)}")
-    if size < 1:
-        raise ValueError(f"size={size} must be >= 1")
-    if seed < 0 or seed + size > SPLIT_STRIDE:
-        raise ValueError(f"seed={seed} and size={size} must satisfy 0 <= seed, seed + size <= {SPLIT_STRIDE}")
+    first = split_seed(split, seed, size)
     import reasoning_gym  # heavy import, only when generating
 
-    dataset = reasoning_gym.create_dataset("zebra_puzzles", size=size, seed=SPLIT_OFFSETS[split] + seed, **config)
+    dataset = reasoning_gym.create_dataset("zebra_puzzles", size=size, seed=first, **config)
     return [{"question": e["question"], "answer": e["answer"], "metadata": e["metadata"]} for e in dataset]
 
 

@@ -512,14 +512,14 @@ def part_grad_norms(parts: dict[str, list[tuple[torch.nn.Parameter, slice | None
     """L2 norm of the current gradients of each part (after the ranks' sum, before clipping)."""
     out = {}
     for name, entries in parts.items():
-        sq = 0.0
+        squares = []  # one host sync per part, not per parameter
         for p, rows in entries:
             if p.grad is None:
                 continue
             g = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
             g = g if rows is None else g[rows]
-            sq += float(g.detach().float().pow(2).sum())
-        out[name] = math.sqrt(sq)
+            squares.append(g.detach().float().pow(2).sum())
+        out[name] = math.sqrt(float(torch.stack(squares).sum())) if squares else 0.0
     return out
 
 
