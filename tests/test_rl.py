@@ -11,7 +11,7 @@ import bridgelm
 from bridgelm.jsonl import read_records
 from bridgelm.tasks.base import Task
 from bridgelm.tokenizer import char_tokenizer
-from bridgelm.train import common, rl
+from bridgelm.train import batches, common, rl
 from bridgelm.train.rl import RLConfig, train_rl
 
 
@@ -77,13 +77,13 @@ def test_run_writes_metrics_checkpoints_and_best(tmp_path):
 
 def test_minibatches_never_split_a_group(tmp_path, monkeypatch):
     seen = []
-    original = common.forward_logits
+    original = batches.forward_logits
 
     def spy(model, batch):
         seen.append((batch.group_ids.tolist(), batch.input_ids.shape[0]))
         return original(model, batch)
 
-    monkeypatch.setattr(common, "forward_logits", spy)
+    monkeypatch.setattr(batches, "forward_logits", spy)
     cfg = replace(CFG, steps=1, prompts_per_step=3, rollouts=8, width=4, steps_per_rollout=2, micro_batch_groups=2)
     train_rl(policy(), TOK, TASK, cfg, tmp_path)
     assert seen

@@ -12,7 +12,7 @@ from bridgelm.jsonl import read_records
 from bridgelm.sampling import SamplingConfig
 from bridgelm.tasks.base import Task
 from bridgelm.tokenizer import char_tokenizer
-from bridgelm.train import common, sft
+from bridgelm.train import batches, common, sft
 from bridgelm.train.sft import SFTConfig, train_sft
 from bridgelm.train.warmup_data import make_warmup_data
 
@@ -86,14 +86,14 @@ def test_groups_of_one_problem_in_one_grouped_forward(tmp_path, monkeypatch):
         for r in rec.get("responses", []):
             prompt_of[tuple(r["token_ids"])] = tuple(rec["prompt_ids"])
     seen = []
-    original = common.forward_logits
+    original = batches.forward_logits
 
     def spy(model, batch):
         if model.training:
             seen.append(batch)
         return original(model, batch)
 
-    monkeypatch.setattr(common, "forward_logits", spy)
+    monkeypatch.setattr(batches, "forward_logits", spy)
     train_sft(base_model(), TOK, path, replace(CFG, epochs=1, val_count=0), tmp_path / "out")
     widths, used = [], []
     for batch in seen:

@@ -38,14 +38,24 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 import torch.distributed as torch_dist
 
 from bridgelm.errors import DataWarning, UserError
-from bridgelm.grouped import KWARG, Groups
 from bridgelm.jsonl import append_record, read_records, write_atomic, write_json
+from bridgelm.train.batches import (  # noqa: F401  (moved; re-exported until the callers import batches)
+    LogProbs,
+    Row,
+    TokenBatch,
+    autocast,
+    chunks,
+    forward_logits,
+    pack_rows,
+    response_logprobs,
+    rows_tensor,
+)
 
 TRAINER_STATE = "trainer_state.pt"  # optimiser, scheduler, RNG and step of a checkpoint
 TRAINER_INFO = "trainer.json"  # step, configuration and run facts of a checkpoint (written last: marks it complete)
@@ -313,120 +323,6 @@ def load_weights(model: torch.nn.Module, folder: str | os.PathLike) -> None:
         for name, t in own.items():
             if name in loaded:
                 t.copy_(loaded[name])
-
-
-# ---------------------------------------------------------------------------------------------- grouped batches
-
-
-class Row(NamedTuple):
-    """One sequence of a grouped batch."""
-
-    prompt: Sequence[int]  # prompt ids, identical for every row of a group
-    response: Sequence[int]  # response ids (ending with EOS when the response finished)
-    group: int  # Bridge group id; the rows of a group sit next to each other
-
-
-@dataclass
-class TokenBatch:
-    """Rows prompt + response, right-padded, ready for one grouped forward."""
-
-    input_ids: torch.Tensor  # [B, S] long
-    attention_mask: torch.Tensor  # [B, S] long: 1 on prompt and response tokens
-    group_ids: torch.Tensor  # [B] long: rows with equal ids attend to each other in Bridge blocks
-    predict: torch.Tensor  # [B, S] bool: position s predicts a response token (s + 1); logits are kept there
-    response_mask: torch.Tensor  # [B, T] bool: t < response length of the row (T = longest response)
-
-    @property
-    def tokens(self) -> int:
-        return int(self.response_mask.sum())
-
-
-def pack_rows(rows: Sequence[Row], pad_id: int, device: torch.device | str = "cpu") -> TokenBatch:
-    """A TokenBatch of `rows` (order kept). The rows of a group must be adjacent and share their prompt."""
-    if not rows:
-        raise ValueError("no rows to pack: a batch needs at least one group")
-    first_of: dict[int, int] = {}
-    for i, row in enumerate(rows):
-        if len(row.response) == 0:
-            raise ValueError(f"row {i} has an empty response: expected at least one token")
-        j = first_of.setdefault(row.group, i)
-        if j != i and (rows[i - 1].group != row.group or list(rows[j].prompt) != list(row.prompt)):
-            raise ValueError(f"row {i} of group {row.group} is not next to its group or has another prompt")
-    B = len(rows)
-    S = max(len(r.prompt) + len(r.response) for r in rows)
-    T = max(len(r.response) for r in rows)
-    ids = torch.full((B, S), pad_id, dtype=torch.long)
-    mask = torch.zeros(B, S, dtype=torch.long)
-    predict = torch.zeros(B, S, dtype=torch.bool)
-    resp = torch.zeros(B, T, dtype=torch.bool)
-    for b, r in enumerate(rows):
-        p, n = len(r.prompt), len(r.response)
-        ids[b, :p] = torch.as_tensor(list(r.prompt), dtype=torch.long)
-        ids[b, p : p + n] = torch.as_tensor(list(r.response), dtype=torch.long)
-        mask[b, : p + n] = 1
-        predict[b, p - 1 : p + n - 1] = True
-        resp[b, :n] = True
-    groups = torch.as_tensor([r.group for r in rows], dtype=torch.long)
-    return TokenBatch(ids.to(device), mask.to(device), groups.to(device), predict.to(device), resp.to(device))
-
-
-def forward_logits(model, batch: TokenBatch) -> torch.Tensor:
-    """The grouped teacher-forced forward, logits only where `batch.predict`: -> [N, V], N = response tokens.
-
-    Same forward as `bridgelm.grouped_logits` (same groups, mask and positions), restricted by `logits_to_keep`.
-    """
-    groups = Groups.build(batch.group_ids, batch.attention_mask)
-    out = model(
-        input_ids=batch.input_ids,
-        attention_mask=batch.attention_mask,
-        use_cache=False,
-        logits_to_keep=batch.predict,
-        **{KWARG: groups},
-    )
-    return out.logits
-
-
-class LogProbs(NamedTuple):
-    logprobs: torch.Tensor  # [B, T] log-prob of each response token under softmax(logits / temperature); 0 on pads
-    entropy: torch.Tensor | None  # [B, T] entropy of that distribution (no grad), when asked
-
-
-def response_logprobs(model, batch: TokenBatch, temperature: float = 1.0, with_entropy: bool = False) -> LogProbs:
-    """Log-probs of the response tokens of `batch`, from one grouped forward."""
-    if temperature <= 0:
-        raise ValueError(f"temperature={temperature} must be > 0 to define log-probs")
-    logits = forward_logits(model, batch)  # [N, V]
-    z = logits.float()
-    if temperature != 1.0:
-        z = z / temperature
-    targets = batch.input_ids[:, 1:][batch.predict[:, :-1]]  # [N], row-major like the kept logits
-    lse = torch.logsumexp(z, -1)  # [N]
-    flat = z.gather(-1, targets[:, None])[:, 0] - lse  # [N]
-    logprobs = torch.zeros(batch.response_mask.shape, dtype=flat.dtype, device=flat.device)
-    logprobs = logprobs.masked_scatter(batch.response_mask, flat)  # [B, T]
-    entropy = None
-    if with_entropy:
-        with torch.no_grad():
-            zd = z.detach()
-            h = lse.detach() - (torch.softmax(zd, -1) * zd).sum(-1)  # [N]
-            entropy = torch.zeros_like(logprobs).masked_scatter(batch.response_mask, h)
-    return LogProbs(logprobs, entropy)
-
-
-def rows_tensor(values: Sequence[torch.Tensor], response_mask: torch.Tensor) -> torch.Tensor:
-    """Per-row 1D tensors (one value per response token) padded into [B, T] with zeros."""
-    out = torch.zeros(response_mask.shape, dtype=torch.float32, device=response_mask.device)
-    return out.masked_scatter(response_mask, torch.cat(list(values)).to(out.device, torch.float32))
-
-
-def chunks(items: Sequence, size: int) -> list[list]:
-    """Consecutive pieces of at most `size` items."""
-    return [list(items[i : i + size]) for i in range(0, len(items), size)]
-
-
-def autocast(dist: Dist, bf16: bool):
-    """bf16 autocast on this rank's device when asked (a no-op context otherwise)."""
-    return torch.autocast(device_type=dist.device.type, dtype=torch.bfloat16, enabled=bf16)
 
 
 # ---------------------------------------------------------------------------------------------- optimiser, schedule
