@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from bridgelm import metrics as M
+from bridgelm.dist import Dist, barrier
 from bridgelm.errors import UserError
 from bridgelm.jsonl import append_record, read_records, write_atomic, write_json
 from bridgelm.samples import check_stop_strings
@@ -221,34 +222,9 @@ def load_benchmarks(task_or_name: Task | str, data_paths: Sequence[str] | None =
 # ---------------------------------------------------------------------------------------------- run directory
 
 
-@dataclass(frozen=True)
-class Shard:
-    """Which problems this process samples, and where it writes them."""
-
-    rank: int = 0  # this process's rank
-    world: int = 1  # processes sharing the run
-    local_rank: int = 0  # rank on this machine (picks the GPU)
-
-    @staticmethod
-    def from_env() -> Shard:
-        """The shard torchrun describes through RANK / WORLD_SIZE / LOCAL_RANK (one process when unset)."""
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-        rank = int(os.environ.get("RANK", "0"))
-        if world < 1 or not 0 <= rank < world:
-            raise ValueError(f"RANK={rank} and WORLD_SIZE={world} must satisfy 0 <= RANK < WORLD_SIZE")
-        return Shard(rank, world, int(os.environ.get("LOCAL_RANK", str(rank))))
-
-    def owns(self, index: int) -> bool:
-        return index % self.world == self.rank
-
-    def file_name(self) -> str:
-        return "samples.jsonl" if self.world == 1 else f"samples.rank{self.rank}.jsonl"
-
-    def device(self) -> str:
-        """cuda:LOCAL_RANK when CUDA is available, else the CPU."""
-        import torch
-
-        return f"cuda:{self.local_rank}" if torch.cuda.is_available() else "cpu"
+def shard_file_name(dist: Dist) -> str:
+    """The samples file this process appends to: samples.jsonl, or samples.rank{r}.jsonl under torchrun."""
+    return "samples.jsonl" if dist.world == 1 else f"samples.rank{dist.rank}.jsonl"
 
 
 def shard_files(run_dir: str | os.PathLike) -> list[Path]:
@@ -370,22 +346,6 @@ def _wait_for(path: Path, seconds: float) -> None:
         time.sleep(0.1)
 
 
-def _barrier(shard: Shard) -> None:
-    """Wait until every rank has finished its shard (gloo works on CPU and GPU alike)."""
-    if shard.world == 1:
-        return
-    import torch.distributed as dist
-
-    created = not dist.is_initialized()
-    if created:
-        dist.init_process_group("gloo", rank=shard.rank, world_size=shard.world, timeout=BARRIER_TIMEOUT)
-    try:
-        dist.barrier()
-    finally:
-        if created:
-            dist.destroy_process_group()
-
-
 # ---------------------------------------------------------------------------------------------- long documents
 
 
@@ -458,17 +418,17 @@ def run_eval(
     model_id: str,
     blocks: str | None = None,
     progress: bool = True,
-    shard: Shard | None = None,
+    dist: Dist | None = None,
 ) -> dict[str, Any]:
     """Sample cfg.n responses per problem for every benchmark and width into `out_dir` (resumable).
 
     Returns {"run_dir", "shard" (this process's samples file), "sampled" (problems sampled now by this
     process), "skipped" (already written), "problems" (owned by this process), "truncated" (problems sampled
-    now whose long document was cut to fit the context)}. Under torchrun
-    (`shard` from RANK/WORLD_SIZE), returns once every rank has finished.
+    now whose long document was cut to fit the context)}. Under torchrun (`dist` from RANK/WORLD_SIZE, no process
+    group needed while sampling), returns once every rank has finished.
     """
     cfg.validate()
-    shard = shard or Shard.from_env()
+    dist = dist or Dist.from_env()
     benches = load_benchmarks(task_or_name, data_paths, cfg.limit)
     task_name = task_or_name.name if isinstance(task_or_name, Task) else task_or_name
     run_dir = Path(out_dir)
@@ -477,7 +437,7 @@ def run_eval(
     if any(b.task.long_field() is not None for b in benches):
         settings["prompt_budget"] = budget  # long documents are cut to this many prompt tokens
     run_file = run_dir / RUN_FILE
-    if shard.rank == 0:
+    if dist.is_main:
         shards = shard_files(run_dir)  # listed before run.json is looked at: run.json is written before any shard
         if run_file.exists():
             check_same_run(run_file, json.loads(run_file.read_text()), settings)
@@ -489,20 +449,20 @@ def run_eval(
     else:  # the other ranks write nothing before rank 0 has checked the folder and written run.json
         _wait_for(run_file, RUN_WAIT_SECONDS)
         check_same_run(run_file, json.loads(run_file.read_text()), settings)
-    out = run_dir / shard.file_name()
+    out = run_dir / shard_file_name(dist)
     done = _done_keys(run_dir, own=out.name)
     todo = {
-        (b.name, w): [i for i in range(len(b.problems)) if shard.owns(i) and (b.name, w, i) not in done]
+        (b.name, w): [i for i in range(len(b.problems)) if dist.owns(i) and (b.name, w, i) not in done]
         for b in benches
         for w in cfg.all_widths()
     }
-    owned = sum(1 for b in benches for i in range(len(b.problems)) if shard.owns(i)) * len(cfg.all_widths())
+    owned = sum(1 for b in benches for i in range(len(b.problems)) if dist.owns(i)) * len(cfg.all_widths())
     total = sum(len(v) for v in todo.values())
     bar = None
     if progress and total:
         from tqdm.auto import tqdm
 
-        bar = tqdm(total=total * cfg.n, desc=f"sampling -> {out}", unit="sample", position=shard.rank)
+        bar = tqdm(total=total * cfg.n, desc=f"sampling -> {out}", unit="sample", position=dist.rank)
     truncated = 0
     try:
         step = bar.update if bar is not None else (lambda k: None)
@@ -542,7 +502,7 @@ def run_eval(
     finally:
         if bar is not None:
             bar.close()
-    _barrier(shard)
+    barrier(dist, BARRIER_TIMEOUT)  # every shard is complete when this returns
     return {
         "run_dir": str(run_dir),
         "shard": str(out),

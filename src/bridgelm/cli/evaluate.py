@@ -50,25 +50,26 @@ def _eval_config(args):
 
 
 def _cmd_eval(args) -> None:
-    from bridgelm.evaluate import METRICS_FILE, Shard, load_benchmarks, run_eval, score_run, summary_line
+    from bridgelm.dist import Dist
+    from bridgelm.evaluate import METRICS_FILE, load_benchmarks, run_eval, score_run, summary_line
 
     cfg = _eval_config(args)
     check_out(args.out, "dir")
     benches = load_benchmarks(args.task, args.data, cfg.limit)  # data errors before the model is loaded
-    shard = Shard.from_env()
-    if shard.world > 1:
-        args.device = shard.device()
-    lead = shard.rank == 0
+    dist = Dist.from_env()
+    if dist.world > 1:
+        args.device = str(dist.device)
+    lead = dist.is_main
     if lead:
         names = ", ".join(f"{b.name} ({len(b.problems)})" for b in benches)
         print(
             f"bridgelm eval: {names} x widths {cfg.all_widths()} x {cfg.n} samples -> {args.out}/ "
-            f"(run.json, samples{'.rank*' if shard.world > 1 else ''}.jsonl"
+            f"(run.json, samples{'.rank*' if dist.world > 1 else ''}.jsonl"
             f"{'' if args.no_score else ', scores.jsonl, metrics.json'})"
         )
     model, tokenizer = load_model_and_tokenizer(args)
-    done = run_eval(model, tokenizer, args.task, args.data, cfg, args.out, args.model, args.blocks, shard=shard)
-    who = f"rank {shard.rank}: " if shard.world > 1 else ""
+    done = run_eval(model, tokenizer, args.task, args.data, cfg, args.out, args.model, args.blocks, dist=dist)
+    who = f"rank {dist.rank}: " if dist.world > 1 else ""
     print(
         f"bridgelm eval: {who}sampled {done['sampled']} problems now, {done['skipped']} were already in {done['shard']}"
     )

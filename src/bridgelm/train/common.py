@@ -22,12 +22,10 @@ Used by bridgelm.train.sft and bridgelm.train.rl; tested by tests/test_train_com
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
 import pickle
-import random
 import shutil
 import signal
 import sys
@@ -36,15 +34,30 @@ import warnings
 import zipfile
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as torch_dist
 
+from bridgelm.dist import (  # noqa: F401  (moved; re-exported until the callers import bridgelm.dist)
+    Dist,
+    all_reduce_sum,
+    barrier,
+    broadcast_parameters,
+    full_state_dict,
+    load_optimizer_state,
+    optimizer_state,
+    prepare_model,
+    reduce_gradients,
+    setup_distributed,
+    shard_model,
+    teardown_distributed,
+    unsharded,
+)
 from bridgelm.errors import DataWarning, UserError
 from bridgelm.jsonl import append_record, read_records, write_atomic, write_json
+from bridgelm.rng import derive_seed, generator, rng_state, set_rng_state  # noqa: F401  (moved)
 from bridgelm.train.batches import (  # noqa: F401  (moved; re-exported until the callers import batches)
     LogProbs,
     Row,
@@ -62,37 +75,6 @@ TRAINER_INFO = "trainer.json"  # step, configuration and run facts of a checkpoi
 CHECKPOINTS = "checkpoints"  # folder of the step-NNNNNNNN checkpoints inside a run directory
 METRICS = "metrics.jsonl"  # one record per step
 
-# ---------------------------------------------------------------------------------------------- seeds and RNG
-
-
-def derive_seed(*keys: Any) -> int:
-    """A 63-bit seed from (seed, name, step, ...): stable across processes and Python versions."""
-    digest = hashlib.blake2b(repr(keys).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") & (2**63 - 1)
-
-
-def generator(*keys: Any) -> torch.Generator:
-    """A CPU torch.Generator seeded with `derive_seed(*keys)`."""
-    return torch.Generator().manual_seed(derive_seed(*keys))
-
-
-def rng_state() -> dict[str, Any]:
-    """The global RNG states (Python, torch CPU, CUDA when present)."""
-    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore what `rng_state` captured."""
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
 # ---------------------------------------------------------------------------------------------- rewards
 
 # A response counts as correct when its reward reaches this value (rewards are correctness in [0, 1]).
@@ -108,173 +90,6 @@ def check_rewards(rewards: Sequence[float], where: str) -> list[float]:
             raise ValueError(f"{where}: reward of response {i} is {r}; expected a finite number in [0, 1]")
         out.append(r)
     return out
-
-
-# ---------------------------------------------------------------------------------------------- distributed
-
-
-@dataclass
-class Dist:
-    """This process's place in a (possibly single-process) run."""
-
-    rank: int = 0  # global rank
-    world: int = 1  # number of processes
-    local_rank: int = 0  # rank on this machine (picks the GPU)
-    device: torch.device = field(default_factory=lambda: torch.device("cpu"))  # where this rank computes
-    fsdp: bool = False  # parameters are sharded with FSDP2
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-
-def setup_distributed(device: str | torch.device | None = None) -> Dist:
-    """Join the torchrun process group (env WORLD_SIZE/RANK/LOCAL_RANK) if there is one.
-
-    Single process: the given device (default cpu). Several: cuda:LOCAL_RANK with NCCL when CUDA is available,
-    else cpu with gloo.
-    """
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world == 1 and not torch_dist.is_initialized():
-        return Dist(device=torch.device(device or "cpu"))
-    local = int(os.environ.get("LOCAL_RANK", "0"))
-    use_cuda = torch.cuda.is_available() and str(device or "cuda").startswith("cuda")
-    dev = torch.device(f"cuda:{local}") if use_cuda else torch.device("cpu")
-    if not torch_dist.is_initialized():
-        if use_cuda:
-            torch.cuda.set_device(dev)
-        torch_dist.init_process_group(backend="nccl" if use_cuda else "gloo")
-    return Dist(rank=torch_dist.get_rank(), world=torch_dist.get_world_size(), local_rank=local, device=dev)
-
-
-def teardown_distributed() -> None:
-    if torch_dist.is_initialized():
-        torch_dist.destroy_process_group()
-
-
-def barrier(dist: Dist) -> None:
-    if dist.world > 1:
-        torch_dist.barrier()
-
-
-def all_reduce_sum(values: Sequence[float], dist: Dist) -> list[float]:
-    """Sums of `values` over ranks (one collective for the whole list)."""
-    if dist.world == 1:
-        return [float(v) for v in values]
-    t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=dist.device)
-    torch_dist.all_reduce(t)
-    return t.tolist()
-
-
-def broadcast_parameters(model: torch.nn.Module, dist: Dist) -> None:
-    """Make every rank hold rank 0's parameters and buffers (e.g. blocks initialised from different RNGs)."""
-    if dist.world == 1:
-        return
-    with torch.no_grad():
-        for t in model.state_dict().values():
-            torch_dist.broadcast(t, src=0)
-
-
-def reduce_gradients(params: Sequence[torch.nn.Parameter], dist: Dist, bucket: int = 2**25) -> None:
-    """Sum gradients over ranks in place: one all-reduce per bucket of ~`bucket` elements of one dtype."""
-    if dist.world == 1 or dist.fsdp:
-        return
-    buckets: list[list[torch.nn.Parameter]] = []
-    open_bucket: dict[torch.dtype, list[torch.nn.Parameter]] = {}
-    for p in params:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)  # every rank must contribute the same layout
-        group = open_bucket.setdefault(p.grad.dtype, [])
-        if group and sum(q.numel() for q in group) + p.numel() > bucket:
-            buckets.append(group)
-            group = open_bucket[p.grad.dtype] = []
-        group.append(p)
-    buckets += [g for g in open_bucket.values() if g]
-    for group in buckets:
-        flat = torch.cat([p.grad.reshape(-1) for p in group])
-        torch_dist.all_reduce(flat)
-        at = 0
-        for p in group:
-            n = p.grad.numel()
-            p.grad.copy_(flat[at : at + n].view_as(p.grad))
-            at += n
-
-
-def shard_model(model: torch.nn.Module, dist: Dist) -> torch.nn.Module:
-    """FSDP2: shard each decoder layer (with its Bridge/P-Match block inside), then the root. Sums gradients."""
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import FSDPModule, fully_shard
-
-    from bridgelm.attach import decoder_layers
-
-    mesh = init_device_mesh(dist.device.type, (dist.world,))
-    for layer in decoder_layers(model):
-        fully_shard(layer, mesh=mesh, reshard_after_forward=True)
-    fully_shard(model, mesh=mesh, reshard_after_forward=False)
-    for module in model.modules():  # neither setting is recursive
-        if isinstance(module, FSDPModule):
-            module.set_gradient_divide_factor(1.0)  # sum: the loss is already normalised by the global token count
-            module.set_force_sum_reduction_for_comms(True)  # plain sums (gloo has no pre-multiplied sum)
-    dist.fsdp = True
-    return model
-
-
-@contextmanager
-def unsharded(model: torch.nn.Module, dist: Dist) -> Iterator[None]:
-    """Under FSDP: gather all parameters once, so that forwards (generation) need no collectives; reshard after."""
-    if not dist.fsdp:
-        yield
-        return
-    from torch.distributed.fsdp import FSDPModule
-
-    modules = [m for m in model.modules() if isinstance(m, FSDPModule)]
-    for m in modules:
-        m.set_reshard_after_forward(False, recurse=False)
-        m.unshard()
-    try:
-        yield
-    finally:
-        for m in modules:
-            m.reshard()
-            m.set_reshard_after_forward(m is not model, recurse=False)
-
-
-def prepare_model(model: torch.nn.Module, dist: Dist, fsdp: bool) -> torch.nn.Module:
-    """Move to this rank's device, make ranks agree on the weights, and shard when asked."""
-    if fsdp and dist.world == 1:
-        raise ValueError("fsdp=True needs several processes: launch with torchrun --nproc_per_node N")
-    model.to(dist.device)
-    broadcast_parameters(model, dist)
-    if fsdp:
-        shard_model(model, dist)
-    return model
-
-
-def full_state_dict(model: torch.nn.Module, dist: Dist) -> dict[str, torch.Tensor] | None:
-    """Under FSDP: the gathered state dict on rank 0 (collective; {} on other ranks). Else None (use the model's)."""
-    if not dist.fsdp:
-        return None
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
-
-    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-
-
-def optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, dist: Dist) -> dict:
-    """The optimiser's state dict (gathered to rank 0 under FSDP; collective there)."""
-    if not dist.fsdp:
-        return optimizer.state_dict()
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-
-    return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-
-
-def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict, dist: Dist) -> None:
-    if not dist.fsdp:
-        optimizer.load_state_dict(state)
-        return
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
-    set_optimizer_state_dict(model, optimizer, optim_state_dict=state, options=StateDictOptions(full_state_dict=True))
 
 
 @contextmanager

@@ -1,0 +1,218 @@
+"""Where this process sits in a run, and the collectives every multi-process run (training or evaluation) uses.
+
+Design notes:
+- One `Dist` describes the process: rank, world size, local rank, device, and whether the model is FSDP-sharded.
+  `Dist.from_env()` reads what torchrun set (RANK, WORLD_SIZE, LOCAL_RANK) without joining a process group: an eval
+  run samples its shard without any collective. `setup_distributed` joins the group (training needs collectives
+  from the start); `barrier` joins one for the moment when none exists (an eval run's final wait).
+- Data parallel without wrappers: each rank runs its own groups, the loss is normalised by the GLOBAL token count
+  (`all_reduce_sum`), and gradients are summed with one all-reduce per bucket (`reduce_gradients`). With
+  `fsdp=True` each decoder layer (holding its Bridge block) and then the root are `fully_shard`-ed; FSDP sums the
+  gradients itself (divide factor 1). Generation under FSDP runs on unsharded parameters (`unsharded`), because
+  ranks decode different numbers of steps and must not meet in collectives there.
+
+Used by bridgelm.evaluate and bridgelm.train; tested by tests/test_train_distributed.py (torchrun, gloo, CPU).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import torch
+import torch.distributed as torch_dist
+
+
+@dataclass
+class Dist:
+    """This process's place in a (possibly single-process) run."""
+
+    rank: int = 0  # global rank
+    world: int = 1  # number of processes
+    local_rank: int = 0  # rank on this machine (picks the GPU)
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))  # where this rank computes
+    fsdp: bool = False  # parameters are sharded with FSDP2
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def owns(self, index: int) -> bool:
+        """Item `index` of a list sharded round-robin over the ranks belongs to this rank."""
+        return index % self.world == self.rank
+
+    @staticmethod
+    def from_env(device: str | torch.device | None = None) -> Dist:
+        """The place torchrun describes through RANK / WORLD_SIZE / LOCAL_RANK (one process when unset); joins nothing.
+
+        One process: the given device (default cpu). Several: cuda:LOCAL_RANK when CUDA is available and the device
+        asked for is not the CPU, else cpu.
+        """
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        rank = int(os.environ.get("RANK", "0"))
+        if world < 1 or not 0 <= rank < world:
+            raise ValueError(f"RANK={rank} and WORLD_SIZE={world} must satisfy 0 <= RANK < WORLD_SIZE")
+        local = int(os.environ.get("LOCAL_RANK", str(rank)))
+        if world == 1:
+            return Dist(device=torch.device(device or "cpu"))
+        use_cuda = torch.cuda.is_available() and str(device or "cuda").startswith("cuda")
+        return Dist(rank, world, local, torch.device(f"cuda:{local}") if use_cuda else torch.device("cpu"))
+
+
+def setup_distributed(device: str | torch.device | None = None) -> Dist:
+    """`Dist.from_env(device)`, having joined the torchrun process group when there are several processes.
+
+    NCCL on CUDA, else gloo. A process group that already exists is used as it is.
+    """
+    if int(os.environ.get("WORLD_SIZE", "1")) == 1 and not torch_dist.is_initialized():
+        return Dist.from_env(device)
+    place = Dist.from_env(device)
+    if not torch_dist.is_initialized():
+        if place.device.type == "cuda":
+            torch.cuda.set_device(place.device)
+        torch_dist.init_process_group(backend="nccl" if place.device.type == "cuda" else "gloo")
+    return Dist(torch_dist.get_rank(), torch_dist.get_world_size(), place.local_rank, place.device)
+
+
+def teardown_distributed() -> None:
+    if torch_dist.is_initialized():
+        torch_dist.destroy_process_group()
+
+
+def barrier(dist: Dist, timeout: timedelta | None = None) -> None:
+    """Wait until every rank gets here. Without a process group, one is joined (gloo, CPU and GPU alike) for the
+    wait alone, with `timeout` (an eval run's ranks meet only once, when the slowest shard is done)."""
+    if dist.world == 1:
+        return
+    if torch_dist.is_initialized():
+        torch_dist.barrier()
+        return
+    kwargs = {} if timeout is None else {"timeout": timeout}
+    torch_dist.init_process_group("gloo", rank=dist.rank, world_size=dist.world, **kwargs)
+    try:
+        torch_dist.barrier()
+    finally:
+        torch_dist.destroy_process_group()
+
+
+def all_reduce_sum(values: Sequence[float], dist: Dist) -> list[float]:
+    """Sums of `values` over ranks (one collective for the whole list)."""
+    if dist.world == 1:
+        return [float(v) for v in values]
+    t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=dist.device)
+    torch_dist.all_reduce(t)
+    return t.tolist()
+
+
+def broadcast_parameters(model: torch.nn.Module, dist: Dist) -> None:
+    """Make every rank hold rank 0's parameters and buffers (e.g. blocks initialised from different RNGs)."""
+    if dist.world == 1:
+        return
+    with torch.no_grad():
+        for t in model.state_dict().values():
+            torch_dist.broadcast(t, src=0)
+
+
+def reduce_gradients(params: Sequence[torch.nn.Parameter], dist: Dist, bucket: int = 2**25) -> None:
+    """Sum gradients over ranks in place: one all-reduce per bucket of ~`bucket` elements of one dtype."""
+    if dist.world == 1 or dist.fsdp:
+        return
+    buckets: list[list[torch.nn.Parameter]] = []
+    open_bucket: dict[torch.dtype, list[torch.nn.Parameter]] = {}
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)  # every rank must contribute the same layout
+        group = open_bucket.setdefault(p.grad.dtype, [])
+        if group and sum(q.numel() for q in group) + p.numel() > bucket:
+            buckets.append(group)
+            group = open_bucket[p.grad.dtype] = []
+        group.append(p)
+    buckets += [g for g in open_bucket.values() if g]
+    for group in buckets:
+        flat = torch.cat([p.grad.reshape(-1) for p in group])
+        torch_dist.all_reduce(flat)
+        at = 0
+        for p in group:
+            n = p.grad.numel()
+            p.grad.copy_(flat[at : at + n].view_as(p.grad))
+            at += n
+
+
+def shard_model(model: torch.nn.Module, dist: Dist) -> torch.nn.Module:
+    """FSDP2: shard each decoder layer (with its Bridge/P-Match block inside), then the root. Sums gradients."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    from bridgelm.attach import decoder_layers
+
+    mesh = init_device_mesh(dist.device.type, (dist.world,))
+    for layer in decoder_layers(model):
+        fully_shard(layer, mesh=mesh, reshard_after_forward=True)
+    fully_shard(model, mesh=mesh, reshard_after_forward=False)
+    for module in model.modules():  # neither setting is recursive
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0)  # sum: the loss is already normalised by the global token count
+            module.set_force_sum_reduction_for_comms(True)  # plain sums (gloo has no pre-multiplied sum)
+    dist.fsdp = True
+    return model
+
+
+@contextmanager
+def unsharded(model: torch.nn.Module, dist: Dist) -> Iterator[None]:
+    """Under FSDP: gather all parameters once, so that forwards (generation) need no collectives; reshard after."""
+    if not dist.fsdp:
+        yield
+        return
+    from torch.distributed.fsdp import FSDPModule
+
+    modules = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    for m in modules:
+        m.set_reshard_after_forward(False, recurse=False)
+        m.unshard()
+    try:
+        yield
+    finally:
+        for m in modules:
+            m.reshard()
+            m.set_reshard_after_forward(m is not model, recurse=False)
+
+
+def prepare_model(model: torch.nn.Module, dist: Dist, fsdp: bool) -> torch.nn.Module:
+    """Move to this rank's device, make ranks agree on the weights, and shard when asked."""
+    if fsdp and dist.world == 1:
+        raise ValueError("fsdp=True needs several processes: launch with torchrun --nproc_per_node N")
+    model.to(dist.device)
+    broadcast_parameters(model, dist)
+    if fsdp:
+        shard_model(model, dist)
+    return model
+
+
+def full_state_dict(model: torch.nn.Module, dist: Dist) -> dict[str, torch.Tensor] | None:
+    """Under FSDP: the gathered state dict on rank 0 (collective; {} on other ranks). Else None (use the model's)."""
+    if not dist.fsdp:
+        return None
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, dist: Dist) -> dict:
+    """The optimiser's state dict (gathered to rank 0 under FSDP; collective there)."""
+    if not dist.fsdp:
+        return optimizer.state_dict()
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict, dist: Dist) -> None:
+    if not dist.fsdp:
+        optimizer.load_state_dict(state)
+        return
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(model, optimizer, optim_state_dict=state, options=StateDictOptions(full_state_dict=True))
