@@ -42,12 +42,12 @@ from bridgelm import metrics as M
 from bridgelm.dist import Dist, barrier
 from bridgelm.errors import UserError
 from bridgelm.jsonl import append_record, read_records, write_atomic, write_json
+from bridgelm.runs import RUN_FILE, check_settings
 from bridgelm.samples import check_stop_strings
 from bridgelm.sampling import SamplingConfig, encode_prompts, iter_generate
 from bridgelm.tasks import Task
 
 FORMAT = "bridgelm-eval-1"
-RUN_FILE = "run.json"
 METRICS_FILE = "metrics.json"
 SCORES_FILE = "scores.jsonl"
 _SHARD_RE = re.compile(r"^samples(?:\.rank(\d+))?\.jsonl$")
@@ -254,14 +254,16 @@ def read_run(run_dir: str | os.PathLike) -> dict[str, Any]:
 
 def check_run_model(run_dir: str | os.PathLike, model_id: str, blocks: str | None) -> None:
     """UserError unless the run was sampled with this model and these blocks (its token ids fit only them)."""
-    run = read_run(run_dir)
     now = {"model": _source(model_id), "blocks": _source(blocks) if blocks else None}
-    diff = [f"{k}: run {run.get(k)!r} vs now {v!r}" for k, v in now.items() if run.get(k) != v]
-    if diff:
-        raise UserError(
-            f"{run_dir} was sampled with another model ({'; '.join(diff)}): its samples must be re-run through the "
-            "model and blocks that wrote them; expected --model and --blocks as in its run.json"
-        )
+    check_settings(
+        run_dir,
+        read_run(run_dir),
+        now,
+        keys=now,
+        saved_as="run",
+        why=": its samples must be re-run through the model and blocks that wrote them",
+        fix="expected --model and --blocks as in its run.json",
+    )
 
 
 def run_settings(
@@ -307,20 +309,18 @@ def _benchmark_difference(old: list[dict], new: list[dict]) -> str:
 
 
 def check_same_run(path: Path, old: dict, new: dict) -> None:
-    """ValueError naming the first setting of `new` that differs from the run's, else nothing."""
-    diffs = []
-    for key in _COMPARED:
-        if old.get(key) != new.get(key):
-            if key == "benchmarks":
-                diffs.append(_benchmark_difference(old.get(key) or [], new[key]))
-            else:
-                diffs.append(f"{key}: run {old.get(key)!r} vs now {new.get(key)!r}")
-    if diffs:
-        raise ValueError(
-            f"{path} was written with other settings ({'; '.join(diffs)}). Samples of other settings would be "
-            "scored together as one run, so mixing them is refused; nothing was written. Use another --out to "
-            "compare runs."
-        )
+    """UserError naming every setting of `new` that decides what is sampled and differs from the run's."""
+    check_settings(
+        path,
+        old,
+        new,
+        keys=_COMPARED,
+        saved_as="run",
+        describe={"benchmarks": lambda a, b: _benchmark_difference(a or [], b)},
+        why=": samples of other settings would be scored together as one run, so mixing them is refused and nothing "
+        "was written",
+        fix="use another --out to compare runs",
+    )
 
 
 def _key(rec: dict) -> tuple[str, int, int]:

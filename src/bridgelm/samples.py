@@ -16,6 +16,7 @@ from typing import Any
 
 from bridgelm.errors import UserError
 from bridgelm.jsonl import append_record, read_records
+from bridgelm.runs import check_settings
 from bridgelm.sampling import SamplingConfig, iter_generate
 
 # Settings that change what is sampled; batch bounds do not.
@@ -35,7 +36,7 @@ def run_settings(cfg: SamplingConfig, model_id: str, blocks: str | None, chat: b
     return {**s, "model": model_id, "blocks": blocks, "chat": chat, **extra}
 
 
-def check_settings(path: Path, done: list[dict], settings: dict) -> None:
+def check_lines(path: Path, done: list[dict], settings: dict) -> None:
     """UserError when the lines of `path` are not bridgelm lines, or were written with other settings."""
     for number, rec in enumerate(done, start=1):
         if not isinstance(rec.get("index"), int) or not isinstance(rec.get("settings"), dict):
@@ -44,11 +45,8 @@ def check_settings(path: Path, done: list[dict], settings: dict) -> None:
                 "refusing to append to a file that is not ours: use another --out"
             )
     for rec in done[:1]:
-        old = rec.get("settings", {})
-        diff = {k: (old.get(k), v) for k, v in settings.items() if old.get(k) != v}
-        if diff:
-            detail = ", ".join(f"{k}: file {a!r} vs now {b!r}" for k, (a, b) in sorted(diff.items()))
-            raise UserError(f"{path} was written with other settings ({detail}); use another --out to compare runs")
+        fix = "use another --out to compare runs"
+        check_settings(path, rec["settings"], settings, keys=settings, saved_as="file", fix=fix)
 
 
 def check_prompts(path: Path, done: list[dict], prompts: Sequence[str], source: str) -> None:
@@ -91,7 +89,7 @@ def sample_to_file(
     out = Path(out)
     check_stop_strings(stop_strings)
     done = read_records(out)
-    check_settings(out, done, settings)
+    check_lines(out, done, settings)
     check_prompts(out, done, prompts, source)
     have = {rec["index"] for rec in done}
     todo = [i for i in range(len(prompts)) if i not in have]

@@ -22,21 +22,15 @@ Used by bridgelm.train.sft and bridgelm.train.rl; tested by tests/test_train_com
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import pickle
-import shutil
 import signal
 import sys
 import threading
-import warnings
-import zipfile
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -55,9 +49,26 @@ from bridgelm.dist import (  # noqa: F401  (moved; re-exported until the callers
     teardown_distributed,
     unsharded,
 )
-from bridgelm.errors import DataWarning, UserError
 from bridgelm.jsonl import append_record, read_records, write_atomic, write_json
 from bridgelm.rng import derive_seed, generator, rng_state, set_rng_state  # noqa: F401  (moved)
+from bridgelm.runs import (  # noqa: F401  (moved; re-exported until the callers import bridgelm.runs)
+    CHECKPOINTS,
+    METRICS,
+    TRAINER_INFO,
+    TRAINER_STATE,
+    check_settings,
+    checkpoint_damage,
+    checkpoint_name,
+    jsonable,
+    latest_checkpoint,
+    list_checkpoints,
+    load_trainer_state,
+    prune_checkpoints,
+    read_info,
+    resume_point,
+    save_trainer_state,
+    write_dir_atomic,
+)
 from bridgelm.train.batches import (  # noqa: F401  (moved; re-exported until the callers import batches)
     LogProbs,
     Row,
@@ -69,11 +80,6 @@ from bridgelm.train.batches import (  # noqa: F401  (moved; re-exported until th
     response_logprobs,
     rows_tensor,
 )
-
-TRAINER_STATE = "trainer_state.pt"  # optimiser, scheduler, RNG and step of a checkpoint
-TRAINER_INFO = "trainer.json"  # step, configuration and run facts of a checkpoint (written last: marks it complete)
-CHECKPOINTS = "checkpoints"  # folder of the step-NNNNNNNN checkpoints inside a run directory
-METRICS = "metrics.jsonl"  # one record per step
 
 # ---------------------------------------------------------------------------------------------- rewards
 
@@ -258,165 +264,12 @@ def optimizer_step(
     return norm
 
 
-# ---------------------------------------------------------------------------------------------- checkpoints
+def check_same_config(where, saved: dict, current: dict) -> None:
+    """Moved: bridgelm.runs.check_settings."""
+    check_settings(where, saved, current)
 
 
-def checkpoint_name(step: int) -> str:
-    return f"step-{step:08d}"
-
-
-def list_checkpoints(out_dir: str | os.PathLike) -> list[Path]:
-    """Complete checkpoints of a run directory (those whose trainer.json exists), oldest first."""
-    folder = Path(out_dir) / CHECKPOINTS
-    if not folder.is_dir():
-        return []
-    found = [p for p in folder.glob("step-*") if p.is_dir() and (p / TRAINER_INFO).is_file()]
-    return sorted(found, key=lambda p: p.name)
-
-
-def latest_checkpoint(out_dir: str | os.PathLike) -> Path | None:
-    found = list_checkpoints(out_dir)
-    return found[-1] if found else None
-
-
-def write_dir_atomic(final: str | os.PathLike, write: Callable[[Path], None]) -> Path:
-    """Let `write(tmp)` fill a temporary directory, then rename it to `final` (replacing an older one)."""
-    final = Path(final)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.with_name(f".{final.name}.tmp{os.getpid()}")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    try:
-        write(tmp)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    if final.exists():
-        old = final.with_name(f".{final.name}.old{os.getpid()}")
-        if old.exists():
-            shutil.rmtree(old)
-        os.replace(final, old)
-        os.replace(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
-    else:
-        os.replace(tmp, final)
-    return final
-
-
-def prune_checkpoints(out_dir: str | os.PathLike, keep_last: int) -> None:
-    """Delete all but the newest `keep_last` checkpoints (keep_last <= 0 keeps all)."""
-    if keep_last <= 0:
-        return
-    for old in list_checkpoints(out_dir)[:-keep_last]:
-        shutil.rmtree(old, ignore_errors=True)
-
-
-def save_trainer_state(folder: Path, step: int, optimizer_sd: dict, scheduler, extra: dict | None = None) -> None:
-    """trainer_state.pt: step, optimiser and scheduler states, RNG states, and `extra` (plain values)."""
-    state = {
-        "step": step,
-        "optimizer": optimizer_sd,
-        "scheduler": scheduler.state_dict(),
-        "rng": rng_state(),
-        "extra": extra or {},
-    }
-    tmp = folder / f".{TRAINER_STATE}.tmp"
-    torch.save(state, tmp)
-    os.replace(tmp, folder / TRAINER_STATE)
-
-
-def load_trainer_state(folder: str | os.PathLike) -> dict:
-    """trainer_state.pt of a checkpoint, read with weights_only=True; a file holding anything else is refused."""
-    path = Path(folder) / TRAINER_STATE
-    if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {folder} has no {TRAINER_STATE}")
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError as err:
-        raise UserError(
-            f"{path} holds objects other than tensors and plain values, so it was not loaded (loading them could "
-            "run code): expected a trainer_state.pt written by bridgelm; do not resume from a checkpoint you did "
-            "not write"
-        ) from err
-    except (RuntimeError, EOFError, OSError) as err:
-        raise UserError(f"{path} is damaged ({str(err).splitlines()[0]}): expected a whole trainer_state.pt") from err
-
-
-def checkpoint_damage(folder: str | os.PathLike) -> str | None:
-    """What is wrong with a checkpoint's files (cut, damaged, missing), or None when they read back whole.
-
-    Checks trainer.json, the headers and sizes of the *.safetensors files and the checksums of trainer_state.pt;
-    the data of a safetensors file carries no checksum, so a flipped bit there goes unnoticed.
-    """
-    from safetensors import safe_open
-
-    folder = Path(folder)
-    try:
-        json.loads((folder / TRAINER_INFO).read_bytes().decode("utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        return f"{TRAINER_INFO}: {err}"
-    for weights in sorted(folder.glob("*.safetensors")):
-        try:
-            with safe_open(str(weights), framework="pt"):
-                pass
-        except Exception as err:  # safetensors has its own error type for every kind of damage
-            return f"{weights.name}: {err}"
-    state = folder / TRAINER_STATE
-    try:
-        with zipfile.ZipFile(state) as z:
-            bad = z.testzip()
-    except (OSError, zipfile.BadZipFile) as err:
-        return f"{TRAINER_STATE}: {err}"
-    return f"{TRAINER_STATE}: entry {bad} fails its checksum" if bad else None
-
-
-def read_info(folder: str | os.PathLike) -> dict:
-    return json.loads((Path(folder) / TRAINER_INFO).read_text())
-
-
-def check_same_config(where: str | os.PathLike, saved: dict, current: dict) -> None:
-    """ValueError naming every field whose saved value differs from the current one."""
-    keys = sorted(set(saved) | set(current))
-    diff = [k for k in keys if saved.get(k) != current.get(k)]
-    if diff:
-        detail = ", ".join(f"{k}: saved {saved.get(k)!r} vs now {current.get(k)!r}" for k in diff)
-        raise ValueError(f"{where} was written by a run with another configuration ({detail}); use another --out")
-
-
-def check_fresh_or_resume(out_dir: Path, resume: bool) -> Path | None:
-    """The checkpoint to resume from (None: start afresh). Refuses to start afresh over an earlier run."""
-    latest = latest_checkpoint(out_dir)
-    if not resume and (latest is not None or (out_dir / METRICS).exists()):
-        raise ValueError(
-            f"{out_dir} already holds a run ({latest or out_dir / METRICS}); pass resume=True (--resume) "
-            "to continue it, or choose another output directory"
-        )
-    if latest is None:
-        return None
-    damage = checkpoint_damage(latest)
-    if damage is None:
-        return latest
-    for earlier in reversed(list_checkpoints(out_dir)[:-1]):
-        if checkpoint_damage(earlier) is None:
-            warnings.warn(
-                f"checkpoint {latest} is damaged ({damage}); resuming from the previous one, {earlier} (the run "
-                "recomputes the steps after it exactly)",
-                DataWarning,
-                stacklevel=2,
-            )
-            return earlier
-    raise UserError(
-        f"checkpoint {latest} is damaged ({damage}) and no earlier checkpoint of {out_dir} is whole: expected a "
-        "checkpoint to resume from; start afresh with another output directory"
-    )
-
-
-def jsonable(obj: Any) -> Any:
-    """Config values as JSON round-trips them (tuples -> lists), so saved and current configs compare equal."""
-    import json
-
-    return json.loads(json.dumps(obj))
+check_fresh_or_resume = resume_point
 
 
 # ---------------------------------------------------------------------------------------------- metrics, progress

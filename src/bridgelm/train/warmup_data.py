@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from bridgelm.jsonl import append_record, read_records
-from bridgelm.samples import check_settings, run_settings
+from bridgelm.samples import check_lines, run_settings
 from bridgelm.sampling import SamplingConfig, iter_generate
 from bridgelm.train.common import CORRECT_REWARD, check_rewards
 
@@ -55,7 +55,7 @@ def make_warmup_data(
     model_id = str(getattr(model.config, "_name_or_path", "") or type(model).__name__)
     settings = run_settings(cfg, model_id, None, chat, task=task.name)
     done = read_records(out)
-    check_settings(out, done, settings)
+    check_lines(out, done, settings)
     have = {rec["index"] for rec in done}
     todo = [i for i in range(len(examples)) if i not in have]
     stats = {"problems": len(examples), "sampled_now": len(todo), "out": str(out)}
