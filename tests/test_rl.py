@@ -8,10 +8,11 @@ import torch
 from conftest import interrupt_on_call, randomize_blocks, tiny_model
 
 import bridgelm
+from bridgelm import runs
 from bridgelm.jsonl import read_records
 from bridgelm.tasks.base import Task
 from bridgelm.tokenizer import char_tokenizer
-from bridgelm.train import batches, common, rl
+from bridgelm.train import batches, rl
 from bridgelm.train.rl import RLConfig, train_rl
 
 
@@ -66,7 +67,7 @@ def test_run_writes_metrics_checkpoints_and_best(tmp_path):
         assert all(isinstance(r[key], float) for r in records), key
     assert [r["optimizer_steps"] for r in records] == [2, 4, 6]
     assert "val_accuracy" in records[1] and "val_accuracy" in records[2] and "val_accuracy" not in records[0]
-    assert [p.name for p in common.list_checkpoints(tmp_path)] == ["step-00000002", "step-00000003"]
+    assert [p.name for p in runs.list_checkpoints(tmp_path)] == ["step-00000002", "step-00000003"]
     assert res.final_dir.name == "step-00000003" and res.steps == 3
     assert res.best_dir == tmp_path / "best" and res.best_step in (2, 3)
     # a checkpoint is a model directory that load_model rebuilds, blocks included
@@ -124,7 +125,7 @@ def test_first_minibatch_needs_no_old_logprob_pass(tmp_path, monkeypatch):
     monkeypatch.setattr(rl, "minibatch_plan", lambda *a: plans.append(real_plan(*a)) or plans[-1])
 
     def every_group(model, rollouts, micro, cfg, pad_id, dist):
-        first = common.chunks(plans[-1][0], cfg.micro_batch_groups)
+        first = batches.chunks(plans[-1][0], cfg.micro_batch_groups)
         if model is not ref_of[0] and micro[: len(first)] != first:  # the policy's pass: add the first mini-batch
             micro = first + micro
         return real_logprobs(model, rollouts, micro, cfg, pad_id, dist)
@@ -158,7 +159,7 @@ def test_resume_ends_with_the_same_weights(tmp_path, monkeypatch):
     original = interrupt_on_call(monkeypatch, rl, "collect_rollouts", 3)
     with pytest.raises(KeyboardInterrupt):
         train_rl(policy(), TOK, TASK, cfg, tmp_path / "b")
-    assert common.latest_checkpoint(tmp_path / "b").name == "step-00000002"
+    assert runs.latest_checkpoint(tmp_path / "b").name == "step-00000002"
     monkeypatch.setattr(rl, "collect_rollouts", original)
 
     resumed = policy()  # the same starting policy, as the CLI would load it again

@@ -8,11 +8,12 @@ import torch
 from conftest import interrupt_on_call, tiny_model
 
 import bridgelm
+from bridgelm import runs
 from bridgelm.jsonl import read_records
 from bridgelm.sampling import SamplingConfig
 from bridgelm.tasks.base import Task
 from bridgelm.tokenizer import char_tokenizer
-from bridgelm.train import batches, common, sft
+from bridgelm.train import batches, sft
 from bridgelm.train.sft import SFTConfig, train_sft
 from bridgelm.train.warmup_data import make_warmup_data
 
@@ -137,7 +138,7 @@ def test_resume_after_interrupt_is_exact(tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         train_sft(base_model(), TOK, path, CFG, tmp_path / "b")
     monkeypatch.setattr(sft, "batch_backward", original)
-    assert common.latest_checkpoint(tmp_path / "b").name == "step-00000002"
+    assert runs.latest_checkpoint(tmp_path / "b").name == "step-00000002"
     resumed = base_model()
     train_sft(resumed, TOK, path, replace(CFG, resume=True), tmp_path / "b")
     for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):

@@ -7,15 +7,17 @@ import torch
 from conftest import randomize_blocks, tiny_model
 
 import bridgelm
+from bridgelm import jsonl, rng, runs
 from bridgelm.jsonl import read_records
-from bridgelm.train import common
-from bridgelm.train.common import Row
+from bridgelm.train import batches, optim, weights
+from bridgelm.train.batches import Row
+from bridgelm.train.run import MetricsLog
 
 
 def _lrs(total, warmup_fraction, decay, lr=1.0):
     p = torch.nn.Parameter(torch.zeros(1))
-    opt = common.make_optimizer([p], lr)
-    sched = common.make_scheduler(opt, total, warmup_fraction, decay)
+    opt = optim.make_optimizer([p], lr)
+    sched = optim.make_scheduler(opt, total, warmup_fraction, decay)
     out = []
     for _ in range(total):
         out.append(sched.get_last_lr()[0])
@@ -39,29 +41,29 @@ def test_linear_schedule_with_warmup():
 
 def test_schedule_errors():
     p = torch.nn.Parameter(torch.zeros(1))
-    opt = common.make_optimizer([p], 1.0)
+    opt = optim.make_optimizer([p], 1.0)
     with pytest.raises(ValueError, match="decay="):
-        common.make_scheduler(opt, 10, 0.1, "cosine")
+        optim.make_scheduler(opt, 10, 0.1, "cosine")
     with pytest.raises(ValueError, match="warmup_fraction"):
-        common.make_scheduler(opt, 10, 1.5, "linear")
+        optim.make_scheduler(opt, 10, 1.5, "linear")
     with pytest.raises(ValueError, match="no trainable"):
-        common.make_optimizer([], 1.0)
+        optim.make_optimizer([], 1.0)
 
 
 def test_scheduler_and_optimizer_state_round_trip(tmp_path):
     torch.manual_seed(0)
     p = torch.nn.Parameter(torch.randn(3))
-    opt = common.make_optimizer([p], 0.1)
-    sched = common.make_scheduler(opt, 10, 0.3, "linear")
+    opt = optim.make_optimizer([p], 0.1)
+    sched = optim.make_scheduler(opt, 10, 0.3, "linear")
     for _ in range(4):
         p.grad = torch.ones(3)
         opt.step()
         sched.step()
-    common.save_trainer_state(tmp_path, 4, opt.state_dict(), sched, {"best": {"x": 1.5}})
-    state = common.load_trainer_state(tmp_path)
+    runs.save_trainer_state(tmp_path, 4, opt.state_dict(), sched, {"best": {"x": 1.5}})
+    state = runs.load_trainer_state(tmp_path)
     q = torch.nn.Parameter(p.detach().clone())
-    opt2 = common.make_optimizer([q], 0.1)
-    sched2 = common.make_scheduler(opt2, 10, 0.3, "linear")
+    opt2 = optim.make_optimizer([q], 0.1)
+    sched2 = optim.make_scheduler(opt2, 10, 0.3, "linear")
     opt2.load_state_dict(state["optimizer"])
     sched2.load_state_dict(state["scheduler"])
     assert state["step"] == 4 and state["extra"] == {"best": {"x": 1.5}}
@@ -74,81 +76,81 @@ def test_scheduler_and_optimizer_state_round_trip(tmp_path):
 
 
 def test_rng_round_trip():
-    state = common.rng_state()
+    state = rng.rng_state()
     a = (random.random(), torch.rand(3))
-    common.set_rng_state(state)
+    rng.set_rng_state(state)
     b = (random.random(), torch.rand(3))
     assert a[0] == b[0] and torch.equal(a[1], b[1])
 
 
 def test_rng_state_survives_weights_only_load(tmp_path):
-    torch.save(common.rng_state(), tmp_path / "rng.pt")
+    torch.save(rng.rng_state(), tmp_path / "rng.pt")
     state = torch.load(tmp_path / "rng.pt", weights_only=True)
     first = (random.random(), torch.rand(2))
-    common.set_rng_state(state)
+    rng.set_rng_state(state)
     assert (random.random(), torch.rand(2))[0] == first[0]
 
 
 def test_derived_seeds_are_stable_and_distinct():
-    assert common.derive_seed(0, "data", 3) == common.derive_seed(0, "data", 3)
-    assert len({common.derive_seed(0, "data", s) for s in range(100)}) == 100
-    assert common.derive_seed(0, "data", 1) != common.derive_seed(1, "data", 1)
-    a = torch.rand(4, generator=common.generator(5, "x"))
-    assert torch.equal(a, torch.rand(4, generator=common.generator(5, "x")))
+    assert rng.derive_seed(0, "data", 3) == rng.derive_seed(0, "data", 3)
+    assert len({rng.derive_seed(0, "data", s) for s in range(100)}) == 100
+    assert rng.derive_seed(0, "data", 1) != rng.derive_seed(1, "data", 1)
+    a = torch.rand(4, generator=rng.generator(5, "x"))
+    assert torch.equal(a, torch.rand(4, generator=rng.generator(5, "x")))
 
 
 def test_atomic_checkpoint_dir_and_keep_last(tmp_path):
     def writer(step):
         def write(tmp):
             (tmp / "weights.bin").write_bytes(bytes([step]))
-            common.write_json(tmp / common.TRAINER_INFO, {"step": step})
+            jsonl.write_json(tmp / runs.TRAINER_INFO, {"step": step})
 
         return write
 
     for step in (1, 2, 3, 4):
-        common.write_dir_atomic(tmp_path / common.CHECKPOINTS / common.checkpoint_name(step), writer(step))
-        common.prune_checkpoints(tmp_path, keep_last=2)
-    names = [p.name for p in common.list_checkpoints(tmp_path)]
+        runs.write_dir_atomic(tmp_path / runs.CHECKPOINTS / runs.checkpoint_name(step), writer(step))
+        runs.prune_checkpoints(tmp_path, keep_last=2)
+    names = [p.name for p in runs.list_checkpoints(tmp_path)]
     assert names == ["step-00000003", "step-00000004"]
-    assert common.latest_checkpoint(tmp_path).name == "step-00000004"
+    assert runs.latest_checkpoint(tmp_path).name == "step-00000004"
     # a failing write leaves the previous directory intact and no temporary behind
-    final = tmp_path / common.CHECKPOINTS / common.checkpoint_name(4)
+    final = tmp_path / runs.CHECKPOINTS / runs.checkpoint_name(4)
 
     def broken(tmp):
         (tmp / "weights.bin").write_bytes(b"half")
         raise RuntimeError("disk full")
 
     with pytest.raises(RuntimeError):
-        common.write_dir_atomic(final, broken)
+        runs.write_dir_atomic(final, broken)
     assert (final / "weights.bin").read_bytes() == bytes([4])
-    assert sorted(p.name for p in (tmp_path / common.CHECKPOINTS).iterdir()) == names
+    assert sorted(p.name for p in (tmp_path / runs.CHECKPOINTS).iterdir()) == names
     # replacing an existing directory
-    common.write_dir_atomic(final, writer(9))
+    runs.write_dir_atomic(final, writer(9))
     assert (final / "weights.bin").read_bytes() == bytes([9])
     # an incomplete checkpoint (no trainer.json) is not listed
-    (tmp_path / common.CHECKPOINTS / "step-00000005").mkdir()
-    assert common.latest_checkpoint(tmp_path).name == "step-00000004"
+    (tmp_path / runs.CHECKPOINTS / "step-00000005").mkdir()
+    assert runs.latest_checkpoint(tmp_path).name == "step-00000004"
 
 
 def test_config_check_names_fields(tmp_path):
-    common.check_same_config(tmp_path, {"lr": 1.0, "steps": 3}, {"lr": 1.0, "steps": 3})
+    runs.check_settings(tmp_path, {"lr": 1.0, "steps": 3}, {"lr": 1.0, "steps": 3})
     with pytest.raises(ValueError, match=r"lr: saved 1.0 vs now 2.0"):
-        common.check_same_config(tmp_path, {"lr": 1.0, "steps": 3}, {"lr": 2.0, "steps": 3})
+        runs.check_settings(tmp_path, {"lr": 1.0, "steps": 3}, {"lr": 2.0, "steps": 3})
 
 
 def test_fresh_run_refuses_a_used_directory(tmp_path):
-    assert common.check_fresh_or_resume(tmp_path, resume=False) is None
-    (tmp_path / common.METRICS).write_text('{"step": 1}\n')
+    assert runs.resume_point(tmp_path, resume=False) is None
+    (tmp_path / runs.METRICS).write_text('{"step": 1}\n')
     with pytest.raises(ValueError, match="resume"):
-        common.check_fresh_or_resume(tmp_path, resume=False)
-    assert common.check_fresh_or_resume(tmp_path, resume=True) is None
+        runs.resume_point(tmp_path, resume=False)
+    assert runs.resume_point(tmp_path, resume=True) is None
 
 
 def test_metrics_log_keep_until(tmp_path):
-    log = common.MetricsLog(tmp_path / "metrics.jsonl")
+    log = MetricsLog(tmp_path / "metrics.jsonl")
     for s in (1, 2, 3):
         log.log({"step": s, "loss": float(s)})
-    again = common.MetricsLog(tmp_path / "metrics.jsonl")
+    again = MetricsLog(tmp_path / "metrics.jsonl")
     assert [r["step"] for r in again.records] == [1, 2, 3]
     again.keep_until(2)
     assert [r["step"] for r in read_records(tmp_path / "metrics.jsonl")] == [1, 2]
@@ -159,14 +161,14 @@ def test_load_weights_is_exact(tmp_path, tied):
     src = randomize_blocks(bridgelm.add_bridge(tiny_model(seed=1, tie_word_embeddings=tied)))
     src.save_pretrained(tmp_path)
     dst = bridgelm.add_bridge(tiny_model(seed=2, tie_word_embeddings=tied))
-    common.load_weights(dst, tmp_path)
+    weights.load_weights(dst, tmp_path)
     for (name, a), (_, b) in zip(src.state_dict().items(), dst.state_dict().items()):
         assert torch.equal(a, b), name
     with pytest.raises(ValueError, match="holds weights the model lacks"):
-        common.load_weights(tiny_model(seed=2, tie_word_embeddings=tied), tmp_path)
+        weights.load_weights(tiny_model(seed=2, tie_word_embeddings=tied), tmp_path)
     deeper = bridgelm.add_bridge(tiny_model(seed=2, tie_word_embeddings=tied, num_hidden_layers=3))
     with pytest.raises(ValueError, match="lacks weights of the model"):
-        common.load_weights(deeper, tmp_path)
+        weights.load_weights(deeper, tmp_path)
 
 
 def _rows():
@@ -180,15 +182,15 @@ def _rows():
 
 def test_pack_rows_layout():
     rows = _rows()
-    batch = common.pack_rows(rows, pad_id=0)
+    batch = batches.pack_rows(rows, pad_id=0)
     assert batch.input_ids.shape == (5, 10) and batch.response_mask.shape == (5, 5)
     assert batch.tokens == 3 + 5 + 2 + 4 + 1
     assert batch.attention_mask[1].tolist() == [1] * 9 + [0]
     assert batch.predict[1].nonzero()[:, 0].tolist() == [3, 4, 5, 6, 7]
     with pytest.raises(ValueError, match="not next to its group"):
-        common.pack_rows([rows[0], rows[3], rows[1]], 0)
+        batches.pack_rows([rows[0], rows[3], rows[1]], 0)
     with pytest.raises(ValueError, match="another prompt"):
-        common.pack_rows([rows[0], rows[3]._replace(group=7)], 0)
+        batches.pack_rows([rows[0], rows[3]._replace(group=7)], 0)
 
 
 @pytest.mark.parametrize("arch,temperature", [("qwen2", 1.0), ("qwen2", 0.6), ("llama", 0.6), ("qwen3", 0.6)])
@@ -196,8 +198,8 @@ def test_response_logprobs_match_grouped_logits(arch, temperature):
     """The trimmed forward (logits only at response positions) equals the full grouped_logits one."""
     model = randomize_blocks(bridgelm.add_bridge(tiny_model(arch)))
     rows = _rows()
-    batch = common.pack_rows(rows, pad_id=0)
-    got = common.response_logprobs(model, batch, temperature, with_entropy=True)
+    batch = batches.pack_rows(rows, pad_id=0)
+    got = batches.response_logprobs(model, batch, temperature, with_entropy=True)
     logits = bridgelm.grouped_logits(model, batch.input_ids, batch.attention_mask, batch.group_ids)
     logp = torch.log_softmax(logits.float() / temperature, -1)
     for b, r in enumerate(rows):
@@ -214,9 +216,9 @@ def test_gradient_parts_split_the_fused_projection():
     ids = torch.randint(7, 97, (4, 9))
     out = bridgelm.grouped_logits(model, ids, torch.ones_like(ids), [0, 0, 1, 1])
     out.float().pow(2).mean().backward()
-    parts = common.gradient_parts(model)
+    parts = optim.gradient_parts(model)
     assert set(parts) == {"bridge_q", "bridge_k", "bridge_v", "bridge_o", "bridge_norm", "base"}
-    norms = common.part_grad_norms(parts)
+    norms = optim.part_grad_norms(parts)
     # Slow reference: the rows of every layer's fused qkv gradient, by hand.
     sq = {"bridge_q": 0.0, "bridge_k": 0.0, "bridge_v": 0.0}
     for name, p in model.named_parameters():
@@ -235,7 +237,7 @@ def test_make_optimizer_gives_blocks_their_own_rate():
     model = bridgelm.add_bridge(tiny_model("qwen2"))
     blocks = bridgelm.added_parameters(model)
     params = list(model.parameters())
-    opt = common.make_optimizer(params, 1e-4, lr_of={id(p): 1e-2 for p in blocks.values()})
+    opt = optim.make_optimizer(params, 1e-4, lr_of={id(p): 1e-2 for p in blocks.values()})
     by_rate = {g["lr"]: g["params"] for g in opt.param_groups}
     assert set(by_rate) == {1e-4, 1e-2}
     assert {id(p) for p in by_rate[1e-2]} == {id(p) for p in blocks.values()}

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 import bridgelm
-from bridgelm.train import common
+from bridgelm.dist import Dist
 
 SCRIPT = Path(__file__).parent / "dist_scripts" / "rl_dist.py"
 sys.path.insert(0, str(SCRIPT.parent))
@@ -38,7 +38,7 @@ def one_proc():
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return rl_dist.minibatch_grads(common.Dist(), fsdp=False)
+        return rl_dist.minibatch_grads(Dist(), fsdp=False)
     finally:
         torch.set_num_threads(before)
 

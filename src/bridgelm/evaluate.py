@@ -39,13 +39,14 @@ from typing import Any
 import numpy as np
 
 from bridgelm import metrics as M
-from bridgelm.dist import Dist, barrier
+from bridgelm.dist import Dist, all_reduce_sum, barrier, unsharded
 from bridgelm.errors import UserError
 from bridgelm.jsonl import append_record, read_records, write_atomic, write_json
 from bridgelm.runs import RUN_FILE, check_settings
 from bridgelm.samples import check_stop_strings
-from bridgelm.sampling import SamplingConfig, encode_prompts, iter_generate
+from bridgelm.sampling import SamplingConfig, encode_prompts, eos_ids, generate_ids, iter_generate, pad_id
 from bridgelm.tasks import Task
+from bridgelm.tasks.base import check_rewards, is_correct
 
 FORMAT = "bridgelm-eval-1"
 METRICS_FILE = "metrics.json"
@@ -73,9 +74,6 @@ _COMPARED = (
 
 # G-Pass fractions reported at every generation budget (the paper's Figure 6 shows 0.5 and 1).
 BUDGET_TAUS = (0.25, 0.5, 0.75, 1.0)
-
-# A sample is correct when its reward reaches this (rewards of the tasks here are 0 or 1).
-CORRECT_AT = 0.5
 
 # How long ranks other than 0 wait for rank 0 to write run.json.
 RUN_WAIT_SECONDS = 600.0
@@ -513,6 +511,32 @@ def run_eval(
     }
 
 
+def accuracy(model, tokenizer, task: Task, cfg: EvalConfig, dist: Dist | None = None) -> float:
+    """Mean accuracy of cfg.n samples per problem (width cfg.width) on the first cfg.limit problems of `task`, sampled
+    and graded in memory, without a run folder (RL's validation, the demo's pre-training checks).
+
+    Problems are sharded over the ranks (all ranks call and get the same number); under FSDP every rank samples on
+    the gathered weights.
+    """
+    dist = dist or Dist(device=next(model.parameters()).device)
+    examples = task.examples[: cfg.limit] if cfg.limit is not None else task.examples
+    mine = examples[dist.rank :: dist.world]
+    correct = 0.0
+    if mine:
+        ids = encode_prompts(tokenizer, [task.prompt(ex) for ex in mine], cfg.chat)
+        eos = eos_ids(model, tokenizer)
+        with unsharded(model, dist):
+            samples = generate_ids(model, ids, cfg.sampling(cfg.width), eos, pad_id(tokenizer, eos))
+        texts = [[tokenizer.decode(s.token_ids, skip_special_tokens=True) for s in outs] for outs in samples]
+        pairs = [(text, ex) for ex, outs in zip(mine, texts) for text in outs]
+        correct = sum(is_correct(r) for r in check_rewards(task.reward_many(pairs), f"task {task.name!r}"))
+    elif dist.fsdp:
+        with unsharded(model, dist):  # gathering is a collective: ranks without problems take part too
+            pass
+    correct, count = all_reduce_sum([correct, len(mine) * cfg.n], dist)
+    return correct / max(count, 1.0)
+
+
 # ---------------------------------------------------------------------------------------------- scoring
 
 
@@ -677,7 +701,7 @@ def _problem_score(rec: dict, rewards: list[float], task: Task) -> dict[str, Any
             "truncated": bool(rec.get("truncated")),
         }
     answers = [task.extract(s["text"]) for s in rec["samples"]]
-    correct = [r >= CORRECT_AT for r in rewards]
+    correct = [is_correct(r) for r in rewards]
     return {
         "benchmark": rec["benchmark"],
         "width": int(rec["width"]),

@@ -19,7 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ (conftest
 
 import torch  # noqa: E402
 
-from bridgelm.train import common, rl  # noqa: E402
+from bridgelm import runs  # noqa: E402
+from bridgelm.dist import Dist, barrier, prepare_model, reduce_gradients, setup_distributed, teardown_distributed  # noqa: E402
+from bridgelm.train import batches, rl  # noqa: E402
 
 PROMPTS, G, W = 4, 4, 2  # 4 prompts x 4 rollouts in groups of 2: 8 Bridge groups
 
@@ -42,7 +44,7 @@ def rollouts_of(rank: int, world: int, tok) -> tuple[rl.Rollouts, list[int]]:
             a = float(torch.randn(1, generator=g))
             if p // per_rank == rank:
                 local_p = p - rank * per_rank
-                rows.append(common.Row(prompt, resp, local_p * (G // W) + i // W))
+                rows.append(batches.Row(prompt, resp, local_p * (G // W) + i // W))
                 adv.append(a)
                 global_index.append(p * G + i)
     n = len(rows)
@@ -50,9 +52,9 @@ def rollouts_of(rank: int, world: int, tok) -> tuple[rl.Rollouts, list[int]]:
     return out, global_index
 
 
-def minibatch_grads(dist: common.Dist, fsdp: bool) -> dict:
+def minibatch_grads(dist: Dist, fsdp: bool) -> dict:
     model, tok = model_and_tokenizer()
-    common.prepare_model(model, dist, fsdp)
+    prepare_model(model, dist, fsdp)
     model.train()
     cfg = replace(rl.RLConfig(), micro_batch_groups=3, beta=0.05, clip_eps=0.1, temperature=0.8)
     rollouts, index = rollouts_of(dist.rank, dist.world, tok)
@@ -66,7 +68,7 @@ def minibatch_grads(dist: common.Dist, fsdp: bool) -> dict:
         ref[r] = current[r] + 0.3 * torch.randn(n, generator=noise)
     stats = rl.minibatch_backward(model, rollouts, groups, old, ref, cfg, 0, dist)
     params = [p for p in model.parameters() if p.requires_grad]
-    common.reduce_gradients(params, dist)
+    reduce_gradients(params, dist)
     grads = {}
     for name, p in model.named_parameters():
         grad = p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
@@ -74,7 +76,7 @@ def minibatch_grads(dist: common.Dist, fsdp: bool) -> dict:
     return {"loss": stats.loss, "tokens": stats.tokens, "grads": grads}
 
 
-def train(dist: common.Dist, out: Path, fsdp: bool) -> dict:
+def train(dist: Dist, out: Path, fsdp: bool) -> dict:
     from test_rl import CFG, TASK
 
     model, tok = model_and_tokenizer()
@@ -83,7 +85,7 @@ def train(dist: common.Dist, out: Path, fsdp: bool) -> dict:
     return {"history": res.history, "final": str(res.final_dir), "best": str(res.best_dir)}
 
 
-def train_interrupted_then_resumed(dist: common.Dist, out: Path) -> dict:
+def train_interrupted_then_resumed(dist: Dist, out: Path) -> dict:
     """FSDP run stopped by Ctrl-C while sampling step 2 (all ranks), then resumed."""
     original, calls = rl.collect_rollouts, {"n": 0}
 
@@ -100,7 +102,7 @@ def train_interrupted_then_resumed(dist: common.Dist, out: Path) -> dict:
         pass
     finally:
         rl.collect_rollouts = original
-    stopped_at = common.latest_checkpoint(out).name
+    stopped_at = runs.latest_checkpoint(out).name
     from test_rl import CFG, TASK
 
     model, tok = model_and_tokenizer()
@@ -111,12 +113,12 @@ def train_interrupted_then_resumed(dist: common.Dist, out: Path) -> dict:
 
 def main(out: str) -> None:
     out = Path(out)
-    dist = common.setup_distributed()
+    dist = setup_distributed()
     for fsdp in (False, True):
         result = minibatch_grads(dist, fsdp)
         if dist.is_main:
             torch.save(result, out / f"grads_{'fsdp' if fsdp else 'plain'}.pt")
-        common.barrier(dist)
+        barrier(dist)
     for fsdp in (False, True):
         name = "train_fsdp" if fsdp else "train_plain"
         result = train(dist, out / name, fsdp)
@@ -125,7 +127,7 @@ def main(out: str) -> None:
     result = train_interrupted_then_resumed(dist, out / "train_fsdp_resumed")
     if dist.is_main:
         (out / "train_fsdp_resumed.json").write_text(json.dumps(result))
-    common.teardown_distributed()
+    teardown_distributed()
 
 
 if __name__ == "__main__":

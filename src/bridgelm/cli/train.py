@@ -54,7 +54,7 @@ def _cmd_warmup_data(args) -> None:
 
 def _cmd_sft(args) -> None:
     from bridgelm.attach import load_model
-    from bridgelm.train import common
+    from bridgelm.dist import teardown_distributed
     from bridgelm.train.sft import SFTConfig, train_sft
 
     if args.blocks is not None:  # `--blocks` is a file path everywhere else; here it was the kind to add
@@ -98,7 +98,7 @@ def _cmd_sft(args) -> None:
             print(f"bridgelm sft: best validation perplexity {res.best_val_ppl:.3f} (epoch {res.best_epoch})")
         print(f"bridgelm sft: blocks in {res.blocks_path}, metrics in {res.out_dir / 'metrics.jsonl'}")
     finally:
-        common.teardown_distributed()
+        teardown_distributed()
 
 
 def _rl_config(args):
@@ -147,7 +147,8 @@ def _rl_config(args):
 
 def _cmd_rl(args) -> None:
     import bridgelm
-    from bridgelm.train import common
+    from bridgelm.dist import teardown_distributed
+    from bridgelm.rng import derive_seed
     from bridgelm.train.rl import train_rl
 
     cfg = _rl_config(args)
@@ -166,7 +167,7 @@ def _cmd_rl(args) -> None:
 
         add = bridgelm.add_bridge if args.add == "bridge" else bridgelm.add_pmatch
         with torch.random.fork_rng(devices=[]):  # same blocks on every rank and on every --resume
-            torch.manual_seed(common.derive_seed(args.seed, "rl-blocks"))
+            torch.manual_seed(derive_seed(args.seed, "rl-blocks"))
             add(model, num_heads=args.num_heads)
     try:
         res = train_rl(model, tokenizer, task, cfg, args.out, val_task=val_task)
@@ -177,7 +178,7 @@ def _cmd_rl(args) -> None:
             best = f"{res.best_accuracy:.3f} (step {res.best_step})"
             print(f"bridgelm rl: best validation accuracy {best} in {res.best_dir}")
     finally:
-        common.teardown_distributed()
+        teardown_distributed()
 
 
 def _add_run_args(p, save_every: int) -> None:

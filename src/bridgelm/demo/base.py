@@ -12,7 +12,6 @@ settings equal the requested ones is reused as it is.
 from __future__ import annotations
 
 import json
-import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -21,11 +20,18 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
+from bridgelm import evaluate
+from bridgelm.dist import Dist
 from bridgelm.jsonl import write_json
+from bridgelm.runs import METRICS, check_settings, jsonable
 from bridgelm.tasks import anysum, arith
 from bridgelm.tokenizer import BOS, CHAT_TEMPLATE, EOS, PAD
+from bridgelm.train.optim import CosineSchedule, make_optimizer, optimizer_step, scheduled
+from bridgelm.train.run import Run, RunControl
+from bridgelm.train.weights import load_weights, save_model
 
 BOXED = "\\boxed{"  # one token: the answer marker
+SAVE_EVERY = 250  # pre-training steps between checkpoints (an interrupted pre-training resumes from the last)
 
 
 @dataclass(frozen=True)
@@ -122,18 +128,25 @@ def encode_examples(tokenizer, task, examples) -> tuple[torch.Tensor, torch.Tens
 
 def accuracy(model, tokenizer, task, n: int = 4, max_new_tokens: int = 48) -> float:
     """Mean accuracy of n independent samples per problem (temperature 0.6, top-p 0.95), through the engine."""
-    from bridgelm.train.rl import evaluate_accuracy
-
-    return evaluate_accuracy(model, tokenizer, task, n=n, width=1, max_new_tokens=max_new_tokens)
+    return evaluate.accuracy(model, tokenizer, task, evaluate.EvalConfig(n=n, width=1, max_new_tokens=max_new_tokens))
 
 
 def pretrain(cfg: BaseConfig, out: str | Path, progress: bool = True, log=print) -> Path:
-    """Build, pre-train and save the base model into `out` (reused when already there with these settings)."""
+    """Build, pre-train and save the base model into `out` (reused when already there with these settings).
+
+    A training run of its own (bridgelm.train.run): OUT/metrics.jsonl and checkpoints every SAVE_EVERY steps, so an
+    interrupted pre-training resumes exactly where it stopped. It ends at `cfg.steps`, or at the first validation
+    check that reaches `target_accuracy`.
+    """
     out = Path(out)
     marker = out / "pretrain.json"
-    if marker.exists() and json.loads(marker.read_text()).get("config") == asdict(cfg):
-        log(f"base model: reusing {out}")
-        return out
+    settings = jsonable(asdict(cfg))
+    if marker.exists():
+        done = json.loads(marker.read_text()).get("config") or {}
+        if done == settings:
+            log(f"base model: reusing {out}")
+            return out
+        check_settings(out, done, settings, fix="use another --out for another base model")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     examples = generate(cfg.task, cfg.steps * cfg.batch_size, "train", cfg.seed, distinct=cfg.distinct)
@@ -142,65 +155,49 @@ def pretrain(cfg: BaseConfig, out: str | Path, progress: bool = True, log=print)
     tokenizer = train_tokenizer([alphabet] + [task.prompt(e) + e["solution"] for e in task.examples[:2000]])
     model = build_model(cfg, tokenizer).train()
     n_params = sum(p.numel() for p in model.parameters())
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay, betas=(0.9, 0.95))
+    control = RunControl(resume=True, save_every=SAVE_EVERY, keep_last=1, progress=progress)
+    run = Run(out, "pretrain", {"config": settings}, control, Dist(), val_accuracy=None, reached=False)
+    if run.resume_from is not None:
+        load_weights(model, run.resume_from)
+    params = list(model.parameters())
+    optimizer = make_optimizer(params, cfg.lr, cfg.weight_decay, betas=(0.9, 0.95))
     horizon = max(cfg.steps, cfg.schedule_steps)
-    warm = max(1, horizon // 20)
-
-    def lr_at(step: int) -> float:
-        if step < warm:
-            return cfg.lr * (step + 1) / warm
-        t = (step - warm) / max(1, horizon - warm)
-        return cfg.lr * (0.1 + 0.45 * (1 + math.cos(math.pi * t)))
-
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=cfg.steps, desc=f"pre-training {n_params / 1e6:.1f}M model -> {out}", unit="step")
-    t0 = time.perf_counter()
-    tokens = 0
-    history = []
+    scheduler = scheduled(optimizer, CosineSchedule(horizon, max(1, horizon // 20), floor=0.1))
+    run.track(model, optimizer, scheduler, lambda folder, _: save_model(model, tokenizer, folder))
     checks = cfg.check_from < cfg.steps
     val = make_task(cfg.task, generate(cfg.task, cfg.check_problems, "validation", cfg.seed)) if checks else None
-    val_accuracy = None
-    steps = 0  # optimiser steps taken
-    for step in range(cfg.steps):
-        if checks and step >= cfg.check_from and (step - cfg.check_from) % cfg.check_every == 0:
-            val_accuracy = accuracy(model, tokenizer, val)
-            history.append({"step": step, "val_accuracy": val_accuracy})
-            if bar is not None:
-                bar.set_postfix(val=f"{val_accuracy:.2f}")
-            if val_accuracy >= cfg.target_accuracy:
+    t0 = time.perf_counter()
+    last = run.step if run.state["reached"] else cfg.steps  # a run that reached its target is over
+    with run.running(last, f"pre-training {n_params / 1e6:.1f}M model"):
+        for step in range(run.step, last):
+            batch = task.examples[step * cfg.batch_size : (step + 1) * cfg.batch_size]
+            ids, mask = encode_examples(tokenizer, task, batch)  # [B, S] each
+            logits = model(input_ids=ids, attention_mask=(ids != tokenizer.pad_token_id).long()).logits  # [B, S, V]
+            target_mask = mask[:, 1:].bool()  # [B, S - 1]: position s predicts a solution token
+            loss = torch.nn.functional.cross_entropy(logits[:, :-1][target_mask], ids[:, 1:][target_mask])
+            loss.backward()
+            with run.update():
+                lr = scheduler.get_last_lr()[0]
+                norm = optimizer_step(params, optimizer, scheduler, 1.0, run.dist)
+                run.state["step"] = step + 1
+                record = {"step": step + 1, "loss": loss.item(), "lr": lr, "grad_norm": norm, "tokens": int(mask.sum())}
+                if checks and step + 1 >= cfg.check_from and (step + 1 - cfg.check_from) % cfg.check_every == 0:
+                    record["val_accuracy"] = run.state["val_accuracy"] = accuracy(model, tokenizer, val)
+                    run.state["reached"] = record["val_accuracy"] >= cfg.target_accuracy
+                run.log(record, loss=f"{record['loss']:.3f}", val=run.state["val_accuracy"])
+            run.save_if_due(now=run.state["reached"])
+            if run.state["reached"]:
                 break
-        batch = task.examples[step * cfg.batch_size : (step + 1) * cfg.batch_size]
-        ids, mask = encode_examples(tokenizer, task, batch)
-        logits = model(input_ids=ids, attention_mask=(ids != tokenizer.pad_token_id).long()).logits
-        target_mask = mask[:, 1:].bool()
-        loss = torch.nn.functional.cross_entropy(logits[:, :-1][target_mask], ids[:, 1:][target_mask])
-        for group in opt.param_groups:
-            group["lr"] = lr_at(step)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        tokens += int(mask.sum())
-        steps = step + 1
-        if step % 20 == 0 or step == cfg.steps - 1:
-            history.append({"step": step, "loss": round(loss.item(), 4)})
-        if bar is not None:
-            bar.update(1)
-    if bar is not None:
-        bar.close()
     seconds = time.perf_counter() - t0
     model.eval()
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    info = {"config": asdict(cfg), "params": n_params, "steps": steps, "val_accuracy": val_accuracy}
-    write_json(marker, {**info, "seconds": round(seconds, 1), "history": history})
+    save_model(model, tokenizer, out)
+    val_accuracy = run.state["val_accuracy"]
+    info = {"config": asdict(cfg), "params": n_params, "steps": run.step, "val_accuracy": val_accuracy}
+    write_json(marker, {**info, "seconds": round(seconds, 1), "metrics": str(out / METRICS)})
     log(
-        f"base model: {n_params / 1e6:.2f}M parameters, {steps} steps in {seconds:.0f}s, validation accuracy "
-        f"{val_accuracy if val_accuracy is None else round(val_accuracy, 3)} -> {out}"
+        f"base model: {n_params / 1e6:.2f}M parameters, {run.step} steps (this session: {seconds:.0f}s), validation "
+        f"accuracy {val_accuracy if val_accuracy is None else round(val_accuracy, 3)} -> {out}"
     )
     return out

@@ -11,6 +11,7 @@ parses), so a bad row is refused on load, by line, instead of being sampled and 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,6 +44,28 @@ def format_chat(tokenizer: Any, text: str) -> str:
             [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=False
         )
     return text
+
+
+# The reward of a correct answer. Rewards are correctness in [0, 1]: every task here gives 0 or 1, except the graded
+# scores of continuous tasks (summarisation's ROUGE-1), which count as correct only when perfect.
+FULL_REWARD = 1.0
+
+
+def is_correct(reward: float) -> bool:
+    """A sample is correct when its reward is the full reward: what accuracy, pass@k, G-Pass, majority vote, the
+    warm-up data filter and RL's accuracy all count."""
+    return reward >= FULL_REWARD
+
+
+def check_rewards(rewards: Sequence[float], where: str) -> list[float]:
+    """Rewards as floats; a non-finite one is a ValueError naming `where` and the response."""
+    out = []
+    for i, r in enumerate(rewards):
+        r = float(r)
+        if not math.isfinite(r):
+            raise ValueError(f"{where}: reward of response {i} is {r}; expected a finite number in [0, 1]")
+        out.append(r)
+    return out
 
 
 @dataclass

@@ -5,7 +5,7 @@ train_sft(model, tokenizer, "warmup.jsonl", SFTConfig(), "sft")    # bridgelm sf
 train_rl(model, tokenizer, task, RLConfig(), "rl")                 # bridgelm rl
 """
 
-from bridgelm.train.rl import RLConfig, RLResult, evaluate_accuracy, train_rl
+from bridgelm.train.rl import RLConfig, RLResult, train_rl
 from bridgelm.train.sft import SFTConfig, SFTResult, train_sft
 from bridgelm.train.warmup_data import make_warmup_data
 
@@ -14,7 +14,6 @@ __all__ = [
     "RLResult",
     "SFTConfig",
     "SFTResult",
-    "evaluate_accuracy",
     "make_warmup_data",
     "train_rl",
     "train_sft",

@@ -11,14 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import torch
 
+from bridgelm.dist import Dist
 from bridgelm.grouped import KWARG, Groups
-
-if TYPE_CHECKING:
-    from bridgelm.train.common import Dist
 
 
 class Row(NamedTuple):

@@ -35,11 +35,18 @@ from pathlib import Path
 import torch
 
 from bridgelm.attach import added_parameters, block_config
+from bridgelm.dist import Dist, all_reduce_sum, prepare_model, setup_distributed, unsharded
+from bridgelm.evaluate import EvalConfig, accuracy
 from bridgelm.grpo import group_advantages, policy_loss, policy_stats
 from bridgelm.jsonl import write_json
+from bridgelm.rng import derive_seed, generator
+from bridgelm.runs import latest_checkpoint
 from bridgelm.sampling import SamplingConfig, encode_prompts, eos_ids, generate_ids, pad_id
-from bridgelm.train import common
-from bridgelm.train.common import CORRECT_REWARD, Dist, Row, check_rewards
+from bridgelm.tasks.base import check_rewards, is_correct
+from bridgelm.train.batches import Row, autocast, chunks, pack_rows, response_logprobs, rows_tensor
+from bridgelm.train.optim import gradient_parts, make_optimizer, make_scheduler, optimizer_step
+from bridgelm.train.run import Run, control_of, settings_of
+from bridgelm.train.weights import load_weights, save_model, write_on_main
 
 BEST = "best"  # OUT/best: the checkpoint with the best validation accuracy
 
@@ -111,8 +118,8 @@ class RLConfig:
             raise ValueError(f"eval_width={self.eval_width} must divide eval_n={self.eval_n}")
 
 
-# Fields that do not change the trained weights (may differ when resuming).
-RUN_FIELDS = ("resume", "progress", "tensorboard", "save_every", "keep_last", "eval_every", "eval_limit")
+# Fields that do not change the trained weights besides the run-control ones (train.run.RUN_FIELDS).
+FREE_FIELDS = ("eval_every", "eval_limit")
 
 
 @dataclass
@@ -158,7 +165,7 @@ def step_examples(task, cfg: RLConfig, step: int, dist: Dist) -> list[dict]:
     for i in range(first, first + per_rank):
         epoch = i // n
         if epoch not in cache:
-            cache[epoch] = torch.randperm(n, generator=common.generator(cfg.seed, "data", epoch)).tolist()
+            cache[epoch] = torch.randperm(n, generator=generator(cfg.seed, "data", epoch)).tolist()
         out.append(task.examples[cache[epoch][i % n]])
     return out
 
@@ -172,14 +179,14 @@ def collect_rollouts(model, tokenizer, task, examples: list[dict], cfg: RLConfig
         max_new_tokens=cfg.max_new_tokens,
         temperature=cfg.temperature,
         top_p=cfg.top_p,
-        seed=common.derive_seed(cfg.seed, "rollouts", step, dist.rank),
+        seed=derive_seed(cfg.seed, "rollouts", step, dist.rank),
         max_batch_sequences=cfg.max_batch_sequences,
         max_batch_tokens=cfg.max_batch_tokens,
     )
     eos = eos_ids(model, tokenizer)
     pad = pad_id(tokenizer, eos)
     t0 = time.perf_counter()
-    with common.unsharded(model, dist):
+    with unsharded(model, dist):
         samples = generate_ids(model, prompt_ids, scfg, eos, pad)
     seconds = time.perf_counter() - t0
     rows, pairs, finished = [], [], []
@@ -198,7 +205,7 @@ def minibatch_plan(n_groups: int, cfg: RLConfig, step: int) -> list[list[int]]:
     """Group indices of each mini-batch: per epoch a shuffle of the groups cut into K near-equal parts."""
     K, plan = cfg.steps_per_rollout, []
     for epoch in range(cfg.epochs_per_rollout):
-        perm = torch.randperm(n_groups, generator=common.generator(cfg.seed, "minibatches", step, epoch)).tolist()
+        perm = torch.randperm(n_groups, generator=generator(cfg.seed, "minibatches", step, epoch)).tolist()
         plan += [perm[i * n_groups // K : (i + 1) * n_groups // K] for i in range(K)]
     return plan
 
@@ -223,9 +230,9 @@ def rollout_logprobs(model, rollouts: Rollouts, micro: list[list[int]], cfg: RLC
     entropy = 0.0
     for groups in micro:
         rows = rollouts.group_rows(groups)
-        batch = common.pack_rows([rollouts.rows[r] for r in rows], pad_id, dist.device)
-        with common.autocast(dist, cfg.bf16):
-            lp, ent = common.response_logprobs(model, batch, cfg.temperature, with_entropy=True)
+        batch = pack_rows([rollouts.rows[r] for r in rows], pad_id, dist.device)
+        with autocast(dist, cfg.bf16):
+            lp, ent = response_logprobs(model, batch, cfg.temperature, with_entropy=True)
         entropy += float(ent[batch.response_mask].sum())
         for b, r in enumerate(rows):
             logprobs[r] = lp[b, : len(rollouts.rows[r].response)]
@@ -250,22 +257,22 @@ def minibatch_backward(
     accumulate in .grad.
     """
     local = sum(len(rollouts.rows[r].response) for r in rollouts.group_rows(groups))
-    total = common.all_reduce_sum([local], dist)[0]
+    total = all_reduce_sum([local], dist)[0]
     out = MinibatchStats(loss=0.0, tokens=total)
-    for micro in common.chunks(groups, cfg.micro_batch_groups):
+    for micro in chunks(groups, cfg.micro_batch_groups):
         rows = rollouts.group_rows(micro)
-        batch = common.pack_rows([rollouts.rows[r] for r in rows], pad_id, dist.device)
+        batch = pack_rows([rollouts.rows[r] for r in rows], pad_id, dist.device)
         mask = batch.response_mask  # [B, T]
         fresh = old is None or rows[0] not in old  # micro-batches hold whole groups, all fresh or none
-        with common.autocast(dist, cfg.bf16):
-            lp, ent = common.response_logprobs(model, batch, cfg.temperature, with_entropy=fresh)
+        with autocast(dist, cfg.bf16):
+            lp, ent = response_logprobs(model, batch, cfg.temperature, with_entropy=fresh)
         if fresh:
             old_lp = lp.detach()  # [B, T]
             if old is not None:
                 old.update({r: old_lp[b, : len(rollouts.rows[r].response)] for b, r in enumerate(rows)})
         else:
-            old_lp = common.rows_tensor([old[r] for r in rows], mask)  # [B, T]
-        ref_lp = None if ref is None else common.rows_tensor([ref[r] for r in rows], mask)  # [B, T]
+            old_lp = rows_tensor([old[r] for r in rows], mask)  # [B, T]
+        ref_lp = None if ref is None else rows_tensor([ref[r] for r in rows], mask)  # [B, T]
         adv = rollouts.advantages[rows].to(lp.device)  # [B]
         loss = policy_loss(lp, old_lp, ref_lp, adv, mask, cfg.clip_eps, cfg.clip_eps_high, cfg.beta, num_tokens=total)
         loss.backward()
@@ -275,7 +282,7 @@ def minibatch_backward(
         out.kl += s.kl
         if ent is not None:
             out.entropy += float(ent[mask].sum())
-    out.loss = common.all_reduce_sum([out.loss], dist)[0]
+    out.loss = all_reduce_sum([out.loss], dist)[0]
     return out
 
 
@@ -284,7 +291,7 @@ def update_policy(
 ) -> dict:
     """K (x epochs) optimiser steps on this rollout batch; returns token-level sums and means for logging."""
     plan = minibatch_plan(rollouts.n_groups, cfg, step)
-    micro_of = [common.chunks(mb, cfg.micro_batch_groups) for mb in plan]
+    micro_of = [chunks(mb, cfg.micro_batch_groups) for mb in plan]
     first_pass = [m for mbs in micro_of[: cfg.steps_per_rollout] for m in mbs]  # every group once, as trained
     model.train()
     old = ref = None
@@ -299,10 +306,10 @@ def update_policy(
     t2 = time.perf_counter()
     sums = {"loss": 0.0, "clipped": 0.0, "kl": 0.0, "tokens": 0.0, "entropy": 0.0, "grad_norm": 0.0}
     sums["old_seconds"], sums["ref_seconds"] = t1 - t0, t2 - t1  # the no_grad passes (old log-probs, reference)
-    sums["parts"] = {}  # gradient norm of each part (see common.gradient_parts), summed over optimiser steps
+    sums["parts"] = {}  # gradient norm of each part (see optim.gradient_parts), summed over optimiser steps
     for mb in plan:
         s = minibatch_backward(model, rollouts, mb, old, ref, cfg, pad_id, dist)
-        norm = common.optimizer_step(params, optimizer, scheduler, cfg.max_grad_norm, dist, parts, sums["parts"])
+        norm = optimizer_step(params, optimizer, scheduler, cfg.max_grad_norm, dist, parts, sums["parts"])
         sums["loss"] += s.loss
         sums["clipped"] += s.clipped
         sums["kl"] += s.kl
@@ -311,47 +318,6 @@ def update_policy(
         sums["grad_norm"] += norm
     sums["entropy"] += entropy  # of every group once: the no_grad pass, and the first mini-batch's forward
     return sums
-
-
-# ---------------------------------------------------------------------------------------------- evaluation
-
-
-def evaluate_accuracy(
-    model,
-    tokenizer,
-    task,
-    n: int = 4,
-    width: int = 4,
-    max_new_tokens: int = 512,
-    temperature: float = 0.6,
-    top_p: float = 0.95,
-    seed: int = 0,
-    limit: int | None = None,
-    chat: bool = False,
-    dist: Dist | None = None,
-) -> float:
-    """Mean accuracy of n samples per problem (width w) on `task.examples[:limit]`, problems sharded over ranks."""
-    dist = dist or Dist(device=next(model.parameters()).device)
-    examples = task.examples[:limit] if limit is not None else task.examples
-    mine = examples[dist.rank :: dist.world]
-    correct = 0.0
-    if mine:
-        cfg = SamplingConfig(
-            n=n, width=width, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p, seed=seed
-        )
-        ids = encode_prompts(tokenizer, [task.prompt(ex) for ex in mine], chat)
-        eos = eos_ids(model, tokenizer)
-        with common.unsharded(model, dist):
-            samples = generate_ids(model, ids, cfg, eos, pad_id(tokenizer, eos))
-        texts = [[tokenizer.decode(s.token_ids, skip_special_tokens=True) for s in outs] for outs in samples]
-        pairs = [(text, ex) for ex, outs in zip(mine, texts) for text in outs]
-        rewards = check_rewards(task.reward_many(pairs), f"validation task {task.name!r}")
-        correct = sum(r >= CORRECT_REWARD for r in rewards)
-    elif dist.fsdp:
-        with common.unsharded(model, dist):
-            pass
-    correct, count = common.all_reduce_sum([correct, len(mine) * n], dist)
-    return correct / max(count, 1.0)
 
 
 # ---------------------------------------------------------------------------------------------- the run
@@ -366,7 +332,7 @@ def _checksum(model) -> float:
 def _identity(model, task, cfg: RLConfig) -> dict:
     blocks = block_config(model)
     return {
-        **common.jsonable({k: v for k, v in asdict(cfg).items() if k not in RUN_FIELDS}),
+        **settings_of(cfg, FREE_FIELDS),
         "model": str(getattr(model.config, "_name_or_path", "")),
         "blocks": None if blocks is None else asdict(blocks),
         "task": task.name,
@@ -398,104 +364,71 @@ def _make_reference(model, cfg: RLConfig, dist: Dist):
 def train_rl(model, tokenizer, task, cfg: RLConfig, out_dir: str | os.PathLike, val_task=None) -> RLResult:
     """GRPO on `task` starting from `model` (with or without blocks); see the module docstring for the outputs."""
     out_dir = Path(out_dir)
-    dist = common.setup_distributed(next(model.parameters()).device)
+    dist = setup_distributed(next(model.parameters()).device)
     cfg.validate(dist.world)
     if not task.examples:
         raise ValueError(f"task {task.name!r} has no examples to train on")
-    resume_from = common.check_fresh_or_resume(out_dir, cfg.resume)
-    identity = _identity(model, task, cfg)
-    if resume_from is not None:
-        common.check_same_config(resume_from, common.read_info(resume_from).get("identity", {}), identity)
+    run = Run(out_dir, "rl", _identity(model, task, cfg), control_of(cfg), dist, best_accuracy=None, best_step=None)
     _set_trainable(model, cfg)
     ref_model = _make_reference(model, cfg, dist)
-    if resume_from is not None:
-        common.load_weights(model, resume_from)
+    if run.resume_from is not None:
+        load_weights(model, run.resume_from)
     if cfg.gradient_checkpointing:
         model.activation_checkpointing_enable()
-    common.prepare_model(model, dist, cfg.fsdp)
+    prepare_model(model, dist, cfg.fsdp)
     if ref_model is not None:
-        common.prepare_model(ref_model, replace(dist), cfg.fsdp)
+        prepare_model(ref_model, replace(dist), cfg.fsdp)
     params = [p for p in model.parameters() if p.requires_grad]
     lr_of = None
     if cfg.block_lr is not None:
         lr_of = {id(p): cfg.block_lr for p in added_parameters(model).values() if p.requires_grad}
-    optimizer = common.make_optimizer(params, cfg.lr, cfg.weight_decay, lr_of=lr_of)
-    parts = common.gradient_parts(model)
+    optimizer = make_optimizer(params, cfg.lr, cfg.weight_decay, lr_of=lr_of)
+    parts = gradient_parts(model)
     total = cfg.steps * cfg.steps_per_rollout * cfg.epochs_per_rollout
-    scheduler = common.make_scheduler(optimizer, total, cfg.warmup_fraction, "constant")
-    state = {"step": 0, "best_accuracy": None, "best_step": None}
-    if resume_from is not None:
-        saved = common.load_trainer_state(resume_from)
-        common.load_optimizer_state(model, optimizer, saved["optimizer"], dist)
-        scheduler.load_state_dict(saved["scheduler"])
-        common.set_rng_state(saved["rng"])
-        state.update(saved["extra"], step=saved["step"])
-    log = common.MetricsLog(out_dir / common.METRICS, enabled=dist.is_main, tensorboard=cfg.tensorboard)
-    log.keep_until(state["step"])
-    if dist.is_main:
-        write_json(out_dir / "run.json", {"kind": "rl", "identity": identity})
-        print(
-            f"bridgelm rl: {cfg.steps} steps of {cfg.prompts_per_step} prompts x {cfg.rollouts} rollouts "
-            f"(width {cfg.width}), {dist.world} process(es) -> {out_dir}"
-        )
+    scheduler = make_scheduler(optimizer, total, cfg.warmup_fraction, "constant")
+    run.track(model, optimizer, scheduler, lambda folder, state_dict: save_model(model, tokenizer, folder, state_dict))
+    run.say(
+        f"bridgelm rl: {cfg.steps} steps of {cfg.prompts_per_step} prompts x {cfg.rollouts} rollouts "
+        f"(width {cfg.width}), {dist.world} process(es) -> {out_dir}"
+    )
     pad = pad_id(tokenizer, eos_ids(model, tokenizer))
     was_training = model.training
-    saved_at = state["step"]
-    in_update = False
     update_parts = []  # per step: seconds of the update's no_grad passes (RLResult.stats["update_parts"])
-    bar = common.progress_bar(cfg.steps, state["step"], f"GRPO -> {out_dir}", cfg.progress and dist.is_main)
     try:
-        for step in range(state["step"], cfg.steps):
-            t0 = time.perf_counter()
-            rollouts = collect_rollouts(model, tokenizer, task, step_examples(task, cfg, step, dist), cfg, step, dist)
-            with common.DeferInterrupt():
-                in_update = True
-                lr = scheduler.get_last_lr()[0]
-                t1 = time.perf_counter()
-                sums = update_policy(
-                    model, ref_model, rollouts, params, optimizer, scheduler, cfg, step, pad, dist, parts
-                )
-                state["step"] = step + 1
-                record = _record(step, rollouts, sums, cfg, lr, t0, t1, dist)
-                update_parts.append(
-                    {"old_logprob_seconds": sums["old_seconds"], "reference_seconds": sums["ref_seconds"]}
-                )
-                if val_task is not None and (
-                    step + 1 == cfg.steps or (cfg.eval_every and (step + 1) % cfg.eval_every == 0)
-                ):
-                    record.update(_validate(model, tokenizer, val_task, cfg, state, out_dir, dist))
-                log.log(record)
-                in_update = False
-            bar.update(1)
-            bar.set_postfix(reward=f"{record['reward']:.3f}", kl=record["kl"], val=record.get("val_accuracy", ""))
-            if cfg.save_every and state["step"] % cfg.save_every == 0:
-                _save(model, tokenizer, optimizer, scheduler, state, identity, out_dir, cfg, dist)
-                saved_at = state["step"]
-        if saved_at != state["step"] or common.latest_checkpoint(out_dir) is None:
-            _save(model, tokenizer, optimizer, scheduler, state, identity, out_dir, cfg, dist)
-    except KeyboardInterrupt:
-        if in_update:
-            if dist.is_main:
-                print(f"\nbridgelm rl: stopped inside step {state['step'] + 1}'s update; not saved (last: {saved_at})")
-        else:
-            if state["step"] != saved_at:
-                _save(model, tokenizer, optimizer, scheduler, state, identity, out_dir, cfg, dist)
-            if dist.is_main:
-                where = out_dir / common.CHECKPOINTS
-                print(f"\nbridgelm rl: interrupted; checkpoint of step {state['step']} in {where}")
-        raise
+        with run.running(cfg.steps, "GRPO"):
+            for step in range(run.step, cfg.steps):
+                t0 = time.perf_counter()
+                examples = step_examples(task, cfg, step, dist)
+                rollouts = collect_rollouts(model, tokenizer, task, examples, cfg, step, dist)
+                with run.update():
+                    lr = scheduler.get_last_lr()[0]
+                    t1 = time.perf_counter()
+                    sums = update_policy(
+                        model, ref_model, rollouts, params, optimizer, scheduler, cfg, step, pad, dist, parts
+                    )
+                    run.state["step"] = step + 1
+                    record = _record(step, rollouts, sums, cfg, lr, t0, t1, dist)
+                    update_parts.append(
+                        {"old_logprob_seconds": sums["old_seconds"], "reference_seconds": sums["ref_seconds"]}
+                    )
+                    if val_task is not None and (
+                        step + 1 == cfg.steps or (cfg.eval_every and (step + 1) % cfg.eval_every == 0)
+                    ):
+                        record.update(_validate(model, tokenizer, val_task, cfg, run.state, out_dir, dist))
+                    run.log(
+                        record, reward=f"{record['reward']:.3f}", kl=record["kl"], val=record.get("val_accuracy", "")
+                    )
+                run.save_if_due()
     finally:
-        bar.close()
-        log.close()
         model.train(was_training)
-    best_dir = out_dir / BEST if state["best_step"] is not None else None
+    state = run.state
     return RLResult(
-        history=log.records,
-        final_dir=common.latest_checkpoint(out_dir),
-        best_dir=best_dir,
+        history=run.history,
+        final_dir=latest_checkpoint(out_dir),
+        best_dir=out_dir / BEST if state["best_step"] is not None else None,
         best_accuracy=state["best_accuracy"],
         best_step=state["best_step"],
-        steps=state["step"],
+        steps=run.step,
         out_dir=out_dir,
         stats={"update_parts": update_parts},
     )
@@ -508,7 +441,7 @@ def _record(step, rollouts: Rollouts, sums: dict, cfg: RLConfig, lr, t0, t1, dis
     lengths = [len(row.response) for row in rollouts.rows]
     local = [
         float(r.sum()),
-        float((r >= CORRECT_REWARD).sum()),
+        float(sum(is_correct(x) for x in r.tolist())),
         float(r.numel()),
         float((per_prompt == per_prompt[:, :1]).all(-1).sum()),
         float(per_prompt.shape[0]),
@@ -519,9 +452,7 @@ def _record(step, rollouts: Rollouts, sums: dict, cfg: RLConfig, lr, t0, t1, dis
         sums["entropy"],
         rollouts.sample_seconds,
     ]
-    (reward, correct, n, flat, prompts, length, truncated, clipped, kl, entropy, sample_s) = common.all_reduce_sum(
-        local, dist
-    )
+    (reward, correct, n, flat, prompts, length, truncated, clipped, kl, entropy, sample_s) = all_reduce_sum(local, dist)
     passes = cfg.epochs_per_rollout
     trained = max(sums["tokens"], 1.0)  # tokens over all ranks and mini-batches (each pass)
     now = time.perf_counter()
@@ -550,55 +481,32 @@ def _record(step, rollouts: Rollouts, sums: dict, cfg: RLConfig, lr, t0, t1, dis
     }
 
 
-def _validate(model, tokenizer, val_task, cfg: RLConfig, state: dict, out_dir: Path, dist: Dist) -> dict:
-    t0 = time.perf_counter()
-    acc = evaluate_accuracy(
-        model,
-        tokenizer,
-        val_task,
+def _validation_config(cfg: RLConfig) -> EvalConfig:
+    """How the validation task is sampled (the paper: 4 samples per MATH-500 problem at temperature 0.6)."""
+    return EvalConfig(
         n=cfg.eval_n,
         width=cfg.eval_width,
         max_new_tokens=cfg.eval_max_new_tokens or cfg.max_new_tokens,
         temperature=cfg.eval_temperature,
         top_p=cfg.eval_top_p,
-        seed=common.derive_seed(cfg.seed, "eval"),
+        seed=derive_seed(cfg.seed, "eval"),
         limit=cfg.eval_limit,
         chat=cfg.chat,
-        dist=dist,
     )
+
+
+def _validate(model, tokenizer, val_task, cfg: RLConfig, state: dict, out_dir: Path, dist: Dist) -> dict:
+    """Validation accuracy; OUT/best holds the model of the best one so far."""
+    t0 = time.perf_counter()
+    acc = accuracy(model, tokenizer, val_task, _validation_config(cfg), dist)
     is_best = state["best_accuracy"] is None or acc > state["best_accuracy"]
     if is_best:
         state["best_accuracy"], state["best_step"] = acc, state["step"]
         info = {"step": state["step"], "val_accuracy": acc}
-        _write_model_dir(model, tokenizer, out_dir / BEST, dist, lambda tmp: write_json(tmp / "best.json", info))
+
+        def write(folder: Path, state_dict: dict | None) -> None:
+            save_model(model, tokenizer, folder, state_dict)
+            write_json(folder / "best.json", info)
+
+        write_on_main(out_dir / BEST, model, dist, write)
     return {"val_accuracy": acc, "val_best": is_best, "val_seconds": time.perf_counter() - t0}
-
-
-def _write_model_dir(model, tokenizer, final: Path, dist: Dist, extra_write) -> None:
-    """save_pretrained + tokenizer + `extra_write(tmp)` into `final`, atomically; gathers FSDP shards first."""
-    state_dict = common.full_state_dict(model, dist)
-    if dist.is_main:
-
-        def write(tmp: Path) -> None:
-            with common.quiet_saves():
-                model.save_pretrained(tmp, state_dict=state_dict)
-            tokenizer.save_pretrained(tmp)
-            extra_write(tmp)
-
-        common.write_dir_atomic(final, write)
-    common.barrier(dist)
-
-
-def _save(model, tokenizer, optimizer, scheduler, state, identity, out_dir: Path, cfg: RLConfig, dist: Dist) -> None:
-    """A resumable checkpoint OUT/checkpoints/step-N (a model directory plus trainer state); keeps the last N."""
-    step = state["step"]
-    opt_state = common.optimizer_state(model, optimizer, dist)
-    extra = {k: v for k, v in state.items() if k != "step"}
-
-    def write_state(tmp: Path) -> None:
-        common.save_trainer_state(tmp, step, opt_state, scheduler, extra)
-        write_json(tmp / common.TRAINER_INFO, {"step": step, "identity": identity, **extra})  # last: marks it whole
-
-    _write_model_dir(model, tokenizer, out_dir / common.CHECKPOINTS / common.checkpoint_name(step), dist, write_state)
-    if dist.is_main:
-        common.prune_checkpoints(out_dir, cfg.keep_last)

@@ -21,15 +21,18 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from bridgelm.attach import add_bridge, add_pmatch, added_parameters, block_config, load_blocks, save_blocks
+from bridgelm.dist import Dist, all_reduce_sum, barrier, prepare_model, setup_distributed
 from bridgelm.jsonl import read_records, write_json
-from bridgelm.train import common
-from bridgelm.train.common import Row
+from bridgelm.rng import derive_seed, generator
+from bridgelm.train.batches import Row, autocast, chunks, pack_rows, response_logprobs
+from bridgelm.train.optim import gradient_parts, make_optimizer, make_scheduler, optimizer_step
+from bridgelm.train.run import Run, control_of, settings_of
 
 BLOCKS_FILE = "blocks.safetensors"  # the best blocks of the run (by validation perplexity)
 
@@ -74,10 +77,6 @@ class SFTConfig:
             raise ValueError(f"val_fraction={self.val_fraction} must be in [0, 1)")
         if self.lr <= 0:
             raise ValueError(f"lr={self.lr} must be > 0")
-
-
-# Fields that do not change what is trained (may differ when resuming).
-RUN_FIELDS = ("resume", "progress", "tensorboard", "save_every", "keep_last")
 
 
 @dataclass
@@ -163,10 +162,10 @@ def make_groups(problems: list[Problem], cfg: SFTConfig, gen: torch.Generator) -
 
 def epoch_batches(problems: list[Problem], cfg: SFTConfig, epoch: int) -> list[list[list[Row]]]:
     """The batches (lists of groups) of `epoch`, a pure function of (seed, epoch)."""
-    gen = common.generator(cfg.seed, "sft-groups", epoch)
+    gen = generator(cfg.seed, "sft-groups", epoch)
     groups = make_groups(problems, cfg, gen)
     order = torch.randperm(len(groups), generator=gen).tolist()
-    return common.chunks([groups[i] for i in order], cfg.batch_groups)
+    return chunks([groups[i] for i in order], cfg.batch_groups)
 
 
 def split_problems(problems: list[Problem], cfg: SFTConfig) -> tuple[list[Problem], list[Problem]]:
@@ -175,46 +174,46 @@ def split_problems(problems: list[Problem], cfg: SFTConfig) -> tuple[list[Proble
         raise ValueError(
             f"{n_val} validation problems leave none of the {len(problems)} problems for training; lower val_count"
         )
-    order = torch.randperm(len(problems), generator=common.generator(cfg.seed, "sft-split")).tolist()
+    order = torch.randperm(len(problems), generator=generator(cfg.seed, "sft-split")).tolist()
     return [problems[i] for i in order[n_val:]], [problems[i] for i in order[:n_val]]
 
 
 # ---------------------------------------------------------------------------------------------- steps
 
 
-def batch_backward(model, groups: list[list[Row]], cfg: SFTConfig, pad_id: int, dist: common.Dist) -> tuple[float, int]:
+def batch_backward(model, groups: list[list[Row]], cfg: SFTConfig, pad_id: int, dist: Dist) -> tuple[float, int]:
     """Cross-entropy of this rank's share of a batch, normalised by the batch's global token count; backward.
 
     Returns (global mean loss, global response tokens).
     """
     mine = groups[dist.rank :: dist.world]
     local_tokens = sum(len(r.response) for g in mine for r in g)
-    total = common.all_reduce_sum([local_tokens], dist)[0]
+    total = all_reduce_sum([local_tokens], dist)[0]
     loss_sum = 0.0
-    for micro in common.chunks(mine, cfg.micro_batch_groups):
-        batch = common.pack_rows([r for g in micro for r in g], pad_id, dist.device)
-        with common.autocast(dist, cfg.bf16):
-            lp = common.response_logprobs(model, batch).logprobs  # [B, T]
+    for micro in chunks(mine, cfg.micro_batch_groups):
+        batch = pack_rows([r for g in micro for r in g], pad_id, dist.device)
+        with autocast(dist, cfg.bf16):
+            lp = response_logprobs(model, batch).logprobs  # [B, T]
         loss = -(lp * batch.response_mask).sum() / max(total, 1.0)
         loss.backward()
         loss_sum += float(loss.detach())
-    return common.all_reduce_sum([loss_sum], dist)[0], int(total)
+    return all_reduce_sum([loss_sum], dist)[0], int(total)
 
 
 @torch.no_grad()
-def validation_loss(model, groups: list[list[Row]], cfg: SFTConfig, pad_id: int, dist: common.Dist) -> float:
+def validation_loss(model, groups: list[list[Row]], cfg: SFTConfig, pad_id: int, dist: Dist) -> float:
     """Mean next-token NLL over the response tokens of the validation groups (all ranks)."""
     was_training = model.training
     model.eval()
     nll, tokens = 0.0, 0
-    for micro in common.chunks(groups[dist.rank :: dist.world], cfg.micro_batch_groups):
-        batch = common.pack_rows([r for g in micro for r in g], pad_id, dist.device)
-        with common.autocast(dist, cfg.bf16):
-            lp = common.response_logprobs(model, batch).logprobs
+    for micro in chunks(groups[dist.rank :: dist.world], cfg.micro_batch_groups):
+        batch = pack_rows([r for g in micro for r in g], pad_id, dist.device)
+        with autocast(dist, cfg.bf16):
+            lp = response_logprobs(model, batch).logprobs
         nll -= float((lp * batch.response_mask).sum())
         tokens += batch.tokens
     model.train(was_training)
-    nll, tokens = common.all_reduce_sum([nll, tokens], dist)
+    nll, tokens = all_reduce_sum([nll, tokens], dist)
     return nll / max(tokens, 1.0)
 
 
@@ -230,7 +229,7 @@ def ensure_blocks(model, cfg: SFTConfig):
         return model
     add = add_bridge if cfg.blocks == "bridge" else add_pmatch
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(common.derive_seed(cfg.seed, "sft-blocks"))
+        torch.manual_seed(derive_seed(cfg.seed, "sft-blocks"))
         add(model, num_heads=cfg.num_heads, placement=cfg.placement)
     return model
 
@@ -239,45 +238,34 @@ def train_sft(model, tokenizer, data_path: str | os.PathLike, cfg: SFTConfig, ou
     """Warm up the blocks of `model` (added when absent) on the warm-up file; writes OUT/blocks.safetensors."""
     cfg.validate()
     out_dir = Path(out_dir)
-    dist = common.setup_distributed(next(model.parameters()).device)
+    dist = setup_distributed(next(model.parameters()).device)
     problems = read_warmup(data_path)
     train, val = split_problems(problems, cfg)
-    resume_from = common.check_fresh_or_resume(out_dir, cfg.resume)
-    ensure_blocks(model, cfg)
-    trainable = added_parameters(model)
-    for name, p in model.named_parameters():
-        p.requires_grad_(name in trainable)
     identity = {
-        **common.jsonable({k: v for k, v in asdict(cfg).items() if k not in RUN_FIELDS}),
+        **settings_of(cfg),
         "data": str(Path(data_path).resolve()),
         "problems": len(problems),
         "model": str(getattr(model.config, "_name_or_path", "")),
     }
-    if resume_from is not None:
-        common.check_same_config(resume_from, common.read_info(resume_from).get("identity", {}), identity)
-        load_blocks(model, resume_from / BLOCKS_FILE)
-    common.prepare_model(model, dist, fsdp=False)
+    run = Run(out_dir, "sft", identity, control_of(cfg), dist, best={"val_ppl": None, "epoch": 0})
+    ensure_blocks(model, cfg)
+    trainable = added_parameters(model)
+    for name, p in model.named_parameters():
+        p.requires_grad_(name in trainable)
+    if run.resume_from is not None:
+        load_blocks(model, run.resume_from / BLOCKS_FILE)
+    prepare_model(model, dist, fsdp=False)
     if cfg.gradient_checkpointing:
         model.activation_checkpointing_enable()
     params = [p for p in model.parameters() if p.requires_grad]
-    parts = common.gradient_parts(model)
+    parts = gradient_parts(model)
     plan = [epoch_batches(train, cfg, e) for e in range(cfg.epochs)]
     total = sum(len(b) for b in plan)
-    val_groups = make_groups(val, cfg, common.generator(cfg.seed, "sft-val"))
-    optimizer = common.make_optimizer(params, cfg.lr, cfg.weight_decay)
-    scheduler = common.make_scheduler(optimizer, total, cfg.warmup_fraction, "linear")
-    best = {"val_ppl": None, "epoch": 0}
-    start = 0
-    if resume_from is not None:
-        state = common.load_trainer_state(resume_from)
-        common.load_optimizer_state(model, optimizer, state["optimizer"], dist)
-        scheduler.load_state_dict(state["scheduler"])
-        common.set_rng_state(state["rng"])
-        start, best = state["step"], dict(state["extra"]["best"])
-    log = common.MetricsLog(out_dir / common.METRICS, enabled=dist.is_main, tensorboard=cfg.tensorboard)
-    log.keep_until(start)
-    if dist.is_main:
-        write_json(out_dir / "run.json", {"kind": "sft", "identity": identity})
+    flat = [(e, i) for e, batches in enumerate(plan) for i in range(len(batches))]  # step -> (epoch, batch)
+    val_groups = make_groups(val, cfg, generator(cfg.seed, "sft-val"))
+    optimizer = make_optimizer(params, cfg.lr, cfg.weight_decay)
+    scheduler = make_scheduler(optimizer, total, cfg.warmup_fraction, "linear")
+    run.track(model, optimizer, scheduler, lambda folder, _: save_blocks(model, folder / BLOCKS_FILE))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     stats = {
         "train_problems": len(train),
@@ -286,24 +274,20 @@ def train_sft(model, tokenizer, data_path: str | os.PathLike, cfg: SFTConfig, ou
         "steps": total,
         "groups_per_epoch": [sum(len(b) for b in batches) for batches in plan],
     }
-    if dist.is_main:
-        print(f"bridgelm sft: {len(train)} problems ({len(val)} held out), {total} steps -> {out_dir}")
-    state = {"step": start, "best": best}
+    run.say(f"bridgelm sft: {len(train)} problems ({len(val)} held out), {total} steps -> {out_dir}")
     was_training = model.training
     model.train()
-    bar = common.progress_bar(total, start, f"SFT -> {out_dir}", cfg.progress and dist.is_main)
-    flat = [(e, i) for e, batches in enumerate(plan) for i in range(len(batches))]
-    saved_at = start
-    try:
-        for step in range(start, total):
+    with run.running(total, "SFT"):
+        for step in range(run.step, total):
             epoch, index = flat[step]
-            with common.DeferInterrupt():
-                t0 = time.perf_counter()
-                lr = scheduler.get_last_lr()[0]
-                loss, tokens = batch_backward(model, plan[epoch][index], cfg, pad, dist)
+            epoch_end = index == len(plan[epoch]) - 1
+            t0 = time.perf_counter()
+            lr = scheduler.get_last_lr()[0]
+            loss, tokens = batch_backward(model, plan[epoch][index], cfg, pad, dist)
+            with run.update():
                 part_norms: dict[str, float] = {}
-                norm = common.optimizer_step(params, optimizer, scheduler, cfg.max_grad_norm, dist, parts, part_norms)
-                state["step"] = step + 1
+                norm = optimizer_step(params, optimizer, scheduler, cfg.max_grad_norm, dist, parts, part_norms)
+                run.state["step"] = step + 1
                 seconds = time.perf_counter() - t0
                 record = {
                     "step": step + 1,
@@ -317,29 +301,16 @@ def train_sft(model, tokenizer, data_path: str | os.PathLike, cfg: SFTConfig, ou
                     "tokens_per_s": tokens / max(seconds, 1e-9),
                     "seconds": seconds,
                 }
-                if index == len(plan[epoch]) - 1:
-                    record.update(_end_epoch(model, val_groups, cfg, pad, dist, epoch, state, out_dir))
-                log.log(record)
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss:.3f}", ppl=record.get("val_ppl", ""))
-            if (cfg.save_every and state["step"] % cfg.save_every == 0) or index == len(plan[epoch]) - 1:
-                _save(model, optimizer, scheduler, state, identity, out_dir, cfg, dist)
-                saved_at = state["step"]
-    except KeyboardInterrupt:
-        if state["step"] != saved_at:
-            _save(model, optimizer, scheduler, state, identity, out_dir, cfg, dist)
-        if dist.is_main:
-            print(f"\nbridgelm sft: interrupted; checkpoint of step {state['step']} in {out_dir / common.CHECKPOINTS}")
-        raise
-    finally:
-        bar.close()
-        log.close()
+                if epoch_end:
+                    record.update(_end_epoch(model, val_groups, cfg, pad, dist, epoch, run.state, out_dir))
+                run.log(record, loss=f"{loss:.3f}", ppl=record.get("val_ppl", ""))
+            run.save_if_due(now=epoch_end)  # and at the end of every epoch
     blocks_path = out_dir / BLOCKS_FILE
-    common.barrier(dist)
+    barrier(dist)
     load_blocks(model, blocks_path)  # the model ends with the best blocks
     model.train(was_training)
-    best = state["best"]
-    return SFTResult(log.records, blocks_path, best["val_ppl"], best["epoch"], state["step"], out_dir, stats)
+    best = run.state["best"]
+    return SFTResult(run.history, blocks_path, best["val_ppl"], best["epoch"], run.step, out_dir, stats)
 
 
 def _end_epoch(model, val_groups, cfg, pad, dist, epoch, state, out_dir) -> dict:
@@ -360,17 +331,3 @@ def _end_epoch(model, val_groups, cfg, pad, dist, epoch, state, out_dir) -> dict
         save_blocks(model, out_dir / BLOCKS_FILE)
         write_json(out_dir / "best.json", {"epoch": epoch + 1, "step": state["step"], **extra})
     return extra
-
-
-def _save(model, optimizer, scheduler, state, identity, out_dir, cfg, dist) -> None:
-    step = state["step"]
-    if dist.is_main:
-
-        def write(tmp: Path) -> None:
-            save_blocks(model, tmp / BLOCKS_FILE)
-            common.save_trainer_state(tmp, step, optimizer.state_dict(), scheduler, {"best": state["best"]})
-            write_json(tmp / common.TRAINER_INFO, {"step": step, "identity": identity, "best": state["best"]})
-
-        common.write_dir_atomic(out_dir / common.CHECKPOINTS / common.checkpoint_name(step), write)
-        common.prune_checkpoints(out_dir, cfg.keep_last)
-    common.barrier(dist)

@@ -19,7 +19,7 @@ from pathlib import Path
 from bridgelm.jsonl import append_record, read_records
 from bridgelm.samples import check_lines, run_settings
 from bridgelm.sampling import SamplingConfig, iter_generate
-from bridgelm.train.common import CORRECT_REWARD, check_rewards
+from bridgelm.tasks.base import check_rewards, is_correct
 
 # Problems need at least this many correct responses to be kept (a Bridge group has >= 2 rows).
 MIN_CORRECT = 2
@@ -81,7 +81,7 @@ def _sample_and_write(model, tokenizer, task, examples, todo, cfg, settings, cha
         rewards = check_rewards(
             task.reward_many([(s.text, example) for s in samples]), f"task {task.name!r}, problem {i}"
         )
-        good = [j for j, r in enumerate(rewards) if r >= CORRECT_REWARD]
+        good = [j for j, r in enumerate(rewards) if is_correct(r)]
         record = {"index": i, "kept": len(good) >= MIN_CORRECT, "correct": len(good), "n": cfg.n}
         if record["kept"]:
             record.update(

@@ -1,0 +1,317 @@
+"""The skeleton every training run shares: start or resume, metrics log, progress bar, Ctrl-C, save and prune.
+
+A trainer (SFT, RL, the demo's pre-training) keeps its own step and writes its loop top to bottom around a `Run`:
+
+    run = Run(out_dir, "sft", identity, control_of(cfg), dist)   # refuses a used folder unless resuming
+    if run.resume_from is not None:
+        ...load the checkpoint's weights into the model...
+    ...build the optimiser and the schedule...
+    run.track(model, optimizer, scheduler, write_weights)  # what a checkpoint holds; restored now when resuming
+    with run.running(total, "SFT"):                         # metrics.jsonl, run.json, progress; saves at the end
+        for step in range(run.step, total):
+            ...work that changes no state (sampling, forward/backward)...   # Ctrl-C here saves the last step
+            with run.update():                  # Ctrl-C waits for the end of the update; a second one stops unsaved
+                ...optimizer_step(...)...
+                run.state["step"] = step + 1
+                run.log(record)
+            run.save_if_due()
+
+Design notes:
+- Outputs in OUT: run.json ({"kind", "identity"}), metrics.jsonl (one record per step) and checkpoints/step-N/
+  (bridgelm.runs). `identity` holds the settings that decide the trained weights; a resume must match it.
+- A step's update is atomic for Ctrl-C: the first Ctrl-C lets it finish and then saves a checkpoint of it; a second
+  stops at once, and nothing is saved (the weights may be half updated); a Ctrl-C outside an update saves the last
+  finished step. A resumed run restores optimiser, schedule, global RNG, step and the trainer's extras
+  (`run.state`), drops metrics records after the checkpoint, and continues bit for bit.
+
+Used by bridgelm.train.sft, bridgelm.train.rl and bridgelm.demo.base; tested through their tests
+(tests/test_sft.py, tests/test_rl.py, tests/test_train_distributed.py) and tests/test_train_common.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from bridgelm.dist import Dist, load_optimizer_state, optimizer_state
+from bridgelm.jsonl import append_record, read_records, write_atomic, write_json
+from bridgelm.rng import set_rng_state
+from bridgelm.runs import (
+    CHECKPOINTS,
+    METRICS,
+    RUN_FILE,
+    TRAINER_INFO,
+    check_settings,
+    checkpoint_name,
+    jsonable,
+    latest_checkpoint,
+    load_trainer_state,
+    prune_checkpoints,
+    read_info,
+    resume_point,
+    save_trainer_state,
+)
+from bridgelm.train.weights import write_on_main
+
+
+@dataclass
+class RunControl:
+    """How a run is driven. None of it changes the trained weights, so a resumed run may change any of it."""
+
+    resume: bool = False  # continue the run found in the output directory
+    save_every: int = 0  # steps between checkpoints (0: only at the end and on Ctrl-C)
+    keep_last: int = 2  # checkpoints kept
+    progress: bool = True  # show a progress bar
+    tensorboard: bool = False  # also log to OUT/tensorboard (when tensorboard is installed)
+
+
+# Fields of a trainer config that drive the run without changing its weights (RunControl's).
+RUN_FIELDS = tuple(f.name for f in fields(RunControl))
+
+
+def control_of(cfg) -> RunControl:
+    """The RunControl fields of a trainer config (SFTConfig, RLConfig)."""
+    return RunControl(**{name: getattr(cfg, name) for name in RUN_FIELDS})
+
+
+def settings_of(cfg, free: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The fields of a trainer config that decide the trained weights (not RUN_FIELDS, not `free`), as JSON has them."""
+    return jsonable({k: v for k, v in asdict(cfg).items() if k not in RUN_FIELDS + tuple(free)})
+
+
+class Run:
+    """One training run folder: where it starts, its metrics log and progress bar, Ctrl-C, and its checkpoints."""
+
+    def __init__(
+        self, out_dir: str | os.PathLike, kind: str, identity: dict, control: RunControl, dist: Dist, **state: Any
+    ):
+        """Refuse a used folder unless `control.resume`; when resuming, the newest whole checkpoint
+        (`resume_from`) must have been written with `identity`. `state`: the trainer's extras (plain values, saved
+        with every checkpoint) and their starting values."""
+        self.out_dir = Path(out_dir)
+        self.kind = kind  # "sft", "rl", "pretrain": run.json's kind and the name in messages
+        self.identity = identity
+        self.control = control
+        self.dist = dist
+        self.resume_from = resume_point(self.out_dir, control.resume)
+        if self.resume_from is not None:
+            saved = read_info(self.resume_from).get("identity", {})
+            check_settings(self.resume_from, saved, identity, fix="use another --out, or the settings of that run")
+        self.state: dict[str, Any] = {"step": 0, **state}  # steps done, and the trainer's extras
+        self.saved_at = 0  # step of the last checkpoint
+        self.in_update = False  # inside `update()`: a KeyboardInterrupt there leaves nothing to save
+        self.metrics: MetricsLog | None = None
+        self.bar = None
+        self._tracked: tuple | None = None
+
+    @property
+    def step(self) -> int:
+        """Optimiser steps done (the step a resumed run starts from)."""
+        return self.state["step"]
+
+    def say(self, text: str) -> None:
+        """Print on the main process only."""
+        if self.dist.is_main:
+            print(text)
+
+    def track(self, model, optimizer, scheduler, write_weights: Callable[[Path, dict | None], None]) -> None:
+        """What a checkpoint saves: `write_weights(folder, state_dict)` (state_dict: the gathered FSDP weights, else
+        None) plus the optimiser, the schedule, the RNG and `state`. When resuming they are restored now; the
+        trainer has loaded the checkpoint's weights itself."""
+        self._tracked = (model, optimizer, scheduler, write_weights)
+        if self.resume_from is None:
+            return
+        saved = load_trainer_state(self.resume_from)
+        load_optimizer_state(model, optimizer, saved["optimizer"], self.dist)
+        scheduler.load_state_dict(saved["scheduler"])
+        set_rng_state(saved["rng"])
+        self.state.update(saved["extra"], step=saved["step"])
+        self.saved_at = self.step
+
+    @contextmanager
+    def running(self, total: int, desc: str) -> Iterator[Run]:
+        """Open metrics.jsonl (records after the resumed step dropped), write run.json and show a progress bar of
+        `total` steps. On the way out: a checkpoint of the last step when it has none; on Ctrl-C, one of the last
+        finished step (unless stopped inside an update); then KeyboardInterrupt goes on up."""
+        self.metrics = MetricsLog(
+            self.out_dir / METRICS, enabled=self.dist.is_main, tensorboard=self.control.tensorboard
+        )
+        self.metrics.keep_until(self.step)
+        if self.dist.is_main:
+            write_json(self.out_dir / RUN_FILE, {"kind": self.kind, "identity": self.identity})
+        self.bar = progress_bar(
+            total, self.step, f"{desc} -> {self.out_dir}", self.control.progress and self.dist.is_main
+        )
+        try:
+            yield self
+            if self.saved_at != self.step or latest_checkpoint(self.out_dir) is None:
+                self.save()
+        except KeyboardInterrupt:
+            name = f"bridgelm {self.kind}"
+            if self.in_update:
+                self.say(f"\n{name}: stopped inside step {self.step + 1}'s update; not saved (last: {self.saved_at})")
+            else:
+                if self.step != self.saved_at:
+                    self.save()
+                self.say(f"\n{name}: interrupted; checkpoint of step {self.step} in {self.out_dir / CHECKPOINTS}")
+            raise
+        finally:
+            self.bar.close()
+            self.metrics.close()
+
+    @contextmanager
+    def update(self) -> Iterator[None]:
+        """The part of a step that changes what a checkpoint holds: Ctrl-C is held back until it ends."""
+        with DeferInterrupt():
+            self.in_update = True
+            yield
+            self.in_update = False
+
+    def log(self, record: dict, **postfix: Any) -> None:
+        """Append the step's record to metrics.jsonl and move the progress bar (showing `postfix`)."""
+        self.metrics.log(record)
+        self.bar.update(1)
+        self.bar.set_postfix(**postfix)
+
+    @property
+    def history(self) -> list[dict]:
+        """The metrics records so far, one per step (on every process)."""
+        return self.metrics.records
+
+    def save_if_due(self, now: bool = False) -> None:
+        """A checkpoint when `now` or every `save_every` steps."""
+        every = self.control.save_every
+        if now or (every and self.step % every == 0):
+            self.save()
+
+    def save(self) -> None:
+        """A resumable checkpoint OUT/checkpoints/step-N (all ranks call; rank 0 writes); keeps the last N."""
+        model, optimizer, scheduler, write_weights = self._tracked
+        step = self.step
+        extra = {k: v for k, v in self.state.items() if k != "step"}
+        optimizer_sd = optimizer_state(model, optimizer, self.dist)  # gathered to rank 0 under FSDP (collective)
+
+        def write(folder: Path, state_dict: dict | None) -> None:
+            write_weights(folder, state_dict)
+            save_trainer_state(folder, step, optimizer_sd, scheduler, extra)
+            write_json(folder / TRAINER_INFO, {"step": step, "identity": self.identity, **extra})  # last: whole
+
+        write_on_main(self.out_dir / CHECKPOINTS / checkpoint_name(step), model, self.dist, write)
+        if self.dist.is_main:
+            prune_checkpoints(self.out_dir, self.control.keep_last)
+        self.saved_at = step
+
+
+# ---------------------------------------------------------------------------------------------- metrics, progress
+
+
+class MetricsLog:
+    """metrics.jsonl (one record per step, appended and fsynced) plus TensorBoard when asked and installed.
+
+    Only the main process writes; every process keeps `records`, the history returned to callers.
+    """
+
+    def __init__(self, path: str | os.PathLike, enabled: bool = True, tensorboard: bool = False):
+        self.path = Path(path)
+        self.enabled = enabled
+        self.records: list[dict] = read_records(self.path) if self.path.exists() else []
+        self.writer = None
+        if tensorboard and enabled:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.writer = SummaryWriter(str(self.path.parent / "tensorboard"))
+            except ImportError:
+                print("tensorboard is not installed: metrics go to metrics.jsonl only", file=sys.stderr)
+
+    def keep_until(self, step: int) -> None:
+        """Drop records after `step` (a resumed run recomputes them identically)."""
+        kept = [r for r in self.records if r.get("step", 0) <= step]
+        if len(kept) != len(self.records) and self.enabled:
+            write_atomic(self.path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept))
+        self.records = kept
+
+    def log(self, record: dict) -> None:
+        self.records.append(record)
+        if not self.enabled:
+            return
+        append_record(self.path, record)
+        if self.writer is not None:
+            for k, v in record.items():
+                if isinstance(v, (int, float)) and k != "step":
+                    self.writer.add_scalar(k, v, record.get("step", 0))
+            self.writer.flush()
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+class _NoBar:
+    def update(self, n=1):
+        pass
+
+    def set_postfix(self, *a, **k):
+        pass
+
+    def close(self):
+        pass
+
+
+def progress_bar(total: int, initial: int = 0, desc: str = "", enabled: bool = True):
+    """A tqdm bar (or a silent stand-in)."""
+    if not enabled:
+        return _NoBar()
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, desc=desc, unit="step", dynamic_ncols=True)
+
+
+# ---------------------------------------------------------------------------------------------- Ctrl-C
+
+
+class DeferInterrupt:
+    """Hold back Ctrl-C inside the block (a step's updates) and raise it as KeyboardInterrupt at the end.
+
+    A second Ctrl-C raises at once. Only the main thread can install the handler; elsewhere this does nothing.
+    """
+
+    def __enter__(self):
+        self.hit = False
+        self.old = None
+        if threading.current_thread() is threading.main_thread():
+            self.old = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def _handler(self, signum, frame):
+        if self.hit:
+            raise KeyboardInterrupt
+        self.hit = True
+        print("\ninterrupted: finishing this step, then saving a checkpoint (Ctrl-C again: stop now)", file=sys.stderr)
+
+    def __exit__(self, exc_type, exc, tb):
+        if self.old is not None:
+            signal.signal(signal.SIGINT, self.old)
+        if self.hit and exc_type is None:
+            raise KeyboardInterrupt
+        return False
+
+
+__all__ = [
+    "RUN_FIELDS",
+    "DeferInterrupt",
+    "MetricsLog",
+    "Run",
+    "RunControl",
+    "control_of",
+    "progress_bar",
+    "settings_of",
+]
