@@ -391,3 +391,13 @@ def test_anysum_file_rows_are_checked(tmp_path):
         anysum.load(str(bad))
     with pytest.raises(ValueError, match="is not a sum"):
         anysum.numbers_of("10*20")
+
+
+def test_correct_means_the_full_reward():
+    from bridgelm.tasks.base import check_rewards, is_correct
+
+    assert is_correct(1.0) and not is_correct(0.0)
+    assert not is_correct(0.75)  # a graded score (ROUGE-1) counts as correct only when perfect
+    assert check_rewards([1, 0.5], "t") == [1.0, 0.5]
+    with pytest.raises(ValueError, match=r"t: reward of response 1 is inf"):
+        check_rewards([0.0, float("inf")], "t")
