@@ -11,6 +11,7 @@ from conftest import randomize_blocks, save_tiny_model_dir, tiny_model
 
 import bridgelm
 from bridgelm import evaluate as E
+from bridgelm import score as S
 from bridgelm.cli import main
 from bridgelm.jsonl import read_records
 from bridgelm.tokenizer import char_tokenizer
@@ -148,7 +149,7 @@ def test_scoring_real_math_rows(tmp_path, model_tok, shared_data):
     cfg = E.EvalConfig(n=4, width=2, widths=[1, 2], max_new_tokens=8)
     run = tmp_path / "run"
     E.run_eval(model, tok, "math", data, cfg, run, "tiny", progress=False)
-    result = E.score_run(run, progress=False)
+    result = S.score_run(run, progress=False)
     assert set(result["benchmarks"]) == {"math500", "aime24"} and set(result["avg"]) == {"1", "2"}
     entry = result["benchmarks"]["aime24"]["2"]
     assert entry["problems"] == 2 and entry["missing"] == [] and set(entry["budgets"]) == {"1", "2", "4", "8"}
@@ -166,7 +167,7 @@ def test_scoring_real_math_rows(tmp_path, model_tok, shared_data):
     lengths = {("math500", 0): [1, 6, 3, 3]}
     finished = {("math500", 0): [True, True, False, True]}
     _fabricate(run, texts, lengths, finished)
-    result = E.score_run(run, progress=False)
+    result = S.score_run(run, progress=False)
     for w in ("1", "2"):
         m = result["benchmarks"]["math500"][w]
         assert m["metrics"]["accuracy"]["mean"] == pytest.approx(0.5)  # (3/4 + 1/4) / 2
@@ -195,12 +196,12 @@ def test_overlapping_or_missing_problems_are_reported(tmp_path, model_tok):
     lines = (run / "samples.jsonl").read_text().splitlines(keepends=True)
     (run / "samples.rank1.jsonl").write_text(lines[1])
     with pytest.raises(ValueError, match=r"1 problems were sampled more than once: toy w=2 #1"):
-        E.score_run(run, progress=False)
+        S.score_run(run, progress=False)
     (run / "samples.rank1.jsonl").unlink()
     (run / "samples.jsonl").write_text(lines[0] + lines[2])
     with pytest.raises(ValueError, match=r"incomplete: toy w=2 misses 1 of 3 problems \(#1\)"):
-        E.score_run(run, progress=False)
-    result = E.score_run(run, allow_partial=True, progress=False)
+        S.score_run(run, progress=False)
+    result = S.score_run(run, allow_partial=True, progress=False)
     assert result["benchmarks"]["toy"]["2"]["problems"] == 2 and result["benchmarks"]["toy"]["2"]["missing"] == [1]
 
 

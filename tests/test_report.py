@@ -8,6 +8,7 @@ from conftest import tiny_model
 
 import bridgelm
 from bridgelm import evaluate as E
+from bridgelm import score as S
 from bridgelm.cli import main
 from bridgelm.jsonl import read_records
 from bridgelm.report import collect_rows, table_1, table_numbers
@@ -41,7 +42,7 @@ def _scored_run(folder: Path, model_tok, correct: dict, widths: list[int]) -> Pa
         texts = [f"\\boxed{{{2 * rec['index']}}}"] * c + ["\\boxed{99}"] * (4 - c)
         rec["samples"] = [{"text": t, "token_ids": [5, 5, 5], "finished": True} for t in texts]
     (run / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
-    E.score_run(run, progress=False)
+    S.score_run(run, progress=False)
     return run
 
 

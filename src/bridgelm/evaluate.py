@@ -1,23 +1,22 @@
-"""Evaluation runs: n samples per problem for every benchmark and width, then scores (paper Sec. 4, App. E).
+"""Evaluation runs: n samples per problem for every benchmark and width (paper Sec. 4, App. E); bridgelm.score
+grades them.
 
 Design notes:
-- Samples first, scores second (human-eval): `run_eval` only samples into RUN_DIR; `score_run` grades what is
-  there and can be re-run alone (after a grader fix, with another G-Pass k, on a partial run...).
+- Samples first, scores second (human-eval): `run_eval` only samples into RUN_DIR; `bridgelm.score.score_run`
+  grades what is there and can be re-run alone (after a grader fix, with another G-Pass k, on a partial run...).
 - RUN_DIR/run.json holds the settings. samples.jsonl holds one line per (benchmark, width, problem), appended as
   problems complete; a re-run skips what is written and redoes a line cut by a crash. A re-run with another
-  model, other data or other sampling settings is refused before anything is written: one run, one setting.
-- Under torchrun, problem i of every benchmark goes to rank i % WORLD_SIZE, which appends to its own shard
-  samples.rank{r}.jsonl; the ranks meet at a gloo barrier once every shard is complete. Scoring merges the
-  shards and refuses problems written twice, or missing (unless told to score a partial run).
-- Generation budgets (Figure 6) come from one long run, because generation is prefix-consistent: at budget L a
-  sample counts when it finished within L tokens and is correct.
+  model, other data or other sampling settings is refused before anything is written: one run, one setting
+  (bridgelm.runs.check_settings).
+- Under torchrun, problem i of every benchmark goes to rank i % WORLD_SIZE (bridgelm.dist.Dist.owns), which appends
+  to its own shard samples.rank{r}.jsonl with no process group; rank 0 writes run.json first (the others wait for
+  the file), and the ranks meet at a gloo barrier once every shard is complete. `read_samples` merges the shards
+  and refuses problems written twice.
 - A benchmark is one data file (named by its stem, e.g. `aime24`), or a Task object with its own examples.
-- Continuous scores (summarisation's ROUGE-1, `Task.continuous`): a problem's score line holds its per-sample
-  scores, their mean and variance; metrics are the mean score and the mean per-prompt variance with 95%
-  intervals, not pass@k / G-Pass / majority vote.
 - Long documents (`Task.long_field()`, e.g. a CNN/DailyMail article) are cut to their longest token prefix whose
   prompt fits the model's context minus max_new_tokens; the cut is recorded on the problem's samples line
-  ("truncated") and counted in metrics.json, and run.json records the prompt budget.
+  ("truncated"), and run.json records the prompt budget.
+- `accuracy` samples and grades in memory, without a run folder (RL's validation, the demo's pre-training checks).
 
     bridgelm eval --model DIR --task math --data math500.jsonl --data aime24.jsonl --n 32 --width 8 --out runs/x
     torchrun --nproc_per_node 8 -m bridgelm eval ...     (same arguments; one shard per rank)
@@ -36,12 +35,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from bridgelm import metrics as M
 from bridgelm.dist import Dist, all_reduce_sum, barrier, unsharded
 from bridgelm.errors import UserError
-from bridgelm.jsonl import append_record, read_records, write_atomic, write_json
+from bridgelm.jsonl import append_record, read_records, write_json
 from bridgelm.runs import RUN_FILE, check_settings
 from bridgelm.samples import check_stop_strings
 from bridgelm.sampling import SamplingConfig, encode_prompts, eos_ids, generate_ids, iter_generate, pad_id
@@ -49,8 +45,6 @@ from bridgelm.tasks import Task
 from bridgelm.tasks.base import check_rewards, is_correct
 
 FORMAT = "bridgelm-eval-1"
-METRICS_FILE = "metrics.json"
-SCORES_FILE = "scores.jsonl"
 _SHARD_RE = re.compile(r"^samples(?:\.rank(\d+))?\.jsonl$")
 
 # Settings of run.json that decide what is sampled; a re-run must match them all.
@@ -72,17 +66,11 @@ _COMPARED = (
     "foreign_groups",
 )
 
-# G-Pass fractions reported at every generation budget (the paper's Figure 6 shows 0.5 and 1).
-BUDGET_TAUS = (0.25, 0.5, 0.75, 1.0)
-
 # How long ranks other than 0 wait for rank 0 to write run.json.
 RUN_WAIT_SECONDS = 600.0
 
 # How long ranks wait at the final barrier for the slowest shard.
 BARRIER_TIMEOUT = timedelta(days=3)
-
-# Completions graded per reward_many call (the progress bar moves once per batch).
-GRADE_BATCH = 256
 
 
 @dataclass
@@ -294,7 +282,7 @@ def run_settings(
     }
 
 
-def _benchmark_difference(old: list[dict], new: list[dict]) -> str:
+def benchmark_difference(old: list[dict], new: list[dict]) -> str:
     old_names, new_names = [b["name"] for b in old], [b["name"] for b in new]
     if old_names != new_names:
         return f"benchmarks: run {old_names} vs now {new_names}"
@@ -314,7 +302,7 @@ def check_same_run(path: Path, old: dict, new: dict) -> None:
         new,
         keys=_COMPARED,
         saved_as="run",
-        describe={"benchmarks": lambda a, b: _benchmark_difference(a or [], b)},
+        describe={"benchmarks": lambda a, b: benchmark_difference(a or [], b)},
         why=": samples of other settings would be scored together as one run, so mixing them is refused and nothing "
         "was written",
         fix="use another --out to compare runs",
@@ -331,6 +319,28 @@ def _done_keys(run_dir: Path, own: str) -> set[tuple[str, int, int]]:
     for path in shard_files(run_dir):
         done.update(_key(r) for r in read_records(path, repair=path.name == own))
     return done
+
+
+def read_samples(run_dir: str | os.PathLike) -> dict[tuple[str, int, int], dict]:
+    """Every sampled problem of a run, merged over its shards; a problem written twice is a ValueError."""
+    merged: dict[tuple[str, int, int], dict] = {}
+    where: dict[tuple[str, int, int], str] = {}
+    twice = []
+    for path in shard_files(run_dir):
+        for rec in read_records(path, repair=False):
+            key = _key(rec)
+            if key in merged:
+                twice.append(f"{key[0]} w={key[1]} #{key[2]} ({where[key]}, {path.name})")
+                continue
+            merged[key] = rec
+            where[key] = path.name
+    if twice:
+        shown = ", ".join(twice[:5]) + (f" and {len(twice) - 5} more" if len(twice) > 5 else "")
+        raise ValueError(
+            f"{run_dir}: {len(twice)} problems were sampled more than once: {shown}. Each problem must be generated "
+            "exactly once; were two eval runs writing into this directory at the same time?"
+        )
+    return merged
 
 
 def _wait_for(path: Path, seconds: float) -> None:
@@ -511,6 +521,9 @@ def run_eval(
     }
 
 
+# ---------------------------------------------------------------------------------------------- in memory
+
+
 def accuracy(model, tokenizer, task: Task, cfg: EvalConfig, dist: Dist | None = None) -> float:
     """Mean accuracy of cfg.n samples per problem (width cfg.width) on the first cfg.limit problems of `task`, sampled
     and graded in memory, without a run folder (RL's validation, the demo's pre-training checks).
@@ -535,293 +548,3 @@ def accuracy(model, tokenizer, task: Task, cfg: EvalConfig, dist: Dist | None = 
             pass
     correct, count = all_reduce_sum([correct, len(mine) * cfg.n], dist)
     return correct / max(count, 1.0)
-
-
-# ---------------------------------------------------------------------------------------------- scoring
-
-
-def read_samples(run_dir: str | os.PathLike) -> dict[tuple[str, int, int], dict]:
-    """Every sampled problem of a run, merged over its shards; a problem written twice is a ValueError."""
-    merged: dict[tuple[str, int, int], dict] = {}
-    where: dict[tuple[str, int, int], str] = {}
-    twice = []
-    for path in shard_files(run_dir):
-        for rec in read_records(path, repair=False):
-            key = _key(rec)
-            if key in merged:
-                twice.append(f"{key[0]} w={key[1]} #{key[2]} ({where[key]}, {path.name})")
-                continue
-            merged[key] = rec
-            where[key] = path.name
-    if twice:
-        shown = ", ".join(twice[:5]) + (f" and {len(twice) - 5} more" if len(twice) > 5 else "")
-        raise ValueError(
-            f"{run_dir}: {len(twice)} problems were sampled more than once: {shown}. Each problem must be generated "
-            "exactly once; were two eval runs writing into this directory at the same time?"
-        )
-    return merged
-
-
-def _grading_benchmarks(run: dict, task: Task | None) -> list[Benchmark]:
-    """The run's benchmarks re-read for grading, checked against the digests recorded at sampling time."""
-    from bridgelm import tasks
-
-    paths = [b["path"] for b in run["benchmarks"]]
-    if task is not None:
-        benches = load_benchmarks(task, [], run.get("limit"))
-    elif run["task"] not in tasks.REGISTRY:
-        raise ValueError(
-            f"run.json names task {run['task']!r}, which is not in the task registry: score the run with "
-            "score_run(run_dir, task=<the Task object>)"
-        )
-    else:
-        benches = load_benchmarks(run["task"], [p for p in paths if p is not None], run.get("limit"))
-    _benchmark_check(run, benches)
-    return benches
-
-
-def _benchmark_check(run: dict, benches: list[Benchmark]) -> None:
-    old = run["benchmarks"]
-    new = [b.describe() for b in benches]
-    for a, b in zip(old, new):
-        b["path"] = a["path"]  # a data file read from elsewhere is fine if its content is the same
-    if [b["name"] for b in old] != [b["name"] for b in new] or any(
-        (a["problems"], a["digest"]) != (b["problems"], b["digest"]) for a, b in zip(old, new)
-    ):
-        hint = ""
-        if any(b["path"] is None for b in old):
-            hint = "; a run of a Task object's own examples is graded with score_run(run_dir, task=<that Task>)"
-        raise ValueError(f"cannot grade the run: {_benchmark_difference(old, new)}{hint}")
-
-
-def budgets(max_new_tokens: int) -> list[int]:
-    """Generation budgets of the length curves: powers of two below max_new_tokens, then max_new_tokens."""
-    out, L = [], 1
-    while L < max_new_tokens:
-        out.append(L)
-        L *= 2
-    return out + [max_new_tokens]
-
-
-def _gpass_names(k: int) -> dict[str, float]:
-    return {f"g_pass@{k}_tau{t:g}": t for t in BUDGET_TAUS}
-
-
-def budget_metrics(scores: Sequence[dict], budget: int, gpass_k: int) -> dict[str, float]:
-    """Accuracy, coverage and G-Pass@k_tau when only samples that finished within `budget` tokens count."""
-    ns, cs = [], []
-    for s in scores:
-        ns.append(s["n"])
-        cs.append(
-            sum(ok and fin and length <= budget for ok, fin, length in zip(s["correct"], s["finished"], s["lengths"]))
-        )
-    k = min(gpass_k, min(ns))
-    out = {
-        "accuracy": float(np.mean([c / n for n, c in zip(ns, cs)])),
-        "coverage": float(np.mean([c > 0 for c in cs])),
-    }
-    for name, tau in _gpass_names(k).items():
-        out[name] = float(np.mean([M.g_pass_at_k(n, c, k, tau) for n, c in zip(ns, cs)]))
-    out[f"mg_pass@{k}"] = float(np.mean([M.mg_pass_at_k(n, c, k) for n, c in zip(ns, cs)]))
-    return out
-
-
-def _score_within(score: dict, budget: int) -> float:
-    """Mean score of a problem's samples when those not finished within `budget` tokens score 0."""
-    kept = zip(score["scores"], score["finished"], score["lengths"])
-    return float(np.mean([v if fin and n <= budget else 0.0 for v, fin, n in kept]))
-
-
-def continuous_metrics(scores: Sequence[dict], max_new_tokens: int) -> dict[str, Any]:
-    """`metrics.summarize_scores` of one (benchmark, width) of a continuous task, plus response length, finished
-    fraction and budgets (at budget L a sample keeps its score when it finished within L tokens, else 0)."""
-    summary = M.summarize_scores([s["scores"] for s in scores])
-    summary["mean_length"] = float(np.mean([x for s in scores for x in s["lengths"]]))
-    summary["finished"] = float(np.mean([x for s in scores for x in s["finished"]]))
-    summary["budgets"] = {
-        str(L): {"score": float(np.mean([_score_within(s, L) for s in scores]))} for L in budgets(max_new_tokens)
-    }
-    summary["truncated"] = sum(1 for s in scores if s.get("truncated"))
-    return summary
-
-
-def benchmark_metrics(scores: Sequence[dict], gpass_k: int, max_new_tokens: int) -> dict[str, Any]:
-    """`metrics.summarize` of one (benchmark, width), plus response length, finished fraction and budgets.
-
-    Problems of a continuous task (score lines with "scores") get `continuous_metrics` instead.
-    """
-    if scores and "scores" in scores[0]:
-        return continuous_metrics(scores, max_new_tokens)
-    summary = M.summarize(
-        [{"n": s["n"], "c": s["c"], "majority_correct": s["majority_correct"]} for s in scores], gpass_k=gpass_k
-    )
-    lengths = [x for s in scores for x in s["lengths"]]
-    finished = [x for s in scores for x in s["finished"]]
-    summary["mean_length"] = float(np.mean(lengths))
-    summary["finished"] = float(np.mean(finished))
-    summary["budgets"] = {str(L): budget_metrics(scores, L, gpass_k) for L in budgets(max_new_tokens)}
-    return summary
-
-
-def average_metrics(entries: dict[str, dict]) -> dict[str, Any]:
-    """Unweighted mean over benchmarks (the paper's Avg) of every number they all have; means only."""
-    parts = list(entries.values())
-    names = [m for m in parts[0]["metrics"] if all(m in p["metrics"] for p in parts)]
-    out: dict[str, Any] = {
-        "benchmarks": list(entries),
-        "problems": sum(p["problems"] for p in parts),
-        "metrics": {m: {"mean": float(np.mean([p["metrics"][m]["mean"] for p in parts]))} for m in names},
-        "mean_length": float(np.mean([p["mean_length"] for p in parts])),
-        "finished": float(np.mean([p["finished"] for p in parts])),
-    }
-    common = [L for L in parts[0]["budgets"] if all(L in p["budgets"] for p in parts)]
-    out["budgets"] = {
-        L: {
-            m: float(np.mean([p["budgets"][L][m] for p in parts]))
-            for m in parts[0]["budgets"][L]
-            if all(m in p["budgets"][L] for p in parts)
-        }
-        for L in common
-    }
-    return out
-
-
-def _problem_score(rec: dict, rewards: list[float], task: Task) -> dict[str, Any]:
-    if task.continuous:
-        return {
-            "benchmark": rec["benchmark"],
-            "width": int(rec["width"]),
-            "index": int(rec["index"]),
-            "n": len(rewards),
-            "scores": list(rewards),
-            "mean": float(np.mean(rewards)),
-            "variance": float(np.var(rewards)),
-            "lengths": [len(s["token_ids"]) for s in rec["samples"]],
-            "finished": [bool(s["finished"]) for s in rec["samples"]],
-            "truncated": bool(rec.get("truncated")),
-        }
-    answers = [task.extract(s["text"]) for s in rec["samples"]]
-    correct = [is_correct(r) for r in rewards]
-    return {
-        "benchmark": rec["benchmark"],
-        "width": int(rec["width"]),
-        "index": int(rec["index"]),
-        "n": len(correct),
-        "c": sum(correct),
-        "correct": correct,
-        "answers": answers,
-        "lengths": [len(s["token_ids"]) for s in rec["samples"]],
-        "finished": [bool(s["finished"]) for s in rec["samples"]],
-        "majority": M.majority_answer(answers),
-        "majority_correct": M.majority_vote(answers, correct),
-    }
-
-
-def score_run(
-    run_dir: str | os.PathLike, task: Task | None = None, allow_partial: bool = False, progress: bool = True
-) -> dict[str, Any]:
-    """Grade every sample of a run; write RUN_DIR/scores.jsonl and RUN_DIR/metrics.json; return the metrics.
-
-    `task` grades a run of a Task object that is not in the registry. A run that misses problems is a
-    ValueError unless `allow_partial`, which scores the problems present and lists the missing ones.
-    """
-    run_dir = Path(run_dir)
-    run = read_run(run_dir)
-    records = read_samples(run_dir)
-    benches = _grading_benchmarks(run, task)
-    widths = [int(w) for w in run["widths"]]
-    by_name = {b.name: b for b in benches}
-    strays = [k for k in records if k[0] not in by_name or k[1] not in widths or k[2] >= len(by_name[k[0]].problems)]
-    if strays:
-        raise ValueError(f"{run_dir} holds samples that run.json does not describe, e.g. {strays[0]}")
-    missing = {
-        (b.name, w): [i for i in range(len(b.problems)) if (b.name, w, i) not in records]
-        for b in benches
-        for w in widths
-    }
-    lacking = {k: v for k, v in missing.items() if v}
-    if lacking and not allow_partial:
-        detail = "; ".join(
-            f"{b} w={w} misses {len(v)} of {len(by_name[b].problems)} problems (#{', #'.join(map(str, v[:5]))}"
-            + (" ...)" if len(v) > 5 else ")")
-            for (b, w), v in lacking.items()
-        )
-        raise ValueError(
-            f"{run_dir} is incomplete: {detail}. Finish it by re-running bridgelm eval with the same --out, "
-            "or score what is there with --allow-partial"
-        )
-    for key, rec in records.items():
-        if len(rec["samples"]) != run["n"]:
-            raise ValueError(f"{run_dir}: {key} has {len(rec['samples'])} samples, expected n={run['n']}")
-
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
-
-        total = sum(len(r["samples"]) for r in records.values())
-        bar = tqdm(total=total, desc=f"grading -> {run_dir / METRICS_FILE}", unit="sample")
-    scores: list[dict] = []
-    try:
-        for b in benches:
-            recs = [
-                records[(b.name, w, i)] for w in widths for i in range(len(b.problems)) if (b.name, w, i) in records
-            ]
-            pairs = [(s["text"], b.problems[int(r["index"])]) for r in recs for s in r["samples"]]
-            rewards: list[float] = []
-            for start in range(0, len(pairs), GRADE_BATCH):
-                chunk = pairs[start : start + GRADE_BATCH]
-                rewards.extend(float(x) for x in b.task.reward_many(chunk))
-                if bar is not None:
-                    bar.update(len(chunk))
-            at = 0
-            for r in recs:
-                scores.append(_problem_score(r, rewards[at : at + len(r["samples"])], b.task))
-                at += len(r["samples"])
-    finally:
-        if bar is not None:
-            bar.close()
-
-    gpass_k = int(run.get("gpass_k", 8))
-    result: dict[str, Any] = {
-        "format": FORMAT,
-        "run": {k: run.get(k) for k in ("model", "blocks", "task", "n", "widths", "width", "max_new_tokens")},
-        "gpass_k": gpass_k,
-        "benchmarks": {},
-        "avg": {},
-    }
-    for b in benches:
-        for w in widths:
-            mine = [s for s in scores if s["benchmark"] == b.name and s["width"] == w]
-            if not mine:
-                continue
-            entry = benchmark_metrics(mine, gpass_k, int(run["max_new_tokens"]))
-            entry["missing"] = missing[(b.name, w)]
-            result["benchmarks"].setdefault(b.name, {})[str(w)] = entry
-    for w in widths:
-        entries = {b: per[str(w)] for b, per in result["benchmarks"].items() if str(w) in per}
-        if entries:
-            result["avg"][str(w)] = average_metrics(entries)
-    write_atomic(run_dir / SCORES_FILE, "".join(json.dumps(s, ensure_ascii=False) + "\n" for s in scores))
-    write_json(run_dir / METRICS_FILE, result)
-    return result
-
-
-def summary_line(result: dict[str, Any], width: int | None = None) -> str:
-    """One line for the terminal: the average over benchmarks at the reported width."""
-    w = str(width if width is not None else result["run"]["width"])
-    avg = result["avg"].get(w)
-    if avg is None:
-        return f"no scores at width {w}"
-    m = avg["metrics"]
-    head = f"w={w}, avg over {len(avg['benchmarks'])} benchmarks ({', '.join(avg['benchmarks'])}): "
-    if "score" in m and "accuracy" not in m:
-        variance = 1e4 * m["score_variance"]["mean"]
-        return head + (
-            f"mean score {100 * m['score']['mean']:.2f}, per-prompt score variance {variance:.2f} (points²), "
-            f"mean length {avg['mean_length']:.0f} tokens"
-        )
-    parts = [f"accuracy {100 * m['accuracy']['mean']:.2f}%", f"coverage {100 * m['coverage']['mean']:.2f}%"]
-    if "majority_vote" in m:
-        parts.append(f"majority vote {100 * m['majority_vote']['mean']:.2f}%")
-    parts.append(f"mean length {avg['mean_length']:.0f} tokens")
-    return head + ", ".join(parts)

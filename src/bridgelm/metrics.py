@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -306,3 +307,102 @@ def summarize_scores(
         low, high = bootstrap_ci(values, n_boot=n_boot, alpha=alpha, seed=seed)
         metrics[name] = {"mean": float(np.mean(values)), "low": low, "high": high}
     return {"problems": len(score_lists), "samples": min(len(s) for s in score_lists), "metrics": metrics}
+
+
+# ---------------------------------------------------------------------------------------------- an eval run's metrics
+# Per-problem score lines (bridgelm.score) -> the metrics of one (benchmark, width), at every generation budget, and
+# their unweighted average over benchmarks. Budgets (Figure 6) come from one long run: generation is
+# prefix-consistent, so at budget L a sample counts when it finished within L tokens and is correct.
+
+
+def budgets(max_new_tokens: int) -> list[int]:
+    """Generation budgets of the length curves: powers of two below max_new_tokens, then max_new_tokens."""
+    out, L = [], 1
+    while L < max_new_tokens:
+        out.append(L)
+        L *= 2
+    return out + [max_new_tokens]
+
+
+def _gpass_names(k: int) -> dict[str, float]:
+    """G-Pass@k_tau names of the summary columns, each with its tau."""
+    return {f"g_pass@{k}_tau{_tau_key(t)}": t for t in _SUMMARY_TAUS}
+
+
+def budget_metrics(scores: Sequence[dict], budget: int, gpass_k: int) -> dict[str, float]:
+    """Accuracy, coverage and G-Pass@k_tau when only samples that finished within `budget` tokens count."""
+    ns, cs = [], []
+    for s in scores:
+        ns.append(s["n"])
+        cs.append(
+            sum(ok and fin and length <= budget for ok, fin, length in zip(s["correct"], s["finished"], s["lengths"]))
+        )
+    k = min(gpass_k, min(ns))
+    out = {
+        "accuracy": float(np.mean([c / n for n, c in zip(ns, cs)])),
+        "coverage": float(np.mean([c > 0 for c in cs])),
+    }
+    for name, tau in _gpass_names(k).items():
+        out[name] = float(np.mean([g_pass_at_k(n, c, k, tau) for n, c in zip(ns, cs)]))
+    out[f"mg_pass@{k}"] = float(np.mean([mg_pass_at_k(n, c, k) for n, c in zip(ns, cs)]))
+    return out
+
+
+def _score_within(score: dict, budget: int) -> float:
+    """Mean score of a problem's samples when those not finished within `budget` tokens score 0."""
+    kept = zip(score["scores"], score["finished"], score["lengths"])
+    return float(np.mean([v if fin and n <= budget else 0.0 for v, fin, n in kept]))
+
+
+def continuous_metrics(scores: Sequence[dict], max_new_tokens: int) -> dict[str, Any]:
+    """`summarize_scores` of one (benchmark, width) of a continuous task, plus response length, finished
+    fraction and budgets (at budget L a sample keeps its score when it finished within L tokens, else 0)."""
+    summary = summarize_scores([s["scores"] for s in scores])
+    summary["mean_length"] = float(np.mean([x for s in scores for x in s["lengths"]]))
+    summary["finished"] = float(np.mean([x for s in scores for x in s["finished"]]))
+    summary["budgets"] = {
+        str(L): {"score": float(np.mean([_score_within(s, L) for s in scores]))} for L in budgets(max_new_tokens)
+    }
+    summary["truncated"] = sum(1 for s in scores if s.get("truncated"))
+    return summary
+
+
+def benchmark_metrics(scores: Sequence[dict], gpass_k: int, max_new_tokens: int) -> dict[str, Any]:
+    """`summarize` of one (benchmark, width), plus response length, finished fraction and budgets.
+
+    Problems of a continuous task (score lines with "scores") get `continuous_metrics` instead.
+    """
+    if scores and "scores" in scores[0]:
+        return continuous_metrics(scores, max_new_tokens)
+    summary = summarize(
+        [{"n": s["n"], "c": s["c"], "majority_correct": s["majority_correct"]} for s in scores], gpass_k=gpass_k
+    )
+    lengths = [x for s in scores for x in s["lengths"]]
+    finished = [x for s in scores for x in s["finished"]]
+    summary["mean_length"] = float(np.mean(lengths))
+    summary["finished"] = float(np.mean(finished))
+    summary["budgets"] = {str(L): budget_metrics(scores, L, gpass_k) for L in budgets(max_new_tokens)}
+    return summary
+
+
+def average_metrics(entries: dict[str, dict]) -> dict[str, Any]:
+    """Unweighted mean over benchmarks (the paper's Avg) of every number they all have; means only."""
+    parts = list(entries.values())
+    names = [m for m in parts[0]["metrics"] if all(m in p["metrics"] for p in parts)]
+    out: dict[str, Any] = {
+        "benchmarks": list(entries),
+        "problems": sum(p["problems"] for p in parts),
+        "metrics": {m: {"mean": float(np.mean([p["metrics"][m]["mean"] for p in parts]))} for m in names},
+        "mean_length": float(np.mean([p["mean_length"] for p in parts])),
+        "finished": float(np.mean([p["finished"] for p in parts])),
+    }
+    common = [L for L in parts[0]["budgets"] if all(L in p["budgets"] for p in parts)]
+    out["budgets"] = {
+        L: {
+            m: float(np.mean([p["budgets"][L][m] for p in parts]))
+            for m in parts[0]["budgets"][L]
+            if all(m in p["budgets"][L] for p in parts)
+        }
+        for L in common
+    }
+    return out

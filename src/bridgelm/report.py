@@ -32,8 +32,9 @@ from typing import Any
 
 import numpy as np
 
-from bridgelm.evaluate import METRICS_FILE, read_run, score_run
+from bridgelm.evaluate import read_run
 from bridgelm.jsonl import write_atomic, write_json
+from bridgelm.score import METRICS_FILE, score_run
 
 # Column titles of the paper's Table 1 for the usual file stems; other benchmarks keep their name.
 ABBREVIATIONS = {

@@ -51,7 +51,8 @@ def _eval_config(args):
 
 def _cmd_eval(args) -> None:
     from bridgelm.dist import Dist
-    from bridgelm.evaluate import METRICS_FILE, load_benchmarks, run_eval, score_run, summary_line
+    from bridgelm.evaluate import load_benchmarks, run_eval
+    from bridgelm.score import METRICS_FILE, score_run, summary_line
 
     cfg = _eval_config(args)
     check_out(args.out, "dir")
@@ -85,7 +86,7 @@ def _cmd_eval(args) -> None:
 
 
 def _cmd_score(args) -> None:
-    from bridgelm.evaluate import METRICS_FILE, SCORES_FILE, score_run, summary_line
+    from bridgelm.score import METRICS_FILE, SCORES_FILE, score_run, summary_line
 
     result = score_run(args.run_dir, allow_partial=args.allow_partial)
     run = Path(args.run_dir)

@@ -248,7 +248,8 @@ def stage_eval(ctx: Context, arm: str, seed: int, foreign: bool = False) -> dict
 
     `foreign`: control (b), the Bridge model at the main width with groups made of samples of different problems.
     """
-    from bridgelm.evaluate import EvalConfig, run_eval, score_run
+    from bridgelm.evaluate import EvalConfig, run_eval
+    from bridgelm.score import score_run
 
     cfg = ctx.cfg
     bridge_like = arm.startswith("bridge")

@@ -1,0 +1,208 @@
+"""Scoring an eval run: every sample graded by its task, per-problem score lines, and the run's metrics.
+
+Design notes:
+- Scoring reads only the run folder (run.json and the samples files that bridgelm.evaluate wrote) and the data
+  files, checked against the digests recorded at sampling time, so it can be re-run alone: after a grader fix, with
+  another G-Pass k, on a partial run (`allow_partial` lists the problems missing).
+- A sample is correct when its reward is the full reward (`bridgelm.tasks.base.is_correct`). Continuous scores
+  (summarisation's ROUGE-1, `Task.continuous`): a problem's score line holds its per-sample scores, their mean and
+  variance, and the metrics are the mean score and the mean per-prompt variance, not pass@k / G-Pass / majority.
+- Outputs: RUN_DIR/scores.jsonl (one line per benchmark, width and problem) and RUN_DIR/metrics.json (per benchmark
+  and width, and their average; bridgelm.metrics computes them, generation budgets included).
+
+    bridgelm score runs/x [--allow-partial]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bridgelm import metrics as M
+from bridgelm.evaluate import FORMAT, Benchmark, benchmark_difference, load_benchmarks, read_run, read_samples
+from bridgelm.jsonl import write_atomic, write_json
+from bridgelm.tasks import Task
+from bridgelm.tasks.base import is_correct
+
+METRICS_FILE = "metrics.json"  # the run's metrics (per benchmark and width, and their average)
+SCORES_FILE = "scores.jsonl"  # one score line per (benchmark, width, problem)
+
+# Completions graded per reward_many call (the progress bar moves once per batch).
+GRADE_BATCH = 256
+
+
+def _grading_benchmarks(run: dict, task: Task | None) -> list[Benchmark]:
+    """The run's benchmarks re-read for grading, checked against the digests recorded at sampling time."""
+    from bridgelm import tasks
+
+    paths = [b["path"] for b in run["benchmarks"]]
+    if task is not None:
+        benches = load_benchmarks(task, [], run.get("limit"))
+    elif run["task"] not in tasks.REGISTRY:
+        raise ValueError(
+            f"run.json names task {run['task']!r}, which is not in the task registry: score the run with "
+            "score_run(run_dir, task=<the Task object>)"
+        )
+    else:
+        benches = load_benchmarks(run["task"], [p for p in paths if p is not None], run.get("limit"))
+    _benchmark_check(run, benches)
+    return benches
+
+
+def _benchmark_check(run: dict, benches: list[Benchmark]) -> None:
+    old = run["benchmarks"]
+    new = [b.describe() for b in benches]
+    for a, b in zip(old, new):
+        b["path"] = a["path"]  # a data file read from elsewhere is fine if its content is the same
+    if [b["name"] for b in old] != [b["name"] for b in new] or any(
+        (a["problems"], a["digest"]) != (b["problems"], b["digest"]) for a, b in zip(old, new)
+    ):
+        hint = ""
+        if any(b["path"] is None for b in old):
+            hint = "; a run of a Task object's own examples is graded with score_run(run_dir, task=<that Task>)"
+        raise ValueError(f"cannot grade the run: {benchmark_difference(old, new)}{hint}")
+
+
+def _problem_score(rec: dict, rewards: list[float], task: Task) -> dict[str, Any]:
+    if task.continuous:
+        return {
+            "benchmark": rec["benchmark"],
+            "width": int(rec["width"]),
+            "index": int(rec["index"]),
+            "n": len(rewards),
+            "scores": list(rewards),
+            "mean": float(np.mean(rewards)),
+            "variance": float(np.var(rewards)),
+            "lengths": [len(s["token_ids"]) for s in rec["samples"]],
+            "finished": [bool(s["finished"]) for s in rec["samples"]],
+            "truncated": bool(rec.get("truncated")),
+        }
+    answers = [task.extract(s["text"]) for s in rec["samples"]]
+    correct = [is_correct(r) for r in rewards]
+    return {
+        "benchmark": rec["benchmark"],
+        "width": int(rec["width"]),
+        "index": int(rec["index"]),
+        "n": len(correct),
+        "c": sum(correct),
+        "correct": correct,
+        "answers": answers,
+        "lengths": [len(s["token_ids"]) for s in rec["samples"]],
+        "finished": [bool(s["finished"]) for s in rec["samples"]],
+        "majority": M.majority_answer(answers),
+        "majority_correct": M.majority_vote(answers, correct),
+    }
+
+
+def score_run(
+    run_dir: str | os.PathLike, task: Task | None = None, allow_partial: bool = False, progress: bool = True
+) -> dict[str, Any]:
+    """Grade every sample of a run; write RUN_DIR/scores.jsonl and RUN_DIR/metrics.json; return the metrics.
+
+    `task` grades a run of a Task object that is not in the registry. A run that misses problems is a
+    ValueError unless `allow_partial`, which scores the problems present and lists the missing ones.
+    """
+    run_dir = Path(run_dir)
+    run = read_run(run_dir)
+    records = read_samples(run_dir)
+    benches = _grading_benchmarks(run, task)
+    widths = [int(w) for w in run["widths"]]
+    by_name = {b.name: b for b in benches}
+    strays = [k for k in records if k[0] not in by_name or k[1] not in widths or k[2] >= len(by_name[k[0]].problems)]
+    if strays:
+        raise ValueError(f"{run_dir} holds samples that run.json does not describe, e.g. {strays[0]}")
+    missing = {
+        (b.name, w): [i for i in range(len(b.problems)) if (b.name, w, i) not in records]
+        for b in benches
+        for w in widths
+    }
+    lacking = {k: v for k, v in missing.items() if v}
+    if lacking and not allow_partial:
+        detail = "; ".join(
+            f"{b} w={w} misses {len(v)} of {len(by_name[b].problems)} problems (#{', #'.join(map(str, v[:5]))}"
+            + (" ...)" if len(v) > 5 else ")")
+            for (b, w), v in lacking.items()
+        )
+        raise ValueError(
+            f"{run_dir} is incomplete: {detail}. Finish it by re-running bridgelm eval with the same --out, "
+            "or score what is there with --allow-partial"
+        )
+    for key, rec in records.items():
+        if len(rec["samples"]) != run["n"]:
+            raise ValueError(f"{run_dir}: {key} has {len(rec['samples'])} samples, expected n={run['n']}")
+
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        total = sum(len(r["samples"]) for r in records.values())
+        bar = tqdm(total=total, desc=f"grading -> {run_dir / METRICS_FILE}", unit="sample")
+    scores: list[dict] = []
+    try:
+        for b in benches:
+            recs = [
+                records[(b.name, w, i)] for w in widths for i in range(len(b.problems)) if (b.name, w, i) in records
+            ]
+            pairs = [(s["text"], b.problems[int(r["index"])]) for r in recs for s in r["samples"]]
+            rewards: list[float] = []
+            for start in range(0, len(pairs), GRADE_BATCH):
+                chunk = pairs[start : start + GRADE_BATCH]
+                rewards.extend(float(x) for x in b.task.reward_many(chunk))
+                if bar is not None:
+                    bar.update(len(chunk))
+            at = 0
+            for r in recs:
+                scores.append(_problem_score(r, rewards[at : at + len(r["samples"])], b.task))
+                at += len(r["samples"])
+    finally:
+        if bar is not None:
+            bar.close()
+
+    gpass_k = int(run.get("gpass_k", 8))
+    result: dict[str, Any] = {
+        "format": FORMAT,
+        "run": {k: run.get(k) for k in ("model", "blocks", "task", "n", "widths", "width", "max_new_tokens")},
+        "gpass_k": gpass_k,
+        "benchmarks": {},
+        "avg": {},
+    }
+    for b in benches:
+        for w in widths:
+            mine = [s for s in scores if s["benchmark"] == b.name and s["width"] == w]
+            if not mine:
+                continue
+            entry = M.benchmark_metrics(mine, gpass_k, int(run["max_new_tokens"]))
+            entry["missing"] = missing[(b.name, w)]
+            result["benchmarks"].setdefault(b.name, {})[str(w)] = entry
+    for w in widths:
+        entries = {b: per[str(w)] for b, per in result["benchmarks"].items() if str(w) in per}
+        if entries:
+            result["avg"][str(w)] = M.average_metrics(entries)
+    write_atomic(run_dir / SCORES_FILE, "".join(json.dumps(s, ensure_ascii=False) + "\n" for s in scores))
+    write_json(run_dir / METRICS_FILE, result)
+    return result
+
+
+def summary_line(result: dict[str, Any], width: int | None = None) -> str:
+    """One line for the terminal: the average over benchmarks at the reported width."""
+    w = str(width if width is not None else result["run"]["width"])
+    avg = result["avg"].get(w)
+    if avg is None:
+        return f"no scores at width {w}"
+    m = avg["metrics"]
+    head = f"w={w}, avg over {len(avg['benchmarks'])} benchmarks ({', '.join(avg['benchmarks'])}): "
+    if "score" in m and "accuracy" not in m:
+        variance = 1e4 * m["score_variance"]["mean"]
+        return head + (
+            f"mean score {100 * m['score']['mean']:.2f}, per-prompt score variance {variance:.2f} (points²), "
+            f"mean length {avg['mean_length']:.0f} tokens"
+        )
+    parts = [f"accuracy {100 * m['accuracy']['mean']:.2f}%", f"coverage {100 * m['coverage']['mean']:.2f}%"]
+    if "majority_vote" in m:
+        parts.append(f"majority vote {100 * m['majority_vote']['mean']:.2f}%")
+    parts.append(f"mean length {avg['mean_length']:.0f} tokens")
+    return head + ", ".join(parts)
