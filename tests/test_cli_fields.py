@@ -163,3 +163,12 @@ def test_a_flag_for_no_field_or_no_type_is_a_bug_of_the_command():
         _toy_parser(stpes=Flag(default=4))
     with pytest.raises(TypeError, match="Toy.blob: no flag for type"):
         add_fields(argparse.ArgumentParser(), Toy)
+    p = argparse.ArgumentParser()
+    add_fields(p, Toy, only=["blob"], blob=Flag(type=lambda text: dict([text.split("=")])))  # a parser of its own
+    assert build(Toy, p.parse_args(["--blob", "k=v"])).blob == {"k": "v"}
+
+
+def test_a_bad_list_entry_names_the_flag_and_the_entry():
+    p = _toy_parser()
+    with pytest.raises(argparse.ArgumentError, match=r"--sizes entry 'big' is not a number \(expected e.g. 0.5,1,2\)"):
+        p.parse_args(["--sizes", "1,big"])

@@ -67,10 +67,6 @@ def field_comments(cls: type) -> dict[str, str]:
     return out
 
 
-def flag_name(field_name: str) -> str:
-    return "--" + field_name.replace("_", "-")
-
-
 def add_fields(
     parser: argparse.ArgumentParser,
     cls: type,
@@ -103,7 +99,7 @@ def add_fields(
             kwargs["choices"] = change.choices
         if kwargs.get("action") == "append":
             kwargs["help"] += " (repeatable)"
-        action = parser.add_argument(change.name or flag_name(f.name), **kwargs)
+        action = parser.add_argument(change.name or "--" + f.name.replace("_", "-"), **kwargs)
         if default not in (None, [], (), argparse.SUPPRESS) and "%(default)" not in action.help:
             action.help += " (default: %(default)s)"
 
@@ -133,6 +129,8 @@ def _parsing(cls: type, name: str, hint: Any, change: Flag) -> dict:
         return {"action": _Commas, "type": item, "collection": origin, "metavar": f"{items[0].__name__.upper()},..."}
     if origin is list and items == (str,):
         return {"action": "append", "type": change.type or str}
+    if change.type is not None:
+        return {"type": change.type}
     raise TypeError(f"{cls.__name__}.{name}: no flag for type {hint}; skip the field or give it a Flag(type=...)")
 
 
@@ -149,8 +147,8 @@ class _Commas(argparse.Action):
             try:
                 out.append(self.item_type(entry.strip()))
             except ValueError:
-                kind = "an integer" if self.item_type is int else "a number"
+                kind, example = ("an integer", "1,4,8,16") if self.item_type is int else ("a number", "0.5,1,2")
                 raise argparse.ArgumentError(
-                    None, f"{option_string} entry {entry.strip()!r} is not {kind} (expected e.g. 1,4,8,16)"
+                    None, f"{option_string} entry {entry.strip()!r} is not {kind} (expected e.g. {example})"
                 ) from None
         setattr(namespace, self.dest, self.collection(out))
