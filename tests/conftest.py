@@ -9,6 +9,8 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import pytest  # noqa: E402
 import torch  # noqa: E402
 from transformers import (  # noqa: E402
+    Gemma2Config,
+    Gemma2ForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
@@ -40,6 +42,7 @@ ARCHS = {
     "qwen3": (Qwen3Config, Qwen3ForCausalLM, {"head_dim": 16}),
     "llama": (LlamaConfig, LlamaForCausalLM, {}),
     "mistral": (MistralConfig, MistralForCausalLM, {"sliding_window": None}),
+    "gemma2": (Gemma2Config, Gemma2ForCausalLM, {"head_dim": 16}),  # norms before and after attention and MLP
 }
 
 

@@ -1,5 +1,6 @@
 """Bridge and P-Match blocks on tiny random models, against slow references."""
 
+import copy
 import math
 
 import pytest
@@ -77,21 +78,28 @@ def test_fresh_blocks_change_nothing(arch, kind, placement):
 
 
 def layer_reference(layer, block, x, position_embeddings, placement, groups):
-    """The usual pre-norm layer written out, with the block at its place."""
+    """The pre-norm layer written out, with the block at its place: the usual layout, or Gemma's (norms after
+    attention and around the MLP)."""
     attn_mask = torch.ones(x.shape[0], 1, x.shape[1], x.shape[1], dtype=torch.bool).tril()
-    h = x + layer.self_attn(layer.input_layernorm(x), position_embeddings, attn_mask)[0]
+    a = layer.self_attn(layer.input_layernorm(x), position_embeddings, attn_mask)[0]
+    gemma = hasattr(layer, "pre_feedforward_layernorm")
+    h = x + (layer.post_attention_layernorm(a) if gemma else a)
     if placement == "attn":
         h = h + block(h, groups)
-    h = h + layer.mlp(layer.post_attention_layernorm(h))
+    if gemma:
+        h = h + layer.post_feedforward_layernorm(layer.mlp(layer.pre_feedforward_layernorm(h)))
+    else:
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
     if placement == "ffn":
         h = h + block(h, groups)
     return h
 
 
+@pytest.mark.parametrize("arch", sorted(ARCHS))
 @pytest.mark.parametrize("placement", ["ffn", "attn"])
 @pytest.mark.parametrize("kind", ["bridge", "pmatch"])
-def test_block_sits_where_placement_says(placement, kind):
-    model = tiny_model("llama")
+def test_block_sits_where_placement_says(arch, placement, kind):
+    model = tiny_model(arch)
     (bridgelm.add_bridge if kind == "bridge" else bridgelm.add_pmatch)(model, placement=placement)
     randomize_blocks(model)
     layer = model.model.layers[0]
@@ -241,9 +249,10 @@ def test_save_pretrained_and_generate_keep_working(tmp_path):
 
 @pytest.mark.parametrize("kind", ["bridge", "pmatch"])
 @pytest.mark.parametrize("checkpointing", [False, True])
-def test_gradients_reach_every_new_parameter(kind, checkpointing):
+@pytest.mark.parametrize("placement", ["ffn", "attn"])
+def test_gradients_reach_every_new_parameter(kind, checkpointing, placement):
     add = bridgelm.add_bridge if kind == "bridge" else bridgelm.add_pmatch
-    model = randomize_blocks(add(tiny_model()), std=0.1)
+    model = randomize_blocks(add(tiny_model(), placement=placement), std=0.1)
     model.train()
     if checkpointing:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
@@ -265,6 +274,36 @@ def test_gradients_reach_every_new_parameter(kind, checkpointing):
         torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 97), ids[:, 1:].reshape(-1)).backward()
         for n, p in params.items():
             assert torch.allclose(p.grad, grads[n], atol=1e-6), n
+
+
+@pytest.mark.parametrize("placement", ["ffn", "attn"])
+def test_a_deep_copy_runs_its_own_blocks(placement):
+    """GRPO's reference model is a deep copy: it computes the same logits, then keeps them when the original's
+    blocks change."""
+    model = randomize_blocks(bridgelm.add_bridge(tiny_model(), placement=placement))
+    ids = torch.randint(3, 97, (4, 6))
+    mask = torch.ones_like(ids)
+    want = bridgelm.grouped_logits(model, ids, mask, [0, 0, 1, 1])
+    ref = copy.deepcopy(model)
+    assert torch.equal(bridgelm.grouped_logits(ref, ids, mask, [0, 0, 1, 1]), want)
+    randomize_blocks(model, seed=2)
+    assert torch.equal(bridgelm.grouped_logits(ref, ids, mask, [0, 0, 1, 1]), want)
+    assert not torch.allclose(bridgelm.grouped_logits(model, ids, mask, [0, 0, 1, 1]), want, atol=1e-3)
+
+
+@pytest.mark.parametrize("placement", ["ffn", "attn"])
+def test_a_layer_with_blocks_traces_as_one_graph(placement):
+    """The compiled decode step needs the whole forward in one graph: no break at the blocks (dynamo's eager
+    backend traces without compiling)."""
+    model = randomize_blocks(bridgelm.add_bridge(tiny_model(), placement=placement))
+    ids = torch.randint(3, 97, (4, 5))
+
+    def logits(ids):
+        return model(input_ids=ids, bridge_groups=Groups.contiguous_width(4, 2, torch.ones(4, 5, dtype=torch.bool)))
+
+    want = logits(ids).logits
+    torch._dynamo.reset()
+    assert torch.equal(torch.compile(logits, backend="eager", fullgraph=True)(ids).logits, want)
 
 
 def test_pmatch_matches_bridge_parameter_count():

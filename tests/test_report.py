@@ -11,7 +11,7 @@ from bridgelm import evaluate as E
 from bridgelm import score as S
 from bridgelm.cli import main
 from bridgelm.jsonl import read_records
-from bridgelm.report import collect_rows, table_1, table_numbers
+from bridgelm.report import collect_rows, markdown_table, pct, table_1, table_numbers
 from bridgelm.tokenizer import char_tokenizer
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -94,3 +94,11 @@ def test_table_helpers_take_plain_dicts():
     assert "| a | 10.00 | 30.00 | 20.00 | +0.00 |" in text and "| b | 20.00 | – | – | – |" in text
     with pytest.raises(ValueError, match="base row 'c'"):
         table_1(rows, base="c")
+
+
+def test_one_markdown_table_for_every_report():
+    """The reports' tables and the demo's come from `markdown_table`: names left-aligned, numbers right-aligned."""
+    rows = [["base", "math", pct(0.5)], ["b", "aime", pct(None)]]
+    got = markdown_table(["Run", "benchmark", "accuracy (%)"], rows, labels=2)
+    assert got == "| Run | benchmark | accuracy (%) |\n|---|---|---:|\n| base | math | 50.00 |\n| b | aime | – |"
+    assert markdown_table(["Method", "1"], []) == "| Method | 1 |\n|---|---:|"

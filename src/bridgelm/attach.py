@@ -1,8 +1,11 @@
 """Attaching Bridge / P-Match blocks to a Hugging Face decoder, and saving or loading only those blocks.
 
 Each decoder layer keeps its modules and weights; it gains one submodule (`bridge` or `pmatch`) and its class
-is swapped for a subclass with the same name whose forward adds the block's update to the residual stream:
-after the feed-forward residual ("ffn", the paper's default) or after the attention residual ("attn").
+is swapped for a subclass with the same name that runs the layer's own forward and adds the block's update to
+the residual stream: to the layer's output, i.e. after the feed-forward residual ("ffn", the paper's default), or
+after the attention residual ("attn", App. D), through a forward hook on the attention branch whose output the
+layer adds to its input (`attention_branch`). Neither re-implements the layer, so both fit every layout
+`decoder_layers` accepts (Gemma's extra norms included).
 The model keeps its whole interface (`model(...)`, `generate`, `save_pretrained`, gradient checkpointing):
 the subclass is checkpointed like the original layer, and the group layout arrives as the keyword argument
 `bridge_groups` that Hugging Face decoders pass down to their layers (see grouped.py).
@@ -29,7 +32,6 @@ from bridgelm.grouped import KWARG
 
 FORMAT = "bridgelm-blocks-1"
 _USUAL_LAYOUT = ("self_attn", "mlp", "input_layernorm", "post_attention_layernorm")
-_EXTRA_NORMS = ("pre_feedforward_layernorm", "post_feedforward_layernorm")  # Gemma-like layouts
 
 
 class _BlockLayer:
@@ -46,37 +48,32 @@ class _BlockLayer:
             if isinstance(out, tuple):
                 return (out[0] + block(out[0], groups), *out[1:])
             return out + block(out, groups)
-        return self._forward_attn_placement(block, groups, hidden_states, *args, **kwargs)
+        # "attn": the layer's own forward, with the block joining its attention branch (see _add_block_after_attn)
+        branch = attention_branch(self)
+        branch._bridgelm_pending = (block, hidden_states, groups)
+        try:
+            return super().forward(hidden_states, *args, **kwargs)
+        finally:
+            branch._bridgelm_pending = None
 
-    def _forward_attn_placement(
-        self,
-        block,
-        groups,
-        hidden_states,
-        attention_mask=None,
-        position_ids=None,
-        past_key_values=None,
-        use_cache=False,
-        position_embeddings=None,
-        **kwargs,
-    ):
-        # The usual pre-norm layout, with the block after the attention residual.
-        residual = hidden_states
-        h = self.input_layernorm(hidden_states)
-        h, _ = self.self_attn(
-            hidden_states=h,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            past_key_values=past_key_values,
-            use_cache=use_cache,
-            position_embeddings=position_embeddings,
-            **kwargs,
-        )
-        h = residual + h
-        h = h + block(h, groups)
-        residual = h
-        h = self.mlp(self.post_attention_layernorm(h))
-        return residual + h
+
+def attention_branch(layer: nn.Module) -> nn.Module:
+    """The sub-module whose output a pre-norm layer adds to its input after attention: `self_attn`, or in
+    Gemma-like layouts (norms before and after the feed-forward) the `post_attention_layernorm` that follows it."""
+    return layer.post_attention_layernorm if hasattr(layer, "pre_feedforward_layernorm") else layer.self_attn
+
+
+def _add_block_after_attn(branch: nn.Module, inputs, out):
+    """Forward hook of the attention branch (placement "attn"). The layer adds the branch's output `a` to its input
+    `x`; with `a + block(x + a)` in its place, the stream after the attention residual becomes x + a + block(x + a).
+    Outside a call of its layer (nothing pending) the branch is left as it is."""
+    pending = getattr(branch, "_bridgelm_pending", None)
+    if pending is None:
+        return None
+    block, x, groups = pending
+    a = out[0] if isinstance(out, tuple) else out
+    a = a + block(x + a, groups)
+    return (a, *out[1:]) if isinstance(out, tuple) else a
 
 
 _SWAPPED: dict[tuple[type, str, str], type] = {}
@@ -151,13 +148,6 @@ def _attach(model: nn.Module, cfg: BlockConfig) -> nn.Module:
             f"the model already has {existing.kind} blocks (placement {existing.placement!r}); "
             "blocks can be added once. Load a fresh model to change them."
         )
-    if cfg.placement == "attn":
-        extra = [n for n in _EXTRA_NORMS if hasattr(layers[0], n)]
-        if extra:
-            raise ValueError(
-                f"placement='attn' needs the usual layer layout, but {type(layers[0]).__name__} has {extra}; "
-                "use placement='ffn'"
-            )
     text_cfg = _text_config(model)
     hidden = text_cfg.hidden_size
     init_std = getattr(text_cfg, "initializer_range", 0.02)
@@ -171,6 +161,8 @@ def _attach(model: nn.Module, cfg: BlockConfig) -> nn.Module:
         block.requires_grad_(any(p.requires_grad for p in layer.parameters()))
         layer.add_module(cfg.kind, block)
         layer.__class__ = _swapped_class(type(layer), cfg.kind, cfg.placement)
+        if cfg.placement == "attn":
+            attention_branch(layer).register_forward_hook(_add_block_after_attn)
     model.config.bridgelm = {**asdict(cfg), "format": FORMAT}
     return model
 

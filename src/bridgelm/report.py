@@ -26,7 +26,7 @@ import io
 import json
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -180,16 +180,25 @@ def table_numbers(rows: dict[str, dict[str, dict]], base: str | None = None) -> 
     return {"columns": columns, "base": base, "rows": out_rows}
 
 
-def _pct(x: float | None, digits: int = 2) -> str:
+def markdown_table(head: Sequence[str], rows: Iterable[Sequence[str]], labels: int = 1) -> str:
+    """A markdown table (no final newline): the first `labels` columns name things and are left-aligned, the
+    others hold numbers and are right-aligned. Every table of the reports, the demo's included, is made here."""
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * labels + "---:|" * (len(head) - labels)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def pct(x: float | None, digits: int = 2) -> str:
+    """A share in [0, 1] as percent with `digits` decimals; "–" for a missing value."""
     return "–" if x is None else f"{100 * x:.{digits}f}"
 
 
 def _cell(value: dict | None, intervals: bool) -> str:
     if value is None:
         return "–"
-    text = _pct(value["mean"])
+    text = pct(value["mean"])
     if intervals and "low" in value and "high" in value:
-        text += f" [{_pct(value['low'], 1)}, {_pct(value['high'], 1)}]"
+        text += f" [{pct(value['low'], 1)}, {pct(value['high'], 1)}]"
     return text
 
 
@@ -200,23 +209,26 @@ def table_1(rows: dict[str, dict[str, dict]], base: str | None = None, intervals
     """
     t = table_numbers(rows, base)
     head = [label, *(column_title(b) for b in t["columns"]), "Avg", "↑Δ"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" + "---:|" * (len(head) - 1)]
-    for name, r in t["rows"].items():
-        delta = "–" if r["delta"] is None else f"{100 * r['delta']:+.2f}"
-        cells = [_cell(r["cells"][b], intervals) for b in t["columns"]]
-        lines.append("| " + " | ".join([name, *cells, _pct(r["avg"]), delta]) + " |")
-    return "\n".join(lines) + "\n"
+    rows = [
+        [name, *(_cell(r["cells"][b], intervals) for b in t["columns"]), pct(r["avg"]), _delta(r["delta"])]
+        for name, r in t["rows"].items()
+    ]
+    return markdown_table(head, rows) + "\n"
+
+
+def _delta(x: float | None) -> str:
+    return "–" if x is None else f"{100 * x:+.2f}"
 
 
 def gpass_table(curves: dict[str, dict[str, Any]]) -> str:
     """Markdown table of G-Pass@k_tau against tau*k (the numbers of Figure 4); curves as from `gpass_curves`."""
     k = max(c["k"] for c in curves.values())
     head = ["Model", *(f"τ·k={m}" for m in range(1, k + 1)), f"mG-Pass@{k}"]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" + "---:|" * (len(head) - 1)]
-    for name, c in curves.items():
-        vals = [_pct(c["values"].get(m)) for m in range(1, k + 1)]
-        lines.append("| " + " | ".join([f"{name} (k={c['k']})", *vals, _pct(c.get("mg_pass"))]) + " |")
-    return "\n".join(lines) + "\n"
+    rows = [
+        [f"{name} (k={c['k']})", *(pct(c["values"].get(m)) for m in range(1, k + 1)), pct(c.get("mg_pass"))]
+        for name, c in curves.items()
+    ]
+    return markdown_table(head, rows) + "\n"
 
 
 def _main_entry(b: dict) -> dict:
@@ -311,19 +323,17 @@ def _plain_cell(value: dict | None, digits: int = 2) -> str:
 def table_2(table: dict[str, Any], intervals: bool = True) -> str:
     """Markdown of `nonmath_table` in the paper's Table 2 layout (percent)."""
     head = ["Model", *(table["titles"][b] for b in table["columns"])]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" + "---:|" * (len(head) - 1)]
-    for name, cells in table["rows"].items():
-        lines.append("| " + " | ".join([name, *(_cell(cells.get(b), intervals) for b in table["columns"])]) + " |")
-    return "\n".join(lines) + "\n"
+    rows = [
+        [name, *(_cell(cells.get(b), intervals) for b in table["columns"])] for name, cells in table["rows"].items()
+    ]
+    return markdown_table(head, rows) + "\n"
 
 
 def table_5(table: dict[str, Any]) -> str:
     """Markdown of `stability_table` in the paper's Table 5 layout."""
     head = ["Model", *(table["titles"][k] for k in table["columns"])]
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" + "---:|" * (len(head) - 1)]
-    for name, cells in table["rows"].items():
-        lines.append("| " + " | ".join([name, *(_plain_cell(cells.get(k)) for k in table["columns"])]) + " |")
-    return "\n".join(lines) + "\n"
+    rows = [[name, *(_plain_cell(cells.get(k)) for k in table["columns"])] for name, cells in table["rows"].items()]
+    return markdown_table(head, rows) + "\n"
 
 
 # ---------------------------------------------------------------------------------------------- curves
@@ -418,7 +428,7 @@ def length_curves(rows: dict[str, dict]) -> dict[str, dict[int, dict[str, float]
 # ---------------------------------------------------------------------------------------------- plots
 
 
-def _new_figure(panels: int, width: float = 4.2, height: float = 3.2):
+def new_figure(panels: int, width: float = 4.2, height: float = 3.2):
     from matplotlib.figure import Figure  # no pyplot: no global backend state, works headless
 
     fig = Figure(figsize=(width * panels, height), layout="constrained")
@@ -426,7 +436,7 @@ def _new_figure(panels: int, width: float = 4.2, height: float = 3.2):
     return fig, axes
 
 
-def _save_png(fig, path: str | os.PathLike) -> Path:
+def save_png(fig, path: str | os.PathLike) -> Path:
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=120)
     return write_atomic(path, buf.getvalue())
@@ -437,7 +447,7 @@ def plot_gpass(curves: dict[str, dict[int, float]], path: str | os.PathLike, k: 
 
     `curves` maps a run name to {tau*k: value in [0, 1]}.
     """
-    fig, (ax,) = _new_figure(1, width=7.0, height=3.6)
+    fig, (ax,) = new_figure(1, width=7.0, height=3.6)
     names = list(curves)
     ms = sorted({int(m) for c in curves.values() for m in c})
     step = 0.8 / max(1, len(names))
@@ -450,11 +460,11 @@ def plot_gpass(curves: dict[str, dict[int, float]], path: str | os.PathLike, k: 
     ax.set_ylabel(f"G-Pass@{k or (max(ms) if ms else 'k')}_τ (%)")
     ax.legend(fontsize="small")
     ax.grid(axis="y", alpha=0.3)
-    return _save_png(fig, path)
+    return save_png(fig, path)
 
 
 def _plot_panels(curves: dict[str, dict[int, dict[str, float]]], path, xlabel: str, log2: bool) -> Path:
-    fig, axes = _new_figure(len(CURVE_PANELS))
+    fig, axes = new_figure(len(CURVE_PANELS))
     for ax, (metric, title) in zip(axes, CURVE_PANELS.items()):
         for name, curve in curves.items():
             xs = sorted(curve)
@@ -470,7 +480,7 @@ def _plot_panels(curves: dict[str, dict[int, dict[str, float]]], path, xlabel: s
         ax.set_ylabel("%")
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize="small")
-    return _save_png(fig, path)
+    return save_png(fig, path)
 
 
 def plot_width(curves: dict[str, dict[int, dict[str, float]]], path: str | os.PathLike) -> Path:
@@ -577,10 +587,17 @@ def render_markdown(report: dict[str, Any], figures: Sequence[str] = ()) -> str:
         out.append(gpass_table(report["gpass"]))
         used = {name: ", ".join(c["benchmarks"]) for name, c in report["gpass"].items()}
         out.append("Benchmarks averaged: " + "; ".join(f"{n}: {b}" for n, b in used.items()))
-    out += ["", "## Responses", "", "| Run | benchmark | mean length (tokens) | finished (%) |", "|---|---|---:|---:|"]
-    for name, run in report["runs"].items():
-        for b, length in run["mean_length"].items():
-            out.append(f"| {name} | {b} | {length:.1f} | {100 * run['finished'][b]:.1f} |")
+    responses = [
+        [name, b, f"{length:.1f}", f"{100 * run['finished'][b]:.1f}"]
+        for name, run in report["runs"].items()
+        for b, length in run["mean_length"].items()
+    ]
+    out += [
+        "",
+        "## Responses",
+        "",
+        markdown_table(["Run", "benchmark", "mean length (tokens)", "finished (%)"], responses, labels=2),
+    ]
     if figures:
         out += ["", "## Figures", ""] + [f"![{Path(f).stem}]({Path(f).name})" for f in figures]
     return "\n".join(out) + "\n"

@@ -1,6 +1,8 @@
 """Command line: argument parsing only; every command builds configs and calls the library.
 
-Each module of this package adds the commands of one family with `add_commands(subparsers)`.
+Each module of this package adds the commands of one family with `add_commands(subparsers)`. The flags of a
+config dataclass are made from its fields by `fields.add_fields`, and the config is built back by `fields.build`:
+a default lives in its dataclass only.
 
     bridgelm params --preset ds-qwen-7b
     bridgelm generate --model DIR --prompt "1+2=" --n 8 --width 4 --out samples.jsonl

@@ -1,4 +1,4 @@
-"""Arguments shared by several commands: the model to load and how to sample."""
+"""Arguments shared by several commands (the model to load, prompts, outputs) and the checks of their values."""
 
 from __future__ import annotations
 
@@ -90,35 +90,3 @@ def add_model_args(p) -> None:
     p.add_argument("--blocks", help="a block file written by save_blocks / bridgelm sft")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default="cpu")
-
-
-def add_sampling_args(p, n=8, width=1, max_new_tokens=256) -> None:
-    p.add_argument("--n", type=int, default=n, help="samples per prompt")
-    p.add_argument("--width", type=int, default=width, help="Bridge group width (divides --n); 1 = independent")
-    p.add_argument("--max-new-tokens", type=int, default=max_new_tokens)
-    p.add_argument("--temperature", type=float, default=0.6, help="0 = greedy")
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-batch-sequences", type=int, default=256)
-    p.add_argument("--max-batch-tokens", type=int, default=262_144)
-    p.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template")
-    p.add_argument("--stop", action="append", default=[], type=stop_string, help="stop string (repeatable)")
-
-
-def sampling_config(args):
-    from bridgelm.sampling import SamplingConfig
-
-    cfg = SamplingConfig(
-        n=args.n,
-        width=args.width,
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        seed=args.seed,
-        max_batch_sequences=args.max_batch_sequences,
-        max_batch_tokens=args.max_batch_tokens,
-    )
-    cfg.validate()
-    return cfg

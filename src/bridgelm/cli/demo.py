@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+import argparse
+
+from bridgelm.cli.fields import Flag, add_fields, build, field_comments
+from bridgelm.demo.pipeline import DemoConfig
+
+# The sizes a user may set; every other one is the preset's (DemoConfig(), or DemoConfig.quick() with --quick).
+SETTABLE = ("seeds", "threads")
 
 
 def _cmd_demo(args) -> None:
-    from bridgelm.demo.pipeline import DemoConfig, run_demo
+    from bridgelm.demo.pipeline import run_demo
 
-    cfg = DemoConfig.quick() if args.quick else DemoConfig()
-    if args.seeds is not None and args.seeds < 1:
-        raise ValueError(f"--seeds {args.seeds} must be >= 1")
-    cfg = replace(cfg, seeds=args.seeds or cfg.seeds, threads=args.threads)
+    cfg = build(DemoConfig, args, base=DemoConfig.quick() if args.quick else DemoConfig())
+    if cfg.seeds < 1:
+        raise ValueError(f"--seeds {cfg.seeds} must be >= 1")
     out = args.out or ("runs/demo-quick" if args.quick else "runs/demo")
     print(f"bridgelm demo: every stage writes under {out} (a finished stage is skipped on a re-run)")
     report = run_demo(out, cfg, quick=args.quick)
@@ -24,6 +29,13 @@ def add_commands(sub) -> None:
     p.add_argument(
         "--quick", action="store_true", help="toy sizes (~3 minutes): proves the pipeline, numbers mean nothing"
     )
-    p.add_argument("--seeds", type=int, help="RL seeds per arm (default 3; 1 with --quick); arms share each seed")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    full, quick, comments = DemoConfig(), DemoConfig.quick(), field_comments(DemoConfig)
+    preset = {
+        name: Flag(
+            default=argparse.SUPPRESS,  # not given: the preset's
+            help=f"{comments[name]} (default {getattr(full, name)}; {getattr(quick, name)} with --quick)",
+        )
+        for name in SETTABLE
+    }
+    add_fields(p, DemoConfig, only=SETTABLE, **preset)
     p.set_defaults(func=_cmd_demo)

@@ -10,43 +10,12 @@ bridgelm analyze similarity runs/x
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
-from bridgelm.cli.common import add_model_args, add_sampling_args, check_out, dtype_of, load_model_and_tokenizer
-
-
-def _int_list(text: str, flag: str) -> list[int]:
-    out = []
-    for entry in text.split(","):
-        try:
-            out.append(int(entry.strip()))
-        except ValueError:
-            raise ValueError(f"{flag} entry {entry.strip()!r} is not an integer (expected e.g. 1,4,8,16)") from None
-    return out
-
-
-def _eval_config(args):
-    from bridgelm.evaluate import EvalConfig
-
-    cfg = EvalConfig(
-        n=args.n,
-        width=args.width,
-        widths=_int_list(args.widths, "--widths") if args.widths else None,
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        seed=args.seed,
-        chat=args.chat,
-        stop=list(args.stop),
-        limit=args.limit,
-        max_batch_sequences=args.max_batch_sequences,
-        max_batch_tokens=args.max_batch_tokens,
-        gpass_k=args.gpass_k,
-        foreign_groups=args.foreign_groups,
-    )
-    cfg.validate()
-    return cfg
+from bridgelm.cli.common import add_model_args, check_out, dtype_of, load_model_and_tokenizer, stop_string
+from bridgelm.cli.fields import Flag, add_fields, build
+from bridgelm.evaluate import EvalConfig
 
 
 def _cmd_eval(args) -> None:
@@ -54,7 +23,8 @@ def _cmd_eval(args) -> None:
     from bridgelm.evaluate import load_benchmarks, run_eval
     from bridgelm.score import METRICS_FILE, score_run, summary_line
 
-    cfg = _eval_config(args)
+    cfg = build(EvalConfig, args)
+    cfg.validate()
     check_out(args.out, "dir")
     benches = load_benchmarks(args.task, args.data, cfg.limit)  # data errors before the model is loaded
     dist = Dist.from_env()
@@ -168,22 +138,23 @@ def add_commands(sub) -> None:
     p.add_argument(
         "--data", action="extend", nargs="+", default=[], help="data file(s), one benchmark each (named by stem)"
     )
-    add_sampling_args(p, n=32, width=8, max_new_tokens=4096)
-    p.add_argument("--num-samples", dest="n", type=int, help="same as --n (torchrun takes --n for its own options)")
-    p.add_argument(
-        "--widths",
-        help="comma-separated widths to sample, e.g. 1,4,8,16 (each divides --n); tables report --width when it "
-        "is listed, else the widest",
+    add_fields(
+        p,
+        EvalConfig,
+        widths=Flag(
+            help="widths to sample, each dividing --n; tables report --width when it is listed, else the widest"
+        ),
+        stop=Flag(type=stop_string),
     )
-    p.add_argument("--limit", type=int, help="only the first LIMIT problems of each benchmark (smoke runs)")
-    p.add_argument("--gpass-k", type=int, default=8, help="k of G-Pass@k_tau (capped at --n)")
+    p.add_argument(
+        "--num-samples",
+        dest="n",
+        type=int,
+        default=argparse.SUPPRESS,
+        help="same as --n (torchrun takes --n for its own options)",
+    )
     p.add_argument("--out", required=True, help="run directory (re-runs resume; other settings are refused)")
     p.add_argument("--no-score", action="store_true", help="only sample; score later with bridgelm score")
-    p.add_argument(
-        "--foreign-groups",
-        action="store_true",
-        help="control: each group holds sample j of `width` different problems (Bridge sees strangers, not siblings)",
-    )
     p.set_defaults(func=_cmd_eval)
 
     p = sub.add_parser("score", help="grade a run's samples; writes metrics.json and scores.jsonl")

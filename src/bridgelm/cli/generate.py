@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-from bridgelm.cli.common import (
-    add_model_args,
-    add_sampling_args,
-    check_out,
-    load_model_and_tokenizer,
-    read_prompts,
-    sampling_config,
-)
+from bridgelm.cli.common import add_model_args, check_out, load_model_and_tokenizer, read_prompts, stop_string
+from bridgelm.cli.fields import add_fields, build
+from bridgelm.sampling import SamplingConfig
 
 
 def _cmd_generate(args) -> None:
     from bridgelm.samples import run_settings, sample_to_file
 
-    cfg = sampling_config(args)
+    cfg = build(SamplingConfig, args)
+    cfg.validate()
     if (args.prompts is None) == (args.prompt is None):
         raise ValueError("give exactly one of --prompts FILE.jsonl or --prompt TEXT")
     check_out(args.out, "file")
@@ -33,6 +29,9 @@ def add_commands(sub) -> None:
     add_model_args(p)
     p.add_argument("--prompts", help="JSONL file, one object with a 'prompt' field per line")
     p.add_argument("--prompt", help="a single prompt")
-    add_sampling_args(p)
+    # foreign_groups is a control of evaluations (bridgelm eval --foreign-groups): a samples file does not record it
+    add_fields(p, SamplingConfig, skip=["foreign_groups"])
+    p.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template")
+    p.add_argument("--stop", action="append", default=[], type=stop_string, help="stop string (repeatable)")
     p.add_argument("--out", required=True, help="output JSONL (one line per prompt; re-runs resume)")
     p.set_defaults(func=_cmd_generate)

@@ -11,7 +11,6 @@ is written from those intervals: it says which of the paper's claims the miniatu
 
 from __future__ import annotations
 
-import io
 import json
 import platform
 import statistics
@@ -19,7 +18,7 @@ from pathlib import Path
 
 from bridgelm.jsonl import read_records, write_atomic, write_json
 from bridgelm.metrics import paired_difference
-from bridgelm.report import plot_gpass, plot_width
+from bridgelm.report import markdown_table, new_figure, pct, plot_gpass, plot_width, save_png
 
 ARMS = ("base", "rlvr", "pmatch", "bridge", "bridge_cold", "bridge_attn")
 TITLES = {
@@ -77,19 +76,26 @@ def collect(eval_dirs: dict[tuple[str, int], Path], cfg) -> dict:
 
 
 def _pct(x) -> str:
-    return "–" if x is None else f"{100 * x:.1f}"
+    """The demo's percentages: one decimal."""
+    return pct(x, 1)
 
 
 def table_1(arms: dict, cfg) -> str:
     """The Table 1 layout: a row per arm, accuracy with its 95% interval, set metrics, improvement over Base."""
     k = cfg.gpass_k
     seeds = max(len(a["seeds"]) for a in arms.values())
-    head = (
-        f"| Method | Accuracy (%){' mean ± sd over seeds' if seeds > 1 else ''} | 95% interval"
-        f"{' (seed 0)' if seeds > 1 else ''} | Coverage@{cfg.eval_n} | G-Pass@{k} τ=0.5 | G-Pass@{k} τ=1 "
-        f"| Majority vote | Avg | ↑Δ |"
-    )
-    lines = [head, "|---|---|---|---|---|---|---|---|---|"]
+    head = [
+        "Method",
+        f"Accuracy (%){' mean ± sd over seeds' if seeds > 1 else ''}",
+        f"95% interval{' (seed 0)' if seeds > 1 else ''}",
+        f"Coverage@{cfg.eval_n}",
+        f"G-Pass@{k} τ=0.5",
+        f"G-Pass@{k} τ=1",
+        "Majority vote",
+        "Avg",
+        "↑Δ",
+    ]
+    rows = []
     base = arms["base"]["accuracy_mean"] if "base" in arms else None
     for arm in ARMS:
         if arm not in arms:
@@ -105,34 +111,41 @@ def table_1(arms: dict, cfg) -> str:
         full = first["gpass"].get(k)
         maj = first.get("majority_vote", {}).get("mean")
         delta = "–" if base is None else f"{100 * (data['accuracy_mean'] - base):+.1f}"
-        lines.append(
-            f"| {title} | {acc} | {interval} | {_pct(first['coverage']['mean'])} | {_pct(half)} | {_pct(full)} "
-            f"| {_pct(maj)} | {acc.split(' ')[0]} | {delta} |"
-        )
-    return "\n".join(lines)
+        cells = [_pct(first["coverage"]["mean"]), _pct(half), _pct(full), _pct(maj), acc.split(" ")[0], delta]
+        rows.append([title, acc, interval, *cells])
+    return markdown_table(head, rows)
 
 
 def width_table(arms: dict, cfg) -> str:
     """Bridge at every width: accuracy averaged over seeds, the rest of seed 0, and the interaction."""
     k = cfg.gpass_k
     by_seed = arms["bridge"]["widths"]
-    rows = by_seed[min(by_seed)]
+    first = by_seed[min(by_seed)]  # seed 0: {width: cell}
     diverged = arms["bridge"].get("diverged_by_seed", {})
-    lines = [
-        f"| Bridge width w | Accuracy (%), mean over {len(by_seed)} seed(s) | 95% interval (seed 0) "
-        f"| Coverage@{cfg.eval_n} | G-Pass@{k} τ=1 | Samples that differ from w=1 (%) |",
-        "|---|---|---|---|---|---|",
+    head = [
+        "Bridge width w",
+        f"Accuracy (%), mean over {len(by_seed)} seed(s)",
+        "95% interval (seed 0)",
+        f"Coverage@{cfg.eval_n}",
+        f"G-Pass@{k} τ=1",
+        "Samples that differ from w=1 (%)",
     ]
-    for w in sorted(rows):
-        c = rows[w]
+    rows = []
+    for w in sorted(first):
+        c = first[w]
         mean = statistics.fmean(by_seed[s][w]["accuracy"]["mean"] for s in by_seed)
         changed = [d[w] for d in diverged.values() if w in d]
-        lines.append(
-            f"| {w}{' (independent)' if w == 1 else ''} | {_pct(mean)} | "
-            f"[{_pct(c['accuracy']['low'])}, {_pct(c['accuracy']['high'])}] | {_pct(c['coverage']['mean'])} "
-            f"| {_pct(c['gpass'].get(k))} | {_pct(statistics.fmean(changed)) if changed else '0.0'} |"
+        rows.append(
+            [
+                f"{w}{' (independent)' if w == 1 else ''}",
+                _pct(mean),
+                f"[{_pct(c['accuracy']['low'])}, {_pct(c['accuracy']['high'])}]",
+                _pct(c["coverage"]["mean"]),
+                _pct(c["gpass"].get(k)),
+                _pct(statistics.fmean(changed)) if changed else "0.0",
+            ]
         )
-    return "\n".join(lines)
+    return markdown_table(head, rows)
 
 
 def training_curves(out: Path, cfg) -> tuple[dict, Path | None]:
@@ -146,10 +159,7 @@ def training_curves(out: Path, cfg) -> tuple[dict, Path | None]:
                 curves[f"{TITLES[arm]} s{seed}"] = [r["reward"] for r in recs]
     if not curves:
         return curves, None
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(6.5, 3.6), layout="constrained")
-    ax = fig.subplots()
+    fig, (ax,) = new_figure(1, width=6.5, height=3.6)
     for name, ys in curves.items():
         window = max(1, len(ys) // 10)
         smooth = [statistics.fmean(ys[max(0, i - window + 1) : i + 1]) for i in range(len(ys))]
@@ -158,9 +168,7 @@ def training_curves(out: Path, cfg) -> tuple[dict, Path | None]:
     ax.set_ylabel("mean reward of rollouts (%), smoothed")
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=120)
-    return curves, write_atomic(out / "training.png", buf.getvalue())
+    return curves, save_png(fig, out / "training.png")
 
 
 def per_problem_accuracy(run_dir: Path, width: int) -> list[float]:
@@ -218,19 +226,15 @@ def controls_table(ctl: dict, cfg) -> str:
         f"w{w}-w1": f"Bridge w={w} − Bridge w=1 (same weights)",
         "foreign-w1": f"Bridge w={w} with foreign siblings (control b) − Bridge w=1",
     }
-    lines = [
-        f"| Paired difference of accuracy, over {ctl['seeds']} seed(s) | Mean and 95% interval |",
-        "|---|---|",
-    ]
-    lines += [f"| {names[k]} | {_diff_text(d)} |" for k, d in ctl["diffs"].items() if k in names]
+    head = [f"Paired difference of accuracy, over {ctl['seeds']} seed(s)", "Mean and 95% interval"]
+    lines = [markdown_table(head, [[names[k], _diff_text(d)] for k, d in ctl["diffs"].items() if k in names])]
     if ctl["interaction"]:
+        shares = [f"{100 * v:.1f}" for v in ctl["interaction"].values()]
         lines += [
             "",
-            "| Width w | " + " | ".join(ctl["interaction"]) + " |",
-            "|---|" + "---|" * len(ctl["interaction"]),
-            "| Samples that differ from w=1 (control a), % | "
-            + " | ".join(f"{100 * v:.1f}" for v in ctl["interaction"].values())
-            + " |",
+            markdown_table(
+                ["Width w", *ctl["interaction"]], [["Samples that differ from w=1 (control a), %", *shares]]
+            ),
         ]
     return "\n".join(lines)
 
@@ -375,12 +379,10 @@ def write_demo_report(out: Path, cfg, eval_dirs: dict, timings: dict, quick: boo
         "",
         f"## G-Pass@{k}_τ against τ·k (paper Figure 4)",
         "",
-        "| Method | " + " | ".join(str(j) for j in range(1, k + 1)) + " |",
-        "|---|" + "---|" * k,
-        *[
-            f"| {name} | " + " | ".join(_pct(c.get(j)) for j in range(1, k + 1)) + " |"
-            for name, c in gpass_curves.items()
-        ],
+        markdown_table(
+            ["Method", *(str(j) for j in range(1, k + 1))],
+            [[name, *(_pct(c.get(j)) for j in range(1, k + 1))] for name, c in gpass_curves.items()],
+        ),
         "",
         "## Bridge at every width, same weights (paper Table 3)",
         "",

@@ -1,0 +1,154 @@
+"""Command-line flags made from the fields of a config dataclass, so that each default lives in one place.
+
+A field `max_new_tokens: int = 256  # generated tokens per sample, at most` becomes `--max-new-tokens` with the
+annotation's type, the dataclass's default and the field's comment as help; `build` makes the dataclass back from
+the parsed arguments (each flag's dest is its field's name). By annotation:
+
+- `int`, `float`, `str`: one value; `X | None`: an X, and None (the field's own meaning of it) when not given
+- `bool`, `bool | None`: `--x` / `--no-x`
+- `list[int]`, `tuple[int, ...]` (or float): comma-separated values, `--widths 1,4,8`
+- `list[str]`: repeatable, `--stop A --stop B` (text may hold commas)
+
+A command changes a flag only where it must, with `Flag`: another spelling (`--add` for `SFTConfig.blocks`),
+choices, a parser of its own, or a default that deliberately differs from the dataclass's.
+
+Help texts are the fields' trailing comments, read from the class's source (`tokenize` finds the comments, `ast`
+the line each field ends on). The house style already gives every config field such a comment, so the
+dataclasses stay plain, one line a field, instead of carrying the same text again in `field(metadata=...)`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import inspect
+import io
+import textwrap
+import tokenize
+import types
+import typing
+from collections.abc import Callable, Sequence
+from typing import Any
+
+NUMBERS = (int, float)
+FIELD_DEFAULT = object()  # Flag.default that keeps the dataclass's default
+
+
+@dataclasses.dataclass(frozen=True)
+class Flag:
+    """How one field's flag departs from what the field itself gives."""
+
+    name: str | None = None  # the flag, e.g. "--add"; None: "--" + the field's name with dashes
+    default: Any = FIELD_DEFAULT  # the command's own default, where it deliberately differs from the dataclass's
+    help: str | None = None  # None: the field's comment
+    choices: Sequence | None = None  # the values allowed, when the annotation does not say
+    type: Callable[[str], Any] | None = None  # parses one value; None: by the annotation
+
+
+def field_comments(cls: type) -> dict[str, str]:
+    """The trailing `# comment` of each field of dataclass `cls` (and of its dataclass bases), by field name."""
+    out: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if not dataclasses.is_dataclass(klass):
+            continue
+        try:
+            source = textwrap.dedent(inspect.getsource(klass))
+        except (OSError, TypeError):  # no source (frozen or interactive): flags without help
+            continue
+        comments = {
+            tok.start[0]: tok.string.lstrip("#").strip()
+            for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+            if tok.type == tokenize.COMMENT
+        }
+        for node in ast.parse(source).body[0].body:
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.end_lineno in comments:
+                out[node.target.id] = comments[node.end_lineno]
+    return out
+
+
+def add_fields(
+    parser: argparse.ArgumentParser,
+    cls: type,
+    *,
+    only: Sequence[str] | None = None,
+    skip: Sequence[str] = (),
+    **changes: Flag,
+) -> None:
+    """Add a flag for each field of dataclass `cls` (those in `only`, when given, less those in `skip`), in the
+    order of the fields; `changes` maps a field name to the `Flag` that departs from it."""
+    names = [f.name for f in dataclasses.fields(cls) if f.init]
+    unknown = sorted((set(changes) | set(skip) | set(only or ())) - set(names))
+    if unknown:
+        raise TypeError(f"{cls.__name__} has no fields {unknown}")
+    hints = typing.get_type_hints(cls)
+    comments = field_comments(cls)
+    for f in dataclasses.fields(cls):
+        if f.name not in names or f.name in skip or (only is not None and f.name not in only):
+            continue
+        change = changes.get(f.name, Flag())
+        if change.default is not FIELD_DEFAULT:
+            default = change.default
+        elif f.default_factory is not dataclasses.MISSING:
+            default = f.default_factory()
+        else:
+            default = f.default
+        text = (change.help or comments.get(f.name, "")).replace("%", "%%")  # argparse %-formats help
+        kwargs = dict(dest=f.name, default=default, help=text, **_parsing(cls, f.name, hints[f.name], change))
+        if change.choices is not None:
+            kwargs["choices"] = change.choices
+        if kwargs.get("action") == "append":
+            kwargs["help"] += " (repeatable)"
+        action = parser.add_argument(change.name or "--" + f.name.replace("_", "-"), **kwargs)
+        if default not in (None, [], (), argparse.SUPPRESS) and "%(default)" not in action.help:
+            action.help += " (default: %(default)s)"
+
+
+def build(cls: type, args: argparse.Namespace, base: Any = None, **fixed: Any):
+    """A `cls` from parsed `args`: each field with a flag takes the flag's value, `fixed` sets fields by hand, and
+    the others keep their values in `base` (default: the dataclass's defaults). A flag whose default is
+    `argparse.SUPPRESS` and which was not given leaves its field to `base`."""
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if f.init and hasattr(args, f.name)}
+    given.update(fixed)
+    return dataclasses.replace(base, **given) if base is not None else cls(**given)
+
+
+def _parsing(cls: type, name: str, hint: Any, change: Flag) -> dict:
+    """The add_argument keywords that parse a field of type `hint`."""
+    args = typing.get_args(hint)
+    if typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in args:
+        inner = [a for a in args if a is not type(None)]
+        hint = inner[0] if len(inner) == 1 else hint  # `X | None`: an X, None when not given
+    origin, items = typing.get_origin(hint), typing.get_args(hint)
+    if hint is bool:
+        return {"action": argparse.BooleanOptionalAction}
+    if hint in (int, float, str):
+        return {"type": change.type or hint}
+    if origin in (list, tuple) and items and items[0] in NUMBERS and (origin is list or items[1:] in ((), (...,))):
+        item = change.type or items[0]
+        return {"action": _Commas, "type": item, "collection": origin, "metavar": f"{items[0].__name__.upper()},..."}
+    if origin is list and items == (str,):
+        return {"action": "append", "type": change.type or str}
+    if change.type is not None:
+        return {"type": change.type}
+    raise TypeError(f"{cls.__name__}.{name}: no flag for type {hint}; skip the field or give it a Flag(type=...)")
+
+
+class _Commas(argparse.Action):
+    """Comma-separated values of one type: `--widths 1,4,8` -> [1, 4, 8] (a tuple for tuple fields)."""
+
+    def __init__(self, option_strings, dest, type, collection, **kwargs):
+        super().__init__(option_strings, dest, **kwargs)
+        self.item_type, self.collection = type, collection  # argparse itself must not parse the whole text
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        out = []
+        for entry in values.split(","):
+            try:
+                out.append(self.item_type(entry.strip()))
+            except ValueError:
+                kind, example = ("an integer", "1,4,8,16") if self.item_type is int else ("a number", "0.5,1,2")
+                raise argparse.ArgumentError(
+                    None, f"{option_string} entry {entry.strip()!r} is not {kind} (expected e.g. {example})"
+                ) from None
+        setattr(namespace, self.dest, self.collection(out))

@@ -1,0 +1,174 @@
+"""Flags made from config dataclasses: defaults are the dataclass's, every field is reachable, bad values are one
+line with exit code 2."""
+
+import argparse
+import dataclasses
+
+import pytest
+
+from bridgelm.cli import build_parser, main
+from bridgelm.cli.fields import Flag, add_fields, build, field_comments
+from bridgelm.cli.train import WARMUP_MAX_NEW_TOKENS
+from bridgelm.demo.pipeline import DemoConfig
+from bridgelm.evaluate import EvalConfig
+from bridgelm.sampling import SamplingConfig
+from bridgelm.train.rl import RLConfig
+from bridgelm.train.sft import SFTConfig
+
+# Each command that builds a config: its config, the least it must be given, and the fields it has no flag for.
+COMMANDS = {
+    "generate": (SamplingConfig, ["--model", "m", "--prompt", "x", "--out", "o"], {"foreign_groups"}),
+    "warmup-data": (SamplingConfig, ["--model", "m", "--task", "t", "--out", "o"], {"width", "foreign_groups"}),
+    "eval": (EvalConfig, ["--model", "m", "--out", "o"], set()),
+    "sft": (SFTConfig, ["--model", "m", "--data", "d", "--out", "o"], set()),
+    "rl": (RLConfig, ["--model", "m", "--task", "t", "--out", "o"], set()),
+    "demo": (DemoConfig, [], {f.name for f in dataclasses.fields(DemoConfig)} - {"seeds", "threads"}),
+}
+
+
+def _config(command, argv, base=None):
+    cls = COMMANDS[command][0]
+    return build(cls, build_parser().parse_args([command, *COMMANDS[command][1], *argv]), base=base)
+
+
+def _actions(command) -> dict[str, argparse.Action]:
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return {a.dest: a for a in sub.choices[command]._actions}
+
+
+def test_defaults_are_the_dataclasses():
+    assert _config("generate", []) == SamplingConfig()
+    assert _config("eval", []) == EvalConfig()
+    assert _config("sft", []) == SFTConfig()
+    assert _config("rl", []) == RLConfig()
+    # the one deliberate departure: warm-up answers are sampled independently, and may be long
+    assert _config("warmup-data", []) == SamplingConfig(width=1, max_new_tokens=WARMUP_MAX_NEW_TOKENS)
+    assert _config("demo", [], base=DemoConfig()) == DemoConfig()
+    assert _config("demo", ["--quick"], base=DemoConfig.quick()) == DemoConfig.quick()
+
+
+def _other_value(action: argparse.Action, default):
+    """(argv, value) that sets `action`'s field to something other than `default`."""
+    flag = action.option_strings[0]
+    if isinstance(action, argparse.BooleanOptionalAction):
+        return ([action.option_strings[1]], False) if default is True else ([flag], True)
+    if action.choices is not None:
+        value = next(c for c in action.choices if c != default)
+        return [flag, value], value
+    if hasattr(action, "collection"):  # comma-separated numbers
+        return [flag, "1,2"], action.collection([1, 2])
+    if isinstance(action, argparse._AppendAction):
+        return [flag, "A", flag, "B,C"], ["A", "B,C"]
+    if action.type is int:
+        value = (default or 0) + 3
+    elif action.type is float:
+        value = (default or 0.0) + 0.25
+    else:
+        value = "x"
+    return [flag, str(value)], value
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_every_field_is_reachable_through_its_own_flag(command):
+    cls, _, without = COMMANDS[command]
+    actions = _actions(command)
+    base = DemoConfig() if command == "demo" else None
+    default = base or _config(command, [])
+    for f in dataclasses.fields(cls):
+        if f.name in without:
+            assert f.name not in actions, f"{command} has a flag for {f.name}, listed as without one"
+            continue
+        assert f.name in actions, f"{command}: no flag sets {cls.__name__}.{f.name}"
+        argv, value = _other_value(actions[f.name], getattr(default, f.name))
+        got = _config(command, argv, base=base)
+        assert getattr(got, f.name) == value, (command, f.name, argv)
+        # ... and that field only
+        assert dataclasses.replace(got, **{f.name: getattr(default, f.name)}) == default, (command, f.name)
+
+
+@pytest.mark.parametrize("cls", [SamplingConfig, EvalConfig, SFTConfig, RLConfig, DemoConfig])
+def test_every_config_field_has_a_comment_for_its_help(cls):
+    comments = field_comments(cls)
+    assert [f.name for f in dataclasses.fields(cls) if not comments.get(f.name)] == []
+
+
+def test_kept_spellings_mean_the_same_fields():
+    assert _config("sft", ["--add", "pmatch", "--placement", "attn"]).blocks == "pmatch"
+    assert _config("rl", ["--block-lr", "3e-4"]).block_lr == 3e-4
+    assert _config("eval", ["--foreign-groups"]).foreign_groups is True
+    assert _config("eval", ["--num-samples", "4"]).n == 4
+    assert _config("eval", ["--widths", "1,4", "--stop", "a,b", "--stop", "c"]).widths == [1, 4]
+    assert _config("eval", ["--stop", "a,b", "--stop", "c"]).stop == ["a,b", "c"]
+    assert _config("generate", ["--no-compile"]).compile is False
+    assert _config("rl", ["--bf16", "--resume", "--freeze-base"]).freeze_base is True
+    assert _config("demo", ["--quick", "--seeds", "2"], base=DemoConfig.quick()).seeds == 2
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["rl", "--model", "m", "--task", "t", "--out", "o", "--lr", "fast"], "argument --lr: invalid float value"),
+        (["sft", "--model", "m", "--data", "d", "--out", "o", "--placement", "middle"], "argument --placement"),
+        (["eval", "--model", "m", "--out", "o", "--widths", "1,x"], "--widths entry 'x' is not an integer"),
+        (["generate", "--model", "m", "--prompt", "x", "--out", "o", "--top-p", "2"], "top_p=2.0 must be in (0, 1]"),
+        (["sft", "--model", "m", "--data", "d", "--out", "o", "--min-width", "1"], "expected 2 <= min_width"),
+        (["demo", "--seeds", "0"], "--seeds 0 must be >= 1"),
+    ],
+)
+def test_a_bad_value_is_one_line_and_exit_code_2(capsys, argv, expected):
+    with pytest.raises(SystemExit) as err:
+        main(argv)
+    assert err.value.code == 2
+    stderr = capsys.readouterr().err
+    lines = [line for line in stderr.splitlines() if ": error: " in line]
+    assert len(lines) == 1 and expected in lines[0] and "Traceback" not in stderr, stderr
+
+
+@dataclasses.dataclass
+class Toy:
+    """Every kind of field the flags know."""
+
+    steps: int = 3  # optimiser steps (100% of them)
+    rate: float | None = None  # None: the default rate
+    name: str = "a"  # a name
+    on: bool = False  # switch it on
+    auto: bool | None = None  # None: decide by device
+    widths: list[int] = dataclasses.field(default_factory=lambda: [1])  # widths
+    sizes: tuple[float, ...] = (0.5,)  # sizes
+    tags: list[str] = dataclasses.field(default_factory=list)  # tags
+    blob: dict = dataclasses.field(default_factory=dict)  # no flag can hold it
+
+
+def _toy_parser(**changes):
+    p = argparse.ArgumentParser(prog="toy", exit_on_error=False)
+    add_fields(p, Toy, skip=["blob"], **changes)
+    return p
+
+
+def test_a_toy_dataclass_round_trips():
+    p = _toy_parser(name=Flag("--title", choices=["a", "b"]))
+    assert build(Toy, p.parse_args([])) == Toy()
+    argv = "--steps 5 --rate 0.1 --title b --on --no-auto --widths 2,4 --sizes 1,2.5 --tags x --tags y,z".split()
+    got = build(Toy, p.parse_args(argv))
+    assert got == Toy(5, 0.1, "b", True, False, [2, 4], (1.0, 2.5), ["x", "y,z"])
+    assert build(Toy, p.parse_args([]), blob={"k": 1}).blob == {"k": 1}
+    helps = {a.dest: a.help for a in p._actions}
+    assert helps["steps"] == "optimiser steps (100%% of them) (default: %(default)s)"  # shown as "100%"
+    assert "optimiser steps (100% of them) (default: 3)" in " ".join(p.format_help().split())
+    assert helps["rate"] == "None: the default rate" and helps["tags"] == "tags (repeatable)"
+
+
+def test_a_flag_for_no_field_or_no_type_is_a_bug_of_the_command():
+    with pytest.raises(TypeError, match=r"Toy has no fields \['stpes'\]"):
+        _toy_parser(stpes=Flag(default=4))
+    with pytest.raises(TypeError, match="Toy.blob: no flag for type"):
+        add_fields(argparse.ArgumentParser(), Toy)
+    p = argparse.ArgumentParser()
+    add_fields(p, Toy, only=["blob"], blob=Flag(type=lambda text: dict([text.split("=")])))  # a parser of its own
+    assert build(Toy, p.parse_args(["--blob", "k=v"])).blob == {"k": "v"}
+
+
+def test_a_bad_list_entry_names_the_flag_and_the_entry():
+    p = _toy_parser()
+    with pytest.raises(argparse.ArgumentError, match=r"--sizes entry 'big' is not a number \(expected e.g. 0.5,1,2\)"):
+        p.parse_args(["--sizes", "1,big"])
