@@ -54,6 +54,7 @@ class BaseConfig:
     batch_size: int = 64  # problems per step
     lr: float = 2e-3  # AdamW peak learning rate
     weight_decay: float = 0.01
+    bf16: bool = True  # bf16 autocast of the forward (weights, optimiser and loss in fp32); 1.6x faster on CPU
     seed: int = 0  # model init, data order
     distinct: bool = True  # every training problem seen once (False for toy problem spaces)
     threads: int = 0  # torch threads (0 = leave as is)
@@ -172,9 +173,10 @@ def pretrain(cfg: BaseConfig, out: str | Path, progress: bool = True, log=print)
         for step in range(run.step, last):
             batch = task.examples[step * cfg.batch_size : (step + 1) * cfg.batch_size]
             ids, mask = encode_examples(tokenizer, task, batch)  # [B, S] each
-            logits = model(input_ids=ids, attention_mask=(ids != tokenizer.pad_token_id).long()).logits  # [B, S, V]
+            with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
+                logits = model(input_ids=ids, attention_mask=(ids != tokenizer.pad_token_id).long()).logits  # [B, S, V]
             target_mask = mask[:, 1:].bool()  # [B, S - 1]: position s predicts a solution token
-            loss = torch.nn.functional.cross_entropy(logits[:, :-1][target_mask], ids[:, 1:][target_mask])
+            loss = torch.nn.functional.cross_entropy(logits[:, :-1][target_mask].float(), ids[:, 1:][target_mask])
             loss.backward()
             with run.update():
                 lr = scheduler.get_last_lr()[0]

@@ -54,6 +54,7 @@ class DemoConfig:
     rl_lr: float = 1e-4  # constant after 10% warm-up (the paper: 1e-6 for 1.5B-8B models)
     rl_beta: float = 1e-3  # KL weight (paper: 1e-3)
     rl_block_lr: float | None = None  # lr of the added blocks in RL (None: rl_lr, as in the paper)
+    bf16: bool = True  # bf16 autocast of the SFT and RL forwards (fp32 weights and optimiser; 1.6x faster on CPU)
     max_new_tokens: int = 56  # the longest worked solution (5 numbers) is 49 tokens with its EOS
     temperature: float = 0.6  # paper: 0.6 for training and evaluation
     top_p: float = 0.95  # evaluation nucleus (paper: 0.95)
@@ -137,9 +138,10 @@ def _rl_config(cfg: DemoConfig, seed: int, quick: bool):
         lr=cfg.rl_lr,
         block_lr=cfg.rl_block_lr,
         beta=cfg.rl_beta,
+        bf16=cfg.bf16,
         seed=seed,
         save_every=20,  # an interrupted demo resumes its RL stage from here (bit-exact)
-        keep_last=1,
+        keep_last=0,  # every checkpoint kept: the interaction is traced over the course of RL (results: trace)
         eval_every=0,
         resume=True,  # continue a run found in the stage's folder; start afresh when there is none
     )
@@ -218,6 +220,7 @@ def stage_sft(ctx: Context, kind: str):
         epochs=cfg.sft_epochs,
         lr=cfg.sft_lr,
         max_length=256,
+        bf16=cfg.bf16,
         progress=True,
     )
     model = _with_blocks(load_model(str(ctx.base_dir)), blocks, cfg, placement)
