@@ -36,6 +36,11 @@ def test_quick_demo_runs_every_stage_and_resumes(tmp_path, capsys):
         assert d["low"] <= d["mean"] <= d["high"]
     assert "foreign siblings" in text and "Departures from the paper" in text
     assert results["matmul_peak"]["fp32_tflops"] > 0
+    # The trace: SFT blocks (step 0) and every kept RL checkpoint of Bridge seed 0 (the quick run saves at its end).
+    trace = results["trace"]
+    assert [p["step"] for p in trace["points"]] == [0, 3] and trace["width"] == 4
+    assert all(0.0 <= p[k] <= 1.0 for p in trace["points"] for k in ("w1", "w4", "interaction"))
+    assert "interaction over the course of RL" in text
     for png in ("gpass.png", "training.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     for stage in (
@@ -44,6 +49,7 @@ def test_quick_demo_runs_every_stage_and_resumes(tmp_path, capsys):
         "[rl bridge seed 0]",
         "[eval bridge seed 0]",
         "[eval foreign siblings seed 1]",
+        "[trace]",
     ):
         assert f"{stage} done" in printed
     # a second run finds every output and redoes nothing

@@ -30,6 +30,7 @@ from bridgelm.attach import add_bridge, add_pmatch, load_blocks, load_model
 from bridgelm.demo.base import BaseConfig, generate, make_task, pretrain
 from bridgelm.demo.results import TITLES, write_demo_report
 from bridgelm.jsonl import write_json
+from bridgelm.runs import list_checkpoints
 from bridgelm.tasks import anysum
 
 RL_ARMS = ("rlvr", "pmatch", "bridge")  # the paper's arms; optional: "bridge_cold", "bridge_attn"
@@ -62,6 +63,8 @@ class DemoConfig:
     eval_n: int = 16  # samples per problem (divisible by every width)
     eval_width: int = 8  # Bridge's width in the main table (paper: 8)
     widths: tuple[int, ...] = (1, 2, 4, 8, 16)  # Bridge widths of the width table (paper Table 3)
+    trace_problems: int = 120  # test problems of the trace (interaction over the course of RL, Bridge seed 0)
+    trace_n: int = 8  # samples per problem in the trace (a multiple of eval_width)
     gpass_k: int = 8  # G-Pass@k of the set figures (paper: 8)
     seeds: int = 3  # RL seeds per arm (the arms share each seed)
     foreign_control: bool = True  # control (b): Bridge at eval_width with groups of samples of different problems
@@ -104,11 +107,14 @@ class DemoConfig:
 
 
 class Stages:
-    """Runs named stages in order; a stage whose output exists is skipped. Prints a one-line summary of each."""
+    """Runs named stages in order; a stage whose output exists is skipped. Prints a one-line summary of each.
 
-    def __init__(self, log=print):
+    Stage times are kept in `record` (a JSON file), so a re-run that skips finished stages still reports them."""
+
+    def __init__(self, log=print, record: Path | None = None):
         self.log = log
-        self.timings: dict[str, float] = {}
+        self.record = record
+        self.timings: dict[str, float] = json.loads(record.read_text()) if record and record.exists() else {}
 
     def run(self, name: str, output: Path, fn, summary=lambda result: ""):
         if output.exists():
@@ -116,10 +122,15 @@ class Stages:
             return None
         t0 = time.perf_counter()
         result = fn()
-        self.timings[name] = round(time.perf_counter() - t0, 1)
+        self.time(name, time.perf_counter() - t0)
         text = summary(result)
         self.log(f"[{name}] done in {self.timings[name]:.0f}s{': ' + text if text else ''} -> {output}")
         return result
+
+    def time(self, name: str, seconds: float) -> None:
+        self.timings[name] = round(seconds, 1)
+        if self.record is not None:
+            write_json(self.record, self.timings)
 
 
 def _rl_config(cfg: DemoConfig, seed: int, quick: bool):
@@ -274,6 +285,47 @@ def stage_eval(ctx: Context, arm: str, seed: int, foreign: bool = False) -> dict
     return score_run(run_dir, task=ctx.test)
 
 
+def stage_trace(ctx: Context, seed: int = 0) -> dict:
+    """Diagnostic: the Bridge arm over the course of RL (seed `seed`). For the SFT blocks (step 0) and every RL
+    checkpoint: accuracy at w = 1 and w = eval_width on the test problems, and the interaction (share of samples that
+    differ from their w = 1 counterpart, drawn with the same random numbers)."""
+    from bridgelm.sampling import encode_prompts, eos_ids, generate_ids, pad_id
+    from bridgelm.tasks.base import is_correct
+
+    cfg, tok, test = ctx.cfg, ctx.tokenizer, ctx.test
+    points = [(0, None)] + [(int(c.name.split("-")[1]), c) for c in list_checkpoints(ctx.rl_dir("bridge", seed))]
+    problems = test.examples[: cfg.trace_problems]
+    prompts = encode_prompts(tok, [test.prompt(ex) for ex in problems], False)
+    rows = []
+    for step, folder in points:
+        if folder is None:
+            model = load_model(str(ctx.base_dir))
+            load_blocks(model, ctx.out / "sft_bridge" / "blocks.safetensors")
+        else:
+            model = load_model(str(folder))
+        eos = eos_ids(model, tok)
+        drawn = {}
+        for w in (1, cfg.eval_width):
+            samples = generate_ids(model, prompts, _sampling(cfg, cfg.trace_n, w, seed), eos, pad_id(tok, eos))
+            drawn[w] = [s.token_ids for outs in samples for s in outs]
+            pairs = [
+                (tok.decode(s.token_ids, skip_special_tokens=True), ex)
+                for ex, outs in zip(problems, samples)
+                for s in outs
+            ]
+            drawn[f"acc{w}"] = sum(map(is_correct, test.reward_many(pairs))) / len(pairs)
+        differ = sum(a != b for a, b in zip(drawn[1], drawn[cfg.eval_width])) / len(drawn[1])
+        rows.append(
+            {
+                "step": step,
+                "w1": drawn["acc1"],
+                f"w{cfg.eval_width}": drawn[f"acc{cfg.eval_width}"],
+                "interaction": differ,
+            }
+        )
+    return {"seed": seed, "width": cfg.eval_width, "points": rows}
+
+
 def run_demo(out: str | Path, cfg: DemoConfig, quick: bool = False, log=print) -> Path:
     """Every stage of the miniature pipeline into `out`; returns the path of report.md."""
     from transformers import AutoTokenizer
@@ -286,14 +338,13 @@ def run_demo(out: str | Path, cfg: DemoConfig, quick: bool = False, log=print) -
         torch.set_num_threads(cfg.threads)
     peaks = matmul_peaks()
     log(f"this machine now: fp32 matmul {peaks['fp32_tflops']} TFLOP/s, bf16 {peaks['bf16_tflops']} TFLOP/s")
-    stages = Stages(log)
+    stages = Stages(log, out / "timings.json")
     settings = {"quick": quick, **asdict(cfg)}
     write_json(out / "demo.json", settings)
 
     # 1. base model (cached by its settings)
-    t0 = time.perf_counter()
     base_dir = pretrain(cfg.base, out / "base", log=log)
-    stages.timings["base"] = round(time.perf_counter() - t0, 1)
+    stages.time("base", json.loads((base_dir / "pretrain.json").read_text())["seconds"])  # when it was trained
     spec = cfg.base.task
     # Training prompts may repeat at toy sizes; test problems are always distinct.
     rl_problems = max(cfg.warmup_problems, cfg.rl_steps * cfg.rl_prompts)
@@ -351,17 +402,28 @@ def run_demo(out: str | Path, cfg: DemoConfig, quick: bool = False, log=print) -
                 partial(_eval_summary, arm="bridge"),
             )
 
-    # 6. report
+    # 6. diagnostic: the interaction over the course of RL (Bridge, seed 0)
+    stages.run("trace", out / "trace.json", lambda: _touch(out / "trace.json", stage_trace(ctx)), _trace_summary)
+
+    # 7. report
     report = write_demo_report(out, cfg, eval_dirs, stages.timings, quick, peaks)
     log(f"[report] {report}")
     return report
 
 
-def _sampling(cfg: DemoConfig, n: int, width: int):
+def _sampling(cfg: DemoConfig, n: int, width: int, seed: int = 0):
     from bridgelm.sampling import SamplingConfig
 
     return SamplingConfig(
-        n=n, width=width, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p
+        n=n, width=width, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p, seed=seed
+    )
+
+
+def _trace_summary(trace: dict) -> str:
+    w = trace["width"]
+    points = trace["points"]
+    return "; ".join(
+        f"step {p['step']}: w1 {p['w1']:.3f}, w{w} {p[f'w{w}']:.3f}, differ {p['interaction']:.3f}" for p in points
     )
 
 

@@ -308,6 +308,23 @@ def diverged_from_width_1(run_dir: Path) -> dict[int, float]:
     return out
 
 
+def trace_section(trace: dict | None) -> list[str]:
+    """The interaction over the course of RL (the demo's trace stage), as report lines; none without a trace."""
+    if not trace:
+        return []
+    w = trace["width"]
+    rows = [
+        [str(p["step"]), _pct(p["w1"]), _pct(p[f"w{w}"]), _pct(p[f"w{w}"] - p["w1"]), _pct(p["interaction"])]
+        for p in trace["points"]
+    ]
+    return [
+        f"## The interaction over the course of RL (Bridge, seed {trace['seed']}; step 0: the SFT blocks)",
+        "",
+        markdown_table(["RL step", "w=1", f"w={w}", f"w={w} - w=1", f"samples that differ at w={w}"], rows),
+        "",
+    ]
+
+
 def departures(cfg) -> list[str]:
     """Where the miniature departs from the paper's settings (Appendix A), one line each."""
     lines = [
@@ -347,6 +364,7 @@ def write_demo_report(out: Path, cfg, eval_dirs: dict, timings: dict, quick: boo
     plot_width(width_curve, out / "widths.png")
     curves, training_png = training_curves(out, cfg)
     machine = f"{platform.machine()}, {_cpus()} CPU cores, Python {platform.python_version()}"
+    trace = json.loads((out / "trace.json").read_text()) if (out / "trace.json").exists() else None
     results = {
         "seeds": ctl["seeds"],
         "interaction": ctl["interaction"],
@@ -358,6 +376,7 @@ def write_demo_report(out: Path, cfg, eval_dirs: dict, timings: dict, quick: boo
         "bridge_widths": {str(w): c for w, c in widths.items()},
         "gpass": {a: arms[a]["seeds"][0]["gpass"] for a in arms},
         "training_rewards": curves,
+        "trace": trace,
         "timings_s": timings,
         "quick": quick,
         "machine": machine,
@@ -392,6 +411,7 @@ def write_demo_report(out: Path, cfg, eval_dirs: dict, timings: dict, quick: boo
         "",
         controls_table(ctl, cfg),
         "",
+        *trace_section(trace),
         "## What the miniature reproduces",
         "",
         verdict(arms, ctl, cfg),
