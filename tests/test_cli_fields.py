@@ -8,12 +8,12 @@ import pytest
 
 from bridgelm.cli import build_parser, main
 from bridgelm.cli.fields import Flag, add_fields, build, field_comments
-from bridgelm.cli.train import WARMUP_MAX_NEW_TOKENS
 from bridgelm.demo.pipeline import DemoConfig
 from bridgelm.evaluate import EvalConfig
 from bridgelm.sampling import SamplingConfig
 from bridgelm.train.rl import RLConfig
 from bridgelm.train.sft import SFTConfig
+from bridgelm.train.warmup_data import MAX_NEW_TOKENS as WARMUP_MAX_NEW_TOKENS
 
 # Each command that builds a config: its config, the least it must be given, and the fields it has no flag for.
 COMMANDS = {

@@ -68,31 +68,21 @@ def _benchmark_check(run: dict, benches: list[Benchmark]) -> None:
 
 
 def _problem_score(rec: dict, rewards: list[float], task: Task) -> dict[str, Any]:
+    """One line of scores.jsonl: a problem's continuous scores, or its correctness, answers and majority vote."""
+    samples = rec["samples"]
+    head = {"benchmark": rec["benchmark"], "width": int(rec["width"]), "index": int(rec["index"]), "n": len(rewards)}
+    ends = {"lengths": [len(s["token_ids"]) for s in samples], "finished": [bool(s["finished"]) for s in samples]}
     if task.continuous:
-        return {
-            "benchmark": rec["benchmark"],
-            "width": int(rec["width"]),
-            "index": int(rec["index"]),
-            "n": len(rewards),
-            "scores": list(rewards),
-            "mean": float(np.mean(rewards)),
-            "variance": float(np.var(rewards)),
-            "lengths": [len(s["token_ids"]) for s in rec["samples"]],
-            "finished": [bool(s["finished"]) for s in rec["samples"]],
-            "truncated": bool(rec.get("truncated")),
-        }
-    answers = [task.extract(s["text"]) for s in rec["samples"]]
+        spread = {"scores": list(rewards), "mean": float(np.mean(rewards)), "variance": float(np.var(rewards))}
+        return {**head, **spread, **ends, "truncated": bool(rec.get("truncated"))}
+    answers = [task.extract(s["text"]) for s in samples]
     correct = [is_correct(r) for r in rewards]
     return {
-        "benchmark": rec["benchmark"],
-        "width": int(rec["width"]),
-        "index": int(rec["index"]),
-        "n": len(correct),
+        **head,
         "c": sum(correct),
         "correct": correct,
         "answers": answers,
-        "lengths": [len(s["token_ids"]) for s in rec["samples"]],
-        "finished": [bool(s["finished"]) for s in rec["samples"]],
+        **ends,
         "majority": M.majority_answer(answers),
         "majority_correct": M.majority_vote(answers, correct),
     }

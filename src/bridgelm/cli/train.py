@@ -16,12 +16,12 @@ from bridgelm.cli.common import add_model_args, check_out, dtype_of, load_model_
 from bridgelm.cli.fields import Flag, add_fields, build
 from bridgelm.errors import UserError
 from bridgelm.sampling import SamplingConfig
+from bridgelm.train import warmup_data
 from bridgelm.train.rl import RLConfig
 from bridgelm.train.sft import SFTConfig
 
 # The one default of these commands that is not their config's: warm-up answers may be long worked solutions
 # (the paper's warm-up data; make_warmup_data's own default too).
-WARMUP_MAX_NEW_TOKENS = 1024
 
 
 def _main_process() -> bool:
@@ -126,7 +126,7 @@ def add_commands(sub) -> None:
         SamplingConfig,
         skip=["width", "foreign_groups"],  # independent answers: width 1
         n=Flag(help="responses sampled per problem"),
-        max_new_tokens=Flag(default=WARMUP_MAX_NEW_TOKENS),
+        max_new_tokens=Flag(default=warmup_data.MAX_NEW_TOKENS),
     )
     p.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template")
     p.add_argument("--limit", type=int, help="first problems only")

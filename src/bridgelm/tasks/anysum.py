@@ -26,14 +26,13 @@ reward is 1 when the last `\\boxed{}` of a completion holds the right total (com
 
 from __future__ import annotations
 
-import hashlib
 import random
 import re
 from dataclasses import dataclass
 
+from bridgelm.tasks import arith
 from bridgelm.tasks.arith import Arith
 
-SPLITS = ("train", "validation", "test")
 _BOXED = re.compile(r"\\boxed\{(\d+)\}")
 _PROBLEM = re.compile(r"^\d+(\+\d+)+$")
 
@@ -57,10 +56,12 @@ def numbers_of(problem: str) -> list[int]:
 
 
 def split_of(problem: str) -> str:
-    """The split a problem belongs to, from a stable hash of its sorted numbers."""
-    key = "+".join(str(x) for x in sorted(numbers_of(problem)))
-    bucket = int(hashlib.sha256(key.encode()).hexdigest()[:8], 16) % 10
-    return "test" if bucket == 0 else "validation" if bucket == 1 else "train"
+    """The split a problem belongs to, from a stable hash of its sorted numbers (any order: one problem)."""
+    return arith.split_of(_text(sorted(numbers_of(problem))))
+
+
+def _text(numbers: list[int]) -> str:
+    return "+".join(map(str, numbers))
 
 
 def solution_text(numbers: list[int], order: list[int]) -> str:
@@ -87,25 +88,12 @@ def generate(
 
     Each row holds one worked solution, in a random order drawn by the same generator.
     """
-    if split not in SPLITS:
-        raise ValueError(f"split={split!r} is not one of {SPLITS}")
-    if size < 1:
-        raise ValueError(f"size={size} must be >= 1")
     if spec.max_operands * spec.max_value > 999 or spec.min_value < 10 or spec.max_value > 99:
         raise ValueError(f"{spec} must keep operands on two digits and totals on three")
     rng = random.Random(f"anysum-{seed}-{split}")
-    seen: set[str] = set()
     rows = []
-    attempts = 0
-    while len(rows) < size:
-        attempts += 1
-        if attempts > 200 * size + 10_000:
-            raise ValueError(f"cannot draw {size} distinct {split} problems from {spec}")
-        numbers = _draw(rng, spec)
-        problem = "+".join(map(str, numbers))
-        if (distinct and problem in seen) or split_of(problem) != split:
-            continue
-        seen.add(problem)
+    for numbers in arith.accepted_draws(rng, size, split, spec, _draw, _text, split_of, distinct):
+        problem = _text(numbers)
         order = list(range(len(numbers)))
         rng.shuffle(order)
         rows.append({"problem": problem, "answer": str(sum(numbers)), "solution": solution_text(numbers, order)})

@@ -83,25 +83,34 @@ def generate(
 ) -> list[dict]:
     """`size` problems of `split` (distinct ones unless `distinct=False`), drawn by a generator seeded with (seed,
     split)."""
+    rng = random.Random(f"arith-{seed}-{split}")
+    rows = []
+    for problem in accepted_draws(rng, size, split, spec, _draw, str, split_of, distinct):
+        _, answer = solve(problem)
+        rows.append({"problem": problem, "answer": str(answer), "solution": solution_text(problem)})
+    return rows
+
+
+def accepted_draws(rng: random.Random, size: int, split: str, spec, draw, problem_of, split_of, distinct: bool):
+    """Yield `size` draws `draw(rng, spec)` whose problem text `problem_of(draw)` is in `split` (by `split_of`) and,
+    when `distinct`, not seen before. The caller may use `rng` between yields (its draws stay in one sequence)."""
     if split not in SPLITS:
         raise ValueError(f"split={split!r} is not one of {SPLITS}")
     if size < 1:
         raise ValueError(f"size={size} must be >= 1")
-    rng = random.Random(f"arith-{seed}-{split}")
     seen: set[str] = set()
-    rows = []
-    attempts = 0
-    while len(rows) < size:
+    accepted = attempts = 0
+    while accepted < size:
         attempts += 1
         if attempts > 200 * size + 10_000:
             raise ValueError(f"cannot draw {size} distinct {split} problems from {spec}")
-        problem = _draw(rng, spec)
+        drawn = draw(rng, spec)
+        problem = problem_of(drawn)
         if (distinct and problem in seen) or split_of(problem) != split:
             continue
         seen.add(problem)
-        _, answer = solve(problem)
-        rows.append({"problem": problem, "answer": str(answer), "solution": solution_text(problem)})
-    return rows
+        accepted += 1
+        yield drawn
 
 
 @dataclass

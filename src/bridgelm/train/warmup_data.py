@@ -21,6 +21,7 @@ from bridgelm.samples import check_lines, run_settings
 from bridgelm.sampling import SamplingConfig, iter_generate
 from bridgelm.tasks.base import check_rewards, is_correct
 
+MAX_NEW_TOKENS = 1024  # tokens per warm-up response, at most (the CLI's default too)
 # Problems need at least this many correct responses to be kept (a Bridge group has >= 2 rows).
 MIN_CORRECT = 2
 
@@ -39,12 +40,14 @@ def make_warmup_data(
     """Sample, grade and filter responses to `task.examples[:limit]` into `out`; returns counts.
 
     `sampling` sets max_new_tokens, temperature, top_p, seed and batch bounds (default: the paper's 0.6 / 0.95
-    with 1024 new tokens); its n and width are replaced by `n` and 1.
+    with MAX_NEW_TOKENS new tokens); its n and width are replaced by `n` and 1.
     """
     out = Path(out)
     if n < MIN_CORRECT:
         raise ValueError(f"n={n} must be >= {MIN_CORRECT}: a kept problem needs {MIN_CORRECT} correct responses")
-    base = sampling if sampling is not None else SamplingConfig(max_new_tokens=1024, temperature=0.6, top_p=0.95)
+    base = (
+        sampling if sampling is not None else SamplingConfig(max_new_tokens=MAX_NEW_TOKENS, temperature=0.6, top_p=0.95)
+    )
     if base.width != 1:
         raise ValueError(f"warm-up responses are sampled independently: width must be 1, got {base.width}")
     cfg = replace(base, n=n, width=1)
