@@ -25,6 +25,8 @@ Design (token ids in, token ids out; tokenizing happens in `bridgelm.generate` a
   groups, padded with finished ones) instead of an arbitrary size, so a wave meets a few shapes, each compiled
   once. Default (`compile=None`): on where it wins, CUDA; off on CPU, where compiling costs tens of seconds per
   shape and the step is dominated by matmuls that are ATen's either way.
+- On CPU in half precision each wave decodes under `bridgelm.attention.fast_attention`: the attention over the
+  cache is two matmuls (1.3-2x faster than the fused kernel per call; float32 keeps the kernel).
 - Randomness is explicit: every sample draws from generators seeded with (seed, prompt key, sample index), so
   a prompt gets the same samples whatever shares its batch, and resumed or sharded runs redraw them exactly.
 """
@@ -39,6 +41,8 @@ from dataclasses import dataclass, field
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from bridgelm.attention import NAME as ATTENTION
+from bridgelm.attention import fast_attention
 from bridgelm.grouped import KWARG, Groups
 
 
@@ -362,7 +366,7 @@ def _full_attention_only(config) -> bool:
 def _static_mask_ok(model) -> bool:
     """The compiled step hands every layer one ready 4D mask: full attention with the sdpa or eager backend."""
     impl = getattr(model.config, "_attn_implementation", "sdpa")
-    return _full_attention_only(model.config.get_text_config()) and impl in ("sdpa", "eager")
+    return _full_attention_only(model.config.get_text_config()) and impl in ("sdpa", ATTENTION, "eager")
 
 
 def _attention_mask(model, keep: torch.Tensor, dtype: torch.dtype):
@@ -374,7 +378,7 @@ def _attention_mask(model, keep: torch.Tensor, dtype: torch.dtype):
     impl = getattr(model.config, "_attn_implementation", "sdpa")
     if not _full_attention_only(model.config.get_text_config()):
         return keep.long()
-    if impl == "sdpa":
+    if impl in ("sdpa", ATTENTION):
         return keep[:, None, None, :]
     if impl == "eager":
         return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(~keep, torch.finfo(dtype).min)[
@@ -617,7 +621,8 @@ def iter_generate_ids(
     pending: dict[int, list[GeneratedIds | None]] = {}
     try:
         for wave in plan_waves([len(p) for p in prompts], cfg):
-            samples = _run_wave(model, prompts, wave, cfg, eos, pad_token_id, keys, stop, progress)
+            with fast_attention(model):  # switched per wave: the model is the caller's between yields
+                samples = _run_wave(model, prompts, wave, cfg, eos, pad_token_id, keys, stop, progress)
             at = 0
             for job in wave.jobs:
                 slot = pending.setdefault(job.prompt, [None] * cfg.n)

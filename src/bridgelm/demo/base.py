@@ -21,6 +21,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from bridgelm import evaluate
+from bridgelm.attention import fast_attention
 from bridgelm.dist import Dist
 from bridgelm.jsonl import write_json
 from bridgelm.runs import METRICS, check_settings, jsonable
@@ -173,7 +174,7 @@ def pretrain(cfg: BaseConfig, out: str | Path, progress: bool = True, log=print)
         for step in range(run.step, last):
             batch = task.examples[step * cfg.batch_size : (step + 1) * cfg.batch_size]
             ids, mask = encode_examples(tokenizer, task, batch)  # [B, S] each
-            with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=cfg.bf16):
+            with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=cfg.bf16), fast_attention(model):
                 logits = model(input_ids=ids, attention_mask=(ids != tokenizer.pad_token_id).long()).logits  # [B, S, V]
             target_mask = mask[:, 1:].bool()  # [B, S - 1]: position s predicts a solution token
             loss = torch.nn.functional.cross_entropy(logits[:, :-1][target_mask].float(), ids[:, 1:][target_mask])

@@ -15,6 +15,7 @@ from typing import NamedTuple
 
 import torch
 
+from bridgelm.attention import fast_attention
 from bridgelm.dist import Dist
 from bridgelm.grouped import KWARG, Groups
 
@@ -77,13 +78,14 @@ def forward_logits(model, batch: TokenBatch) -> torch.Tensor:
     Same forward as `bridgelm.grouped_logits` (same groups, mask and positions), restricted by `logits_to_keep`.
     """
     groups = Groups.build(batch.group_ids, batch.attention_mask)
-    out = model(
-        input_ids=batch.input_ids,
-        attention_mask=batch.attention_mask,
-        use_cache=False,
-        logits_to_keep=batch.predict,
-        **{KWARG: groups},
-    )
+    with fast_attention(model):  # short half-precision rows on CPU: two matmuls beat the fused kernel
+        out = model(
+            input_ids=batch.input_ids,
+            attention_mask=batch.attention_mask,
+            use_cache=False,
+            logits_to_keep=batch.predict,
+            **{KWARG: groups},
+        )
     return out.logits
 
 
