@@ -146,6 +146,32 @@ def test_first_minibatch_needs_no_old_logprob_pass(tmp_path, monkeypatch):
             assert x[k] == pytest.approx(y[k], rel=1e-5, abs=1e-7), k
 
 
+def test_micro_batches_by_tokens_sort_groups_and_keep_the_budget():
+    rows = []
+    for g, n in enumerate([9, 2, 5, 2, 7, 3]):  # response length of group g's rows (prompt of 3 tokens)
+        rows += [rl.Row([1, 2, 3], [4] * (n - j % 2), g) for j in range(2)]
+    roll = rl.Rollouts(rows, 2, torch.zeros(12), torch.zeros(12), [True] * 12, 0.0)
+    cfg = replace(CFG, micro_batch_groups=3, micro_batch_tokens=36)
+    micro = rl.micro_batches(roll, [0, 1, 2, 3, 4, 5], cfg)
+    assert micro == [[1, 3, 5], [2], [4], [0]]  # longest rows 5, 5, 6 | 8 | 10 | 12; 2 rows each
+    assert rl.micro_batches(roll, [0, 1, 2, 3, 4, 5], replace(cfg, micro_batch_tokens=None)) == [[0, 1, 2], [3, 4, 5]]
+    for m in micro:  # within the budget, unless one group alone passes it
+        longest = max(len(roll.rows[r].prompt) + len(roll.rows[r].response) for r in roll.group_rows(m))
+        assert len(m) * 2 * longest <= 36 or len(m) == 1
+
+
+def test_micro_batches_by_tokens_train_the_same_weights(tmp_path):
+    """Only the cut into micro-batches changes (the loss is normalised by the mini-batch's tokens)."""
+    cfg = replace(CFG, steps=2, prompts_per_step=3, micro_batch_groups=1)
+    a, b = policy(), policy()
+    train_rl(a, TOK, TASK, cfg, tmp_path / "groups")
+    train_rl(b, TOK, TASK, replace(cfg, micro_batch_groups=64, micro_batch_tokens=10**6), tmp_path / "tokens")
+    pa, pb = _params(a), _params(b)
+    assert any(not torch.equal(pa[k], _params(policy())[k]) for k in pa)  # trained
+    for k in pa:
+        assert torch.allclose(pa[k], pb[k], atol=1e-5), k
+
+
 def _params(model):
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 

@@ -65,6 +65,8 @@ class RLConfig:
     steps_per_rollout: int = 8  # K: optimiser steps per rollout batch, on K mini-batches of whole groups
     epochs_per_rollout: int = 1  # passes over the rollout batch (K steps each)
     micro_batch_groups: int = 4  # Bridge groups per forward/backward (gradient accumulation in a mini-batch)
+    micro_batch_tokens: int | None = None  # also cut micro-batches, groups sorted by length, at this many padded
+    # tokens (rows x longest row); None: micro_batch_groups groups each, in mini-batch order
     lr: float = 1e-6  # AdamW learning rate after warm-up (constant)
     block_lr: float | None = None  # learning rate of the added blocks (None: lr, as in the paper)
     warmup_fraction: float = 0.1  # share of the optimiser steps spent warming the lr up linearly
@@ -100,6 +102,8 @@ class RLConfig:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
         if self.epochs_per_rollout < 1 or self.micro_batch_groups < 1:
             raise ValueError("epochs_per_rollout and micro_batch_groups must be >= 1")
+        if self.micro_batch_tokens is not None and self.micro_batch_tokens < 1:
+            raise ValueError(f"micro_batch_tokens={self.micro_batch_tokens} must be >= 1 (or None)")
         if self.rollouts % self.width:
             raise ValueError(f"width={self.width} must divide rollouts={self.rollouts} (G % w == 0)")
         if self.prompts_per_step % world:
@@ -201,6 +205,27 @@ def collect_rollouts(model, tokenizer, task, examples: list[dict], cfg: RLConfig
     return Rollouts(rows, cfg.width, rewards, advantages, finished, seconds)
 
 
+def micro_batches(rollouts: Rollouts, groups: list[int], cfg: RLConfig) -> list[list[int]]:
+    """The micro-batches (lists of whole groups) of the mini-batch `groups`: `micro_batch_groups` groups each, in
+    order; with `micro_batch_tokens`, groups sorted by their longest row and cut before the padded tokens of a
+    micro-batch (rows x its longest row) would pass the budget, so that short rows are not padded to long ones."""
+    if cfg.micro_batch_tokens is None:
+        return chunks(groups, cfg.micro_batch_groups)
+    length = {
+        g: max(len(rollouts.rows[r].prompt) + len(rollouts.rows[r].response) for r in rollouts.group_rows([g]))
+        for g in groups
+    }
+    out: list[list[int]] = [[]]
+    for g in sorted(groups, key=lambda g: (length[g], g)):  # ascending: g is the longest of its micro-batch so far
+        cur = out[-1]
+        if cur and (
+            len(cur) == cfg.micro_batch_groups or (len(cur) + 1) * rollouts.width * length[g] > cfg.micro_batch_tokens
+        ):
+            out.append(cur := [])
+        cur.append(g)
+    return out
+
+
 def minibatch_plan(n_groups: int, cfg: RLConfig, step: int) -> list[list[int]]:
     """Group indices of each mini-batch: per epoch a shuffle of the groups cut into K near-equal parts."""
     K, plan = cfg.steps_per_rollout, []
@@ -259,7 +284,7 @@ def minibatch_backward(
     local = sum(len(rollouts.rows[r].response) for r in rollouts.group_rows(groups))
     total = all_reduce_sum([local], dist)[0]
     out = MinibatchStats(loss=0.0, tokens=total)
-    for micro in chunks(groups, cfg.micro_batch_groups):
+    for micro in micro_batches(rollouts, groups, cfg):
         rows = rollouts.group_rows(micro)
         batch = pack_rows([rollouts.rows[r] for r in rows], pad_id, dist.device)
         mask = batch.response_mask  # [B, T]
@@ -291,7 +316,7 @@ def update_policy(
 ) -> dict:
     """K (x epochs) optimiser steps on this rollout batch; returns token-level sums and means for logging."""
     plan = minibatch_plan(rollouts.n_groups, cfg, step)
-    micro_of = [chunks(mb, cfg.micro_batch_groups) for mb in plan]
+    micro_of = [micro_batches(rollouts, mb, cfg) for mb in plan]
     first_pass = [m for mbs in micro_of[: cfg.steps_per_rollout] for m in mbs]  # every group once, as trained
     model.train()
     old = ref = None
