@@ -172,6 +172,27 @@ def test_micro_batches_by_tokens_train_the_same_weights(tmp_path):
         assert torch.allclose(pa[k], pb[k], atol=1e-5), k
 
 
+def test_a_rollout_copy_samples_from_the_current_weights(tmp_path, monkeypatch):
+    """A float32 rollout copy is refreshed before each step: the run ends with the policy's own run's weights
+    (step 2 samples from step 1's weights). A bfloat16 copy samples in bf16 and still trains."""
+    cfg = replace(CFG, steps=3)
+    a, b = policy(), policy()
+    train_rl(a, TOK, TASK, cfg, tmp_path / "self")
+    train_rl(b, TOK, TASK, replace(cfg, rollout_dtype="float32"), tmp_path / "copy")
+    pa, pb = _params(a), _params(b)
+    for k in pa:
+        assert torch.equal(pa[k], pb[k]), k
+    dtypes = []
+    real = rl.collect_rollouts
+    monkeypatch.setattr(rl, "collect_rollouts", lambda m, *a: dtypes.append(next(m.parameters()).dtype) or real(m, *a))
+    c = policy()
+    res = train_rl(c, TOK, TASK, replace(cfg, rollout_dtype="bfloat16"), tmp_path / "bf16")
+    assert dtypes == [torch.bfloat16] * 3 and next(c.parameters()).dtype == torch.float32
+    assert res.steps == 3 and any(not torch.equal(v, _params(policy())[k]) for k, v in _params(c).items())
+    with pytest.raises(ValueError, match="rollout_dtype='int8'"):
+        replace(cfg, rollout_dtype="int8").validate()
+
+
 def _params(model):
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 

@@ -55,7 +55,8 @@ class DemoConfig:
     rl_lr: float = 1e-4  # constant after 10% warm-up (the paper: 1e-6 for 1.5B-8B models)
     rl_beta: float = 1e-3  # KL weight (paper: 1e-3)
     rl_block_lr: float | None = None  # lr of the added blocks in RL (None: rl_lr, as in the paper)
-    bf16: bool = True  # bf16 autocast of the SFT and RL forwards (fp32 weights and optimiser; 1.6x faster on CPU)
+    bf16: bool = True  # bf16 autocast of the SFT and RL forwards (fp32 weights and optimiser; 1.6x faster on CPU),
+    # and sampling (warm-up data, RL rollouts, evaluation) with bf16 weights (1.3-1.5x faster)
     max_new_tokens: int = 56  # the longest worked solution (5 numbers) is 49 tokens with its EOS
     temperature: float = 0.6  # paper: 0.6 for training and evaluation
     top_p: float = 0.95  # evaluation nucleus (paper: 0.95)
@@ -146,7 +147,10 @@ def _rl_config(cfg: DemoConfig, seed: int, quick: bool):
         top_p=1.0,
         steps_per_rollout=cfg.rl_steps_per_rollout,
         micro_batch_groups=64,
-        micro_batch_tokens=2048,  # groups by length, <= 2048 padded tokens: a 16% faster update than 64 rows in one
+        micro_batch_tokens=2048,
+        rollout_dtype="bfloat16"
+        if cfg.bf16
+        else None,  # groups by length, <= 2048 padded tokens: a 16% faster update than 64 rows in one
         lr=cfg.rl_lr,
         block_lr=cfg.rl_block_lr,
         beta=cfg.rl_beta,
@@ -170,6 +174,10 @@ class Context:
     tokenizer: object
     train: object  # Task: RL prompts (the first warmup_problems are the warm-up problems)
     test: object  # Task: held-out test problems
+
+    def sampler(self, path) -> torch.nn.Module:
+        """A model folder loaded for sampling: in bf16 when `cfg.bf16` (1.3-1.5x faster on CPU), else float32."""
+        return load_model(str(path), dtype=torch.bfloat16 if self.cfg.bf16 else torch.float32)
 
     def rl_dir(self, arm: str, seed: int) -> Path:
         return self.out / f"rl_{arm}_s{seed}"
@@ -198,7 +206,7 @@ def stage_warmup(ctx: Context) -> dict:
     cfg = ctx.cfg
     task = replace(ctx.train, examples=ctx.train.examples[: cfg.warmup_problems])
     stats = make_warmup_data(
-        load_model(str(ctx.base_dir)),
+        ctx.sampler(ctx.base_dir),
         ctx.tokenizer,
         task,
         ctx.out / "warmup.jsonl",
@@ -282,7 +290,7 @@ def stage_eval(ctx: Context, arm: str, seed: int, foreign: bool = False) -> dict
     )
     path = model_of(ctx, arm, seed)
     run_dir = ctx.foreign_dir(seed) if foreign else ctx.eval_dir(arm, seed)
-    run_eval(load_model(path), ctx.tokenizer, ctx.test, None, ecfg, run_dir, model_id=path)
+    run_eval(ctx.sampler(path), ctx.tokenizer, ctx.test, None, ecfg, run_dir, model_id=path)
     return score_run(run_dir, task=ctx.test)
 
 
@@ -300,10 +308,9 @@ def stage_trace(ctx: Context, seed: int = 0) -> dict:
     rows = []
     for step, folder in points:
         if folder is None:
-            model = load_model(str(ctx.base_dir))
-            load_blocks(model, ctx.out / "sft_bridge" / "blocks.safetensors")
+            model = load_blocks(ctx.sampler(ctx.base_dir), ctx.out / "sft_bridge" / "blocks.safetensors")
         else:
-            model = load_model(str(folder))
+            model = ctx.sampler(folder)
         eos = eos_ids(model, tok)
         drawn = {}
         for w in (1, cfg.eval_width):

@@ -62,6 +62,8 @@ class RLConfig:
     max_new_tokens: int = 512  # tokens per rollout, at most
     temperature: float = 0.6  # sampling temperature; log-probs use logits / temperature as well
     top_p: float = 1.0  # nucleus of the rollouts (1: exactly the policy the ratios assume)
+    rollout_dtype: str | None = None  # sample from a copy of the policy in this dtype ("bfloat16"), refreshed before
+    # each step (1.3-1.5x faster sampling on CPU); the update recomputes every log-prob. None: the policy itself
     steps_per_rollout: int = 8  # K: optimiser steps per rollout batch, on K mini-batches of whole groups
     epochs_per_rollout: int = 1  # passes over the rollout batch (K steps each)
     micro_batch_groups: int = 4  # Bridge groups per forward/backward (gradient accumulation in a mini-batch)
@@ -118,9 +120,16 @@ class RLConfig:
             raise ValueError(f"temperature={self.temperature} must be > 0 for GRPO (log-probs at logits / T)")
         if self.beta < 0 or self.clip_eps <= 0 or (self.clip_eps_high is not None and self.clip_eps_high <= 0):
             raise ValueError(f"beta={self.beta} must be >= 0, clip_eps={self.clip_eps} and clip_eps_high > 0")
+        if self.rollout_dtype is not None:
+            if self.rollout_dtype not in ROLLOUT_DTYPES:
+                raise ValueError(f"rollout_dtype={self.rollout_dtype!r}: expected one of {', '.join(ROLLOUT_DTYPES)}")
+            if self.fsdp:
+                raise ValueError("rollout_dtype needs fsdp=False: the copy would hold the whole model on every rank")
         if self.eval_n % self.eval_width:
             raise ValueError(f"eval_width={self.eval_width} must divide eval_n={self.eval_n}")
 
+
+ROLLOUT_DTYPES = ("bfloat16", "float16", "float32")
 
 # Fields that do not change the trained weights besides the run-control ones (train.run.RUN_FIELDS).
 FREE_FIELDS = ("eval_every", "eval_limit")
@@ -172,6 +181,27 @@ def step_examples(task, cfg: RLConfig, step: int, dist: Dist) -> list[dict]:
             cache[epoch] = torch.randperm(n, generator=generator(cfg.seed, "data", epoch)).tolist()
         out.append(task.examples[cache[epoch][i % n]])
     return out
+
+
+class RolloutPolicy:
+    """What samples the rollouts: the policy, or (rollout_dtype) a copy of it in that dtype whose weights are copied
+    from the policy before each step, as an inference engine beside a trainer would be. Only which tokens are drawn
+    depends on it: the update's forwards recompute every log-prob from the policy."""
+
+    def __init__(self, model, dtype: str | None):
+        self.model = model
+        self.replica = None
+        if dtype is not None:
+            self.replica = copy.deepcopy(model).to(getattr(torch, dtype)).requires_grad_(False)
+
+    def current(self):
+        """The model to sample this step with (the copy refreshed from the policy's weights)."""
+        if self.replica is None:
+            return self.model
+        with torch.no_grad():
+            for dst, src in zip(self.replica.state_dict().values(), self.model.state_dict().values(), strict=True):
+                dst.copy_(src)
+        return self.replica
 
 
 def collect_rollouts(model, tokenizer, task, examples: list[dict], cfg: RLConfig, step: int, dist: Dist) -> Rollouts:
@@ -417,6 +447,7 @@ def train_rl(model, tokenizer, task, cfg: RLConfig, out_dir: str | os.PathLike, 
         f"(width {cfg.width}), {dist.world} process(es) -> {out_dir}"
     )
     pad = pad_id(tokenizer, eos_ids(model, tokenizer))
+    sampler = RolloutPolicy(model, cfg.rollout_dtype)
     was_training = model.training
     update_parts = []  # per step: seconds of the update's no_grad passes (RLResult.stats["update_parts"])
     try:
@@ -424,7 +455,7 @@ def train_rl(model, tokenizer, task, cfg: RLConfig, out_dir: str | os.PathLike, 
             for step in range(run.step, cfg.steps):
                 t0 = time.perf_counter()
                 examples = step_examples(task, cfg, step, dist)
-                rollouts = collect_rollouts(model, tokenizer, task, examples, cfg, step, dist)
+                rollouts = collect_rollouts(sampler.current(), tokenizer, task, examples, cfg, step, dist)
                 with run.update():
                     lr = scheduler.get_last_lr()[0]
                     t1 = time.perf_counter()
