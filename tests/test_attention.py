@@ -100,6 +100,9 @@ def test_switch_is_used_for_bf16_on_cpu_and_restored(monkeypatch):
     with pytest.raises(RuntimeError), fast_attention(model):
         raise RuntimeError("boom")
     assert model.config._attn_implementation == "sdpa"
+    model.activation_checkpointing_enable()  # the backward's recomputation would run outside the context
+    with fast_attention(model):
+        assert model.config._attn_implementation == "sdpa"
     calls.clear()
     fp32 = tiny_model()
     with fast_attention(fp32):

@@ -2,7 +2,7 @@
 
 On CPU, `scaled_dot_product_attention` with a mask runs a flash kernel whose per-call setup dominates at the sizes
 Bridge meets there: one query per row against a cache of a few hundred positions in the engine's decode step, and
-rows of a few hundred tokens in the trainers' forward and backward (measured: `benchmarks/attention.py`).
+short rows (up to ~128 tokens) in the trainers' forward and backward (measured: `benchmarks/attention.py`).
 `matmul_attention` computes the same `softmax(q k^T * scale + mask) v` as two batched matmuls with the query heads
 of a key/value head stacked on that head (grouped-query attention without repeating keys), the softmax in float32.
 
@@ -94,9 +94,12 @@ ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, sdpa_mask)
 
 
 def wins(model) -> bool:
-    """Whether `fast_attention` switches `model`: it uses transformers' sdpa, and its weights are on the CPU."""
+    """Whether `fast_attention` switches `model`: it uses transformers' sdpa, its weights are on the CPU, and it does
+    not recompute activations in the backward (that recomputation runs after the context, with sdpa)."""
     config = getattr(model, "config", None)
     if config is None or getattr(config, "_attn_implementation", None) != "sdpa":
+        return False
+    if getattr(model, "is_activation_checkpointing", False):
         return False
     param = next(model.parameters(), None)
     return param is not None and param.device.type == "cpu"
