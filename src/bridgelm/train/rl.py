@@ -2,14 +2,16 @@
 
 A step:
 1. takes P prompts (sharded over ranks; a prompt's G rollouts never leave its rank) and samples G rollouts per
-   prompt with the engine, in Bridge groups of width w (w divides G);
+   prompt with the engine, in Bridge groups of width w (w divides G), from the policy or, with `rollout_dtype`, from
+   a copy of it in that dtype refreshed before the step;
 2. grades them (reward = correctness) and computes group advantages over the G rollouts of a prompt;
 3. computes old log-probs (and reference log-probs when beta > 0) with the training forward under no_grad, on the
    same micro-batches as the first pass of updates, so that the first ratio is exactly 1. The first mini-batch
    needs no such pass: before the first optimiser step the policy is the old one, so its own forward's detached
    log-probs are the old ones (kept for later epochs); the no_grad pass covers mini-batches 2..K only;
 4. takes K optimiser steps on K mini-batches of whole Bridge groups (groups are the unit of shuffling and of
-   micro-batching; micro-batches accumulate gradients), with the loss of `bridgelm.grpo.policy_loss` normalised by
+   micro-batching; micro-batches accumulate gradients; `micro_batch_tokens` sorts a mini-batch's groups by length
+   and cuts micro-batches by padded tokens), with the loss of `bridgelm.grpo.policy_loss` normalised by
    the token count of the whole mini-batch over all ranks.
 
 Log-probs are at the sampling temperature (logits / T), like the engine's. The reference is the policy at the start
