@@ -133,10 +133,7 @@ def run_ours(model_dir: Path, prompts: list[str], args, out: Path, dtype) -> dic
         "update_seconds": round(sum(r["update_seconds"] for r in timed) / len(timed), 3),
         # parts of the update: the no_grad passes (old log-probs of mini-batches 2..K; the reference when beta > 0),
         # the rest being the K forward/backward passes and optimiser steps
-        **{
-            k: round(sum(p[k] for p in res.stats["update_parts"][1:]) / len(timed), 3)
-            for k in ("old_logprob_seconds", "reference_seconds")
-        },
+        **{k: round(sum(r[k] for r in timed) / len(timed), 3) for k in ("old_logprob_seconds", "reference_seconds")},
         "response_length": sum(r["response_length"] for r in timed) / len(timed),
     }
 

@@ -140,6 +140,7 @@ def test_first_minibatch_needs_no_old_logprob_pass(tmp_path, monkeypatch):
     for name in a:
         torch.testing.assert_close(a[name], b[name], atol=1e-6, rtol=0)
     timing = {"tokens_per_s", "sample_tokens_per_s", "sample_seconds", "update_seconds", "seconds"}
+    timing |= {"old_logprob_seconds", "reference_seconds"}
     ra, rb = (read_records(tmp_path / d / "metrics.jsonl") for d in ("fast", "slow"))
     for x, y in zip(ra, rb):
         for k in x.keys() - timing:
@@ -217,6 +218,7 @@ def test_resume_ends_with_the_same_weights(tmp_path, monkeypatch):
     for name in a:
         assert torch.equal(a[name], b[name]), name
     timing = {"tokens_per_s", "sample_tokens_per_s", "sample_seconds", "update_seconds", "seconds"}
+    timing |= {"old_logprob_seconds", "reference_seconds"}
     ra, rb = read_records(tmp_path / "a" / "metrics.jsonl"), read_records(tmp_path / "b" / "metrics.jsonl")
     assert [{k: v for k, v in r.items() if k not in timing} for r in ra] == [
         {k: v for k, v in r.items() if k not in timing} for r in rb

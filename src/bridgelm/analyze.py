@@ -186,9 +186,9 @@ def pair_similarity(a: str, b: str) -> dict[str, float]:
 
     Two texts without ROUGE tokens are identical (1.0 each); one without gives 0.0.
     """
-    if not rouge.tokens(a) and not rouge.tokens(b):
-        return {"rouge_l": 1.0, "rouge_1": 1.0}
     f1 = rouge.f1_scores(a, b, ("rougeL", "rouge1"))
+    if f1["rouge1"] == 0.0 and not rouge.tokens(a) and not rouge.tokens(b):  # tokenized again only then
+        return {"rouge_l": 1.0, "rouge_1": 1.0}
     return {"rouge_l": f1["rougeL"], "rouge_1": f1["rouge1"]}
 
 

@@ -94,15 +94,19 @@ ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, sdpa_mask)
 
 
 def wins(model) -> bool:
-    """Whether `fast_attention` switches `model`: it uses transformers' sdpa, its weights are on the CPU, and it does
-    not recompute activations in the backward (that recomputation runs after the context, with sdpa)."""
+    """Whether `fast_attention` switches `model`: it uses transformers' sdpa, its weights are on the CPU and in half
+    precision or under CPU bf16/fp16 autocast (float32 keeps the fused kernel), and it does not recompute
+    activations in the backward (that recomputation runs after the context, with sdpa)."""
     config = getattr(model, "config", None)
     if config is None or getattr(config, "_attn_implementation", None) != "sdpa":
         return False
     if getattr(model, "is_activation_checkpointing", False):
         return False
     param = next(model.parameters(), None)
-    return param is not None and param.device.type == "cpu"
+    if param is None or param.device.type != "cpu":
+        return False
+    autocast = torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") in HALF
+    return param.dtype in HALF or autocast
 
 
 def _configs(config) -> list:
@@ -116,11 +120,11 @@ def _configs(config) -> list:
 
 
 @contextlib.contextmanager
-def fast_attention(model, enabled: bool = True):
+def fast_attention(model):
     """Within the context, `model` (when `wins(model)`) computes its attention with `attention`; restored on exit.
 
     Every (sub-)config that says "sdpa" says NAME inside; each gets its own value back on exit."""
-    if not (enabled and wins(model)):
+    if not wins(model):
         yield model
         return
     saved = [(c, c._attn_implementation) for c in _configs(model.config)]

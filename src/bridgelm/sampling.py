@@ -200,10 +200,10 @@ def in_nucleus(probs: torch.Tensor, tokens: torch.Tensor, top_p: float) -> torch
     """
     p_tok = probs.gather(-1, tokens[:, None])  # [B, 1]
     sure = p_tok[:, 0] > (1.0 - top_p) + NUCLEUS_MARGIN  # [B]
-    if bool(sure.all()):
+    rest = torch.nonzero(~sure)[:, 0]  # [R] rows that need the sum (the one host sync)
+    if rest.numel() == 0:
         return sure
     out = sure.clone()
-    rest = torch.nonzero(~sure)[:, 0]  # [R] rows that need the sum
     sub, p_sub = (probs, p_tok) if rest.numel() == len(sure) else (probs[rest], p_tok[rest])
     above = torch.where(sub > p_sub, sub, torch.zeros((), dtype=sub.dtype)).sum(-1)  # [R]
     out[rest] = above < top_p
@@ -251,9 +251,8 @@ def sample_tokens(
     if top_p < 1.0:
         ok = in_nucleus(probs, tokens, top_p)
         attempt = 0
-        while not bool(ok.all()):
+        while (redo := torch.nonzero(~ok)[:, 0]).numel():  # one host sync per round
             attempt += 1
-            redo = torch.nonzero(~ok)[:, 0]
             tokens[redo] = _draw(probs[redo], uniform(redo, attempt))
             ok[redo] = in_nucleus(probs[redo], tokens[redo], top_p)
     if ids is not None:
@@ -364,7 +363,8 @@ def _full_attention_only(config) -> bool:
 
 
 def _static_mask_ok(model) -> bool:
-    """The compiled step hands every layer one ready 4D mask: full attention with the sdpa or eager backend."""
+    """Whether every layer can take one ready 4D mask: full attention with the sdpa (or bridgelm's) or eager
+    backend. The compiled step needs it; other models get the 2D padding mask."""
     impl = getattr(model.config, "_attn_implementation", "sdpa")
     return _full_attention_only(model.config.get_text_config()) and impl in ("sdpa", ATTENTION, "eager")
 
@@ -375,16 +375,13 @@ def _attention_mask(model, keep: torch.Tensor, dtype: torch.dtype):
     Models with sliding-window layers, and backends other than sdpa/eager, get the 2D padding mask and build
     their own masks (slower, always right).
     """
-    impl = getattr(model.config, "_attn_implementation", "sdpa")
-    if not _full_attention_only(model.config.get_text_config()):
-        return keep.long()
-    if impl in ("sdpa", ATTENTION):
-        return keep[:, None, None, :]
-    if impl == "eager":
+    if not _static_mask_ok(model):
+        return keep.long()  # the model builds its own masks from the 2D padding mask
+    if model.config._attn_implementation == "eager":
         return torch.zeros(keep.shape, dtype=dtype, device=keep.device).masked_fill(~keep, torch.finfo(dtype).min)[
             :, None, None, :
         ]
-    return keep.long()  # other backends build their own mask from the 2D padding mask
+    return keep[:, None, None, :]  # sdpa and bridgelm's attention take the boolean mask
 
 
 @dataclass

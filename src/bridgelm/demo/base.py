@@ -61,24 +61,24 @@ class BaseConfig:
     threads: int = 0  # torch threads (0 = leave as is)
 
 
-def _module(spec):
-    return anysum if isinstance(spec, anysum.AnySumSpec) else arith
+# The demo's two tasks, by the type of their spec: (registry name, module with generate(), task class).
+_TASKS = {anysum.AnySumSpec: ("anysum", anysum, anysum.AnySum), arith.ArithSpec: ("arith", arith, arith.Arith)}
 
 
 def task_name(spec) -> str:
     """The registry name of the task whose problems `spec` describes."""
-    return "anysum" if isinstance(spec, anysum.AnySumSpec) else "arith"
+    return _TASKS[type(spec)][0]
 
 
 def generate(spec, size: int, split: str, seed: int, distinct: bool = True) -> list[dict]:
     """Problems (with one worked solution each) of the task that `spec` describes."""
-    return _module(spec).generate(size, split, seed, spec, distinct=distinct)
+    return _TASKS[type(spec)][1].generate(size, split, seed, spec, distinct=distinct)
 
 
 def make_task(spec, examples: list[dict]):
     """The task object of `spec`'s task over `examples`."""
-    cls = anysum.AnySum if isinstance(spec, anysum.AnySumSpec) else arith.Arith
-    return cls(name=task_name(spec), examples=examples)
+    name, _, cls = _TASKS[type(spec)]
+    return cls(name=name, examples=examples)
 
 
 def train_tokenizer(texts) -> PreTrainedTokenizerFast:

@@ -16,6 +16,8 @@ import platform
 import statistics
 from pathlib import Path
 
+from bridgelm.demo.base import task_name
+from bridgelm.evaluate import read_samples
 from bridgelm.jsonl import read_records, write_atomic, write_json
 from bridgelm.metrics import paired_difference
 from bridgelm.report import markdown_table, new_figure, pct, plot_gpass, plot_width, save_png
@@ -294,9 +296,8 @@ def diverged_from_width_1(run_dir: Path) -> dict[int, float]:
     numbers: any difference is the effect of its group.
     """
     by: dict[int, dict[tuple, list]] = {}
-    for path in sorted(run_dir.glob("samples*.jsonl")):
-        for rec in read_records(path, repair=False):
-            by.setdefault(rec["width"], {})[(rec["benchmark"], rec["index"])] = [s["token_ids"] for s in rec["samples"]]
+    for (benchmark, width, index), rec in read_samples(run_dir).items():
+        by.setdefault(width, {})[(benchmark, index)] = [s["token_ids"] for s in rec["samples"]]
     if 1 not in by:
         return {}
     out = {}
@@ -435,7 +436,7 @@ def write_demo_report(out: Path, cfg, eval_dirs: dict, timings: dict, quick: boo
 
 def task_text(cfg) -> str:
     spec = cfg.base.task
-    if hasattr(spec, "min_value"):
+    if task_name(spec) == "anysum":
         return (
             f"sums of {spec.min_operands}-{spec.max_operands} numbers in {spec.min_value}..{spec.max_value}, "
             "added in any order (anysum)"

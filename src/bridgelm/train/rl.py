@@ -31,7 +31,7 @@ from __future__ import annotations
 import copy
 import os
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -165,7 +165,6 @@ class RLResult:
     best_step: int | None  # its step
     steps: int  # steps completed
     out_dir: Path
-    stats: dict = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------------------------- data and rollouts
@@ -193,15 +192,18 @@ class RolloutPolicy:
     def __init__(self, model, dtype: str | None):
         self.model = model
         self.replica = None
+        self.pairs = []  # (replica parameter, policy parameter) of every trained parameter: all that changes
         if dtype is not None:
             self.replica = copy.deepcopy(model).to(getattr(torch, dtype)).requires_grad_(False)
+            trained = zip(self.replica.parameters(), model.parameters(), strict=True)
+            self.pairs = [(dst, src) for dst, src in trained if src.requires_grad]
 
     def current(self):
         """The model to sample this step with (the copy refreshed from the policy's weights)."""
         if self.replica is None:
             return self.model
         with torch.no_grad():
-            for dst, src in zip(self.replica.state_dict().values(), self.model.state_dict().values(), strict=True):
+            for dst, src in self.pairs:
                 dst.copy_(src)
         return self.replica
 
@@ -305,8 +307,10 @@ def minibatch_backward(
     cfg: RLConfig,
     pad_id: int,
     dist: Dist,
+    micro: list[list[int]] | None = None,
 ) -> MinibatchStats:
-    """Forward/backward of one mini-batch (this rank's `groups`), micro-batch by micro-batch.
+    """Forward/backward of one mini-batch (this rank's `groups`), micro-batch by micro-batch (`micro`: its cut into
+    micro-batches, the one the old log-probs were computed on; default `micro_batches`).
 
     Rows missing from `old` (None: all rows) are trained before any optimiser step of this rollout batch: the
     current log-probs, detached, are their old ones; they are added to `old` (when given) for later epochs, and
@@ -316,8 +320,8 @@ def minibatch_backward(
     local = sum(len(rollouts.rows[r].response) for r in rollouts.group_rows(groups))
     total = all_reduce_sum([local], dist)[0]
     out = MinibatchStats(loss=0.0, tokens=total)
-    for micro in micro_batches(rollouts, groups, cfg):
-        rows = rollouts.group_rows(micro)
+    for part in micro if micro is not None else micro_batches(rollouts, groups, cfg):
+        rows = rollouts.group_rows(part)
         batch = pack_rows([rollouts.rows[r] for r in rows], pad_id, dist.device)
         mask = batch.response_mask  # [B, T]
         fresh = old is None or rows[0] not in old  # micro-batches hold whole groups, all fresh or none
@@ -364,8 +368,8 @@ def update_policy(
     sums = {"loss": 0.0, "clipped": 0.0, "kl": 0.0, "tokens": 0.0, "entropy": 0.0, "grad_norm": 0.0}
     sums["old_seconds"], sums["ref_seconds"] = t1 - t0, t2 - t1  # the no_grad passes (old log-probs, reference)
     sums["parts"] = {}  # gradient norm of each part (see optim.gradient_parts), summed over optimiser steps
-    for mb in plan:
-        s = minibatch_backward(model, rollouts, mb, old, ref, cfg, pad_id, dist)
+    for mb, micro in zip(plan, micro_of):
+        s = minibatch_backward(model, rollouts, mb, old, ref, cfg, pad_id, dist, micro)
         norm = optimizer_step(params, optimizer, scheduler, cfg.max_grad_norm, dist, parts, sums["parts"])
         sums["loss"] += s.loss
         sums["clipped"] += s.clipped
@@ -440,7 +444,7 @@ def train_rl(model, tokenizer, task, cfg: RLConfig, out_dir: str | os.PathLike, 
     if cfg.block_lr is not None:
         lr_of = {id(p): cfg.block_lr for p in added_parameters(model).values() if p.requires_grad}
     optimizer = make_optimizer(params, cfg.lr, cfg.weight_decay, lr_of=lr_of)
-    parts = gradient_parts(model)
+    parts = {k: v for k, v in gradient_parts(model).items() if k != "base"}  # the blocks' parts (logged per step)
     total = cfg.steps * cfg.steps_per_rollout * cfg.epochs_per_rollout
     scheduler = make_scheduler(optimizer, total, cfg.warmup_fraction, "constant")
     run.track(model, optimizer, scheduler, lambda folder, state_dict: save_model(model, tokenizer, folder, state_dict))
@@ -451,7 +455,6 @@ def train_rl(model, tokenizer, task, cfg: RLConfig, out_dir: str | os.PathLike, 
     pad = pad_id(tokenizer, eos_ids(model, tokenizer))
     sampler = RolloutPolicy(model, cfg.rollout_dtype)
     was_training = model.training
-    update_parts = []  # per step: seconds of the update's no_grad passes (RLResult.stats["update_parts"])
     try:
         with run.running(cfg.steps, "GRPO"):
             for step in range(run.step, cfg.steps):
@@ -466,9 +469,6 @@ def train_rl(model, tokenizer, task, cfg: RLConfig, out_dir: str | os.PathLike, 
                     )
                     run.state["step"] = step + 1
                     record = _record(step, rollouts, sums, cfg, lr, t0, t1, dist)
-                    update_parts.append(
-                        {"old_logprob_seconds": sums["old_seconds"], "reference_seconds": sums["ref_seconds"]}
-                    )
                     if val_task is not None and (
                         step + 1 == cfg.steps or (cfg.eval_every and (step + 1) % cfg.eval_every == 0)
                     ):
@@ -488,7 +488,6 @@ def train_rl(model, tokenizer, task, cfg: RLConfig, out_dir: str | os.PathLike, 
         best_step=state["best_step"],
         steps=run.step,
         out_dir=out_dir,
-        stats={"update_parts": update_parts},
     )
 
 
@@ -529,11 +528,13 @@ def _record(step, rollouts: Rollouts, sums: dict, cfg: RLConfig, lr, t0, t1, dis
         "response_length": length / n,
         "truncated": truncated / n,
         "grad_norm": sums["grad_norm"] / n_opt,
-        **{f"grad_norm_{k}": v / n_opt for k, v in sums.get("parts", {}).items() if k != "base"},
+        **{f"grad_norm_{k}": v / n_opt for k, v in sums["parts"].items()},
         "tokens_per_s": length / max(now - t0, 1e-9),
         "sample_tokens_per_s": length / max(sample_s / dist.world, 1e-9),
         "sample_seconds": t1 - t0,
         "update_seconds": now - t1,
+        "old_logprob_seconds": sums["old_seconds"],  # the update's no_grad passes
+        "reference_seconds": sums["ref_seconds"],
         "seconds": now - t0,
         "passes": passes,
     }
