@@ -36,6 +36,7 @@ def test_quick_demo_runs_every_stage_and_resumes(tmp_path, capsys):
         assert d["low"] <= d["mean"] <= d["high"]
     assert "foreign siblings" in text and "Departures from the paper" in text
     assert results["matmul_peak"]["fp32_tflops"] > 0
+    assert results["matmul_peak"]["stages"][:3] == ["base", "warmup", "sft bridge"]
     # The trace: SFT blocks (step 0) and every kept RL checkpoint of Bridge seed 0 (the quick run saves at its end).
     trace = results["trace"]
     assert [p["step"] for p in trace["points"]] == [0, 3] and trace["width"] == 4
@@ -58,3 +59,6 @@ def test_quick_demo_runs_every_stage_and_resumes(tmp_path, capsys):
     assert "base model: reusing" in again
     for stage in ("[warmup]", "[sft bridge]", "[sft pmatch]", "[rl rlvr seed 1]", "[eval base seed 0]"):
         assert f"{stage} already done" in again
+    # the stage times keep the machine speed measured when they were taken, not the re-run's
+    assert json.loads((out / "results.json").read_text())["matmul_peaks"] == results["matmul_peaks"]
+    assert len(results["matmul_peaks"]) == 1

@@ -227,3 +227,26 @@ def test_torchrun_shards_every_problem_exactly_once(tmp_path):
     assert metrics["benchmarks"]["toy"]["2"]["problems"] == 5 and metrics["benchmarks"]["toy"]["2"]["missing"] == []
     assert sorted(s["index"] for s in read_records(run / "scores.jsonl")) == [0, 1, 2, 3, 4]
     assert "accuracy" in proc.stdout and "metrics.json" in proc.stdout
+
+
+class _HasDigit(bridgelm.tasks.Task):
+    """Correct when the completion contains the example's digit: a grade a random model meets about half the time."""
+
+    def prompt(self, example):
+        return example["problem"]
+
+    def reward(self, completion, example):
+        return float(example["digit"] in completion)
+
+
+def test_graded_samples_grade_each_sample_and_accuracy_is_their_mean(model_tok):
+    model, tok = model_tok
+    task = _HasDigit("has-digit", [{"problem": f"{i}+{i}=", "digit": str(i % 10)} for i in range(6)])
+    cfg = E.EvalConfig(n=4, width=2, max_new_tokens=6, temperature=1.0, seed=3)
+    samples, flags = E.graded_samples(model, tok, task, task.examples, cfg.sampling(cfg.width))
+    assert [len(s) for s in samples] == [len(f) for f in flags] == [4] * 6
+    for ex, outs, marks in zip(task.examples, samples, flags):
+        assert marks == [ex["digit"] in tok.decode(s.token_ids, skip_special_tokens=True) for s in outs]
+    mean = sum(map(sum, flags)) / 24
+    assert 0.0 < mean < 1.0  # both grades occur: the check above tests both
+    assert E.accuracy(model, tok, task, cfg) == pytest.approx(mean)

@@ -40,7 +40,7 @@ from bridgelm.errors import UserError
 from bridgelm.jsonl import append_record, read_records, write_json
 from bridgelm.runs import RUN_FILE, check_settings
 from bridgelm.samples import check_stop_strings
-from bridgelm.sampling import SamplingConfig, encode_prompts, eos_ids, generate_ids, iter_generate, pad_id
+from bridgelm.sampling import GeneratedIds, SamplingConfig, encode_prompts, eos_ids, generate_ids, iter_generate, pad_id
 from bridgelm.tasks import Task
 from bridgelm.tasks.base import check_rewards, is_correct
 
@@ -524,6 +524,23 @@ def run_eval(
 # ---------------------------------------------------------------------------------------------- in memory
 
 
+def graded_samples(
+    model, tokenizer, task: Task, examples: Sequence[dict], sampling: SamplingConfig, chat: bool = False
+) -> tuple[list[list[GeneratedIds]], list[list[bool]]]:
+    """`sampling.n` samples of each of `examples` (token ids) and whether each is correct, graded by `task`:
+    the in-memory draw-and-grade shared by `accuracy` and the demo's trace."""
+    ids = encode_prompts(tokenizer, [task.prompt(ex) for ex in examples], chat)
+    eos = eos_ids(model, tokenizer)
+    samples = generate_ids(model, ids, sampling, eos, pad_id(tokenizer, eos))
+    pairs = [
+        (tokenizer.decode(s.token_ids, skip_special_tokens=True), ex)
+        for ex, outs in zip(examples, samples)
+        for s in outs
+    ]
+    flags = iter(is_correct(r) for r in check_rewards(task.reward_many(pairs), f"task {task.name!r}"))
+    return samples, [[next(flags) for _ in outs] for outs in samples]
+
+
 def accuracy(model, tokenizer, task: Task, cfg: EvalConfig, dist: Dist | None = None) -> float:
     """Mean accuracy of cfg.n samples per problem (width cfg.width) on the first cfg.limit problems of `task`, sampled
     and graded in memory, without a run folder (RL's validation, the demo's pre-training checks).
@@ -536,13 +553,9 @@ def accuracy(model, tokenizer, task: Task, cfg: EvalConfig, dist: Dist | None = 
     mine = examples[dist.rank :: dist.world]
     correct = 0.0
     if mine:
-        ids = encode_prompts(tokenizer, [task.prompt(ex) for ex in mine], cfg.chat)
-        eos = eos_ids(model, tokenizer)
         with unsharded(model, dist):
-            samples = generate_ids(model, ids, cfg.sampling(cfg.width), eos, pad_id(tokenizer, eos))
-        texts = [[tokenizer.decode(s.token_ids, skip_special_tokens=True) for s in outs] for outs in samples]
-        pairs = [(text, ex) for ex, outs in zip(mine, texts) for text in outs]
-        correct = sum(is_correct(r) for r in check_rewards(task.reward_many(pairs), f"task {task.name!r}"))
+            _, flags = graded_samples(model, tokenizer, task, mine, cfg.sampling(cfg.width), cfg.chat)
+        correct = sum(map(sum, flags))
     elif dist.fsdp:
         with unsharded(model, dist):  # gathering is a collective: ranks without problems take part too
             pass

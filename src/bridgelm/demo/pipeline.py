@@ -28,7 +28,7 @@ import torch
 
 from bridgelm.attach import add_bridge, add_pmatch, load_blocks, load_model
 from bridgelm.demo.base import BaseConfig, generate, make_task, pretrain
-from bridgelm.demo.results import TITLES, write_demo_report
+from bridgelm.demo.results import TITLES, RunDirs, write_demo_report
 from bridgelm.jsonl import write_json
 from bridgelm.runs import list_checkpoints
 from bridgelm.tasks import anysum
@@ -110,12 +110,14 @@ class DemoConfig:
 class Stages:
     """Runs named stages in order; a stage whose output exists is skipped. Prints a one-line summary of each.
 
-    Stage times are kept in `record` (a JSON file), so a re-run that skips finished stages still reports them."""
+    Stage times are kept in `record` (a JSON file), so a re-run that skips finished stages still reports them;
+    `ran` names the stages this invocation ran."""
 
     def __init__(self, log=print, record: Path | None = None):
         self.log = log
         self.record = record
         self.timings: dict[str, float] = json.loads(record.read_text()) if record and record.exists() else {}
+        self.ran: list[str] = []
 
     def run(self, name: str, output: Path, fn, summary=lambda result: ""):
         if output.exists():
@@ -124,6 +126,7 @@ class Stages:
         t0 = time.perf_counter()
         result = fn()
         self.time(name, time.perf_counter() - t0)
+        self.ran.append(name)
         text = summary(result)
         self.log(f"[{name}] done in {self.timings[name]:.0f}s{': ' + text if text else ''} -> {output}")
         return result
@@ -298,39 +301,24 @@ def stage_trace(ctx: Context, seed: int = 0) -> dict:
     """Diagnostic: the Bridge arm over the course of RL (seed `seed`). For the SFT blocks (step 0) and every RL
     checkpoint: accuracy at w = 1 and w = eval_width on the test problems, and the interaction (share of samples that
     differ from their w = 1 counterpart, drawn with the same random numbers)."""
-    from bridgelm.sampling import encode_prompts, eos_ids, generate_ids, pad_id
-    from bridgelm.tasks.base import is_correct
+    from bridgelm.evaluate import graded_samples
 
-    cfg, tok, test = ctx.cfg, ctx.tokenizer, ctx.test
+    cfg, test = ctx.cfg, ctx.test
     points = [(0, None)] + [(int(c.name.split("-")[1]), c) for c in list_checkpoints(ctx.rl_dir("bridge", seed))]
     problems = test.examples[: cfg.trace_problems]
-    prompts = encode_prompts(tok, [test.prompt(ex) for ex in problems], False)
     rows = []
     for step, folder in points:
         if folder is None:
             model = load_blocks(ctx.sampler(ctx.base_dir), ctx.out / "sft_bridge" / "blocks.safetensors")
         else:
             model = ctx.sampler(folder)
-        eos = eos_ids(model, tok)
-        drawn = {}
-        for w in (1, cfg.eval_width):
-            samples = generate_ids(model, prompts, _sampling(cfg, cfg.trace_n, w, seed), eos, pad_id(tok, eos))
+        drawn, acc = {}, {}
+        for w in (1, cfg.eval_width):  # the same random draws at both widths
+            samples, flags = graded_samples(model, ctx.tokenizer, test, problems, _sampling(cfg, cfg.trace_n, w, seed))
             drawn[w] = [s.token_ids for outs in samples for s in outs]
-            pairs = [
-                (tok.decode(s.token_ids, skip_special_tokens=True), ex)
-                for ex, outs in zip(problems, samples)
-                for s in outs
-            ]
-            drawn[f"acc{w}"] = sum(map(is_correct, test.reward_many(pairs))) / len(pairs)
+            acc[w] = sum(map(sum, flags)) / len(drawn[w])
         differ = sum(a != b for a, b in zip(drawn[1], drawn[cfg.eval_width])) / len(drawn[1])
-        rows.append(
-            {
-                "step": step,
-                "w1": drawn["acc1"],
-                f"w{cfg.eval_width}": drawn[f"acc{cfg.eval_width}"],
-                "interaction": differ,
-            }
-        )
+        rows.append({"step": step, "w1": acc[1], f"w{cfg.eval_width}": acc[cfg.eval_width], "interaction": differ})
     return {"seed": seed, "width": cfg.eval_width, "points": rows}
 
 
@@ -351,8 +339,10 @@ def run_demo(out: str | Path, cfg: DemoConfig, quick: bool = False, log=print) -
     write_json(out / "demo.json", settings)
 
     # 1. base model (cached by its settings)
+    trained = not (out / "base" / "pretrain.json").exists()
     base_dir = pretrain(cfg.base, out / "base", log=log)
     stages.time("base", json.loads((base_dir / "pretrain.json").read_text())["seconds"])  # when it was trained
+    stages.ran += ["base"] if trained else []
     spec = cfg.base.task
     # Training prompts may repeat at toy sizes; test problems are always distinct.
     rl_problems = max(cfg.warmup_problems, cfg.rl_steps * cfg.rl_prompts)
@@ -414,9 +404,25 @@ def run_demo(out: str | Path, cfg: DemoConfig, quick: bool = False, log=print) -
     stages.run("trace", out / "trace.json", lambda: _touch(out / "trace.json", stage_trace(ctx)), _trace_summary)
 
     # 7. report
-    report = write_demo_report(out, cfg, eval_dirs, stages.timings, quick, peaks)
+    dirs = RunDirs(
+        eval=eval_dirs,
+        rl={(arm, seed): ctx.rl_dir(arm, seed) for seed in range(cfg.seeds) for arm in rl_arms(cfg)},
+        foreign={seed: ctx.foreign_dir(seed) for seed in range(cfg.seeds)} if cfg.foreign_control else {},
+    )
+    report = write_demo_report(out, cfg, dirs, stages.timings, quick, _peak_history(out, peaks, stages.ran))
     log(f"[report] {report}")
     return report
+
+
+def _peak_history(out: Path, peaks: dict, ran: list[str]) -> list[dict]:
+    """The matmul peaks measured by every invocation that ran stages (OUT/peaks.json), this one's added when it
+    ran any: stage times are only comparable with the machine's speed when they were taken."""
+    path = out / "peaks.json"
+    history = json.loads(path.read_text()) if path.exists() else []
+    if ran:
+        history.append({**peaks, "stages": ran})
+        write_json(path, history)
+    return history
 
 
 def _sampling(cfg: DemoConfig, n: int, width: int, seed: int = 0):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import platform
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
 
 from bridgelm.demo.base import task_name
@@ -31,6 +32,17 @@ TITLES = {
     "bridge_cold": "Bridge, cold start",
     "bridge_attn": "Bridge after attention",
 }
+
+
+@dataclass
+class RunDirs:
+    """The run folders the report reads, as the pipeline named them (demo.pipeline.Context)."""
+
+    eval: dict[tuple[str, int], Path]  # (arm, seed) -> evaluation run: metrics.json, scores.jsonl, samples
+    rl: dict[tuple[str, int], Path]  # (arm, seed) -> RL run: metrics.jsonl
+    foreign: dict[int, Path]  # seed -> control (b)'s evaluation run (empty without the control)
+
+
 INTERACTION_TARGET = 0.2  # design target: share of samples at w = 8 that differ from w = 1
 MIN_GAIN = 0.005  # accuracy gain (half a point) below which a width is not said to beat w = 1
 
@@ -150,15 +162,14 @@ def width_table(arms: dict, cfg) -> str:
     return markdown_table(head, rows)
 
 
-def training_curves(out: Path, cfg) -> tuple[dict, Path | None]:
-    """Reward per step of every RL run (metrics.jsonl), and a PNG of them."""
+def training_curves(out: Path, rl_dirs: dict[tuple[str, int], Path]) -> tuple[dict, Path | None]:
+    """Reward per step of every RL run (metrics.jsonl), and a PNG of them (OUT/training.png)."""
     curves: dict[str, list[float]] = {}
-    for seed in range(cfg.seeds):
-        for arm in ("rlvr", "pmatch", "bridge"):
-            path = out / f"rl_{arm}_s{seed}" / "metrics.jsonl"
-            if path.exists():
-                recs = [r for r in read_records(path, repair=False) if r.get("reward") is not None]
-                curves[f"{TITLES[arm]} s{seed}"] = [r["reward"] for r in recs]
+    for (arm, seed), run_dir in sorted(rl_dirs.items(), key=lambda kv: (kv[0][1], ARMS.index(kv[0][0]))):
+        path = run_dir / "metrics.jsonl"
+        if path.exists():
+            recs = [r for r in read_records(path, repair=False) if r.get("reward") is not None]
+            curves[f"{TITLES[arm]} s{seed}"] = [r["reward"] for r in recs]
     if not curves:
         return curves, None
     fig, (ax,) = new_figure(1, width=6.5, height=3.6)
@@ -178,12 +189,6 @@ def per_problem_accuracy(run_dir: Path, width: int) -> list[float]:
     scores = [r for r in read_records(run_dir / "scores.jsonl", repair=False) if int(r["width"]) == width]
     scores.sort(key=lambda r: (r["benchmark"], int(r["index"])))
     return [r["c"] / r["n"] for r in scores]
-
-
-def foreign_dirs(out: Path, cfg) -> dict[int, Path]:
-    """Control (b)'s run folder of every seed that has one."""
-    dirs = {seed: out / f"eval_bridge_foreign_s{seed}" for seed in range(cfg.seeds)}
-    return {seed: d for seed, d in dirs.items() if (d / "scores.jsonl").exists()}
 
 
 def controls(arms: dict, eval_dirs: dict[tuple[str, int], Path], foreign: dict[int, Path], cfg) -> dict:
@@ -208,7 +213,7 @@ def controls(arms: dict, eval_dirs: dict[tuple[str, int], Path], foreign: dict[i
     if bridge_1 is not None:
         diffs[f"w{w}-w1"] = paired_difference(bridge_w, bridge_1)
     foreign_acc = None
-    if bridge_1 is not None and foreign and all(s in foreign for s in seeds):
+    if bridge_1 is not None and all(s in foreign and (foreign[s] / "scores.jsonl").exists() for s in seeds):
         strangers = [per_problem_accuracy(foreign[s], w) for s in seeds]
         foreign_acc = statistics.fmean(statistics.fmean(x) for x in strangers)
         diffs["foreign-w1"] = paired_difference(strangers, bridge_1)
@@ -340,9 +345,12 @@ def departures(cfg) -> list[str]:
     return lines
 
 
-def write_demo_report(out: Path, cfg, eval_dirs: dict, timings: dict, quick: bool, peaks: dict | None = None) -> Path:
-    arms = collect(eval_dirs, cfg)
-    ctl = controls(arms, eval_dirs, foreign_dirs(out, cfg), cfg)
+def write_demo_report(out: Path, cfg, dirs: RunDirs, timings: dict, quick: bool, peaks: list[dict]) -> Path:
+    """OUT/report.md, OUT/results.json and the figures from the runs in `dirs`; returns the report's path.
+
+    `peaks`: the matmul peaks measured by each invocation that ran stages, with the stages it ran."""
+    arms = collect(dirs.eval, cfg)
+    ctl = controls(arms, dirs.eval, dirs.foreign, cfg)
     k = cfg.gpass_k
     gpass_curves = {
         TITLES[a] + (f" (w={arms[a]['seeds'][0]['width']})" if a == "bridge" else ""): arms[a]["seeds"][0]["gpass"]
@@ -363,7 +371,7 @@ def write_demo_report(out: Path, cfg, eval_dirs: dict, timings: dict, quick: boo
         }
     }
     plot_width(width_curve, out / "widths.png")
-    curves, training_png = training_curves(out, cfg)
+    curves, training_png = training_curves(out, dirs.rl)
     machine = f"{platform.machine()}, {_cpus()} CPU cores, Python {platform.python_version()}"
     trace = json.loads((out / "trace.json").read_text()) if (out / "trace.json").exists() else None
     results = {
@@ -372,7 +380,8 @@ def write_demo_report(out: Path, cfg, eval_dirs: dict, timings: dict, quick: boo
         "foreign_siblings": ctl["foreign_siblings"],
         "diffs": ctl["diffs"],
         "departures": departures(cfg),
-        "matmul_peak": peaks or {},
+        "matmul_peak": peaks[0] if peaks else {},  # measured by the invocation that ran the first stages
+        "matmul_peaks": peaks,  # one per invocation that ran stages (more than one: an interrupted, resumed run)
         "arms": {a: arms[a] for a in ARMS if a in arms},
         "bridge_widths": {str(w): c for w, c in widths.items()},
         "gpass": {a: arms[a]["seeds"][0]["gpass"] for a in arms},
@@ -391,7 +400,7 @@ def write_demo_report(out: Path, cfg, eval_dirs: dict, timings: dict, quick: boo
         "",
         f"Task: {task_text(cfg)}, {cfg.eval_problems} held-out test problems, {cfg.eval_n} samples each at "
         f"temperature {cfg.temperature}, top-p {cfg.top_p}; RL over {ctl['seeds']} seed(s). Machine: {machine}; "
-        f"matmul peak measured in this run: {_peaks_text(peaks)}. Stage times (s): {json.dumps(timings)}.",
+        f"matmul peak measured when the stages ran: {_peaks_text(peaks)}. Stage times (s): {json.dumps(timings)}.",
         "",
         "## Accuracy and set metrics (layout of the paper's Table 1)",
         "",
@@ -447,10 +456,13 @@ def task_text(cfg) -> str:
     )
 
 
-def _peaks_text(peaks: dict | None) -> str:
+def _peaks_text(peaks: list[dict]) -> str:
     if not peaks:
-        return "not measured"
-    return f"fp32 {peaks['fp32_tflops']} TFLOP/s, bf16 {peaks['bf16_tflops']} TFLOP/s"
+        return "not recorded"
+    text = [f"fp32 {p['fp32_tflops']} TFLOP/s, bf16 {p['bf16_tflops']} TFLOP/s" for p in peaks]
+    if len(peaks) == 1:
+        return text[0]
+    return "; ".join(f"{t} (stages {', '.join(p.get('stages', []))})" for t, p in zip(text, peaks))
 
 
 def _cpus() -> int:
