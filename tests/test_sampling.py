@@ -345,6 +345,6 @@ def test_compiled_decode_step_matches_grouped_logits():
 
 def test_bucket_compaction_keeps_live_groups_first_in_order():
     alive = torch.tensor([False, True, False, False, True, False, False, False])  # 8 groups, 2 live
-    rows = sampling._bucket_keep(alive, 2)
+    rows = sampling._bucket_keep(alive, 2, 2)
     assert rows.tolist() == [0, 1, 2, 3, 4, 5, 8, 9]  # groups 0, 1, 2, 4: live 1 and 4, padded with 0 and 2
-    assert sampling._bucket_keep(torch.tensor([True, True, False, True]), 2) is None  # 3 live do not fit in 2
+    assert sampling._bucket_keep(torch.tensor([True, True, False, True]), 2, 3) is None  # 3 live do not fit in 2

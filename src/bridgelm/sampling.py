@@ -318,8 +318,11 @@ def decode_step(model, cache: Cache, tokens: torch.Tensor, positions: torch.Tens
 
 def decode_logits(model, cache: Cache, tokens, positions, keep, valid, width: int) -> torch.Tensor:
     """The decode step: the attention mask from `keep [B, L]`, the Bridge layout (contiguous groups of `width`,
-    validity `valid [B]`), one forward. -> next-token logits [B, V]. No host sync: what `torch.compile` compiles."""
-    groups = Groups.contiguous_width(tokens.shape[0], width, valid[:, None]) if width > 1 else None
+    validity `valid [B]`, None: every row valid), one forward. -> next-token logits [B, V]. No host sync: what
+    `torch.compile` compiles (always with a `valid` tensor, so that one graph serves every step)."""
+    groups = None
+    if width > 1:
+        groups = Groups.contiguous_width(tokens.shape[0], width, None if valid is None else valid[:, None])
     mask = _attention_mask(model, keep, next(model.parameters()).dtype)
     return decode_step(model, cache, tokens, positions, mask, groups)
 
@@ -343,11 +346,12 @@ def compiled_decode_logits(device) -> Callable:
     return _COMPILED[mode]
 
 
-def _bucket_keep(group_alive: torch.Tensor, width: int) -> torch.Tensor | None:
-    """Compiled mode's compaction: rows of the next smaller bucket (half the groups: the live ones, padded with
-    finished ones, order kept), or None when the live groups do not fit in half or the groups are odd in number."""
+def _bucket_keep(group_alive: torch.Tensor, width: int, live: int) -> torch.Tensor | None:
+    """Compiled mode's compaction: rows of the next smaller bucket (half the groups: the `live` live ones, padded
+    with finished ones, order kept), or None when the live groups do not fit in half or the groups are odd in
+    number."""
     groups = group_alive.numel()
-    if groups % 2 or int(group_alive.sum()) > groups // 2:
+    if groups % 2 or live > groups // 2:
         return None
     order = torch.argsort((~group_alive).long(), stable=True)[: groups // 2]  # live groups first
     kept = order.sort().values  # [G/2] groups, in batch order
@@ -467,7 +471,7 @@ def _run_wave(
     stop: Callable[[list[int]], bool] | None,
     on_step: Callable[[int], None] | None,
 ) -> list[GeneratedIds]:
-    device, model_dtype = next(model.parameters()).device, next(model.parameters()).dtype
+    device = next(model.parameters()).device
     P = len(wave.jobs)
     Lmax = wave.longest
     capacity = Lmax + cfg.max_new_tokens
@@ -526,46 +530,44 @@ def _run_wave(
         if rand is not None:
             rand.rows, rand.step = rows, step
         tok, lp = sample_tokens(logits, cfg.temperature, cfg.top_p, cfg.top_k, rand)  # token of `step`
-        live_rows = rows[alive]
-        out_tokens[live_rows, step] = tok[alive]
-        out_logps[live_rows, step] = lp[alive]
-        gen_len[live_rows] = step + 1
+        # Rows that finished earlier keep pad / 0 at `step`; index writes, no boolean masks (no device sync).
+        out_tokens[rows, step] = torch.where(alive, tok, pad_id)
+        out_logps[rows, step] = torch.where(alive, lp, 0.0)
+        gen_len[rows] += alive.long()
         done = alive & torch.isin(tok, eos)
         if stop is not None:
             for b in torch.nonzero(alive & ~done)[:, 0].tolist():
                 if stop(out_tokens[int(rows[b]), : step + 1].tolist()):
                     done[b] = True
-        ended[rows[done]] = True
-        if on_step is not None:
-            on_step(int(done.sum()))
+        ended[rows] |= done
         valid = alive  # inputs of the next step: live tokens, a just-emitted EOS included
         alive = alive & ~done
         step += 1
-        if step == cfg.max_new_tokens or not bool(alive.any()):
+        group_alive = alive.view(-1, width).any(-1)  # [G]
+        # The one host sync of a step: what the loop decides on.
+        n_done, live, all_valid = torch.stack([done.sum(), group_alive.sum(), valid.all()]).tolist()
+        if on_step is not None:
+            on_step(n_done)
+        if step == cfg.max_new_tokens or live == 0:
             break
-        inputs = torch.where(valid, tok, torch.full_like(tok, pad_id))
+        inputs = torch.where(valid, tok, pad_id)
         # Drop groups in which no row is alive, once they are a large enough part of the batch.
-        group_alive = alive.view(-1, width).any(-1)
         keep = None
         if compiled:
-            keep = _bucket_keep(group_alive, width)
-        else:
-            dead = int((~group_alive).sum())
-            if dead and dead >= cfg.compact_fraction * group_alive.numel():
-                keep = torch.nonzero(group_alive.repeat_interleave(width))[:, 0]
+            keep = _bucket_keep(group_alive, width, live)
+        elif group_alive.numel() - live >= max(1, cfg.compact_fraction * group_alive.numel()):
+            keep = torch.nonzero(group_alive.repeat_interleave(width))[:, 0]
         if keep is not None:
             cache.select_rows(keep)
             pad_mask, pos, rows, alive, valid, inputs = (t[keep] for t in (pad_mask, pos, rows, alive, valid, inputs))
         pad_mask[:, Lmax + step - 1] = True  # the input token's own slot
         if compiled:
-            slot.fill_(Lmax + step - 1)
+            slot.fill_(Lmax + step - 1)  # every layer writes there; the mask covers the whole static capacity
             logits = step_fn(model, cache, inputs, pos, pad_mask, valid, width)
-        else:
-            mask = _attention_mask(model, pad_mask[:, : Lmax + step], model_dtype)
-            groups = None
-            if width > 1:  # validity only matters once some sample has finished
-                groups = Groups.contiguous_width(len(rows), width, None if bool(valid.all()) else valid[:, None])
-            logits = decode_step(model, cache, inputs, pos, mask, groups)
+        else:  # the mask up to this step; no validity while every row is valid (the blocks skip masking)
+            logits = decode_logits(
+                model, cache, inputs, pos, pad_mask[:, : Lmax + step], None if all_valid else valid, width
+            )
         pos = pos + 1
     if on_step is not None:
         on_step(int((~ended).sum()))  # samples that ran out of tokens
