@@ -62,3 +62,25 @@ def test_quick_demo_runs_every_stage_and_resumes(tmp_path, capsys):
     # the stage times keep the machine speed measured when they were taken, not the re-run's
     assert json.loads((out / "results.json").read_text())["matmul_peaks"] == results["matmul_peaks"]
     assert len(results["matmul_peaks"]) == 1
+
+
+def test_stage_times_keep_the_speed_of_the_invocation_that_took_them(tmp_path):
+    """An invocation that dies after a stage still leaves its matmul peak beside that stage's time; the resumed one
+    adds its own entry for the stages it runs, and the report names both."""
+    from bridgelm.demo.pipeline import Stages
+    from bridgelm.demo.results import _peaks_text
+
+    files = (tmp_path / "timings.json", tmp_path / "peaks.json")
+    first = Stages(lambda *_: None, *files, peaks={"fp32_tflops": 0.1, "bf16_tflops": 0.4})
+    first.time("base", 12.0, ran=True)
+    first.run("warmup", tmp_path / "warmup.done", lambda: (tmp_path / "warmup.done").write_text("{}"))
+    # ... killed here; a later invocation on a faster day skips what is done and runs the rest
+    second = Stages(lambda *_: None, *files, peaks={"fp32_tflops": 0.2, "bf16_tflops": 0.9})
+    second.time("base", 12.0, ran=False)  # the cached base model: timed by the first invocation
+    second.run("warmup", tmp_path / "warmup.done", lambda: pytest.fail("a finished stage ran again"))
+    second.run("sft", tmp_path / "sft.done", lambda: (tmp_path / "sft.done").write_text("{}"))
+    peaks = json.loads(files[1].read_text())
+    assert [(p["bf16_tflops"], p["stages"]) for p in peaks] == [(0.4, ["base", "warmup"]), (0.9, ["sft"])]
+    assert set(json.loads(files[0].read_text())) == {"base", "warmup", "sft"}
+    text = _peaks_text(peaks)
+    assert "bf16 0.4 TFLOP/s (stages base, warmup)" in text and "bf16 0.9 TFLOP/s (stages sft)" in text

@@ -524,21 +524,26 @@ def run_eval(
 # ---------------------------------------------------------------------------------------------- in memory
 
 
-def graded_samples(
+def sample_examples(
     model, tokenizer, task: Task, examples: Sequence[dict], sampling: SamplingConfig, chat: bool = False
-) -> tuple[list[list[GeneratedIds]], list[list[bool]]]:
-    """`sampling.n` samples of each of `examples` (token ids) and whether each is correct, graded by `task`:
-    the in-memory draw-and-grade shared by `accuracy` and the demo's trace."""
+) -> list[list[GeneratedIds]]:
+    """`sampling.n` samples (token ids) of each of `examples`, in memory: no run folder, nothing written."""
     ids = encode_prompts(tokenizer, [task.prompt(ex) for ex in examples], chat)
     eos = eos_ids(model, tokenizer)
-    samples = generate_ids(model, ids, sampling, eos, pad_id(tokenizer, eos))
-    pairs = [
-        (tokenizer.decode(s.token_ids, skip_special_tokens=True), ex)
-        for ex, outs in zip(examples, samples)
-        for s in outs
-    ]
-    flags = iter(is_correct(r) for r in check_rewards(task.reward_many(pairs), f"task {task.name!r}"))
-    return samples, [[next(flags) for _ in outs] for outs in samples]
+    return generate_ids(model, ids, sampling, eos, pad_id(tokenizer, eos))
+
+
+def grade_samples(tokenizer, task: Task, examples: Sequence[dict], samples: Sequence[Sequence[GeneratedIds]]):
+    """Whether each sample of `sample_examples` is correct, graded by `task`. -> list (per example) of list[bool]."""
+    texts = [[tokenizer.decode(s.token_ids, skip_special_tokens=True) for s in outs] for outs in samples]
+    rewards = check_rewards(
+        task.reward_many([(t, ex) for ex, outs in zip(examples, texts) for t in outs]), f"task {task.name!r}"
+    )
+    flags, at = [], 0
+    for outs in texts:
+        flags.append([is_correct(r) for r in rewards[at : at + len(outs)]])
+        at += len(outs)
+    return flags
 
 
 def accuracy(model, tokenizer, task: Task, cfg: EvalConfig, dist: Dist | None = None) -> float:
@@ -554,8 +559,8 @@ def accuracy(model, tokenizer, task: Task, cfg: EvalConfig, dist: Dist | None = 
     correct = 0.0
     if mine:
         with unsharded(model, dist):
-            _, flags = graded_samples(model, tokenizer, task, mine, cfg.sampling(cfg.width), cfg.chat)
-        correct = sum(map(sum, flags))
+            samples = sample_examples(model, tokenizer, task, mine, cfg.sampling(cfg.width), cfg.chat)
+        correct = sum(map(sum, grade_samples(tokenizer, task, mine, samples)))  # weights resharded meanwhile
     elif dist.fsdp:
         with unsharded(model, dist):  # gathering is a collective: ranks without problems take part too
             pass

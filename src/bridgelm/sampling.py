@@ -544,8 +544,9 @@ def _run_wave(
         alive = alive & ~done
         step += 1
         group_alive = alive.view(-1, width).any(-1)  # [G]
-        # The one host sync of a step: what the loop decides on.
-        n_done, live, all_valid = torch.stack([done.sum(), group_alive.sum(), valid.all()]).tolist()
+        # The loop's one host sync of a step (nucleus sampling and stop strings add their own): what it decides on.
+        # `all_valid` is taken before compaction: a step after dropping the last finished rows still gets a mask.
+        n_done, live, all_valid = torch.stack([done.sum(), group_alive.sum(), valid.all().long()]).tolist()
         if on_step is not None:
             on_step(n_done)
         if step == cfg.max_new_tokens or live == 0:

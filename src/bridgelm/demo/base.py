@@ -33,6 +33,7 @@ from bridgelm.train.weights import load_weights, save_model
 
 BOXED = "\\boxed{"  # one token: the answer marker
 SAVE_EVERY = 250  # pre-training steps between checkpoints (an interrupted pre-training resumes from the last)
+PRETRAIN_FILE = "pretrain.json"  # written when pre-training ends: its settings, steps, seconds and accuracy
 
 
 @dataclass(frozen=True)
@@ -141,7 +142,7 @@ def pretrain(cfg: BaseConfig, out: str | Path, progress: bool = True, log=print)
     check that reaches `target_accuracy`.
     """
     out = Path(out)
-    marker = out / "pretrain.json"
+    marker = out / PRETRAIN_FILE
     settings = jsonable(asdict(cfg))
     if marker.exists():
         done = json.loads(marker.read_text()).get("config") or {}

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from bridgelm.attach import add_bridge, add_pmatch, load_blocks, load_model
-from bridgelm.demo.base import BaseConfig, generate, make_task, pretrain
+from bridgelm.demo.base import PRETRAIN_FILE, BaseConfig, generate, make_task, pretrain
 from bridgelm.demo.results import TITLES, RunDirs, write_demo_report
 from bridgelm.jsonl import write_json
 from bridgelm.runs import list_checkpoints
@@ -110,14 +110,19 @@ class DemoConfig:
 class Stages:
     """Runs named stages in order; a stage whose output exists is skipped. Prints a one-line summary of each.
 
-    Stage times are kept in `record` (a JSON file), so a re-run that skips finished stages still reports them;
-    `ran` names the stages this invocation ran."""
+    Stage times are kept in `record` (a JSON file), so a re-run that skips finished stages still reports them. So is
+    the machine's speed they were taken at: `peaks` (this invocation's matmul peaks) goes into `peak_record` (a JSON
+    list, one entry per invocation that ran stages, with their names) as soon as this invocation runs one."""
 
-    def __init__(self, log=print, record: Path | None = None):
+    def __init__(
+        self, log=print, record: Path | None = None, peak_record: Path | None = None, peaks: dict | None = None
+    ):
         self.log = log
         self.record = record
         self.timings: dict[str, float] = json.loads(record.read_text()) if record and record.exists() else {}
-        self.ran: list[str] = []
+        self.peak_record = peak_record
+        self.peaks: list[dict] = json.loads(peak_record.read_text()) if peak_record and peak_record.exists() else []
+        self.mine = {**(peaks or {}), "stages": []}  # this invocation's entry of `peaks`, added when it runs a stage
 
     def run(self, name: str, output: Path, fn, summary=lambda result: ""):
         if output.exists():
@@ -125,16 +130,22 @@ class Stages:
             return None
         t0 = time.perf_counter()
         result = fn()
-        self.time(name, time.perf_counter() - t0)
-        self.ran.append(name)
+        self.time(name, time.perf_counter() - t0, ran=True)
         text = summary(result)
         self.log(f"[{name}] done in {self.timings[name]:.0f}s{': ' + text if text else ''} -> {output}")
         return result
 
-    def time(self, name: str, seconds: float) -> None:
+    def time(self, name: str, seconds: float, ran: bool) -> None:
+        """Record a stage's time; `ran`: this invocation ran it (else it was timed before, e.g. the cached base)."""
         self.timings[name] = round(seconds, 1)
         if self.record is not None:
             write_json(self.record, self.timings)
+        if ran:
+            if not self.mine["stages"]:
+                self.peaks.append(self.mine)
+            self.mine["stages"].append(name)
+            if self.peak_record is not None:
+                write_json(self.peak_record, self.peaks)
 
 
 def _rl_config(cfg: DemoConfig, seed: int, quick: bool):
@@ -301,7 +312,7 @@ def stage_trace(ctx: Context, seed: int = 0) -> dict:
     """Diagnostic: the Bridge arm over the course of RL (seed `seed`). For the SFT blocks (step 0) and every RL
     checkpoint: accuracy at w = 1 and w = eval_width on the test problems, and the interaction (share of samples that
     differ from their w = 1 counterpart, drawn with the same random numbers)."""
-    from bridgelm.evaluate import graded_samples
+    from bridgelm.evaluate import grade_samples, sample_examples
 
     cfg, test = ctx.cfg, ctx.test
     points = [(0, None)] + [(int(c.name.split("-")[1]), c) for c in list_checkpoints(ctx.rl_dir("bridge", seed))]
@@ -314,9 +325,9 @@ def stage_trace(ctx: Context, seed: int = 0) -> dict:
             model = ctx.sampler(folder)
         drawn, acc = {}, {}
         for w in (1, cfg.eval_width):  # the same random draws at both widths
-            samples, flags = graded_samples(model, ctx.tokenizer, test, problems, _sampling(cfg, cfg.trace_n, w, seed))
+            samples = sample_examples(model, ctx.tokenizer, test, problems, _sampling(cfg, cfg.trace_n, w, seed))
             drawn[w] = [s.token_ids for outs in samples for s in outs]
-            acc[w] = sum(map(sum, flags)) / len(drawn[w])
+            acc[w] = sum(map(sum, grade_samples(ctx.tokenizer, test, problems, samples))) / len(drawn[w])
         differ = sum(a != b for a, b in zip(drawn[1], drawn[cfg.eval_width])) / len(drawn[1])
         rows.append({"step": step, "w1": acc[1], f"w{cfg.eval_width}": acc[cfg.eval_width], "interaction": differ})
     return {"seed": seed, "width": cfg.eval_width, "points": rows}
@@ -334,15 +345,14 @@ def run_demo(out: str | Path, cfg: DemoConfig, quick: bool = False, log=print) -
         torch.set_num_threads(cfg.threads)
     peaks = matmul_peaks()
     log(f"this machine now: fp32 matmul {peaks['fp32_tflops']} TFLOP/s, bf16 {peaks['bf16_tflops']} TFLOP/s")
-    stages = Stages(log, out / "timings.json")
+    stages = Stages(log, out / "timings.json", out / "peaks.json", peaks)
     settings = {"quick": quick, **asdict(cfg)}
     write_json(out / "demo.json", settings)
 
     # 1. base model (cached by its settings)
-    trained = not (out / "base" / "pretrain.json").exists()
+    trained = not (out / "base" / PRETRAIN_FILE).exists()
     base_dir = pretrain(cfg.base, out / "base", log=log)
-    stages.time("base", json.loads((base_dir / "pretrain.json").read_text())["seconds"])  # when it was trained
-    stages.ran += ["base"] if trained else []
+    stages.time("base", json.loads((base_dir / PRETRAIN_FILE).read_text())["seconds"], ran=trained)
     spec = cfg.base.task
     # Training prompts may repeat at toy sizes; test problems are always distinct.
     rl_problems = max(cfg.warmup_problems, cfg.rl_steps * cfg.rl_prompts)
@@ -409,20 +419,9 @@ def run_demo(out: str | Path, cfg: DemoConfig, quick: bool = False, log=print) -
         rl={(arm, seed): ctx.rl_dir(arm, seed) for seed in range(cfg.seeds) for arm in rl_arms(cfg)},
         foreign={seed: ctx.foreign_dir(seed) for seed in range(cfg.seeds)} if cfg.foreign_control else {},
     )
-    report = write_demo_report(out, cfg, dirs, stages.timings, quick, _peak_history(out, peaks, stages.ran))
+    report = write_demo_report(out, cfg, dirs, stages.timings, quick, stages.peaks)
     log(f"[report] {report}")
     return report
-
-
-def _peak_history(out: Path, peaks: dict, ran: list[str]) -> list[dict]:
-    """The matmul peaks measured by every invocation that ran stages (OUT/peaks.json), this one's added when it
-    ran any: stage times are only comparable with the machine's speed when they were taken."""
-    path = out / "peaks.json"
-    history = json.loads(path.read_text()) if path.exists() else []
-    if ran:
-        history.append({**peaks, "stages": ran})
-        write_json(path, history)
-    return history
 
 
 def _sampling(cfg: DemoConfig, n: int, width: int, seed: int = 0):
