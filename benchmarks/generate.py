@@ -273,13 +273,17 @@ def measure_peaks(peaks: dict, size: int, device) -> None:
 
 
 def gsm8k_questions(count: int) -> list[str]:
-    from bridgelm.tasks.base import with_instruction
-
-    questions = list(GSM8K_FALLBACK)
+    """`count` GSM8K test prompts (the task's own prompt text), repeated when there are fewer."""
     if GSM8K_TEST.is_file():
-        with open(GSM8K_TEST) as f:
-            questions = [json.loads(line)["question"] for line, _ in zip(f, range(count))]
-    return [with_instruction(q) for q in (questions * count)[:count]]
+        from bridgelm import tasks
+
+        task = tasks.load("gsm8k", str(GSM8K_TEST), split="test")
+        prompts = [task.prompt(ex) for ex in task.examples[:count]]
+    else:
+        from bridgelm.tasks.base import with_instruction
+
+        prompts = [with_instruction(q) for q in GSM8K_FALLBACK]
+    return (prompts * count)[:count]
 
 
 def main() -> None:
