@@ -126,15 +126,17 @@ def run_ours(model_dir: Path, prompts: list[str], args, out: Path, dtype) -> dic
     task = TextTask("bench", [{"prompt": p} for p in prompts])
     res = train_rl(model, tok, task, cfg, out)
     timed = res.history[1:]
-    seconds = sum(r["seconds"] for r in timed) / len(timed)
+
+    def mean(key: str) -> float:
+        return sum(r[key] for r in timed) / len(timed)
+
+    # parts of the update: the no_grad passes (old log-probs of mini-batches 2..K; the reference when beta > 0),
+    # the rest being the K forward/backward passes and optimiser steps
+    parts = ("sample_seconds", "update_seconds", "old_logprob_seconds", "reference_seconds")
     return {
-        "seconds_per_step": round(seconds, 3),
-        "sample_seconds": round(sum(r["sample_seconds"] for r in timed) / len(timed), 3),
-        "update_seconds": round(sum(r["update_seconds"] for r in timed) / len(timed), 3),
-        # parts of the update: the no_grad passes (old log-probs of mini-batches 2..K; the reference when beta > 0),
-        # the rest being the K forward/backward passes and optimiser steps
-        **{k: round(sum(r[k] for r in timed) / len(timed), 3) for k in ("old_logprob_seconds", "reference_seconds")},
-        "response_length": sum(r["response_length"] for r in timed) / len(timed),
+        "seconds_per_step": round(mean("seconds"), 3),
+        **{k: round(mean(k), 3) for k in parts},
+        "response_length": mean("response_length"),
     }
 
 

@@ -244,10 +244,11 @@ def test_grade_samples_grades_each_sample_and_accuracy_is_their_mean(model_tok):
     task = _HasDigit("has-digit", [{"problem": f"{i}+{i}=", "digit": str(i % 10)} for i in range(6)])
     cfg = E.EvalConfig(n=4, width=2, max_new_tokens=6, temperature=1.0, seed=3)
     samples = E.sample_examples(model, tok, task, task.examples, cfg.sampling(cfg.width))
-    flags = E.grade_samples(tok, task, task.examples, samples)
+    flags = E.grade_samples(task, task.examples, samples)
     assert [len(s) for s in samples] == [len(f) for f in flags] == [4] * 6
     for ex, outs, marks in zip(task.examples, samples, flags):
         assert marks == [ex["digit"] in tok.decode(s.token_ids, skip_special_tokens=True) for s in outs]
+        assert [s.text for s in outs] == [tok.decode(s.token_ids, skip_special_tokens=True) for s in outs]
     mean = sum(map(sum, flags)) / 24
     assert 0.0 < mean < 1.0  # both grades occur: the check above tests both
     assert E.accuracy(model, tok, task, cfg) == pytest.approx(mean)

@@ -40,7 +40,7 @@ from bridgelm.errors import UserError
 from bridgelm.jsonl import append_record, read_records, write_json
 from bridgelm.runs import RUN_FILE, check_settings
 from bridgelm.samples import check_stop_strings
-from bridgelm.sampling import GeneratedIds, SamplingConfig, encode_prompts, eos_ids, generate_ids, iter_generate, pad_id
+from bridgelm.sampling import Sample, SamplingConfig, encode_prompts, iter_generate
 from bridgelm.tasks import Task
 from bridgelm.tasks.base import check_rewards, is_correct
 
@@ -526,21 +526,20 @@ def run_eval(
 
 def sample_examples(
     model, tokenizer, task: Task, examples: Sequence[dict], sampling: SamplingConfig, chat: bool = False
-) -> list[list[GeneratedIds]]:
-    """`sampling.n` samples (token ids) of each of `examples`, in memory: no run folder, nothing written."""
-    ids = encode_prompts(tokenizer, [task.prompt(ex) for ex in examples], chat)
-    eos = eos_ids(model, tokenizer)
-    return generate_ids(model, ids, sampling, eos, pad_id(tokenizer, eos))
+) -> list[list[Sample]]:
+    """`sampling.n` samples of each of `examples`, in memory: no run folder, nothing written."""
+    out: list[list[Sample]] = [[] for _ in examples]
+    for i, samples in iter_generate(model, tokenizer, [task.prompt(ex) for ex in examples], sampling, chat=chat):
+        out[i] = samples
+    return out
 
 
-def grade_samples(tokenizer, task: Task, examples: Sequence[dict], samples: Sequence[Sequence[GeneratedIds]]):
-    """Whether each sample of `sample_examples` is correct, graded by `task`. -> list (per example) of list[bool]."""
-    texts = [[tokenizer.decode(s.token_ids, skip_special_tokens=True) for s in outs] for outs in samples]
-    rewards = check_rewards(
-        task.reward_many([(t, ex) for ex, outs in zip(examples, texts) for t in outs]), f"task {task.name!r}"
-    )
+def grade_samples(task: Task, examples: Sequence[dict], samples: Sequence[Sequence[Sample]]) -> list[list[bool]]:
+    """Whether each sample of `sample_examples` is correct, graded by `task` (one list per example)."""
+    pairs = [(s.text, ex) for ex, outs in zip(examples, samples) for s in outs]
+    rewards = check_rewards(task.reward_many(pairs), f"task {task.name!r}")
     flags, at = [], 0
-    for outs in texts:
+    for outs in samples:
         flags.append([is_correct(r) for r in rewards[at : at + len(outs)]])
         at += len(outs)
     return flags
@@ -556,13 +555,8 @@ def accuracy(model, tokenizer, task: Task, cfg: EvalConfig, dist: Dist | None = 
     dist = dist or Dist(device=next(model.parameters()).device)
     examples = task.examples[: cfg.limit] if cfg.limit is not None else task.examples
     mine = examples[dist.rank :: dist.world]
-    correct = 0.0
-    if mine:
-        with unsharded(model, dist):
-            samples = sample_examples(model, tokenizer, task, mine, cfg.sampling(cfg.width), cfg.chat)
-        correct = sum(map(sum, grade_samples(tokenizer, task, mine, samples)))  # weights resharded meanwhile
-    elif dist.fsdp:
-        with unsharded(model, dist):  # gathering is a collective: ranks without problems take part too
-            pass
+    with unsharded(model, dist):  # a collective under FSDP: ranks without problems take part too
+        samples = sample_examples(model, tokenizer, task, mine, cfg.sampling(cfg.width), cfg.chat) if mine else []
+    correct = sum(map(sum, grade_samples(task, mine, samples)))  # weights resharded meanwhile
     correct, count = all_reduce_sum([correct, len(mine) * cfg.n], dist)
     return correct / max(count, 1.0)

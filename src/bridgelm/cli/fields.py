@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import ast
 import dataclasses
+import functools
 import inspect
 import io
 import textwrap
@@ -46,8 +47,10 @@ class Flag:
     type: Callable[[str], Any] | None = None  # parses one value; None: by the annotation
 
 
+@functools.cache  # every command's parser is built at each start; parse each config's source once
 def field_comments(cls: type) -> dict[str, str]:
-    """The trailing `# comment` of each field of dataclass `cls` (and of its dataclass bases), by field name."""
+    """The trailing `# comment` of each field of dataclass `cls` (and of its dataclass bases), by field name
+    (shared: do not modify)."""
     out: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
         if not dataclasses.is_dataclass(klass):

@@ -20,9 +20,6 @@ from bridgelm.train import warmup_data
 from bridgelm.train.rl import RLConfig
 from bridgelm.train.sft import SFTConfig
 
-# The one default of these commands that is not their config's: warm-up answers may be long worked solutions
-# (the paper's warm-up data; make_warmup_data's own default too).
-
 
 def _main_process() -> bool:
     """Under torchrun only rank 0 reports."""
@@ -126,6 +123,7 @@ def add_commands(sub) -> None:
         SamplingConfig,
         skip=["width", "foreign_groups"],  # independent answers: width 1
         n=Flag(help="responses sampled per problem"),
+        # not the sampling config's default: warm-up answers may be long worked solutions (make_warmup_data's own)
         max_new_tokens=Flag(default=warmup_data.MAX_NEW_TOKENS),
     )
     p.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template")

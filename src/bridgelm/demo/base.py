@@ -27,6 +27,7 @@ from bridgelm.jsonl import write_json
 from bridgelm.runs import METRICS, check_settings, jsonable
 from bridgelm.tasks import anysum, arith
 from bridgelm.tokenizer import BOS, CHAT_TEMPLATE, EOS, PAD
+from bridgelm.train.batches import autocast
 from bridgelm.train.optim import CosineSchedule, make_optimizer, optimizer_step, scheduled
 from bridgelm.train.run import Run, RunControl
 from bridgelm.train.weights import load_weights, save_model
@@ -175,7 +176,7 @@ def pretrain(cfg: BaseConfig, out: str | Path, progress: bool = True, log=print)
         for step in range(run.step, last):
             batch = task.examples[step * cfg.batch_size : (step + 1) * cfg.batch_size]
             ids, mask = encode_examples(tokenizer, task, batch)  # [B, S] each
-            with torch.autocast(ids.device.type, dtype=torch.bfloat16, enabled=cfg.bf16), fast_attention(model):
+            with autocast(run.dist, cfg.bf16), fast_attention(model):
                 logits = model(input_ids=ids, attention_mask=(ids != tokenizer.pad_token_id).long()).logits  # [B, S, V]
             target_mask = mask[:, 1:].bool()  # [B, S - 1]: position s predicts a solution token
             loss = torch.nn.functional.cross_entropy(logits[:, :-1][target_mask].float(), ids[:, 1:][target_mask])

@@ -34,6 +34,7 @@ from bridgelm.runs import list_checkpoints
 from bridgelm.tasks import anysum
 
 RL_ARMS = ("rlvr", "pmatch", "bridge")  # the paper's arms; optional: "bridge_cold", "bridge_attn"
+TRACE_SEED = 0  # the Bridge run whose checkpoints the trace stage follows
 
 
 @dataclass
@@ -148,7 +149,7 @@ class Stages:
                 write_json(self.peak_record, self.peaks)
 
 
-def _rl_config(cfg: DemoConfig, seed: int, quick: bool):
+def _rl_config(cfg: DemoConfig, arm: str, seed: int):
     from bridgelm.train.rl import RLConfig
 
     return RLConfig(
@@ -171,7 +172,8 @@ def _rl_config(cfg: DemoConfig, seed: int, quick: bool):
         bf16=cfg.bf16,
         seed=seed,
         save_every=20,  # an interrupted demo resumes its RL stage from here (bit-exact)
-        keep_last=0,  # every checkpoint kept: the interaction is traced over the course of RL (results: trace)
+        # every checkpoint of the traced run kept (the interaction over the course of RL); elsewhere the last one
+        keep_last=0 if (arm, seed) == ("bridge", TRACE_SEED) else 1,
         eval_every=0,
         resume=True,  # continue a run found in the stage's folder; start afresh when there is none
     )
@@ -189,9 +191,10 @@ class Context:
     train: object  # Task: RL prompts (the first warmup_problems are the warm-up problems)
     test: object  # Task: held-out test problems
 
-    def sampler(self, path) -> torch.nn.Module:
-        """A model folder loaded for sampling: in bf16 when `cfg.bf16` (1.3-1.5x faster on CPU), else float32."""
-        return load_model(str(path), dtype=torch.bfloat16 if self.cfg.bf16 else torch.float32)
+    def sampler(self, path, blocks: Path | None = None) -> torch.nn.Module:
+        """A model folder (plus a block file) loaded for sampling: in bf16 when `cfg.bf16` (1.3-1.5x faster on CPU),
+        else float32."""
+        return load_model(str(path), blocks, dtype=torch.bfloat16 if self.cfg.bf16 else torch.float32)
 
     def rl_dir(self, arm: str, seed: int) -> Path:
         return self.out / f"rl_{arm}_s{seed}"
@@ -270,7 +273,7 @@ def stage_rl(ctx: Context, arm: str, seed: int) -> dict:
         _with_blocks(model, "bridge", ctx.cfg)
     elif arm != "rlvr":
         load_blocks(model, ctx.out / f"sft_{arm}" / "blocks.safetensors")
-    result = train_rl(model, ctx.tokenizer, ctx.train, _rl_config(ctx.cfg, seed, ctx.quick), ctx.rl_dir(arm, seed))
+    result = train_rl(model, ctx.tokenizer, ctx.train, _rl_config(ctx.cfg, arm, seed), ctx.rl_dir(arm, seed))
     return _rl_summary(result)
 
 
@@ -308,7 +311,7 @@ def stage_eval(ctx: Context, arm: str, seed: int, foreign: bool = False) -> dict
     return score_run(run_dir, task=ctx.test)
 
 
-def stage_trace(ctx: Context, seed: int = 0) -> dict:
+def stage_trace(ctx: Context, seed: int = TRACE_SEED) -> dict:
     """Diagnostic: the Bridge arm over the course of RL (seed `seed`). For the SFT blocks (step 0) and every RL
     checkpoint: accuracy at w = 1 and w = eval_width on the test problems, and the interaction (share of samples that
     differ from their w = 1 counterpart, drawn with the same random numbers)."""
@@ -320,14 +323,14 @@ def stage_trace(ctx: Context, seed: int = 0) -> dict:
     rows = []
     for step, folder in points:
         if folder is None:
-            model = load_blocks(ctx.sampler(ctx.base_dir), ctx.out / "sft_bridge" / "blocks.safetensors")
+            model = ctx.sampler(ctx.base_dir, ctx.out / "sft_bridge" / "blocks.safetensors")
         else:
             model = ctx.sampler(folder)
         drawn, acc = {}, {}
         for w in (1, cfg.eval_width):  # the same random draws at both widths
             samples = sample_examples(model, ctx.tokenizer, test, problems, _sampling(cfg, cfg.trace_n, w, seed))
             drawn[w] = [s.token_ids for outs in samples for s in outs]
-            acc[w] = sum(map(sum, grade_samples(ctx.tokenizer, test, problems, samples))) / len(drawn[w])
+            acc[w] = sum(map(sum, grade_samples(test, problems, samples))) / len(drawn[w])
         differ = sum(a != b for a, b in zip(drawn[1], drawn[cfg.eval_width])) / len(drawn[1])
         rows.append({"step": step, "w1": acc[1], f"w{cfg.eval_width}": acc[cfg.eval_width], "interaction": differ})
     return {"seed": seed, "width": cfg.eval_width, "points": rows}
