@@ -29,12 +29,19 @@ def padded_causal(lengths, S):
 
 @pytest.mark.parametrize("heads,kv_heads", [(4, 2), (6, 6), (8, 1)])
 @pytest.mark.parametrize("case", ["decode", "train-mask", "train-causal", "float-mask"])
-def test_matmul_attention_equals_sdpa(heads, kv_heads, case):
+@pytest.mark.parametrize("layout", ["dense", "strided"])  # strided: the cache slice / transposed projection layouts
+def test_matmul_attention_equals_sdpa(heads, kv_heads, case, layout):
     g = torch.Generator().manual_seed(heads * 10 + kv_heads)
     B, D, L = 3, 8, 7
     S = 1 if case == "decode" else L
     shapes = ((heads, S), (kv_heads, L), (kv_heads, L))
     q, k, v = (torch.randn(B, h, n, D, generator=g, dtype=torch.float64) for h, n in shapes)
+    if layout == "strided" and case == "decode":  # keys and values: the first L positions of a larger cache
+        k, v = (torch.cat([t, torch.randn_like(t)[:, :, :3]], 2)[:, :, :L] for t in (k, v))
+    elif layout == "strided":  # as a projection hands them over: [B, L, KVH, D] transposed
+        k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (k, v))
+    if kv_heads > 1 or case == "decode":  # (one key/value head transposed is still contiguous)
+        assert (layout == "strided") != (k.is_contiguous() and v.is_contiguous())
     causal = case == "train-causal"
     mask = None
     if case == "decode":

@@ -160,8 +160,31 @@ def reference_nucleus(probs, top_p):
 def test_nucleus_membership_equals_full_sort(scale, top_p):
     torch.manual_seed(4)
     probs = torch.softmax(scale * torch.randn(4, 300, dtype=torch.float64), -1)
+    want = reference_nucleus(probs, top_p)
     fast = torch.stack([in_nucleus(probs, torch.full((4,), t), top_p) for t in range(300)], 1)
-    assert torch.equal(fast, reference_nucleus(probs, top_p))
+    assert torch.equal(fast, want)
+    scratch = torch.full_like(probs, float("nan"))  # the engine's buffer: whatever it held before is overwritten
+    fast = torch.stack([in_nucleus(probs, torch.full((4,), t), top_p, scratch) for t in range(300)], 1)
+    assert torch.equal(fast, want)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("top_k", [0, 5])
+def test_sampler_buffers_change_no_draw_and_are_reused(dtype, top_k):
+    """The engine's per-wave buffers: the same tokens and log-probs as fresh tensors, over a batch that shrinks
+    (groups dropped) and grows back (a new wave), and no new buffer while the batch fits."""
+    g = torch.Generator().manual_seed(3)
+    buffers = sampling.SamplerBuffers()
+    pointers = []
+    for rows in [6, 6, 4, 2, 4, 8]:
+        logits = (3 * torch.randn(rows, 50, generator=g)).to(dtype)
+        u = torch.rand(rows, 8, generator=g)  # this step's uniforms, the same for both calls
+        uniform = lambda r, attempt, u=u: u[r, attempt]  # noqa: E731
+        want = sampling.sample_tokens(logits, 0.7, 0.9, top_k, uniform)
+        got = sampling.sample_tokens(logits, 0.7, 0.9, top_k, uniform, buffers)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        pointers.append(buffers.probs.data_ptr())
+    assert len(set(pointers[:5])) == 1 and pointers[5] != pointers[0]  # grown once, for 8 rows
 
 
 def test_sampling_follows_the_truncated_distribution():

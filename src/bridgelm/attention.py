@@ -44,6 +44,9 @@ def matmul_attention(
     B, H, S, D = query.shape
     KVH, L = key.shape[1], key.shape[2]
     rep = H // KVH
+    # Dense keys and values first: a cache slice [:, :, :L] (decode) or a transposed projection (training) handed to
+    # matmul as k^T makes it gather element by element; copying rows first is 2x faster per call, same result.
+    key, value = key.contiguous(), value.contiguous()
     q = (query * scale).reshape(B, KVH, rep * S, D)  # heads of a key/value head stacked: [B, KVH, rep*S, D]
     scores = torch.matmul(q, key.transpose(-1, -2)).view(B, KVH, rep, S, L)  # [B, KVH, rep, S, L]
     scores = scores.to(torch.promote_types(scores.dtype, torch.float32))  # a fresh tensor either way
