@@ -124,11 +124,11 @@ def test_first_minibatch_needs_no_old_logprob_pass(tmp_path, monkeypatch):
     real_plan, real_logprobs = rl.minibatch_plan, rl.rollout_logprobs
     monkeypatch.setattr(rl, "minibatch_plan", lambda *a: plans.append(real_plan(*a)) or plans[-1])
 
-    def every_group(model, rollouts, micro, cfg, pad_id, dist):
+    def every_group(model, rollouts, micro, cfg, pad_id, dist, with_entropy=True):
         first = batches.chunks(plans[-1][0], cfg.micro_batch_groups)
         if model is not ref_of[0] and micro[: len(first)] != first:  # the policy's pass: add the first mini-batch
             micro = first + micro
-        return real_logprobs(model, rollouts, micro, cfg, pad_id, dist)
+        return real_logprobs(model, rollouts, micro, cfg, pad_id, dist, with_entropy)
 
     ref_of = []
     real_make = rl._make_reference

@@ -211,6 +211,36 @@ def test_response_logprobs_match_grouped_logits(arch, temperature):
         assert torch.allclose(got.entropy[b, :n], ent, atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+def test_token_logprobs_equal_log_softmax_values_and_gradients(monkeypatch, dtype, temperature):
+    """The chunked log-probs against log_softmax + gather under autograd: values, entropy and logit gradients, over
+    chunks of 3 rows (the last one ragged)."""
+    monkeypatch.setattr(batches, "chunk_rows", lambda vocab, device: 3)
+    g = torch.Generator().manual_seed(5)
+    logits = (4 * torch.randn(10, 37, generator=g)).to(dtype)
+    targets = torch.randint(0, 37, (10,), generator=g)
+    weights = torch.randn(10, generator=g)  # a loss that weighs each row's log-prob differently
+
+    def run(fn):
+        x = logits.clone().requires_grad_()
+        lp, ent = fn(x)
+        (lp * weights).sum().backward()
+        return lp.detach(), ent, x.grad
+
+    def reference(x):
+        logp = torch.log_softmax(x.float() / temperature, -1)
+        return logp.gather(-1, targets[:, None])[:, 0], -(logp.exp() * logp).sum(-1).detach()
+
+    got = run(lambda x: batches.token_logprobs(x, targets, temperature, with_entropy=True))
+    want = run(reference)
+    assert got[2].dtype == dtype and not got[1].requires_grad
+    tol = 1e-5 if dtype == torch.float32 else 1e-2  # bf16: a gradient may round to the neighbouring value
+    for a, b in zip(got, want):
+        assert torch.allclose(a.float(), b.float(), atol=tol, rtol=tol)
+    assert batches.token_logprobs(logits, targets, temperature)[1] is None
+
+
 def test_gradient_parts_split_the_fused_projection():
     model = randomize_blocks(bridgelm.add_bridge(tiny_model("qwen2")), std=0.2)
     ids = torch.randint(7, 97, (4, 9))

@@ -94,25 +94,86 @@ class LogProbs(NamedTuple):
     entropy: torch.Tensor | None  # [B, T] entropy of that distribution (no grad), when asked
 
 
+def chunk_rows(vocab: int, device: torch.device) -> int:
+    """Rows of [rows, V] float32 that `token_logprobs` handles at a time: ~16 MB on CPU (cache-sized, and below the
+    size at which every fresh tensor comes from fresh pages), ~256 MB on an accelerator (few launches)."""
+    budget = 2**22 if device.type == "cpu" else 2**26
+    return max(1, budget // vocab)
+
+
+def _scaled_chunks(logits: torch.Tensor, temperature: float):
+    """(start, z) over row chunks of `logits`, z = logits[chunk] / temperature in float32 [c, V]: one buffer for every
+    chunk (a fresh one per chunk costs page faults worth more than the copy on CPU); z is overwritten by the next."""
+    N, V = logits.shape
+    step = chunk_rows(V, logits.device)
+    buf = logits.new_empty(min(step, N), V, dtype=torch.float32)
+    for i in range(0, N, step):
+        z = buf[: min(step, N - i)]
+        z.copy_(logits[i : i + step])
+        if temperature != 1.0:
+            z.div_(temperature)
+        yield i, z
+
+
+class _TokenLogProbs(torch.autograd.Function):
+    """log softmax(logits / T) at the target of each row, and the entropy of that distribution, row chunk by row
+    chunk: no [N, V] float32 tensor is ever made, forward or backward (at N = 4096 response tokens x 24k ids, a
+    dozen such passes were half of a GRPO update on CPU). The backward recomputes each chunk's softmax from the saved
+    logits and log-normalisers."""
+
+    @staticmethod
+    def forward(ctx, logits, targets, temperature: float, with_entropy: bool):
+        N = logits.shape[0]
+        lse = logits.new_empty(N, dtype=torch.float32)  # [N] log-normaliser of logits / T
+        picked = torch.empty_like(lse)  # [N] (logits / T) at the target
+        entropy = torch.empty_like(lse) if with_entropy else None
+        buf = None  # [c, V] float32 for the entropy's p log p, allocated once
+        for i, z in _scaled_chunks(logits, temperature):
+            rows = slice(i, i + z.shape[0])
+            lse[rows] = torch.logsumexp(z, -1)
+            picked[rows] = z.gather(-1, targets[rows, None])[:, 0]
+            if with_entropy:  # -sum(p log p), log p = z - lse (z is not needed after this)
+                buf = torch.empty_like(z) if buf is None else buf
+                logp = z.sub_(lse[rows, None])
+                entropy[rows] = -torch.exp(logp, out=buf[: z.shape[0]]).mul_(logp).sum(-1)
+        ctx.save_for_backward(logits, targets, lse)
+        ctx.temperature = temperature
+        if entropy is None:
+            return picked - lse, None
+        ctx.mark_non_differentiable(entropy)
+        return picked - lse, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logprobs, _grad_entropy):
+        logits, targets, lse = ctx.saved_tensors
+        grad = torch.empty_like(logits)  # [N, V]: d/dz (z_target - lse(z)) = onehot - softmax(z), z = logits / T
+        g = grad_logprobs.float() / ctx.temperature  # [N]
+        for i, z in _scaled_chunks(logits, ctx.temperature):
+            rows = slice(i, i + z.shape[0])
+            p = z.sub_(lse[rows, None]).exp_()  # [c, V] softmax(z), in place
+            p.mul_(-g[rows, None]).scatter_add_(-1, targets[rows, None], g[rows, None])
+            grad[rows] = p
+        return grad, None, None, None
+
+
+def token_logprobs(
+    logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, with_entropy: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """logits [N, V], targets [N] -> (log-prob of each target under softmax(logits / temperature) [N] float32, with
+    gradients; its entropy [N] float32 without, or None). Chunked over rows (see `_TokenLogProbs`)."""
+    return _TokenLogProbs.apply(logits, targets, float(temperature), with_entropy)
+
+
 def response_logprobs(model, batch: TokenBatch, temperature: float = 1.0, with_entropy: bool = False) -> LogProbs:
     """Log-probs of the response tokens of `batch`, from one grouped forward."""
     if temperature <= 0:
         raise ValueError(f"temperature={temperature} must be > 0 to define log-probs")
     logits = forward_logits(model, batch)  # [N, V]
-    z = logits.float()
-    if temperature != 1.0:
-        z = z / temperature
     targets = batch.input_ids[:, 1:][batch.predict[:, :-1]]  # [N], row-major like the kept logits
-    lse = torch.logsumexp(z, -1)  # [N]
-    flat = z.gather(-1, targets[:, None])[:, 0] - lse  # [N]
+    flat, h = token_logprobs(logits, targets, temperature, with_entropy)  # [N] each
     logprobs = torch.zeros(batch.response_mask.shape, dtype=flat.dtype, device=flat.device)
     logprobs = logprobs.masked_scatter(batch.response_mask, flat)  # [B, T]
-    entropy = None
-    if with_entropy:
-        with torch.no_grad():
-            zd = z.detach()
-            h = lse.detach() - (torch.softmax(zd, -1) * zd).sum(-1)  # [N]
-            entropy = torch.zeros_like(logprobs).masked_scatter(batch.response_mask, h)
+    entropy = None if h is None else torch.zeros_like(logprobs).masked_scatter(batch.response_mask, h)
     return LogProbs(logprobs, entropy)
 
 

@@ -282,17 +282,20 @@ class MinibatchStats:
 
 
 @torch.no_grad()
-def rollout_logprobs(model, rollouts: Rollouts, micro: list[list[int]], cfg: RLConfig, pad_id: int, dist):
+def rollout_logprobs(
+    model, rollouts: Rollouts, micro: list[list[int]], cfg: RLConfig, pad_id: int, dist, with_entropy: bool = True
+):
     """Log-probs of `model` for each row ({row: [len]}) over the micro-batches `micro` (lists of groups), and the
-    entropy summed over all response tokens."""
+    entropy summed over all response tokens (0.0 without `with_entropy`)."""
     logprobs: dict[int, torch.Tensor] = {}
     entropy = 0.0
     for groups in micro:
         rows = rollouts.group_rows(groups)
         batch = pack_rows([rollouts.rows[r] for r in rows], pad_id, dist.device)
         with autocast(dist, cfg.bf16):
-            lp, ent = response_logprobs(model, batch, cfg.temperature, with_entropy=True)
-        entropy += float(ent[batch.response_mask].sum())
+            lp, ent = response_logprobs(model, batch, cfg.temperature, with_entropy=with_entropy)
+        if ent is not None:
+            entropy += float(ent[batch.response_mask].sum())
         for b, r in enumerate(rows):
             logprobs[r] = lp[b, : len(rollouts.rows[r].response)]
     return logprobs, entropy
@@ -363,7 +366,7 @@ def update_policy(
         old, entropy = rollout_logprobs(model, rollouts, later, cfg, pad_id, dist)
     t1 = time.perf_counter()
     if ref_model is not None:
-        ref, _ = rollout_logprobs(ref_model, rollouts, first_pass, cfg, pad_id, dist)
+        ref, _ = rollout_logprobs(ref_model, rollouts, first_pass, cfg, pad_id, dist, with_entropy=False)
     t2 = time.perf_counter()
     sums = {"loss": 0.0, "clipped": 0.0, "kl": 0.0, "tokens": 0.0, "entropy": 0.0, "grad_norm": 0.0}
     sums["old_seconds"], sums["ref_seconds"] = t1 - t0, t2 - t1  # the no_grad passes (old log-probs, reference)
