@@ -127,15 +127,22 @@ class _TokenLogProbs(torch.autograd.Function):
         lse = logits.new_empty(N, dtype=torch.float32)  # [N] log-normaliser of logits / T
         picked = torch.empty_like(lse)  # [N] (logits / T) at the target
         entropy = torch.empty_like(lse) if with_entropy else None
-        buf = None  # [c, V] float32 for the entropy's p log p, allocated once
+        buf = None  # [c, V] float32 for the entropy, allocated once
         for i, z in _scaled_chunks(logits, temperature):
             rows = slice(i, i + z.shape[0])
-            lse[rows] = torch.logsumexp(z, -1)
             picked[rows] = z.gather(-1, targets[rows, None])[:, 0]
-            if with_entropy:  # -sum(p log p), log p = z - lse (z is not needed after this)
+            # logsumexp as torch.logsumexp computes it, in place (its own z - max would be a fresh [c, V] each time)
+            top = z.amax(-1)  # [c]
+            top = torch.where(top.isinf(), 0.0, top)
+            shifted = z.sub_(top[:, None])  # [c, V] z - max
+            if with_entropy:  # e = exp(z - max), s = sum e: entropy = log s - sum(e (z - max)) / s
                 buf = torch.empty_like(z) if buf is None else buf
-                logp = z.sub_(lse[rows, None])
-                entropy[rows] = -torch.exp(logp, out=buf[: z.shape[0]]).mul_(logp).sum(-1)
+                e = torch.exp(shifted, out=buf[: z.shape[0]])
+                s = e.sum(-1)
+                entropy[rows] = s.log() - e.mul_(shifted).sum(-1) / s
+            else:
+                s = shifted.exp_().sum(-1)
+            lse[rows] = s.log_().add_(top)
         ctx.save_for_backward(logits, targets, lse)
         ctx.temperature = temperature
         if entropy is None:
