@@ -2,7 +2,9 @@
 
 A grouped batch (`TokenBatch`) holds prompt + response rows, right-padded; logits are computed only where the next
 token is a response token (`logits_to_keep` as a [B, S] mask), never on the prompt or the padding. The rows of a
-Bridge group sit next to each other and share their prompt, so one forward lets them see each other.
+Bridge group sit next to each other and share their prompt, so one forward lets them see each other. Log-probs and
+entropies are taken from those logits a chunk of rows at a time (`token_logprobs`), forward and backward, so that
+no float32 copy of the [tokens, vocabulary] logits is made.
 
 Used by bridgelm.train.sft and bridgelm.train.rl; tested by tests/test_train_common.py.
 """
