@@ -175,16 +175,25 @@ def test_sampler_buffers_change_no_draw_and_are_reused(dtype, top_k):
     (groups dropped) and grows back (a new wave), and no new buffer while the batch fits."""
     g = torch.Generator().manual_seed(3)
     buffers = sampling.SamplerBuffers()
-    pointers = []
+    pointers, pairs = [], []
     for rows in [6, 6, 4, 2, 4, 8]:
         logits = (3 * torch.randn(rows, 50, generator=g)).to(dtype)
         u = torch.rand(rows, 8, generator=g)  # this step's uniforms, the same for both calls
         uniform = lambda r, attempt, u=u: u[r, attempt]  # noqa: E731
         want = sampling.sample_tokens(logits, 0.7, 0.9, top_k, uniform)
         got = sampling.sample_tokens(logits, 0.7, 0.9, top_k, uniform, buffers)
-        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+        pairs.append((got, want))
         pointers.append(buffers.probs.data_ptr())
+    for got, want in pairs:  # compared after every step: no result is a view of the reused buffers
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
     assert len(set(pointers[:5])) == 1 and pointers[5] != pointers[0]  # grown once, for 8 rows
+
+
+def test_a_row_of_nan_logits_does_not_stall_the_sampler():
+    """Diverged logits (NaN) give some token, as before the mask-free nucleus sum, instead of redrawing forever."""
+    g = torch.Generator().manual_seed(0)
+    tokens, _ = sampling.sample_tokens(torch.full((2, 50), float("nan")), 1.0, 0.9, 0, g)
+    assert tokens.shape == (2,)
 
 
 def test_sampling_follows_the_truncated_distribution():

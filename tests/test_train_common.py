@@ -213,7 +213,8 @@ def test_response_logprobs_match_grouped_logits(arch, temperature):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("temperature", [1.0, 0.6])
-def test_token_logprobs_equal_log_softmax_values_and_gradients(monkeypatch, dtype, temperature):
+@pytest.mark.parametrize("with_entropy", [True, False])
+def test_token_logprobs_equal_log_softmax_values_and_gradients(monkeypatch, dtype, temperature, with_entropy):
     """The chunked log-probs against log_softmax + gather under autograd: values, entropy and logit gradients, over
     chunks of 3 rows (the last one ragged)."""
     monkeypatch.setattr(batches, "chunk_rows", lambda vocab, device: 3)
@@ -232,13 +233,27 @@ def test_token_logprobs_equal_log_softmax_values_and_gradients(monkeypatch, dtyp
         logp = torch.log_softmax(x.float() / temperature, -1)
         return logp.gather(-1, targets[:, None])[:, 0], -(logp.exp() * logp).sum(-1).detach()
 
-    got = run(lambda x: batches.token_logprobs(x, targets, temperature, with_entropy=True))
+    got = run(lambda x: batches.token_logprobs(x, targets, temperature, with_entropy=with_entropy))
     want = run(reference)
-    assert got[2].dtype == dtype and not got[1].requires_grad
+    assert got[2].dtype == dtype
+    if with_entropy:
+        assert not got[1].requires_grad
+    else:
+        assert got[1] is None
+        got, want = (got[0], got[2]), (want[0], want[2])
     tol = 1e-5 if dtype == torch.float32 else 1e-2  # bf16: a gradient may round to the neighbouring value
     for a, b in zip(got, want):
         assert torch.allclose(a.float(), b.float(), atol=tol, rtol=tol)
-    assert batches.token_logprobs(logits, targets, temperature)[1] is None
+
+
+def test_token_logprobs_masked_vocabulary_and_bad_temperature():
+    """A logit of -inf (a vocabulary entry masked out) adds nothing to the entropy; temperature 0 is refused."""
+    logits = torch.tensor([[2.0, float("-inf"), 0.5, -1.0]])
+    lp, ent = batches.token_logprobs(logits, torch.tensor([2]), 1.0, with_entropy=True)
+    p = torch.softmax(logits[0, [0, 2, 3]], 0)
+    assert torch.allclose(ent, -(p * p.log()).sum()[None]) and torch.allclose(lp, p[1].log()[None])
+    with pytest.raises(ValueError, match="temperature=0"):
+        batches.token_logprobs(logits, torch.tensor([2]), 0)
 
 
 def test_gradient_parts_split_the_fused_projection():

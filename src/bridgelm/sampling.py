@@ -215,7 +215,7 @@ def in_nucleus(
     diff = torch.sub(sub, p_sub, out=scratch).relu_()  # [R, V]
     excess = diff.sum(-1)  # [R]: sum over the tokens above p_tok of (p - p_tok); p > p_tok exactly when p - p_tok > 0
     count = diff.sign_().sum(-1)  # [R]: how many tokens are above
-    out[rest] = excess + p_sub[:, 0] * count < top_p
+    out[rest] = ~(excess + p_sub[:, 0] * count >= top_p)  # a NaN row (diverged logits) is accepted, as ever
     return out
 
 
@@ -240,14 +240,14 @@ class SamplerBuffers:
     """Two float32 [rows, V] buffers that every step of a wave reuses (the softmax and a scratch), sliced to the
     step's rows. On CPU a fresh tensor of several MB per elementwise pass comes from fresh pages, whose faults cost
     more than the pass itself (the 30M benchmark's sampler, 64 rows x 24k: 8-10 ms a step before these buffers and
-    `in_nucleus`'s sum without a mask, 2.4 ms after; the same draws)."""
+    `in_nucleus`'s sum without a mask, 2.4 ms after; the same draws in the runs compared)."""
 
     def __init__(self):
         self.probs: torch.Tensor | None = None  # [rows, V] float32
         self.scratch: torch.Tensor | None = None  # [rows, V] float32
 
     def take(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(probs, scratch) views of [B, V] for logits [B, V]; grown only when B or V exceed the buffers."""
+        """(probs, scratch) views of [B, V] for logits [B, V]; reallocated when B grows or V or the device change."""
         B, V = logits.shape
         if (
             self.probs is None
@@ -260,6 +260,7 @@ class SamplerBuffers:
         return self.probs[:B], self.scratch[:B]
 
 
+@torch.no_grad()
 def sample_tokens(
     logits: torch.Tensor,
     temperature: float,

@@ -11,7 +11,7 @@ Used by bridgelm.train.sft and bridgelm.train.rl; tested by tests/test_train_com
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -97,13 +97,14 @@ class LogProbs(NamedTuple):
 
 
 def chunk_rows(vocab: int, device: torch.device) -> int:
-    """Rows of [rows, V] float32 that `token_logprobs` handles at a time: ~16 MB on CPU (cache-sized, and below the
-    size at which every fresh tensor comes from fresh pages), ~256 MB on an accelerator (few launches)."""
+    """Rows of [rows, V] float32 that `token_logprobs` handles at a time: ~16 MB per buffer on CPU (cache-sized, and
+    below the size at which every fresh tensor comes from fresh pages), ~256 MB on an accelerator (few launches); one
+    such buffer, two with the entropy."""
     budget = 2**22 if device.type == "cpu" else 2**26
     return max(1, budget // vocab)
 
 
-def _scaled_chunks(logits: torch.Tensor, temperature: float):
+def _scaled_chunks(logits: torch.Tensor, temperature: float) -> Iterator[tuple[int, torch.Tensor]]:
     """(start, z) over row chunks of `logits`, z = logits[chunk] / temperature in float32 [c, V]: one buffer for every
     chunk (a fresh one per chunk costs page faults worth more than the copy on CPU); z is overwritten by the next."""
     N, V = logits.shape
@@ -141,6 +142,7 @@ class _TokenLogProbs(torch.autograd.Function):
                 buf = torch.empty_like(z) if buf is None else buf
                 e = torch.exp(shifted, out=buf[: z.shape[0]])
                 s = e.sum(-1)
+                shifted.clamp_(min=torch.finfo(torch.float32).min)  # a -inf logit: e = 0 times a finite value
                 entropy[rows] = s.log() - e.mul_(shifted).sum(-1) / s
             else:
                 s = shifted.exp_().sum(-1)
@@ -153,6 +155,7 @@ class _TokenLogProbs(torch.autograd.Function):
         return picked - lse, entropy
 
     @staticmethod
+    @torch.autograd.function.once_differentiable  # in-place buffers, lse taken as given: no double backward
     def backward(ctx, grad_logprobs, _grad_entropy):
         logits, targets, lse = ctx.saved_tensors
         grad = torch.empty_like(logits)  # [N, V]: d/dz (z_target - lse(z)) = onehot - softmax(z), z = logits / T
@@ -165,18 +168,23 @@ class _TokenLogProbs(torch.autograd.Function):
         return grad, None, None, None
 
 
+def _check_temperature(temperature: float) -> None:
+    if not temperature > 0:
+        raise ValueError(f"temperature={temperature} must be > 0 to define log-probs")
+
+
 def token_logprobs(
     logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, with_entropy: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """logits [N, V], targets [N] -> (log-prob of each target under softmax(logits / temperature) [N] float32, with
     gradients; its entropy [N] float32 without, or None). Chunked over rows (see `_TokenLogProbs`)."""
+    _check_temperature(temperature)
     return _TokenLogProbs.apply(logits, targets, float(temperature), with_entropy)
 
 
 def response_logprobs(model, batch: TokenBatch, temperature: float = 1.0, with_entropy: bool = False) -> LogProbs:
     """Log-probs of the response tokens of `batch`, from one grouped forward."""
-    if temperature <= 0:
-        raise ValueError(f"temperature={temperature} must be > 0 to define log-probs")
+    _check_temperature(temperature)  # before the forward
     logits = forward_logits(model, batch)  # [N, V]
     targets = batch.input_ids[:, 1:][batch.predict[:, :-1]]  # [N], row-major like the kept logits
     flat, h = token_logprobs(logits, targets, temperature, with_entropy)  # [N] each
