@@ -263,8 +263,8 @@ def summarize(
         columns[f"pass@{k}"] = [pass_at_k(n, c, k) for n, c in zip(ns, cs)]
         k *= 2
     columns[f"g_pass@{k_g}_cov"] = [g_pass_at_k(n, c, k_g, 0.0) for n, c in zip(ns, cs)]
-    for tau in _SUMMARY_TAUS:
-        columns[f"g_pass@{k_g}_tau{_tau_key(tau)}"] = [g_pass_at_k(n, c, k_g, tau) for n, c in zip(ns, cs)]
+    for name, tau in _gpass_names(k_g).items():
+        columns[name] = [g_pass_at_k(n, c, k_g, tau) for n, c in zip(ns, cs)]
     for m in range(1, k_g + 1):
         columns[f"g_pass@{k_g}_atleast{m}"] = [prob_at_least(n, c, k_g, m) for n, c in zip(ns, cs)]
     columns[f"mg_pass@{k_g}"] = [mg_pass_at_k(n, c, k_g) for n, c in zip(ns, cs)]
