@@ -127,16 +127,12 @@ def test_trainer_forward_under_autocast_uses_it_and_keeps_gradients(monkeypatch)
     model = bridgelm.add_bridge(tiny_model())
     rows = [Row([5, 6, 7], [8, 9, 10, 2], 0), Row([5, 6, 7], [11, 2], 0), Row([9, 9], [12, 13, 14, 15, 2], 1)]
     batch = pack_rows(rows, 0)
-    grads = []
+    grads, max_keys = [], attention.MAX_KEYS
     for on in (True, False):
-        monkey = attention.MAX_KEYS if on else -1
-        old, attention.MAX_KEYS = attention.MAX_KEYS, monkey
-        try:
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                logits = forward_logits(model, batch)
-            logits.float().logsumexp(-1).sum().backward()
-        finally:
-            attention.MAX_KEYS = old
+        monkeypatch.setattr(attention, "MAX_KEYS", max_keys if on else -1)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            logits = forward_logits(model, batch)
+        logits.float().logsumexp(-1).sum().backward()
         grads.append(torch.cat([p.grad.flatten().clone() for p in model.parameters() if p.grad is not None]))
         model.zero_grad()
     assert calls == [True] * model.config.num_hidden_layers  # on: every layer; off (MAX_KEYS -1): none

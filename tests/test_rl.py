@@ -51,6 +51,11 @@ CFG = RLConfig(
 )
 
 
+# Keys of a metrics record that measure time: they differ between otherwise identical runs.
+TIMING = {"tokens_per_s", "sample_tokens_per_s", "sample_seconds", "update_seconds", "seconds"}
+TIMING |= {"old_logprob_seconds", "reference_seconds"}  # the update's no_grad passes
+
+
 def policy(blocks=True, seed=0):
     model = tiny_model(seed=seed, vocab_size=len(TOK), eos_token_id=TOK.eos_token_id, pad_token_id=TOK.pad_token_id)
     if blocks:
@@ -139,11 +144,9 @@ def test_first_minibatch_needs_no_old_logprob_pass(tmp_path, monkeypatch):
     a, b = _params(fast), _params(slow)
     for name in a:
         torch.testing.assert_close(a[name], b[name], atol=1e-6, rtol=0)
-    timing = {"tokens_per_s", "sample_tokens_per_s", "sample_seconds", "update_seconds", "seconds"}
-    timing |= {"old_logprob_seconds", "reference_seconds"}
     ra, rb = (read_records(tmp_path / d / "metrics.jsonl") for d in ("fast", "slow"))
     for x, y in zip(ra, rb):
-        for k in x.keys() - timing:
+        for k in x.keys() - TIMING:
             assert x[k] == pytest.approx(y[k], rel=1e-5, abs=1e-7), k
 
 
@@ -217,11 +220,9 @@ def test_resume_ends_with_the_same_weights(tmp_path, monkeypatch):
     assert a.keys() == b.keys()
     for name in a:
         assert torch.equal(a[name], b[name]), name
-    timing = {"tokens_per_s", "sample_tokens_per_s", "sample_seconds", "update_seconds", "seconds"}
-    timing |= {"old_logprob_seconds", "reference_seconds"}
     ra, rb = read_records(tmp_path / "a" / "metrics.jsonl"), read_records(tmp_path / "b" / "metrics.jsonl")
-    assert [{k: v for k, v in r.items() if k not in timing} for r in ra] == [
-        {k: v for k, v in r.items() if k not in timing} for r in rb
+    assert [{k: v for k, v in r.items() if k not in TIMING} for r in ra] == [
+        {k: v for k, v in r.items() if k not in TIMING} for r in rb
     ]
 
 

@@ -68,7 +68,7 @@ def setup_distributed(device: str | torch.device | None = None) -> Dist:
     NCCL on CUDA, else gloo. A process group that already exists is used as it is.
     """
     place = Dist.from_env(device)
-    if int(os.environ.get("WORLD_SIZE", "1")) == 1 and not torch_dist.is_initialized():
+    if place.world == 1 and not torch_dist.is_initialized():
         return place
     if not torch_dist.is_initialized():
         if place.device.type == "cuda":
