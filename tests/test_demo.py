@@ -1,6 +1,8 @@
 """`bridgelm demo --quick`: the whole pipeline at toy sizes, end to end, then resumed (every stage skipped)."""
 
 import json
+import shutil
+from functools import partial
 
 import pytest
 
@@ -36,7 +38,9 @@ def test_quick_demo_runs_every_stage_and_resumes(tmp_path, capsys):
         assert d["low"] <= d["mean"] <= d["high"]
     assert "foreign siblings" in text and "Departures from the paper" in text
     assert results["matmul_peak"]["fp32_tflops"] > 0
-    assert results["matmul_peak"]["stages"][:3] == ["base", "warmup", "sft bridge"]
+    ran = results["matmul_peak"]["stages"]  # in the order they finished; the base model first (it runs alone)
+    assert ran[0] == "base" and {"warmup", "sft bridge", "rl bridge seed 1", "trace"} <= set(ran)
+    assert results["matmul_peak"]["workers"] == 2 and results["matmul_peak"]["wall_s"] > 0
     # The trace: SFT blocks (step 0) and every kept RL checkpoint of Bridge seed 0 (the quick run saves at its end).
     trace = results["trace"]
     assert [p["step"] for p in trace["points"]] == [0, 3] and trace["width"] == 4
@@ -53,6 +57,17 @@ def test_quick_demo_runs_every_stage_and_resumes(tmp_path, capsys):
         "[trace]",
     ):
         assert f"{stage} done" in printed
+    assert "[rl bridge seed 0] started (output in" in printed  # the stages ran in worker processes (the default)
+    assert (out / "logs" / "rl_bridge_seed_0.log").read_text()
+    # One by one in this process, the stages of seed 0 give what the two workers gave, byte for byte (conftest pins
+    # torch to 1 thread, so this process and each worker use the same count; the base model is cached by settings).
+    alone = tmp_path / "alone"
+    shutil.copytree(out / "base", alone / "base")
+    main(["demo", "--quick", "--seeds", "1", "--workers", "1", "--out", str(alone)])
+    assert "started (output in" not in capsys.readouterr().out
+    for rel in ("eval_bridge_s0/samples.jsonl", "eval_rlvr_s0/samples.jsonl", "eval_bridge_foreign_s0/samples.jsonl"):
+        assert (alone / rel).read_bytes() == (out / rel).read_bytes(), rel
+    assert (alone / "trace.json").read_bytes() == (out / "trace.json").read_bytes()
     # a second run finds every output and redoes nothing
     main(["demo", "--quick", "--seeds", "2", "--out", str(out)])
     again = capsys.readouterr().out
@@ -84,3 +99,30 @@ def test_stage_times_keep_the_speed_of_the_invocation_that_took_them(tmp_path):
     assert set(json.loads(files[0].read_text())) == {"base", "warmup", "sft"}
     text = _peaks_text(peaks)
     assert "bf16 0.4 TFLOP/s (stages base, warmup)" in text and "bf16 0.9 TFLOP/s (stages sft)" in text
+
+
+def test_stages_run_side_by_side_after_their_inputs(tmp_path):
+    """run_all in worker processes: a stage starts once the stages it reads are done; an unknown dependency is refused
+    before anything runs; a failing stage ends the run with its own error and what waits on it never starts."""
+    from bridgelm.demo.pipeline import Job, Stages
+    from bridgelm.jsonl import write_json
+
+    stages = Stages(lambda *_: None, logs=tmp_path / "logs")
+    first, second = tmp_path / "first.json", tmp_path / "second.json"
+    with pytest.raises(RuntimeError, match="not in the list"):
+        stages.run_all([Job("x", tmp_path / "x", print, after=("nowhere",))], workers=2)
+    with pytest.raises(RuntimeError, match="wait on each other"):
+        stages.run_all(
+            [Job("a", tmp_path / "a", print, after=("b",)), Job("b", tmp_path / "b", print, after=("a",))], 2
+        )
+    jobs = [
+        Job("first", first, partial(write_json, first, {"x": 1})),
+        Job("second", second, partial(write_json, second, {"y": 2}), after=("first",)),
+    ]
+    stages.run_all(jobs, workers=2)
+    assert json.loads(second.read_text()) == {"y": 2} and set(stages.timings) == {"first", "second"}
+    later = tmp_path / "later.json"
+    jobs = [Job("bad", tmp_path / "bad", partial(json.loads, "{")), Job("later", later, print, after=("bad",))]
+    with pytest.raises(json.JSONDecodeError):
+        stages.run_all(jobs, workers=2)
+    assert not later.exists() and "bad" not in stages.timings

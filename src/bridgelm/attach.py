@@ -177,6 +177,15 @@ def add_pmatch(model: nn.Module, num_heads: int = 4, head_dim: int | None = None
     return _attach(model, _resolve(model, "pmatch", num_heads, head_dim, placement))
 
 
+def add_seeded_blocks(model: nn.Module, kind: str, seed: int, **kwargs) -> nn.Module:
+    """add_bridge / add_pmatch (`kind`) with the new weights drawn from `seed`, the global generator left as it was:
+    the same blocks on every rank, every resume and in every process, whatever ran before."""
+    add = add_bridge if kind == "bridge" else add_pmatch
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return add(model, **kwargs)
+
+
 def added_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
     """The added blocks' parameters only, by their names in `model.named_parameters()`."""
     cfg = block_config(model)

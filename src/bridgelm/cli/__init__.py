@@ -47,6 +47,9 @@ def main(argv: list[str] | None = None) -> None:
     warnings.showwarning = show_data_warning
     try:
         args.func(args)
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr)  # the trainers and the demo say what they saved
+        sys.exit(130)
     except Exception as err:
         message = user_message(err)
         if message is None:

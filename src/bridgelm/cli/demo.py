@@ -8,7 +8,7 @@ from bridgelm.cli.fields import Flag, add_fields, build, field_comments
 from bridgelm.demo.pipeline import DemoConfig
 
 # The sizes a user may set; every other one is the preset's (DemoConfig(), or DemoConfig.quick() with --quick).
-SETTABLE = ("seeds", "threads")
+SETTABLE = ("seeds", "threads", "workers")
 
 
 def _cmd_demo(args) -> None:
@@ -17,6 +17,8 @@ def _cmd_demo(args) -> None:
     cfg = build(DemoConfig, args, base=DemoConfig.quick() if args.quick else DemoConfig())
     if cfg.seeds < 1:
         raise ValueError(f"--seeds {cfg.seeds} must be >= 1")
+    if cfg.workers < 1:
+        raise ValueError(f"--workers {cfg.workers} must be >= 1")
     out = args.out or ("runs/demo-quick" if args.quick else "runs/demo")
     print(f"bridgelm demo: every stage writes under {out} (a finished stage is skipped on a re-run)")
     report = run_demo(out, cfg, quick=args.quick)

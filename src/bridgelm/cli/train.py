@@ -76,6 +76,7 @@ def _cmd_sft(args) -> None:
 
 def _cmd_rl(args) -> None:
     import bridgelm
+    from bridgelm.attach import add_seeded_blocks
     from bridgelm.dist import teardown_distributed
     from bridgelm.rng import derive_seed
     from bridgelm.train.rl import train_rl
@@ -92,13 +93,8 @@ def _cmd_rl(args) -> None:
     have = bridgelm.block_config(model)
     if args.no_blocks and have is not None:
         raise ValueError(f"--no-blocks, but {args.model} holds {have.kind} blocks; load a model without blocks")
-    if args.add:
-        import torch
-
-        add = bridgelm.add_bridge if args.add == "bridge" else bridgelm.add_pmatch
-        with torch.random.fork_rng(devices=[]):  # same blocks on every rank and on every --resume
-            torch.manual_seed(derive_seed(args.seed, "rl-blocks"))
-            add(model, num_heads=args.num_heads)
+    if args.add:  # the same blocks on every rank and on every --resume
+        add_seeded_blocks(model, args.add, derive_seed(args.seed, "rl-blocks"), num_heads=args.num_heads)
     try:
         res = train_rl(model, tokenizer, task, cfg, args.out, val_task=val_task)
         if not _main_process():

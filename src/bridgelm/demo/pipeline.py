@@ -13,23 +13,31 @@ Stages, each with the project's own functions, each writing under DIR and skippe
 
 The RL arms run over `seeds` seeds (3 by default); the arms share each seed. `--quick` runs the same stages at
 toy sizes (numbers mean nothing; it proves the pipeline). Departures from the paper's settings that a model of
-this size needs are fields of DemoConfig, listed by the report (`departures`).
+this size needs are fields of DemoConfig, listed by the report (`departures`). After the base model, stages that do
+not read each other's outputs run side by side in `workers` processes (DIR/logs/<stage>.log holds each one's output).
 """
 
 from __future__ import annotations
 
 import json
+import multiprocessing
+import os
+import signal
+import sys
 import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
 
 import torch
 
-from bridgelm.attach import add_bridge, add_pmatch, load_blocks, load_model
+from bridgelm.attach import add_seeded_blocks, load_blocks, load_model
 from bridgelm.demo.base import PRETRAIN_FILE, BaseConfig, generate, make_task, pretrain
 from bridgelm.demo.results import TITLES, RunDirs, write_demo_report
 from bridgelm.jsonl import write_json
+from bridgelm.rng import derive_seed
 from bridgelm.runs import list_checkpoints
 from bridgelm.tasks import anysum
 
@@ -72,7 +80,8 @@ class DemoConfig:
     foreign_control: bool = True  # control (b): Bridge at eval_width with groups of samples of different problems
     cold_start: bool = False  # optional arm: Bridge RL from fresh blocks, no SFT (paper Table 4)
     attn_placement: bool = False  # optional arm: Bridge blocks after attention, SFT + RL (paper App. D)
-    threads: int = 0  # torch threads (0 = leave as is)
+    threads: int = 0  # torch threads (0 = torch's default); each of the workers gets threads // workers, at least 1
+    workers: int = 2  # stages that do not wait on each other run in this many processes at once (1: one by one)
 
     @staticmethod
     def quick() -> DemoConfig:
@@ -108,33 +117,111 @@ class DemoConfig:
         )
 
 
+def _no_summary(result) -> str:
+    return ""
+
+
+@dataclass
+class Job:
+    """One stage for `Stages.run_all`."""
+
+    name: str  # the stage's name in the log, timings.json and the report
+    output: Path  # its output: the stage is skipped when this exists
+    fn: Callable[[], object]  # runs it (picklable, e.g. a partial of a module-level function, to run in a worker)
+    summary: Callable[[object], str] = _no_summary  # one line about fn's result, for the log
+    after: tuple[str, ...] = ()  # stages that must be done first
+
+
 class Stages:
-    """Runs named stages in order; a stage whose output exists is skipped. Prints a one-line summary of each.
+    """Runs named stages (one by one, or side by side in worker processes: `run_all`); a stage whose output exists is
+    skipped. Prints a one-line summary of each.
 
     Stage times are kept in `record` (a JSON file), so a re-run that skips finished stages still reports them. So is
     the machine's speed they were taken at: `peaks` (this invocation's matmul peaks) goes into `peak_record` (a JSON
     list, one entry per invocation that ran stages, with their names) as soon as this invocation runs one."""
 
     def __init__(
-        self, log=print, record: Path | None = None, peak_record: Path | None = None, peaks: dict | None = None
+        self,
+        log=print,
+        record: Path | None = None,
+        peak_record: Path | None = None,
+        peaks: dict | None = None,
+        logs: Path = Path("logs"),
     ):
         self.log = log
+        self.logs = logs  # where each stage run in a worker writes its output
+        self.start = time.perf_counter()
         self.record = record
         self.timings: dict[str, float] = json.loads(record.read_text()) if record and record.exists() else {}
         self.peak_record = peak_record
         self.peaks: list[dict] = json.loads(peak_record.read_text()) if peak_record and peak_record.exists() else []
         self.mine = {**(peaks or {}), "stages": []}  # this invocation's entry of `peaks`, added when it runs a stage
 
-    def run(self, name: str, output: Path, fn, summary=lambda result: ""):
+    def run(self, name: str, output: Path, fn, summary=_no_summary):
         if output.exists():
             self.log(f"[{name}] already done: {output}")
             return None
         t0 = time.perf_counter()
         result = fn()
-        self.time(name, time.perf_counter() - t0, ran=True)
-        text = summary(result)
-        self.log(f"[{name}] done in {self.timings[name]:.0f}s{': ' + text if text else ''} -> {output}")
+        self._finish(Job(name, output, fn, summary), result, time.perf_counter() - t0)
         return result
+
+    def run_all(self, jobs: list[Job], workers: int = 1, threads: int = 1) -> None:
+        """Run `jobs` (listed after the jobs they depend on), skipping those already done. With `workers` > 1, jobs
+        whose dependencies are done run side by side in that many spawned processes of `threads` torch threads each
+        (a 2M model is bound by per-op overhead: two 1-thread processes do ~1.5x the work of one 2-thread process);
+        each job's output goes to LOGS/<stage>.log instead of the terminal. A job's result does not depend on which
+        worker ran it or what ran beside it: every stage seeds its own random numbers."""
+        todo = []
+        for j in jobs:
+            if j.output.exists():
+                self.log(f"[{j.name}] already done: {j.output}")
+            else:
+                todo.append(j)
+        self.mine["workers"] = workers
+        if workers <= 1:
+            for j in todo:
+                self.run(j.name, j.output, j.fn, j.summary)
+            return
+        done = {j.name for j in jobs} - {j.name for j in todo}
+        unknown = sorted({a for j in jobs for a in j.after} - {j.name for j in jobs})
+        if unknown:
+            raise RuntimeError(f"stages wait on stages that are not in the list: {unknown}")
+        context = multiprocessing.get_context("spawn")  # not fork: torch's thread pools do not survive a fork
+        pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_start, initargs=(threads,))
+        running: dict = {}  # future -> (job, its log file)
+        try:
+            while todo or running:
+                for j in [j for j in todo if all(a in done for a in j.after)][: workers - len(running)]:
+                    todo.remove(j)  # submitted only when a worker is free: it starts now, in list order
+                    log = self.logs / f"{j.name.replace(' ', '_')}.log"
+                    self.log(f"[{j.name}] started (output in {log})")
+                    running[pool.submit(_timed_in_worker, j.fn, log)] = (j, log)
+                if not running:
+                    raise RuntimeError(f"stages wait on each other: {[j.name for j in todo]}")
+                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    j, log = running[future]
+                    if future.exception() is not None:
+                        self.log(f"[{j.name}] failed (its output: {log}); waiting for the stages still running")
+                        raise future.exception()
+                    del running[future]
+                    self._finish(j, *future.result())
+                    done.add(j.name)
+        except KeyboardInterrupt:
+            names = ", ".join(j.name for j, _ in running.values())
+            self.log(f"interrupted: the stages running ({names}) keep their checkpoints; a re-run resumes them")
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+            for future, (j, _) in running.items():  # those that finished meanwhile: their times are kept too
+                if future.done() and not future.cancelled() and future.exception() is None:
+                    self._finish(j, *future.result())
+
+    def _finish(self, job: Job, result, seconds: float) -> None:
+        self.time(job.name, seconds, ran=True)
+        text = job.summary(result)
+        self.log(f"[{job.name}] done in {self.timings[job.name]:.0f}s{': ' + text if text else ''} -> {job.output}")
 
     def time(self, name: str, seconds: float, ran: bool) -> None:
         """Record a stage's time; `ran`: this invocation ran it (else it was timed before, e.g. the cached base)."""
@@ -145,8 +232,41 @@ class Stages:
             if not self.mine["stages"]:
                 self.peaks.append(self.mine)
             self.mine["stages"].append(name)
+            self.mine["wall_s"] = round(time.perf_counter() - self.start, 1)
             if self.peak_record is not None:
                 write_json(self.peak_record, self.peaks)
+
+
+def _worker_start(threads: int) -> None:
+    """A worker process's setup: its torch threads, and Ctrl-C ignored between stages (an idle worker killed by it
+    would break the pool, which then kills the workers still saving their checkpoints)."""
+    torch.set_num_threads(threads)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _timed_in_worker(fn, log: Path):
+    """In a worker process: fn() with this process's stdout and stderr (file descriptors 1 and 2, so C code and
+    progress bars too) appended to `log`, and Ctrl-C raising KeyboardInterrupt (the trainers save a checkpoint on
+    it); returns (result, seconds)."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    with open(log, "a") as f:
+        os.dup2(f.fileno(), 1)
+        os.dup2(f.fileno(), 2)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            t0 = time.perf_counter()
+            result = fn()
+            return result, time.perf_counter() - t0
+        finally:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            for fd, copy in zip((1, 2), saved):
+                os.dup2(copy, fd)
+                os.close(copy)
 
 
 def _rl_config(cfg: DemoConfig, arm: str, seed: int):
@@ -240,8 +360,8 @@ def distinct_traces(path: Path) -> float:
     return sum(counts) / max(1, len(counts))
 
 
-def stage_sft(ctx: Context, kind: str):
-    """SFT warm-up of one block set, base frozen (paper 3.2)."""
+def stage_sft(ctx: Context, kind: str) -> dict:
+    """SFT warm-up of one block set, base frozen (paper 3.2); resumes an interrupted run of its folder."""
     from bridgelm.train.sft import SFTConfig, train_sft
 
     cfg = ctx.cfg
@@ -256,9 +376,11 @@ def stage_sft(ctx: Context, kind: str):
         max_length=256,
         bf16=cfg.bf16,
         progress=True,
+        resume=True,  # continue a run found in the stage's folder; start afresh when there is none
     )
     model = _with_blocks(load_model(str(ctx.base_dir)), blocks, cfg, placement)
-    return train_sft(model, ctx.tokenizer, ctx.out / "warmup.jsonl", sft_cfg, ctx.out / f"sft_{kind}")
+    result = train_sft(model, ctx.tokenizer, ctx.out / "warmup.jsonl", sft_cfg, ctx.out / f"sft_{kind}")
+    return {"best_val_ppl": result.best_val_ppl, "best_epoch": result.best_epoch, "steps": result.steps}
 
 
 def stage_rl(ctx: Context, arm: str, seed: int) -> dict:
@@ -267,7 +389,7 @@ def stage_rl(ctx: Context, arm: str, seed: int) -> dict:
 
     model = load_model(str(ctx.base_dir))
     if arm == "bridge_cold":  # paper Table 4: fresh Bridge blocks (zero output), no SFT
-        _with_blocks(model, "bridge", ctx.cfg)
+        _with_blocks(model, "bridge", ctx.cfg, seed=seed)
     elif arm != "rlvr":
         load_blocks(model, ctx.out / f"sft_{arm}" / "blocks.safetensors")
     result = train_rl(model, ctx.tokenizer, ctx.train, _rl_config(ctx.cfg, arm, seed), ctx.rl_dir(arm, seed))
@@ -345,7 +467,7 @@ def run_demo(out: str | Path, cfg: DemoConfig, quick: bool = False, log=print) -
         torch.set_num_threads(cfg.threads)
     peaks = matmul_peaks()
     log(f"this machine now: fp32 matmul {peaks['fp32_tflops']} TFLOP/s, bf16 {peaks['bf16_tflops']} TFLOP/s")
-    stages = Stages(log, out / "timings.json", out / "peaks.json", peaks)
+    stages = Stages(log, out / "timings.json", out / "peaks.json", peaks, logs=out / "logs")
     settings = {"quick": quick, **asdict(cfg)}
     write_json(out / "demo.json", settings)
 
@@ -365,52 +487,53 @@ def run_demo(out: str | Path, cfg: DemoConfig, quick: bool = False, log=print) -
         test=make_task(spec, generate(spec, cfg.eval_problems, "test", 0)),
     )
 
-    # 2. warm-up data from the base model, independent samples
-    stages.run("warmup", out / "warmup.done", lambda: _touch(out / "warmup.done", stage_warmup(ctx)), json.dumps)
-
-    # 3. SFT warm-up of the new blocks (base frozen)
-    for kind in sft_kinds(cfg):
-        stages.run(
-            f"sft {kind}",
-            out / f"sft_{kind}" / "blocks.safetensors",
-            partial(stage_sft, ctx, kind),
-            lambda r: f"best validation perplexity {r.best_val_ppl:.3f} (epoch {r.best_epoch})",
+    # 2-6: warm-up data, SFT, RL, evaluation and the trace, each job after the ones it reads
+    jobs = [Job("warmup", out / "warmup.done", partial(_recorded, out / "warmup.done", stage_warmup, ctx), json.dumps)]
+    for kind in sft_kinds(cfg):  # SFT warm-up of the new blocks (base frozen)
+        jobs.append(
+            Job(
+                f"sft {kind}",
+                out / f"sft_{kind}" / "done.json",  # blocks.safetensors appears at the first epoch's end
+                partial(_recorded, out / f"sft_{kind}" / "done.json", stage_sft, ctx, kind),
+                _sft_summary,
+                ("warmup",),
+            )
         )
-
-    # 4. RL arms: same prompts, budget, seeds and settings
-    for seed in range(cfg.seeds):
+    for seed in range(cfg.seeds):  # RL arms: same prompts, budget, seeds and settings
         for arm in rl_arms(cfg):
             done = ctx.rl_dir(arm, seed) / "done.json"
-            stages.run(
-                f"rl {arm} seed {seed}",
-                done,
-                lambda arm=arm, seed=seed, done=done: _touch(done, stage_rl(ctx, arm, seed)),
-                lambda s: f"reward {s['first_reward']:.3f} -> {s['last_reward']:.3f} over {s['steps']} steps",
+            after = () if arm in ("rlvr", "bridge_cold") else (f"sft {arm}",)
+            jobs.append(
+                Job(f"rl {arm} seed {seed}", done, partial(_recorded, done, stage_rl, ctx, arm, seed), _rl_text, after)
             )
-
-    # 5. evaluation on the held-out test split, then control (b): foreign siblings
+    # evaluation on the held-out test split, then control (b): foreign siblings
     eval_dirs: dict[tuple[str, int], Path] = {}
     for seed in range(cfg.seeds):
         for arm in ("base",) + rl_arms(cfg):
             if arm == "base" and seed > 0:
                 continue
             eval_dirs[(arm, seed)] = ctx.eval_dir(arm, seed)
-            stages.run(
-                f"eval {arm} seed {seed}",
-                eval_dirs[(arm, seed)] / "metrics.json",
-                partial(stage_eval, ctx, arm, seed),
-                partial(_eval_summary, arm=arm),
+            after = () if arm == "base" else (f"rl {arm} seed {seed}",)
+            summary = partial(_eval_summary, arm=arm)
+            jobs.append(
+                Job(
+                    f"eval {arm} seed {seed}",
+                    eval_dirs[(arm, seed)] / "metrics.json",
+                    partial(stage_eval, ctx, arm, seed),
+                    summary,
+                    after,
+                )
             )
         if cfg.foreign_control:
-            stages.run(
-                f"eval foreign siblings seed {seed}",
-                ctx.foreign_dir(seed) / "metrics.json",
-                partial(stage_eval, ctx, "bridge", seed, foreign=True),
-                partial(_eval_summary, arm="bridge"),
-            )
-
-    # 6. diagnostic: the interaction over the course of RL (Bridge, seed 0)
-    stages.run("trace", out / "trace.json", lambda: _touch(out / "trace.json", stage_trace(ctx)), _trace_summary)
+            output = ctx.foreign_dir(seed) / "metrics.json"
+            fn = partial(stage_eval, ctx, "bridge", seed, foreign=True)
+            summary = partial(_eval_summary, arm="bridge")
+            jobs.append(Job(f"eval foreign siblings seed {seed}", output, fn, summary, (f"rl bridge seed {seed}",)))
+    # diagnostic: the interaction over the course of RL (Bridge, seed 0)
+    trace = partial(_recorded, out / "trace.json", stage_trace, ctx)
+    jobs.append(Job("trace", out / "trace.json", trace, _trace_summary, (f"rl bridge seed {TRACE_SEED}",)))
+    workers = max(1, min(cfg.workers, len(jobs)))
+    stages.run_all(jobs, workers, threads=max(1, torch.get_num_threads() // workers))
 
     # 7. report
     dirs = RunDirs(
@@ -439,14 +562,32 @@ def _trace_summary(trace: dict) -> str:
     )
 
 
-def _with_blocks(model, kind: str, cfg: DemoConfig, placement: str = "ffn"):
-    add = add_bridge if kind == "bridge" else add_pmatch
-    return add(model, num_heads=cfg.block_heads, head_dim=cfg.block_head_dim, placement=placement)
+def _with_blocks(model, kind: str, cfg: DemoConfig, placement: str = "ffn", seed: int = 0):
+    """Fresh blocks of the demo's size, drawn from `seed` (not from the global generator, whose state depends on
+    what this process ran before)."""
+    return add_seeded_blocks(
+        model,
+        kind,
+        derive_seed(seed, "demo-blocks", kind, placement),
+        num_heads=cfg.block_heads,
+        head_dim=cfg.block_head_dim,
+        placement=placement,
+    )
 
 
-def _touch(path: Path, payload):
+def _recorded(path: Path, stage, *args, **kwargs):
+    """Run `stage(*args, **kwargs)` and write its (JSON) result to `path`, the mark that the stage is done."""
+    payload = stage(*args, **kwargs)
     write_json(path, payload)
     return payload
+
+
+def _sft_summary(result: dict) -> str:
+    return f"best validation perplexity {result['best_val_ppl']:.3f} (epoch {result['best_epoch']})"
+
+
+def _rl_text(s: dict) -> str:
+    return f"reward {s['first_reward']:.3f} -> {s['last_reward']:.3f} over {s['steps']} steps"
 
 
 def _rl_summary(result) -> dict:

@@ -460,9 +460,17 @@ def _peaks_text(peaks: list[dict]) -> str:
     if not peaks:
         return "not recorded"
     text = [f"fp32 {p['fp32_tflops']} TFLOP/s, bf16 {p['bf16_tflops']} TFLOP/s" for p in peaks]
-    if len(peaks) == 1:
-        return text[0]
-    return "; ".join(f"{t} (stages {', '.join(p.get('stages', []))})" for t, p in zip(text, peaks))
+    if len(peaks) > 1:
+        text = [f"{t} (stages {', '.join(p.get('stages', []))})" for t, p in zip(text, peaks)]
+    return "; ".join(t + _wall_text(p) for t, p in zip(text, peaks))
+
+
+def _wall_text(peak: dict) -> str:
+    """The wall time of the invocation that measured `peak`, and its worker processes (stages ran side by side, so
+    the stage times add up to more than the wall time)."""
+    if "wall_s" not in peak:
+        return ""
+    return f", {peak.get('workers', 1)} worker process(es), {peak['wall_s']:.0f} s wall time from start to last stage"
 
 
 def _cpus() -> int:

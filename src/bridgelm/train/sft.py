@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from bridgelm.attach import add_bridge, add_pmatch, added_parameters, block_config, load_blocks, save_blocks
+from bridgelm.attach import add_seeded_blocks, added_parameters, block_config, load_blocks, save_blocks
 from bridgelm.dist import Dist, all_reduce_sum, barrier, prepare_model, setup_distributed
 from bridgelm.jsonl import read_records, write_json
 from bridgelm.rng import derive_seed, generator
@@ -227,11 +227,9 @@ def ensure_blocks(model, cfg: SFTConfig):
         if have.kind != cfg.blocks:
             raise ValueError(f"the model already has {have.kind} blocks but blocks={cfg.blocks!r} was asked")
         return model
-    add = add_bridge if cfg.blocks == "bridge" else add_pmatch
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(derive_seed(cfg.seed, "sft-blocks"))
-        add(model, num_heads=cfg.num_heads, placement=cfg.placement)
-    return model
+    return add_seeded_blocks(
+        model, cfg.blocks, derive_seed(cfg.seed, "sft-blocks"), num_heads=cfg.num_heads, placement=cfg.placement
+    )
 
 
 def train_sft(model, tokenizer, data_path: str | os.PathLike, cfg: SFTConfig, out_dir: str | os.PathLike) -> SFTResult:
