@@ -211,7 +211,8 @@ def in_nucleus(
     if rest.numel() == len(sure):
         sub, p_sub = probs, p_tok
     else:
-        sub, p_sub, scratch = probs[rest], p_tok[rest], None
+        sub, p_sub = probs[rest], p_tok[rest]
+        scratch = None if scratch is None else scratch[: rest.numel()]  # [R, V]: its first rows
     diff = torch.sub(sub, p_sub, out=scratch).relu_()  # [R, V]
     excess = diff.sum(-1)  # [R]: sum over the tokens above p_tok of (p - p_tok); p > p_tok exactly when p - p_tok > 0
     count = diff.sign_().sum(-1)  # [R]: how many tokens are above

@@ -158,12 +158,19 @@ class Stages:
         self.mine = {**(peaks or {}), "stages": []}  # this invocation's entry of `peaks`, added when it runs a stage
 
     def run(self, name: str, output: Path, fn, summary=_no_summary):
-        if output.exists():
-            self.log(f"[{name}] already done: {output}")
-            return None
+        """One stage, in this process (skipped when `output` exists); returns fn's result (None when skipped)."""
+        job = Job(name, output, fn, summary)
+        return None if self._skip(job) else self._run_here(job)
+
+    def _skip(self, job: Job) -> bool:
+        if job.output.exists():
+            self.log(f"[{job.name}] already done: {job.output}")
+        return job.output.exists()
+
+    def _run_here(self, job: Job):
         t0 = time.perf_counter()
-        result = fn()
-        self._finish(Job(name, output, fn, summary), result, time.perf_counter() - t0)
+        result = job.fn()
+        self._finish(job, result, time.perf_counter() - t0)
         return result
 
     def run_all(self, jobs: list[Job], workers: int = 1, threads: int = 1) -> None:
@@ -172,21 +179,16 @@ class Stages:
         (a 2M model is bound by per-op overhead: two 1-thread processes do ~1.5x the work of one 2-thread process);
         each job's output goes to LOGS/<stage>.log instead of the terminal. A job's result does not depend on which
         worker ran it or what ran beside it: every stage seeds its own random numbers."""
-        todo = []
-        for j in jobs:
-            if j.output.exists():
-                self.log(f"[{j.name}] already done: {j.output}")
-            else:
-                todo.append(j)
-        self.mine["workers"] = workers
-        if workers <= 1:
-            for j in todo:
-                self.run(j.name, j.output, j.fn, j.summary)
-            return
-        done = {j.name for j in jobs} - {j.name for j in todo}
         unknown = sorted({a for j in jobs for a in j.after} - {j.name for j in jobs})
         if unknown:
             raise RuntimeError(f"stages wait on stages that are not in the list: {unknown}")
+        todo = [j for j in jobs if not self._skip(j)]
+        self.mine["workers"] = workers
+        if workers <= 1:
+            for j in todo:
+                self._run_here(j)
+            return
+        done = {j.name for j in jobs} - {j.name for j in todo}
         context = multiprocessing.get_context("spawn")  # not fork: torch's thread pools do not survive a fork
         pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_start, initargs=(threads,))
         running: dict = {}  # future -> (job, its log file)

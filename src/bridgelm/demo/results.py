@@ -459,10 +459,13 @@ def task_text(cfg) -> str:
 def _peaks_text(peaks: list[dict]) -> str:
     if not peaks:
         return "not recorded"
-    text = [f"fp32 {p['fp32_tflops']} TFLOP/s, bf16 {p['bf16_tflops']} TFLOP/s" for p in peaks]
-    if len(peaks) > 1:
-        text = [f"{t} (stages {', '.join(p.get('stages', []))})" for t, p in zip(text, peaks)]
-    return "; ".join(t + _wall_text(p) for t, p in zip(text, peaks))
+    parts = []
+    for p in peaks:
+        text = f"fp32 {p['fp32_tflops']} TFLOP/s, bf16 {p['bf16_tflops']} TFLOP/s"
+        if len(peaks) > 1:  # name the stages each invocation ran
+            text += f" (stages {', '.join(p.get('stages', []))})"
+        parts.append(text + _wall_text(p))
+    return "; ".join(parts)
 
 
 def _wall_text(peak: dict) -> str:

@@ -143,10 +143,11 @@ class _TokenLogProbs(torch.autograd.Function):
                 e = torch.exp(shifted, out=buf[: z.shape[0]])
                 s = e.sum(-1)
                 shifted.clamp_(min=torch.finfo(torch.float32).min)  # a -inf logit: e = 0 times a finite value
-                entropy[rows] = s.log() - e.mul_(shifted).sum(-1) / s
+                log_s = s.log()
+                entropy[rows] = log_s - e.mul_(shifted).sum(-1) / s
             else:
-                s = shifted.exp_().sum(-1)
-            lse[rows] = s.log_().add_(top)
+                log_s = shifted.exp_().sum(-1).log_()
+            lse[rows] = log_s.add_(top)
         ctx.save_for_backward(logits, targets, lse)
         ctx.temperature = temperature
         if entropy is None:
