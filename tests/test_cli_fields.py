@@ -22,7 +22,7 @@ COMMANDS = {
     "eval": (EvalConfig, ["--model", "m", "--out", "o"], set()),
     "sft": (SFTConfig, ["--model", "m", "--data", "d", "--out", "o"], set()),
     "rl": (RLConfig, ["--model", "m", "--task", "t", "--out", "o"], set()),
-    "demo": (DemoConfig, [], {f.name for f in dataclasses.fields(DemoConfig)} - {"seeds", "threads", "workers"}),
+    "demo": (DemoConfig, [], {f.name for f in dataclasses.fields(DemoConfig)} - {"seeds", "sft_per_seed", "threads", "workers"}),
 }
 
 

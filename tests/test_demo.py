@@ -5,6 +5,8 @@ import shutil
 from functools import partial
 
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from bridgelm.cli import main
 
@@ -39,7 +41,12 @@ def test_quick_demo_runs_every_stage_and_resumes(tmp_path, capsys):
     assert "foreign siblings" in text and "Departures from the paper" in text
     assert results["matmul_peak"]["fp32_tflops"] > 0
     ran = results["matmul_peak"]["stages"]  # in the order they finished; the base model first (it runs alone)
-    assert ran[0] == "base" and {"warmup", "sft bridge", "rl bridge seed 1", "trace"} <= set(ran)
+    assert ran[0] == "base" and {"warmup", "sft bridge seed 1", "rl bridge seed 1", "trace"} <= set(ran)
+    # Each seed warms up its own blocks (drawn from that seed), and RL seed s starts from SFT seed s.
+    blocks = [load_file(out / f"sft_bridge_s{s}" / "blocks.safetensors") for s in (0, 1)]
+    assert blocks[0].keys() == blocks[1].keys()
+    assert not any(torch.equal(blocks[0][k], blocks[1][k]) for k in blocks[0] if blocks[0][k].dim() == 2)
+    assert "[sft bridge seed 1] done" in printed and "(each: its own SFT and RL runs)" in text
     assert results["matmul_peak"]["workers"] == 2 and results["matmul_peak"]["wall_s"] > 0
     # The trace: SFT blocks (step 0) and every kept RL checkpoint of Bridge seed 0 (the quick run saves at its end).
     trace = results["trace"]
@@ -50,7 +57,7 @@ def test_quick_demo_runs_every_stage_and_resumes(tmp_path, capsys):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     for stage in (
         "[warmup]",
-        "[sft bridge]",
+        "[sft bridge seed 0]",
         "[rl bridge seed 0]",
         "[eval bridge seed 0]",
         "[eval foreign siblings seed 1]",
@@ -72,7 +79,7 @@ def test_quick_demo_runs_every_stage_and_resumes(tmp_path, capsys):
     main(["demo", "--quick", "--seeds", "2", "--out", str(out)])
     again = capsys.readouterr().out
     assert "base model: reusing" in again
-    for stage in ("[warmup]", "[sft bridge]", "[sft pmatch]", "[rl rlvr seed 1]", "[eval base seed 0]"):
+    for stage in ("[warmup]", "[sft bridge seed 1]", "[sft pmatch seed 0]", "[rl rlvr seed 1]", "[eval base seed 0]"):
         assert f"{stage} already done" in again
     # the stage times keep the machine speed measured when they were taken, not the re-run's
     assert json.loads((out / "results.json").read_text())["matmul_peaks"] == results["matmul_peaks"]

@@ -77,6 +77,8 @@ class DemoConfig:
     trace_n: int = 8  # samples per problem in the trace (a multiple of eval_width)
     gpass_k: int = 8  # G-Pass@k of the set figures (paper: 8)
     seeds: int = 3  # RL seeds per arm (the arms share each seed)
+    sft_per_seed: bool = True  # seed s of the P-Match and Bridge arms starts from its own SFT run (blocks and batch
+    # order drawn from s), so that the intervals over seeds cover the warm-up's spread too; off: one SFT run (seed 0)
     foreign_control: bool = True  # control (b): Bridge at eval_width with groups of samples of different problems
     cold_start: bool = False  # optional arm: Bridge RL from fresh blocks, no SFT (paper Table 4)
     attn_placement: bool = False  # optional arm: Bridge blocks after attention, SFT + RL (paper App. D)
@@ -315,6 +317,9 @@ class Context:
         else float32."""
         return load_model(str(path), blocks, dtype=torch.bfloat16 if self.cfg.bf16 else torch.float32)
 
+    def sft_dir(self, kind: str, seed: int) -> Path:
+        return self.out / f"sft_{kind}_s{seed}"
+
     def rl_dir(self, arm: str, seed: int) -> Path:
         return self.out / f"rl_{arm}_s{seed}"
 
@@ -362,8 +367,18 @@ def distinct_traces(path: Path) -> float:
     return sum(counts) / max(1, len(counts))
 
 
-def stage_sft(ctx: Context, kind: str) -> dict:
-    """SFT warm-up of one block set, base frozen (paper 3.2); resumes an interrupted run of its folder."""
+def sft_seeds(cfg: DemoConfig) -> tuple[int, ...]:
+    """Seeds of the SFT runs: one per RL seed, or seed 0 alone (shared by every RL seed)."""
+    return tuple(range(cfg.seeds)) if cfg.sft_per_seed else (0,)
+
+
+def sft_seed_of(cfg: DemoConfig, seed: int) -> int:
+    """The SFT run that RL seed `seed` starts from."""
+    return seed if cfg.sft_per_seed else 0
+
+
+def stage_sft(ctx: Context, kind: str, seed: int) -> dict:
+    """SFT warm-up of one block set from `seed`, base frozen (paper 3.2); resumes an interrupted run of its folder."""
     from bridgelm.train.sft import SFTConfig, train_sft
 
     cfg = ctx.cfg
@@ -379,9 +394,10 @@ def stage_sft(ctx: Context, kind: str) -> dict:
         bf16=cfg.bf16,
         progress=True,
         resume=True,  # continue a run found in the stage's folder; start afresh when there is none
+        seed=seed,  # the split, the groups and the batch order
     )
-    model = _with_blocks(load_model(str(ctx.base_dir)), blocks, cfg, placement)
-    result = train_sft(model, ctx.tokenizer, ctx.out / "warmup.jsonl", sft_cfg, ctx.out / f"sft_{kind}")
+    model = _with_blocks(load_model(str(ctx.base_dir)), blocks, cfg, placement, seed=seed)
+    result = train_sft(model, ctx.tokenizer, ctx.out / "warmup.jsonl", sft_cfg, ctx.sft_dir(kind, seed))
     return {"best_val_ppl": result.best_val_ppl, "best_epoch": result.best_epoch, "steps": result.steps}
 
 
@@ -393,7 +409,7 @@ def stage_rl(ctx: Context, arm: str, seed: int) -> dict:
     if arm == "bridge_cold":  # paper Table 4: fresh Bridge blocks (zero output), no SFT
         _with_blocks(model, "bridge", ctx.cfg, seed=seed)
     elif arm != "rlvr":
-        load_blocks(model, ctx.out / f"sft_{arm}" / "blocks.safetensors")
+        load_blocks(model, ctx.sft_dir(arm, sft_seed_of(ctx.cfg, seed)) / "blocks.safetensors")
     result = train_rl(model, ctx.tokenizer, ctx.train, _rl_config(ctx.cfg, arm, seed), ctx.rl_dir(arm, seed))
     return _rl_summary(result)
 
@@ -444,7 +460,7 @@ def stage_trace(ctx: Context, seed: int = TRACE_SEED) -> dict:
     rows = []
     for step, folder in points:
         if folder is None:
-            model = ctx.sampler(ctx.base_dir, ctx.out / "sft_bridge" / "blocks.safetensors")
+            model = ctx.sampler(ctx.base_dir, ctx.sft_dir("bridge", sft_seed_of(cfg, seed)) / "blocks.safetensors")
         else:
             model = ctx.sampler(folder)
         drawn, acc = {}, {}
@@ -491,20 +507,15 @@ def run_demo(out: str | Path, cfg: DemoConfig, quick: bool = False, log=print) -
 
     # 2-6: warm-up data, SFT, RL, evaluation and the trace, each job after the ones it reads
     jobs = [Job("warmup", out / "warmup.done", partial(_recorded, out / "warmup.done", stage_warmup, ctx), json.dumps)]
-    for kind in sft_kinds(cfg):  # SFT warm-up of the new blocks (base frozen)
-        jobs.append(
-            Job(
-                f"sft {kind}",
-                out / f"sft_{kind}" / "done.json",  # blocks.safetensors appears at the first epoch's end
-                partial(_recorded, out / f"sft_{kind}" / "done.json", stage_sft, ctx, kind),
-                _sft_summary,
-                ("warmup",),
-            )
-        )
+    for seed in sft_seeds(cfg):  # SFT warm-up of the new blocks (base frozen)
+        for kind in sft_kinds(cfg):
+            done = ctx.sft_dir(kind, seed) / "done.json"  # blocks.safetensors appears at the first epoch's end
+            fn = partial(_recorded, done, stage_sft, ctx, kind, seed)
+            jobs.append(Job(f"sft {kind} seed {seed}", done, fn, _sft_summary, ("warmup",)))
     for seed in range(cfg.seeds):  # RL arms: same prompts, budget, seeds and settings
         for arm in rl_arms(cfg):
             done = ctx.rl_dir(arm, seed) / "done.json"
-            after = () if arm in ("rlvr", "bridge_cold") else (f"sft {arm}",)
+            after = () if arm in ("rlvr", "bridge_cold") else (f"sft {arm} seed {sft_seed_of(cfg, seed)}",)
             jobs.append(
                 Job(f"rl {arm} seed {seed}", done, partial(_recorded, done, stage_rl, ctx, arm, seed), _rl_text, after)
             )

@@ -233,7 +233,8 @@ def controls_table(ctl: dict, cfg) -> str:
         f"w{w}-w1": f"Bridge w={w} − Bridge w=1 (same weights)",
         "foreign-w1": f"Bridge w={w} with foreign siblings (control b) − Bridge w=1",
     }
-    head = [f"Paired difference of accuracy, over {ctl['seeds']} seed(s)", "Mean and 95% interval"]
+    runs = "its own SFT and RL runs" if cfg.sft_per_seed else "its own RL run, one shared SFT run"
+    head = [f"Paired difference of accuracy, over {ctl['seeds']} seed(s) (each: {runs})", "Mean and 95% interval"]
     lines = [markdown_table(head, [[names[k], _diff_text(d)] for k, d in ctl["diffs"].items() if k in names])]
     if ctl["interaction"]:
         shares = [f"{100 * v:.1f}" for v in ctl["interaction"].values()]
