@@ -43,6 +43,7 @@ import transformers  # noqa: E402
 from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
 import bridgelm  # noqa: E402
+from bridgelm import packed  # noqa: E402
 from bridgelm.hardware import matmul_flops  # noqa: E402
 from bridgelm.sampling import SamplingConfig, compile_wins, encode_prompts, generate_ids  # noqa: E402
 
@@ -189,9 +190,15 @@ def run_hf(model, prompts, n, new_tokens, temperature, top_p, pad_id):
     return int((out.shape[1] - L) * out.shape[0])
 
 
-def run_engine(model, prompts, n, width, new_tokens, temperature, top_p, pad_id, compile):
+def run_engine(model, prompts, n, width, new_tokens, temperature, top_p, pad_id, compile, pack=True):
     cfg = SamplingConfig(
-        n=n, width=width, max_new_tokens=new_tokens, temperature=temperature, top_p=top_p, compile=compile
+        n=n,
+        width=width,
+        max_new_tokens=new_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        compile=compile,
+        pack_weights=pack,
     )
     res = generate_ids(model, prompts, cfg, eos_token_ids=[], pad_token_id=pad_id)
     return sum(len(s.token_ids) for r in res for s in r)
@@ -201,11 +208,11 @@ def compare(plain, bridged, prompts, args, dtype_name: str, pad_id: int, label: 
     """Interleaved repeats of (a) hf, (b) engine, (c) engine + Bridge; ratios pair by pair (rooflines: later)."""
     s = dict(temperature=args.temperature, top_p=args.top_p, pad_id=pad_id)
     n, w, T = args.n, args.width, args.new_tokens
-    compile = args.compile
+    e = dict(s, compile=args.compile, pack=args.pack)
     runs = {
         "hf_generate": lambda: run_hf(plain, prompts, n, T, **s),
-        "engine_plain": lambda: run_engine(plain, prompts, n, 1, T, compile=compile, **s),
-        "engine_bridge": lambda: run_engine(bridged, prompts, n, w, T, compile=compile, **s),
+        "engine_plain": lambda: run_engine(plain, prompts, n, 1, T, **e),
+        "engine_bridge": lambda: run_engine(bridged, prompts, n, w, T, **e),
     }
     # Warm-up: one untimed run of each at the timed size (allocator, kernels; the compiled step is compiled here,
     # for every batch-size bucket it meets). Its excess over the median run is the first-call (compile) time.
@@ -221,6 +228,7 @@ def compare(plain, bridged, prompts, args, dtype_name: str, pad_id: int, label: 
         "bridge_over_plain": [c / b for b, c in zip(tps["engine_plain"], tps["engine_bridge"])],
         "plain_over_hf": [b / a for a, b in zip(tps["hf_generate"], tps["engine_plain"])],
     }
+    auto = f"auto ({compile_wins(next(plain.parameters()).device)})"
     out = {
         "label": label,
         "dtype": dtype_name,
@@ -228,7 +236,8 @@ def compare(plain, bridged, prompts, args, dtype_name: str, pad_id: int, label: 
         "bridge_params": matmul_params(bridged) - matmul_params(plain),
         # Bridge's FLOPs per token over the plain model's: c/b cannot beat 1/this at the roofline.
         "bridge_flops_ratio": round(matmul_params(bridged) / matmul_params(plain), 4),
-        "compile": compile if compile is not None else f"auto ({compile_wins(next(plain.parameters()).device)})",
+        "compile": args.compile if args.compile is not None else auto,
+        "pack_weights": args.pack and packed.wins(plain),
     }
     for name, series in measured.items():
         q = summary(tps[name])
@@ -302,6 +311,7 @@ def main() -> None:
     ap.add_argument("--matmul-size", type=int, default=4096, help="side of the square matmul of the peak")
     ap.add_argument("--compile", dest="compile", action="store_true", default=None, help="compile the decode step")
     ap.add_argument("--no-compile", dest="compile", action="store_false", help="eager decode step")
+    ap.add_argument("--no-pack", dest="pack", action="store_false", help="the engine without packed bf16 weights")
     ap.add_argument("--smollm2", dest="smollm2", action="store_true", default=None, help="require SmolLM2")
     ap.add_argument("--no-smollm2", dest="smollm2", action="store_false", help="skip SmolLM2")
     ap.add_argument("--smollm2-prompts", type=int, default=4, help="GSM8K questions (n, width as above)")
@@ -370,7 +380,7 @@ def main() -> None:
     if args.widths:
         dtype = getattr(torch, dtypes[0])
         bridged = with_random_bridge(bench_model(dtype, layers=layers)).to(device)
-        s = dict(temperature=args.temperature, top_p=args.top_p, pad_id=0, compile=args.compile)
+        s = dict(temperature=args.temperature, top_p=args.top_p, pad_id=0, compile=args.compile, pack=args.pack)
         scaling = {}
         for w in [int(x) for x in args.widths.split(",")]:
             run_engine(bridged, prompts, args.scaling_n, w, args.new_tokens, **s)  # warm-up / compile

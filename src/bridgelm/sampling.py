@@ -33,6 +33,7 @@ Design (token ids in, token ids out; tokenizing happens in `bridgelm.generate` a
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import math
 from collections.abc import Callable, Iterator, Sequence
@@ -44,6 +45,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from bridgelm.attention import NAME as ATTENTION
 from bridgelm.attention import fast_attention
 from bridgelm.grouped import KWARG, Groups
+from bridgelm.packed import packed_linears
 
 
 @dataclass
@@ -62,6 +64,8 @@ class SamplingConfig:
     compact_fraction: float = 0.125  # drop finished groups once they are this fraction of the batch
     foreign_groups: bool = False  # control: group sample j of `width` different prompts (see "Foreign groups")
     compile: bool | None = None  # torch.compile the decode step; None: where it wins (CUDA), see compile_wins
+    pack_weights: bool = True  # pack bf16 linear weights once for oneDNN where that applies (bridgelm.packed: CPU,
+    # bf16 weights, oneDNN with bf16, a model that fits twice in memory); False: F.linear as the model has it
 
     def validate(self) -> None:
         if not isinstance(self.n, int) or self.n < 1:
@@ -666,7 +670,9 @@ def iter_generate_ids(
     pending: dict[int, list[GeneratedIds | None]] = {}
     try:
         for wave in plan_waves([len(p) for p in prompts], cfg):
-            with fast_attention(model):  # switched per wave: the model is the caller's between yields
+            # Switched per wave: the model is the caller's between yields (it may change its weights there).
+            packed = packed_linears(model) if cfg.pack_weights else contextlib.nullcontext()
+            with fast_attention(model), packed:
                 samples = _run_wave(model, prompts, wave, cfg, eos, pad_token_id, keys, stop, progress)
             at = 0
             for job in wave.jobs:

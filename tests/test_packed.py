@@ -1,0 +1,75 @@
+"""Packed oneDNN weights (bridgelm.packed) against the plain nn.Linear they replace."""
+
+import pytest
+import torch
+from conftest import randomize_blocks, tiny_model
+from torch import nn
+
+import bridgelm
+from bridgelm import packed
+from bridgelm.packed import packed_linears
+from bridgelm.sampling import SamplingConfig, generate_ids
+
+pytestmark = pytest.mark.skipif(not packed._supported(), reason="this CPU's oneDNN has no bfloat16 support")
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("shape", [(1, 48), (7, 48), (64, 48), (3, 100, 48)])
+def test_packed_linear_equals_nn_linear_bit_for_bit(bias, shape):
+    torch.manual_seed(0)
+    layer = nn.Linear(48, 200, bias=bias).to(torch.bfloat16)
+    x = torch.randn(shape).to(torch.bfloat16)
+    with torch.no_grad():
+        want = layer(x)
+        with packed_linears(layer):
+            assert "forward" in layer.__dict__  # switched
+            got = layer(x)
+    assert "forward" not in layer.__dict__  # restored
+    assert got.shape == want.shape and torch.equal(got, want)
+
+
+def test_weights_are_packed_at_entry_and_grad_takes_the_module_path():
+    torch.manual_seed(0)
+    layer = nn.Linear(32, 16).to(torch.bfloat16)
+    x = torch.randn(5, 32).to(torch.bfloat16)
+    with torch.no_grad():
+        with packed_linears(layer):
+            before = layer(x)
+        layer.weight.mul_(2)  # an RL step between two sampling calls
+        with packed_linears(layer):
+            after = layer(x)
+        assert torch.equal(after, nn.functional.linear(x, layer.weight, layer.bias))
+        assert not torch.equal(after, before)
+    with packed_linears(layer):
+        y = layer(x)  # grad enabled: the module's own forward, which autograd follows
+    assert y.requires_grad and torch.equal(y.detach(), after)
+
+
+def test_only_bf16_cpu_linears_within_the_size_limit_are_packed(monkeypatch):
+    assert not packed.wins(tiny_model())  # float32 weights: left alone
+    model = tiny_model(dtype=torch.bfloat16)
+    assert packed.wins(model)
+    monkeypatch.setattr(packed, "MAX_BYTES", 1000)
+    assert not packed.wins(model)
+    with packed_linears(model):
+        assert not any("forward" in m.__dict__ for m in model.modules())
+
+
+def test_engine_samples_the_same_with_and_without_packing(monkeypatch):
+    """Bridge at width 2, nucleus sampling: tokens and log-probs equal bit for bit."""
+    calls = []
+    forward = packed._packed_forward
+    monkeypatch.setattr(packed, "_packed_forward", lambda *a: calls.append(1) or forward(*a))
+    model = randomize_blocks(bridgelm.add_bridge(tiny_model(dtype=torch.bfloat16)), std=0.2)
+    torch.manual_seed(3)
+    prompts = [torch.randint(7, 97, (n,)).tolist() for n in (3, 6, 5)]
+    runs = []
+    for pack in (True, False):
+        cfg = SamplingConfig(n=4, width=2, max_new_tokens=12, temperature=0.8, top_p=0.9, seed=1, pack_weights=pack)
+        runs.append(generate_ids(model, prompts, cfg, [2], 0))
+        assert bool(calls) == pack  # the packed weights served the run that asked for them, and only that one
+        calls.clear()
+    assert [[(s.token_ids, s.logprobs) for s in r] for r in runs[0]] == [
+        [(s.token_ids, s.logprobs) for s in r] for r in runs[1]
+    ]
+    assert not any("forward" in m.__dict__ for m in model.modules())
