@@ -22,6 +22,7 @@ plain_over_roofline (medians) and *_iqr beside each; per dtype and per model und
     python benchmarks/generate.py --json                  # the full run (quiet machine; ~15 min on 2 CPU cores)
     python benchmarks/generate.py --quick --json          # tiny sizes: checks that everything runs (~1 min)
     python benchmarks/generate.py --no-compile --dtypes float32 --no-smollm2 --json
+    python benchmarks/generate.py --no-pack --dtypes bfloat16 --no-smollm2 --json   # without packed bf16 weights
 """
 
 from __future__ import annotations

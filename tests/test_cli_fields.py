@@ -7,7 +7,6 @@ import dataclasses
 import pytest
 
 from bridgelm.cli import build_parser, main
-from bridgelm.cli.demo import SETTABLE
 from bridgelm.cli.fields import Flag, add_fields, build, field_comments
 from bridgelm.demo.pipeline import DemoConfig
 from bridgelm.evaluate import EvalConfig
@@ -23,7 +22,11 @@ COMMANDS = {
     "eval": (EvalConfig, ["--model", "m", "--out", "o"], set()),
     "sft": (SFTConfig, ["--model", "m", "--data", "d", "--out", "o"], set()),
     "rl": (RLConfig, ["--model", "m", "--task", "t", "--out", "o"], set()),
-    "demo": (DemoConfig, [], {f.name for f in dataclasses.fields(DemoConfig)} - set(SETTABLE)),
+    "demo": (
+        DemoConfig,
+        [],
+        {f.name for f in dataclasses.fields(DemoConfig)} - {"seeds", "sft_per_seed", "threads", "workers"},
+    ),
 }
 
 

@@ -133,3 +133,23 @@ def test_stages_run_side_by_side_after_their_inputs(tmp_path):
     with pytest.raises(json.JSONDecodeError):
         stages.run_all(jobs, workers=2)
     assert not later.exists() and "bad" not in stages.timings
+
+
+def test_a_folder_of_another_sft_layout_is_refused(tmp_path):
+    """RL runs made from per-seed SFT runs (or from one shared run, or before the setting existed) are not mixed with
+    the other layout's under its label."""
+    from bridgelm.demo.pipeline import DemoConfig, check_sft_layout
+    from bridgelm.errors import UserError
+
+    per_seed, shared = DemoConfig(), DemoConfig(sft_per_seed=False)
+    (tmp_path / "demo.json").write_text(json.dumps({"sft_per_seed": True}))
+    check_sft_layout(tmp_path, shared)  # no RL run finished yet: nothing to mix
+    (tmp_path / "rl_bridge_s1").mkdir()
+    (tmp_path / "rl_bridge_s1" / "done.json").write_text("{}")
+    check_sft_layout(tmp_path, per_seed)
+    with pytest.raises(UserError, match="sft_per_seed=True, not False"):
+        check_sft_layout(tmp_path, shared)
+    (tmp_path / "demo.json").write_text(json.dumps({"seeds": 3}))  # a folder from before the setting
+    for cfg in (per_seed, shared):
+        with pytest.raises(UserError, match="from before per-seed SFT"):
+            check_sft_layout(tmp_path, cfg)

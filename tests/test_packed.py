@@ -14,10 +14,14 @@ pytestmark = pytest.mark.skipif(not packed._supported(), reason="this CPU's oneD
 
 
 @pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("shape", [(1, 48), (7, 48), (64, 48), (3, 100, 48)])
-def test_packed_linear_equals_nn_linear_bit_for_bit(bias, shape):
+@pytest.mark.parametrize(
+    "shape, out",
+    [((1, 48), 200), ((7, 48), 200), ((64, 48), 200), ((3, 100, 48), 200), ((64, 576), 1536), ((64, 1536), 576)],
+)
+def test_packed_linear_equals_nn_linear_bit_for_bit(bias, shape, out):
+    """Widths up to SmolLM2's (576 and 1536 features)."""
     torch.manual_seed(0)
-    layer = nn.Linear(48, 200, bias=bias).to(torch.bfloat16)
+    layer = nn.Linear(shape[-1], out, bias=bias).to(torch.bfloat16)
     x = torch.randn(shape).to(torch.bfloat16)
     with torch.no_grad():
         want = layer(x)
@@ -43,6 +47,14 @@ def test_weights_are_packed_at_entry_and_grad_takes_the_module_path():
     with packed_linears(layer):
         y = layer(x)  # grad enabled: the module's own forward, which autograd follows
     assert y.requires_grad and torch.equal(y.detach(), after)
+
+
+def test_an_error_inside_the_context_restores_every_module():
+    model = tiny_model(dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="stop"), packed_linears(model):
+        assert any("forward" in m.__dict__ for m in model.modules())
+        raise RuntimeError("stop")
+    assert not any("forward" in m.__dict__ for m in model.modules())
 
 
 def test_only_bf16_cpu_linears_within_the_size_limit_are_packed(monkeypatch):

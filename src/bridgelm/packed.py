@@ -68,9 +68,9 @@ def packed_linears(model: nn.Module, rows: int = 64):
             for module in model.modules():
                 if _packable(module):
                     packed = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), rows)
+                    switched.append(module)  # first: an interrupt between the two lines still restores it
                     module.forward = partial(_packed_forward, module, packed)
-                    switched.append(module)
         yield model
     finally:
         for module in switched:
-            del module.forward
+            module.__dict__.pop("forward", None)

@@ -64,8 +64,7 @@ class SamplingConfig:
     compact_fraction: float = 0.125  # drop finished groups once they are this fraction of the batch
     foreign_groups: bool = False  # control: group sample j of `width` different prompts (see "Foreign groups")
     compile: bool | None = None  # torch.compile the decode step; None: where it wins (CUDA), see compile_wins
-    pack_weights: bool = True  # pack bf16 linear weights once for oneDNN where that applies (bridgelm.packed: CPU,
-    # bf16 weights, oneDNN with bf16, a model that fits twice in memory); False: F.linear as the model has it
+    pack_weights: bool = True  # eager CPU decoding packs bf16 linear weights once per wave (bridgelm.packed)
 
     def validate(self) -> None:
         if not isinstance(self.n, int) or self.n < 1:
@@ -665,13 +664,15 @@ def iter_generate_ids(
         keys = list(range(len(prompts)))
     elif len(keys) != len(prompts):
         raise ValueError(f"keys has {len(keys)} entries: expected one per prompt ({len(prompts)})")
+    # Packed weights serve the eager step only: the compiled one would see new tensors every wave and recompile.
+    pack = cfg.pack_weights and not (compile_wins(device) if cfg.compile is None else cfg.compile)
     was_training = model.training
     model.eval()
     pending: dict[int, list[GeneratedIds | None]] = {}
     try:
         for wave in plan_waves([len(p) for p in prompts], cfg):
             # Switched per wave: the model is the caller's between yields (it may change its weights there).
-            packed = packed_linears(model) if cfg.pack_weights else contextlib.nullcontext()
+            packed = packed_linears(model) if pack else contextlib.nullcontext()
             with fast_attention(model), packed:
                 samples = _run_wave(model, prompts, wave, cfg, eos, pad_token_id, keys, stop, progress)
             at = 0

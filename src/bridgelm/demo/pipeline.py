@@ -36,6 +36,7 @@ import torch
 from bridgelm.attach import add_seeded_blocks, load_blocks, load_model
 from bridgelm.demo.base import PRETRAIN_FILE, BaseConfig, generate, make_task, pretrain
 from bridgelm.demo.results import TITLES, RunDirs, write_demo_report
+from bridgelm.errors import UserError
 from bridgelm.jsonl import write_json
 from bridgelm.rng import derive_seed
 from bridgelm.runs import list_checkpoints
@@ -77,8 +78,7 @@ class DemoConfig:
     trace_n: int = 8  # samples per problem in the trace (a multiple of eval_width)
     gpass_k: int = 8  # G-Pass@k of the set figures (paper: 8)
     seeds: int = 3  # RL seeds per arm (the arms share each seed)
-    sft_per_seed: bool = True  # seed s of the P-Match and Bridge arms starts from its own SFT run (blocks and batch
-    # order drawn from s), so that the intervals over seeds cover the warm-up's spread too; off: one SFT run (seed 0)
+    sft_per_seed: bool = True  # RL seed s of P-Match and Bridge starts from SFT seed s (off: all from SFT seed 0)
     foreign_control: bool = True  # control (b): Bridge at eval_width with groups of samples of different problems
     cold_start: bool = False  # optional arm: Bridge RL from fresh blocks, no SFT (paper Table 4)
     attn_placement: bool = False  # optional arm: Bridge blocks after attention, SFT + RL (paper App. D)
@@ -481,6 +481,7 @@ def run_demo(out: str | Path, cfg: DemoConfig, quick: bool = False, log=print) -
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    check_sft_layout(out, cfg)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     peaks = matmul_peaks()
@@ -557,6 +558,20 @@ def run_demo(out: str | Path, cfg: DemoConfig, quick: bool = False, log=print) -
     report = write_demo_report(out, cfg, dirs, stages.timings, quick, stages.peaks)
     log(f"[report] {report}")
     return report
+
+
+def check_sft_layout(out: Path, cfg: DemoConfig) -> None:
+    """Refuse a folder whose finished RL stages started from SFT runs laid out otherwise (`sft_per_seed`, or a run
+    from before it): they would be skipped and mixed with this setting's runs under its label."""
+    saved = out / "demo.json"
+    if not saved.is_file() or not any(out.glob("rl_*/done.json")):
+        return
+    before = json.loads(saved.read_text()).get("sft_per_seed", "absent (one SFT run, from before per-seed SFT)")
+    if before != cfg.sft_per_seed:
+        raise UserError(
+            f"{out} holds RL runs made with sft_per_seed={before}, not {cfg.sft_per_seed}: use another --out, or "
+            f"the setting it was made with"
+        )
 
 
 def _sampling(cfg: DemoConfig, n: int, width: int, seed: int = 0):
