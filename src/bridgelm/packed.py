@@ -40,13 +40,19 @@ def _packable(module: nn.Module) -> bool:
     )
 
 
+def _linears(model: nn.Module) -> list[nn.Linear]:
+    """The linears `packed_linears` packs: every packable one when oneDNN has bfloat16 support and they hold at
+    most MAX_BYTES of weights, else none."""
+    if not _supported():
+        return []
+    linears = [m for m in model.modules() if _packable(m)]
+    return linears if sum(m.weight.nbytes for m in linears) <= MAX_BYTES else []
+
+
 def wins(model: nn.Module) -> bool:
     """Whether `packed_linears` packs `model`: oneDNN with bfloat16 support, bfloat16 CPU linear weights, at most
     MAX_BYTES of them."""
-    if not _supported():
-        return False
-    linears = [m for m in model.modules() if _packable(m)]
-    return bool(linears) and sum(m.weight.nbytes for m in linears) <= MAX_BYTES
+    return bool(_linears(model))
 
 
 def _packed_forward(module: nn.Linear, packed: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
@@ -59,17 +65,13 @@ def _packed_forward(module: nn.Linear, packed: torch.Tensor, x: torch.Tensor) ->
 def packed_linears(model: nn.Module, rows: int = 64):
     """Within the context, every packable linear of `model` (when `wins(model)`) multiplies with a weight packed
     at entry; `rows` is oneDNN's hint of the batch rows (any count works). Restored on exit."""
-    if not wins(model):
-        yield model
-        return
     switched = []
     try:
         with torch.no_grad():
-            for module in model.modules():
-                if _packable(module):
-                    packed = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), rows)
-                    switched.append(module)  # first: an interrupt between the two lines still restores it
-                    module.forward = partial(_packed_forward, module, packed)
+            for module in _linears(model):
+                packed = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), rows)
+                switched.append(module)  # first: an interrupt between the two lines still restores it
+                module.forward = partial(_packed_forward, module, packed)
         yield model
     finally:
         for module in switched:

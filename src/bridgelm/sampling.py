@@ -406,6 +406,14 @@ def _bucket_keep(group_alive: torch.Tensor, width: int, live: int) -> torch.Tens
     return (kept[:, None] * width + torch.arange(width, device=kept.device)).reshape(-1)
 
 
+def decodes_compiled(model, cfg: SamplingConfig, device) -> bool:
+    """Whether `model` decodes with the compiled step: as `cfg.compile` asks (None: where it wins), and only when one
+    ready mask serves every layer (otherwise the model builds its masks from positions the static cache does not
+    track, and the eager step runs)."""
+    compiled = compile_wins(device) if cfg.compile is None else cfg.compile
+    return compiled and _static_mask_ok(model)
+
+
 def _full_attention_only(config) -> bool:
     """No sliding-window layers: one ready-made mask then serves every layer."""
     types = getattr(config, "layer_types", None)
@@ -523,9 +531,7 @@ def _run_wave(
     P = len(wave.jobs)
     Lmax = wave.longest
     capacity = Lmax + cfg.max_new_tokens
-    compiled = compile_wins(device) if cfg.compile is None else cfg.compile
-    if compiled and not _static_mask_ok(model):
-        compiled = False  # the model builds its own masks from positions the static cache does not track
+    compiled = decodes_compiled(model, cfg, device)
     if compiled:
         capacity = -(-capacity // CAPACITY_STEP) * CAPACITY_STEP
     lengths = torch.tensor([len(prompts[j.prompt]) for j in wave.jobs], device=device)
@@ -665,7 +671,7 @@ def iter_generate_ids(
     elif len(keys) != len(prompts):
         raise ValueError(f"keys has {len(keys)} entries: expected one per prompt ({len(prompts)})")
     # Packed weights serve the eager step only: the compiled one would see new tensors every wave and recompile.
-    pack = cfg.pack_weights and not (compile_wins(device) if cfg.compile is None else cfg.compile)
+    pack = cfg.pack_weights and not decodes_compiled(model, cfg, device)
     was_training = model.training
     model.eval()
     pending: dict[int, list[GeneratedIds | None]] = {}
