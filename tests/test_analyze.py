@@ -9,7 +9,15 @@ import torch
 from conftest import randomize_blocks, save_tiny_model_dir, tiny_model
 
 import bridgelm
-from bridgelm.analyze import block_feature_ratios, embedding_similarity, pair_similarity, rouge_l, set_similarity
+from bridgelm.analyze import (
+    block_feature_ratios,
+    embedding_similarity,
+    pair_similarity,
+    rouge_l,
+    set_nll,
+    set_similarity,
+    sibling_gain,
+)
 from bridgelm.cli import main
 
 
@@ -99,9 +107,90 @@ def test_analyze_commands(tmp_path, capsys):
     assert features["kind"] == "bridge" and features["sets"] == 2 and len(features["ratios"]) == 2
     assert all(r > 0 for r in features["ratios"]) and features["problems"] == [["toy", 2, 0], ["toy", 2, 2]]
     assert (out / "features.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    sib = tmp_path / "siblings"
+    main(["analyze", "siblings", "--model", str(tmp_path / "m"), "--run", str(run), "--out", str(sib)])
+    siblings = json.loads((sib / "siblings.json").read_text())
+    assert siblings["sets"] == 3 and siblings["responses"] == 6  # the first group (width 2) of each problem
+    assert siblings["diff"]["mean"] != 0.0 and siblings["source"] == str(run)
     main(["analyze", "similarity", str(run), "--embedding-model", ""])
     similarity = json.loads((run / "similarity.json").read_text())
     assert similarity["toy"]["2"]["problems"] == 3 and 0.0 <= similarity["toy"]["2"]["rouge_l"]["mean"] <= 1.0
     assert 0.0 <= similarity["toy"]["2"]["rouge_1"]["mean"] <= 1.0
     printed = capsys.readouterr().out
     assert "ROUGE-L" in printed and "ROUGE-1" in printed
+
+
+def _sets(vocab: int = 97):
+    g = torch.Generator().manual_seed(3)
+    prompt = torch.randint(3, vocab, (5,), generator=g).tolist()
+    responses = [torch.randint(3, vocab, (n,), generator=g).tolist() for n in (4, 6, 3)]  # ragged: rows end apart
+    return [(prompt, responses), (prompt[:3], responses[:2])]
+
+
+def _slow_set_nll(model, prompt, responses, together: bool) -> float:
+    """Reference: grouped_logits over the whole padded set, log-softmax, the response tokens picked by hand."""
+    S = max(len(prompt) + len(r) for r in responses)
+    ids = torch.zeros(len(responses), S, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for b, r in enumerate(responses):
+        ids[b, : len(prompt) + len(r)] = torch.tensor(prompt + r)
+        mask[b, : len(prompt) + len(r)] = 1
+    groups = torch.zeros(len(responses), dtype=torch.long) if together else torch.arange(len(responses))
+    with torch.no_grad():
+        logp = torch.log_softmax(bridgelm.grouped_logits(model, ids, mask, groups).double(), dim=-1)
+    nll = 0.0
+    for b, r in enumerate(responses):
+        for t, tok in enumerate(r):
+            nll -= float(logp[b, len(prompt) + t - 1, tok])
+    return nll
+
+
+def test_set_nll_against_reference_and_zero_without_cross_attention():
+    model = tiny_model(num_hidden_layers=2)
+    bridgelm.add_bridge(model)
+    sets = _sets()
+    fresh = sibling_gain(model, sets, progress=False)
+    assert fresh["diff"] == {"mean": 0.0, "low": 0.0, "high": 0.0}  # zero output projection: nothing read
+    assert fresh["tokens"] == 13 + 10 and fresh["responses"] == 5 and fresh["kind"] == "bridge"
+    randomize_blocks(model)
+    for prompt, responses in sets:
+        with_sib, alone, n = set_nll(model, prompt, responses)
+        assert n == sum(len(r) for r in responses)
+        assert with_sib == pytest.approx(_slow_set_nll(model, prompt, responses, True), rel=1e-5)
+        assert alone == pytest.approx(_slow_set_nll(model, prompt, responses, False), rel=1e-5)
+        assert abs(with_sib - alone) > 1e-3  # random Bridge blocks do read the siblings
+    gain = sibling_gain(model, sets, progress=False)
+    assert gain["diff"]["low"] <= gain["diff"]["mean"] <= gain["diff"]["high"] and gain["diff"]["mean"] != 0.0
+    pmatch = tiny_model(num_hidden_layers=2)
+    bridgelm.add_pmatch(pmatch)
+    randomize_blocks(pmatch)
+    assert sibling_gain(pmatch, sets, progress=False)["diff"]["mean"] == 0.0  # ignores the batch axis
+
+
+def test_analyze_siblings_command(tmp_path, capsys):
+    _, tok = save_tiny_model_dir(tmp_path / "m", blocks="bridge")
+    sets = _sets(len(tok))
+    warm = tmp_path / "warmup.jsonl"
+    warm.write_text(
+        "".join(
+            json.dumps({"kept": True, "prompt_ids": p, "responses": [{"token_ids": r} for r in rs]}) + "\n"
+            for p, rs in sets
+        )
+    )
+    out = tmp_path / "sib"
+    main(["analyze", "siblings", "--model", str(tmp_path / "m"), "--data", str(warm), "--out", str(out)])
+    result = json.loads((out / "siblings.json").read_text())
+    assert result["sets"] == 2 and result["tokens"] == 23 and result["source"] == str(warm)
+    assert result["kind"] == "bridge" and result["diff"]["mean"] != 0.0
+    assert "with siblings" in capsys.readouterr().out
+    big = tmp_path / "big.jsonl"
+    big.write_text(json.dumps({"kept": True, "prompt_ids": [1], "responses": [{"token_ids": [500]}] * 2}) + "\n")
+    for bad, message in (
+        ([], "give one of --run"),
+        (["--data", str(warm), "--sets", "0"], "--sets 0"),
+        (["--data", str(tmp_path / "none.jsonl")], "does not exist"),
+        (["--data", str(big)], "outside the model's vocabulary"),
+    ):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["analyze", "siblings", "--model", str(tmp_path / "m"), "--out", str(tmp_path / "o")] + bad)
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err

@@ -10,10 +10,18 @@ Design notes:
   responses without any ROUGE token (empty, or no [a-z0-9]) count as identical (1.0); rouge-score alone says 0.
   rouge-score's LCS is quadratic pure Python (about 0.2 s for a pair of 1,000-word texts): long reasoning
   traces at n=32 (496 pairs a prompt) are slow, and `--max-samples` bounds the pairs.
+- Sibling information: whether a model's blocks read anything useful from a response's siblings. For each
+  response set (an eval run's sampled set, or a warm-up problem's correct traces), the teacher-forced NLL of its
+  response tokens with the set as one group, and with every response in a group of its own (w=1), same weights.
+  The difference per token, averaged over sets with a bootstrap interval, is what the siblings are worth to the
+  model's predictions: exactly 0 for P-Match, for a model without blocks and for fresh Bridge blocks. On
+  teacher-forced correct traces (the warm-up's SFT loss) a problem's traces can only tell each other what the
+  prompt already says, so a gain near 0 there says the warm-up gives cross-sample attention nothing to learn.
 - Embedding similarity (the paper's BERTScore stands in for it) needs sentence-transformers and a model that is
   already on disk; otherwise it is skipped with the reason. Nothing is ever downloaded.
 
     bridgelm analyze features --model DIR [--blocks FILE] --run runs/x --out reports/features
+    bridgelm analyze siblings --model DIR [--blocks FILE] (--run runs/x | --data warmup.jsonl) --out reports/siblings
     bridgelm analyze similarity runs/x
 """
 
@@ -34,6 +42,7 @@ from bridgelm.evaluate import read_samples
 from bridgelm.grouped import KWARG, Groups
 from bridgelm.jsonl import write_atomic, write_json
 from bridgelm.metrics import bootstrap_ci
+from bridgelm.train.batches import Row, pack_rows, response_logprobs
 
 # Similarity measures of `set_similarity`, each an F1 from rouge-score.
 SIMILARITY_METRICS = ("rouge_l", "rouge_1")
@@ -104,6 +113,15 @@ def _pick(items: list, count: int) -> list:
     return [items[int(i)] for i in np.linspace(0, len(items) - 1, count).round()]
 
 
+def _run_sets(run_dir, sets: int, benchmark: str | None, width: int | None) -> tuple[dict, list]:
+    """A run's sampled records and `sets` of their keys (benchmark, width, index), spread evenly."""
+    records = read_samples(run_dir)
+    keys = sorted(k for k in records if (benchmark is None or k[0] == benchmark) and (width is None or k[1] == width))
+    if not keys:
+        raise ValueError(f"{run_dir} has no sampled problems for benchmark={benchmark!r}, width={width!r}")
+    return records, _pick(keys, sets)
+
+
 def run_feature_ratios(
     model,
     run_dir: str | os.PathLike,
@@ -118,11 +136,7 @@ def run_feature_ratios(
     Every sequence is its prompt ids + generated ids, cut at `max_tokens`. Returns {"ratios": [per layer],
     "kind", "sets", "tokens", "problems": [[benchmark, width, index], ...]}.
     """
-    records = read_samples(run_dir)
-    keys = sorted(k for k in records if (benchmark is None or k[0] == benchmark) and (width is None or k[1] == width))
-    if not keys:
-        raise ValueError(f"{run_dir} has no sampled problems for benchmark={benchmark!r}, width={width!r}")
-    chosen = _pick(keys, sets)
+    records, chosen = _run_sets(run_dir, sets, benchmark, width)
     device = next(model.parameters()).device
     totals, count = None, 0
     bar = None
@@ -176,6 +190,94 @@ def plot_feature_ratios(ratios: dict[str, Sequence[float]] | Sequence[float], pa
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=120)
     return write_atomic(path, buf.getvalue())
+
+
+# ---------------------------------------------------------------------------------------------- siblings
+
+
+@torch.no_grad()
+def set_nll(model, prompt_ids: Sequence[int], responses: Sequence[Sequence[int]]) -> tuple[float, float, int]:
+    """NLL (nats, summed over the response tokens) of one response set, teacher-forced: with the set as one
+    group, and with each response alone. -> (with siblings, alone, response tokens)."""
+    pad = getattr(model.config, "pad_token_id", None) or 0
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    try:
+        sums = []
+        for rows in (
+            [Row(prompt_ids, r, 0) for r in responses],  # one group: the set's responses are siblings
+            [Row(prompt_ids, r, i) for i, r in enumerate(responses)],  # a group each: w=1
+        ):
+            batch = pack_rows(rows, pad, device)
+            sums.append(-float((response_logprobs(model, batch).logprobs.double() * batch.response_mask).sum()))
+    finally:
+        model.train(was_training)
+    return sums[0], sums[1], batch.tokens
+
+
+def sibling_gain(model, sets: Sequence[tuple[Sequence[int], Sequence[Sequence[int]]]], progress: bool = True) -> dict:
+    """What siblings are worth to `model` over `sets` of (prompt ids, responses): NLL per response token with the
+    set as one group and alone, and `diff` (with - alone; negative: the siblings help), the mean over sets of
+    each set's per-token difference with its 95% bootstrap interval over sets."""
+    if not sets:
+        raise ValueError("no response sets to measure: expected at least one")
+    vocab = model.get_input_embeddings().num_embeddings
+    top = max(max(p, default=0) for p, _ in sets), max(max(t, default=0) for _, rs in sets for t in rs)
+    if max(top) >= vocab:
+        raise ValueError(
+            f"token id {max(top)} of the response sets is outside the model's vocabulary of {vocab}: "
+            "expected sets tokenized for this model"
+        )
+    together = alone = 0.0
+    tokens, per_set = 0, []
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(sets), desc="sibling NLL", unit="set")
+    try:
+        for prompt_ids, responses in sets:
+            a, b, n = set_nll(model, prompt_ids, responses)
+            together, alone, tokens = together + a, alone + b, tokens + n
+            per_set.append((a - b) / n)
+            if bar is not None:
+                bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+    low, high = bootstrap_ci(per_set)
+    cfg = block_config(model)
+    return {
+        "kind": None if cfg is None else cfg.kind,
+        "sets": len(sets),
+        "responses": sum(len(r) for _, r in sets),
+        "tokens": tokens,
+        "nll_with_siblings": together / tokens,
+        "nll_alone": alone / tokens,
+        "diff": {"mean": float(np.mean(per_set)), "low": low, "high": high},
+    }
+
+
+def run_response_sets(
+    run_dir, sets: int, benchmark: str | None = None, width: int | None = None, max_tokens: int | None = 4096
+) -> list[tuple[list[int], list[list[int]]]]:
+    """`sets` sampled response sets of an eval run, each the first group of its width (as sampled together)."""
+    records, chosen = _run_sets(run_dir, sets, benchmark, width)
+    out = []
+    for key in chosen:
+        rec = records[key]
+        room = None if max_tokens is None else max(1, max_tokens - len(rec["prompt_ids"]))
+        responses = [s["token_ids"][:room] for s in rec["samples"][: int(rec["width"])]]
+        out.append((list(rec["prompt_ids"]), [r for r in responses if r]))
+    return [(p, r) for p, r in out if r]
+
+
+def warmup_response_sets(path, sets: int) -> list[tuple[list[int], list[list[int]]]]:
+    """`sets` kept problems of a warm-up file (spread evenly), each with its correct traces."""
+    from bridgelm.train.sft import read_warmup
+
+    return [(p.prompt_ids, p.responses) for p in _pick(read_warmup(path), sets)]
 
 
 # ---------------------------------------------------------------------------------------------- similarity

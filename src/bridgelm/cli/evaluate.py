@@ -5,6 +5,7 @@ torchrun --nproc_per_node 8 -m bridgelm eval ...        (one shard per rank; ran
 bridgelm score runs/x
 bridgelm report runs/base runs/bridge --names base,bridge --out reports/x
 bridgelm analyze features --model DIR --run runs/x --out reports/features
+bridgelm analyze siblings --model DIR (--run runs/x | --data warmup.jsonl) --out reports/siblings
 bridgelm analyze similarity runs/x
 """
 
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from bridgelm.cli.common import add_model_args, check_out, dtype_of, load_model_and_tokenizer, stop_string
 from bridgelm.cli.fields import Flag, add_fields, build
+from bridgelm.errors import UserError
 from bridgelm.evaluate import EvalConfig
 
 
@@ -106,6 +108,36 @@ def _cmd_features(args) -> None:
     print(f"bridgelm analyze features: {result['kind']} ratio per layer over {result['tokens']} tokens: {ratios}")
 
 
+def _cmd_siblings(args) -> None:
+    from bridgelm.analyze import run_response_sets, sibling_gain, warmup_response_sets
+    from bridgelm.attach import load_model
+    from bridgelm.evaluate import check_run_model
+    from bridgelm.jsonl import write_json
+
+    if (args.run is None) == (args.data is None):
+        raise UserError("give one of --run (an eval run) or --data (a warm-up file)")
+    if args.sets < 1:
+        raise UserError(f"--sets {args.sets}: expected a positive number of response sets")
+    check_out(args.out, "dir")
+    if args.run is not None:
+        check_run_model(args.run, args.model, args.blocks)
+        sets = run_response_sets(args.run, args.sets, args.benchmark, args.width, args.max_tokens)
+    else:
+        sets = warmup_response_sets(args.data, args.sets)
+    model = load_model(args.model, blocks=args.blocks, dtype=dtype_of(args.dtype), device=args.device)
+    out = Path(args.out) / "siblings.json"
+    print(f"bridgelm analyze siblings: {len(sets)} response sets of {args.run or args.data} -> {out}")
+    result = sibling_gain(model, sets)
+    result.update(model=args.model, blocks=args.blocks, source=str(args.run or args.data))
+    write_json(out, result)
+    d = result["diff"]
+    print(
+        f"bridgelm analyze siblings: NLL per response token {result['nll_with_siblings']:.5f} with siblings, "
+        f"{result['nll_alone']:.5f} alone: {d['mean']:+.5f} [{d['low']:+.5f}, {d['high']:+.5f}] over "
+        f"{result['sets']} sets ({result['tokens']} tokens; negative: the siblings help)"
+    )
+
+
 def _cmd_similarity(args) -> None:
     from bridgelm.analyze import DEFAULT_EMBEDDER, run_similarity
 
@@ -180,6 +212,16 @@ def add_commands(sub) -> None:
     f.add_argument("--width", type=int, help="only samples of this width")
     f.add_argument("--max-tokens", type=int, default=4096, help="cut each sequence (prompt + response) here")
     f.set_defaults(func=_cmd_features)
+    g = asub.add_parser("siblings", help="NLL of response sets with their siblings as a group vs each alone (w=1)")
+    add_model_args(g)
+    g.add_argument("--run", help="eval run whose sampled sets are re-run (the first group of each problem)")
+    g.add_argument("--data", help="warm-up file (bridgelm warmup-data) whose kept problems' traces are the sets")
+    g.add_argument("--out", required=True, help="folder for siblings.json")
+    g.add_argument("--sets", type=int, default=64, help="response sets, spread evenly over the run or file")
+    g.add_argument("--benchmark", help="only this benchmark's problems (--run)")
+    g.add_argument("--width", type=int, help="only samples of this width (--run)")
+    g.add_argument("--max-tokens", type=int, default=4096, help="cut each sequence (prompt + response) here (--run)")
+    g.set_defaults(func=_cmd_siblings)
     s = asub.add_parser(
         "similarity", help="mean pairwise ROUGE-L and ROUGE-1 (rouge-score; and embedding cosine) within response sets"
     )
