@@ -3,6 +3,7 @@
 import json
 import shutil
 from functools import partial
+from pathlib import Path
 
 import pytest
 import torch
@@ -153,3 +154,58 @@ def test_a_folder_of_another_sft_layout_is_refused(tmp_path):
     for cfg in (per_seed, shared):
         with pytest.raises(UserError, match="from before per-seed SFT"):
             check_sft_layout(tmp_path, cfg)
+
+
+@pytest.mark.parametrize("per_seed", [True, False])
+def test_rl_seed_starts_from_its_sft_run(tmp_path, monkeypatch, per_seed):
+    """RL seed s of the P-Match and Bridge arms loads SFT seed s's blocks (seed 0's when they share one run); RLVR
+    loads none; the RL stage waits for that SFT stage."""
+    import bridgelm.train.rl
+    from bridgelm.demo import pipeline
+
+    loaded, trained = [], []
+    monkeypatch.setattr(pipeline, "load_model", lambda path: ("model", path))
+    monkeypatch.setattr(pipeline, "load_blocks", lambda model, path: loaded.append(Path(path)))
+    monkeypatch.setattr(bridgelm.train.rl, "train_rl", lambda model, tok, task, cfg, out: trained.append((cfg, out)))
+    monkeypatch.setattr(pipeline, "_rl_summary", lambda result: {})
+    cfg = pipeline.DemoConfig(sft_per_seed=per_seed)
+    ctx = pipeline.Context(out=tmp_path, cfg=cfg, base_dir=tmp_path / "base", tokenizer=None, train=None, test=None)
+    for seed in range(cfg.seeds):
+        for arm in ("rlvr", "pmatch", "bridge"):
+            pipeline.stage_rl(ctx, arm, seed)
+    expected = [
+        tmp_path / f"sft_{arm}_s{seed if per_seed else 0}" / "blocks.safetensors"
+        for seed in range(cfg.seeds)
+        for arm in ("pmatch", "bridge")
+    ]
+    assert cfg.seeds == 3 and loaded == expected
+    assert [out for _, out in trained] == [
+        tmp_path / f"rl_{a}_s{s}" for s in range(3) for a in ("rlvr", "pmatch", "bridge")
+    ]
+    assert [c.seed for c, _ in trained] == [s for s in range(3) for _ in range(3)]
+    assert pipeline.sft_seeds(cfg) == ((0, 1, 2) if per_seed else (0,))
+
+
+def test_worker_prints_data_warnings_as_one_line(capfd):
+    """A demo worker (a fresh process: the command line's warning format is not inherited) prints a DataWarning in
+    its stage log as `bridgelm demo: warning: ...`, and hands other warnings to the handler it found."""
+    import signal
+    import warnings
+
+    from bridgelm.demo.pipeline import _worker_start
+    from bridgelm.errors import DataWarning
+
+    show, handler, threads = warnings.showwarning, signal.getsignal(signal.SIGINT), torch.get_num_threads()
+    try:
+        _worker_start(1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.warn("data.jsonl repeats problems", DataWarning, stacklevel=1)
+            warnings.warn("something else", UserWarning, stacklevel=1)
+    finally:
+        warnings.showwarning = show
+        signal.signal(signal.SIGINT, handler)
+        torch.set_num_threads(threads)
+    err = capfd.readouterr().err
+    assert "bridgelm demo: warning: data.jsonl repeats problems\n" in err
+    assert "something else" not in err  # handed to the previous handler (here pytest's, which records it)

@@ -51,9 +51,17 @@ CFG = RLConfig(
 )
 
 
-# Keys of a metrics record that measure time: they differ between otherwise identical runs.
-TIMING = {"tokens_per_s", "sample_tokens_per_s", "sample_seconds", "update_seconds", "seconds"}
-TIMING |= {"old_logprob_seconds", "reference_seconds"}  # the update's no_grad passes
+# Keys of a metrics record that measure time: they differ between otherwise identical runs (old_logprob and
+# reference: the update's no_grad passes).
+TIMING = {
+    "tokens_per_s",
+    "sample_tokens_per_s",
+    "sample_seconds",
+    "update_seconds",
+    "old_logprob_seconds",
+    "reference_seconds",
+    "seconds",
+}
 
 
 def policy(blocks=True, seed=0):

@@ -30,6 +30,24 @@ class DataWarning(UserWarning):
     """Input accepted, but probably not what was meant."""
 
 
+def show_data_warnings(prog: str):
+    """From now on, `warnings` prints a DataWarning as the one line `<prog>: warning: <message>` on stderr (other
+    warnings as before). Returns the previous `warnings.showwarning`, to put back."""
+    import sys
+    import warnings
+
+    show = warnings.showwarning
+
+    def show_data_warning(message, category, *rest, **kw):
+        if issubclass(category, DataWarning):
+            print(f"{prog}: warning: {message}", file=sys.stderr)
+        else:
+            show(message, category, *rest, **kw)
+
+    warnings.showwarning = show_data_warning
+    return show
+
+
 def _raised_by_bridgelm(err: BaseException) -> bool:
     """True when the innermost frame of `err`'s traceback is bridgelm code (builtins have no frame)."""
     tb = err.__traceback__

@@ -40,7 +40,7 @@ from bridgelm.errors import UserError
 from bridgelm.jsonl import append_record, read_records, write_json
 from bridgelm.runs import RUN_FILE, check_settings
 from bridgelm.samples import check_stop_strings
-from bridgelm.sampling import Sample, SamplingConfig, encode_prompts, iter_generate
+from bridgelm.sampling import Sample, SamplingConfig, encode_prompts, iter_generate, sample_all
 from bridgelm.tasks import Task
 from bridgelm.tasks.base import check_rewards, is_correct
 
@@ -528,10 +528,7 @@ def sample_examples(
     model, tokenizer, task: Task, examples: Sequence[dict], sampling: SamplingConfig, chat: bool = False
 ) -> list[list[Sample]]:
     """`sampling.n` samples of each of `examples`, in memory: no run folder, nothing written."""
-    out: list[list[Sample]] = [[] for _ in examples]
-    for i, samples in iter_generate(model, tokenizer, [task.prompt(ex) for ex in examples], sampling, chat=chat):
-        out[i] = samples
-    return out
+    return sample_all(model, tokenizer, [task.prompt(ex) for ex in examples], sampling, chat=chat)
 
 
 def grade_samples(task: Task, examples: Sequence[dict], samples: Sequence[Sequence[Sample]]) -> list[list[bool]]:

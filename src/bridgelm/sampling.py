@@ -838,8 +838,22 @@ def generate(
         max_batch_sequences=max_batch_sequences,
         max_batch_tokens=max_batch_tokens,
     )
-    out: list[list[Sample]] = [[] for _ in prompts]
     title = "sampling" if progress else None
-    for i, samples in iter_generate(model, tokenizer, prompts, cfg, None, chat, stop_strings, eos_token_id, title):
+    return sample_all(model, tokenizer, prompts, cfg, chat, stop_strings, eos_token_id, title)
+
+
+def sample_all(
+    model,
+    tokenizer,
+    texts: Sequence[str],
+    cfg: SamplingConfig,
+    chat: bool = False,
+    stop_strings: Sequence[str] = (),
+    eos_token_id: int | Sequence[int] | None = None,
+    progress: str | Callable[[int], None] | None = None,
+) -> list[list[Sample]]:
+    """`iter_generate` collected in memory: per text, its `cfg.n` samples (nothing written)."""
+    out: list[list[Sample]] = [[] for _ in texts]
+    for i, samples in iter_generate(model, tokenizer, texts, cfg, None, chat, stop_strings, eos_token_id, progress):
         out[i] = samples
     return out

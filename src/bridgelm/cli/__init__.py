@@ -31,20 +31,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     """Run one command. Bad input ends it with `bridgelm <command>: error: ...` and exit code 2 (see
     bridgelm.errors); any other exception is a bug: it is announced as one and raised with its traceback."""
-    from bridgelm.errors import DataWarning, user_message
+    from bridgelm.errors import show_data_warnings, user_message
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     args = build_parser().parse_args(argv)
     prog = " ".join(["bridgelm", args.command, *([args.analysis] if getattr(args, "analysis", None) else [])])
-    show = warnings.showwarning
-
-    def show_data_warning(message, category, *rest, **kw):
-        if issubclass(category, DataWarning):
-            print(f"{prog}: warning: {message}", file=sys.stderr)
-        else:
-            show(message, category, *rest, **kw)
-
-    warnings.showwarning = show_data_warning
+    show = show_data_warnings(prog)
     try:
         args.func(args)
     except KeyboardInterrupt:

@@ -36,7 +36,7 @@ import torch
 from bridgelm.attach import add_seeded_blocks, load_blocks, load_model
 from bridgelm.demo.base import PRETRAIN_FILE, BaseConfig, generate, make_task, pretrain
 from bridgelm.demo.results import TITLES, RunDirs, write_demo_report
-from bridgelm.errors import UserError
+from bridgelm.errors import UserError, show_data_warnings
 from bridgelm.jsonl import write_json
 from bridgelm.rng import derive_seed
 from bridgelm.runs import list_checkpoints
@@ -243,7 +243,9 @@ class Stages:
 
 def _worker_start(threads: int) -> None:
     """A worker process's setup: its torch threads, and Ctrl-C ignored between stages (an idle worker killed by it
-    would break the pool, which then kills the workers still saving their checkpoints)."""
+    would break the pool, which then kills the workers still saving their checkpoints); data warnings printed to the
+    stage logs as one line, as the command line prints them."""
+    show_data_warnings("bridgelm demo")
     torch.set_num_threads(threads)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
