@@ -23,6 +23,10 @@ plain_over_roofline (medians) and *_iqr beside each; per dtype and per model und
     python benchmarks/generate.py --quick --json          # tiny sizes: checks that everything runs (~1 min)
     python benchmarks/generate.py --no-compile --dtypes float32 --no-smollm2 --json
     python benchmarks/generate.py --no-pack --dtypes bfloat16 --no-smollm2 --json   # without packed bf16 weights
+    python benchmarks/generate.py --dtypes bfloat16 --shapes smollm2-135m,qwen2-0.5b --json   # on a GPU
+
+Every model is also reported against its memory-bandwidth roofline (`*_over_bw_roofline`): a decode step reads
+every weight once for all rows and each row's KV cache, at the copy bandwidth measured in the same run.
 """
 
 from __future__ import annotations
@@ -45,7 +49,8 @@ from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
 import bridgelm  # noqa: E402
 from bridgelm import packed  # noqa: E402
-from bridgelm.hardware import matmul_flops  # noqa: E402
+from bridgelm.hardware import copy_bandwidth, matmul_flops  # noqa: E402
+from bridgelm.params import PRESETS  # noqa: E402
 from bridgelm.sampling import SamplingConfig, compile_wins, encode_prompts, generate_ids  # noqa: E402
 
 GSM8K_TEST = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "gsm8k" / "test.jsonl"
@@ -86,6 +91,55 @@ def bench_model(dtype: torch.dtype, seed: int = 0, layers: int = 6) -> Qwen2ForC
     return model
 
 
+# Larger shapes with random weights (`--shapes`), for GPUs: decode there is bound by memory bandwidth and launches,
+# which only models of a realistic size show. smollm2-135m is SmolLM2-135M-Instruct's configuration, for a machine
+# where its weights cannot be had (EOS is off, so the weights' values do not change the work).
+SHAPES = {
+    "smollm2-135m": (
+        "llama",
+        dict(
+            vocab_size=49152,
+            hidden_size=576,
+            intermediate_size=1536,
+            num_hidden_layers=30,
+            num_attention_heads=9,
+            num_key_value_heads=3,
+            max_position_embeddings=8192,
+            rope_theta=100000.0,
+            tie_word_embeddings=True,
+        ),
+    ),
+    "qwen2-0.5b": (
+        "qwen2",
+        dict(
+            vocab_size=151936,
+            hidden_size=896,
+            intermediate_size=4864,
+            num_hidden_layers=24,
+            num_attention_heads=14,
+            num_key_value_heads=2,
+            max_position_embeddings=32768,
+            tie_word_embeddings=True,
+        ),
+    ),
+    "ds-qwen-1.5b": PRESETS["ds-qwen-1.5b"],  # the paper's smallest model (bridgelm.params)
+}
+
+
+def shape_model(shape: str, dtype: torch.dtype, device, seed: int = 0):
+    """A model of one of SHAPES with random weights (std 0.02), built on `device` in `dtype`."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    arch, fields = SHAPES[shape]
+    config_cls, model_cls = (LlamaConfig, LlamaForCausalLM) if arch == "llama" else (Qwen2Config, Qwen2ForCausalLM)
+    cfg = config_cls(**fields, eos_token_id=None, bos_token_id=None, pad_token_id=0)
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = model_cls(cfg).to(dtype).eval()
+    model.generation_config.eos_token_id = None
+    return model
+
+
 def with_random_bridge(model, seed: int = 1):
     """Bridge blocks with non-zero weights (a fresh block's zero output projection would be free to skip)."""
     bridgelm.add_bridge(model)
@@ -93,7 +147,7 @@ def with_random_bridge(model, seed: int = 1):
     with torch.no_grad():
         for p in bridgelm.added_parameters(model).values():
             if p.dim() == 2:
-                p.copy_(0.02 * torch.randn(p.shape, generator=g))
+                p.copy_(0.02 * torch.randn(p.shape, generator=g).to(p.device))
     return model
 
 
@@ -230,11 +284,18 @@ def compare(plain, bridged, prompts, args, dtype_name: str, pad_id: int, label: 
         "plain_over_hf": [b / a for a, b in zip(tps["hf_generate"], tps["engine_plain"])],
     }
     auto = f"auto ({compile_wins(next(plain.parameters()).device)})"
+    text = plain.config.get_text_config()
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    element = next(plain.parameters()).element_size()
     out = {
         "label": label,
         "dtype": dtype_name,
         "matmul_params": matmul_params(plain),
         "bridge_params": matmul_params(bridged) - matmul_params(plain),
+        "element_bytes": element,
+        "rows": len(prompts) * n,  # sequences decoded together
+        "mean_context": round(sum(map(len, prompts)) / len(prompts) + (T - 1) / 2, 1),  # cache length, averaged
+        "kv_bytes_per_token": 2 * text.num_hidden_layers * text.num_key_value_heads * head_dim * element,
         # Bridge's FLOPs per token over the plain model's: c/b cannot beat 1/this at the roofline.
         "bridge_flops_ratio": round(matmul_params(bridged) / matmul_params(plain), 4),
         "compile": args.compile if args.compile is not None else auto,
@@ -262,16 +323,28 @@ def compare(plain, bridged, prompts, args, dtype_name: str, pad_id: int, label: 
     return out
 
 
-def add_rooflines(out: dict, peak: float) -> None:
-    """Each engine's tok/s over its compute roofline peak / (2 x matmul parameters), repeat by repeat."""
+def add_rooflines(out: dict, peak: float, bandwidth: float) -> None:
+    """Each engine's tok/s over its two rooflines, repeat by repeat.
+
+    Compute: peak / (2 x matmul parameters). Memory: a decode step reads every weight once for all `rows` and each
+    row's KV cache (mean_context tokens), so tok/s <= rows x bandwidth / (weight bytes + rows x KV bytes); the
+    prefill's share of the bytes is left out (the bound is then a little high)."""
     roof_plain = peak / (2 * out["matmul_params"])  # tok/s at the compute roofline
     roof_bridge = peak / (2 * (out["matmul_params"] + out["bridge_params"]))
+    rows, kv = out["rows"], out["rows"] * out["mean_context"] * out["kv_bytes_per_token"]
+    bw_plain = rows * bandwidth / (out["matmul_params"] * out["element_bytes"] + kv)
+    bw_bridge = rows * bandwidth / ((out["matmul_params"] + out["bridge_params"]) * out["element_bytes"] + kv)
     out["peak_tflops"] = round(peak / 1e12, 4)
+    out["copy_gb_per_s"] = round(bandwidth / 1e9, 1)
     out["roofline_tok_per_s"] = round(roof_plain, 1)
+    out["bw_roofline_tok_per_s"] = round(bw_plain, 1)
     for key, name, roof in (
         ("plain_over_roofline", "engine_plain", roof_plain),
         ("bridge_over_roofline", "engine_bridge", roof_bridge),
         ("hf_over_roofline", "hf_generate", roof_plain),
+        ("plain_over_bw_roofline", "engine_plain", bw_plain),
+        ("bridge_over_bw_roofline", "engine_bridge", bw_bridge),
+        ("hf_over_bw_roofline", "hf_generate", bw_plain),
     ):
         q = summary([r["tok_per_s"] / roof for r in out[name]["runs"]])
         out[key], out[f"{key}_iqr"], out[f"{key}_quartiles"] = q["median"], q["iqr"], [q["q25"], q["q75"]]
@@ -317,6 +390,7 @@ def main() -> None:
     ap.add_argument("--no-smollm2", dest="smollm2", action="store_false", help="skip SmolLM2")
     ap.add_argument("--smollm2-prompts", type=int, default=4, help="GSM8K questions (n, width as above)")
     ap.add_argument("--smollm2-new-tokens", type=int, default=64)
+    ap.add_argument("--shapes", default="", help=f"also random models of these shapes, comma-separated: {list(SHAPES)}")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     ap.add_argument("--quick", action="store_true", help="tiny sizes (2 layers, 2 prompts, 8 tokens, 2 repeats)")
@@ -328,6 +402,9 @@ def main() -> None:
         args.repeats, args.matmul_size, args.widths = 2, 512, ""
         args.smollm2_prompts, args.smollm2_new_tokens = 1, 4
         layers = 2
+    shapes = [x.strip() for x in args.shapes.split(",") if x.strip()]
+    if unknown := [x for x in shapes if x not in SHAPES]:
+        sys.exit(f"--shapes: unknown shape(s) {unknown}: expected some of {list(SHAPES)}")
     if args.threads:
         torch.set_num_threads(args.threads)
     transformers.utils.logging.disable_progress_bar()
@@ -341,6 +418,7 @@ def main() -> None:
     use_smollm2 = args.smollm2 is not False and missing is None
     peaks: dict[str, list[float]] = {}
     measure_peaks(peaks, args.matmul_size, device)
+    bandwidth = copy_bandwidth(device, mib=64 if args.quick else 1024)
     results = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({os.cpu_count()} cores)",
         "threads": torch.get_num_threads(),
@@ -378,6 +456,15 @@ def main() -> None:
             sub = argparse.Namespace(**{**vars(args), "new_tokens": args.smollm2_new_tokens})
             results["smollm2"][name] = compare(plain, bridged, ids, sub, name, tok.pad_token_id, "SmolLM2")
             results["smollm2"][name]["prompt_tokens"] = [len(p) for p in ids]
+    for shape in shapes:
+        section = results[f"random_{shape}"] = {}
+        for name in dtypes:
+            dtype = getattr(torch, name)
+            plain = shape_model(shape, dtype, device)
+            bridged = with_random_bridge(shape_model(shape, dtype, device))
+            ids = torch.randint(5, plain.config.vocab_size, (args.prompts, args.prompt_len), generator=g).tolist()
+            section[name] = compare(plain, bridged, ids, args, name, 0, f"random {shape}")
+            del plain, bridged
     if args.widths:
         dtype = getattr(torch, dtypes[0])
         bridged = with_random_bridge(bench_model(dtype, layers=layers)).to(device)
@@ -394,19 +481,23 @@ def main() -> None:
         results["width_scaling"] = scaling
     measure_peaks(peaks, args.matmul_size, device)
     results["peaks_tflops"] = {k: [round(v / 1e12, 4) for v in vs] for k, vs in peaks.items()}  # before, after
-    for section in ("random_30m", "smollm2"):
+    results["copy_gb_per_s"] = round(bandwidth / 1e9, 1)
+    sections = ["random_30m", "smollm2"] + [f"random_{shape}" for shape in shapes]
+    for section in sections:
         for name, out in results.get(section, {}).items():
-            add_rooflines(out, max(peaks[name]))  # the better of the two measurements around the runs
+            add_rooflines(out, max(peaks[name]), bandwidth)  # the better of the two peaks around the runs
     first = results["random_30m"][dtypes[0]]
-    for key in ("bridge_over_plain", "plain_over_hf", "plain_over_roofline"):
+    for key in ("bridge_over_plain", "plain_over_hf", "plain_over_roofline", "plain_over_bw_roofline"):
         results[key], results[f"{key}_iqr"] = first[key], first[f"{key}_iqr"]
     results["top_level_dtype"] = dtypes[0]
-    for section in ("random_30m", "smollm2"):
+    for section in sections:
         for name, out in results.get(section, {}).items():
             print(
-                f"  {out['label']} {name}: roofline {out['roofline_tok_per_s']} tok/s at {out['peak_tflops']} TFLOP/s; "
-                f"over roofline: engine {out['plain_over_roofline']}, bridge {out['bridge_over_roofline']}, "
-                f"hf {out['hf_over_roofline']}"
+                f"  {out['label']} {name}: compute roofline {out['roofline_tok_per_s']} tok/s at {out['peak_tflops']} "
+                f"TFLOP/s, bandwidth roofline {out['bw_roofline_tok_per_s']} tok/s at {out['copy_gb_per_s']} GB/s; "
+                f"over them: engine {out['plain_over_roofline']} / {out['plain_over_bw_roofline']}, "
+                f"bridge {out['bridge_over_roofline']} / {out['bridge_over_bw_roofline']}, "
+                f"hf {out['hf_over_roofline']} / {out['hf_over_bw_roofline']}"
             )
     print(
         f"bridge_over_plain = {results['bridge_over_plain']} (iqr {results['bridge_over_plain_iqr']}; goal >= 0.97), "

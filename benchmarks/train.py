@@ -107,7 +107,7 @@ def save_model_dir(path: Path, dtype: torch.dtype, layers: int | None) -> Path:
 
 def run_ours(model_dir: Path, prompts: list[str], args, out: Path, dtype) -> dict:
     tok = load_tokenizer(model_dir)
-    model = bridgelm.load_model(str(model_dir), dtype=dtype)
+    model = bridgelm.load_model(str(model_dir), dtype=dtype).to(args.device)
     cfg = RLConfig(
         steps=1 + args.repeats,
         prompts_per_step=args.prompts,
@@ -173,7 +173,7 @@ def run_trl(model_dir: Path, prompts: list[str], args, out: Path, dtype) -> dict
         warmup_steps=0.1,
         max_grad_norm=1.0,
         max_steps=args.k * (1 + args.repeats),
-        use_cpu=not torch.cuda.is_available(),
+        use_cpu=torch.device(args.device).type == "cpu",
         bf16=False,
         gradient_checkpointing=args.gradient_checkpointing,  # TRL defaults to True; ours to False
         report_to="none",
@@ -209,7 +209,7 @@ def write_sft_data(path: Path, problems: int, prompt_len: int, response_len: int
 
 
 def run_sft(model_dir: Path, args, out: Path, dtype) -> dict:
-    model = bridgelm.load_model(str(model_dir), dtype=dtype)
+    model = bridgelm.load_model(str(model_dir), dtype=dtype).to(args.device)
     data = out.parent / "sft_data.jsonl"
     write_sft_data(data, args.sft_problems, args.prompt_len, args.new_tokens)
     cfg = SFTConfig(epochs=1, batch_groups=8, micro_batch_groups=8, val_count=0, save_every=0, progress=False, lr=2e-5)
@@ -227,7 +227,7 @@ def run_sft(model_dir: Path, args, out: Path, dtype) -> dict:
     attention = 2 * L * S * D  # causal QK^T and AV, per token, forward (half of 4*L*S*D)
     forward = (2 * body + attention) * total + 2 * V * D * resp
     flops = 2 * forward + 2 * blocks * total  # + activation gradients, + block weight gradients
-    peak = matmul_flops(torch.bfloat16, args.matmul_size)
+    peak = matmul_flops(torch.bfloat16, args.matmul_size, device=args.device)
     return {
         "tokens_per_s": round(total / seconds, 1),
         "response_tokens_per_s": round(resp / seconds, 1),
@@ -255,6 +255,7 @@ def main() -> None:
     ap.add_argument("--gradient-checkpointing", action="store_true", help="in both trainers (default: off in both)")
     ap.add_argument("--skip-trl", action="store_true")
     ap.add_argument("--quick", action="store_true", help="tiny settings (2 layers, 2 prompts, 8 tokens)")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     args = ap.parse_args()
     layers = None
@@ -266,6 +267,7 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     results = {
+        "device": torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else "cpu",
         "dtype": args.dtype,
         "threads": torch.get_num_threads(),
         "setting": {k: getattr(args, k) for k in ("prompts", "rollouts", "width", "k", "new_tokens", "prompt_len")},

@@ -380,3 +380,41 @@ def test_bucket_compaction_keeps_live_groups_first_in_order():
     rows = sampling._bucket_keep(alive, 2, 2)
     assert rows.tolist() == [0, 1, 2, 3, 4, 5, 8, 9]  # groups 0, 1, 2, 4: live 1 and 4, padded with 0 and 2
     assert sampling._bucket_keep(torch.tensor([True, True, False, True]), 2, 3) is None  # 3 live do not fit in 2
+
+
+@pytest.mark.parametrize("top_p", [0.9, 0.02])  # 0.02 on flat rows: many rows need more than the deferred rounds
+def test_deferred_draws_equal_sample_tokens(top_p):
+    """The GPU's sync-free sampler (all rows, DEFERRED_ROUNDS attempts, then the rare rest) draws what
+    `sample_tokens` draws, with the same uniforms."""
+    g = torch.Generator().manual_seed(4)
+    logits = torch.randn(64, 50, generator=g) * torch.linspace(0.1, 4, 64)[:, None]  # flat to peaked rows
+    table = torch.rand(64, 1000, generator=g)  # uniform of (row, attempt)
+    uniform = lambda rows, attempt: table[rows, attempt]  # noqa: E731
+    want_tok, want_lp = sampling.sample_tokens(logits, 0.8, top_p, 0, uniform)
+    tok, lp, unsure = sampling.sample_tokens_deferred(logits, 0.8, top_p, uniform)
+    assert (unsure.sum() > 0) == (top_p < 0.1)
+    tok, lp = sampling.finish_deferred(logits, tok, unsure, 0.8, top_p, uniform)
+    assert torch.equal(tok, want_tok)
+    torch.testing.assert_close(lp, want_lp, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("top_p", [0.9, 0.05])
+def test_engine_with_deferred_draws_gives_the_same_samples(monkeypatch, top_p):
+    """The engine's GPU path (deferred draws, one sync per step, a step redone when rows were unsure) forced on
+    the CPU: the same samples as the CPU path."""
+    model = randomize_blocks(bridgelm.add_bridge(tiny_model()), std=0.2)
+    torch.manual_seed(3)
+    prompts = [torch.randint(7, 97, (n,)).tolist() for n in (4, 7, 2)]
+    cfg = SamplingConfig(n=4, width=2, max_new_tokens=16, temperature=1.5, top_p=top_p, seed=6)
+    want = generate_ids(model, prompts, cfg, EOS, 0)
+    calls = []
+    real = sampling.finish_deferred
+    monkeypatch.setattr(sampling, "defers_draws", lambda device, cfg: True)
+    monkeypatch.setattr(sampling, "finish_deferred", lambda *a: calls.append(1) or real(*a))
+    got = generate_ids(model, prompts, cfg, EOS, 0)
+    assert [[s.token_ids for s in r] for r in got] == [[s.token_ids for s in r] for r in want]
+    assert [[s.finished for s in r] for r in got] == [[s.finished for s in r] for r in want]
+    for r, w in zip(got, want):
+        for a, b in zip(r, w):
+            torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), rtol=0, atol=1e-6)
+    assert bool(calls) == (top_p < 0.1)  # the rare path ran (and only) where rows were unsure

@@ -154,10 +154,11 @@ def _attach(model: nn.Module, cfg: BlockConfig) -> nn.Module:
     default_eps = getattr(text_cfg, "rms_norm_eps", 1e-6)
     for layer in layers:
         ref = next(p for p in layer.parameters() if p.is_floating_point())
-        with torch.device(ref.device):
+        # Drawn on the CPU, then moved: a seed gives the same blocks whatever device the model is on.
+        with torch.device("cpu"):
             norm = _new_norm(layer.post_attention_layernorm, hidden, default_eps)
             block = make_block(cfg, hidden, norm, init_std)
-        block.to(dtype=ref.dtype)
+        block.to(device=ref.device, dtype=ref.dtype)
         block.requires_grad_(any(p.requires_grad for p in layer.parameters()))
         layer.add_module(cfg.kind, block)
         layer.__class__ = _swapped_class(type(layer), cfg.kind, cfg.placement)
@@ -182,7 +183,7 @@ def add_seeded_blocks(model: nn.Module, kind: str, seed: int, **kwargs) -> nn.Mo
     the same blocks on every rank, every resume and in every process, whatever ran before."""
     add = add_bridge if kind == "bridge" else add_pmatch
     with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
+        torch.default_generator.manual_seed(seed)  # the CPU generator alone: blocks are drawn on the CPU
         return add(model, **kwargs)
 
 

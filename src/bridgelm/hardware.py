@@ -28,6 +28,23 @@ def matmul_flops(dtype: torch.dtype = torch.float32, n: int = 1024, repeats: int
     return 2 * n**3 / best
 
 
+def copy_bandwidth(device="cpu", mib: int = 1024, repeats: int = 5) -> float:
+    """Bytes/s of a large tensor copy on `device`, counting bytes read plus bytes written (best of `repeats`)."""
+    src = torch.randn(mib * 2**18, device=device)  # mib MiB of float32
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    best = float("inf")
+    for _ in range(repeats):
+        if src.is_cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        if src.is_cuda:
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t0)
+    return 2 * src.numel() * src.element_size() / best
+
+
 def matmul_peaks(n: int = 1024) -> dict[str, float]:
     """{"fp32_tflops", "bf16_tflops"} of this machine, now."""
     return {

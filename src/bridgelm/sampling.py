@@ -194,7 +194,11 @@ NUCLEUS_MARGIN = 1e-4
 
 
 def in_nucleus(
-    probs: torch.Tensor, tokens: torch.Tensor, top_p: float, scratch: torch.Tensor | None = None
+    probs: torch.Tensor,
+    tokens: torch.Tensor,
+    top_p: float,
+    scratch: torch.Tensor | None = None,
+    all_rows: bool = False,
 ) -> torch.Tensor:
     """Whether each token is in its row's top-p nucleus. probs [B, V] (rows sum to 1), tokens [B] -> [B] bool.
 
@@ -203,10 +207,15 @@ def in_nucleus(
     pass over the vocabulary at all: the mass above a token is at most 1 - p(token), so a token more probable than
     1 - top_p (with a margin for rounding) is in the nucleus. Only the other rows sum the mass above their token,
     as sum(relu(p - p_tok)) + p_tok x #{p > p_tok} (elementwise passes that vectorise; a boolean mask and `where`
-    cost 5-7x more on CPU). `scratch` ([B, V] float, optional) receives the differences.
+    cost 5-7x more on CPU). `scratch` ([B, V] float, optional) receives the differences. `all_rows`: sum every
+    row, with no host sync (on a GPU a pass over all rows costs less than a sync); the same answers.
     """
     p_tok = probs.gather(-1, tokens[:, None])  # [B, 1]
     sure = p_tok[:, 0] > (1.0 - top_p) + NUCLEUS_MARGIN  # [B]
+    if all_rows:
+        diff = torch.sub(probs, p_tok, out=scratch).relu_()  # [B, V]
+        excess, count = diff.sum(-1), diff.sign_().sum(-1)
+        return sure | ~(excess + p_tok[:, 0] * count >= top_p)
     rest = torch.nonzero(~sure)[:, 0]  # [R] rows that need the sum (the one host sync)
     if rest.numel() == 0:
         return sure
@@ -308,6 +317,72 @@ def sample_tokens(
     return tokens, full.gather(-1, tokens[:, None])[:, 0].log()
 
 
+DEFERRED_ROUNDS = 4  # draws per row per step made without a host sync by `sample_tokens_deferred`
+
+
+def _deferred_draws(
+    logits: torch.Tensor, u: torch.Tensor, temperature: float, top_p: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """logits [B, V], u [B, DEFERRED_ROUNDS] uniforms -> (tokens [B], logprobs [B], unsure [B]); no host sync."""
+    probs = torch.softmax(logits.float() / temperature, -1)  # [B, V], the values `sample_tokens` computes
+    cdf = torch.cumsum(probs, -1)  # [B, V], kept for every attempt
+    total = cdf[:, -1:]
+
+    def draw(attempt: int) -> torch.Tensor:
+        target = u[:, attempt : attempt + 1].to(cdf.dtype) * total
+        return torch.searchsorted(cdf, target, right=True)[:, 0].clamp(max=probs.shape[-1] - 1)
+
+    tokens = draw(0)
+    ok = torch.ones_like(tokens, dtype=torch.bool)
+    if top_p < 1.0:
+        ok = in_nucleus(probs, tokens, top_p, all_rows=True)
+        for attempt in range(1, DEFERRED_ROUNDS):
+            tokens = torch.where(ok, tokens, draw(attempt))
+            ok = ok | in_nucleus(probs, tokens, top_p, all_rows=True)
+    return tokens, probs.gather(-1, tokens[:, None])[:, 0].log(), ~ok
+
+
+@torch.no_grad()
+def sample_tokens_deferred(
+    logits: torch.Tensor, temperature: float, top_p: float, uniform: Uniform
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`sample_tokens` (temperature > 0, no top-k) without a host sync, for GPUs: the same draws.
+
+    Attempts 0..DEFERRED_ROUNDS-1 of every row are made on all rows at once (one CDF, then one search and one
+    nucleus test per attempt); a row keeps its first accepted draw, as in `sample_tokens`. -> (tokens [B],
+    logprobs [B], unsure [B] bool): rows with no accepted draw yet (about (1 - top_p)^DEFERRED_ROUNDS of them at
+    most), which `finish_deferred` completes once the caller has synced. (Not compiled: a second CUDA-graph
+    function between decode steps overwrites the decode graph's outputs, and inductor of torch 2.11 fails to
+    generate the split cumsum of a [64, 24000] row block.)
+    """
+    every = torch.arange(logits.shape[0], device=logits.device)
+    rounds = getattr(uniform, "rounds", None)
+    u = rounds(every) if rounds else torch.stack([uniform(every, a) for a in range(DEFERRED_ROUNDS)], -1)
+    return _deferred_draws(logits, u, temperature, top_p)
+
+
+def defers_draws(device, cfg: SamplingConfig) -> bool:
+    """Whether the engine draws with `sample_tokens_deferred`: on a GPU, where a host sync in the middle of a step
+    leaves the GPU idle while the host queues the rest of the step's kernels one by one. On the CPU, syncs are
+    free and the extra nucleus passes are not."""
+    return torch.device(device).type == "cuda" and cfg.temperature > 0 and not cfg.top_k
+
+
+def finish_deferred(
+    logits: torch.Tensor, tokens: torch.Tensor, unsure: torch.Tensor, temperature: float, top_p: float, uniform: Uniform
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Complete `sample_tokens_deferred`'s unsure rows with attempts DEFERRED_ROUNDS, ... (host syncs; rare).
+    -> (tokens [B], logprobs [B])."""
+    probs = torch.softmax(logits.float() / temperature, -1)
+    tokens, ok = tokens.clone(), ~unsure
+    attempt = DEFERRED_ROUNDS - 1
+    while (redo := torch.nonzero(~ok)[:, 0]).numel():
+        attempt += 1
+        tokens[redo] = _draw(probs[redo], uniform(redo, attempt))
+        ok[redo] = in_nucleus(probs[redo], tokens[redo], top_p)
+    return tokens, probs.gather(-1, tokens[:, None])[:, 0].log()
+
+
 def _stream_seed(*keys) -> int:
     digest = hashlib.sha256(repr(keys).encode()).digest()
     return int.from_bytes(digest[:8], "little") & (2**63 - 1)
@@ -321,7 +396,7 @@ class SampleRandomness:
     drawn once per prompt; the rare later attempts from a generator seeded with the full coordinates.
     """
 
-    ROUNDS = 4
+    ROUNDS = DEFERRED_ROUNDS  # table attempts per step; the GPU sampler makes them all at once
 
     def __init__(self, seed: int, jobs: Sequence[_Job], keys: Sequence, n: int, steps: int, device):
         parts, self.coords = [], []
@@ -336,6 +411,10 @@ class SampleRandomness:
         self.seed = seed
         self.rows = None  # [B'] wave row of each batch row, set every step
         self.step = 0
+
+    def rounds(self, batch_rows: torch.Tensor) -> torch.Tensor:
+        """The uniforms of attempts 0..ROUNDS-1 of the current step: [len(batch_rows), ROUNDS], one gather."""
+        return self.table[self.rows[batch_rows], self.step]
 
     def __call__(self, batch_rows: torch.Tensor, attempt: int) -> torch.Tensor:
         rows = self.rows[batch_rows]
@@ -579,28 +658,49 @@ def _run_wave(
     rand, buffers = None, SamplerBuffers()
     if cfg.temperature > 0:
         rand = SampleRandomness(cfg.seed, wave.jobs, keys, cfg.n, cfg.max_new_tokens, device)
-    step = 0
-    while True:
-        if rand is not None:
-            rand.rows, rand.step = rows, step
-        tok, lp = sample_tokens(logits, cfg.temperature, cfg.top_p, cfg.top_k, rand, buffers)  # token of `step`
+    deferred = defers_draws(device, cfg)
+
+    def record(tok, lp, alive, rows):
+        """The step's writes that depend on its tokens -> done [B] (emitted EOS or a stop string now)."""
         # Rows that finished earlier keep pad / 0 at `step`; index writes, no boolean masks (no device sync).
         out_tokens[rows, step] = torch.where(alive, tok, pad_id)
         out_logps[rows, step] = torch.where(alive, lp, 0.0)
-        gen_len[rows] += alive.long()
         done = alive & torch.isin(tok, eos)
         if stop is not None:
             for b in torch.nonzero(alive & ~done)[:, 0].tolist():
                 if stop(out_tokens[int(rows[b]), : step + 1].tolist()):
                     done[b] = True
+        return done
+
+    step = 0
+    while True:
+        if rand is not None:
+            rand.rows, rand.step = rows, step
+        unsure = None
+        if deferred:
+            tok, lp, unsure = sample_tokens_deferred(logits, cfg.temperature, cfg.top_p, rand)
+            ended_before = ended[rows]
+        else:
+            tok, lp = sample_tokens(logits, cfg.temperature, cfg.top_p, cfg.top_k, rand, buffers)  # token of `step`
+        gen_len[rows] += alive.long()
+        done = record(tok, lp, alive, rows)
         ended[rows] |= done
         valid = alive  # inputs of the next step: live tokens, a just-emitted EOS included
         alive = alive & ~done
-        step += 1
         group_alive = alive.view(-1, width).any(-1)  # [G]
-        # The loop's one host sync of a step (nucleus sampling and stop strings add their own): what it decides on.
-        # `all_valid` is taken before compaction: a step after dropping the last finished rows still gets a mask.
-        n_done, live, all_valid = torch.stack([done.sum(), group_alive.sum(), valid.all().long()]).tolist()
+        # The loop's one host sync of a step (the CPU's nucleus sampling and stop strings add their own): what it
+        # decides on. `all_valid` is taken before compaction: a step after dropping the last finished rows still
+        # gets a mask.
+        stats = [done.sum(), group_alive.sum(), valid.all().long()]
+        n_done, live, all_valid, *n_unsure = torch.stack(stats + ([unsure.sum()] if deferred else [])).tolist()
+        if n_unsure and n_unsure[0]:  # rare: rows with no accepted draw in the sync-free rounds
+            tok, lp = finish_deferred(logits, tok, unsure, cfg.temperature, cfg.top_p, rand)
+            done = record(tok, lp, valid, rows)
+            ended[rows] = ended_before | done
+            alive = valid & ~done
+            group_alive = alive.view(-1, width).any(-1)
+            n_done, live = torch.stack([done.sum(), group_alive.sum()]).tolist()
+        step += 1
         if on_step is not None:
             on_step(n_done)
         if step == cfg.max_new_tokens or live == 0:

@@ -64,8 +64,8 @@ def minibatch_grads(dist: Dist, fsdp: bool) -> dict:
     for r, gi in enumerate(index):  # perturbations fixed by the global row index
         noise = torch.Generator().manual_seed(100 + gi)
         n = len(current[r])
-        old[r] = current[r] + 0.2 * torch.randn(n, generator=noise)
-        ref[r] = current[r] + 0.3 * torch.randn(n, generator=noise)
+        old[r] = current[r] + 0.2 * torch.randn(n, generator=noise).to(current[r].device)
+        ref[r] = current[r] + 0.3 * torch.randn(n, generator=noise).to(current[r].device)
     stats = rl.minibatch_backward(model, rollouts, groups, old, ref, cfg, 0, dist)
     params = [p for p in model.parameters() if p.requires_grad]
     reduce_gradients(params, dist)
