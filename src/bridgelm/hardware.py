@@ -11,38 +11,33 @@ import time
 import torch
 
 
+def _best_seconds(fn, repeats: int, cuda: bool) -> float:
+    """The shortest of `repeats` timed calls of `fn` (after one warm-up call), synchronising the GPU around each."""
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        if cuda:
+            torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
 def matmul_flops(dtype: torch.dtype = torch.float32, n: int = 1024, repeats: int = 5, device="cpu") -> float:
     """FLOP/s of a square n x n matmul in `dtype` (best of `repeats` timed runs, after one warm-up)."""
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
-    a @ b
-    best = float("inf")
-    for _ in range(repeats):
-        if a.is_cuda:
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        a @ b
-        if a.is_cuda:
-            torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - t0)
-    return 2 * n**3 / best
+    return 2 * n**3 / _best_seconds(lambda: a @ b, repeats, a.is_cuda)
 
 
 def copy_bandwidth(device="cpu", mib: int = 1024, repeats: int = 5) -> float:
     """Bytes/s of a large tensor copy on `device`, counting bytes read plus bytes written (best of `repeats`)."""
     src = torch.randn(mib * 2**18, device=device)  # mib MiB of float32
     dst = torch.empty_like(src)
-    dst.copy_(src)
-    best = float("inf")
-    for _ in range(repeats):
-        if src.is_cuda:
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        if src.is_cuda:
-            torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - t0)
-    return 2 * src.numel() * src.element_size() / best
+    return 2 * src.numel() * src.element_size() / _best_seconds(lambda: dst.copy_(src), repeats, src.is_cuda)
 
 
 def matmul_peaks(n: int = 1024) -> dict[str, float]:

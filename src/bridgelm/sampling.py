@@ -212,23 +212,25 @@ def in_nucleus(
     """
     p_tok = probs.gather(-1, tokens[:, None])  # [B, 1]
     sure = p_tok[:, 0] > (1.0 - top_p) + NUCLEUS_MARGIN  # [B]
-    if all_rows:
-        diff = torch.sub(probs, p_tok, out=scratch).relu_()  # [B, V]
-        excess, count = diff.sum(-1), diff.sign_().sum(-1)
-        return sure | ~(excess + p_tok[:, 0] * count >= top_p)
-    rest = torch.nonzero(~sure)[:, 0]  # [R] rows that need the sum (the one host sync)
-    if rest.numel() == 0:
-        return sure
-    out = sure.clone()
-    if rest.numel() == len(sure):
-        sub, p_sub = probs, p_tok
-    else:
-        sub, p_sub = probs[rest], p_tok[rest]
-        scratch = None if scratch is None else scratch[: rest.numel()]  # [R, V]: its first rows
+    rest = None  # [R] rows that need the sum; None: all of them
+    sub, p_sub = probs, p_tok
+    if not all_rows:
+        rest = torch.nonzero(~sure)[:, 0]  # the one host sync
+        if rest.numel() == 0:
+            return sure
+        if rest.numel() == len(sure):
+            rest = None
+        else:
+            sub, p_sub = probs[rest], p_tok[rest]
+            scratch = None if scratch is None else scratch[: rest.numel()]  # [R, V]: its first rows
     diff = torch.sub(sub, p_sub, out=scratch).relu_()  # [R, V]
     excess = diff.sum(-1)  # [R]: sum over the tokens above p_tok of (p - p_tok); p > p_tok exactly when p - p_tok > 0
     count = diff.sign_().sum(-1)  # [R]: how many tokens are above
-    out[rest] = ~(excess + p_sub[:, 0] * count >= top_p)  # a NaN row (diverged logits) is accepted, as ever
+    accepted = ~(excess + p_sub[:, 0] * count >= top_p)  # a NaN row (diverged logits) is accepted, as ever
+    if rest is None:
+        return sure | accepted
+    out = sure.clone()
+    out[rest] = accepted
     return out
 
 
@@ -244,9 +246,23 @@ def generator_uniform(generator: torch.Generator | None) -> Uniform:
 def _draw(probs: torch.Tensor, u: torch.Tensor, scratch: torch.Tensor | None = None) -> torch.Tensor:
     """One draw per row by inverse CDF. probs [B, V] (unnormalised is fine), u [B] uniforms -> [B] ids.
     `scratch` ([B, V] float, optional) receives the CDF."""
-    cdf = torch.cumsum(probs, -1, out=scratch)  # [B, V]
+    return _search(torch.cumsum(probs, -1, out=scratch), u)
+
+
+def _search(cdf: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The draw of each row from its CDF: cdf [B, V] (unnormalised), u [B] uniforms -> [B] ids."""
     target = u.to(cdf.dtype)[:, None] * cdf[:, -1:]
-    return torch.searchsorted(cdf, target, right=True)[:, 0].clamp_(max=probs.shape[-1] - 1)
+    return torch.searchsorted(cdf, target, right=True)[:, 0].clamp_(max=cdf.shape[-1] - 1)
+
+
+def _redraw_rejected(probs, tokens, ok, top_p: float, uniform: Uniform, attempt: int) -> torch.Tensor:
+    """Redraw the rows whose token is outside the nucleus (`ok` False) with attempts attempt+1, attempt+2, ...
+    until every row is accepted (one host sync per round); updates `tokens` and `ok` in place -> tokens."""
+    while (redo := torch.nonzero(~ok)[:, 0]).numel():
+        attempt += 1
+        tokens[redo] = _draw(probs[redo], uniform(redo, attempt))
+        ok[redo] = in_nucleus(probs[redo], tokens[redo], top_p)
+    return tokens
 
 
 class SamplerBuffers:
@@ -306,12 +322,7 @@ def sample_tokens(
     every = torch.arange(probs.shape[0], device=probs.device)
     tokens = _draw(probs, uniform(every, 0), scratch)
     if top_p < 1.0:
-        ok = in_nucleus(probs, tokens, top_p, scratch)
-        attempt = 0
-        while (redo := torch.nonzero(~ok)[:, 0]).numel():  # one host sync per round
-            attempt += 1
-            tokens[redo] = _draw(probs[redo], uniform(redo, attempt))
-            ok[redo] = in_nucleus(probs[redo], tokens[redo], top_p)
+        _redraw_rejected(probs, tokens, in_nucleus(probs, tokens, top_p, scratch), top_p, uniform, 0)
     if ids is not None:
         tokens = ids.gather(-1, tokens[:, None])[:, 0]
     return tokens, full.gather(-1, tokens[:, None])[:, 0].log()
@@ -326,18 +337,12 @@ def _deferred_draws(
     """logits [B, V], u [B, DEFERRED_ROUNDS] uniforms -> (tokens [B], logprobs [B], unsure [B]); no host sync."""
     probs = torch.softmax(logits.float() / temperature, -1)  # [B, V], the values `sample_tokens` computes
     cdf = torch.cumsum(probs, -1)  # [B, V], kept for every attempt
-    total = cdf[:, -1:]
-
-    def draw(attempt: int) -> torch.Tensor:
-        target = u[:, attempt : attempt + 1].to(cdf.dtype) * total
-        return torch.searchsorted(cdf, target, right=True)[:, 0].clamp(max=probs.shape[-1] - 1)
-
-    tokens = draw(0)
+    tokens = _search(cdf, u[:, 0])
     ok = torch.ones_like(tokens, dtype=torch.bool)
     if top_p < 1.0:
         ok = in_nucleus(probs, tokens, top_p, all_rows=True)
         for attempt in range(1, DEFERRED_ROUNDS):
-            tokens = torch.where(ok, tokens, draw(attempt))
+            tokens = torch.where(ok, tokens, _search(cdf, u[:, attempt]))
             ok = ok | in_nucleus(probs, tokens, top_p, all_rows=True)
     return tokens, probs.gather(-1, tokens[:, None])[:, 0].log(), ~ok
 
@@ -374,12 +379,7 @@ def finish_deferred(
     """Complete `sample_tokens_deferred`'s unsure rows with attempts DEFERRED_ROUNDS, ... (host syncs; rare).
     -> (tokens [B], logprobs [B])."""
     probs = torch.softmax(logits.float() / temperature, -1)
-    tokens, ok = tokens.clone(), ~unsure
-    attempt = DEFERRED_ROUNDS - 1
-    while (redo := torch.nonzero(~ok)[:, 0]).numel():
-        attempt += 1
-        tokens[redo] = _draw(probs[redo], uniform(redo, attempt))
-        ok[redo] = in_nucleus(probs[redo], tokens[redo], top_p)
+    tokens = _redraw_rejected(probs, tokens.clone(), ~unsure, top_p, uniform, DEFERRED_ROUNDS - 1)
     return tokens, probs.gather(-1, tokens[:, None])[:, 0].log()
 
 
@@ -679,7 +679,6 @@ def _run_wave(
         unsure = None
         if deferred:
             tok, lp, unsure = sample_tokens_deferred(logits, cfg.temperature, cfg.top_p, rand)
-            ended_before = ended[rows]
         else:
             tok, lp = sample_tokens(logits, cfg.temperature, cfg.top_p, cfg.top_k, rand, buffers)  # token of `step`
         gen_len[rows] += alive.long()
@@ -695,8 +694,8 @@ def _run_wave(
         n_done, live, all_valid, *n_unsure = torch.stack(stats + ([unsure.sum()] if deferred else [])).tolist()
         if n_unsure and n_unsure[0]:  # rare: rows with no accepted draw in the sync-free rounds
             tok, lp = finish_deferred(logits, tok, unsure, cfg.temperature, cfg.top_p, rand)
-            done = record(tok, lp, valid, rows)
-            ended[rows] = ended_before | done
+            first_done, done = done, record(tok, lp, valid, rows)
+            ended[rows] = (ended[rows] & ~first_done) | done  # rows done now were live, so not ended before
             alive = valid & ~done
             group_alive = alive.view(-1, width).any(-1)
             n_done, live = torch.stack([done.sum(), group_alive.sum()]).tolist()
