@@ -42,3 +42,31 @@ def test_pretraining_refuses_other_settings_in_its_folder(tmp_path):
     base.pretrain(CFG, tmp_path, progress=False, log=lambda _: None)
     with pytest.raises(ValueError, match=r"lr: saved 0.002 vs now 0.001"):
         base.pretrain(base.BaseConfig(**{**CFG.__dict__, "lr": 1e-3}), tmp_path, progress=False, log=lambda _: None)
+
+
+def test_every_demo_task_pretrains_and_is_checked_within_its_budget(tmp_path, monkeypatch):
+    from dataclasses import replace
+
+    from transformers import AutoTokenizer
+
+    from bridgelm import evaluate
+    from bridgelm.tasks import pairsum
+
+    budgets = []
+    real = evaluate.accuracy
+
+    def spy(model, tokenizer, task, cfg):
+        budgets.append((task.name, cfg.max_new_tokens))
+        return real(model, tokenizer, task, cfg)
+
+    monkeypatch.setattr(evaluate, "accuracy", spy)
+    assert set(base.CHECK_TOKENS) == {name for name, _, _ in base._TASKS.values()}
+    cfg = replace(CFG, task=pairsum.PairSumSpec(), steps=3, schedule_steps=3, check_from=2, check_problems=2)
+    base.pretrain(cfg, tmp_path / "p", progress=False, log=lambda _: None)
+    assert budgets == [("pairsum", base.CHECK_TOKENS["pairsum"])]
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "p")
+    row = base.generate(cfg.task, 1, "test", 0)[0]
+    prompt = base.make_task(cfg.task, [row]).prompt(row)
+    ids = tokenizer(prompt)["input_ids"]
+    assert tokenizer.unk_token_id not in ids and tokenizer.decode(ids) == prompt  # ',' and '>' have tokens
+    assert len(tokenizer(pairsum.TRY)["input_ids"]) == 1

@@ -393,6 +393,69 @@ def test_anysum_file_rows_are_checked(tmp_path):
         anysum.numbers_of("10*20")
 
 
+# ---------------------------------------------------------------------------------------------- pairsum
+
+
+def test_pairsum_search_lines_have_one_width_and_stop_at_the_pair():
+    from bridgelm.tasks import pairsum
+
+    numbers, target = [37, 12, 58, 64, 21], 79
+    assert pairsum.pairs_to(numbers, target) == [(2, 4)]
+    text = pairsum.solution_text(numbers, [(0, 1), (2, 4)])
+    assert text == "?37+12=049\n?58+21=079\n\\boxed{58+21}"
+    rows = pairsum.generate(80, "train", seed=3)
+    assert rows == pairsum.generate(80, "train", seed=3)  # seeded
+    task = pairsum.PairSum("pairsum", rows)
+    lengths = set()
+    for row in rows:
+        numbers, target = pairsum.parse(row["problem"])
+        assert len(set(numbers)) == 5 and all(10 <= x <= 89 for x in numbers)
+        assert len(pairsum.pairs_to(numbers, target)) == 1  # exactly one pair reaches the target
+        *tries, box = row["solution"].split("\n")
+        assert {len(line) for line in tries} == {10} and all(line.startswith(pairsum.TRY) for line in tries)
+        assert [int(line[-3:]) == target for line in tries] == [False] * (len(tries) - 1) + [True]  # stops there
+        assert len(set(tries)) == len(tries)  # no pair tried twice
+        assert box.startswith("\\boxed{") and task.reward(row["solution"], row) == 1.0
+        assert pairsum.split_of(row["problem"]) == "train"
+        assert pairsum.split_of(pairsum.problem_text(numbers[::-1], target)) == "train"  # any order: one problem
+        lengths.add(len(tries))
+    assert len(lengths) >= 6  # the samples of a problem drift apart in time: searches of many lengths
+    ex = {"problem": "37,12,58,64,21>079", "answer": "21+58"}
+    assert task.reward("\\boxed{58+21}", ex) == task.reward("\\boxed{21+58}", ex) == 1.0  # either order
+    assert task.reward("\\boxed{37+42}", ex) == 0.0  # the right sum from numbers not in the problem
+    assert task.reward("?58+21=079", ex) == 0.0  # found but not boxed
+    assert task.extract("\\boxed{37+12}\n\\boxed{58+21}") == "21+58"  # the last box counts
+    test = {r["problem"] for r in pairsum.generate(50, "test", seed=3)}
+    assert not test & {r["problem"] for r in rows}
+
+
+def test_pairsum_file_rows_are_checked(tmp_path):
+    from bridgelm.tasks import load
+
+    good = tmp_path / "good.jsonl"
+    good.write_text('{"problem": "37,12,58,64,21>079", "answer": "21+58"}\n')
+    assert load("pairsum", str(good)).examples[0]["answer"] == "21+58"
+    for row, message in [
+        (
+            '{"problem": "37,12,58,64,21>079", "answer": "12+37"}',
+            "'answer' is '12+37', but the pair of 37,12,58,64,21>079 is 21+58",
+        ),
+        ('{"problem": "37,12,58,64,21>049", "answer": "12+37"}', None),
+        (
+            '{"problem": "10,20,30,40>050", "answer": "10+40"}',
+            "'problem' is '10,20,30,40>050': 2 pairs add up to 50; expected exactly 1",
+        ),
+        ('{"problem": "10*20>200", "answer": "10+20"}', "'problem' is '10*20>200': expected numbers and a target"),
+    ]:
+        bad = tmp_path / "bad.jsonl"
+        bad.write_text(row + "\n")
+        if message is None:
+            assert load("pairsum", str(bad)).examples[0]["answer"] == "12+37"
+        else:
+            with pytest.raises(ValueError, match=r"bad\.jsonl:1: field " + re.escape(message)):
+                load("pairsum", str(bad))
+
+
 def test_correct_means_the_full_reward():
     from bridgelm.tasks.base import check_rewards, is_correct
 

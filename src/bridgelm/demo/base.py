@@ -25,7 +25,7 @@ from bridgelm.attention import fast_attention
 from bridgelm.dist import Dist
 from bridgelm.jsonl import write_json
 from bridgelm.runs import METRICS, check_settings, jsonable
-from bridgelm.tasks import anysum, arith
+from bridgelm.tasks import anysum, arith, pairsum
 from bridgelm.tokenizer import BOS, CHAT_TEMPLATE, EOS, PAD
 from bridgelm.train.batches import autocast
 from bridgelm.train.optim import CosineSchedule, make_optimizer, optimizer_step, scheduled
@@ -41,7 +41,8 @@ PRETRAIN_FILE = "pretrain.json"  # written when pre-training ends: its settings,
 class BaseConfig:
     """The base model and its pre-training."""
 
-    task: anysum.AnySumSpec | arith.ArithSpec = field(default_factory=anysum.AnySumSpec)  # which problems (its task)
+    # which problems (its task)
+    task: anysum.AnySumSpec | arith.ArithSpec | pairsum.PairSumSpec = field(default_factory=anysum.AnySumSpec)
 
     hidden_size: int = 192  # D
     num_layers: int = 4
@@ -63,8 +64,16 @@ class BaseConfig:
     threads: int = 0  # torch threads (0 = leave as is)
 
 
-# The demo's two tasks, by the type of their spec: (registry name, module with generate(), task class).
-_TASKS = {anysum.AnySumSpec: ("anysum", anysum, anysum.AnySum), arith.ArithSpec: ("arith", arith, arith.Arith)}
+# The demo's tasks, by the type of their spec: (registry name, module with generate(), task class).
+_TASKS = {
+    anysum.AnySumSpec: ("anysum", anysum, anysum.AnySum),
+    arith.ArithSpec: ("arith", arith, arith.Arith),
+    pairsum.PairSumSpec: ("pairsum", pairsum, pairsum.PairSum),
+}
+
+
+# New tokens per sample in pre-training's validation checks, by task: its worked solutions within the demo's budget.
+CHECK_TOKENS = {"anysum": 48, "arith": 48, "pairsum": 63}
 
 
 def task_name(spec) -> str:
@@ -187,7 +196,9 @@ def pretrain(cfg: BaseConfig, out: str | Path, progress: bool = True, log=print)
                 run.state["step"] = step + 1
                 record = {"step": step + 1, "loss": loss.item(), "lr": lr, "grad_norm": norm, "tokens": int(mask.sum())}
                 if checks and step + 1 >= cfg.check_from and (step + 1 - cfg.check_from) % cfg.check_every == 0:
-                    record["val_accuracy"] = run.state["val_accuracy"] = accuracy(model, tokenizer, val)
+                    record["val_accuracy"] = run.state["val_accuracy"] = accuracy(
+                        model, tokenizer, val, max_new_tokens=CHECK_TOKENS[task.name]
+                    )
                     run.state["reached"] = record["val_accuracy"] >= cfg.target_accuracy
                 run.log(record, loss=f"{record['loss']:.3f}", val=run.state["val_accuracy"])
             run.save_if_due(now=run.state["reached"])

@@ -20,6 +20,7 @@ REGISTRY = {
     "countdown": "bridgelm.tasks.countdown",
     "arith": "bridgelm.tasks.arith",
     "anysum": "bridgelm.tasks.anysum",
+    "pairsum": "bridgelm.tasks.pairsum",
     "xsum": "bridgelm.tasks.summarize:load_xsum",
     "cnn_dailymail": "bridgelm.tasks.summarize:load_cnn_dailymail",
     "gpqa": "bridgelm.tasks.gpqa",
