@@ -60,7 +60,7 @@ def test_every_demo_task_pretrains_and_is_checked_within_its_budget(tmp_path, mo
         return real(model, tokenizer, task, cfg)
 
     monkeypatch.setattr(evaluate, "accuracy", spy)
-    assert set(base.CHECK_TOKENS) == {name for name, _, _ in base._TASKS.values()}
+    assert set(base.CHECK_TOKENS) == {entry[0] for entry in base._TASKS.values()}
     cfg = replace(CFG, task=pairsum.PairSumSpec(), steps=3, schedule_steps=3, check_from=2, check_problems=2)
     base.pretrain(cfg, tmp_path / "p", progress=False, log=lambda _: None)
     assert budgets == [("pairsum", base.CHECK_TOKENS["pairsum"])]

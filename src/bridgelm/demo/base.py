@@ -64,16 +64,14 @@ class BaseConfig:
     threads: int = 0  # torch threads (0 = leave as is)
 
 
-# The demo's tasks, by the type of their spec: (registry name, module with generate(), task class).
+# The demo's tasks, by the type of their spec: (registry name, module with generate(), task class, new tokens per
+# sample in pre-training's validation checks: its worked solutions within the demo's budget).
 _TASKS = {
-    anysum.AnySumSpec: ("anysum", anysum, anysum.AnySum),
-    arith.ArithSpec: ("arith", arith, arith.Arith),
-    pairsum.PairSumSpec: ("pairsum", pairsum, pairsum.PairSum),
+    anysum.AnySumSpec: ("anysum", anysum, anysum.AnySum, 48),
+    arith.ArithSpec: ("arith", arith, arith.Arith, 48),
+    pairsum.PairSumSpec: ("pairsum", pairsum, pairsum.PairSum, 63),
 }
-
-
-# New tokens per sample in pre-training's validation checks, by task: its worked solutions within the demo's budget.
-CHECK_TOKENS = {"anysum": 48, "arith": 48, "pairsum": 63}
+CHECK_TOKENS = {name: tokens for name, _, _, tokens in _TASKS.values()}  # by registry name
 
 
 def task_name(spec) -> str:
@@ -88,7 +86,7 @@ def generate(spec, size: int, split: str, seed: int, distinct: bool = True) -> l
 
 def make_task(spec, examples: list[dict]):
     """The task object of `spec`'s task over `examples`."""
-    name, _, cls = _TASKS[type(spec)]
+    name, _, cls, _ = _TASKS[type(spec)]
     return cls(name=name, examples=examples)
 
 
