@@ -2,7 +2,8 @@
 
 Skipped with the reason on a machine without CUDA (CI has none; run these where a GPU is at hand). What they check:
 - the engine's sampled log-probs on the GPU equal `grouped_logits` of the same weights on the CPU, with the eager
-  decode step and with the compiled one (CUDA graphs, static cache, batch buckets), and both draw the same tokens;
+  decode step and with the compiled one (CUDA graphs, static cache, batch buckets, the draws inside the graph),
+  and both draw the same tokens; decode attention takes the matmul path;
 - greedy decoding equals transformers' `generate` on the GPU; bf16 log-probs follow the teacher-forced forward;
 - one GRPO mini-batch gives the CPU's loss and gradients; an SFT and an RL run train on the GPU end to end.
 """
@@ -82,6 +83,27 @@ def test_compiled_step_reuses_its_graphs_across_calls():
     again = generate_ids(model, prompts, cfg, [], 0)
     assert dict(dynamo_utils.counters["stats"]).get("unique_graphs") == frames.get("unique_graphs")
     assert [s.token_ids for r in first for s in r] == [s.token_ids for r in again for s in r]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_decode_attention_takes_the_matmul_path(monkeypatch, dtype):
+    """On CUDA every decode call (one query per row) computes its attention with `matmul_attention`, in float32
+    too; the prefill's calls (several queries per row) stay with sdpa. The compiled step draws inside its graph:
+    the eager sampler runs once per wave (the prefill's logits)."""
+    from bridgelm import attention, sampling
+
+    calls, draws = [], []
+    real, real_draws = attention.matmul_attention, sampling.sample_tokens_deferred
+    monkeypatch.setattr(attention, "matmul_attention", lambda q, *a: calls.append(q.shape[2]) or real(q, *a))
+    monkeypatch.setattr(sampling, "sample_tokens_deferred", lambda *a: draws.append(1) or real_draws(*a))
+    model = bridged(dtype=dtype).to(CUDA)
+    cfg = SamplingConfig(n=2, width=2, max_new_tokens=4, temperature=0.9, top_p=0.9, compile=False)
+    generate_ids(model, [[7, 8, 9], [10, 11]], cfg, [], 0)
+    assert calls == [1] * (3 * model.config.num_hidden_layers)  # 3 decode steps after the prefill's token
+    assert len(draws) == 4  # eager: every step
+    draws.clear()
+    generate_ids(model, [[7, 8, 9], [10, 11]], replace(cfg, compile=True), [], 0)
+    assert len(draws) == 1
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])

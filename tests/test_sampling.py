@@ -418,3 +418,26 @@ def test_engine_with_deferred_draws_gives_the_same_samples(monkeypatch, top_p):
         for a, b in zip(r, w):
             torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), rtol=0, atol=1e-6)
     assert bool(calls) == (top_p < 0.1)  # the rare path ran (and only) where rows were unsure
+
+
+@pytest.mark.slow
+def test_compiled_step_that_draws_gives_the_same_samples(monkeypatch):
+    """The GPU's compiled step (the forward and the deferred draws in one compiled function, `decode_and_draw`)
+    forced on the CPU, with inductor: the samples of the CPU path, log-probs within rounding; many rows need the
+    rounds after the sync (a small nucleus of flat rows), and only the first step of a wave draws outside."""
+    model = randomize_blocks(bridgelm.add_bridge(tiny_model()), std=0.2)
+    torch.manual_seed(3)
+    prompts = [torch.randint(7, 97, (n,)).tolist() for n in (4, 7, 2, 5)]
+    cfg = SamplingConfig(n=4, width=2, max_new_tokens=12, temperature=1.5, top_p=0.05, seed=6)
+    want = generate_ids(model, prompts, cfg, EOS, 0)
+    calls, finished = [], []
+    real, real_finish = sampling.sample_tokens_deferred, sampling.finish_deferred
+    monkeypatch.setattr(sampling, "defers_draws", lambda device, cfg: True)
+    monkeypatch.setattr(sampling, "sample_tokens_deferred", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(sampling, "finish_deferred", lambda *a: finished.append(1) or real_finish(*a))
+    got = generate_ids(model, prompts, replace(cfg, compile=True), EOS, 0)
+    assert [[s.token_ids for s in r] for r in got] == [[s.token_ids for s in r] for r in want]
+    for r, w in zip(got, want):
+        for a, b in zip(r, w):
+            torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), rtol=0, atol=1e-5)
+    assert len(calls) == 1 and finished  # one wave: its prefill's logits; the rare path after the sync ran

@@ -1,16 +1,20 @@
-"""The decoder's own attention, computed with two matmuls where that beats PyTorch's fused kernel (short rows on CPU).
+"""The decoder's own attention, computed with two matmuls where that beats PyTorch's fused kernels.
 
 On CPU, `scaled_dot_product_attention` with a mask runs a flash kernel whose per-call setup dominates at the sizes
 Bridge meets there: one query per row against a cache of a few hundred positions in the engine's decode step, and
 short rows (up to ~128 tokens) in the trainers' forward and backward (measured: `benchmarks/attention.py`).
+On a CUDA GPU, transformers' sdpa with a mask first copies the keys and values of a grouped-query head once per
+query head that reads it, then runs a kernel made for long queries: in the engine's compiled decode step of a
+1.5B Qwen2 shape (64 rows, 256 cached positions, H100) the two took half of the step's GPU time.
 `matmul_attention` computes the same `softmax(q k^T * scale + mask) v` as two batched matmuls with the query heads
 of a key/value head stacked on that head (grouped-query attention without repeating keys), the softmax in float32.
 
-`fast_attention(model)` is a context that points a model using "sdpa" on CPU at it (transformers' attention
-registry, name "bridgelm_sdpa"; its masks are sdpa's), and puts the model back on exit. Inside, the calls where
-the matmuls do not win (float32, rows of more than MAX_KEYS keys) or that it does not cover (dropout, soft-capping,
-attention sinks, another device) go to transformers' sdpa unchanged.
-The engine (`bridgelm.sampling`) and the trainers' grouped forwards (`bridgelm.train.batches`) use it.
+`fast_attention(model)` is a context that points a model using "sdpa" at it (transformers' attention registry,
+name "bridgelm_sdpa"; its masks are sdpa's), and puts the model back on exit. Inside, the calls it does not win or
+cover go to transformers' sdpa unchanged: on CPU float32 and rows of more than MAX_KEYS keys, on CUDA every call
+with more than one query per row (training and prefill, where the fused kernels win), anywhere dropout,
+soft-capping and attention sinks. The engine (`bridgelm.sampling`) and the trainers' grouped forwards
+(`bridgelm.train.batches`) use it.
 """
 
 from __future__ import annotations
@@ -68,9 +72,7 @@ def matmul_attention(
 
 def _covered(query, key, attention_mask, dropout, kwargs) -> bool:
     """Whether `attention` computes this call itself (else transformers' sdpa does)."""
-    dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else query.dtype  # autocast: its
-    # dtype (the rotary embedding hands float32 queries to an attention that autocast runs in bf16)
-    if query.device.type != "cpu" or dtype not in HALF or dropout > 0 or kwargs.get("softcap") is not None:
+    if dropout > 0 or kwargs.get("softcap") is not None:
         return False
     if kwargs.get("s_aux") is not None or kwargs.get("sinks") is not None or kwargs.get("position_bias") is not None:
         return False
@@ -78,7 +80,14 @@ def _covered(query, key, attention_mask, dropout, kwargs) -> bool:
         return False
     if attention_mask is not None and attention_mask.dim() != 4:
         return False
-    return query.shape[2] == 1 or key.shape[2] <= MAX_KEYS
+    decode = query.shape[2] == 1
+    if query.device.type == "cuda":
+        return decode  # any dtype: sdpa would copy the keys and values once per query head of a group
+    if query.device.type != "cpu":
+        return False
+    dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else query.dtype  # autocast: its
+    # dtype (the rotary embedding hands float32 queries to an attention that autocast runs in bf16)
+    return dtype in HALF and (decode or key.shape[2] <= MAX_KEYS)
 
 
 def attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None, **kw):
@@ -97,15 +106,17 @@ ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, sdpa_mask)
 
 
 def wins(model) -> bool:
-    """Whether `fast_attention` switches `model`: it uses transformers' sdpa, its weights are on the CPU and in half
-    precision or under CPU bf16/fp16 autocast (float32 keeps the fused kernel), and it does not recompute
-    activations in the backward (that recomputation runs after the context, with sdpa)."""
+    """Whether `fast_attention` switches `model`: it uses transformers' sdpa, it does not recompute activations in
+    the backward (that recomputation runs after the context, with sdpa), and its weights are on a CUDA GPU or on
+    the CPU in half precision or under CPU bf16/fp16 autocast (float32 keeps the fused kernel there)."""
     config = getattr(model, "config", None)
     if config is None or getattr(config, "_attn_implementation", None) != "sdpa":
         return False
     if getattr(model, "is_activation_checkpointing", False):
         return False
     param = next(model.parameters(), None)
+    if param is not None and param.device.type == "cuda":
+        return True  # only decode calls are covered there
     if param is None or param.device.type != "cpu":
         return False
     autocast = torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") in HALF

@@ -25,8 +25,9 @@ Design (token ids in, token ids out; tokenizing happens in `bridgelm.generate` a
   groups, padded with finished ones) instead of an arbitrary size, so a wave meets a few shapes, each compiled
   once. Default (`compile=None`): on where it wins, CUDA; off on CPU, where compiling costs tens of seconds per
   shape and the step is dominated by matmuls that are ATen's either way.
-- On CPU in half precision each wave decodes under `bridgelm.attention.fast_attention`: the attention over the
-  cache is two matmuls (1.3-2x faster than the fused kernel per call; float32 keeps the kernel).
+- Each wave decodes under `bridgelm.attention.fast_attention`: the attention over the cache is two matmuls, on
+  CPU in half precision (1.3-2x faster than the fused kernel per call; float32 keeps the kernel) and on CUDA in
+  every dtype (no copy of the keys and values per query head).
 - Randomness is explicit: every sample draws from generators seeded with (seed, prompt key, sample index), so
   a prompt gets the same samples whatever shares its batch, and resumed or sharded runs redraw them exactly.
 """
@@ -331,12 +332,24 @@ def sample_tokens(
 DEFERRED_ROUNDS = 4  # draws per row per step made without a host sync by `sample_tokens_deferred`
 
 
+@torch.library.custom_op("bridgelm::cumsum_rows", mutates_args=())
+def cumsum_rows(x: torch.Tensor) -> torch.Tensor:
+    """torch.cumsum over the last dimension, opaque to torch.compile: inductor (torch 2.11) fails to generate the
+    split scan of a wide row block ([64, 24000]), so the compiled step calls ATen's kernel instead."""
+    return torch.cumsum(x, -1)
+
+
+@cumsum_rows.register_fake
+def _(x: torch.Tensor) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
 def _deferred_draws(
     logits: torch.Tensor, u: torch.Tensor, temperature: float, top_p: float
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """logits [B, V], u [B, DEFERRED_ROUNDS] uniforms -> (tokens [B], logprobs [B], unsure [B]); no host sync."""
     probs = torch.softmax(logits.float() / temperature, -1)  # [B, V], the values `sample_tokens` computes
-    cdf = torch.cumsum(probs, -1)  # [B, V], kept for every attempt
+    cdf = cumsum_rows(probs) if torch.compiler.is_compiling() else torch.cumsum(probs, -1)  # [B, V], every attempt
     tokens = _search(cdf, u[:, 0])
     ok = torch.ones_like(tokens, dtype=torch.bool)
     if top_p < 1.0:
@@ -356,9 +369,8 @@ def sample_tokens_deferred(
     Attempts 0..DEFERRED_ROUNDS-1 of every row are made on all rows at once (one CDF, then one search and one
     nucleus test per attempt); a row keeps its first accepted draw, as in `sample_tokens`. -> (tokens [B],
     logprobs [B], unsure [B] bool): rows with no accepted draw yet (about (1 - top_p)^DEFERRED_ROUNDS of them at
-    most), which `finish_deferred` completes once the caller has synced. (Not compiled: a second CUDA-graph
-    function between decode steps overwrites the decode graph's outputs, and inductor of torch 2.11 fails to
-    generate the split cumsum of a [64, 24000] row block.)
+    most), which `finish_deferred` completes once the caller has synced. The compiled engine draws the same
+    way inside its decode step (`decode_and_draw`).
     """
     every = torch.arange(logits.shape[0], device=logits.device)
     rounds = getattr(uniform, "rounds", None)
@@ -454,23 +466,34 @@ def decode_logits(model, cache: Cache, tokens, positions, keep, valid, width: in
     return decode_step(model, cache, tokens, positions, mask, groups)
 
 
+def decode_and_draw(model, cache: Cache, tokens, positions, keep, valid, width: int, u, temperature, top_p):
+    """`decode_logits`, then `sample_tokens_deferred`'s draws from the logits with uniforms u [B, DEFERRED_ROUNDS]:
+    the compiled step on a GPU, one CUDA graph for the forward and the sampler (whose ~40 small kernels, launched
+    one by one from the host, cost more than the model's forward on small models).
+    -> (logits [B, V], tokens [B], logprobs [B], unsure [B])."""
+    logits = decode_logits(model, cache, tokens, positions, keep, valid, width)
+    return (logits, *_deferred_draws(logits, u, temperature, top_p))
+
+
 def compile_wins(device) -> bool:
     """Whether the compiled decode step is on by default on `device` (SamplingConfig.compile=None): on CUDA only."""
     return torch.device(device).type == "cuda"
 
 
-_COMPILED: dict[str, Callable] = {}
+_COMPILED: dict[tuple[str, str], Callable] = {}
 CAPACITY_STEP = 64  # compiled mode rounds the cache capacity up to a multiple of this (fewer distinct shapes)
 
 
-def compiled_decode_logits(device) -> Callable:
-    """`decode_logits` under torch.compile: CUDA graphs ("reduce-overhead") on CUDA, inductor elsewhere."""
+def compiled_step(device, draws: bool) -> Callable:
+    """The decode step under torch.compile: `decode_and_draw` when the engine `draws` inside it (deferred draws),
+    else `decode_logits`. CUDA graphs ("reduce-overhead") on CUDA, inductor elsewhere."""
     mode = "reduce-overhead" if torch.device(device).type == "cuda" else "default"
-    if mode not in _COMPILED:
+    fn = decode_and_draw if draws else decode_logits
+    if (mode, fn.__name__) not in _COMPILED:
         # Each (model, batch bucket, capacity) is one graph: allow more of them than dynamo's default 8.
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-        _COMPILED[mode] = torch.compile(decode_logits, mode=mode, dynamic=False)
-    return _COMPILED[mode]
+        _COMPILED[mode, fn.__name__] = torch.compile(fn, mode=mode, dynamic=False)
+    return _COMPILED[mode, fn.__name__]
 
 
 def _bucket_keep(group_alive: torch.Tensor, width: int, live: int) -> torch.Tensor | None:
@@ -645,9 +668,10 @@ def _run_wave(
     pos = lengths[src].clone()  # position of the next input token
     logits = out.logits[:, -1][src]
     width = cfg.width
+    deferred = defers_draws(device, cfg)
     step_fn, slot = None, None
     if compiled:
-        step_fn = compiled_decode_logits(device)
+        step_fn = compiled_step(device, draws=deferred)
         slot = torch.zeros(1, dtype=torch.long, device=device)
         cache.make_static(slot)
     out_tokens = torch.full((B, cfg.max_new_tokens), pad_id, dtype=torch.long, device=device)
@@ -658,7 +682,7 @@ def _run_wave(
     rand, buffers = None, SamplerBuffers()
     if cfg.temperature > 0:
         rand = SampleRandomness(cfg.seed, wave.jobs, keys, cfg.n, cfg.max_new_tokens, device)
-    deferred = defers_draws(device, cfg)
+    drawn = None  # (tokens, logprobs, unsure) of the step, drawn inside the compiled step
 
     def record(tok, lp, alive, rows):
         """The step's writes that depend on its tokens -> done [B] (emitted EOS or a stop string now)."""
@@ -677,7 +701,9 @@ def _run_wave(
         if rand is not None:
             rand.rows, rand.step = rows, step
         unsure = None
-        if deferred:
+        if drawn is not None:
+            tok, lp, unsure = drawn
+        elif deferred:
             tok, lp, unsure = sample_tokens_deferred(logits, cfg.temperature, cfg.top_p, rand)
         else:
             tok, lp = sample_tokens(logits, cfg.temperature, cfg.top_p, cfg.top_k, rand, buffers)  # token of `step`
@@ -715,8 +741,13 @@ def _run_wave(
             cache.select_rows(keep)
             pad_mask, pos, rows, alive, valid, inputs = (t[keep] for t in (pad_mask, pos, rows, alive, valid, inputs))
         pad_mask[:, Lmax + step - 1] = True  # the input token's own slot
-        if compiled:
+        if compiled and deferred:  # the next step's draws too, with its uniforms
             slot.fill_(Lmax + step - 1)  # every layer writes there; the mask covers the whole static capacity
+            rand.rows, rand.step = rows, step
+            u = rand.rounds(torch.arange(len(rows), device=device))  # [B, DEFERRED_ROUNDS]
+            logits, *drawn = step_fn(model, cache, inputs, pos, pad_mask, valid, width, u, cfg.temperature, cfg.top_p)
+        elif compiled:
+            slot.fill_(Lmax + step - 1)
             logits = step_fn(model, cache, inputs, pos, pad_mask, valid, width)
         else:  # the mask up to this step; no validity while every row is valid (the blocks skip masking)
             logits = decode_logits(
