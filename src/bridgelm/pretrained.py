@@ -87,8 +87,10 @@ def smollm2_dir(cache: str | os.PathLike | None = None) -> Path:
 def load_smollm2(dtype=None, cache: str | os.PathLike | None = None):
     """(model in eval mode, tokenizer) of SmolLM2-135M-Instruct; `dtype` defaults to fp32."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
+
+    from bridgelm.tokenizer import load_tokenizer
 
     folder = smollm2_dir(cache)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype or torch.float32)
-    return model.eval(), AutoTokenizer.from_pretrained(folder)
+    return model.eval(), load_tokenizer(folder)

@@ -3,14 +3,20 @@
 `char_tokenizer` maps every character of an alphabet to one id; `train_bpe` learns a byte-level BPE from
 texts. Both return a `transformers.PreTrainedTokenizerFast` with pad/bos/eos tokens and a small chat
 template, so every later stage loads them like any Hugging Face tokenizer (`save_pretrained`).
+
+`load_tokenizer` is how bridgelm loads every tokenizer (AutoTokenizer, except that a folder saved from a generic
+fast tokenizer, as these are, loads as exactly that: see its docstring).
 """
 
 from __future__ import annotations
 
+import json
+import os
 from collections.abc import Iterable
+from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
-from transformers import PreTrainedTokenizerFast
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 PAD, BOS, EOS = "<pad>", "<s>", "</s>"
 USER, ASSISTANT = "<|user|>", "<|assistant|>"
@@ -58,3 +64,20 @@ def train_bpe(texts: Iterable[str], vocab_size: int = 512, add_bos: bool = False
     )
     tok.train_from_iterator(texts, trainer=trainer)
     return _wrap(tok, add_bos)
+
+
+# What a generic fast tokenizer (ours, or any built from a `tokenizers.Tokenizer`) writes as its class when saved.
+GENERIC_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
+
+
+def load_tokenizer(name_or_path: str | os.PathLike, **kwargs):
+    """The tokenizer of a model folder or hub id, as `AutoTokenizer.from_pretrained` gives it, except for a folder
+    whose `tokenizer_config.json` names a generic class: that one loads as `PreTrainedTokenizerFast`, from its
+    `tokenizer.json` as written. (transformers 5's AutoTokenizer would take the class of the folder's model type
+    instead, Qwen2Tokenizer for a qwen2 `config.json`, which puts Qwen's pre-tokenizer in front of the vocabulary:
+    a character vocabulary then drops "\n" when it encodes.)"""
+    config = Path(name_or_path) / "tokenizer_config.json"
+    if config.is_file() and (Path(name_or_path) / "tokenizer.json").is_file():
+        if json.loads(config.read_text()).get("tokenizer_class") in GENERIC_CLASSES:
+            return PreTrainedTokenizerFast.from_pretrained(name_or_path, **kwargs)
+    return AutoTokenizer.from_pretrained(name_or_path, **kwargs)

@@ -36,10 +36,10 @@ def dtype_of(name: str):
 
 def load_tokenizer(name: str):
     """The tokenizer of --model; one that cannot be loaded (missing, damaged files) is a UserError."""
-    from transformers import AutoTokenizer
+    from bridgelm.tokenizer import load_tokenizer as load
 
     try:
-        return AutoTokenizer.from_pretrained(name)
+        return load(name)
     except Exception as err:  # transformers and tokenizers raise many types for missing or damaged files
         first = str(err).splitlines()[0] if str(err) else ""
         raise UserError(

@@ -477,9 +477,8 @@ def stage_trace(ctx: Context, seed: int = TRACE_SEED) -> dict:
 
 def run_demo(out: str | Path, cfg: DemoConfig, quick: bool = False, log=print) -> Path:
     """Every stage of the miniature pipeline into `out`; returns the path of report.md."""
-    from transformers import AutoTokenizer
-
     from bridgelm.hardware import matmul_peaks
+    from bridgelm.tokenizer import load_tokenizer
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -503,7 +502,7 @@ def run_demo(out: str | Path, cfg: DemoConfig, quick: bool = False, log=print) -
         out=out,
         cfg=cfg,
         base_dir=base_dir,
-        tokenizer=AutoTokenizer.from_pretrained(base_dir),
+        tokenizer=load_tokenizer(base_dir),
         train=make_task(spec, generate(spec, rl_problems, "train", 1, distinct=not quick)),
         test=make_task(spec, generate(spec, cfg.eval_problems, "test", 0)),
     )
