@@ -23,8 +23,9 @@ Design (token ids in, token ids out; tokenizing happens in `bridgelm.generate` a
   cache writes each step at one slot of a fixed capacity (rounded up to a multiple of 64) and attention reads the
   whole capacity under the mask, and dropping finished groups moves the batch to the next smaller bucket (half the
   groups, padded with finished ones) instead of an arbitrary size, so a wave meets a few shapes, each compiled
-  once. Default (`compile=None`): on where it wins, CUDA; off on CPU, where compiling costs tens of seconds per
-  shape and the step is dominated by matmuls that are ATen's either way.
+  once. On a GPU the compiled step also draws the next tokens (`decode_and_draw`): one CUDA graph per step.
+  Default (`compile=None`): on where it wins, CUDA; off on CPU, where compiling costs tens of seconds per shape
+  and the step is dominated by matmuls that are ATen's either way.
 - Each wave decodes under `bridgelm.attention.fast_attention`: the attention over the cache is two matmuls, on
   CPU in half precision (1.3-2x faster than the fused kernel per call; float32 keeps the kernel) and on CUDA in
   every dtype (no copy of the keys and values per query head).
@@ -741,14 +742,16 @@ def _run_wave(
             cache.select_rows(keep)
             pad_mask, pos, rows, alive, valid, inputs = (t[keep] for t in (pad_mask, pos, rows, alive, valid, inputs))
         pad_mask[:, Lmax + step - 1] = True  # the input token's own slot
-        if compiled and deferred:  # the next step's draws too, with its uniforms
+        if compiled:
             slot.fill_(Lmax + step - 1)  # every layer writes there; the mask covers the whole static capacity
-            rand.rows, rand.step = rows, step
-            u = rand.rounds(torch.arange(len(rows), device=device))  # [B, DEFERRED_ROUNDS]
-            logits, *drawn = step_fn(model, cache, inputs, pos, pad_mask, valid, width, u, cfg.temperature, cfg.top_p)
-        elif compiled:
-            slot.fill_(Lmax + step - 1)
-            logits = step_fn(model, cache, inputs, pos, pad_mask, valid, width)
+            if deferred:  # the next step's draws too, with its uniforms
+                rand.rows, rand.step = rows, step
+                u = rand.rounds(torch.arange(len(rows), device=device))  # [B, DEFERRED_ROUNDS]
+                logits, *drawn = step_fn(
+                    model, cache, inputs, pos, pad_mask, valid, width, u, cfg.temperature, cfg.top_p
+                )
+            else:
+                logits = step_fn(model, cache, inputs, pos, pad_mask, valid, width)
         else:  # the mask up to this step; no validity while every row is valid (the blocks skip masking)
             logits = decode_logits(
                 model, cache, inputs, pos, pad_mask[:, : Lmax + step], None if all_valid else valid, width
