@@ -36,6 +36,7 @@ from generate import bench_model  # noqa: E402
 import bridgelm  # noqa: E402
 from bridgelm.hardware import matmul_flops  # noqa: E402
 from bridgelm.tasks.base import Task  # noqa: E402
+from bridgelm.tokenizer import load_tokenizer  # noqa: E402
 from bridgelm.train.rl import RLConfig, train_rl  # noqa: E402
 from bridgelm.train.sft import SFTConfig, train_sft  # noqa: E402
 
@@ -58,13 +59,6 @@ def word_tokenizer(vocab_size: int = VOCAB):
     return PreTrainedTokenizerFast(
         tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
     )
-
-
-def load_tokenizer(model_dir: Path):
-    """The word tokenizer as saved (AutoTokenizer would rebuild Qwen2's BPE from config.json's model type)."""
-    from transformers import PreTrainedTokenizerFast
-
-    return PreTrainedTokenizerFast.from_pretrained(model_dir)
 
 
 def parity_reward(completion: str) -> float:

@@ -3,7 +3,8 @@
 Skipped with the reason on a machine without CUDA (CI has none; run these where a GPU is at hand). What they check:
 - the engine's sampled log-probs on the GPU equal `grouped_logits` of the same weights on the CPU, with the eager
   decode step and with the compiled one (CUDA graphs, static cache, batch buckets, the draws inside the graph),
-  and both draw the same tokens; decode attention takes the matmul path;
+  and both draw the same tokens; the eager step's decode attention takes the matmul path, and the compiled step
+  draws inside its graph;
 - greedy decoding equals transformers' `generate` on the GPU; bf16 log-probs follow the teacher-forced forward;
 - one GRPO mini-batch gives the CPU's loss and gradients; an SFT and an RL run train on the GPU end to end.
 """

@@ -437,7 +437,16 @@ def test_compiled_step_that_draws_gives_the_same_samples(monkeypatch):
     monkeypatch.setattr(sampling, "finish_deferred", lambda *a: finished.append(1) or real_finish(*a))
     got = generate_ids(model, prompts, replace(cfg, compile=True), EOS, 0)
     assert [[s.token_ids for s in r] for r in got] == [[s.token_ids for s in r] for r in want]
+    assert min(len(s.token_ids) for r in got for s in r) < 12  # finished groups: the batch moved to a smaller bucket
     for r, w in zip(got, want):
         for a, b in zip(r, w):
             torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), rtol=0, atol=1e-5)
     assert len(calls) == 1 and finished  # one wave: its prefill's logits; the rare path after the sync ran
+    # Another temperature and nucleus reuse the compiled step (no EOS: the full batch's shape only, compiled above).
+    import torch._dynamo.utils as dynamo_utils
+
+    graphs = dynamo_utils.counters["stats"]["unique_graphs"]
+    assert graphs > 0
+    other = generate_ids(model, prompts, replace(cfg, compile=True, temperature=0.7, top_p=0.5), [], 0)
+    assert dynamo_utils.counters["stats"].get("unique_graphs") == graphs
+    assert [s.token_ids for s in other[0]] != [s.token_ids for s in got[0]]

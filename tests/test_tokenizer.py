@@ -26,10 +26,12 @@ def test_a_saved_character_tokenizer_keeps_newlines(tmp_path):
 
 
 def test_a_saved_bpe_round_trips_and_named_classes_load_as_themselves(tmp_path):
-    bpe = train_bpe(["12+34=46\nab c", "abc\n\n1-2"] * 20, vocab_size=300)
-    bpe.save_pretrained(tmp_path / "bpe")
-    assert load_tokenizer(tmp_path / "bpe")(TEXT)["input_ids"] == bpe(TEXT)["input_ids"]
     folder = tmp_path / "m"
     save_tiny_model_dir(folder)
+    bpe = train_bpe(["12+34=46\nab c", "abc\n\n1-2"] * 20, vocab_size=300)
+    bpe.save_pretrained(folder)  # beside the qwen2 config.json, in place of the character tokenizer
+    assert load_tokenizer(folder)(TEXT)["input_ids"] == bpe(TEXT)["input_ids"]
+    assert AutoTokenizer.from_pretrained(folder)(TEXT)["input_ids"] != bpe(TEXT)["input_ids"]
+    assert load_tokenizer(tmp_path, subfolder="m")(TEXT)["input_ids"] == bpe(TEXT)["input_ids"]
     AutoTokenizer.from_pretrained(folder).save_pretrained(tmp_path / "qwen")  # saved as Qwen2Tokenizer
     assert type(load_tokenizer(tmp_path / "qwen")).__name__ == "Qwen2Tokenizer"

@@ -42,15 +42,18 @@ def matmul_attention(
 
     query [B, H, S, D], key/value [B, KVH, L, D] (H a multiple of KVH: query head h reads key/value head h // (H/KVH)),
     mask broadcastable to [B, 1 or H, S, L] (bool: True = attend; or float: added to the scores), or None with
-    `causal` (the last S positions of L attend to themselves and before). Scores and softmax in float32 at least.
+    `causal` (the last S positions of L attend to themselves and before). Scores come out of the matmul in the
+    inputs' dtype (half-precision inputs: half-precision scores), then mask and softmax in float32 at least.
     -> [B, H, S, D], value's dtype.
     """
     B, H, S, D = query.shape
     KVH, L = key.shape[1], key.shape[2]
     rep = H // KVH
-    # Dense keys and values first: a cache slice [:, :, :L] (decode) or a transposed projection (training) handed to
-    # matmul as k^T makes it gather element by element; copying rows first is 2x faster per call, same result.
-    key, value = key.contiguous(), value.contiguous()
+    if query.device.type == "cpu":
+        # Dense keys and values first: a cache slice [:, :, :L] (decode) or a transposed projection (training) handed
+        # to matmul as k^T makes it gather element by element on CPU; copying rows first is 2x faster per call, same
+        # result. (cuBLAS takes the strided slice as it is.)
+        key, value = key.contiguous(), value.contiguous()
     q = (query * scale).reshape(B, KVH, rep * S, D)  # heads of a key/value head stacked: [B, KVH, rep*S, D]
     scores = torch.matmul(q, key.transpose(-1, -2)).view(B, KVH, rep, S, L)  # [B, KVH, rep, S, L]
     scores = scores.to(torch.promote_types(scores.dtype, torch.float32))  # a fresh tensor either way
@@ -70,13 +73,13 @@ def matmul_attention(
     return torch.matmul(probs, value).view(B, H, S, D)  # [B, H, S, D]
 
 
-def _covered(query, key, attention_mask, dropout, kwargs) -> bool:
+def _covered(query, key, value, attention_mask, dropout, kwargs) -> bool:
     """Whether `attention` computes this call itself (else transformers' sdpa does)."""
     if dropout > 0 or kwargs.get("softcap") is not None:
         return False
     if kwargs.get("s_aux") is not None or kwargs.get("sinks") is not None or kwargs.get("position_bias") is not None:
         return False
-    if key.shape[-1] != query.shape[-1] or query.shape[1] % key.shape[1]:
+    if key.shape[-1] != query.shape[-1] or value.shape[-1] != query.shape[-1] or query.shape[1] % key.shape[1]:
         return False
     if attention_mask is not None and attention_mask.dim() != 4:
         return False
@@ -92,7 +95,7 @@ def _covered(query, key, attention_mask, dropout, kwargs) -> bool:
 
 def attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None, **kw):
     """transformers' attention signature: query [B, H, S, D], key/value [B, KVH, L, D] -> ([B, S, H, D], None)."""
-    if not _covered(query, key, attention_mask, dropout, kw):
+    if not _covered(query, key, value, attention_mask, dropout, kw):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kw)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     causal = kw.get("is_causal")

@@ -23,7 +23,8 @@ Design (token ids in, token ids out; tokenizing happens in `bridgelm.generate` a
   cache writes each step at one slot of a fixed capacity (rounded up to a multiple of 64) and attention reads the
   whole capacity under the mask, and dropping finished groups moves the batch to the next smaller bucket (half the
   groups, padded with finished ones) instead of an arbitrary size, so a wave meets a few shapes, each compiled
-  once. On a GPU the compiled step also draws the next tokens (`decode_and_draw`): one CUDA graph per step.
+  once. On a GPU the compiled step of random sampling without top-k also draws the next tokens
+  (`decode_and_draw`): one CUDA graph per step.
   Default (`compile=None`): on where it wins, CUDA; off on CPU, where compiling costs tens of seconds per shape
   and the step is dominated by matmuls that are ATen's either way.
 - Each wave decodes under `bridgelm.attention.fast_attention`: the attention over the cache is two matmuls, on
@@ -346,14 +347,16 @@ def _(x: torch.Tensor) -> torch.Tensor:
 
 
 def _deferred_draws(
-    logits: torch.Tensor, u: torch.Tensor, temperature: float, top_p: float
+    logits: torch.Tensor, u: torch.Tensor, temperature, top_p, nucleus: bool | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """logits [B, V], u [B, DEFERRED_ROUNDS] uniforms -> (tokens [B], logprobs [B], unsure [B]); no host sync."""
+    """logits [B, V], u [B, DEFERRED_ROUNDS] uniforms -> (tokens [B], logprobs [B], unsure [B]); no host sync.
+    `temperature` and `top_p`: floats, or 0-d tensors (the compiled step: one graph for every value), with
+    `nucleus` then saying whether top_p < 1."""
     probs = torch.softmax(logits.float() / temperature, -1)  # [B, V], the values `sample_tokens` computes
     cdf = cumsum_rows(probs) if torch.compiler.is_compiling() else torch.cumsum(probs, -1)  # [B, V], every attempt
     tokens = _search(cdf, u[:, 0])
     ok = torch.ones_like(tokens, dtype=torch.bool)
-    if top_p < 1.0:
+    if top_p < 1.0 if nucleus is None else nucleus:
         ok = in_nucleus(probs, tokens, top_p, all_rows=True)
         for attempt in range(1, DEFERRED_ROUNDS):
             tokens = torch.where(ok, tokens, _search(cdf, u[:, attempt]))
@@ -467,13 +470,14 @@ def decode_logits(model, cache: Cache, tokens, positions, keep, valid, width: in
     return decode_step(model, cache, tokens, positions, mask, groups)
 
 
-def decode_and_draw(model, cache: Cache, tokens, positions, keep, valid, width: int, u, temperature, top_p):
+def decode_and_draw(model, cache: Cache, tokens, positions, keep, valid, width: int, u, temperature, top_p, nucleus):
     """`decode_logits`, then `sample_tokens_deferred`'s draws from the logits with uniforms u [B, DEFERRED_ROUNDS]:
     the compiled step on a GPU, one CUDA graph for the forward and the sampler (whose ~40 small kernels, launched
-    one by one from the host, cost more than the model's forward on small models).
+    one by one from the host, cost more than the model's forward on small models). temperature, top_p: 0-d
+    tensors, so that other values reuse the graphs; nucleus: top_p < 1.
     -> (logits [B, V], tokens [B], logprobs [B], unsure [B])."""
     logits = decode_logits(model, cache, tokens, positions, keep, valid, width)
-    return (logits, *_deferred_draws(logits, u, temperature, top_p))
+    return (logits, *_deferred_draws(logits, u, temperature, top_p, nucleus))
 
 
 def compile_wins(device) -> bool:
@@ -670,9 +674,11 @@ def _run_wave(
     logits = out.logits[:, -1][src]
     width = cfg.width
     deferred = defers_draws(device, cfg)
-    step_fn, slot = None, None
+    step_fn, slot, knobs = None, None, None
     if compiled:
         step_fn = compiled_step(device, draws=deferred)
+        if deferred:  # the sampler's settings as tensors: graph inputs, not constants baked into the graph
+            knobs = (torch.tensor(cfg.temperature, device=device), torch.tensor(cfg.top_p, device=device))
         slot = torch.zeros(1, dtype=torch.long, device=device)
         cache.make_static(slot)
     out_tokens = torch.full((B, cfg.max_new_tokens), pad_id, dtype=torch.long, device=device)
@@ -747,9 +753,7 @@ def _run_wave(
             if deferred:  # the next step's draws too, with its uniforms
                 rand.rows, rand.step = rows, step
                 u = rand.rounds(torch.arange(len(rows), device=device))  # [B, DEFERRED_ROUNDS]
-                logits, *drawn = step_fn(
-                    model, cache, inputs, pos, pad_mask, valid, width, u, cfg.temperature, cfg.top_p
-                )
+                logits, *drawn = step_fn(model, cache, inputs, pos, pad_mask, valid, width, u, *knobs, cfg.top_p < 1)
             else:
                 logits = step_fn(model, cache, inputs, pos, pad_mask, valid, width)
         else:  # the mask up to this step; no validity while every row is valid (the blocks skip masking)

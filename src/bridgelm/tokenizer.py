@@ -71,13 +71,15 @@ GENERIC_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
 
 
 def load_tokenizer(name_or_path: str | os.PathLike, **kwargs):
-    """The tokenizer of a model folder or hub id, as `AutoTokenizer.from_pretrained` gives it, except for a folder
-    whose `tokenizer_config.json` names a generic class: that one loads as `PreTrainedTokenizerFast`, from its
-    `tokenizer.json` as written. (transformers 5's AutoTokenizer would take the class of the folder's model type
-    instead, Qwen2Tokenizer for a qwen2 `config.json`, which puts Qwen's pre-tokenizer in front of the vocabulary:
-    a character vocabulary then drops "\n" when it encodes.)"""
-    config = Path(name_or_path) / "tokenizer_config.json"
-    if config.is_file() and (Path(name_or_path) / "tokenizer.json").is_file():
-        if json.loads(config.read_text()).get("tokenizer_class") in GENERIC_CLASSES:
+    """The tokenizer of a model folder or hub id, as `AutoTokenizer.from_pretrained` gives it, except for a local
+    folder (or its `subfolder=`) whose `tokenizer_config.json` names a generic class: that one loads as
+    `PreTrainedTokenizerFast`, from its `tokenizer.json` as written. (transformers 5's AutoTokenizer would take the
+    class of the folder's model type instead, Qwen2Tokenizer for a qwen2 `config.json`, which puts Qwen's
+    pre-tokenizer in front of the vocabulary: a character vocabulary then drops "\n" when it encodes.) Hub ids go
+    to AutoTokenizer as they are."""
+    folder = Path(name_or_path) / kwargs.get("subfolder", "")
+    config = folder / "tokenizer_config.json"
+    if config.is_file() and (folder / "tokenizer.json").is_file():
+        if json.loads(config.read_text(encoding="utf-8")).get("tokenizer_class") in GENERIC_CLASSES:
             return PreTrainedTokenizerFast.from_pretrained(name_or_path, **kwargs)
     return AutoTokenizer.from_pretrained(name_or_path, **kwargs)
