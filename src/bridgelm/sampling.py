@@ -347,16 +347,16 @@ def _(x: torch.Tensor) -> torch.Tensor:
 
 
 def _deferred_draws(
-    logits: torch.Tensor, u: torch.Tensor, temperature, top_p, nucleus: bool | None = None
+    logits: torch.Tensor, u: torch.Tensor, temperature, top_p, nucleus: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """logits [B, V], u [B, DEFERRED_ROUNDS] uniforms -> (tokens [B], logprobs [B], unsure [B]); no host sync.
-    `temperature` and `top_p`: floats, or 0-d tensors (the compiled step: one graph for every value), with
-    `nucleus` then saying whether top_p < 1."""
+    `temperature` and `top_p`: floats, or 0-d tensors (the compiled step: one graph for every value); `nucleus`:
+    whether top_p < 1."""
     probs = torch.softmax(logits.float() / temperature, -1)  # [B, V], the values `sample_tokens` computes
     cdf = cumsum_rows(probs) if torch.compiler.is_compiling() else torch.cumsum(probs, -1)  # [B, V], every attempt
     tokens = _search(cdf, u[:, 0])
     ok = torch.ones_like(tokens, dtype=torch.bool)
-    if top_p < 1.0 if nucleus is None else nucleus:
+    if nucleus:
         ok = in_nucleus(probs, tokens, top_p, all_rows=True)
         for attempt in range(1, DEFERRED_ROUNDS):
             tokens = torch.where(ok, tokens, _search(cdf, u[:, attempt]))
@@ -379,7 +379,7 @@ def sample_tokens_deferred(
     every = torch.arange(logits.shape[0], device=logits.device)
     rounds = getattr(uniform, "rounds", None)
     u = rounds(every) if rounds else torch.stack([uniform(every, a) for a in range(DEFERRED_ROUNDS)], -1)
-    return _deferred_draws(logits, u, temperature, top_p)
+    return _deferred_draws(logits, u, temperature, top_p, top_p < 1.0)
 
 
 def defers_draws(device, cfg: SamplingConfig) -> bool:
