@@ -9,7 +9,8 @@ How the figures are made to hold from run to run:
 - repeats are interleaved (a b c, b c a, c a b, ...) and each ratio is taken pair by pair within a repeat, so a
   drift of the machine's speed cancels; the JSON gives the median over repeats and the interquartile range
   (`*_iqr` = q75 - q25) beside each;
-- the matmul peak of this machine (a large square matmul, fp32 and bf16) is measured in the same run, before and
+- the matmul peak of this machine (a large square matmul, fp32 and bf16, the fastest of ATen's and oneDNN's with a
+  packed weight: `bridgelm.hardware.matmul_kernels`) is measured in the same run, before and
   after the engines (the larger of the two counts), and each engine is reported against its compute roofline:
   tok/s divided by peak FLOP/s / (2 x parameters) (parameters that take part in a matmul per token: all of them
   for a tied embedding; attention over the cache is left out, a few % at these lengths).
@@ -22,7 +23,7 @@ plain_over_roofline (medians) and *_iqr beside each; per dtype and per model und
     python benchmarks/generate.py --json                  # the full run (quiet machine; ~15 min on 2 CPU cores)
     python benchmarks/generate.py --quick --json          # tiny sizes: checks that everything runs (~1 min)
     python benchmarks/generate.py --no-compile --dtypes float32 --no-smollm2 --json
-    python benchmarks/generate.py --no-pack --dtypes bfloat16 --no-smollm2 --json   # without packed bf16 weights
+    python benchmarks/generate.py --no-pack --dtypes bfloat16 --no-smollm2 --json   # without packed weights
     python benchmarks/generate.py --dtypes bfloat16 --shapes smollm2-135m,qwen2-0.5b --json   # on a GPU
 
 Every model is also reported against its memory-bandwidth roofline (`*_over_bw_roofline`): a decode step reads
@@ -384,7 +385,7 @@ def main() -> None:
     ap.add_argument("--matmul-size", type=int, default=4096, help="side of the square matmul of the peak")
     ap.add_argument("--compile", dest="compile", action="store_true", default=None, help="compile the decode step")
     ap.add_argument("--no-compile", dest="compile", action="store_false", help="eager decode step")
-    ap.add_argument("--no-pack", dest="pack", action="store_false", help="the engine without packed bf16 weights")
+    ap.add_argument("--no-pack", dest="pack", action="store_false", help="the engine without packed oneDNN weights")
     ap.add_argument("--smollm2", dest="smollm2", action="store_true", default=None, help="require SmolLM2")
     ap.add_argument("--no-smollm2", dest="smollm2", action="store_false", help="skip SmolLM2")
     ap.add_argument("--smollm2-prompts", type=int, default=4, help="GSM8K questions (n, width as above)")

@@ -10,14 +10,20 @@ from bridgelm import packed
 from bridgelm.packed import packed_linears
 from bridgelm.sampling import SamplingConfig, generate_ids
 
-pytestmark = pytest.mark.skipif(not packed._supported(), reason="this CPU's oneDNN has no bfloat16 support")
-
-
-@pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize(
-    "shape, out",
-    [((1, 48), 200), ((7, 48), 200), ((64, 48), 200), ((3, 100, 48), 200), ((64, 576), 1536), ((64, 1536), 576)],
+needs_bf16 = pytest.mark.skipif(
+    torch.bfloat16 not in packed.dtypes(), reason="this CPU's oneDNN has no bfloat16 support"
 )
+needs_fp32 = pytest.mark.skipif(
+    torch.float32 not in packed.dtypes(), reason="float32 weights are packed on x86 CPUs with oneDNN only"
+)
+
+
+SHAPES = [((1, 48), 200), ((7, 48), 200), ((64, 48), 200), ((3, 100, 48), 200), ((64, 576), 1536), ((64, 1536), 576)]
+
+
+@needs_bf16
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("shape, out", SHAPES)
 def test_packed_linear_equals_nn_linear_bit_for_bit(bias, shape, out):
     """Widths up to SmolLM2's (576 and 1536 features)."""
     torch.manual_seed(0)
@@ -32,6 +38,27 @@ def test_packed_linear_equals_nn_linear_bit_for_bit(bias, shape, out):
     assert got.shape == want.shape and torch.equal(got, want)
 
 
+@needs_fp32
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("shape, out", SHAPES)
+def test_packed_float32_linear_is_as_exact_as_nn_linear(bias, shape, out):
+    """float32: oneDNN's kernel, not ATen's BLAS, so not bit for bit; both against the product in float64."""
+    torch.manual_seed(0)
+    layer = nn.Linear(shape[-1], out, bias=bias)
+    x = torch.randn(shape)
+    with torch.no_grad():
+        exact = nn.functional.linear(x.double(), layer.weight.double(), None if bias is False else layer.bias.double())
+        want = layer(x)
+        with packed_linears(layer):
+            assert "forward" in layer.__dict__  # switched
+            got = layer(x)
+    assert "forward" not in layer.__dict__
+    assert got.dtype == torch.float32 and got.shape == want.shape
+    tol = 4 * float((want.double() - exact).abs().max()) + 1e-6  # float32 rounding of a sum of shape[-1] products
+    assert float((got.double() - exact).abs().max()) <= tol
+
+
+@needs_bf16
 def test_weights_are_packed_at_entry_and_grad_takes_the_module_path():
     torch.manual_seed(0)
     layer = nn.Linear(32, 16).to(torch.bfloat16)
@@ -49,6 +76,7 @@ def test_weights_are_packed_at_entry_and_grad_takes_the_module_path():
     assert y.requires_grad and torch.equal(y.detach(), after)
 
 
+@needs_bf16
 def test_an_error_inside_the_context_restores_every_module():
     model = tiny_model(dtype=torch.bfloat16)
     with pytest.raises(RuntimeError, match="stop"), packed_linears(model):
@@ -57,8 +85,16 @@ def test_an_error_inside_the_context_restores_every_module():
     assert not any("forward" in m.__dict__ for m in model.modules())
 
 
-def test_only_bf16_cpu_linears_within_the_size_limit_are_packed(monkeypatch):
-    assert not packed.wins(tiny_model())  # float32 weights: left alone
+@needs_bf16
+@needs_fp32
+def test_only_cpu_linears_of_packed_dtypes_within_the_size_limit_are_packed(monkeypatch):
+    assert packed.wins(tiny_model())  # float32
+    assert not packed.wins(tiny_model(dtype=torch.float16))  # no packed float16 kernel here: left alone
+    layer = nn.Linear(8, 4).to(torch.bfloat16)
+    layer.bias.data = layer.bias.data.float()  # mixed weight and bias dtypes: left alone
+    assert not packed.wins(layer)
+    monkeypatch.setattr(packed, "dtypes", lambda: (torch.bfloat16,))  # a CPU that packs bf16 only
+    assert not packed.wins(tiny_model())
     model = tiny_model(dtype=torch.bfloat16)
     assert packed.wins(model)
     monkeypatch.setattr(packed, "MAX_BYTES", 1000)
@@ -67,6 +103,7 @@ def test_only_bf16_cpu_linears_within_the_size_limit_are_packed(monkeypatch):
         assert not any("forward" in m.__dict__ for m in model.modules())
 
 
+@needs_bf16
 def test_engine_samples_the_same_with_and_without_packing(monkeypatch):
     """Bridge at width 2, nucleus sampling: tokens and log-probs equal bit for bit."""
     calls = []
@@ -85,3 +122,23 @@ def test_engine_samples_the_same_with_and_without_packing(monkeypatch):
         [(s.token_ids, s.logprobs) for s in r] for r in runs[1]
     ]
     assert not any("forward" in m.__dict__ for m in model.modules())
+
+
+@needs_fp32
+def test_engine_in_float32_samples_the_same_tokens_with_and_without_packing(monkeypatch):
+    """float32: the same tokens, log-probs equal to float32 rounding (oneDNN's kernel against ATen's)."""
+    calls = []
+    forward = packed._packed_forward
+    monkeypatch.setattr(packed, "_packed_forward", lambda *a: calls.append(1) or forward(*a))
+    model = randomize_blocks(bridgelm.add_bridge(tiny_model()), std=0.2)
+    torch.manual_seed(3)
+    prompts = [torch.randint(7, 97, (n,)).tolist() for n in (3, 6, 5)]
+    runs = []
+    for pack in (True, False):
+        cfg = SamplingConfig(n=4, width=2, max_new_tokens=12, temperature=0.8, top_p=0.9, seed=1, pack_weights=pack)
+        runs.append([s for r in generate_ids(model, prompts, cfg, [2], 0) for s in r])
+        assert bool(calls) == pack
+        calls.clear()
+    assert [s.token_ids for s in runs[0]] == [s.token_ids for s in runs[1]]
+    for a, b in zip(*runs):
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), rtol=0, atol=1e-5)

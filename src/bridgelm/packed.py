@@ -1,12 +1,17 @@
-"""Linear layers whose weights are packed once for oneDNN while the engine samples (CPU, bfloat16).
+"""Linear layers whose weights are packed once for oneDNN while the engine samples (CPU, float32 and bfloat16).
 
 On CPU a bfloat16 `F.linear` hands its weight to oneDNN, which reorders it into its own blocked layout on every
 call: a pass over the whole weight matrix that a decode step (a few dozen rows against every weight of the model)
-pays again at each token. `packed_linears(model)` reorders each `nn.Linear` weight once, with the op that
-inductor's weight freezing uses (`torch.ops.mkldnn._reorder_linear_weight`), and routes the module's forward to
-`torch.ops.mkldnn._linear_pointwise` on the packed copy until the context exits. Same kernel, same results (the
-tests compare them bit for bit); measured on the 30M benchmark model, 64 rows, every linear of a decode step: 9.0
--> 6.9-7.7 ms (`benchmarks/generate.py` reports the engine with it).
+pays again at each token. A float32 `F.linear` goes to ATen's BLAS (MKL), which on AMD CPUs runs at less than half
+of oneDNN's rate (measured on this project's 2-core AMD EPYC: 0.17 against 0.38 TFLOP/s on a 4096 x 4096 matmul,
+14.6 against 4.3 ms for a decode step's [64, 512] x [512, 24000] output layer). `packed_linears(model)` reorders
+each `nn.Linear` weight once, with the op that inductor's weight freezing uses
+(`torch.ops.mkldnn._reorder_linear_weight`), and routes the module's forward to `torch.ops.mkldnn._linear_pointwise`
+on the packed copy until the context exits.
+- bfloat16: the kernel `F.linear` would run, so the same results bit for bit (tested); 30M benchmark model, 64 rows,
+  every linear of a decode step: 9.0 -> 6.9-7.7 ms.
+- float32: oneDNN's kernel instead of MKL's, so results equal to float32 rounding, not bit for bit (tested against
+  float64); the engine's samples on the 30M benchmark model: 1.8x tok/s, the same tokens, log-probs within 5e-6.
 
 The packed copies are taken at entry, so weights changed between two contexts (an RL step) are packed afresh; the
 model must not change its weights inside one. They cost a second copy of the linear weights while the context
@@ -16,6 +21,7 @@ lasts, so models above MAX_BYTES of linear weights are left alone.
 from __future__ import annotations
 
 import contextlib
+import platform
 from functools import partial
 
 import torch
@@ -24,39 +30,43 @@ from torch import nn
 MAX_BYTES = 2 * 2**30  # pack at most this many bytes of linear weights (the packed copy doubles them)
 
 
-def _supported() -> bool:
+def dtypes() -> tuple[torch.dtype, ...]:
+    """The weight dtypes this machine's oneDNN packs: bfloat16 where it has bf16 support, and float32 on x86 (where
+    the packed kernels were measured; other CPUs keep their BLAS)."""
     mkldnn = torch.backends.mkldnn
-    return mkldnn.enabled and mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    if not (mkldnn.enabled and mkldnn.is_available()):
+        return ()
+    out = (torch.float32,) if platform.machine().lower() in ("x86_64", "amd64") else ()
+    return out + ((torch.bfloat16,) if torch.ops.mkldnn._is_mkldnn_bf16_supported() else ())
 
 
-def _packable(module: nn.Module) -> bool:
-    """A plain nn.Linear (no subclass, no forward of its own set on the instance) with a bfloat16 CPU weight."""
+def _packable(module: nn.Module, kinds: tuple[torch.dtype, ...]) -> bool:
+    """A plain nn.Linear (no subclass, no forward of its own set on the instance) with a CPU weight of one of
+    `kinds`, and a bias of the same dtype."""
     return (
         type(module) is nn.Linear
         and "forward" not in module.__dict__
         and module.weight.device.type == "cpu"
-        and module.weight.dtype == torch.bfloat16
-        and (module.bias is None or module.bias.dtype == torch.bfloat16)
+        and module.weight.dtype in kinds
+        and (module.bias is None or module.bias.dtype == module.weight.dtype)
     )
 
 
 def _linears(model: nn.Module) -> list[nn.Linear]:
-    """The linears `packed_linears` packs: every packable one when oneDNN has bfloat16 support and they hold at
-    most MAX_BYTES of weights, else none."""
-    if not _supported():
-        return []
-    linears = [m for m in model.modules() if _packable(m)]
+    """The linears `packed_linears` packs: every packable one when they hold at most MAX_BYTES of weights, else
+    none."""
+    kinds = dtypes()
+    linears = [m for m in model.modules() if _packable(m, kinds)] if kinds else []
     return linears if sum(m.weight.nbytes for m in linears) <= MAX_BYTES else []
 
 
 def wins(model: nn.Module) -> bool:
-    """Whether `packed_linears` packs `model`: oneDNN with bfloat16 support, bfloat16 CPU linear weights, at most
-    MAX_BYTES of them."""
+    """Whether `packed_linears` packs `model`: CPU linear weights in one of `dtypes()`, at most MAX_BYTES of them."""
     return bool(_linears(model))
 
 
 def _packed_forward(module: nn.Linear, packed: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    if x.dtype != torch.bfloat16 or torch.is_grad_enabled():
+    if x.dtype != module.weight.dtype or torch.is_grad_enabled():
         return nn.Linear.forward(module, x)  # what the packed kernel does not cover: the module's own path
     return torch.ops.mkldnn._linear_pointwise(x, packed, module.bias, "none", [], "")
 

@@ -67,7 +67,7 @@ class SamplingConfig:
     compact_fraction: float = 0.125  # drop finished groups once they are this fraction of the batch
     foreign_groups: bool = False  # control: group sample j of `width` different prompts (see "Foreign groups")
     compile: bool | None = None  # torch.compile the decode step; None: where it wins (CUDA), see compile_wins
-    pack_weights: bool = True  # eager CPU decoding packs bf16 linear weights once per wave (bridgelm.packed)
+    pack_weights: bool = True  # eager CPU decoding packs linear weights for oneDNN once per wave (bridgelm.packed)
 
     def validate(self) -> None:
         if not isinstance(self.n, int) or self.n < 1:

@@ -1,0 +1,31 @@
+"""The machine's matmul peak (bridgelm.hardware): every kernel it times computes the product."""
+
+import pytest
+import torch
+
+from bridgelm import hardware, packed
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_every_timed_kernel_computes_the_product(dtype):
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(64, 96, generator=g).to(dtype), torch.randn(96, 80, generator=g).to(dtype)
+    kernels = hardware.matmul_kernels(a, b)
+    assert set(kernels) == ({"aten", "onednn"} if dtype in packed.dtypes() else {"aten"})
+    exact = a.double() @ b.double()
+    # rounding of the result: float32 2^-24, bfloat16 2^-9 of its size (half an ulp), with room for the sum's order
+    tol = (2**-20 if dtype == torch.float32 else 2**-7) * float(exact.abs().max())
+    for name, fn in kernels.items():
+        got = fn()
+        assert got.shape == (64, 80) and got.dtype == dtype, name
+        assert float((got.double() - exact).abs().max()) < tol, name
+
+
+def test_the_peak_is_the_fastest_kernel(monkeypatch):
+    """matmul_flops times every kernel and keeps the fastest."""
+    timed = []
+    seconds = iter([2.0, 1.0])
+    monkeypatch.setattr(hardware, "matmul_kernels", lambda a, b: {"slow": lambda: a @ b, "fast": lambda: a @ b})
+    monkeypatch.setattr(hardware, "_best_seconds", lambda fn, repeats, cuda: timed.append(fn) or next(seconds))
+    assert hardware.matmul_flops(torch.float32, n=8) == 2 * 8**3 / 1.0
+    assert len(timed) == 2
