@@ -19,6 +19,11 @@ def test_every_timed_kernel_computes_the_product(dtype):
         got = fn()
         assert got.shape == (64, 80) and got.dtype == dtype, name
         assert float((got.double() - exact).abs().max()) < tol, name
+        if name == "onednn":
+            got_onednn = got
+    if "onednn" in kernels:
+        b.mul_(2)
+        assert torch.equal(kernels["onednn"](), got_onednn)  # it multiplies with the copy packed at the start
 
 
 def test_the_peak_is_the_fastest_kernel(monkeypatch):

@@ -34,6 +34,8 @@ def test_packed_linear_equals_nn_linear_bit_for_bit(bias, shape, out):
         with packed_linears(layer):
             assert "forward" in layer.__dict__  # switched
             got = layer(x)
+            layer.weight.mul_(2)
+            assert torch.equal(layer(x), got)  # the copy packed at entry multiplies, not the module's weight
     assert "forward" not in layer.__dict__  # restored
     assert got.shape == want.shape and torch.equal(got, want)
 
@@ -52,6 +54,8 @@ def test_packed_float32_linear_is_as_exact_as_nn_linear(bias, shape, out):
         with packed_linears(layer):
             assert "forward" in layer.__dict__  # switched
             got = layer(x)
+            layer.weight.mul_(2)
+            assert torch.equal(layer(x), got)  # the copy packed at entry multiplies, not the module's weight
     assert "forward" not in layer.__dict__
     assert got.dtype == torch.float32 and got.shape == want.shape
     tol = 4 * float((want.double() - exact).abs().max()) + 1e-6  # float32 rounding of a sum of shape[-1] products
@@ -85,9 +89,29 @@ def test_an_error_inside_the_context_restores_every_module():
     assert not any("forward" in m.__dict__ for m in model.modules())
 
 
-@needs_bf16
+def test_which_dtypes_this_machine_packs(monkeypatch):
+    with monkeypatch.context() as m:
+        m.setattr(torch.backends.mkldnn, "is_available", lambda: False)
+        assert packed.dtypes() == ()
+    monkeypatch.setattr(packed.platform, "machine", lambda: "aarch64")
+    assert torch.float32 not in packed.dtypes()  # float32 keeps the BLAS off x86
+
+
 @needs_fp32
+def test_autocast_keeps_its_dtype_inside_the_context():
+    """Under CPU bf16 autocast a float32 linear computes in bf16; the packed float32 kernel must not change that."""
+    torch.manual_seed(0)
+    layer = nn.Linear(48, 200)
+    x = torch.randn(7, 48)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        want = layer(x)
+        with packed_linears(layer):
+            got = layer(x)
+    assert want.dtype == got.dtype == torch.bfloat16 and torch.equal(got, want)
+
+
 def test_only_cpu_linears_of_packed_dtypes_within_the_size_limit_are_packed(monkeypatch):
+    monkeypatch.setattr(packed, "dtypes", lambda: (torch.float32, torch.bfloat16))  # no kernel runs here
     assert packed.wins(tiny_model())  # float32
     assert not packed.wins(tiny_model(dtype=torch.float16))  # no packed float16 kernel here: left alone
     layer = nn.Linear(8, 4).to(torch.bfloat16)

@@ -31,8 +31,9 @@ MAX_BYTES = 2 * 2**30  # pack at most this many bytes of linear weights (the pac
 
 
 def dtypes() -> tuple[torch.dtype, ...]:
-    """The weight dtypes this machine's oneDNN packs: bfloat16 where it has bf16 support, and float32 on x86 (where
-    the packed kernels were measured; other CPUs keep their BLAS)."""
+    """The weight dtypes this machine's oneDNN packs: bfloat16 where it has bf16 support, and float32 on x86. The
+    float32 gain was measured on an AMD EPYC, where ATen's BLAS is slow; on Intel CPUs MKL is fast and oneDNN is
+    assumed to be no slower (not measured). Other CPUs keep their BLAS for float32."""
     mkldnn = torch.backends.mkldnn
     if not (mkldnn.enabled and mkldnn.is_available()):
         return ()
@@ -65,10 +66,20 @@ def wins(model: nn.Module) -> bool:
     return bool(_linears(model))
 
 
+def pack(weight: torch.Tensor, rows: int = 64) -> torch.Tensor:
+    """`weight` [out, in] reordered into oneDNN's layout for inputs of about `rows` rows (a hint: any count works)."""
+    return torch.ops.mkldnn._reorder_linear_weight(weight, rows)
+
+
+def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., in] @ W^T (+ bias) with W packed by `pack`: -> [..., out]."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
 def _packed_forward(module: nn.Linear, packed: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    if x.dtype != module.weight.dtype or torch.is_grad_enabled():
+    if x.dtype != module.weight.dtype or torch.is_grad_enabled() or torch.is_autocast_enabled("cpu"):
         return nn.Linear.forward(module, x)  # what the packed kernel does not cover: the module's own path
-    return torch.ops.mkldnn._linear_pointwise(x, packed, module.bias, "none", [], "")
+    return linear(x, packed, module.bias)
 
 
 @contextlib.contextmanager
@@ -79,7 +90,7 @@ def packed_linears(model: nn.Module, rows: int = 64):
     try:
         with torch.no_grad():
             for module in _linears(model):
-                packed = torch.ops.mkldnn._reorder_linear_weight(module.weight.detach(), rows)
+                packed = pack(module.weight.detach(), rows)
                 switched.append(module)  # first: an interrupt between the two lines still restores it
                 module.forward = partial(_packed_forward, module, packed)
         yield model

@@ -463,6 +463,8 @@ def _peaks_text(peaks: list[dict]) -> str:
     parts = []
     for p in peaks:
         text = f"fp32 {p['fp32_tflops']} TFLOP/s, bf16 {p['bf16_tflops']} TFLOP/s"
+        if "kernels" not in p:  # measured before the peak took the fastest kernel
+            text += " (ATen's matmul alone)"
         if len(peaks) > 1:  # name the stages each invocation ran
             text += f" (stages {', '.join(p.get('stages', []))})"
         parts.append(text + _wall_text(p))
