@@ -21,6 +21,23 @@ needs_fp32 = pytest.mark.skipif(
 SHAPES = [((1, 48), 200), ((7, 48), 200), ((64, 48), 200), ((3, 100, 48), 200), ((64, 576), 1536), ((64, 1536), 576)]
 
 
+def _plain_and_packed(layer: nn.Linear, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`layer(x)` outside and inside `packed_linears`, checking that the context switches the module, multiplies
+    with the copy packed at entry (not the module's weight), and restores the module on exit."""
+    with torch.no_grad():
+        want = layer(x)
+        weight = layer.weight.clone()
+        with packed_linears(layer):
+            assert "forward" in layer.__dict__  # switched
+            got = layer(x)
+            layer.weight.mul_(2)
+            assert torch.equal(layer(x), got)  # the packed copy multiplies
+        layer.weight.copy_(weight)
+    assert "forward" not in layer.__dict__  # restored
+    assert got.dtype == want.dtype and got.shape == want.shape
+    return want, got
+
+
 @needs_bf16
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("shape, out", SHAPES)
@@ -28,16 +45,8 @@ def test_packed_linear_equals_nn_linear_bit_for_bit(bias, shape, out):
     """Widths up to SmolLM2's (576 and 1536 features)."""
     torch.manual_seed(0)
     layer = nn.Linear(shape[-1], out, bias=bias).to(torch.bfloat16)
-    x = torch.randn(shape).to(torch.bfloat16)
-    with torch.no_grad():
-        want = layer(x)
-        with packed_linears(layer):
-            assert "forward" in layer.__dict__  # switched
-            got = layer(x)
-            layer.weight.mul_(2)
-            assert torch.equal(layer(x), got)  # the copy packed at entry multiplies, not the module's weight
-    assert "forward" not in layer.__dict__  # restored
-    assert got.shape == want.shape and torch.equal(got, want)
+    want, got = _plain_and_packed(layer, torch.randn(shape).to(torch.bfloat16))
+    assert torch.equal(got, want)
 
 
 @needs_fp32
@@ -50,14 +59,7 @@ def test_packed_float32_linear_is_as_exact_as_nn_linear(bias, shape, out):
     x = torch.randn(shape)
     with torch.no_grad():
         exact = nn.functional.linear(x.double(), layer.weight.double(), None if bias is False else layer.bias.double())
-        want = layer(x)
-        with packed_linears(layer):
-            assert "forward" in layer.__dict__  # switched
-            got = layer(x)
-            layer.weight.mul_(2)
-            assert torch.equal(layer(x), got)  # the copy packed at entry multiplies, not the module's weight
-    assert "forward" not in layer.__dict__
-    assert got.dtype == torch.float32 and got.shape == want.shape
+    want, got = _plain_and_packed(layer, x)
     tol = 4 * float((want.double() - exact).abs().max()) + 1e-6  # float32 rounding of a sum of shape[-1] products
     assert float((got.double() - exact).abs().max()) <= tol
 
