@@ -129,34 +129,12 @@ def test_only_cpu_linears_of_packed_dtypes_within_the_size_limit_are_packed(monk
         assert not any("forward" in m.__dict__ for m in model.modules())
 
 
-@needs_bf16
-def test_engine_samples_the_same_with_and_without_packing(monkeypatch):
-    """Bridge at width 2, nucleus sampling: tokens and log-probs equal bit for bit."""
+def _samples_with_and_without_packing(model, monkeypatch) -> list[list]:
+    """The engine's samples of `model` (Bridge at width 2, nucleus sampling), packed and not: [packed, plain], each
+    a flat list; checks that the packed weights served the run that asked for them, and only that one."""
     calls = []
     forward = packed._packed_forward
     monkeypatch.setattr(packed, "_packed_forward", lambda *a: calls.append(1) or forward(*a))
-    model = randomize_blocks(bridgelm.add_bridge(tiny_model(dtype=torch.bfloat16)), std=0.2)
-    torch.manual_seed(3)
-    prompts = [torch.randint(7, 97, (n,)).tolist() for n in (3, 6, 5)]
-    runs = []
-    for pack in (True, False):
-        cfg = SamplingConfig(n=4, width=2, max_new_tokens=12, temperature=0.8, top_p=0.9, seed=1, pack_weights=pack)
-        runs.append(generate_ids(model, prompts, cfg, [2], 0))
-        assert bool(calls) == pack  # the packed weights served the run that asked for them, and only that one
-        calls.clear()
-    assert [[(s.token_ids, s.logprobs) for s in r] for r in runs[0]] == [
-        [(s.token_ids, s.logprobs) for s in r] for r in runs[1]
-    ]
-    assert not any("forward" in m.__dict__ for m in model.modules())
-
-
-@needs_fp32
-def test_engine_in_float32_samples_the_same_tokens_with_and_without_packing(monkeypatch):
-    """float32: the same tokens, log-probs equal to float32 rounding (oneDNN's kernel against ATen's)."""
-    calls = []
-    forward = packed._packed_forward
-    monkeypatch.setattr(packed, "_packed_forward", lambda *a: calls.append(1) or forward(*a))
-    model = randomize_blocks(bridgelm.add_bridge(tiny_model()), std=0.2)
     torch.manual_seed(3)
     prompts = [torch.randint(7, 97, (n,)).tolist() for n in (3, 6, 5)]
     runs = []
@@ -165,6 +143,23 @@ def test_engine_in_float32_samples_the_same_tokens_with_and_without_packing(monk
         runs.append([s for r in generate_ids(model, prompts, cfg, [2], 0) for s in r])
         assert bool(calls) == pack
         calls.clear()
-    assert [s.token_ids for s in runs[0]] == [s.token_ids for s in runs[1]]
-    for a, b in zip(*runs):
+    assert not any("forward" in m.__dict__ for m in model.modules())  # restored
+    return runs
+
+
+@needs_bf16
+def test_engine_samples_the_same_with_and_without_packing(monkeypatch):
+    """bfloat16: tokens and log-probs equal bit for bit."""
+    model = randomize_blocks(bridgelm.add_bridge(tiny_model(dtype=torch.bfloat16)), std=0.2)
+    packed_run, plain_run = _samples_with_and_without_packing(model, monkeypatch)
+    assert [(s.token_ids, s.logprobs) for s in packed_run] == [(s.token_ids, s.logprobs) for s in plain_run]
+
+
+@needs_fp32
+def test_engine_in_float32_samples_the_same_tokens_with_and_without_packing(monkeypatch):
+    """float32: the same tokens, log-probs equal to float32 rounding (oneDNN's kernel against ATen's)."""
+    model = randomize_blocks(bridgelm.add_bridge(tiny_model()), std=0.2)
+    packed_run, plain_run = _samples_with_and_without_packing(model, monkeypatch)
+    assert [s.token_ids for s in packed_run] == [s.token_ids for s in plain_run]
+    for a, b in zip(packed_run, plain_run):
         assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), rtol=0, atol=1e-5)
