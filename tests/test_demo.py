@@ -210,3 +210,16 @@ def test_worker_prints_data_warnings_as_one_line(capfd):
     err = capfd.readouterr().err
     assert "bridgelm demo: warning: data.jsonl repeats problems\n" in err
     assert "something else" not in err  # handed to the previous handler (here pytest's, which records it)
+
+
+def test_sft_stage_summary_without_held_out_problems():
+    """Too few kept warm-up problems to hold any out: SFT keeps the last epoch's blocks and the terminal says so
+    (it crashed on the missing perplexity once)."""
+    from bridgelm.demo.pipeline import _sft_summary
+
+    assert _sft_summary({"best_val_ppl": None, "best_epoch": 2, "steps": 6}) == (
+        "6 steps, no held-out problems (blocks of the last epoch)"
+    )
+    assert _sft_summary({"best_val_ppl": 1.23456, "best_epoch": 2, "steps": 6}) == (
+        "best validation perplexity 1.235 (epoch 2)"
+    )
