@@ -41,8 +41,8 @@ def test_pretraining_resumes_exactly(tmp_path, monkeypatch):
 
 def test_pretraining_refuses_other_settings_in_its_folder(tmp_path):
     base.pretrain(CFG, tmp_path, progress=False, log=lambda _: None)
-    with pytest.raises(ValueError, match=r"lr: saved 0.001 vs now 0.002"):
-        base.pretrain(base.BaseConfig(**{**CFG.__dict__, "lr": 2e-3}), tmp_path, progress=False, log=lambda _: None)
+    with pytest.raises(ValueError, match=r"lr: saved 0.002 vs now 0.001"):
+        base.pretrain(base.BaseConfig(**{**CFG.__dict__, "lr": 1e-3}), tmp_path, progress=False, log=lambda _: None)
 
 
 def test_every_demo_task_pretrains_and_is_checked_within_its_budget(tmp_path, monkeypatch):

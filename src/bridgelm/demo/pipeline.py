@@ -97,7 +97,6 @@ class DemoConfig:
                 intermediate_size=128,
                 steps=300,
                 schedule_steps=300,
-                lr=2e-3,  # the toy problems learn fastest at the demo's earlier rate
                 batch_size=32,
                 distinct=False,
                 check_from=200,
