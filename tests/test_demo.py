@@ -39,6 +39,7 @@ def test_quick_demo_runs_every_stage_and_resumes(tmp_path, capsys):
     assert set(results["diffs"]) == {"bridge-rlvr", "bridge-pmatch", "w4-w1", "foreign-w1"}
     for d in results["diffs"].values():
         assert d["low"] <= d["mean"] <= d["high"]
+    assert set(results["paper_effects"]) <= {"bridge-rlvr", "bridge-pmatch", "w4-w1"}  # empty if RLVR gained nothing
     assert "foreign siblings" in text and "Departures from the paper" in text
     assert results["matmul_peak"]["fp32_tflops"] > 0
     ran = results["matmul_peak"]["stages"]  # in the order they finished; the base model first (it runs alone)
@@ -223,3 +224,39 @@ def test_sft_stage_summary_without_held_out_problems():
     assert _sft_summary({"best_val_ppl": 1.23456, "best_epoch": 2, "steps": 6}) == (
         "best validation perplexity 1.235 (epoch 2)"
     )
+
+
+def test_paper_effects_are_scaled_by_this_runs_rlvr_gain_and_placed_against_the_interval():
+    from bridgelm.demo.results import PAPER_EFFECTS, paper_effects, verdict
+
+    diffs = {
+        "bridge-rlvr": {"mean": -0.009, "low": -0.037, "high": 0.020},  # the paper's +1.65 of +4.20: 0.393
+        "bridge-pmatch": {"mean": 0.05, "low": 0.03, "high": 0.09},
+        "w8-w1": {"mean": 0.2, "low": 0.15, "high": 0.25},
+        "foreign-w1": {"mean": -0.003, "low": -0.015, "high": 0.009},  # no paper counterpart
+    }
+    out = paper_effects(diffs, rlvr_gain=0.21)
+    assert set(out) == {"bridge-rlvr", "bridge-pmatch", "w8-w1"}
+    assert out["bridge-rlvr"]["scaled"] == pytest.approx(1.65 / 4.20 * 0.21)  # 8.25 points
+    assert out["bridge-rlvr"]["position"] == "above"  # ruled out
+    assert out["bridge-rlvr"]["position_in_paper_points"] == "inside"  # 1.65 points unscaled
+    assert out["bridge-pmatch"]["position"] == "inside"  # 1.09 / 3.36 * 21 = 6.8 points, in [3, 9]
+    assert out["w8-w1"]["position"] == "below"  # 10.2 points < 15
+    assert PAPER_EFFECTS["w8-w1"].points == pytest.approx(1.89)
+    assert paper_effects(diffs, rlvr_gain=0.0) == {}  # no RLVR gain: nothing to scale by
+
+    ctl = {"seeds": 3, "diffs": diffs, "paper_effects": out, "interaction": {}}
+    arms = {
+        a: {"accuracy_mean": acc, "seeds": {0: {"gpass": {8: 0.1}, "coverage": {"mean": 0.9}}}}
+        for a, acc in (("base", 0.39), ("rlvr", 0.60), ("pmatch", 0.59), ("bridge", 0.59))
+    }
+
+    class Cfg:
+        gpass_k, eval_width = 8, 8
+
+    text = verdict(arms, ctl, Cfg)
+    line = next(x for x in text.splitlines() if "more than RLVR alone" in x)
+    assert "+8.2 points" in line and "ruled out here" in line and "(unscaled, +1.65 points, it is inside" in line
+    assert "inside the interval" in next(x for x in text.splitlines() if "P-Match" in x)
+    assert "larger" in next(x for x in text.splitlines() if "w=8 beats" in x)
+    assert "paper's effect" not in next(x for x in text.splitlines() if "foreign" in x)

@@ -47,6 +47,65 @@ INTERACTION_TARGET = 0.2  # design target: share of samples at w = 8 that differ
 MIN_GAIN = 0.005  # accuracy gain (half a point) below which a width is not said to beat w = 1
 
 
+@dataclass(frozen=True)
+class PaperEffect:
+    """An effect the paper reports, in its average accuracy points over its math benchmarks, beside RLVR's own gain
+    over the base model in the same table: the demo scales it to its own RLVR gain (the paper's framing: Bridge
+    "improves the relative mean accuracy gains from RLVR")."""
+
+    points: float  # the paper's difference, points
+    rlvr_gain: float  # RLVR only - original model in the same table, points
+    source: str  # model and table
+
+    @property
+    def share(self) -> float:
+        return self.points / self.rlvr_gain
+
+
+# The paper's smallest effect of each contrast over its three models (Table 1: Bridge - RLVR only is 1.96, 1.65, 2.73
+# points on RLVR gains of 3.36, 4.20, 3.10, shares 0.58, 0.39, 0.88; Bridge - P-Match 1.09, 2.72, 1.49, shares 0.32,
+# 0.65, 0.48). The width table (Table 3) has one model, DS-Qwen-7B trained at w=4: w - w=1 by width.
+PAPER_EFFECTS = {
+    "bridge-rlvr": PaperEffect(1.65, 4.20, "DS-Qwen-7B, Table 1"),
+    "bridge-pmatch": PaperEffect(1.09, 3.36, "DS-Qwen-1.5B, Table 1"),
+    "w4-w1": PaperEffect(31.01 - 29.39, 29.35 - 25.45, "DS-Qwen-7B, Table 3"),
+    "w8-w1": PaperEffect(31.28 - 29.39, 29.35 - 25.45, "DS-Qwen-7B, Table 3"),
+    "w16-w1": PaperEffect(30.85 - 29.39, 29.35 - 25.45, "DS-Qwen-7B, Table 3"),
+}
+
+
+def paper_effects(diffs: dict, rlvr_gain: float) -> dict:
+    """The paper's effect of each contrast in `diffs` that it measured, scaled to this run's RLVR gain (accuracy,
+    like `diffs`), and where it lies against the paired interval: {key: {"paper_points", "paper_rlvr_gain", "share",
+    "source", "rlvr_gain", "scaled", "position": "above" | "inside" | "below", "position_in_paper_points"}} (points in
+    the paper's units, the rest accuracy). "above": the interval rules out an effect of the paper's relative size;
+    "position_in_paper_points": where the paper's difference, unscaled, lies. Empty when RLVR did not improve on the
+    base model (nothing to scale by)."""
+    if not rlvr_gain > 0:
+        return {}
+    out = {}
+    for key, d in diffs.items():
+        effect = PAPER_EFFECTS.get(key)
+        if effect is None:
+            continue
+        scaled = effect.share * rlvr_gain
+        out[key] = {
+            "paper_points": round(effect.points, 2),
+            "paper_rlvr_gain": round(effect.rlvr_gain, 2),
+            "share": round(effect.share, 4),
+            "source": effect.source,
+            "rlvr_gain": rlvr_gain,
+            "scaled": scaled,
+            "position": _position(scaled, d),
+            "position_in_paper_points": _position(effect.points / 100, d),  # the paper's difference unscaled
+        }
+    return out
+
+
+def _position(value: float, d: dict) -> str:
+    return "above" if value > d["high"] else "below" if value < d["low"] else "inside"
+
+
 def _entry(run_dir: Path, width: int) -> dict:
     metrics = json.loads((run_dir / "metrics.json").read_text())
     bench = next(iter(metrics["benchmarks"].values()))
@@ -195,7 +254,8 @@ def controls(arms: dict, eval_dirs: dict[tuple[str, int], Path], foreign: dict[i
     """The causal controls and the paired differences, over every seed of the Bridge arm.
 
     Returns {"seeds", "interaction" {w: share of samples that differ from w = 1}, "foreign_siblings" (accuracy,
-    or None), "diffs" {"bridge-rlvr", "bridge-pmatch", "wW-w1", "foreign-w1": {"mean", "low", "high"}}}.
+    or None), "diffs" {"bridge-rlvr", "bridge-pmatch", "wW-w1", "foreign-w1": {"mean", "low", "high"}},
+    "paper_effects" (see `paper_effects`; scaled by RLVR's mean gain over the base model)}.
     """
     w = cfg.eval_width
     seeds = sorted(s for (arm, s) in eval_dirs if arm == "bridge")
@@ -217,7 +277,14 @@ def controls(arms: dict, eval_dirs: dict[tuple[str, int], Path], foreign: dict[i
         strangers = [per_problem_accuracy(foreign[s], w) for s in seeds]
         foreign_acc = statistics.fmean(statistics.fmean(x) for x in strangers)
         diffs["foreign-w1"] = paired_difference(strangers, bridge_1)
-    return {"seeds": len(seeds), "interaction": interaction, "foreign_siblings": foreign_acc, "diffs": diffs}
+    gain = arms["rlvr"]["accuracy_mean"] - arms["base"]["accuracy_mean"] if {"rlvr", "base"} <= set(arms) else 0.0
+    return {
+        "seeds": len(seeds),
+        "interaction": interaction,
+        "foreign_siblings": foreign_acc,
+        "diffs": diffs,
+        "paper_effects": paper_effects(diffs, gain),
+    }
 
 
 def _diff_text(d: dict) -> str:
@@ -265,7 +332,23 @@ def verdict(arms: dict, ctl: dict, cfg) -> str:
             return
         low, high = (d["low"], d["high"]) if sign > 0 else (-d["high"], -d["low"])
         word = "reproduced" if low > 0 else "reversed" if high < 0 else "not shown: the interval holds 0"
-        lines.append(f"- {text}: **{word}** ({_diff_text(d)}, paired over {ctl['seeds']} seed(s) and problems).")
+        line = f"- {text}: **{word}** ({_diff_text(d)}, paired over {ctl['seeds']} seed(s) and problems)"
+        effect = ctl.get("paper_effects", {}).get(key)
+        if effect is not None:
+            where = {
+                "above": "above the interval, so an effect of the paper's relative size is ruled out here",
+                "inside": "inside the interval",
+                "below": "below the interval: the effect here is larger",
+            }[effect["position"]]
+            line += (
+                f". Scaled to this run's RLVR gain ({100 * effect['rlvr_gain']:+.1f} points), the paper's effect is "
+                f"{100 * effect['scaled']:+.1f} points ({effect['paper_points']:+.2f} on its RLVR gain of "
+                f"{effect['paper_rlvr_gain']:+.2f}; {effect['source']}): {where}"
+            )
+            unscaled = effect["position_in_paper_points"]
+            if unscaled != effect["position"]:
+                line += f" (unscaled, {effect['paper_points']:+.2f} points, it is {unscaled} the interval)"
+        lines.append(line + ".")
 
     by_interval("Bridge improves accuracy after RLVR more than RLVR alone", "bridge-rlvr")
     by_interval("Bridge beats P-Match, the parameter-matched control", "bridge-pmatch")
@@ -380,6 +463,7 @@ def write_demo_report(out: Path, cfg, dirs: RunDirs, timings: dict, quick: bool,
         "interaction": ctl["interaction"],
         "foreign_siblings": ctl["foreign_siblings"],
         "diffs": ctl["diffs"],
+        "paper_effects": ctl["paper_effects"],
         "departures": departures(cfg),
         "matmul_peak": peaks[0] if peaks else {},  # measured by the invocation that ran the first stages
         "matmul_peaks": peaks,  # one per invocation that ran stages (more than one: an interrupted, resumed run)
@@ -429,8 +513,10 @@ def write_demo_report(out: Path, cfg, dirs: RunDirs, timings: dict, quick: bool,
         "",
         "The miniature is a 1-2M parameter model on a synthetic task, trained for minutes: it tests the mechanics",
         "of the method and its direction, not the paper's numbers. Differences are paired (same test problems,",
-        "same seeds, same random draws) with 95% bootstrap intervals that resample seeds and problems; a",
-        "difference whose interval holds 0 is not evidence either way.",
+        "same seeds, same random draws) with 95% bootstrap intervals that resample seeds and problems. An interval",
+        "that holds 0 does not show an effect; where the paper's effect, scaled by RLVR's gain here against its gain",
+        "in the paper (the paper's own framing), lies above the interval, an effect of the paper's relative size is",
+        "ruled out at this scale.",
         "",
         "## Departures from the paper's settings",
         "",
