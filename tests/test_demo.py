@@ -39,7 +39,10 @@ def test_quick_demo_runs_every_stage_and_resumes(tmp_path, capsys):
     assert set(results["diffs"]) == {"bridge-rlvr", "bridge-pmatch", "w4-w1", "foreign-w1"}
     for d in results["diffs"].values():
         assert d["low"] <= d["mean"] <= d["high"]
-    assert set(results["paper_effects"]) <= {"bridge-rlvr", "bridge-pmatch", "w4-w1"}  # empty if RLVR gained nothing
+    from bridgelm.demo.results import paper_effects
+
+    assert results["paper_effects"] == paper_effects(results["diffs"], results["rlvr_gain"])
+    assert set(results["rlvr_gain"]) == {"mean", "low", "high"}
     assert "foreign siblings" in text and "Departures from the paper" in text
     assert results["matmul_peak"]["fp32_tflops"] > 0
     ran = results["matmul_peak"]["stages"]  # in the order they finished; the base model first (it runs alone)
@@ -227,23 +230,37 @@ def test_sft_stage_summary_without_held_out_problems():
 
 
 def test_paper_effects_are_scaled_by_this_runs_rlvr_gain_and_placed_against_the_interval():
-    from bridgelm.demo.results import PAPER_EFFECTS, paper_effects, verdict
+    from bridgelm.demo.results import paper_contrasts, paper_effects, verdict
 
+    paper = paper_contrasts()  # the smallest share of RLVR's gain over the paper's three models, from its tables
+    assert paper["bridge-rlvr"].source.startswith("DS-Qwen-7B") and paper["bridge-rlvr"].share == pytest.approx(
+        1.65 / 4.20
+    )
+    assert paper["bridge-pmatch"].source.startswith("DS-Qwen-1.5B") and paper["bridge-pmatch"].points == (
+        pytest.approx(1.09)
+    )
+    assert paper["w8-w1"].points == pytest.approx(1.89) and paper["w8-w1"].rlvr_gain == pytest.approx(3.90)
     diffs = {
-        "bridge-rlvr": {"mean": -0.009, "low": -0.037, "high": 0.020},  # the paper's +1.65 of +4.20: 0.393
+        "bridge-rlvr": {"mean": -0.009, "low": -0.037, "high": 0.020},
         "bridge-pmatch": {"mean": 0.05, "low": 0.03, "high": 0.09},
         "w8-w1": {"mean": 0.2, "low": 0.15, "high": 0.25},
         "foreign-w1": {"mean": -0.003, "low": -0.015, "high": 0.009},  # no paper counterpart
     }
-    out = paper_effects(diffs, rlvr_gain=0.21)
+    gain = {"mean": 0.20, "low": 0.18, "high": 0.22}
+    out = paper_effects(diffs, gain)
     assert set(out) == {"bridge-rlvr", "bridge-pmatch", "w8-w1"}
-    assert out["bridge-rlvr"]["scaled"] == pytest.approx(1.65 / 4.20 * 0.21)  # 8.25 points
-    assert out["bridge-rlvr"]["position"] == "above"  # ruled out
-    assert out["bridge-rlvr"]["position_in_paper_points"] == "inside"  # 1.65 points unscaled
-    assert out["bridge-pmatch"]["position"] == "inside"  # 1.09 / 3.36 * 21 = 6.8 points, in [3, 9]
-    assert out["w8-w1"]["position"] == "below"  # 10.2 points < 15
-    assert PAPER_EFFECTS["w8-w1"].points == pytest.approx(1.89)
-    assert paper_effects(diffs, rlvr_gain=0.0) == {}  # no RLVR gain: nothing to scale by
+    assert out["bridge-rlvr"]["scaled"]["mean"] == pytest.approx(1.65 / 4.20 * 0.20)  # 7.9 points
+    assert out["bridge-rlvr"]["scaled"]["low"] == pytest.approx(1.65 / 4.20 * 0.18)  # 7.1 points: above 2.0
+    assert out["bridge-rlvr"]["position"] == "above" and out["bridge-rlvr"]["position_unscaled"] == "inside"
+    assert out["bridge-pmatch"]["position"] == "inside"  # [5.8, 7.1] points overlaps [3, 9]
+    assert out["w8-w1"]["position"] == "below"  # [8.7, 10.7] points, all under 15
+    # the scaled range overlapping the interval is "inside", even when its mean is above it
+    assert (
+        paper_effects({"bridge-rlvr": {"mean": 0, "low": -0.01, "high": 0.075}}, gain)["bridge-rlvr"]["position"]
+        == "inside"
+    )
+    assert paper_effects(diffs, {"mean": 0.01, "low": -0.01, "high": 0.03}) == {}  # RLVR's gain not shown
+    assert paper_effects(diffs, None) == {}
 
     ctl = {"seeds": 3, "diffs": diffs, "paper_effects": out, "interaction": {}}
     arms = {
@@ -254,9 +271,13 @@ def test_paper_effects_are_scaled_by_this_runs_rlvr_gain_and_placed_against_the_
     class Cfg:
         gpass_k, eval_width = 8, 8
 
-    text = verdict(arms, ctl, Cfg)
-    line = next(x for x in text.splitlines() if "more than RLVR alone" in x)
-    assert "+8.2 points" in line and "ruled out here" in line and "(unscaled, +1.65 points, it is inside" in line
-    assert "inside the interval" in next(x for x in text.splitlines() if "P-Match" in x)
-    assert "larger" in next(x for x in text.splitlines() if "w=8 beats" in x)
-    assert "paper's effect" not in next(x for x in text.splitlines() if "foreign" in x)
+    lines = verdict(arms, ctl, Cfg).splitlines()
+    line = next(x for x in lines if "more than RLVR alone" in x)
+    assert "smallest effect over its 3 models, +1.65 points on an RLVR gain of +4.20 points (DS-Qwen-7B" in line
+    assert "+7.9 points [+7.1, +8.6], above the interval, which excludes" in line
+    assert "(unscaled, it is inside the interval)" in line
+    assert "neither shown nor excluded" in next(x for x in lines if "P-Match" in x)
+    width = next(x for x in lines if "w=8 beats" in x)
+    assert "the effect here is larger" in width and "unscaled" not in width  # 1.89 points: below [15, 25] too
+    assert "The paper's effect, +1.89 points" in width  # Table 3 has one model
+    assert "paper's" not in next(x for x in lines if "foreign" in x)

@@ -57,8 +57,9 @@ class BaseConfig:
     check_problems: int = 100  # validation problems per check (4 samples each, temperature 0.6)
     batch_size: int = 64  # problems per step
     lr: float = 2e-3  # AdamW peak learning rate. 1e-3 reaches 40% sooner (550 steps against 725, seed 0), but RL from
-    # that base model barely learns at the demo's RL settings (RLVR's rollout reward 0.50 -> 0.53 over 80 steps,
-    # first and last 10 steps, against 0.43 -> 0.58 from this one; P-Match's and Bridge's fall below their SFT level)
+    # that base model barely learns at the demo's RL settings (a probe, 2026-11-23: RL seed 0's RLVR rollout reward
+    # 0.50 -> 0.53, first and last 10 of 80 steps, against 0.43 -> 0.58 from this one; seeds 1 and 2: 0.45 -> 0.55,
+    # 0.51 -> 0.53; P-Match's and Bridge's fell below their SFT level)
     weight_decay: float = 0.01
     bf16: bool = True  # bf16 autocast of the forward (weights, optimiser and loss in fp32); 1.6x faster on CPU
     seed: int = 0  # model init, data order
