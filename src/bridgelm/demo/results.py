@@ -92,7 +92,7 @@ def paper_contrasts() -> dict[str, PaperEffect]:
     return out
 
 
-def paper_effects(diffs: dict, rlvr_gain: dict) -> dict:
+def paper_effects(diffs: dict, rlvr_gain: dict | None) -> dict:
     """Each paired difference in `diffs` that the paper measured, against the paper's effect scaled to this run.
 
     The scaling is this project's assumption, not the paper's: Bridge's advantage is taken to grow with what RLVR
