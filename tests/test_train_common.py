@@ -246,6 +246,32 @@ def test_token_logprobs_equal_log_softmax_values_and_gradients(monkeypatch, dtyp
         assert torch.allclose(a.float(), b.float(), atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_token_logprobs_overwrite_puts_the_same_gradient_in_the_logits(monkeypatch, dtype):
+    """`overwrite`: the logits' gradient, bit for bit the one of a fresh tensor, is written into the logits (chunks
+    of 3 rows); a second backward through them fails instead of reading it."""
+    monkeypatch.setattr(batches, "chunk_rows", lambda vocab, device: 3)
+    g = torch.Generator().manual_seed(6)
+    base = (4 * torch.randn(10, 37, generator=g)).to(dtype)
+    targets = torch.randint(0, 37, (10,), generator=g)
+    weights = torch.randn(10, generator=g)
+
+    def run(overwrite):
+        leaf = base.clone().requires_grad_()
+        logits = leaf * 1  # a non-leaf, as a model's output
+        lp, _ = batches.token_logprobs(logits, targets, 0.6, overwrite=overwrite)
+        loss = (lp * weights).sum()
+        loss.backward(retain_graph=True)
+        return leaf.grad, logits.detach(), loss
+
+    fresh, kept, _ = run(False)
+    grad, overwritten, loss = run(True)
+    assert torch.equal(grad, fresh)
+    assert torch.equal(kept, base) and torch.equal(overwritten, fresh)  # d logits / d leaf is the identity
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        loss.backward()
+
+
 def test_token_logprobs_masked_vocabulary_and_bad_temperature():
     """A logit of -inf (a vocabulary entry masked out) adds nothing to the entropy; temperature 0 is refused."""
     logits = torch.tensor([[2.0, float("-inf"), 0.5, -1.0]])

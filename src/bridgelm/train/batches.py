@@ -122,10 +122,11 @@ class _TokenLogProbs(torch.autograd.Function):
     """log softmax(logits / T) at the target of each row, and the entropy of that distribution, row chunk by row
     chunk: no [N, V] float32 tensor is ever made, forward or backward (at N = 4096 response tokens x 24k ids, a
     dozen such passes were half of a GRPO update on CPU). The backward recomputes each chunk's softmax from the saved
-    logits and log-normalisers."""
+    logits and log-normalisers. With `overwrite`, it writes the logits' gradient into the logits themselves, chunk
+    by chunk after reading each (see `token_logprobs`)."""
 
     @staticmethod
-    def forward(ctx, logits, targets, temperature: float, with_entropy: bool):
+    def forward(ctx, logits, targets, temperature: float, with_entropy: bool, overwrite: bool):
         N = logits.shape[0]
         lse = logits.new_empty(N, dtype=torch.float32)  # [N] log-normaliser of logits / T
         picked = torch.empty_like(lse)  # [N] (logits / T) at the target
@@ -150,6 +151,7 @@ class _TokenLogProbs(torch.autograd.Function):
             lse[rows] = log_s.add_(top)
         ctx.save_for_backward(logits, targets, lse)
         ctx.temperature = temperature
+        ctx.overwrite = overwrite and logits.is_contiguous()  # a strided view may hold elements twice
         if entropy is None:
             return picked - lse, None
         ctx.mark_non_differentiable(entropy)
@@ -159,14 +161,16 @@ class _TokenLogProbs(torch.autograd.Function):
     @torch.autograd.function.once_differentiable  # in-place buffers, lse taken as given: no double backward
     def backward(ctx, grad_logprobs, _grad_entropy):
         logits, targets, lse = ctx.saved_tensors
-        grad = torch.empty_like(logits)  # [N, V]: d/dz (z_target - lse(z)) = onehot - softmax(z), z = logits / T
+        # [N, V]: d/dz (z_target - lse(z)) = onehot - softmax(z), z = logits / T. Chunk i of the logits is copied
+        # into the chunk buffer before chunk i of the gradient is written, so the gradient may take their memory.
+        grad = logits if ctx.overwrite else torch.empty_like(logits)
         g = grad_logprobs.float() / ctx.temperature  # [N]
         for i, z in _scaled_chunks(logits, ctx.temperature):
             rows = slice(i, i + z.shape[0])
             p = z.sub_(lse[rows, None]).exp_()  # [c, V] softmax(z), in place
             p.mul_(-g[rows, None]).scatter_add_(-1, targets[rows, None], g[rows, None])
             grad[rows] = p
-        return grad, None, None, None
+        return grad, None, None, None, None
 
 
 def _check_temperature(temperature: float) -> None:
@@ -175,12 +179,20 @@ def _check_temperature(temperature: float) -> None:
 
 
 def token_logprobs(
-    logits: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0, with_entropy: bool = False
+    logits: torch.Tensor,
+    targets: torch.Tensor,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    overwrite: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """logits [N, V], targets [N] -> (log-prob of each target under softmax(logits / temperature) [N] float32, with
-    gradients; its entropy [N] float32 without, or None). Chunked over rows (see `_TokenLogProbs`)."""
+    gradients; its entropy [N] float32 without, or None). Chunked over rows (see `_TokenLogProbs`).
+
+    `overwrite`: the backward writes the logits' gradient into `logits` (contiguous ones), for a caller that reads
+    them no more: no second [N, V] tensor (on CPU, its fresh pages cost ~5% of an SFT step of the 30M benchmark
+    model). Another backward through them then fails on their version counter instead of reading the gradient."""
     _check_temperature(temperature)
-    return _TokenLogProbs.apply(logits, targets, float(temperature), with_entropy)
+    return _TokenLogProbs.apply(logits, targets, float(temperature), with_entropy, overwrite)
 
 
 def response_logprobs(model, batch: TokenBatch, temperature: float = 1.0, with_entropy: bool = False) -> LogProbs:
@@ -188,7 +200,7 @@ def response_logprobs(model, batch: TokenBatch, temperature: float = 1.0, with_e
     _check_temperature(temperature)  # before the forward
     logits = forward_logits(model, batch)  # [N, V]
     targets = batch.input_ids[:, 1:][batch.predict[:, :-1]]  # [N], row-major like the kept logits
-    flat, h = token_logprobs(logits, targets, temperature, with_entropy)  # [N] each
+    flat, h = token_logprobs(logits, targets, temperature, with_entropy, overwrite=True)  # [N] each (logits: ours)
     logprobs = torch.zeros(batch.response_mask.shape, dtype=flat.dtype, device=flat.device)
     logprobs = logprobs.masked_scatter(batch.response_mask, flat)  # [B, T]
     entropy = None if h is None else torch.zeros_like(logprobs).masked_scatter(batch.response_mask, h)
