@@ -306,6 +306,22 @@ def test_a_layer_with_blocks_traces_as_one_graph(placement):
     assert torch.equal(torch.compile(logits, backend="eager", fullgraph=True)(ids).logits, want)
 
 
+def test_models_built_from_one_config_keep_their_own_blocks(tmp_path):
+    """Models made from one config object (`from_config(cfg)` shares it): blocks added to one of them show up in
+    neither the config nor the other model, and each saves and reloads with its own kind."""
+    template = tiny_model()
+    config = copy.deepcopy(template.config)
+    a, b = type(template)(config), type(template)(config)
+    assert a.config is config and b.config is config
+    bridgelm.add_bridge(a)
+    bridgelm.add_pmatch(b)
+    assert not hasattr(config, "bridgelm")
+    assert bridgelm.block_config(a).kind == "bridge" and bridgelm.block_config(b).kind == "pmatch"
+    assert a.model.config is a.config and a.model.layers[0].self_attn.config is a.config  # the modules follow it
+    a.save_pretrained(tmp_path / "a")
+    assert bridgelm.block_config(bridgelm.load_model(str(tmp_path / "a"))).kind == "bridge"
+
+
 def test_pmatch_matches_bridge_parameter_count():
     bridge = sum(p.numel() for p in bridgelm.added_parameters(bridgelm.add_bridge(tiny_model())).values())
     pmatch = sum(p.numel() for p in bridgelm.added_parameters(bridgelm.add_pmatch(tiny_model())).values())

@@ -16,6 +16,7 @@ and `load_model` rebuilds the blocks from such a checkpoint.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from dataclasses import asdict
@@ -164,8 +165,21 @@ def _attach(model: nn.Module, cfg: BlockConfig) -> nn.Module:
         layer.__class__ = _swapped_class(type(layer), cfg.kind, cfg.placement)
         if cfg.placement == "attn":
             attention_branch(layer).register_forward_hook(_add_block_after_attn)
+    _own_config(model)
     model.config.bridgelm = {**asdict(cfg), "format": FORMAT}
     return model
+
+
+def _own_config(model: nn.Module) -> None:
+    """Give `model` (and every module of it that holds its config or a sub-config) a copy of its own before the blocks
+    are recorded in it: models built by `from_config(cfg)` share `cfg`, and one model's blocks must not show up in
+    another's config."""
+    memo: dict[int, object] = {}
+    model.config = copy.deepcopy(model.config, memo)
+    for module in model.modules():
+        held = module.__dict__.get("config")
+        if held is not None and id(held) in memo:
+            module.config = memo[id(held)]
 
 
 def add_bridge(model: nn.Module, num_heads: int = 4, head_dim: int | None = None, placement: str = "ffn") -> nn.Module:
