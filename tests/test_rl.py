@@ -1,5 +1,6 @@
 """GRPO trainer on a tiny model and a toy task: outputs, grouping, exact resume, Ctrl-C, options and errors."""
 
+import json
 from dataclasses import dataclass, replace
 from types import SimpleNamespace
 
@@ -284,6 +285,20 @@ def test_resume_refuses_another_configuration(tmp_path):
         train_rl(policy(), TOK, TASK, replace(CFG, steps=1), tmp_path)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == before
     assert len(read_records(tmp_path / "metrics.jsonl")) == 1
+
+
+def test_a_folder_of_another_kind_of_run_is_refused(tmp_path):
+    """An eval run's folder (or an SFT run's) is not a place to start, or resume, an RL run: its run.json stays."""
+    for name, record in (("eval", {"format": 1, "model": "m"}), ("sft", {"kind": "sft", "identity": {}})):
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "run.json").write_text(json.dumps(record))
+        for resume in (False, True):
+            with pytest.raises(ValueError, match=f"already holds a bridgelm {name} run"):
+                train_rl(policy(), TOK, TASK, replace(CFG, steps=1, resume=resume), folder)
+        assert json.loads((folder / "run.json").read_text()) == record and sorted(folder.iterdir()) == [
+            folder / "run.json"
+        ]
 
 
 def test_cli_rl_runs_and_reports_bad_input(tmp_path, capsys):

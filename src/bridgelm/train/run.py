@@ -87,6 +87,24 @@ def settings_of(cfg, free: tuple[str, ...] = ()) -> dict[str, Any]:
     return jsonable({k: v for k, v in asdict(cfg).items() if k not in RUN_FIELDS + tuple(free)})
 
 
+def _refuse_other_run(out_dir: Path, kind: str) -> None:
+    """Refuse, resumed or not, a folder whose run.json records another kind of run (an eval run, an SFT run for RL):
+    this run would write its own run.json over it."""
+    path = out_dir / RUN_FILE
+    if not path.is_file():
+        return
+    try:
+        run = json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        run = None
+    found = run.get("kind", "eval" if "format" in run else None) if isinstance(run, dict) else None
+    if found != kind:
+        what = f"a bridgelm {found} run" if found else "a run.json of something else"
+        raise ValueError(
+            f"{out_dir} already holds {what} ({path}): expected a new folder or a {kind} run; use another --out"
+        )
+
+
 class Run:
     """One training run folder: where it starts, its metrics log and progress bar, Ctrl-C, and its checkpoints."""
 
@@ -101,6 +119,7 @@ class Run:
         self.identity = identity
         self.control = control
         self.dist = dist
+        _refuse_other_run(self.out_dir, kind)
         self.resume_from = resume_point(self.out_dir, control.resume)
         if self.resume_from is not None:
             saved = read_info(self.resume_from).get("identity", {})
