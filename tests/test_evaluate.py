@@ -97,6 +97,20 @@ def test_other_settings_are_refused_and_nothing_is_touched(tmp_path, model_tok):
     assert _snapshot(run) == before
 
 
+def test_a_check_failing_before_any_sample_leaves_no_run_behind(tmp_path, model_tok):
+    """A prompt that does not fit the context with max_new_tokens fails before anything is sampled: no run.json is
+    left to refuse the corrected command, which then runs."""
+    model, tok = model_tok
+    data = [str(_toy(tmp_path / "toy.jsonl", 2))]
+    run = tmp_path / "run"
+    too_long = E.EvalConfig(n=2, width=2, widths=(1, 2), max_new_tokens=1020)
+    with pytest.raises(ValueError, match="exceeds the model's context"):
+        E.run_eval(model, tok, "math", data, too_long, run, "tiny", progress=False)
+    assert not run.exists() or not any(run.iterdir())
+    cfg = E.EvalConfig(n=2, width=2, widths=(1, 2), max_new_tokens=4)
+    assert E.run_eval(model, tok, "math", data, cfg, run, "tiny", progress=False)["sampled"] == 4
+
+
 def test_widths_must_divide_n(tmp_path, capsys):
     with pytest.raises(ValueError, match="widths entry 3 does not divide n=4"):
         E.EvalConfig(n=4, widths=[1, 3]).validate()

@@ -445,8 +445,10 @@ def run_eval(
     if any(b.task.long_field() is not None for b in benches):
         settings["prompt_budget"] = budget  # long documents are cut to this many prompt tokens
     run_file = run_dir / RUN_FILE
+    created = False  # run.json written by this call (main rank)
     if dist.is_main:
         shards = shard_files(run_dir)  # listed before run.json is looked at: run.json is written before any shard
+        created = not run_file.exists()
         if run_file.exists():
             check_same_run(run_file, json.loads(run_file.read_text()), settings)
         elif shards:
@@ -507,6 +509,12 @@ def run_eval(
                             **({"truncated": fitted[k][1]} if fitted[k][1] is not None else {}),
                         },
                     )
+    except BaseException:
+        # A check that fails before anything is sampled (a prompt longer than the context, foreign groups that do not
+        # fill a width) leaves the folder as it found it, so that the corrected command starts afresh.
+        if created and not shard_files(run_dir):
+            run_file.unlink(missing_ok=True)
+        raise
     finally:
         if bar is not None:
             bar.close()
