@@ -263,6 +263,10 @@ def test_plain_model_without_reference(tmp_path, monkeypatch):
 
 
 def test_errors(tmp_path):
+    with pytest.raises(ValueError, match=r"rollouts=1 must be >= 2"):
+        train_rl(policy(), TOK, TASK, replace(CFG, rollouts=1, width=1), tmp_path / "g")
+    with pytest.raises(ValueError, match=r"^clip_eps=-0.2 must be > 0$"):
+        train_rl(policy(), TOK, TASK, replace(CFG, clip_eps=-0.2), tmp_path / "c")
     with pytest.raises(ValueError, match=r"width=3 must divide rollouts=4"):
         train_rl(policy(), TOK, TASK, replace(CFG, width=3), tmp_path / "w")
     with pytest.raises(ValueError, match=r"at least one Bridge group"):

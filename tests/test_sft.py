@@ -166,7 +166,9 @@ def test_data_errors(tmp_path):
         train_sft(base_model(), TOK, tmp_path / "missing.jsonl", CFG, tmp_path / "o4")
     with pytest.raises(ValueError, match="blocks="):
         train_sft(base_model(), TOK, write_warmup(tmp_path / "w.jsonl"), replace(CFG, blocks="lora"), tmp_path / "o5")
-    assert not (tmp_path / "o1").exists() and not (tmp_path / "o3").exists()
+    with pytest.raises(ValueError, match=r"max_length=3 leaves no room for a response: the shortest training prompt"):
+        train_sft(base_model(), TOK, write_warmup(tmp_path / "w.jsonl"), replace(CFG, max_length=3), tmp_path / "o6")
+    assert not (tmp_path / "o1").exists() and not (tmp_path / "o3").exists() and not (tmp_path / "o6").exists()
 
 
 @dataclass

@@ -108,6 +108,11 @@ class RLConfig:
             raise ValueError("epochs_per_rollout and micro_batch_groups must be >= 1")
         if self.micro_batch_tokens is not None and self.micro_batch_tokens < 1:
             raise ValueError(f"micro_batch_tokens={self.micro_batch_tokens} must be >= 1 (or None)")
+        if self.rollouts < 2:
+            raise ValueError(
+                f"rollouts={self.rollouts} must be >= 2: GRPO's advantages compare the rollouts of a prompt, and one "
+                "rollout has nothing to be compared with"
+            )
         if self.rollouts % self.width:
             raise ValueError(f"width={self.width} must divide rollouts={self.rollouts} (G % w == 0)")
         if self.prompts_per_step % world:
@@ -120,8 +125,12 @@ class RLConfig:
             )
         if self.temperature <= 0:
             raise ValueError(f"temperature={self.temperature} must be > 0 for GRPO (log-probs at logits / T)")
-        if self.beta < 0 or self.clip_eps <= 0 or (self.clip_eps_high is not None and self.clip_eps_high <= 0):
-            raise ValueError(f"beta={self.beta} must be >= 0, clip_eps={self.clip_eps} and clip_eps_high > 0")
+        if self.beta < 0:
+            raise ValueError(f"beta={self.beta} must be >= 0")
+        for name in ("clip_eps", "clip_eps_high"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise ValueError(f"{name}={value} must be > 0")
         if self.rollout_dtype is not None:
             if self.rollout_dtype not in ROLLOUT_DTYPES:
                 raise ValueError(f"rollout_dtype={self.rollout_dtype!r}: expected one of {', '.join(ROLLOUT_DTYPES)}")

@@ -239,6 +239,12 @@ def train_sft(model, tokenizer, data_path: str | os.PathLike, cfg: SFTConfig, ou
     dist = setup_distributed(next(model.parameters()).device)
     problems = read_warmup(data_path)
     train, val = split_problems(problems, cfg)
+    shortest = min(len(p.prompt_ids) for p in train)
+    if shortest >= cfg.max_length:
+        raise ValueError(
+            f"max_length={cfg.max_length} leaves no room for a response: the shortest training prompt has {shortest} "
+            f"tokens; expected max_length > {shortest}"
+        )
     identity = {
         **settings_of(cfg),
         "data": str(Path(data_path).resolve()),
