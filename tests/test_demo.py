@@ -281,3 +281,4 @@ def test_paper_effects_are_scaled_by_this_runs_rlvr_gain_and_placed_against_the_
     assert "the effect here is larger" in width and "unscaled" not in width  # 1.89 points: below [15, 25] too
     assert "The paper's effect, +1.89 points" in width  # Table 3 has one model
     assert "paper's" not in next(x for x in lines if "foreign" in x)
+    assert "**not reproduced**" in next(x for x in lines if "more consistently" in x)  # G-Pass tied: not "more"

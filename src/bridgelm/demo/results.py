@@ -398,7 +398,7 @@ def verdict(arms: dict, ctl: dict, cfg) -> str:
     full = {a: first[a]["gpass"].get(k) or 0.0 for a in paper}
     claim(
         f"Bridge answers more consistently (G-Pass@{k} at τ=1, all {k} correct; seed 0)",
-        full["bridge"] >= max(full["rlvr"], full["pmatch"]),
+        full["bridge"] > max(full["rlvr"], full["pmatch"]),  # a tie is not "more"
         ", ".join(f"{TITLES[a]} {_pct(full[a])}%" for a in paper),
     )
     cov = {a: first[a]["coverage"]["mean"] for a in paper}
