@@ -33,8 +33,9 @@ def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
     save_tiny_model_dir(root / "m")
     save_tiny_model_dir(root / "mb", blocks="bridge")
-    for name in ("cut", "trunc", "shape"):
+    for name in ("cut", "trunc", "shape", "noweights", "badtype"):
         shutil.copytree(root / "m", root / name)
+    (root / "noweights" / "model.safetensors").unlink()
     config = (root / "m" / "config.json").read_bytes()
     (root / "cut" / "config.json").write_bytes(config[: len(config) // 2])
     weights = (root / "m" / "model.safetensors").read_bytes()
@@ -42,6 +43,7 @@ def models(tmp_path_factory):
     shape = json.loads(config)
     shape["intermediate_size"] = 96  # the weights were saved with 128
     (root / "shape" / "config.json").write_text(json.dumps(shape))
+    (root / "badtype" / "config.json").write_text(json.dumps({**json.loads(config), "model_type": "nosuchmodel"}))
     return root
 
 
@@ -233,10 +235,12 @@ def _model_cases(root: Path, tmp: Path):
         ),
         (["--model", root / "m", "--device", "cuda:99"], "device 'cuda:99': this machine has"),
         (["--model", root / "m", "--device", "gpu0"], "device 'gpu0' is not a device name"),
+        (["--model", root / "noweights"], f"model folder {root / 'noweights'} has config.json but no weights file"),
+        (["--model", root / "badtype"], "cannot read its config: The checkpoint you are trying to load has model type"),
     ]
 
 
-@pytest.mark.parametrize("case", range(7))
+@pytest.mark.parametrize("case", range(9))
 def test_models_and_devices_that_cannot_work(models, tmp_path, capsys, case):
     flags, expected = _model_cases(models, tmp_path)[case]
     out = tmp_path / "s.jsonl"

@@ -42,3 +42,13 @@ def test_unknown_preset(capsys):
     with pytest.raises(SystemExit):
         main(["params", "--preset", "gpt-5"])
     assert "unknown preset 'gpt-5'" in capsys.readouterr().err
+
+
+def test_a_model_that_is_neither_a_folder_nor_a_hub_id_here(tmp_path, capsys, monkeypatch):
+    """Offline, a name that is no folder here is one line naming it (params reads only the config)."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(SystemExit) as err:
+        main(["params", "--model", "no-such-org/no-such-model"])
+    msg = capsys.readouterr().err
+    assert err.value.code == 2 and "Traceback" not in msg
+    assert "model 'no-such-org/no-such-model': no such folder here" in msg

@@ -323,17 +323,9 @@ def load_model(name_or_path: str, blocks: str | os.PathLike | None = None, dtype
     Bad input (no such folder, a cut config.json, a truncated weights file, weights that do not fit the config,
     a device this machine lacks) is a UserError naming the file or value.
     """
-    from transformers import AutoConfig
-
     check_device(device)
-    check_model_folder(name_or_path)
-    try:
-        config = AutoConfig.from_pretrained(name_or_path, **kwargs)
-    except OSError as err:  # not a folder here, and the hub cannot give it (offline, unknown id, gated)
-        raise UserError(
-            f"model {name_or_path!r}: no such folder here, and loading it as a Hugging Face hub id failed: "
-            f"{str(err).splitlines()[0]}"
-        ) from err
+    check_model_folder(name_or_path, weights=True)
+    config = load_config(name_or_path, **kwargs)
     recorded = getattr(config, "bridgelm", None)
     if not recorded:
         model = _from_pretrained(name_or_path, config, dtype, kwargs).to(device)
@@ -378,9 +370,35 @@ def check_device(device: str | torch.device) -> None:
         raise UserError(f"device {device!r}: MPS is not available on this machine; use cpu")
 
 
-def check_model_folder(name_or_path: str | os.PathLike) -> None:
+def load_config(name_or_path: str, **kwargs):
+    """A model's config (local folder or hub id), with a folder or id that cannot give one reported as a UserError."""
+    from transformers import AutoConfig
+
+    check_model_folder(name_or_path)
+    try:
+        return AutoConfig.from_pretrained(name_or_path, **kwargs)
+    except OSError as err:  # not a folder here, and the hub cannot give it (offline, unknown id, gated)
+        raise UserError(
+            f"model {name_or_path!r}: no such folder here, and loading it as a Hugging Face hub id failed: "
+            f"{str(err).splitlines()[0]}"
+        ) from err
+    except ValueError as err:  # a model_type this transformers does not know
+        import transformers
+
+        raise UserError(
+            f"model {name_or_path!r}: transformers {transformers.__version__} cannot read its config: "
+            f"{str(err).splitlines()[0]}"
+        ) from err
+
+
+# What from_pretrained reads weights from (one of them, or the shards an index names).
+WEIGHT_FILES = ("*.safetensors", "*.bin", "*.gguf")
+
+
+def check_model_folder(name_or_path: str | os.PathLike, weights: bool = False) -> None:
     """UserError for a model path that cannot be a model: a missing folder, a file, a folder without a readable
-    config.json, or with a cut or corrupt *.safetensors file. Names that may be hub ids are left to the hub."""
+    config.json, or with a cut or corrupt *.safetensors file; with `weights`, one without any weights file. Names
+    that may be hub ids are left to the hub."""
     name = str(name_or_path)
     folder = Path(name).expanduser()
     if not folder.exists():
@@ -397,12 +415,17 @@ def check_model_folder(name_or_path: str | os.PathLike) -> None:
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         where = f" (line {err.lineno}, column {err.colno}: {err.msg})" if isinstance(err, json.JSONDecodeError) else ""
         raise UserError(f"{config} is not valid JSON{where}: a cut or damaged file? expected a model config") from err
-    for weights in sorted(folder.glob("*.safetensors")):
+    for file in sorted(folder.glob("*.safetensors")):
         try:
-            with safe_open(str(weights), framework="pt"):
+            with safe_open(str(file), framework="pt"):
                 pass
         except Exception as err:  # safetensors raises its own error type for every kind of damage
-            raise UserError(f"{weights} is unreadable ({err}): a truncated or damaged weights file?") from err
+            raise UserError(f"{file} is unreadable ({err}): a truncated or damaged weights file?") from err
+    if weights and not any(next(folder.glob(pattern), None) for pattern in WEIGHT_FILES):
+        raise UserError(
+            f"model folder {name} has config.json but no weights file (model.safetensors, pytorch_model.bin, ...): "
+            "expected a folder written by save_pretrained"
+        )
 
 
 def _from_pretrained(name_or_path: str, config, dtype, kwargs: dict):

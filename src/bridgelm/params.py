@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from bridgelm.attach import add_bridge, add_pmatch, added_parameters, decoder_layers
+from bridgelm.attach import add_bridge, add_pmatch, added_parameters, decoder_layers, load_config
 
 # Config numbers of the paper's three models (DeepSeek-R1-Distill-*), as published in their config.json.
 PRESETS: dict[str, tuple[str, dict]] = {
@@ -82,7 +82,7 @@ class ParamCounts:
 
 def meta_model(preset: str | None = None, model_dir: str | None = None):
     """A model with the preset's or the directory's config, on the meta device (no weights)."""
-    from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, Qwen2Config
+    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
     if preset is not None:
         if preset not in PRESETS:
@@ -90,7 +90,7 @@ def meta_model(preset: str | None = None, model_dir: str | None = None):
         family, numbers = PRESETS[preset]
         config = (Qwen2Config if family == "qwen2" else LlamaConfig)(**numbers)
     elif model_dir is not None:
-        config = AutoConfig.from_pretrained(model_dir)
+        config = load_config(model_dir)
     else:
         raise ValueError("give a preset or a model directory")
     with torch.device("meta"):
