@@ -108,6 +108,8 @@ def block_feature_ratios(model, input_ids, attention_mask, group_ids) -> list[fl
 
 def _pick(items: list, count: int) -> list:
     """`count` items spread evenly over `items` (all of them when there are fewer)."""
+    if count < 1:
+        raise ValueError(f"sets={count}: expected a positive number of response sets")
     if len(items) <= count:
         return items
     return [items[int(i)] for i in np.linspace(0, len(items) - 1, count).round()]
@@ -136,6 +138,8 @@ def run_feature_ratios(
     Every sequence is its prompt ids + generated ids, cut at `max_tokens`. Returns {"ratios": [per layer],
     "kind", "sets", "tokens", "problems": [[benchmark, width, index], ...]}.
     """
+    if max_tokens is not None and max_tokens < 1:
+        raise ValueError(f"max_tokens={max_tokens}: expected a positive number of tokens per sequence (or None)")
     records, chosen = _run_sets(run_dir, sets, benchmark, width)
     device = next(model.parameters()).device
     totals, count = None, 0

@@ -116,8 +116,6 @@ def _cmd_siblings(args) -> None:
 
     if (args.run is None) == (args.data is None):
         raise UserError("give one of --run (an eval run) or --data (a warm-up file)")
-    if args.sets < 1:
-        raise UserError(f"--sets {args.sets}: expected a positive number of response sets")
     check_out(args.out, "dir")
     if args.run is not None:
         check_run_model(args.run, args.model, args.blocks)
