@@ -19,6 +19,8 @@ def _cmd_demo(args) -> None:
         raise ValueError(f"--seeds {cfg.seeds} must be >= 1")
     if cfg.workers < 1:
         raise ValueError(f"--workers {cfg.workers} must be >= 1")
+    if cfg.threads < 0:
+        raise ValueError(f"--threads {cfg.threads} must be >= 0 (0: torch's default)")
     out = args.out or ("runs/demo-quick" if args.quick else "runs/demo")
     print(f"bridgelm demo: every stage writes under {out} (a finished stage is skipped on a re-run)")
     report = run_demo(out, cfg, quick=args.quick)
