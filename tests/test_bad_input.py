@@ -33,9 +33,11 @@ def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
     save_tiny_model_dir(root / "m")
     save_tiny_model_dir(root / "mb", blocks="bridge")
-    for name in ("cut", "trunc", "shape", "noweights", "badtype"):
+    for name in ("cut", "trunc", "shape", "noweights", "badtype", "notok"):
         shutil.copytree(root / "m", root / name)
     (root / "noweights" / "model.safetensors").unlink()
+    for file in (root / "notok").glob("*token*"):
+        file.unlink()
     config = (root / "m" / "config.json").read_bytes()
     (root / "cut" / "config.json").write_bytes(config[: len(config) // 2])
     weights = (root / "m" / "model.safetensors").read_bytes()
@@ -237,10 +239,14 @@ def _model_cases(root: Path, tmp: Path):
         (["--model", root / "m", "--device", "gpu0"], "device 'gpu0' is not a device name"),
         (["--model", root / "noweights"], f"model folder {root / 'noweights'} has config.json but no weights file"),
         (["--model", root / "badtype"], "cannot read its config: The checkpoint you are trying to load has model type"),
+        (
+            ["--model", root / "notok"],
+            f"{root / 'notok'} has no tokenizer files (tokenizer.json, tokenizer_config.json",
+        ),
     ]
 
 
-@pytest.mark.parametrize("case", range(9))
+@pytest.mark.parametrize("case", range(10))
 def test_models_and_devices_that_cannot_work(models, tmp_path, capsys, case):
     flags, expected = _model_cases(models, tmp_path)[case]
     out = tmp_path / "s.jsonl"

@@ -18,6 +18,8 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+from bridgelm.errors import UserError
+
 PAD, BOS, EOS = "<pad>", "<s>", "</s>"
 USER, ASSISTANT = "<|user|>", "<|assistant|>"
 SPECIALS = [PAD, BOS, EOS, USER, ASSISTANT]
@@ -70,6 +72,17 @@ def train_bpe(texts: Iterable[str], vocab_size: int = 512, add_bos: bool = False
 GENERIC_CLASSES = ("TokenizersBackend", "PreTrainedTokenizerFast")
 
 
+# The files a tokenizer is read from (one suffices): fast, config, byte-level BPE, SentencePiece and WordPiece ones.
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "vocab.json",
+    "tokenizer.model",
+    "spiece.model",
+    "vocab.txt",
+)
+
+
 def load_tokenizer(name_or_path: str | os.PathLike, **kwargs):
     """The tokenizer of a model folder or hub id, as `AutoTokenizer.from_pretrained` gives it, except for a local
     folder (or its `subfolder=`) whose `tokenizer_config.json` names a generic class: that one loads as
@@ -78,6 +91,12 @@ def load_tokenizer(name_or_path: str | os.PathLike, **kwargs):
     pre-tokenizer in front of the vocabulary: a character vocabulary then drops "\n" when it encodes.) Hub ids go
     to AutoTokenizer as they are."""
     folder = Path(name_or_path) / kwargs.get("subfolder", "")
+    if folder.is_dir() and not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        # AutoTokenizer would build an empty vocabulary from config.json alone and every prompt would encode to []
+        raise UserError(
+            f"{folder} has no tokenizer files ({', '.join(TOKENIZER_FILES[:2])}, ...): expected the tokenizer "
+            "saved with the model (tokenizer.save_pretrained into the same folder)"
+        )
     config = folder / "tokenizer_config.json"
     if config.is_file() and (folder / "tokenizer.json").is_file():
         if json.loads(config.read_text(encoding="utf-8")).get("tokenizer_class") in GENERIC_CLASSES:
