@@ -136,7 +136,11 @@ class Toy:
 
     steps: int = 3  # optimiser steps (100% of them)
     rate: float | None = None  # None: the default rate
-    name: str = "a"  # a name
+    name: str = "a"  # a name that
+    # goes on over two more
+    # lines
+
+    # a heading of the fields below, not part of the name's help
     on: bool = False  # switch it on
     auto: bool | None = None  # None: decide by device
     widths: list[int] = dataclasses.field(default_factory=lambda: [1])  # widths
@@ -162,6 +166,7 @@ def test_a_toy_dataclass_round_trips():
     assert helps["steps"] == "optimiser steps (100%% of them) (default: %(default)s)"  # shown as "100%"
     assert "optimiser steps (100% of them) (default: 3)" in " ".join(p.format_help().split())
     assert helps["rate"] == "None: the default rate" and helps["tags"] == "tags (repeatable)"
+    assert helps["name"].startswith("a name that goes on over two more lines (") and "heading" not in helps["on"]
 
 
 def test_a_flag_for_no_field_or_no_type_is_a_bug_of_the_command():

@@ -49,8 +49,8 @@ class Flag:
 
 @functools.cache  # every command's parser is built at each start; parse each config's source once
 def field_comments(cls: type) -> dict[str, str]:
-    """The trailing `# comment` of each field of dataclass `cls` (and of its dataclass bases), by field name
-    (shared: do not modify)."""
+    """The trailing `# comment` of each field of dataclass `cls` (and of its dataclass bases), by field name, with
+    the comment-only lines right below it that continue it (shared: do not modify)."""
     out: dict[str, str] = {}
     for klass in reversed(cls.__mro__):
         if not dataclasses.is_dataclass(klass):
@@ -59,14 +59,20 @@ def field_comments(cls: type) -> dict[str, str]:
             source = textwrap.dedent(inspect.getsource(klass))
         except (OSError, TypeError):  # no source (frozen or interactive): flags without help
             continue
-        comments = {
-            tok.start[0]: tok.string.lstrip("#").strip()
-            for tok in tokenize.generate_tokens(io.StringIO(source).readline)
-            if tok.type == tokenize.COMMENT
-        }
+        comments, alone = {}, set()  # line -> comment text; lines that hold nothing but a comment
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+            if tok.type == tokenize.COMMENT:
+                comments[tok.start[0]] = tok.string.lstrip("#").strip()
+                if tok.line.lstrip().startswith("#"):
+                    alone.add(tok.start[0])
         for node in ast.parse(source).body[0].body:
-            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.end_lineno in comments:
-                out[node.target.id] = comments[node.end_lineno]
+            line = node.end_lineno
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and line in comments:
+                parts = [comments[line]]
+                while line + 1 in alone:
+                    line += 1
+                    parts.append(comments[line])
+                out[node.target.id] = " ".join(parts)
     return out
 
 
