@@ -117,6 +117,10 @@ def test_kept_spellings_mean_the_same_fields():
         (["generate", "--model", "m", "--prompt", "x", "--out", "o", "--top-p", "2"], "top_p=2.0 must be in (0, 1]"),
         (["sft", "--model", "m", "--data", "d", "--out", "o", "--min-width", "1"], "expected 2 <= min_width"),
         (["demo", "--seeds", "0"], "--seeds 0 must be >= 1"),
+        (
+            ["generate", "--model", "m", "--prompt", "x", "--out", "o", "--compact-fraction", "2"],
+            "compact_fraction=2.0",
+        ),
         (["demo", "--threads", "-1", "--out", "never-made"], "--threads -1 must be >= 0 (0: torch's default)"),
         (["rl", "--model", "m", "--task", "t", "--out", "o", "--rollouts", "1", "--width", "1"], "rollouts=1 must"),
     ],

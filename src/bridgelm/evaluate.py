@@ -78,7 +78,7 @@ class EvalConfig:
     """How to sample and score an evaluation run (the task and data files are arguments of `run_eval`)."""
 
     n: int = 32  # samples per problem
-    width: int = 8  # Bridge group width that tables report (must be in `widths` when those are given)
+    width: int = 8  # Bridge group width that tables report (when `widths` leave it out: the widest of them)
     widths: list[int] | None = None  # widths to sample, each dividing n; None = [width]
     max_new_tokens: int = 4096  # generated tokens per sample, at most
     temperature: float = 0.6  # 0 = greedy

@@ -84,6 +84,8 @@ class SamplingConfig:
             raise ValueError(f"temperature={self.temperature!r} must be >= 0 (0 = greedy)")
         if self.top_k < 0:
             raise ValueError(f"top_k={self.top_k!r} must be >= 0 (0 = off)")
+        if not 0.0 < self.compact_fraction <= 1.0:
+            raise ValueError(f"compact_fraction={self.compact_fraction!r} must be in (0, 1]")
         if self.max_batch_sequences < self.width:
             raise ValueError(
                 f"max_batch_sequences={self.max_batch_sequences} must hold at least one group of width {self.width}"
