@@ -31,7 +31,9 @@ def add_commands(sub) -> None:
     p = sub.add_parser("demo", help="the paper's pipeline in miniature on a CPU, offline; writes a report")
     p.add_argument("--out", help="output folder (default runs/demo, or runs/demo-quick with --quick)")
     p.add_argument(
-        "--quick", action="store_true", help="toy sizes (~3 minutes): proves the pipeline, numbers mean nothing"
+        "--quick",
+        action="store_true",
+        help="toy sizes (~20 s on 2 quiet CPU cores): proves the pipeline, numbers mean nothing",
     )
     full, quick, comments = DemoConfig(), DemoConfig.quick(), field_comments(DemoConfig)
     preset = {
