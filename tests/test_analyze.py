@@ -175,6 +175,8 @@ def test_set_nll_against_reference_and_zero_without_cross_attention():
     bridgelm.add_pmatch(pmatch)
     randomize_blocks(pmatch)
     assert sibling_gain(pmatch, sets, progress=False)["diff"]["mean"] == 0.0  # ignores the batch axis
+    with pytest.raises(ValueError, match="has no Bridge or P-Match blocks: its samples cannot read each other"):
+        sibling_gain(tiny_model(num_hidden_layers=2), sets, progress=False)
 
 
 def test_analyze_siblings_command(tmp_path, capsys):

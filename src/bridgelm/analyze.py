@@ -226,6 +226,11 @@ def sibling_gain(model, sets: Sequence[tuple[Sequence[int], Sequence[Sequence[in
     each set's per-token difference with its 95% bootstrap interval over sets."""
     if not sets:
         raise ValueError("no response sets to measure: expected at least one")
+    if block_config(model) is None:  # P-Match blocks are let through: the control, 0 by construction
+        raise ValueError(
+            f"{type(model).__name__} has no Bridge or P-Match blocks: its samples cannot read each other, so siblings "
+            "are worth 0 by construction (add_bridge, or --blocks)"
+        )
     vocab = model.get_input_embeddings().num_embeddings
     top = max(max(p, default=0) for p, _ in sets), max(max(t, default=0) for _, rs in sets for t in rs)
     if max(top) >= vocab:
