@@ -57,6 +57,13 @@ def test_generate_writes_and_resumes(tmp_path, capsys):
         main(args[:-2] + ["--seed", "9", "--out", str(out)])
     assert "seed: file 0 vs now 9" in capsys.readouterr().err
     assert out.read_bytes() == before
+    # other prompts at the same indices: refused, naming the line's index, and the file is untouched
+    edited = _prompts(tmp_path, ["1+2=", "9+9=", "5-1=", "a b"])
+    with pytest.raises(SystemExit):
+        main([*args[:4], str(edited), *args[5:]])
+    err = capsys.readouterr().err
+    assert "its line with index 1 (prompt 2) was sampled from '3+4=', but prompt 2 of" in err and "'9+9='" in err
+    assert out.read_bytes() == before
 
 
 def test_generate_single_prompt_and_bad_input(tmp_path, capsys):

@@ -57,9 +57,9 @@ def check_prompts(path: Path, done: list[dict], prompts: Sequence[str], source: 
         if rec.get("prompt") != now:
             shown = "none" if now is None else f"{_short(now)!r}"
             raise UserError(
-                f"{path} holds samples of other prompts than {source}: its line for prompt {i + 1} was sampled from "
-                f"{_short(rec.get('prompt'))!r}, but prompt {i + 1} of {source} is {shown} (another file, or one "
-                "edited since); use another --out"
+                f"{path} holds samples of other prompts than {source}: its line with index {i} (prompt {i + 1}) was "
+                f"sampled from {_short(rec.get('prompt'))!r}, but prompt {i + 1} of {source} is {shown} (another "
+                "file, or one edited since); use another --out"
             )
 
 
