@@ -20,8 +20,16 @@ import warnings
 FAMILIES = ["params", "generate", "evaluate", "train", "demo"]
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors (a missing flag, a value of the wrong type) are one line and exit code 2, like every other
+    bad input; the usage is one `--help` away. Its subcommand parsers are of this class too."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="bridgelm", description="Bridge: interdependent parallel generations")
+    parser = _Parser(prog="bridgelm", description="Bridge: interdependent parallel generations")
     sub = parser.add_subparsers(dest="command", required=True)
     for family in FAMILIES:
         importlib.import_module(f"bridgelm.cli.{family}").add_commands(sub)
