@@ -264,6 +264,7 @@ def test_models_and_devices_that_cannot_work(models, tmp_path, capsys, case):
         ("warmup-data", "dir"),
         ("sft", "file"),
         ("report", "file"),
+        ("demo", "file"),
     ],
 )
 def test_out_of_the_wrong_kind(models, tmp_path, capsys, command, out_kind):
@@ -280,6 +281,7 @@ def test_out_of_the_wrong_kind(models, tmp_path, capsys, command, out_kind):
         "warmup-data": ["warmup-data", "--model", models / "m", "--task", "gsm8k", "--data", data],
         "sft": ["sft", "--model", models / "m", "--data", data],
         "report": ["report", tmp_path / "run"],
+        "demo": ["demo", "--quick"],
     }[command]
     line = _fails(capsys, [*argv, "--out", out])
     assert f"--out {out} is a {'folder' if out_kind == 'dir' else 'file'}: expected a" in line

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from bridgelm.cli.common import check_out
 from bridgelm.cli.fields import Flag, add_fields, build, field_comments
 from bridgelm.demo.pipeline import DemoConfig
 
@@ -22,6 +23,7 @@ def _cmd_demo(args) -> None:
     if cfg.threads < 0:
         raise ValueError(f"--threads {cfg.threads} must be >= 0 (0: torch's default)")
     out = args.out or ("runs/demo-quick" if args.quick else "runs/demo")
+    check_out(out, "dir")
     print(f"bridgelm demo: every stage writes under {out} (a finished stage is skipped on a re-run)")
     report = run_demo(out, cfg, quick=args.quick)
     print(f"bridgelm demo: report at {report} (numbers in {report.parent / 'results.json'})")

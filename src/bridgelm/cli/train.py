@@ -37,10 +37,13 @@ def _cmd_warmup_data(args) -> None:
 
     sampling = build(SamplingConfig, args, width=1)
     sampling.validate()
+    if args.limit is not None and args.limit < 1:  # before the model loads (make_warmup_data checks it too)
+        raise UserError(f"--limit {args.limit} must be a positive integer")
     check_out(args.out, "file")
     task = _load_task(args.task, args.data, args.split)
     model, tokenizer = load_model_and_tokenizer(args)
-    print(f"bridgelm warmup-data: {args.limit or len(task.examples)} problems x {args.n} samples -> {args.out}")
+    count = len(task.examples) if args.limit is None else min(args.limit, len(task.examples))
+    print(f"bridgelm warmup-data: {count} problems x {args.n} samples -> {args.out}")
     stats = make_warmup_data(model, tokenizer, task, args.out, args.n, sampling, args.chat, args.limit)
     print(
         f"bridgelm warmup-data: {stats['kept']} problems kept, {stats['dropped']} dropped, "

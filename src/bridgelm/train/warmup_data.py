@@ -52,6 +52,8 @@ def make_warmup_data(
         raise ValueError(f"warm-up responses are sampled independently: width must be 1, got {base.width}")
     cfg = replace(base, n=n, width=1)
     cfg.validate()
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit={limit} must be a positive integer (or None: every problem)")
     examples = task.examples[:limit] if limit is not None else task.examples
     if not examples:
         raise ValueError(f"task {task.name!r} has no examples to sample warm-up data from")
