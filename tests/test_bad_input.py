@@ -288,6 +288,20 @@ def test_out_of_the_wrong_kind(models, tmp_path, capsys, command, out_kind):
     assert out_kind == "dir" and not any(out.iterdir()) or out_kind == "file" and out.read_text() == "keep me\n"
 
 
+def test_a_folder_that_is_not_an_eval_run(models, tmp_path, capsys):
+    """eval into an SFT run's folder, and the readers of samples on a folder that is no eval run: one line each,
+    saying what the folder is."""
+    sft = tmp_path / "sft"
+    sft.mkdir()
+    (sft / "run.json").write_text(json.dumps({"kind": "sft", "identity": {}}))
+    data = _jsonl(tmp_path / "d.jsonl", [{"question": "1+1", "answer": "#### 2"}])
+    line = _fails(capsys, ["eval", "--model", models / "m", "--task", "gsm8k", "--data", data, "--out", sft])
+    assert f"{sft} is a bridgelm sft training run" in line
+    assert json.loads((sft / "run.json").read_text()) == {"kind": "sft", "identity": {}}
+    line = _fails(capsys, ["analyze", "similarity", tmp_path / "nope", "--embedding-model", ""])
+    assert f"{tmp_path / 'nope'} is not an eval run" in line
+
+
 def test_out_in_a_folder_without_write_permission(models, tmp_path, capsys, monkeypatch):
     locked = tmp_path / "locked"
     locked.mkdir()

@@ -322,7 +322,9 @@ def _done_keys(run_dir: Path, own: str) -> set[tuple[str, int, int]]:
 
 
 def read_samples(run_dir: str | os.PathLike) -> dict[tuple[str, int, int], dict]:
-    """Every sampled problem of a run, merged over its shards; a problem written twice is a ValueError."""
+    """Every sampled problem of a run, merged over its shards; a problem written twice is a ValueError, and a folder
+    that is not an eval run a UserError (`read_run`)."""
+    read_run(run_dir)
     merged: dict[tuple[str, int, int], dict] = {}
     where: dict[tuple[str, int, int], str] = {}
     twice = []
@@ -450,7 +452,7 @@ def run_eval(
         shards = shard_files(run_dir)  # listed before run.json is looked at: run.json is written before any shard
         created = not run_file.exists()
         if run_file.exists():
-            check_same_run(run_file, json.loads(run_file.read_text()), settings)
+            check_same_run(run_file, read_run(run_dir), settings)  # an eval run's, or a UserError
         elif shards:
             raise ValueError(
                 f"{run_dir} holds samples files but no {RUN_FILE}: refusing to mix into it; use another --out"
