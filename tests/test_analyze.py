@@ -123,6 +123,7 @@ def test_analyze_commands(tmp_path, capsys):
         (["features", "--sets", "-1"], "sets=-1: expected a positive number"),
         (["features", "--max-tokens", "0"], "max_tokens=0: expected a positive number of tokens"),
         (["siblings", "--sets", "0"], "sets=0: expected a positive number of response sets"),
+        (["siblings", "--max-tokens", "-2"], "max_tokens=-2: expected a positive number of tokens"),
     ):
         with pytest.raises(SystemExit) as err:
             main(["analyze", *flags, "--model", str(tmp_path / "m"), "--run", str(run), "--out", str(tmp_path / "x")])

@@ -118,7 +118,6 @@ def test_kept_spellings_mean_the_same_fields():
         (["sft", "--model", "m", "--data", "d", "--out", "o", "--min-width", "1"], "expected 2 <= min_width"),
         (["demo", "--seeds", "0"], "--seeds 0 must be >= 1"),
         (["warmup-data", "--model", "m", "--task", "t", "--out", "o", "--limit", "0"], "--limit 0 must be a positive"),
-        (["rl", "--model", "m", "--task", "t", "--out", "o", "--eval-every", "5"], "--eval-every 5 needs --val-task"),
         (
             ["generate", "--model", "m", "--prompt", "x", "--out", "o", "--compact-fraction", "2"],
             "compact_fraction=2.0",

@@ -263,6 +263,8 @@ def test_plain_model_without_reference(tmp_path, monkeypatch):
 
 
 def test_errors(tmp_path):
+    with pytest.raises(ValueError, match=r"eval_every=5 needs a val_task"):
+        train_rl(policy(), TOK, TASK, replace(CFG, eval_every=5), tmp_path / "e")
     with pytest.raises(ValueError, match=r"rollouts=1 must be >= 2"):
         train_rl(policy(), TOK, TASK, replace(CFG, rollouts=1, width=1), tmp_path / "g")
     with pytest.raises(ValueError, match=r"^clip_eps=-0.2 must be > 0$"):

@@ -166,8 +166,9 @@ def test_data_errors(tmp_path):
         train_sft(base_model(), TOK, tmp_path / "missing.jsonl", CFG, tmp_path / "o4")
     with pytest.raises(ValueError, match="blocks="):
         train_sft(base_model(), TOK, write_warmup(tmp_path / "w.jsonl"), replace(CFG, blocks="lora"), tmp_path / "o5")
-    with pytest.raises(ValueError, match=r"max_length=3 leaves no room for a response: the shortest training prompt"):
-        train_sft(base_model(), TOK, write_warmup(tmp_path / "w.jsonl"), replace(CFG, max_length=3), tmp_path / "o6")
+    for bad in (dict(max_length=3), dict(min_width=7, max_width=8)):  # prompts of 3-5 tokens, 2-6 responses
+        with pytest.raises(ValueError, match=r"no training group: max_length=.* must exceed a prompt \(the shortest"):
+            train_sft(base_model(), TOK, write_warmup(tmp_path / "w.jsonl"), replace(CFG, **bad), tmp_path / "o6")
     assert not (tmp_path / "o1").exists() and not (tmp_path / "o3").exists() and not (tmp_path / "o6").exists()
 
 

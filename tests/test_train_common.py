@@ -270,6 +270,20 @@ def test_token_logprobs_overwrite_puts_the_same_gradient_in_the_logits(monkeypat
     assert torch.equal(kept, base) and torch.equal(overwritten, fresh)  # d logits / d leaf is the identity
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         loss.backward()
+    leaf = base.clone().requires_grad_()  # a leaf keeps its values: only an autograd output is overwritten
+    lp, _ = batches.token_logprobs(leaf, targets, 0.6, overwrite=True)
+    (lp * weights).sum().backward()
+    assert torch.equal(leaf.detach(), base) and torch.equal(leaf.grad, fresh)
+
+
+def test_response_logprobs_lets_the_backward_overwrite_its_logits(monkeypatch):
+    seen = []
+    real = batches.token_logprobs
+    monkeypatch.setattr(batches, "token_logprobs", lambda *a, **k: seen.append(k.get("overwrite")) or real(*a, **k))
+    model = bridgelm.add_bridge(tiny_model())
+    rows = [batches.Row([5, 6, 7], [8, 9, 10], 0), batches.Row([5, 6, 7], [11, 12], 0)]
+    batches.response_logprobs(model, batches.pack_rows(rows, 0)).logprobs.sum().backward()
+    assert seen == [True]
 
 
 def test_token_logprobs_masked_vocabulary_and_bad_temperature():

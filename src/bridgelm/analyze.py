@@ -115,8 +115,13 @@ def _pick(items: list, count: int) -> list:
     return [items[int(i)] for i in np.linspace(0, len(items) - 1, count).round()]
 
 
-def _run_sets(run_dir, sets: int, benchmark: str | None, width: int | None) -> tuple[dict, list]:
-    """A run's sampled records and `sets` of their keys (benchmark, width, index), spread evenly."""
+def _run_sets(
+    run_dir, sets: int, benchmark: str | None, width: int | None, max_tokens: int | None
+) -> tuple[dict, list]:
+    """A run's sampled records and `sets` of their keys (benchmark, width, index), spread evenly; `max_tokens` (the
+    cut of each sequence, None: none) is checked here for the callers."""
+    if max_tokens is not None and max_tokens < 1:
+        raise ValueError(f"max_tokens={max_tokens}: expected a positive number of tokens per sequence (or None)")
     records = read_samples(run_dir)
     keys = sorted(k for k in records if (benchmark is None or k[0] == benchmark) and (width is None or k[1] == width))
     if not keys:
@@ -138,9 +143,7 @@ def run_feature_ratios(
     Every sequence is its prompt ids + generated ids, cut at `max_tokens`. Returns {"ratios": [per layer],
     "kind", "sets", "tokens", "problems": [[benchmark, width, index], ...]}.
     """
-    if max_tokens is not None and max_tokens < 1:
-        raise ValueError(f"max_tokens={max_tokens}: expected a positive number of tokens per sequence (or None)")
-    records, chosen = _run_sets(run_dir, sets, benchmark, width)
+    records, chosen = _run_sets(run_dir, sets, benchmark, width, max_tokens)
     device = next(model.parameters()).device
     totals, count = None, 0
     bar = None
@@ -272,7 +275,7 @@ def run_response_sets(
     run_dir, sets: int, benchmark: str | None = None, width: int | None = None, max_tokens: int | None = 4096
 ) -> list[tuple[list[int], list[list[int]]]]:
     """`sets` sampled response sets of an eval run, each the first group of its width (as sampled together)."""
-    records, chosen = _run_sets(run_dir, sets, benchmark, width)
+    records, chosen = _run_sets(run_dir, sets, benchmark, width, max_tokens)
     out = []
     for key in chosen:
         rec = records[key]

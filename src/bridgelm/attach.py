@@ -324,8 +324,7 @@ def load_model(name_or_path: str, blocks: str | os.PathLike | None = None, dtype
     a device this machine lacks) is a UserError naming the file or value.
     """
     check_device(device)
-    check_model_folder(name_or_path, weights=True)
-    config = load_config(name_or_path, **kwargs)
+    config = load_config(name_or_path, weights=True, **kwargs)
     recorded = getattr(config, "bridgelm", None)
     if not recorded:
         model = _from_pretrained(name_or_path, config, dtype, kwargs).to(device)
@@ -370,11 +369,12 @@ def check_device(device: str | torch.device) -> None:
         raise UserError(f"device {device!r}: MPS is not available on this machine; use cpu")
 
 
-def load_config(name_or_path: str, **kwargs):
-    """A model's config (local folder or hub id), with a folder or id that cannot give one reported as a UserError."""
+def load_config(name_or_path: str, weights: bool = False, **kwargs):
+    """A model's config (local folder or hub id), with a folder or id that cannot give one reported as a UserError;
+    `weights`: a local folder must hold weights too (see `check_model_folder`)."""
     from transformers import AutoConfig
 
-    check_model_folder(name_or_path)
+    check_model_folder(name_or_path, weights)
     try:
         return AutoConfig.from_pretrained(name_or_path, **kwargs)
     except OSError as err:  # not a folder here, and the hub cannot give it (offline, unknown id, gated)

@@ -513,8 +513,9 @@ def run_eval(
                     )
     except BaseException:
         # A check that fails before anything is sampled (a prompt longer than the context, foreign groups that do not
-        # fill a width) leaves the folder as it found it, so that the corrected command starts afresh.
-        if created and not shard_files(run_dir):
+        # fill a width) leaves the folder as it found it, so that the corrected command starts afresh. One process
+        # only: under torchrun another rank may be writing its first problem.
+        if created and dist.world == 1 and not shard_files(run_dir):
             run_file.unlink(missing_ok=True)
         raise
     finally:

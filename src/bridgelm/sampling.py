@@ -64,7 +64,7 @@ class SamplingConfig:
     seed: int = 0  # seeds the torch.Generator of the whole run
     max_batch_sequences: int = 256  # rows decoded together, at most
     max_batch_tokens: int = 262_144  # rows x (longest prompt + max_new_tokens) of a wave, at most
-    compact_fraction: float = 0.125  # drop finished groups once they are this fraction of the batch
+    compact_fraction: float = 0.125  # drop finished groups once they are this fraction of the batch (0: each one)
     foreign_groups: bool = False  # control: group sample j of `width` different prompts (see "Foreign groups")
     compile: bool | None = None  # torch.compile the decode step; None: where it wins (CUDA), see compile_wins
     pack_weights: bool = True  # eager CPU decoding packs linear weights for oneDNN once per wave (bridgelm.packed)
@@ -84,8 +84,10 @@ class SamplingConfig:
             raise ValueError(f"temperature={self.temperature!r} must be >= 0 (0 = greedy)")
         if self.top_k < 0:
             raise ValueError(f"top_k={self.top_k!r} must be >= 0 (0 = off)")
-        if not 0.0 < self.compact_fraction <= 1.0:
-            raise ValueError(f"compact_fraction={self.compact_fraction!r} must be in (0, 1]")
+        if not 0.0 <= self.compact_fraction <= 1.0:
+            raise ValueError(
+                f"compact_fraction={self.compact_fraction!r} must be in [0, 1] (0: at every finished group)"
+            )
         if self.max_batch_sequences < self.width:
             raise ValueError(
                 f"max_batch_sequences={self.max_batch_sequences} must hold at least one group of width {self.width}"

@@ -40,6 +40,8 @@ def load_tokenizer(name: str):
 
     try:
         return load(name)
+    except UserError:
+        raise
     except Exception as err:  # transformers and tokenizers raise many types for missing or damaged files
         first = str(err).splitlines()[0] if str(err) else ""
         raise UserError(

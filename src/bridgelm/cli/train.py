@@ -89,8 +89,6 @@ def _cmd_rl(args) -> None:
     if args.blocks and (args.no_blocks or args.add):
         flag = "--no-blocks" if args.no_blocks else f"--add {args.add}"
         raise UserError(f"--blocks {args.blocks} and {flag} contradict each other: expected one of them")
-    if cfg.eval_every and not args.val_task:
-        raise UserError(f"--eval-every {cfg.eval_every} needs --val-task (the problems to validate on)")
     check_out(args.out, "dir")
     task = _load_task(args.task, args.data, args.split)
     val_task = _load_task(args.val_task, args.val_data, args.val_split) if args.val_task else None

@@ -151,7 +151,8 @@ class _TokenLogProbs(torch.autograd.Function):
             lse[rows] = log_s.add_(top)
         ctx.save_for_backward(logits, targets, lse)
         ctx.temperature = temperature
-        ctx.overwrite = overwrite and logits.is_contiguous()  # a strided view may hold elements twice
+        # Only a tensor of its own (no leaf, which would lose its values; no view, whose base someone may read)
+        ctx.overwrite = overwrite and logits.grad_fn is not None and logits._base is None
         if entropy is None:
             return picked - lse, None
         ctx.mark_non_differentiable(entropy)
@@ -188,9 +189,10 @@ def token_logprobs(
     """logits [N, V], targets [N] -> (log-prob of each target under softmax(logits / temperature) [N] float32, with
     gradients; its entropy [N] float32 without, or None). Chunked over rows (see `_TokenLogProbs`).
 
-    `overwrite`: the backward writes the logits' gradient into `logits` (contiguous ones), for a caller that reads
-    them no more: no second [N, V] tensor (on CPU, its fresh pages cost ~5% of an SFT step of the 30M benchmark
-    model). Another backward through them then fails on their version counter instead of reading the gradient."""
+    `overwrite`: the backward writes the logits' gradient into `logits` (an autograd output, not a view), for a
+    caller that reads them no more: no second [N, V] tensor (on CPU, its fresh pages cost ~5% of an SFT step of the
+    30M benchmark model). Another backward through them then fails on their version counter instead of reading the
+    gradient."""
     _check_temperature(temperature)
     return _TokenLogProbs.apply(logits, targets, float(temperature), with_entropy, overwrite)
 

@@ -439,6 +439,8 @@ def train_rl(model, tokenizer, task, cfg: RLConfig, out_dir: str | os.PathLike, 
     out_dir = Path(out_dir)
     dist = setup_distributed(next(model.parameters()).device)
     cfg.validate(dist.world)
+    if cfg.eval_every and val_task is None:
+        raise ValueError(f"eval_every={cfg.eval_every} needs a val_task (--val-task): the problems to validate on")
     if not task.examples:
         raise ValueError(f"task {task.name!r} has no examples to train on")
     run = Run(out_dir, "rl", _identity(model, task, cfg), control_of(cfg), dist, best_accuracy=None, best_step=None)

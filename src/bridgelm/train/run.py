@@ -101,7 +101,8 @@ def _refuse_other_run(out_dir: Path, kind: str) -> None:
     if found != kind:
         what = f"a bridgelm {found} run" if found else "a run.json of something else"
         raise ValueError(
-            f"{out_dir} already holds {what} ({path}): expected a new folder or a {kind} run; use another --out"
+            f"{out_dir} already holds {what} ({path}): expected a new folder, or one of `bridgelm {kind}` to "
+            "resume; use another --out"
         )
 
 

@@ -239,11 +239,14 @@ def train_sft(model, tokenizer, data_path: str | os.PathLike, cfg: SFTConfig, ou
     dist = setup_distributed(next(model.parameters()).device)
     problems = read_warmup(data_path)
     train, val = split_problems(problems, cfg)
-    shortest = min(len(p.prompt_ids) for p in train)
-    if shortest >= cfg.max_length:
+    plan = [epoch_batches(train, cfg, e) for e in range(cfg.epochs)]  # a pure function of the settings
+    total = sum(len(b) for b in plan)
+    if total == 0:  # checked before the run folder is touched
+        shortest = min(len(p.prompt_ids) for p in train)
+        most = max(len(p.responses) for p in train)
         raise ValueError(
-            f"max_length={cfg.max_length} leaves no room for a response: the shortest training prompt has {shortest} "
-            f"tokens; expected max_length > {shortest}"
+            f"no training group: max_length={cfg.max_length} must exceed a prompt (the shortest has {shortest} "
+            f"tokens) and min_width={cfg.min_width} must not exceed a problem's responses (at most {most})"
         )
     identity = {
         **settings_of(cfg),
@@ -263,8 +266,6 @@ def train_sft(model, tokenizer, data_path: str | os.PathLike, cfg: SFTConfig, ou
         model.activation_checkpointing_enable()
     params = [p for p in model.parameters() if p.requires_grad]
     parts = gradient_parts(model)
-    plan = [epoch_batches(train, cfg, e) for e in range(cfg.epochs)]
-    total = sum(len(b) for b in plan)
     flat = [(e, i) for e, batches in enumerate(plan) for i in range(len(batches))]  # step -> (epoch, batch)
     val_groups = make_groups(val, cfg, generator(cfg.seed, "sft-val"))
     optimizer = make_optimizer(params, cfg.lr, cfg.weight_decay)
