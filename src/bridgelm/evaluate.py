@@ -38,7 +38,7 @@ from typing import Any
 from bridgelm.dist import Dist, all_reduce_sum, barrier, unsharded
 from bridgelm.errors import UserError
 from bridgelm.jsonl import append_record, read_records, write_json
-from bridgelm.runs import RUN_FILE, check_settings
+from bridgelm.runs import RUN_FILE, check_settings, run_kind
 from bridgelm.samples import check_stop_strings
 from bridgelm.sampling import Sample, SamplingConfig, encode_prompts, iter_generate, sample_all
 from bridgelm.tasks import Task
@@ -230,8 +230,8 @@ def read_run(run_dir: str | os.PathLike) -> dict[str, Any]:
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise UserError(f"{path} is not valid JSON ({err}): expected the run.json of bridgelm eval") from err
     if not isinstance(run, dict) or run.get("format") != FORMAT:
-        kind = run.get("kind") if isinstance(run, dict) else None
-        what = f"a bridgelm {kind} training run" if kind else "not an eval run"
+        kind = run_kind(run)
+        what = f"a bridgelm {kind} training run" if kind not in (None, "eval") else "not an eval run"
         raise UserError(
             f"{run_dir} is {what} ({path} lacks format {FORMAT!r}): expected a folder made by bridgelm eval --out"
         )

@@ -41,6 +41,14 @@ TRAINER_INFO = "trainer.json"  # step, settings and run facts of a checkpoint (w
 # ---------------------------------------------------------------------------------------------- settings
 
 
+def run_kind(run: Any) -> str | None:
+    """What a parsed run.json records: "eval" (bridgelm eval's, which carries a "format"), a training run's kind
+    ("sft", "rl", "pretrain"), or None (neither)."""
+    if not isinstance(run, dict):
+        return None
+    return run.get("kind") or ("eval" if "format" in run else None)
+
+
 def check_settings(
     where: str | os.PathLike,
     saved: dict,

@@ -57,6 +57,7 @@ from bridgelm.runs import (
     prune_checkpoints,
     read_info,
     resume_point,
+    run_kind,
     save_trainer_state,
 )
 from bridgelm.train.weights import write_on_main
@@ -97,7 +98,7 @@ def _refuse_other_run(out_dir: Path, kind: str) -> None:
         run = json.loads(path.read_bytes().decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError):
         run = None
-    found = run.get("kind", "eval" if "format" in run else None) if isinstance(run, dict) else None
+    found = run_kind(run)
     if found != kind:
         what = f"a bridgelm {found} run" if found else "a run.json of something else"
         raise ValueError(
