@@ -35,7 +35,9 @@ def test_model_directory(tmp_path, capsys):
     tiny_model().config.save_pretrained(tmp_path)
     main(["params", "--model", str(tmp_path)])
     out = capsys.readouterr().out
-    assert str(tmp_path) in out
+    assert str(tmp_path) in out and "| Model (parameters in thousands) |" in out  # a tiny model: not 0.00 everywhere
+    orig = float(_rows(out)[str(tmp_path)][4])  # Orig. Total, in thousands
+    assert orig == pytest.approx(sum(p.numel() for p in tiny_model().parameters()) / 1e3, abs=0.01)
 
 
 def test_unknown_preset(capsys):

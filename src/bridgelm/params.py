@@ -122,13 +122,19 @@ def count(model, name: str, kind: str = "bridge", num_heads: int = 4) -> ParamCo
     return ParamCounts(name, embed_head, attn, ffn, other, added)
 
 
+# Units of the table, largest first: the first in which the smallest model's total reads at least 0.1.
+UNITS = ((1e9, "billions"), (1e6, "millions"), (1e3, "thousands"))
+
+
 def table(rows: list[ParamCounts], kind: str = "bridge") -> str:
-    """The Appendix B table in billions, as markdown."""
+    """The Appendix B table as markdown, in billions like the paper's (millions or thousands for small models)."""
     label = "Bridge" if kind == "bridge" else "P-Match"
-    head = f"| Model | Embed & Head | Attn | FF | {label} | Orig. Total | New Total | Added % |"
+    smallest = min((r.original for r in rows), default=1e9)
+    scale, unit = next(((v, n) for v, n in UNITS if smallest >= 0.1 * v), UNITS[-1])
+    head = f"| Model (parameters in {unit}) | Embed & Head | Attn | FF | {label} | Orig. Total | New Total | Added % |"
     lines = [head, "|" + "---|" * 8]
     for r in rows:
         cells = [r.embed_head, r.attn, r.ffn, r.added, r.original, r.new_total]
         pct = 100.0 * r.added / r.original
-        lines.append(f"| {r.name} | " + " | ".join(f"{c / 1e9:.2f}" for c in cells) + f" | {pct:.1f}% |")
+        lines.append(f"| {r.name} | " + " | ".join(f"{c / scale:.2f}" for c in cells) + f" | {pct:.1f}% |")
     return "\n".join(lines)
