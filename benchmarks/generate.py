@@ -474,14 +474,19 @@ def main() -> None:
         dtype = getattr(torch, dtypes[0])
         bridged = with_random_bridge(bench_model(dtype, layers=layers)).to(device)
         s = dict(temperature=args.temperature, top_p=args.top_p, pad_id=0, compile=args.compile, pack=args.pack)
-        scaling = {}
-        for w in [int(x) for x in args.widths.split(",")]:
-            run_engine(bridged, prompts, args.scaling_n, w, args.new_tokens, **s)  # warm-up / compile
-            series = [
-                timed(lambda w=w: run_engine(bridged, prompts, args.scaling_n, w, args.new_tokens, **s))
-                for _ in range(args.repeats)
-            ]
-            scaling[str(w)] = summary([r["tok_per_s"] for r in series])
+        widths = [int(x) for x in args.widths.split(",")]
+
+        def at_width(w: int) -> int:
+            return run_engine(bridged, prompts, args.scaling_n, w, args.new_tokens, **s)
+
+        for w in widths:
+            at_width(w)  # warm-up / compile
+        series = {w: [] for w in widths}
+        for r in range(args.repeats):  # interleaved and rotated like `compare`: the machine's drift hits every width
+            for w in widths[r % len(widths) :] + widths[: r % len(widths)]:
+                series[w].append(timed(lambda w=w: at_width(w)))
+        scaling = {str(w): summary([r["tok_per_s"] for r in series[w]]) for w in widths}
+        for w in widths:
             print(f"  Bridge width {w:2d} (n={args.scaling_n}, {dtypes[0]}): {scaling[str(w)]} tok/s", flush=True)
         results["width_scaling"] = scaling
     measure_peaks(peaks, args.matmul_size, device)
