@@ -255,6 +255,18 @@ def test_models_and_devices_that_cannot_work(models, tmp_path, capsys, case):
     assert not out.exists()
 
 
+def test_misfit_weights_are_found_before_transformers_loads_them(models, monkeypatch):
+    """Found from the safetensors headers: transformers never loads the weights (its report of every misfit tensor
+    would come before the one-line error)."""
+    from transformers import AutoModelForCausalLM
+
+    from bridgelm.attach import load_model
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", lambda *a, **k: pytest.fail("loaded"))
+    with pytest.raises(UserError, match=r"down_proj.weight is \[64, 128\], config.json makes it \[64, 96\]"):
+        load_model(str(models / "shape"))
+
+
 @pytest.mark.parametrize(
     "command, out_kind",
     [

@@ -432,16 +432,23 @@ def _from_pretrained(name_or_path: str, config, dtype, kwargs: dict):
     """AutoModelForCausalLM.from_pretrained, with weights that do not fit the config reported as a UserError."""
     from transformers import AutoModelForCausalLM
 
-    try:
-        return AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, **kwargs)
-    except RuntimeError as err:
-        if "mismatched_sizes" not in str(err) and "size mismatch" not in str(err):
-            raise
-        detail = "; ".join(_shape_mismatches(Path(name_or_path), config)[:3]) or "see the load report above"
-        raise UserError(
+    def misfit(detail: str) -> UserError:
+        return UserError(
             f"the weights of model {name_or_path} do not fit the shapes its config.json describes ({detail}): "
             "expected the config.json saved with these weights"
-        ) from err
+        )
+
+    folder = Path(name_or_path).expanduser()
+    if folder.is_dir() and "gguf_file" not in kwargs:  # safetensors headers: checked before transformers loads and
+        found = _shape_mismatches(folder, config)  # prints its report of every misfit tensor
+        if found:
+            raise misfit("; ".join(found[:3]))
+    try:
+        return AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, **kwargs)
+    except RuntimeError as err:  # other weight formats (*.bin)
+        if "mismatched_sizes" not in str(err) and "size mismatch" not in str(err):
+            raise
+        raise misfit("; ".join(_shape_mismatches(folder, config)[:3]) or "see the load report above") from err
 
 
 def _shape_mismatches(folder: Path, config) -> list[str]:
