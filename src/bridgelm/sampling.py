@@ -39,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import math
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -47,8 +48,10 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 from bridgelm.attention import NAME as ATTENTION
 from bridgelm.attention import fast_attention
+from bridgelm.errors import DataWarning
 from bridgelm.grouped import KWARG, Groups
 from bridgelm.packed import packed_linears
+from bridgelm.tokenizer import unknown_characters
 
 
 @dataclass
@@ -876,10 +879,12 @@ def pad_id(tokenizer, eos: Sequence[int]) -> int:
 
 
 def encode_prompts(tokenizer, prompts: Sequence[str], chat: bool = False) -> list[list[int]]:
-    """Token ids of each prompt; with `chat`, through the tokenizer's chat template (generation prompt added)."""
+    """Token ids of each prompt; with `chat`, through the tokenizer's chat template (generation prompt added). Prompts
+    with characters the tokenizer can only encode as its unknown token (a character vocabulary's <pad>) are encoded
+    so, with one DataWarning that counts them and names the first one's characters."""
     if isinstance(prompts, str):
         raise ValueError("prompts must be a list of strings, got one string")
-    out = []
+    out, unread = [], []  # unread: (prompt index, characters) of prompts with characters the tokenizer lacks
     for i, text in enumerate(prompts):
         if not isinstance(text, str) or not text:
             raise ValueError(f"prompt {i} is empty or not a string: {text!r}")
@@ -893,7 +898,18 @@ def encode_prompts(tokenizer, prompts: Sequence[str], chat: bool = False) -> lis
                 ids = ids["input_ids"]
         else:
             ids = tokenizer(text, add_special_tokens=True)["input_ids"]
+        unknown = unknown_characters(tokenizer, text, ids)
+        if unknown:
+            unread.append((i, unknown))
         out.append(list(ids))
+    if unread:
+        (first, chars), unk = unread[0], tokenizer.backend_tokenizer.model.unk_token
+        warnings.warn(
+            f"{len(unread)} of {len(prompts)} prompts hold characters the tokenizer has no token for (prompt {first}: "
+            f"{', '.join(map(repr, chars[:10]))}); the model reads each as {unk!r}",
+            DataWarning,
+            stacklevel=2,
+        )
     return out
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -81,6 +81,26 @@ TOKENIZER_FILES = (
     "spiece.model",
     "vocab.txt",
 )
+
+
+def unknown_characters(tokenizer, text: str, ids: Sequence[int] | None = None) -> list[str]:
+    """The characters of `text` (distinct, in order) that `tokenizer` can only encode as its unknown token: a
+    character vocabulary maps them to `<pad>`, so the model would not see them. `ids`, the text's encoding when at
+    hand, skips the second encoding when it holds no unknown token. Tokenizers without one (byte-level BPE): []."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    unk = getattr(getattr(backend, "model", None), "unk_token", None)
+    if not unk:
+        return []
+    unk_id = backend.token_to_id(unk)
+    if ids is not None and unk_id not in ids:
+        return []
+    found = []
+    encoding = backend.encode(text, add_special_tokens=False)
+    for token, (start, end) in zip(encoding.ids, encoding.offsets):
+        piece = text[start:end]
+        if token == unk_id and piece != unk and piece not in found:  # not the token written out
+            found.append(piece)
+    return found
 
 
 def load_tokenizer(name_or_path: str | os.PathLike, **kwargs):

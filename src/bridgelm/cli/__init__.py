@@ -13,8 +13,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
 import warnings
+from importlib.metadata import PackageNotFoundError, version
 
 # Modules whose add_commands(sub) registers subcommands, in --help order.
 FAMILIES = ["params", "generate", "evaluate", "train", "demo"]
@@ -30,10 +32,34 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="bridgelm", description="Bridge: interdependent parallel generations")
+    try:
+        installed = version("bridgelm")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        installed = "unknown (not installed)"
+    parser.add_argument("--version", action="version", version=f"bridgelm {installed}")
     sub = parser.add_subparsers(dest="command", required=True)
     for family in FAMILIES:
         importlib.import_module(f"bridgelm.cli.{family}").add_commands(sub)
     return parser
+
+
+def _flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, str]:
+    """Field name -> flag of the (sub)command that `args` ran: {"top_p": "--top-p", "blocks": "--add", ...}."""
+    for action in parser._actions:  # argparse keeps no public list of a parser's arguments
+        chosen = getattr(args, action.dest, None)
+        if isinstance(action.choices, dict) and chosen in action.choices:  # a subcommand: its own flags
+            return _flags(action.choices[chosen], args)
+    flags: dict[str, str] = {}
+    for action in parser._actions:
+        spelled = [o for o in action.option_strings if o.startswith("--")]
+        if spelled:
+            flags.setdefault(action.dest, spelled[0])  # a field's first flag: eval's --n, not its --num-samples
+    return flags
+
+
+def _in_flags(message: str, flags: dict[str, str]) -> str:
+    """The library names a bad value by its field, `top_p=1.5`; on the command line it was `--top-p 1.5`."""
+    return re.sub(r"(?<![\w.-])([A-Za-z_]\w*)=", lambda m: f"{flags[m[1]]} " if m[1] in flags else m[0], message)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -42,7 +68,8 @@ def main(argv: list[str] | None = None) -> None:
     from bridgelm.errors import show_data_warnings, user_message
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     prog = " ".join(["bridgelm", args.command, *([args.analysis] if getattr(args, "analysis", None) else [])])
     show = show_data_warnings(prog)
     try:
@@ -59,7 +86,8 @@ def main(argv: list[str] | None = None) -> None:
                 file=sys.stderr,
             )
             raise
-        print(f"{prog}: error: {' '.join(message.split())}", file=sys.stderr)
+        message = _in_flags(" ".join(message.split()), _flags(parser, args))
+        print(f"{prog}: error: {message}", file=sys.stderr)
         sys.exit(2)
     finally:
         warnings.showwarning = show
