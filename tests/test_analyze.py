@@ -119,11 +119,12 @@ def test_analyze_commands(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "ROUGE-L" in printed and "ROUGE-1" in printed
     for flags, message in (
-        (["features", "--sets", "0"], "--sets 0: expected a positive number of response sets"),
-        (["features", "--sets", "-1"], "--sets -1: expected a positive number"),
-        (["features", "--max-tokens", "0"], "--max-tokens 0: expected a positive number of tokens"),
-        (["siblings", "--sets", "0"], "--sets 0: expected a positive number of response sets"),
-        (["siblings", "--max-tokens", "-2"], "--max-tokens -2: expected a positive number of tokens"),
+        (["features", "--sets", "0"], "argument --sets: '0' is not a positive integer"),
+        (["features", "--sets", "-1"], "argument --sets: '-1' is not a positive integer"),
+        (["features", "--max-tokens", "0"], "argument --max-tokens: '0' is not a positive integer"),
+        (["features", "--width", "x"], "argument --width: 'x' is not a positive integer"),
+        (["siblings", "--sets", "0"], "argument --sets: '0' is not a positive integer"),
+        (["siblings", "--max-tokens", "-2"], "argument --max-tokens: '-2' is not a positive integer"),
     ):
         with pytest.raises(SystemExit) as err:
             main(["analyze", *flags, "--model", str(tmp_path / "m"), "--run", str(run), "--out", str(tmp_path / "x")])
@@ -200,7 +201,7 @@ def test_analyze_siblings_command(tmp_path, capsys):
     big.write_text(json.dumps({"kept": True, "prompt_ids": [1], "responses": [{"token_ids": [500]}] * 2}) + "\n")
     for bad, message in (
         ([], "give one of --run"),
-        (["--data", str(warm), "--sets", "0"], "--sets 0: expected a positive number of response sets"),
+        (["--data", str(warm), "--sets", "0"], "argument --sets: '0' is not a positive integer"),
         (["--data", str(tmp_path / "none.jsonl")], "does not exist"),
         (["--data", str(big)], "outside the model's vocabulary"),
     ):

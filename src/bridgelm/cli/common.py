@@ -78,6 +78,17 @@ def check_out(path: str, kind: str, flag: str = "--out") -> None:
         raise UserError(f"{flag} {path}: folder {parent} is not writable, so {path} cannot be created there")
 
 
+def positive_int(text: str) -> int:
+    """argparse type of counts that must be at least 1 (checked as the flags are read, before any model loads)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive integer")
+    return value
+
+
 def stop_string(text: str) -> str:
     """argparse type of --stop: non-empty text."""
     if not text:

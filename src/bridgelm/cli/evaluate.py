@@ -14,7 +14,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bridgelm.cli.common import add_model_args, check_out, dtype_of, load_model_and_tokenizer, stop_string
+from bridgelm.cli.common import (
+    add_model_args,
+    check_out,
+    dtype_of,
+    load_model_and_tokenizer,
+    positive_int,
+    stop_string,
+)
 from bridgelm.cli.fields import Flag, add_fields, build
 from bridgelm.errors import UserError
 from bridgelm.evaluate import EvalConfig
@@ -205,28 +212,30 @@ def add_commands(sub) -> None:
     add_model_args(f)
     f.add_argument("--run", required=True, help="eval run whose samples are re-run through the model")
     f.add_argument("--out", required=True, help="folder for features.json and features.png")
-    f.add_argument("--sets", type=int, default=8, help="response sets (one group each) to re-run")
+    f.add_argument("--sets", type=positive_int, default=8, help="response sets (one group each) to re-run")
     f.add_argument("--benchmark", help="only this benchmark's problems")
-    f.add_argument("--width", type=int, help="only samples of this width")
-    f.add_argument("--max-tokens", type=int, default=4096, help="cut each sequence (prompt + response) here")
+    f.add_argument("--width", type=positive_int, help="only samples of this width")
+    f.add_argument("--max-tokens", type=positive_int, default=4096, help="cut each sequence (prompt + response) here")
     f.set_defaults(func=_cmd_features)
     g = asub.add_parser("siblings", help="NLL of response sets with their siblings as a group vs each alone (w=1)")
     add_model_args(g)
     g.add_argument("--run", help="eval run whose sampled sets are re-run (the first group of each problem)")
     g.add_argument("--data", help="warm-up file (bridgelm warmup-data) whose kept problems' traces are the sets")
     g.add_argument("--out", required=True, help="folder for siblings.json")
-    g.add_argument("--sets", type=int, default=64, help="response sets, spread evenly over the run or file")
+    g.add_argument("--sets", type=positive_int, default=64, help="response sets, spread evenly over the run or file")
     g.add_argument("--benchmark", help="only this benchmark's problems (--run)")
-    g.add_argument("--width", type=int, help="only samples of this width (--run)")
-    g.add_argument("--max-tokens", type=int, default=4096, help="cut each sequence (prompt + response) here (--run)")
+    g.add_argument("--width", type=positive_int, help="only samples of this width (--run)")
+    g.add_argument(
+        "--max-tokens", type=positive_int, default=4096, help="cut each sequence (prompt + response) here (--run)"
+    )
     g.set_defaults(func=_cmd_siblings)
     s = asub.add_parser(
         "similarity", help="mean pairwise ROUGE-L and ROUGE-1 (rouge-score; and embedding cosine) within response sets"
     )
     s.add_argument("run_dir")
     s.add_argument("--benchmark", help="only this benchmark")
-    s.add_argument("--width", type=int, help="only this width")
-    s.add_argument("--max-samples", type=int, help="first responses of each set only (pairs grow as n^2)")
+    s.add_argument("--width", type=positive_int, help="only this width")
+    s.add_argument("--max-samples", type=positive_int, help="first responses of each set only (pairs grow as n^2)")
     s.add_argument("--embedding-model", help="local sentence-transformers model (default: MiniLM-L6; '' = skip)")
     s.add_argument("--out", help="output JSON (default RUN_DIR/similarity.json)")
     s.set_defaults(func=_cmd_similarity)
