@@ -194,7 +194,10 @@ def test_errors_name_the_flags_the_user_typed():
     that command spells them, and leaves other names alone."""
     parser = build_parser()
     sft = _flags(parser, parser.parse_args(["sft", "--model", "m", "--data", "d", "--out", "o"]))
-    assert sft["blocks"] == "--add" and sft["max_length"] == "--max-length"
+    assert sft["blocks"] == ["--add"] and sft["max_length"] == ["--max-length"]
+    assert _in_flags("pass resume=True to go on; resume=False, bf16=True or top_p=True", sft) == (
+        "pass --resume to go on; --no-resume, --bf16 or top_p=True"
+    )
     text = "blocks='x' and max_length=3 (steps=2, index=4, --max-length=3, a.max_length=3)"
     assert _in_flags(text, sft) == "--add 'x' and --max-length 3 (steps=2, index=4, --max-length=3, a.max_length=3)"
     siblings = _flags(parser, parser.parse_args(["analyze", "siblings", "--run", "r", "--model", "m", "--out", "o"]))

@@ -110,7 +110,8 @@ class EvalConfig:
             if not isinstance(w, int) or w < 1:
                 raise ValueError(f"widths entry {w!r} must be a positive integer")
             if self.n % w:
-                raise ValueError(f"widths entry {w} does not divide n={self.n}: every width must divide n")
+                which = f"widths entry {w}" if self.widths else f"width={w}"  # widths=None samples `width` alone
+                raise ValueError(f"{which} does not divide n={self.n}: every width must divide n")
         dup = sorted({w for w in widths if widths.count(w) > 1})
         if dup:
             raise ValueError(f"widths lists {dup[0]} more than once: {widths}")

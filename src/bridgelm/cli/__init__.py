@@ -43,23 +43,35 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, str]:
-    """Field name -> flag of the (sub)command that `args` ran: {"top_p": "--top-p", "blocks": "--add", ...}."""
+def _flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, list[str]]:
+    """Field name -> long flags of the (sub)command that `args` ran: {"top_p": ["--top-p"], "resume": ["--resume",
+    "--no-resume"], "blocks": ["--add"], ...}."""
     for action in parser._actions:  # argparse keeps no public list of a parser's arguments
         chosen = getattr(args, action.dest, None)
         if isinstance(action.choices, dict) and chosen in action.choices:  # a subcommand: its own flags
             return _flags(action.choices[chosen], args)
-    flags: dict[str, str] = {}
+    flags: dict[str, list[str]] = {}
     for action in parser._actions:
         spelled = [o for o in action.option_strings if o.startswith("--")]
         if spelled:
-            flags.setdefault(action.dest, spelled[0])  # a field's first flag: eval's --n, not its --num-samples
+            flags.setdefault(action.dest, spelled)  # a field's first flag: eval's --n, not its --num-samples
     return flags
 
 
-def _in_flags(message: str, flags: dict[str, str]) -> str:
-    """The library names a bad value by its field, `top_p=1.5`; on the command line it was `--top-p 1.5`."""
-    return re.sub(r"(?<![\w.-])([A-Za-z_]\w*)=", lambda m: f"{flags[m[1]]} " if m[1] in flags else m[0], message)
+def _in_flags(message: str, flags: dict[str, list[str]]) -> str:
+    """The library names a bad value by its field, `top_p=1.5` or `resume=True`; on the command line it was
+    `--top-p 1.5` or `--resume`."""
+
+    def flag(m: re.Match) -> str:
+        spelled = flags.get(m[1])
+        if not spelled:
+            return m[0]
+        negative = [o for o in spelled if o.startswith("--no-")]
+        if m[2] and negative:  # a switch: --x / --no-x
+            return negative[0] if m[2] == "False" else next(o for o in spelled if o not in negative)
+        return f"{spelled[0]} {m[2] or ''}"
+
+    return re.sub(r"(?<![\w.-])([A-Za-z_]\w*)=(True\b|False\b)?", flag, message)
 
 
 def main(argv: list[str] | None = None) -> None:
