@@ -31,16 +31,12 @@ def write_warmup(path, problems=8, seed=0):
     with open(path, "w") as f:
         for i in range(problems):
             prompt = torch.randint(5, len(TOK), (3 + i % 3,), generator=g).tolist()
-            responses = [
-                {
-                    "text": "",
-                    "token_ids": torch.randint(
-                        5, len(TOK), (int(torch.randint(3, 9, (1,), generator=g)),), generator=g
-                    ).tolist()
-                    + [TOK.eos_token_id],
-                }
+            ids = [
+                torch.randint(5, len(TOK), (int(torch.randint(3, 9, (1,), generator=g)),), generator=g).tolist()
+                + [TOK.eos_token_id]
                 for _ in range(2 + i % 5)
             ]
+            responses = [{"text": TOK.decode(t, skip_special_tokens=True), "token_ids": t} for t in ids]
             rec = {
                 "index": i,
                 "kept": True,
@@ -169,7 +165,16 @@ def test_data_errors(tmp_path):
     for bad in (dict(max_length=3), dict(min_width=7, max_width=8)):  # prompts of 3-5 tokens, 2-6 responses
         with pytest.raises(ValueError, match=r"no training group: max_length=.* must exceed a prompt \(the shortest"):
             train_sft(base_model(), TOK, write_warmup(tmp_path / "w.jsonl"), replace(CFG, **bad), tmp_path / "o6")
-    assert not (tmp_path / "o1").exists() and not (tmp_path / "o3").exists() and not (tmp_path / "o6").exists()
+    other = char_tokenizer("0123456789+-=() xyz\n")  # the same ids mean other characters
+    foreign = tmp_path / "foreign.jsonl"
+    rows = [json.loads(line) for line in write_warmup(tmp_path / "w.jsonl").read_text().splitlines()]
+    rows[0]["settings"] = {"model": "runs/demo/base"}
+    for r in rows[0]["responses"]:
+        r["text"] = other.decode(r["token_ids"], skip_special_tokens=True)
+    foreign.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.raises(ValueError, match=r"line 1: its token ids decode to .* but were sampled by model 'runs/demo/b"):
+        train_sft(base_model(), TOK, foreign, CFG, tmp_path / "o7")
+    assert not any((tmp_path / o).exists() for o in ("o1", "o3", "o6", "o7"))
 
 
 @dataclass

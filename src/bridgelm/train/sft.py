@@ -99,8 +99,10 @@ class SFTResult:
 # ---------------------------------------------------------------------------------------------- data
 
 
-def read_warmup(path: str | os.PathLike) -> list[Problem]:
-    """Kept problems of a warm-up file, each with >= 2 responses; errors name the file and line."""
+def read_warmup(path: str | os.PathLike, tokenizer=None) -> list[Problem]:
+    """Kept problems of a warm-up file, each with >= 2 responses; errors name the file and line. With `tokenizer`
+    (the model's that will train on them), the first kept response's token ids must decode to the text sampled
+    with them: ids from another tokenizer would be trained on as if they were this model's."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"warm-up data {path} does not exist")
@@ -119,6 +121,8 @@ def read_warmup(path: str | os.PathLike) -> list[Problem]:
         ids = [r.get("token_ids") if isinstance(r, dict) else None for r in responses]
         if not all(_ids(t) for t in ids):
             raise ValueError(f"{path}, line {number}: every response needs non-empty 'token_ids'")
+        if tokenizer is not None and not problems:
+            _check_tokenizer(tokenizer, rec, path, number)
         if len(ids) >= 2:
             problems.append(Problem(list(prompt), [list(t) for t in ids]))
     if not problems:
@@ -127,6 +131,22 @@ def read_warmup(path: str | os.PathLike) -> list[Problem]:
             "sample more responses per problem (--n) or use more problems"
         )
     return problems
+
+
+def _check_tokenizer(tokenizer, rec: dict, path: Path, number: int) -> None:
+    """ValueError when the first response of record `rec` does not decode, with `tokenizer`, to its sampled text."""
+    first = rec["responses"][0]
+    text = first.get("text")
+    if not isinstance(text, str):
+        return  # written by hand without texts: nothing to compare
+    got = tokenizer.decode(first["token_ids"], skip_special_tokens=True)  # as the engine decodes samples
+    if got != text:
+        settings = rec.get("settings") or {}
+        source = f" by model {settings['model']!r}" if settings.get("model") else ""
+        raise ValueError(
+            f"{path}, line {number}: its token ids decode to {got[:40]!r} with this model's tokenizer, but were "
+            f"sampled{source} as {text[:40]!r}: expected warm-up data sampled by the model being trained"
+        )
 
 
 def _ids(x) -> bool:
@@ -237,7 +257,7 @@ def train_sft(model, tokenizer, data_path: str | os.PathLike, cfg: SFTConfig, ou
     cfg.validate()
     out_dir = Path(out_dir)
     dist = setup_distributed(next(model.parameters()).device)
-    problems = read_warmup(data_path)
+    problems = read_warmup(data_path, tokenizer)
     train, val = split_problems(problems, cfg)
     plan = [epoch_batches(train, cfg, e) for e in range(cfg.epochs)]  # a pure function of the settings
     total = sum(len(b) for b in plan)
