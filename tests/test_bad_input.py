@@ -239,6 +239,7 @@ def _model_cases(root: Path, tmp: Path):
         (["--model", root / "m", "--device", "gpu0"], "device 'gpu0' is not a device name"),
         (["--model", root / "noweights"], f"model folder {root / 'noweights'} has config.json but no weights file"),
         (["--model", root / "badtype"], "cannot read its config: The checkpoint you are trying to load has model type"),
+        (["--model", root / "mb", "--blocks", tmp / "b.safetensors"], "has bridge blocks of its own (recorded in its"),
         (
             ["--model", root / "notok"],
             f"{root / 'notok'} has no tokenizer files (tokenizer.json, tokenizer_config.json",
@@ -246,7 +247,7 @@ def _model_cases(root: Path, tmp: Path):
     ]
 
 
-@pytest.mark.parametrize("case", range(10))
+@pytest.mark.parametrize("case", range(11))
 def test_models_and_devices_that_cannot_work(models, tmp_path, capsys, case):
     flags, expected = _model_cases(models, tmp_path)[case]
     out = tmp_path / "s.jsonl"

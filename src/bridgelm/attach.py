@@ -326,6 +326,11 @@ def load_model(name_or_path: str, blocks: str | os.PathLike | None = None, dtype
     check_device(device)
     config = load_config(name_or_path, weights=True, **kwargs)
     recorded = getattr(config, "bridgelm", None)
+    if recorded and blocks is not None:
+        raise UserError(
+            f"model {name_or_path} has {recorded.get('kind')} blocks of its own (recorded in its config.json), which "
+            f"blocks={str(blocks)!r} would replace: load that file into the model without blocks, or leave it out"
+        )
     if not recorded:
         model = _from_pretrained(name_or_path, config, dtype, kwargs).to(device)
     else:
