@@ -197,19 +197,20 @@ class EvenTask(Task):
 def test_warmup_data_filters_and_resumes(tmp_path):
     task = EvenTask("even", [{"a": i} for i in range(6)])
     out = tmp_path / "warmup.jsonl"
-    sampling = SamplingConfig(max_new_tokens=5, temperature=1.0, top_p=1.0)
+    sampling = SamplingConfig(max_new_tokens=40, temperature=1.0, top_p=1.0)  # some samples end, some are cut
     stats = make_warmup_data(base_model(), TOK, task, out, n=4, sampling=sampling, progress=False)
     records = read_records(out)
     assert [r["index"] for r in records] == list(range(6)) and stats["sampled_now"] == 6
     for r in records:
-        if r["kept"]:
-            assert r["correct"] >= 2 and len(r["responses"]) == r["correct"]
-            assert all(len(x["text"]) % 2 == 0 for x in r["responses"])
+        if r["kept"]:  # correct answers that ended; a correct one cut by max_new_tokens is only counted
+            assert len(r["responses"]) == r["correct"] - r.get("cut", 0) >= 2
+            assert all(len(x["text"]) % 2 == 0 and x["finished"] for x in r["responses"])
             assert r["prompt"] == task.prompt(task.examples[r["index"]]) and r["answer"] == "0"
             assert all(x["token_ids"] for x in r["responses"])
         else:
-            assert r["correct"] <= 1 and "responses" not in r
+            assert r["correct"] - r.get("cut", 0) <= 1 and "responses" not in r
     assert stats["kept"] + stats["dropped"] == 6 and stats["kept"] > 0
+    assert stats["cut"] == sum(r.get("cut", 0) for r in records) > 0
     # a crash cut the last line: the re-run redoes only that problem
     lines = out.read_text().splitlines(keepends=True)
     out.write_text("".join(lines[:-1]) + lines[-1][:10])

@@ -45,9 +45,10 @@ def _cmd_warmup_data(args) -> None:
     count = len(task.examples) if args.limit is None else min(args.limit, len(task.examples))
     print(f"bridgelm warmup-data: {count} problems x {args.n} samples -> {args.out}")
     stats = make_warmup_data(model, tokenizer, task, args.out, args.n, sampling, args.chat, args.limit)
+    cut = f", {stats['cut']} correct but cut by --max-new-tokens and left out" if stats["cut"] else ""
     print(
-        f"bridgelm warmup-data: {stats['kept']} problems kept, {stats['dropped']} dropped, "
-        f"{stats['responses']} correct responses (accuracy {stats['accuracy']:.3f}) in {args.out}"
+        f"bridgelm warmup-data: {stats['kept']} problems kept with {stats['responses']} correct responses, "
+        f"{stats['dropped']} dropped{cut}; accuracy over all samples {stats['accuracy']:.3f}; in {args.out}"
     )
 
 

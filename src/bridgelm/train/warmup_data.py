@@ -1,6 +1,8 @@
 """Warm-up data for the SFT stage (paper Sec. 3.2 and 4.1): the base model answers each training problem n times,
-independently (width 1); the answers are graded, the correct ones kept, and problems with one or fewer correct
-answers dropped (SFT needs at least two answers of a problem to form a group).
+independently (width 1); the answers are graded, the correct ones that ended (EOS, a stop string) kept, and
+problems with one or fewer such answers dropped (SFT needs at least two answers of a problem to form a group). A
+correct answer cut by max_new_tokens is not kept: trained on, it would teach the blocks a trace without its end
+(GSM8K's grader, say, reads the last number of a cut text).
 
 One JSON line per processed problem, appended as problems complete, so a re-run continues after the last one
 (a dropped problem has a line too, with "kept": false). Lines carry the sampling settings; a re-run with other
@@ -72,6 +74,7 @@ def make_warmup_data(
         kept=len(kept),
         dropped=len(records) - len(kept),
         responses=sum(len(r["responses"]) for r in kept),
+        cut=sum(r.get("cut", 0) for r in records),
         accuracy=sum(r["correct"] for r in records) / max(1, sum(r["n"] for r in records)),
     )
     return stats
@@ -86,8 +89,11 @@ def _sample_and_write(model, tokenizer, task, examples, todo, cfg, settings, cha
         rewards = check_rewards(
             task.reward_many([(s.text, example) for s in samples]), f"task {task.name!r}, problem {i}"
         )
-        good = [j for j, r in enumerate(rewards) if is_correct(r)]
-        record = {"index": i, "kept": len(good) >= MIN_CORRECT, "correct": len(good), "n": cfg.n}
+        correct = [j for j, r in enumerate(rewards) if is_correct(r)]
+        good = [j for j in correct if samples[j].finished]
+        record = {"index": i, "kept": len(good) >= MIN_CORRECT, "correct": len(correct), "n": cfg.n}
+        if len(good) < len(correct):
+            record["cut"] = len(correct) - len(good)  # correct but cut by max_new_tokens: not kept
         if record["kept"]:
             record.update(
                 prompt=texts[k],
