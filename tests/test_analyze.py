@@ -97,12 +97,15 @@ def test_analyze_commands(tmp_path, capsys):
     data.write_text("".join(json.dumps({"problem": f"{i}+1=", "answer": str(i + 1)}) + "\n" for i in range(3)))
     run = tmp_path / "run"
     main(
-        ["eval", "--model", str(tmp_path / "m"), "--data", str(data), "--n", "4", "--width", "2"]
+        ["eval", "--model", str(tmp_path / "m"), "--data", str(data), "--n", "4", "--widths", "1,2", "--width", "2"]
         + ["--max-new-tokens", "5", "--out", str(run), "--no-score"]
     )
     assert not (run / "metrics.json").exists()
     out = tmp_path / "features"
-    main(["analyze", "features", "--model", str(tmp_path / "m"), "--run", str(run), "--out", str(out), "--sets", "2"])
+    main(
+        ["analyze", "features", "--model", str(tmp_path / "m"), "--run", str(run), "--out", str(out), "--sets", "2"]
+        + ["--width", "2"]
+    )
     features = json.loads((out / "features.json").read_text())
     assert features["kind"] == "bridge" and features["sets"] == 2 and len(features["ratios"]) == 2
     assert all(r > 0 for r in features["ratios"]) and features["problems"] == [["toy", 2, 0], ["toy", 2, 2]]
@@ -110,7 +113,8 @@ def test_analyze_commands(tmp_path, capsys):
     sib = tmp_path / "siblings"
     main(["analyze", "siblings", "--model", str(tmp_path / "m"), "--run", str(run), "--out", str(sib)])
     siblings = json.loads((sib / "siblings.json").read_text())
-    assert siblings["sets"] == 3 and siblings["responses"] == 6  # the first group (width 2) of each problem
+    assert siblings["sets"] == 3 and siblings["responses"] == 6  # the first group (width 2) of each problem; the
+    # width-1 samples are no sets (one response: no siblings)
     assert siblings["diff"]["mean"] != 0.0 and siblings["source"] == str(run)
     main(["analyze", "similarity", str(run), "--embedding-model", ""])
     similarity = json.loads((run / "similarity.json").read_text())
@@ -125,6 +129,7 @@ def test_analyze_commands(tmp_path, capsys):
         (["features", "--width", "x"], "argument --width: 'x' is not a positive integer"),
         (["siblings", "--sets", "0"], "argument --sets: '0' is not a positive integer"),
         (["siblings", "--max-tokens", "-2"], "argument --max-tokens: '-2' is not a positive integer"),
+        (["siblings", "--width", "1"], "--width 1: a set of one response has no siblings"),
     ):
         with pytest.raises(SystemExit) as err:
             main(["analyze", *flags, "--model", str(tmp_path / "m"), "--run", str(run), "--out", str(tmp_path / "x")])

@@ -116,16 +116,22 @@ def _pick(items: list, count: int) -> list:
 
 
 def _run_sets(
-    run_dir, sets: int, benchmark: str | None, width: int | None, max_tokens: int | None
+    run_dir, sets: int, benchmark: str | None, width: int | None, max_tokens: int | None, min_width: int = 1
 ) -> tuple[dict, list]:
-    """A run's sampled records and `sets` of their keys (benchmark, width, index), spread evenly; `max_tokens` (the
-    cut of each sequence, None: none) is checked here for the callers."""
+    """A run's sampled records and `sets` of their keys (benchmark, width, index) of width `width` (None: any of at
+    least `min_width`), spread evenly; `max_tokens` (the cut of each sequence, None: none) is checked here for the
+    callers."""
     if max_tokens is not None and max_tokens < 1:
         raise ValueError(f"max_tokens={max_tokens}: expected a positive number of tokens per sequence (or None)")
     records = read_samples(run_dir)
-    keys = sorted(k for k in records if (benchmark is None or k[0] == benchmark) and (width is None or k[1] == width))
+    keys = sorted(
+        k
+        for k in records
+        if (benchmark is None or k[0] == benchmark) and (k[1] == width if width is not None else k[1] >= min_width)
+    )
     if not keys:
-        raise ValueError(f"{run_dir} has no sampled problems for benchmark={benchmark!r}, width={width!r}")
+        widths = f"width={width!r}" if width is not None else f"a width of at least {min_width}"
+        raise ValueError(f"{run_dir} has no sampled problems for benchmark={benchmark!r} and {widths}")
     return records, _pick(keys, sets)
 
 
@@ -274,8 +280,11 @@ def sibling_gain(model, sets: Sequence[tuple[Sequence[int], Sequence[Sequence[in
 def run_response_sets(
     run_dir, sets: int, benchmark: str | None = None, width: int | None = None, max_tokens: int | None = 4096
 ) -> list[tuple[list[int], list[list[int]]]]:
-    """`sets` sampled response sets of an eval run, each the first group of its width (as sampled together)."""
-    records, chosen = _run_sets(run_dir, sets, benchmark, width, max_tokens)
+    """`sets` sampled response sets of an eval run, each the first group of its width (as sampled together); widths of
+    2 or more only (a set of one response has no siblings)."""
+    if width is not None and width < 2:
+        raise ValueError(f"width={width}: a set of one response has no siblings; expected a width of 2 or more")
+    records, chosen = _run_sets(run_dir, sets, benchmark, width, max_tokens, min_width=2)
     out = []
     for key in chosen:
         rec = records[key]
