@@ -73,6 +73,7 @@ def test_report_of_two_runs(tmp_path, model_tok, capsys):
     assert report["gpass"]["bridge"]["k"] == 4 and set(report["width"]) == {"bridge"}
     for name in ("gpass.png", "width.png", "length.png"):
         assert (out / name).read_bytes()[:8] == PNG_MAGIC
+    assert "In length.png a sample counts at budget L when it finished within L tokens" in table
     # another base row: the improvement column changes sign
     main(["report", str(base), str(bridge), "--names", "base,bridge", "--base", "bridge", "--out", str(out)])
     table = (out / "table.md").read_text()

@@ -600,6 +600,13 @@ def render_markdown(report: dict[str, Any], figures: Sequence[str] = ()) -> str:
     ]
     if figures:
         out += ["", "## Figures", ""] + [f"![{Path(f).stem}]({Path(f).name})" for f in figures]
+    if any(Path(f).stem == "length" for f in figures):
+        out += [
+            "",
+            "In length.png a sample counts at budget L when it finished within L tokens and is correct, so at the "
+            "largest budget (max_new_tokens) it leaves out the samples cut there, which the accuracy table grades as "
+            "they are (the 'finished' column above says how many ended).",
+        ]
     return "\n".join(out) + "\n"
 
 
