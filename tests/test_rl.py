@@ -322,8 +322,13 @@ def test_cli_rl_runs_and_reports_bad_input(tmp_path, capsys):
     small += ["--steps-per-rollout", "2", "--width", "2", "--save-every", "1"]
     main([*common_args, str(tmp_path / "run"), "--add", "bridge", *small])
     assert [r["step"] for r in read_records(tmp_path / "run" / "metrics.jsonl")] == [1, 2]
-    assert "last checkpoint" in capsys.readouterr().out
+    out, last = capsys.readouterr().out, tmp_path / "run" / "checkpoints" / "step-00000002"
+    assert "(width 2; bridge blocks), 1 process(es)" in out
+    assert f"the trained model is {last} (a folder for --model)" in out
     main([*common_args, str(tmp_path / "run"), "--add", "bridge", *small, "--resume"])  # same blocks: resumes
+    assert f"rl: resuming at step 2 from {last}" in capsys.readouterr().out
+    main([*common_args, str(tmp_path / "plain"), *small])
+    assert "(width 2; no blocks: plain GRPO (RLVR only))" in capsys.readouterr().out
     with pytest.raises(SystemExit) as err:
         main([*common_args, str(tmp_path / "bad"), *small, "--width", "3"])
     assert err.value.code == 2 and "--width 3 must divide --rollouts 4" in capsys.readouterr().err

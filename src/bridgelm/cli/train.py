@@ -103,7 +103,7 @@ def _cmd_rl(args) -> None:
         res = train_rl(model, tokenizer, task, cfg, args.out, val_task=val_task)
         if not _main_process():
             return
-        print(f"bridgelm rl: {res.steps} steps; last checkpoint {res.final_dir}")
+        print(f"bridgelm rl: {res.steps} steps; the trained model is {res.final_dir} (a folder for --model)")
         if res.best_dir is not None:
             best = f"{res.best_accuracy:.3f} (step {res.best_step})"
             print(f"bridgelm rl: best validation accuracy {best} in {res.best_dir}")

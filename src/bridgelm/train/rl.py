@@ -462,9 +462,12 @@ def train_rl(model, tokenizer, task, cfg: RLConfig, out_dir: str | os.PathLike, 
     total = cfg.steps * cfg.steps_per_rollout * cfg.epochs_per_rollout
     scheduler = make_scheduler(optimizer, total, cfg.warmup_fraction, "constant")
     run.track(model, optimizer, scheduler, lambda folder, state_dict: save_model(model, tokenizer, folder, state_dict))
+    blocks = block_config(model)
+    trained = f"{blocks.kind} blocks" if blocks else "no blocks: plain GRPO (RLVR only)"
+    trained += ", base frozen" if cfg.freeze_base else ""
     run.say(
         f"bridgelm rl: {cfg.steps} steps of {cfg.prompts_per_step} prompts x {cfg.rollouts} rollouts "
-        f"(width {cfg.width}), {dist.world} process(es) -> {out_dir}"
+        f"(width {cfg.width}; {trained}), {dist.world} process(es) -> {out_dir}"
     )
     pad = pad_id(tokenizer, eos_ids(model, tokenizer))
     sampler = RolloutPolicy(model, cfg.rollout_dtype)
