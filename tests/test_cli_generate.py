@@ -101,7 +101,7 @@ def test_generate_single_prompt_and_bad_input(tmp_path, capsys):
                 str(tmp_path / "x.jsonl"),
             ]
         )
-    assert "--width 2 must divide --n 3" in capsys.readouterr().err
+    assert "width=2 must divide n=3" in capsys.readouterr().err
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "1+1="}\n{"text": "no prompt"}\n')
     with pytest.raises(SystemExit):

@@ -118,10 +118,10 @@ def test_widths_must_divide_n(tmp_path, capsys):
     base = ["eval", "--model", str(tmp_path / "no-model"), "--data", data, "--n", "4", "--out", str(tmp_path / "r")]
     with pytest.raises(SystemExit):
         main(base + ["--widths", "1,3"])
-    assert "widths entry 3 does not divide --n 4" in capsys.readouterr().err
+    assert "widths entry 3 does not divide n=4" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        main(base)  # no --widths: the default --width 8 alone
-    assert "--width 8 does not divide --n 4: every width must divide n" in capsys.readouterr().err
+        main(base)  # no --widths: the default width 8 alone
+    assert "width=8 does not divide n=4: every width must divide n" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(base + ["--widths", "1,x"])
     assert "--widths entry 'x' is not an integer" in capsys.readouterr().err

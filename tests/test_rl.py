@@ -331,4 +331,4 @@ def test_cli_rl_runs_and_reports_bad_input(tmp_path, capsys):
     assert "(width 2; no blocks: plain GRPO (RLVR only))" in capsys.readouterr().out
     with pytest.raises(SystemExit) as err:
         main([*common_args, str(tmp_path / "bad"), *small, "--width", "3"])
-    assert err.value.code == 2 and "--width 3 must divide --rollouts 4" in capsys.readouterr().err
+    assert err.value.code == 2 and "width=3 must divide rollouts=4" in capsys.readouterr().err

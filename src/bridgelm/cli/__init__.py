@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-import re
 import sys
 import warnings
 from importlib.metadata import PackageNotFoundError, version
@@ -43,45 +42,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, list[str]]:
-    """Field name -> long flags of the (sub)command that `args` ran: {"top_p": ["--top-p"], "resume": ["--resume",
-    "--no-resume"], "blocks": ["--add"], ...}."""
-    for action in parser._actions:  # argparse keeps no public list of a parser's arguments
-        chosen = getattr(args, action.dest, None)
-        if isinstance(action.choices, dict) and chosen in action.choices:  # a subcommand: its own flags
-            return _flags(action.choices[chosen], args)
-    flags: dict[str, list[str]] = {}
-    for action in parser._actions:
-        spelled = [o for o in action.option_strings if o.startswith("--")]
-        if spelled:
-            flags.setdefault(action.dest, spelled)  # a field's first flag: eval's --n, not its --num-samples
-    return flags
-
-
-def _in_flags(message: str, flags: dict[str, list[str]]) -> str:
-    """The library names a bad value by its field, `top_p=1.5` or `resume=True`; on the command line it was
-    `--top-p 1.5` or `--resume`."""
-
-    def flag(m: re.Match) -> str:
-        spelled = flags.get(m[1])
-        if not spelled:
-            return m[0]
-        negative = [o for o in spelled if o.startswith("--no-")]
-        if m[2] and negative:  # a switch: --x / --no-x
-            return negative[0] if m[2] == "False" else next(o for o in spelled if o not in negative)
-        return f"{spelled[0]} {m[2] or ''}"
-
-    return re.sub(r"(?<![\w.-])([A-Za-z_]\w*)=(True\b|False\b)?", flag, message)
-
-
 def main(argv: list[str] | None = None) -> None:
     """Run one command. Bad input ends it with `bridgelm <command>: error: ...` and exit code 2 (see
     bridgelm.errors); any other exception is a bug: it is announced as one and raised with its traceback."""
     from bridgelm.errors import show_data_warnings, user_message
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = build_parser().parse_args(argv)
     prog = " ".join(["bridgelm", args.command, *([args.analysis] if getattr(args, "analysis", None) else [])])
     show = show_data_warnings(prog)
     try:
@@ -98,8 +65,7 @@ def main(argv: list[str] | None = None) -> None:
                 file=sys.stderr,
             )
             raise
-        message = _in_flags(" ".join(message.split()), _flags(parser, args))
-        print(f"{prog}: error: {message}", file=sys.stderr)
+        print(f"{prog}: error: {' '.join(message.split())}", file=sys.stderr)
         sys.exit(2)
     finally:
         warnings.showwarning = show
