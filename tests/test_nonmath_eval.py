@@ -58,7 +58,7 @@ def test_fit_prompt_keeps_the_longest_prefix_that_fits():
     tok = char_tokenizer(ALPHABET)
     task = summarize.Summarization(name="xsum", examples=[])
     example = {"document": LONG_DOCUMENT, "summary": REFERENCE}
-    count = lambda text: len(encode_prompts(tok, [text], False)[0])  # noqa: E731
+    count = lambda text: len(encode_prompts(tok, [text], False, warn=False)[0])  # noqa: E731
     assert E.fit_prompt(task, example, tok, False, 10_000) == (task.prompt(example), None)  # fits: unchanged
     text, cut = E.fit_prompt(task, example, tok, False, 120)
     assert count(text) <= 120 and cut["budget"] == 120 and cut["prompt_tokens"] == count(task.prompt(example))

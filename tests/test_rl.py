@@ -326,7 +326,7 @@ def test_cli_rl_runs_and_reports_bad_input(tmp_path, capsys):
     assert "(width 2; bridge blocks), 1 process(es)" in out
     assert f"the trained model is {last} (a folder for --model)" in out
     main([*common_args, str(tmp_path / "run"), "--add", "bridge", *small, "--resume"])  # same blocks: resumes
-    assert f"rl: resuming at step 2 from {last}" in capsys.readouterr().out
+    assert f"bridgelm rl: resuming at step 2 from {last}" in capsys.readouterr().out
     main([*common_args, str(tmp_path / "plain"), *small])
     assert "(width 2; no blocks: plain GRPO (RLVR only))" in capsys.readouterr().out
     with pytest.raises(SystemExit) as err:

@@ -291,7 +291,7 @@ def run_response_sets(
         room = None if max_tokens is None else max(1, max_tokens - len(rec["prompt_ids"]))
         responses = [s["token_ids"][:room] for s in rec["samples"][: int(rec["width"])]]
         out.append((list(rec["prompt_ids"]), [r for r in responses if r]))
-    return [(p, r) for p, r in out if r]
+    return [(p, r) for p, r in out if len(r) >= 2]  # a set left with one response by the cut has no siblings
 
 
 def warmup_response_sets(path, sets: int) -> list[tuple[list[int], list[list[int]]]]:

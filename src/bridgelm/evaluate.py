@@ -386,7 +386,7 @@ def fit_prompt(task: Task, example: dict, tokenizer, chat: bool, budget: int | N
     field_name = task.long_field()
     if field_name is None or budget is None:
         return text, None
-    count = lambda t: len(encode_prompts(tokenizer, [t], chat)[0])  # noqa: E731
+    count = lambda t: len(encode_prompts(tokenizer, [t], chat, warn=False)[0])  # noqa: E731 (sampling warns)
     full = count(text)
     if full <= budget:
         return text, None

@@ -878,10 +878,11 @@ def pad_id(tokenizer, eos: Sequence[int]) -> int:
     return eos[0] if eos else 0
 
 
-def encode_prompts(tokenizer, prompts: Sequence[str], chat: bool = False) -> list[list[int]]:
+def encode_prompts(tokenizer, prompts: Sequence[str], chat: bool = False, warn: bool = True) -> list[list[int]]:
     """Token ids of each prompt; with `chat`, through the tokenizer's chat template (generation prompt added). Prompts
     with characters the tokenizer can only encode as its unknown token (a character vocabulary's <pad>) are encoded
-    so, with one DataWarning that counts them and names the first one's characters."""
+    so, with one DataWarning (unless not `warn`: a caller that only counts tokens) that counts them and names the
+    first one's characters."""
     if isinstance(prompts, str):
         raise ValueError("prompts must be a list of strings, got one string")
     out, unread = [], []  # unread: (prompt index, characters) of prompts with characters the tokenizer lacks
@@ -898,7 +899,7 @@ def encode_prompts(tokenizer, prompts: Sequence[str], chat: bool = False) -> lis
                 ids = ids["input_ids"]
         else:
             ids = tokenizer(text, add_special_tokens=True)["input_ids"]
-        unknown = unknown_characters(tokenizer, text, ids)
+        unknown = unknown_characters(tokenizer, text, ids) if warn else None
         if unknown:
             unread.append((i, unknown))
         out.append(list(ids))

@@ -156,7 +156,7 @@ class Run:
         set_rng_state(saved["rng"])
         self.state.update(saved["extra"], step=saved["step"])
         self.saved_at = self.step
-        self.say(f"{self.kind}: resuming at step {self.step} from {self.resume_from}")
+        self.say(f"bridgelm {self.kind}: resuming at step {self.step} from {self.resume_from}")
 
     @contextmanager
     def running(self, total: int, desc: str) -> Iterator[Run]:

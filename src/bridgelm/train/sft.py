@@ -143,9 +143,11 @@ def _check_tokenizer(tokenizer, rec: dict, path: Path, number: int) -> None:
     if got != text:
         settings = rec.get("settings") or {}
         source = f" by model {settings['model']!r}" if settings.get("model") else ""
+        at = next((i for i, (a, b) in enumerate(zip(got, text)) if a != b), min(len(got), len(text)))
         raise ValueError(
-            f"{path}, line {number}: its token ids decode to {got[:40]!r} with this model's tokenizer, but were "
-            f"sampled{source} as {text[:40]!r}: expected warm-up data sampled by the model being trained"
+            f"{path}, line {number}: the first response's token ids decode with this model's tokenizer to text that "
+            f"differs from the text sampled{source} at character {at} ({got[at : at + 20]!r} vs "
+            f"{text[at : at + 20]!r}): expected warm-up data sampled by the model being trained (its tokenizer)"
         )
 
 
