@@ -172,9 +172,7 @@ def test_data_errors(tmp_path):
     for r in rows[0]["responses"]:
         r["text"] = other.decode(r["token_ids"], skip_special_tokens=True)
     foreign.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    with pytest.raises(
-        ValueError, match=r"line 1: the first response's .* by model 'runs/demo/base' at character"
-    ):
+    with pytest.raises(ValueError, match=r"line 1: the first response's .* by model 'runs/demo/base' at character"):
         train_sft(base_model(), TOK, foreign, CFG, tmp_path / "o7")
     assert not any((tmp_path / o).exists() for o in ("o1", "o3", "o6", "o7"))
 
