@@ -539,3 +539,23 @@ def test_the_real_data_files_pass_the_row_checks_without_warnings(shared_data):
         for task, paths in files.items():
             for path in paths:
                 assert len(tasks.load(task, str(path))) > 0
+
+
+def test_the_shape_check_reads_what_transformers_reads(tmp_path):
+    """Sharded weights are checked shard by shard as the index names them, and a stray *.safetensors that
+    from_pretrained would not read (an old export) is not held against the model."""
+    from conftest import tiny_model
+    from safetensors.torch import save_file
+
+    from bridgelm.attach import load_model
+
+    model = tiny_model()
+    model.save_pretrained(tmp_path / "m", max_shard_size="100KB")
+    assert (tmp_path / "m" / "model.safetensors.index.json").is_file()
+    save_file({"model.layers.0.mlp.down_proj.weight": torch.zeros(3, 3)}, str(tmp_path / "m" / "old.safetensors"))
+    loaded = load_model(str(tmp_path / "m"))
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), loaded.state_dict().values()))
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    (tmp_path / "m" / "config.json").write_text(json.dumps({**config, "intermediate_size": 96}))
+    with pytest.raises(UserError, match=r"model-000\d\d-of-000\d\d.safetensors: model.layers.0.mlp"):
+        load_model(str(tmp_path / "m"))

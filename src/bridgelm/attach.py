@@ -444,26 +444,41 @@ def _from_pretrained(name_or_path: str, config, dtype, kwargs: dict):
         )
 
     folder = Path(name_or_path).expanduser()
-    if folder.is_dir() and "gguf_file" not in kwargs:  # safetensors headers: checked before transformers loads and
-        found = _shape_mismatches(folder, config)  # prints its report of every misfit tensor
+    # A plain local checkpoint's safetensors headers are checked before transformers loads it (and prints its report
+    # of every misfit tensor); loading options that change what is read or what fits are left to transformers.
+    plain = not {"gguf_file", "subfolder", "ignore_mismatched_sizes", "quantization_config"} & set(kwargs)
+    if plain and folder.is_dir() and getattr(config, "quantization_config", None) is None:
+        found = _shape_mismatches(folder, config)
         if found:
             raise misfit("; ".join(found[:3]))
     try:
         return AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, **kwargs)
-    except RuntimeError as err:  # other weight formats (*.bin)
+    except RuntimeError as err:  # other weight formats (*.bin), and the options above
         if "mismatched_sizes" not in str(err) and "size mismatch" not in str(err):
             raise
         raise misfit("; ".join(_shape_mismatches(folder, config)[:3]) or "see the load report above") from err
+
+
+def _safetensors_files(folder: Path) -> list[Path]:
+    """The safetensors files from_pretrained reads in `folder`: the shards its index names, else model.safetensors."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        return [folder / name for name in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
+    single = folder / "model.safetensors"
+    return [single] if single.is_file() else []
 
 
 def _shape_mismatches(folder: Path, config) -> list[str]:
     """'file: tensor is [a, b], config.json makes it [c, d]' for each weight whose shape the config contradicts."""
     from transformers import AutoModelForCausalLM
 
+    files = [f for f in _safetensors_files(folder) if f.is_file()]
+    if not files:
+        return []
     with torch.device("meta"):
         shapes = {k: list(v.shape) for k, v in AutoModelForCausalLM.from_config(config).state_dict().items()}
     found = []
-    for file in sorted(folder.glob("*.safetensors")):
+    for file in files:
         with safe_open(str(file), framework="pt") as f:
             for key in f.keys():
                 got = list(f.get_slice(key).get_shape())
