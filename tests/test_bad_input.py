@@ -559,3 +559,14 @@ def test_the_shape_check_reads_what_transformers_reads(tmp_path):
     (tmp_path / "m" / "config.json").write_text(json.dumps({**config, "intermediate_size": 96}))
     with pytest.raises(UserError, match=r"model-000\d\d-of-000\d\d.safetensors: model.layers.0.mlp"):
         load_model(str(tmp_path / "m"))
+
+
+def test_a_cut_weights_index_is_one_line(tmp_path, capsys):
+    from conftest import save_tiny_model_dir
+
+    model, _ = save_tiny_model_dir(tmp_path / "m")
+    model.save_pretrained(tmp_path / "m", max_shard_size="100KB")
+    index = tmp_path / "m" / "model.safetensors.index.json"
+    index.write_bytes(index.read_bytes()[:40])
+    line = _fails(capsys, ["generate", "--model", tmp_path / "m", "--prompt", "1=", "--out", tmp_path / "s.jsonl"])
+    assert f"{index} is unreadable" in line and "weight_map written by save_pretrained" in line

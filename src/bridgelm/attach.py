@@ -400,6 +400,22 @@ def load_config(name_or_path: str, weights: bool = False, **kwargs):
 WEIGHT_FILES = ("*.safetensors", "*.bin", "*.gguf")
 
 
+def _safetensors_files(folder: Path) -> list[Path]:
+    """The safetensors files from_pretrained reads in `folder` and that are there: the shards its index names, else
+    model.safetensors; an index that cannot be read is a UserError."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            names = json.loads(index.read_bytes().decode("utf-8"))["weight_map"].values()
+        except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as err:
+            raise UserError(
+                f"{index} is unreadable ({err!r}): expected the weight_map written by save_pretrained"
+            ) from err
+        return [folder / name for name in sorted(set(names)) if (folder / name).is_file()]
+    single = folder / "model.safetensors"
+    return [single] if single.is_file() else []
+
+
 def check_model_folder(name_or_path: str | os.PathLike, weights: bool = False) -> None:
     """UserError for a model path that cannot be a model: a missing folder, a file, a folder without a readable
     config.json, or with a cut or corrupt *.safetensors file; with `weights`, one without any weights file. Names
@@ -420,7 +436,7 @@ def check_model_folder(name_or_path: str | os.PathLike, weights: bool = False) -
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         where = f" (line {err.lineno}, column {err.colno}: {err.msg})" if isinstance(err, json.JSONDecodeError) else ""
         raise UserError(f"{config} is not valid JSON{where}: a cut or damaged file? expected a model config") from err
-    for file in sorted(folder.glob("*.safetensors")):
+    for file in _safetensors_files(folder):  # what from_pretrained will read
         try:
             with safe_open(str(file), framework="pt"):
                 pass
@@ -459,20 +475,11 @@ def _from_pretrained(name_or_path: str, config, dtype, kwargs: dict):
         raise misfit("; ".join(_shape_mismatches(folder, config)[:3]) or "see the load report above") from err
 
 
-def _safetensors_files(folder: Path) -> list[Path]:
-    """The safetensors files from_pretrained reads in `folder`: the shards its index names, else model.safetensors."""
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        return [folder / name for name in sorted(set(json.loads(index.read_text())["weight_map"].values()))]
-    single = folder / "model.safetensors"
-    return [single] if single.is_file() else []
-
-
 def _shape_mismatches(folder: Path, config) -> list[str]:
     """'file: tensor is [a, b], config.json makes it [c, d]' for each weight whose shape the config contradicts."""
     from transformers import AutoModelForCausalLM
 
-    files = [f for f in _safetensors_files(folder) if f.is_file()]
+    files = _safetensors_files(folder)
     if not files:
         return []
     with torch.device("meta"):
