@@ -159,6 +159,104 @@ def test_first_minibatch_needs_no_old_logprob_pass(tmp_path, monkeypatch):
             assert x[k] == pytest.approx(y[k], rel=1e-5, abs=1e-7), k
 
 
+@dataclass
+class HalfFlatTask(AddTask):
+    """Even examples: reward 1 whatever the completion (all advantages 0); odd ones: the share of digits in it."""
+
+    def reward(self, completion, example):
+        if example["a"] % 2 == 0:
+            return 1.0
+        return sum(c.isdigit() for c in completion) / max(len(completion), 1)
+
+
+HALF_FLAT = HalfFlatTask("half", TASK.examples)
+
+
+def _forwarded_groups(monkeypatch, skip: bool) -> list[set]:
+    """Spy on the grouped forwards (the groups of each); with skip=False, no group counts as flat (the full
+    computation, the slow reference)."""
+    seen = []
+    original = batches.forward_logits
+    monkeypatch.setattr(
+        batches, "forward_logits", lambda m, b: seen.append(set(b.group_ids.tolist())) or original(m, b)
+    )
+    if not skip:
+        monkeypatch.setattr(rl.Rollouts, "flat_groups", lambda self: set())
+    return seen
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.05])
+def test_groups_with_zero_advantages_skip_work_and_train_the_same_weights(tmp_path, monkeypatch, beta):
+    """A prompt whose rewards are all equal has advantages of exactly 0. Its groups get no old-log-prob pass, and
+    with beta = 0 no forward at all (a mini-batch of them gives AdamW zero gradients, whose moments still move the
+    weights): the weights equal the full computation's. Mini-batches mix flat and live groups (micro-batches of 2
+    groups), some hold flat groups only (steps whose 2 prompts are even), and a second epoch reuses old log-probs."""
+    cfg = replace(CFG, steps=6, beta=beta, micro_batch_groups=2, epochs_per_rollout=2)
+    calls = []  # (flat groups of the step, groups of the call, "old" or "train")
+    real_old, real_train = rl.rollout_logprobs, rl.minibatch_backward
+
+    def old_pass(model, rollouts, micro, *a, **k):
+        calls.append((rollouts.flat_groups(), {g for m in micro for g in m}, "ref" if model is not fast else "old"))
+        return real_old(model, rollouts, micro, *a, **k)
+
+    def train(model, rollouts, groups, old, ref, cfg, pad, dist, micro):
+        calls.append((rollouts.flat_groups(), {g for m in micro for g in m}, "train"))
+        return real_train(model, rollouts, groups, old, ref, cfg, pad, dist, micro)
+
+    monkeypatch.setattr(rl, "rollout_logprobs", old_pass)
+    monkeypatch.setattr(rl, "minibatch_backward", train)
+    forwards = _forwarded_groups(monkeypatch, skip=True)
+    fast = policy()
+    fast_run = train_rl(fast, TOK, HALF_FLAT, cfg, tmp_path / "fast")
+    monkeypatch.undo()
+    full = _forwarded_groups(monkeypatch, skip=False)
+    slow = policy()
+    slow_run = train_rl(slow, TOK, HALF_FLAT, cfg, tmp_path / "slow")
+
+    n_groups = cfg.prompts_per_step * cfg.rollouts // cfg.width
+    flats = [f for f, _, _ in calls]
+    assert any(f and len(f) < n_groups for f in flats) and any(len(f) == n_groups for f in flats)
+    assert all(not (flat & groups) for flat, groups, kind in calls if kind == "old")  # never in the no_grad pass
+    trained_flat = any(flat & groups for flat, groups, kind in calls if kind == "train")
+    assert trained_flat == (beta > 0)  # with beta = 0 never forwarded; with beta > 0 trained for the KL term
+    assert sum(map(len, forwards)) < sum(map(len, full))  # less work
+    a, b = _params(fast), _params(slow)
+    assert any(not torch.equal(a[k], _params(policy())[k]) for k in a)  # trained
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], atol=1e-6, rtol=0)
+    for x, y in zip(fast_run.history, slow_run.history):
+        for k in x.keys() - TIMING - {"entropy"}:  # entropy: over the rows that had a forward
+            assert x[k] == (None if y[k] is None else pytest.approx(y[k], rel=1e-5, abs=1e-7)), k
+        all_flat = x["zero_advantage_prompts"] == 1.0 and beta == 0
+        assert x["entropy"] is None if all_flat else x["entropy"] > 0
+    assert any(x["entropy"] is None for x in fast_run.history) == (beta == 0)
+
+
+def test_with_beta_zero_flat_groups_have_no_forward(tmp_path, monkeypatch):
+    """Rewards all equal (every prompt flat) and beta = 0: no forward or backward at all, and AdamW still takes its
+    steps on zero gradients, exactly as the full computation does (which, from zero moments, leaves the weights)."""
+
+    @dataclass
+    class Flat(AddTask):
+        def reward(self, completion, example):
+            return 0.5
+
+    forwards = _forwarded_groups(monkeypatch, skip=True)
+    steps = []
+    real_step = rl.optimizer_step
+    monkeypatch.setattr(
+        rl, "optimizer_step", lambda params, *a: steps.append([p.grad for p in params]) or real_step(params, *a)
+    )
+    model = policy()
+    before = _params(model)
+    res = train_rl(model, TOK, Flat("flat", TASK.examples), replace(CFG, steps=2, beta=0.0), tmp_path)
+    assert forwards == [] and len(steps) == 4
+    assert all(g is not None and not g.any() for grads in steps for g in grads)  # zeros, not None
+    assert all(r["zero_advantage_prompts"] == 1.0 and r["loss"] == 0.0 and r["entropy"] is None for r in res.history)
+    for k, v in _params(model).items():
+        assert torch.equal(v, before[k]), k
+
+
 def test_micro_batches_by_tokens_sort_groups_and_keep_the_budget():
     rows = []
     for g, n in enumerate([9, 2, 5, 2, 7, 3]):  # response length of group g's rows (prompt of 3 tokens)

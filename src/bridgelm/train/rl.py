@@ -14,6 +14,13 @@ A step:
    and cuts micro-batches by padded tokens), with the loss of `bridgelm.grpo.policy_loss` normalised by
    the token count of the whole mini-batch over all ranks.
 
+Work whose result is known is skipped (not under FSDP, whose ranks must run the same forwards). A prompt whose G
+rewards are all equal has advantages of exactly 0: its policy term and that term's gradient are 0 whatever the
+ratio, so its groups need no old log-probs (the no_grad pass leaves them out); with beta = 0 they add nothing to
+the loss or its gradient at all, so they get no forward or backward either (a mini-batch of such groups only gives
+the optimiser zero gradients, as the full computation would). Entropy is then logged over the groups that had a
+forward. The weights equal those of the full computation up to float rounding (tests/test_rl.py).
+
 Log-probs are at the sampling temperature (logits / T), like the engine's. The reference is the policy at the start
 of RL (blocks included), kept only when beta > 0. Per-step randomness (sampling seed, mini-batch shuffles, data
 order) derives from (seed, step), so a resumed run ends with the same weights as an uninterrupted one.
@@ -164,6 +171,11 @@ class Rollouts:
     def group_rows(self, groups) -> list[int]:
         return [g * self.width + j for g in groups for j in range(self.width)]
 
+    def flat_groups(self) -> set[int]:
+        """Groups whose rows' advantages are all exactly 0 (a prompt whose rewards are all equal)."""
+        flat = (self.advantages.view(self.n_groups, self.width) == 0).all(-1)  # [n_groups]
+        return set(torch.nonzero(flat).flatten().tolist())
+
 
 @dataclass
 class RLResult:
@@ -288,6 +300,7 @@ class MinibatchStats:
     clipped: float = 0.0  # this rank's token sums (see grpo.PolicyStats)
     kl: float = 0.0
     entropy: float = 0.0
+    entropy_tokens: float = 0.0  # this rank's response tokens whose entropy is in `entropy`
 
 
 @torch.no_grad()
@@ -336,15 +349,19 @@ def minibatch_backward(
         rows = rollouts.group_rows(part)
         batch = pack_rows([rollouts.rows[r] for r in rows], pad_id, dist.device)
         mask = batch.response_mask  # [B, T]
-        fresh = old is None or rows[0] not in old  # micro-batches hold whole groups, all fresh or none
+        # Fresh rows: trained before any optimiser step, or of a group with all-zero advantages (whose ratio is
+        # never used: the no_grad pass leaves them out); their current log-probs, detached, are their old ones.
+        fresh = torch.tensor([old is None or r not in old for r in rows], device=mask.device)  # [B]
         with autocast(dist, cfg.bf16):
-            lp, ent = response_logprobs(model, batch, cfg.temperature, with_entropy=fresh)
-        if fresh:
-            old_lp = lp.detach()  # [B, T]
-            if old is not None:
-                old.update({r: old_lp[b, : len(rollouts.rows[r].response)] for b, r in enumerate(rows)})
-        else:
-            old_lp = rows_tensor([old[r] for r in rows], mask)  # [B, T]
+            lp, ent = response_logprobs(model, batch, cfg.temperature, with_entropy=bool(fresh.any()))
+        now = lp.detach()  # [B, T]
+        if fresh.all():
+            old_lp = now
+        else:  # the other rows' from the no_grad pass
+            stored = [old[r] for b, r in enumerate(rows) if not fresh[b]]
+            old_lp = torch.where(fresh[:, None], now, rows_tensor(stored, mask & ~fresh[:, None]))  # [B, T]
+        if old is not None:
+            old.update({r: now[b, : len(rollouts.rows[r].response)] for b, r in enumerate(rows) if fresh[b]})
         ref_lp = None if ref is None else rows_tensor([ref[r] for r in rows], mask)  # [B, T]
         adv = rollouts.advantages[rows].to(lp.device)  # [B]
         loss = policy_loss(lp, old_lp, ref_lp, adv, mask, cfg.clip_eps, cfg.clip_eps_high, cfg.beta, num_tokens=total)
@@ -353,10 +370,18 @@ def minibatch_backward(
         out.loss += float(loss.detach())
         out.clipped += s.clipped
         out.kl += s.kl
-        if ent is not None:
-            out.entropy += float(ent[mask].sum())
+        if ent is not None:  # of the fresh rows: the others' is counted by the no_grad pass
+            counted = mask & fresh[:, None]  # [B, T]
+            out.entropy += float(ent[counted].sum())
+            out.entropy_tokens += float(counted.sum())
     out.loss = all_reduce_sum([out.loss], dist)[0]
     return out
+
+
+def _without(micro: list[list[int]], skip: set[int]) -> list[list[int]]:
+    """Micro-batches `micro` without the groups in `skip` (empty ones dropped)."""
+    kept = [[g for g in m if g not in skip] for m in micro]
+    return [m for m in kept if m]
 
 
 def update_policy(
@@ -366,13 +391,16 @@ def update_policy(
     plan = minibatch_plan(rollouts.n_groups, cfg, step)
     micro_of = [micro_batches(rollouts, mb, cfg) for mb in plan]
     first_pass = [m for mbs in micro_of[: cfg.steps_per_rollout] for m in mbs]  # every group once, as trained
+    flat = set() if dist.fsdp else rollouts.flat_groups()  # advantages all 0: no policy term (module docstring)
+    skip = flat if cfg.beta == 0 else set()  # ... and no KL term either: nothing to compute
     model.train()
     old = ref = None
-    entropy = 0.0
+    entropy = entropy_tokens = 0.0
     t0 = time.perf_counter()
     if len(plan) > 1:  # later mini-batches need the old policy's log-probs; the first one makes its own
-        later = [m for mbs in micro_of[1 : cfg.steps_per_rollout] for m in mbs]
+        later = _without([m for mbs in micro_of[1 : cfg.steps_per_rollout] for m in mbs], flat)
         old, entropy = rollout_logprobs(model, rollouts, later, cfg, pad_id, dist)
+        entropy_tokens = sum(v.numel() for v in old.values())  # the pass's entropy is over these
     t1 = time.perf_counter()
     if ref_model is not None:
         ref, _ = rollout_logprobs(ref_model, rollouts, first_pass, cfg, pad_id, dist, with_entropy=False)
@@ -380,16 +408,23 @@ def update_policy(
     sums = {"loss": 0.0, "clipped": 0.0, "kl": 0.0, "tokens": 0.0, "entropy": 0.0, "grad_norm": 0.0}
     sums["old_seconds"], sums["ref_seconds"] = t1 - t0, t2 - t1  # the no_grad passes (old log-probs, reference)
     sums["parts"] = {}  # gradient norm of each part (see optim.gradient_parts), summed over optimiser steps
+    sums["entropy_tokens"] = entropy_tokens
     for mb, micro in zip(plan, micro_of):
-        s = minibatch_backward(model, rollouts, mb, old, ref, cfg, pad_id, dist, micro)
+        trained = _without(micro, skip)
+        s = minibatch_backward(model, rollouts, mb, old, ref, cfg, pad_id, dist, trained)
+        if not trained:  # the full computation's gradients are zeros, which AdamW's moments still act on
+            for p in params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
         norm = optimizer_step(params, optimizer, scheduler, cfg.max_grad_norm, dist, parts, sums["parts"])
         sums["loss"] += s.loss
         sums["clipped"] += s.clipped
         sums["kl"] += s.kl
         sums["entropy"] += s.entropy
+        sums["entropy_tokens"] += s.entropy_tokens
         sums["tokens"] += s.tokens
         sums["grad_norm"] += norm
-    sums["entropy"] += entropy  # of every group once: the no_grad pass, and the first mini-batch's forward
+    sums["entropy"] += entropy  # of every group with a forward once: the no_grad pass, and the trained forwards
     return sums
 
 
@@ -524,9 +559,12 @@ def _record(step, rollouts: Rollouts, sums: dict, cfg: RLConfig, lr, t0, t1, dis
         sums["clipped"],
         sums["kl"],
         sums["entropy"],
+        sums["entropy_tokens"],
         rollouts.sample_seconds,
     ]
-    (reward, correct, n, flat, prompts, length, truncated, clipped, kl, entropy, sample_s) = all_reduce_sum(local, dist)
+    (reward, correct, n, flat, prompts, length, truncated, clipped, kl, entropy, entropy_tokens, sample_s) = (
+        all_reduce_sum(local, dist)
+    )
     passes = cfg.epochs_per_rollout
     trained = max(sums["tokens"], 1.0)  # tokens over all ranks and mini-batches (each pass)
     now = time.perf_counter()
@@ -541,7 +579,8 @@ def _record(step, rollouts: Rollouts, sums: dict, cfg: RLConfig, lr, t0, t1, dis
         "loss": sums["loss"] / n_opt,
         "kl": kl / trained if cfg.beta > 0 else None,
         "clip_fraction": clipped / trained,
-        "entropy": entropy / max(length, 1.0),
+        # over the response tokens that had a forward (None: none had, every prompt's rewards equal and beta = 0)
+        "entropy": entropy / entropy_tokens if entropy_tokens else None,
         "response_length": length / n,
         "truncated": truncated / n,
         "grad_norm": sums["grad_norm"] / n_opt,
