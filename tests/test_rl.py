@@ -99,6 +99,7 @@ def test_minibatches_never_split_a_group(tmp_path, monkeypatch):
         return original(model, batch)
 
     monkeypatch.setattr(batches, "forward_logits", spy)
+    monkeypatch.setattr(rl.Rollouts, "flat_groups", lambda self: set())  # no group's work skipped: a fixed count
     cfg = replace(CFG, steps=1, prompts_per_step=3, rollouts=8, width=4, steps_per_rollout=2, micro_batch_groups=2)
     train_rl(policy(), TOK, TASK, cfg, tmp_path)
     assert seen
@@ -187,20 +188,20 @@ def _forwarded_groups(monkeypatch, skip: bool) -> list[set]:
 
 @pytest.mark.parametrize("beta", [0.0, 0.05])
 def test_groups_with_zero_advantages_skip_work_and_train_the_same_weights(tmp_path, monkeypatch, beta):
-    """A prompt whose rewards are all equal has advantages of exactly 0. Its groups get no old-log-prob pass, and
-    with beta = 0 no forward at all (a mini-batch of them gives AdamW zero gradients, whose moments still move the
+    """A prompt whose rewards are all equal has advantages of exactly 0. A micro-batch of such groups gets no
+    old-log-prob pass, and with beta = 0 they get no forward at all (a mini-batch of them gives AdamW zero gradients, whose moments still move the
     weights): the weights equal the full computation's. Mini-batches mix flat and live groups (micro-batches of 2
     groups), some hold flat groups only (steps whose 2 prompts are even), and a second epoch reuses old log-probs."""
     cfg = replace(CFG, steps=6, beta=beta, micro_batch_groups=2, epochs_per_rollout=2)
-    calls = []  # (flat groups of the step, groups of the call, "old" or "train")
+    calls = []  # (flat groups of the step, groups of a micro-batch, "ref", "old" or "train")
     real_old, real_train = rl.rollout_logprobs, rl.minibatch_backward
 
     def old_pass(model, rollouts, micro, *a, **k):
-        calls.append((rollouts.flat_groups(), {g for m in micro for g in m}, "ref" if model is not fast else "old"))
+        calls.extend((rollouts.flat_groups(), set(m), "ref" if model is not fast else "old") for m in micro)
         return real_old(model, rollouts, micro, *a, **k)
 
     def train(model, rollouts, groups, old, ref, cfg, pad, dist, micro):
-        calls.append((rollouts.flat_groups(), {g for m in micro for g in m}, "train"))
+        calls.extend((rollouts.flat_groups(), set(m), "train") for m in micro)
         return real_train(model, rollouts, groups, old, ref, cfg, pad, dist, micro)
 
     monkeypatch.setattr(rl, "rollout_logprobs", old_pass)
@@ -213,10 +214,9 @@ def test_groups_with_zero_advantages_skip_work_and_train_the_same_weights(tmp_pa
     slow = policy()
     slow_run = train_rl(slow, TOK, HALF_FLAT, cfg, tmp_path / "slow")
 
-    n_groups = cfg.prompts_per_step * cfg.rollouts // cfg.width
-    flats = [f for f, _, _ in calls]
-    assert any(f and len(f) < n_groups for f in flats) and any(len(f) == n_groups for f in flats)
-    assert all(not (flat & groups) for flat, groups, kind in calls if kind == "old")  # never in the no_grad pass
+    flat_share = [x["zero_advantage_prompts"] for x in fast_run.history]
+    assert any(0 < f < 1 for f in flat_share) and 1.0 in flat_share  # steps in part and wholly flat
+    assert not any(flat >= groups for flat, groups, kind in calls if kind == "old")  # never all flat in the pass
     trained_flat = any(flat & groups for flat, groups, kind in calls if kind == "train")
     assert trained_flat == (beta > 0)  # with beta = 0 never forwarded; with beta > 0 trained for the KL term
     assert sum(map(len, forwards)) < sum(map(len, full))  # less work
@@ -230,6 +230,50 @@ def test_groups_with_zero_advantages_skip_work_and_train_the_same_weights(tmp_pa
         all_flat = x["zero_advantage_prompts"] == 1.0 and beta == 0
         assert x["entropy"] is None if all_flat else x["entropy"] > 0
     assert any(x["entropy"] is None for x in fast_run.history) == (beta == 0)
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.05])
+def test_old_logprobs_come_from_the_trained_micro_batches(tmp_path, monkeypatch, beta):
+    """The no_grad pass runs on micro-batches exactly as they are trained (with beta > 0 those that mix flat and
+    live groups too; only all-flat ones are left out), so with weights that do not move every ratio is exactly 1."""
+    cut = {"old": [], "train": []}  # (step's rollouts, micro-batch, flat groups) of each pass
+    kept = []  # each step's rollouts, alive, so that their ids tell steps apart
+    real_old, real_train = rl.rollout_logprobs, rl.minibatch_backward
+
+    def old_pass(model, rollouts, micro, *a, **k):
+        if k.get("with_entropy", True):  # not the reference pass
+            cut["old"] += [(id(rollouts), list(m), rollouts.flat_groups()) for m in micro]
+        return real_old(model, rollouts, micro, *a, **k)
+
+    def train(model, rollouts, groups, old, ref, cfg, pad, dist, micro):
+        kept.append(rollouts)
+        cut["train"] += [(id(rollouts), list(m), rollouts.flat_groups()) for m in micro]
+        return real_train(model, rollouts, groups, old, ref, cfg, pad, dist, micro)
+
+    def frozen_step(params, *a):  # the weights never move: the old policy stays the current one
+        for p in params:
+            p.grad = None
+        return 0.0
+
+    ratios = []
+    real_loss = rl.policy_loss
+    monkeypatch.setattr(rl, "rollout_logprobs", old_pass)
+    monkeypatch.setattr(rl, "minibatch_backward", train)
+    monkeypatch.setattr(rl, "optimizer_step", frozen_step)
+    monkeypatch.setattr(
+        rl,
+        "policy_loss",
+        lambda lp, old, ref, adv, mask, *a, **k: (
+            ratios.append(torch.equal(lp[mask], old[mask])) or real_loss(lp, old, ref, adv, mask, *a, **k)
+        ),
+    )
+    cfg = replace(CFG, steps=6, beta=beta, micro_batch_groups=2, steps_per_rollout=2, epochs_per_rollout=1)
+    train_rl(policy(), TOK, HALF_FLAT, cfg, tmp_path)
+    assert cut["old"] and all(c in cut["train"] for c in cut["old"])  # the same micro-batches, whole
+    assert not any(flat.issuperset(m) for _, m, flat in cut["old"])  # none of flat groups only
+    mixed = any(flat & set(m) for _, m, flat in cut["old"])
+    assert mixed == (beta > 0)  # with beta = 0 flat groups are cut out of the trained micro-batches too
+    assert len(ratios) == len(cut["train"]) and all(ratios)
 
 
 def test_with_beta_zero_flat_groups_have_no_forward(tmp_path, monkeypatch):

@@ -14,12 +14,16 @@ A step:
    and cuts micro-batches by padded tokens), with the loss of `bridgelm.grpo.policy_loss` normalised by
    the token count of the whole mini-batch over all ranks.
 
-Work whose result is known is skipped (not under FSDP, whose ranks must run the same forwards). A prompt whose G
-rewards are all equal has advantages of exactly 0: its policy term and that term's gradient are 0 whatever the
-ratio, so its groups need no old log-probs (the no_grad pass leaves them out); with beta = 0 they add nothing to
-the loss or its gradient at all, so they get no forward or backward either (a mini-batch of such groups only gives
-the optimiser zero gradients, as the full computation would). Entropy is then logged over the groups that had a
-forward. The weights equal those of the full computation up to float rounding (tests/test_rl.py).
+Work whose result is known is skipped (not under FSDP, whose ranks must run the same forwards). A group whose
+advantages are all exactly 0 (with 0/1 rewards: a prompt whose G rewards are all equal) adds a policy term and a
+gradient of 0 whatever its ratio, so it needs no old log-probs: the no_grad pass leaves out the micro-batches that
+hold only such groups (the others keep the trained cut, so the ratio of an unchanged policy stays exactly 1), and
+their trained forward makes their old log-probs as the first mini-batch's does. With beta = 0 such groups add
+nothing to the loss or its gradient at all, so they get no forward or backward either (the micro-batches are cut
+without them; a mini-batch of such groups only gives the optimiser zero gradients, as the full computation would).
+Entropy is logged over the rows that had a forward, each once; a row first forwarded by a later mini-batch's training
+(a micro-batch of zero-advantage groups, beta > 0) is measured after the earlier optimiser steps of its rollout
+batch. The weights equal those of the full computation up to float rounding (tests/test_rl.py).
 
 Log-probs are at the sampling temperature (logits / T), like the engine's. The reference is the policy at the start
 of RL (blocks included), kept only when beta > 0. Per-step randomness (sampling seed, mini-batch shuffles, data
@@ -172,7 +176,7 @@ class Rollouts:
         return [g * self.width + j for g in groups for j in range(self.width)]
 
     def flat_groups(self) -> set[int]:
-        """Groups whose rows' advantages are all exactly 0 (a prompt whose rewards are all equal)."""
+        """Groups whose rows' advantages are all exactly 0 (with 0/1 rewards: a prompt whose rewards are all equal)."""
         flat = (self.advantages.view(self.n_groups, self.width) == 0).all(-1)  # [n_groups]
         return set(torch.nonzero(flat).flatten().tolist())
 
@@ -337,10 +341,11 @@ def minibatch_backward(
     """Forward/backward of one mini-batch (this rank's `groups`), micro-batch by micro-batch (`micro`: its cut into
     micro-batches, the one the old log-probs were computed on; default `micro_batches`).
 
-    Rows missing from `old` (None: all rows) are trained before any optimiser step of this rollout batch: the
-    current log-probs, detached, are their old ones; they are added to `old` (when given) for later epochs, and
-    their entropy is counted. The loss is normalised by the mini-batch's token count over all ranks; gradients
-    accumulate in .grad.
+    A micro-batch whose rows are missing from `old` (None: all rows) is fresh: it is trained before any optimiser
+    step of this rollout batch, or its groups' advantages are all 0 (the no_grad pass left it out, see the module
+    docstring). Its current log-probs, detached, serve as its old ones; they are added to `old` (when given) for
+    later epochs, and its entropy is counted. The loss is normalised by the mini-batch's token count over all ranks;
+    gradients accumulate in .grad.
     """
     local = sum(len(rollouts.rows[r].response) for r in rollouts.group_rows(groups))
     total = all_reduce_sum([local], dist)[0]
@@ -349,19 +354,17 @@ def minibatch_backward(
         rows = rollouts.group_rows(part)
         batch = pack_rows([rollouts.rows[r] for r in rows], pad_id, dist.device)
         mask = batch.response_mask  # [B, T]
-        # Fresh rows: trained before any optimiser step, or of a group with all-zero advantages (whose ratio is
-        # never used: the no_grad pass leaves them out); their current log-probs, detached, are their old ones.
-        fresh = torch.tensor([old is None or r not in old for r in rows], device=mask.device)  # [B]
+        # The no_grad pass runs on whole trained micro-batches, and after the first pass every row is in `old`:
+        # a micro-batch is fresh entirely or not at all.
+        fresh = old is None or rows[0] not in old
         with autocast(dist, cfg.bf16):
-            lp, ent = response_logprobs(model, batch, cfg.temperature, with_entropy=bool(fresh.any()))
-        now = lp.detach()  # [B, T]
-        if fresh.all():
-            old_lp = now
-        else:  # the other rows' from the no_grad pass
-            stored = [old[r] for b, r in enumerate(rows) if not fresh[b]]
-            old_lp = torch.where(fresh[:, None], now, rows_tensor(stored, mask & ~fresh[:, None]))  # [B, T]
-        if old is not None:
-            old.update({r: now[b, : len(rollouts.rows[r].response)] for b, r in enumerate(rows) if fresh[b]})
+            lp, ent = response_logprobs(model, batch, cfg.temperature, with_entropy=fresh)
+        if fresh:
+            old_lp = lp.detach()  # [B, T]
+            if old is not None:
+                old.update({r: old_lp[b, : len(rollouts.rows[r].response)] for b, r in enumerate(rows)})
+        else:
+            old_lp = rows_tensor([old[r] for r in rows], mask)  # [B, T]
         ref_lp = None if ref is None else rows_tensor([ref[r] for r in rows], mask)  # [B, T]
         adv = rollouts.advantages[rows].to(lp.device)  # [B]
         loss = policy_loss(lp, old_lp, ref_lp, adv, mask, cfg.clip_eps, cfg.clip_eps_high, cfg.beta, num_tokens=total)
@@ -370,10 +373,9 @@ def minibatch_backward(
         out.loss += float(loss.detach())
         out.clipped += s.clipped
         out.kl += s.kl
-        if ent is not None:  # of the fresh rows: the others' is counted by the no_grad pass
-            counted = mask & fresh[:, None]  # [B, T]
-            out.entropy += float(ent[counted].sum())
-            out.entropy_tokens += float(counted.sum())
+        if ent is not None:  # a fresh micro-batch's (the others' is counted by the no_grad pass)
+            out.entropy += float(ent[mask].sum())
+            out.entropy_tokens += float(mask.sum())
     out.loss = all_reduce_sum([out.loss], dist)[0]
     return out
 
@@ -389,30 +391,39 @@ def update_policy(
 ) -> dict:
     """K (x epochs) optimiser steps on this rollout batch; returns token-level sums and means for logging."""
     plan = minibatch_plan(rollouts.n_groups, cfg, step)
-    micro_of = [micro_batches(rollouts, mb, cfg) for mb in plan]
-    first_pass = [m for mbs in micro_of[: cfg.steps_per_rollout] for m in mbs]  # every group once, as trained
     flat = set() if dist.fsdp else rollouts.flat_groups()  # advantages all 0: no policy term (module docstring)
-    skip = flat if cfg.beta == 0 else set()  # ... and no KL term either: nothing to compute
+    skip = flat if cfg.beta == 0 else set()  # ... and, with beta = 0, no KL term either: nothing to compute
+    micro_of = [_without(micro_batches(rollouts, mb, cfg), skip) for mb in plan]  # each mini-batch's, as trained
     model.train()
     old = ref = None
     entropy = entropy_tokens = 0.0
     t0 = time.perf_counter()
     if len(plan) > 1:  # later mini-batches need the old policy's log-probs; the first one makes its own
-        later = _without([m for mbs in micro_of[1 : cfg.steps_per_rollout] for m in mbs], flat)
+        later = [m for mbs in micro_of[1 : cfg.steps_per_rollout] for m in mbs if not flat.issuperset(m)]
         old, entropy = rollout_logprobs(model, rollouts, later, cfg, pad_id, dist)
         entropy_tokens = sum(v.numel() for v in old.values())  # the pass's entropy is over these
     t1 = time.perf_counter()
-    if ref_model is not None:
+    if ref_model is not None:  # beta > 0: nothing skipped, every group once as the first pass trains it
+        first_pass = [m for mbs in micro_of[: cfg.steps_per_rollout] for m in mbs]
         ref, _ = rollout_logprobs(ref_model, rollouts, first_pass, cfg, pad_id, dist, with_entropy=False)
     t2 = time.perf_counter()
-    sums = {"loss": 0.0, "clipped": 0.0, "kl": 0.0, "tokens": 0.0, "entropy": 0.0, "grad_norm": 0.0}
-    sums["old_seconds"], sums["ref_seconds"] = t1 - t0, t2 - t1  # the no_grad passes (old log-probs, reference)
-    sums["parts"] = {}  # gradient norm of each part (see optim.gradient_parts), summed over optimiser steps
-    sums["entropy_tokens"] = entropy_tokens
+    sums = {
+        "loss": 0.0,
+        "clipped": 0.0,
+        "kl": 0.0,
+        "tokens": 0.0,
+        "entropy": 0.0,  # each fresh micro-batch's, then the no_grad pass's: every row with a forward once
+        "entropy_tokens": entropy_tokens,
+        "grad_norm": 0.0,
+        "old_seconds": t1 - t0,  # the no_grad passes (old log-probs, reference)
+        "ref_seconds": t2 - t1,
+        "parts": {},  # gradient norm of each part (see optim.gradient_parts), summed over optimiser steps
+    }
     for mb, micro in zip(plan, micro_of):
-        trained = _without(micro, skip)
-        s = minibatch_backward(model, rollouts, mb, old, ref, cfg, pad_id, dist, trained)
-        if not trained:  # the full computation's gradients are zeros, which AdamW's moments still act on
+        s = minibatch_backward(model, rollouts, mb, old, ref, cfg, pad_id, dist, micro)
+        if not micro:
+            # Every group skipped: the full computation's gradients are zeros, which AdamW's moments still act on.
+            # (On several ranks reduce_gradients fills them in; so would it for a parameter no loss reaches.)
             for p in params:
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
@@ -424,7 +435,7 @@ def update_policy(
         sums["entropy_tokens"] += s.entropy_tokens
         sums["tokens"] += s.tokens
         sums["grad_norm"] += norm
-    sums["entropy"] += entropy  # of every group with a forward once: the no_grad pass, and the trained forwards
+    sums["entropy"] += entropy
     return sums
 
 
