@@ -1,6 +1,7 @@
 """GRPO trainer on a tiny model and a toy task: outputs, grouping, exact resume, Ctrl-C, options and errors."""
 
 import json
+import re
 from dataclasses import dataclass, replace
 from types import SimpleNamespace
 
@@ -189,9 +190,10 @@ def _forwarded_groups(monkeypatch, skip: bool) -> list[set]:
 @pytest.mark.parametrize("beta", [0.0, 0.05])
 def test_groups_with_zero_advantages_skip_work_and_train_the_same_weights(tmp_path, monkeypatch, beta):
     """A prompt whose rewards are all equal has advantages of exactly 0. A micro-batch of such groups gets no
-    old-log-prob pass, and with beta = 0 they get no forward at all (a mini-batch of them gives AdamW zero gradients, whose moments still move the
-    weights): the weights equal the full computation's. Mini-batches mix flat and live groups (micro-batches of 2
-    groups), some hold flat groups only (steps whose 2 prompts are even), and a second epoch reuses old log-probs."""
+    old-log-prob pass, and with beta = 0 they get no forward at all (a mini-batch of them gives AdamW zero gradients,
+    whose moments still move the weights): the weights equal the full computation's. Mini-batches mix flat and live
+    groups (micro-batches of 2 groups), some hold flat groups only (steps whose 2 prompts are even), and a second
+    epoch reuses old log-probs."""
     cfg = replace(CFG, steps=6, beta=beta, micro_batch_groups=2, epochs_per_rollout=2)
     calls = []  # (flat groups of the step, groups of a micro-batch, "ref", "old" or "train")
     real_old, real_train = rl.rollout_logprobs, rl.minibatch_backward
@@ -474,3 +476,12 @@ def test_cli_rl_runs_and_reports_bad_input(tmp_path, capsys):
     with pytest.raises(SystemExit) as err:
         main([*common_args, str(tmp_path / "bad"), *small, "--width", "3"])
     assert err.value.code == 2 and "width=3 must divide rollouts=4" in capsys.readouterr().err
+
+
+def test_progress_bar_shows_no_empty_fields(tmp_path, capsys):
+    """Without validation the bar has no `val=` field (it used to show `val=` with nothing), and floats are short."""
+    train_rl(policy(), TOK, TASK, replace(CFG, steps=2, progress=True), tmp_path)
+    err = capsys.readouterr().err
+    assert "reward=" in err and "kl=" in err and "val=" not in err
+    kls = re.findall(r"kl=([^,\]\s]+)", err)
+    assert kls and all(len(v) <= len("1.234e-05") for v in kls), kls

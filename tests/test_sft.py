@@ -126,7 +126,7 @@ def test_best_blocks_kept_and_loadable(tmp_path):
     assert read_records(tmp_path / "out" / "metrics.jsonl") == res.history
 
 
-def test_resume_after_interrupt_is_exact(tmp_path, monkeypatch):
+def test_resume_after_interrupt_is_exact(tmp_path, monkeypatch, capsys):
     path = write_warmup(tmp_path / "w.jsonl")
     straight = base_model()
     train_sft(straight, TOK, path, CFG, tmp_path / "a")
@@ -135,12 +135,27 @@ def test_resume_after_interrupt_is_exact(tmp_path, monkeypatch):
         train_sft(base_model(), TOK, path, CFG, tmp_path / "b")
     monkeypatch.setattr(sft, "batch_backward", original)
     assert runs.latest_checkpoint(tmp_path / "b").name == "step-00000002"
+    said = capsys.readouterr().out
+    print("DEBUG", said)  # where the checkpoint is, how to go on, and what the blocks file is
+    assert "interrupted; checkpoint of step 2" in said and "--resume continues" in said
+    assert ("no epoch finished, so no blocks.safetensors yet" in said) == (
+        not (tmp_path / "b" / sft.BLOCKS_FILE).exists()
+    )
     resumed = base_model()
     train_sft(resumed, TOK, path, replace(CFG, resume=True), tmp_path / "b")
     for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
         assert torch.equal(a, b), name
     with pytest.raises(ValueError, match="lr: saved 0.01 vs now 0.02"):
         train_sft(base_model(), TOK, path, replace(CFG, lr=2e-2, resume=True), tmp_path / "b")
+    capsys.readouterr()
+    interrupt_on_call(monkeypatch, sft, "batch_backward", 5)  # in the second epoch: the first one's blocks exist
+    with pytest.raises(KeyboardInterrupt):
+        train_sft(base_model(), TOK, path, CFG, tmp_path / "c")
+    best = json.loads((tmp_path / "c" / "best.json").read_text())["epoch"]
+    assert (
+        f"blocks.safetensors holds the best blocks so far (epoch {best}), not the whole run's"
+        in capsys.readouterr().out
+    )
 
 
 def test_data_errors(tmp_path):

@@ -327,3 +327,10 @@ def test_make_optimizer_gives_blocks_their_own_rate():
     assert set(by_rate) == {1e-4, 1e-2}
     assert {id(p) for p in by_rate[1e-2]} == {id(p) for p in blocks.values()}
     assert len(by_rate[1e-4]) + len(by_rate[1e-2]) == len(params)
+
+
+def test_progress_fields_leave_out_values_not_there_yet():
+    from bridgelm.train.run import progress_fields
+
+    shown = progress_fields(loss="0.512", kl=0.0012345678, val=None, ppl="", step=3, acc=0.5)
+    assert shown == {"loss": "0.512", "kl": "0.001235", "step": "3", "acc": "0.5"}

@@ -132,6 +132,7 @@ class Run:
         self.metrics: MetricsLog | None = None
         self.bar = None
         self._tracked: tuple | None = None
+        self.left_behind: Callable[[], str] | None = None  # what else an interrupted run leaves (said after the rest)
 
     @property
     def step(self) -> int:
@@ -183,7 +184,11 @@ class Run:
             else:
                 if self.step != self.saved_at:
                     self.save()
-                self.say(f"\n{name}: interrupted; checkpoint of step {self.step} in {self.out_dir / CHECKPOINTS}")
+                note = f"; {self.left_behind()}" if self.left_behind is not None else ""
+                self.say(
+                    f"\n{name}: interrupted; checkpoint of step {self.step} in {self.out_dir / CHECKPOINTS} (the same "
+                    f"command with --resume continues from it){note}"
+                )
             raise
         finally:
             self.bar.close()
@@ -198,10 +203,11 @@ class Run:
             self.in_update = False
 
     def log(self, record: dict, **postfix: Any) -> None:
-        """Append the step's record to metrics.jsonl and move the progress bar (showing `postfix`)."""
+        """Append the step's record to metrics.jsonl and move the progress bar (showing `postfix`, see
+        `progress_fields`)."""
         self.metrics.log(record)
         self.bar.update(1)
-        self.bar.set_postfix(**postfix)
+        self.bar.set_postfix(**progress_fields(**postfix))
 
     @property
     def history(self) -> list[dict]:
@@ -288,6 +294,11 @@ class _NoBar:
         pass
 
 
+def progress_fields(**fields: Any) -> dict[str, str]:
+    """The fields a progress bar shows: those with no value yet (None or "") left out, floats to 4 digits."""
+    return {k: f"{v:.4g}" if isinstance(v, float) else str(v) for k, v in fields.items() if v is not None and v != ""}
+
+
 def progress_bar(total: int, initial: int = 0, desc: str = "", enabled: bool = True):
     """A tqdm bar (or a silent stand-in)."""
     if not enabled:
@@ -335,5 +346,6 @@ __all__ = [
     "RunControl",
     "control_of",
     "progress_bar",
+    "progress_fields",
     "settings_of",
 ]

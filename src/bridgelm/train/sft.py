@@ -293,6 +293,12 @@ def train_sft(model, tokenizer, data_path: str | os.PathLike, cfg: SFTConfig, ou
     optimizer = make_optimizer(params, cfg.lr, cfg.weight_decay)
     scheduler = make_scheduler(optimizer, total, cfg.warmup_fraction, "linear")
     run.track(model, optimizer, scheduler, lambda folder, _: save_blocks(model, folder / BLOCKS_FILE))
+    run.left_behind = lambda: (
+        f"{out_dir / BLOCKS_FILE} holds the best blocks so far (epoch {run.state['best']['epoch']}), not the whole "
+        "run's"
+        if run.state["best"]["epoch"]
+        else f"no epoch finished, so no {BLOCKS_FILE} yet"
+    )
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     stats = {
         "train_problems": len(train),
