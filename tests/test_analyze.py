@@ -101,6 +101,10 @@ def test_analyze_commands(tmp_path, capsys):
         + ["--max-new-tokens", "5", "--out", str(run), "--no-score"]
     )
     assert not (run / "metrics.json").exists()
+    assert "sampled 6 sets (a problem at one of 2 widths) now, 0 were already" in capsys.readouterr().out
+    main(["score", str(run)])
+    said = capsys.readouterr().out  # a summary at each width
+    assert said.count("bridgelm score: w=") == 2 and "w=1, avg" in said and "w=2, avg" in said
     out = tmp_path / "features"
     main(
         ["analyze", "features", "--model", str(tmp_path / "m"), "--run", str(run), "--out", str(out), "--sets", "2"]

@@ -177,6 +177,11 @@ def score_run(
     return result
 
 
+def summary_lines(result: dict[str, Any]) -> list[str]:
+    """`summary_line` at every width the run has scores at, narrowest first."""
+    return [summary_line(result, int(w)) for w in sorted(result["avg"], key=int)] or [summary_line(result)]
+
+
 def summary_line(result: dict[str, Any], width: int | None = None) -> str:
     """One line for the terminal: the average over benchmarks at the reported width."""
     w = str(width if width is not None else result["run"]["width"])

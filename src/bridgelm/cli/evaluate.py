@@ -30,7 +30,7 @@ from bridgelm.evaluate import EvalConfig
 def _cmd_eval(args) -> None:
     from bridgelm.dist import Dist
     from bridgelm.evaluate import load_benchmarks, run_eval
-    from bridgelm.score import METRICS_FILE, score_run, summary_line
+    from bridgelm.score import METRICS_FILE, score_run, summary_lines
 
     cfg = build(EvalConfig, args)
     cfg.validate()
@@ -50,8 +50,9 @@ def _cmd_eval(args) -> None:
     model, tokenizer = load_model_and_tokenizer(args)
     done = run_eval(model, tokenizer, args.task, args.data, cfg, args.out, args.model, args.blocks, dist=dist)
     who = f"rank {dist.rank}: " if dist.world > 1 else ""
+    what = "problems" if len(cfg.all_widths()) == 1 else f"sets (a problem at one of {len(cfg.all_widths())} widths)"
     print(
-        f"bridgelm eval: {who}sampled {done['sampled']} problems now, {done['skipped']} were already in {done['shard']}"
+        f"bridgelm eval: {who}sampled {done['sampled']} {what} now, {done['skipped']} were already in {done['shard']}"
     )
     if done["truncated"]:
         print(
@@ -61,16 +62,18 @@ def _cmd_eval(args) -> None:
     if lead and not args.no_score:
         result = score_run(args.out)
         print(f"bridgelm eval: metrics -> {Path(args.out) / METRICS_FILE}")
-        print(f"bridgelm eval: {summary_line(result)}")
+        for line in summary_lines(result):
+            print(f"bridgelm eval: {line}")
 
 
 def _cmd_score(args) -> None:
-    from bridgelm.score import METRICS_FILE, SCORES_FILE, score_run, summary_line
+    from bridgelm.score import METRICS_FILE, SCORES_FILE, score_run, summary_lines
 
     result = score_run(args.run_dir, allow_partial=args.allow_partial)
     run = Path(args.run_dir)
     print(f"bridgelm score: {run / METRICS_FILE}, {run / SCORES_FILE}")
-    print(f"bridgelm score: {summary_line(result)}")
+    for line in summary_lines(result):
+        print(f"bridgelm score: {line}")
 
 
 def _cmd_report(args) -> None:
