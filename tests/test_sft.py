@@ -237,6 +237,31 @@ def test_warmup_data_filters_and_resumes(tmp_path):
         make_warmup_data(base_model(), TOK, task, tmp_path / "x.jsonl", sampling=replace(sampling, n=4, width=2))
 
 
+def test_interrupted_warmup_data_says_what_it_wrote(tmp_path, monkeypatch, capsys):
+    """Ctrl-C after two problems (waves of 8 rows: two problems of n=4 each): their lines are kept, and the message
+    counts them and says why a wave's problems land together."""
+    from bridgelm.train import warmup_data
+
+    real = warmup_data.iter_generate
+
+    def two_then_ctrl_c(*args, **kwargs):
+        for k, item in enumerate(real(*args, **kwargs)):
+            if k == 2:
+                raise KeyboardInterrupt
+            yield item
+
+    monkeypatch.setattr(warmup_data, "iter_generate", two_then_ctrl_c)
+    task = EvenTask("even", [{"a": i} for i in range(6)])
+    out = tmp_path / "warmup.jsonl"
+    sampling = SamplingConfig(max_new_tokens=8, temperature=1.0, top_p=1.0, max_batch_sequences=8)
+    with pytest.raises(KeyboardInterrupt):
+        make_warmup_data(base_model(), TOK, task, out, n=4, sampling=sampling, progress=False)
+    assert [r["index"] for r in read_records(out)] == [0, 1]
+    said = capsys.readouterr().err
+    assert f"interrupted; 2 of the 6 problems to sample were written to {out} (2 of 6 in all)" in said
+    assert "--max-batch-sequences 8 rows are sampled together" in said
+
+
 def test_cli_warmup_data_then_sft(tmp_path, capsys):
     from conftest import save_tiny_model_dir
 

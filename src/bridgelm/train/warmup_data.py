@@ -15,6 +15,7 @@ as an uninterrupted run would have made.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -67,7 +68,18 @@ def make_warmup_data(
     todo = [i for i in range(len(examples)) if i not in have]
     stats = {"problems": len(examples), "sampled_now": len(todo), "out": str(out)}
     if todo:
-        _sample_and_write(model, tokenizer, task, examples, todo, cfg, settings, chat, out, progress)
+        try:
+            _sample_and_write(model, tokenizer, task, examples, todo, cfg, settings, chat, out, progress)
+        except KeyboardInterrupt:
+            now = len(read_records(out)) - len(done)
+            print(
+                f"\nbridgelm warmup-data: interrupted; {now} of the {len(todo)} problems to sample were written to "
+                f"{out} ({len(done) + now} of {len(examples)} in all). A problem is written once every answer of its "
+                f"wave has ended (--max-batch-sequences {cfg.max_batch_sequences} rows are sampled together, a smaller "
+                "value writes sooner); the same command continues after the last one written",
+                file=sys.stderr,
+            )
+            raise
     records = read_records(out)
     kept = [r for r in records if r.get("kept")]
     stats.update(
