@@ -24,7 +24,7 @@ def model_tok():
     return bridgelm.add_bridge(model), tok
 
 
-def _scored_run(folder: Path, model_tok, correct: dict, widths: list[int]) -> Path:
+def _scored_run(folder: Path, model_tok, correct: dict, widths: list[int], **settings) -> Path:
     """A sampled and scored run whose samples are replaced: `correct[bench][i]` of 4 samples answer right."""
     model, tok = model_tok
     folder.mkdir()
@@ -33,7 +33,7 @@ def _scored_run(folder: Path, model_tok, correct: dict, widths: list[int]) -> Pa
         path = folder / f"{bench}.jsonl"
         path.write_text("".join(json.dumps({"problem": f"{i}+{i}=", "answer": str(2 * i)}) + "\n" for i in range(2)))
         data.append(str(path))
-    cfg = E.EvalConfig(n=4, width=widths[-1], widths=widths, max_new_tokens=4)
+    cfg = E.EvalConfig(n=4, width=widths[-1], widths=widths, max_new_tokens=4, **settings)
     run = folder / "run"
     E.run_eval(model, tok, "math", data, cfg, run, "tiny", progress=False)
     recs = read_records(run / "samples.jsonl")
@@ -81,6 +81,32 @@ def test_report_of_two_runs(tmp_path, model_tok, capsys):
     assert base_row.endswith(f"| {100 * (avg['base'] - avg['bridge']):+.2f} |")
     with pytest.raises(ValueError, match="has benchmark 'aime24' twice"):
         collect_rows([str(base), str(bridge)], ["x", "x"])
+    assert report["setting_differences"] == [] and "Not like for like" not in table
+
+
+def test_report_says_when_rows_differ_in_settings(tmp_path, model_tok, capsys):
+    """A row sampled hotter, on other data for one benchmark: the report names each difference, in table.md, in
+    report.json and on the terminal."""
+    base = _scored_run(tmp_path / "a", model_tok, {"aime24": [1, 0], "amc23": [2, 2]}, [2])
+    hot = _scored_run(tmp_path / "b", model_tok, {"aime24": [3, 1]}, [2], temperature=0.7)
+    (tmp_path / "c").mkdir()
+    other = tmp_path / "c" / "amc23.jsonl"
+    other.write_text(json.dumps({"problem": "5+5=", "answer": "10"}) + "\n")
+    model, tok = model_tok
+    E.run_eval(
+        model, tok, "math", [str(other)], E.EvalConfig(n=4, width=2, max_new_tokens=4), tmp_path / "c" / "run", "tiny"
+    )
+    out = tmp_path / "report"
+    main(["report", str(base), str(hot), str(tmp_path / "c" / "run"), "--names", "base,hot,hot", "--out", str(out)])
+    said = capsys.readouterr().out
+    report = json.loads((out / "report.json").read_text())
+    assert report["setting_differences"] == [
+        "aime24: temperature differs between rows: base 0.6, hot 0.7",
+        "amc23: problems differs between rows: base 2, hot 1",
+        f"amc23: data (digest) differs between rows: {report['setting_differences'][2].split('rows: ')[1]}",
+    ]
+    assert all(f"bridgelm report: warning: {line}" in said for line in report["setting_differences"])
+    assert "**Not like for like**" in (out / "table.md").read_text()
 
 
 def test_table_helpers_take_plain_dicts():

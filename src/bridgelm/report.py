@@ -107,6 +107,7 @@ def collect_rows(run_dirs: Sequence[str], names: Sequence[str] | None = None) ->
         if not name:
             raise ValueError(f"empty name for run {run_dir}")
         result = load_metrics(run_dir)
+        settings = read_run(run_dir)
         main = str(result["run"]["width"])
         row = rows.setdefault(name, {"runs": [], "benchmarks": {}})
         row["runs"].append(str(run_dir))
@@ -118,8 +119,43 @@ def collect_rows(run_dirs: Sequence[str], names: Sequence[str] | None = None) ->
                 )
             width = main if main in per_width else sorted(per_width, key=int)[-1]
             task = result["run"].get("task")
-            row["benchmarks"][bench] = {"width": width, "widths": per_width, "run": str(run_dir), "task": task}
+            row["benchmarks"][bench] = {
+                "width": width,
+                "widths": per_width,
+                "run": str(run_dir),
+                "task": task,
+                "settings": settings,  # the run's run.json
+            }
     return rows
+
+
+# Settings of run.json that change what a benchmark's numbers mean; rows compared on a benchmark should share them.
+COMPARABLE = ("n", "max_new_tokens", "temperature", "top_p", "top_k", "chat", "stop", "limit")
+
+
+def setting_differences(rows: dict[str, dict]) -> list[str]:
+    """One line per (benchmark, setting) whose value differs between the rows that report the benchmark: the
+    sampling settings of COMPARABLE, and the benchmark's data (its problem count and digest)."""
+
+    def value(entry: dict, bench: str, key: str):
+        settings = entry.get("settings") or {}
+        if key in ("problems", "digest"):
+            return next((b.get(key) for b in settings.get("benchmarks", []) if b.get("name") == bench), None)
+        return settings.get(key)
+
+    lines = []
+    benches = dict.fromkeys(b for row in rows.values() for b in row["benchmarks"])
+    for bench in benches:
+        having = {name: row["benchmarks"][bench] for name, row in rows.items() if bench in row["benchmarks"]}
+        if len(having) < 2:
+            continue
+        for key in (*COMPARABLE, "problems", "digest"):
+            values = {name: value(entry, bench, key) for name, entry in having.items()}
+            if len({json.dumps(v) for v in values.values()}) > 1:
+                what = "data (digest)" if key == "digest" else key
+                shown = ", ".join(f"{name} {json.dumps(v)}" for name, v in values.items())
+                lines.append(f"{bench}: {what} differs between rows: {shown}")
+    return lines
 
 
 def metric_cells(rows: dict[str, dict], metric: str) -> dict[str, dict[str, dict]]:
@@ -525,6 +561,7 @@ def build_report(
             for name, row in rows.items()
         },
         "base": base,
+        "setting_differences": setting_differences(rows),
         "accuracy": table_numbers(metric_cells(rows, "accuracy"), base),
         "coverage": table_numbers(metric_cells(rows, "coverage"), base),
         "majority_vote": table_numbers(metric_cells(rows, "majority_vote"), base),
@@ -554,6 +591,10 @@ def render_markdown(report: dict[str, Any], figures: Sequence[str] = ()) -> str:
     for name, run in report["runs"].items():
         widths = ", ".join(f"{b} w={w}" for b, w in run["widths"].items())
         out.append(f"- **{name}**: {', '.join(run['dirs'])} ({widths})")
+    differences = report.get("setting_differences") or []
+    if differences:
+        out += ["", "**Not like for like**: settings that change what the numbers mean differ between rows:", ""]
+        out += [f"- {line}" for line in differences]
     note = (
         "Percent; 95% bootstrap intervals over problems in brackets. Avg: unweighted mean over the benchmark "
         f"columns. ↑Δ: Avg minus the Avg of **{base}**, in points."

@@ -87,6 +87,8 @@ def _cmd_report(args) -> None:
     report = json.loads((Path(args.out) / "report.json").read_text())
     files = ", ".join(Path(f).name for f in report["files"])
     print(f"bridgelm report: {path} (and report.json{', ' + files if files else ''} in {args.out})")
+    for line in report["setting_differences"]:
+        print(f"bridgelm report: warning: {line}")
     acc = report["accuracy"]
     for name, row in acc["rows"].items():
         avg = "–" if row["avg"] is None else f"{100 * row['avg']:.2f}%"
