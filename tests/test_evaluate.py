@@ -269,3 +269,22 @@ def test_grade_samples_grades_each_sample_and_accuracy_is_their_mean(model_tok):
     mean = sum(map(sum, flags)) / 24
     assert 0.0 < mean < 1.0  # both grades occur: the check above tests both
     assert E.accuracy(model, tok, task, cfg) == pytest.approx(mean)
+
+
+@pytest.mark.parametrize("blocks", [None, "pmatch", "bridge"])
+def test_eval_at_several_widths_says_when_the_width_changes_nothing(tmp_path, capsys, blocks):
+    """Without Bridge blocks the samples of every width are the same (checked): eval says so; with them it does not."""
+    save_tiny_model_dir(tmp_path / "m", blocks=blocks)
+    data = str(_toy(tmp_path / "toy.jsonl", 2))
+    run = tmp_path / "run"
+    main(
+        ["eval", "--model", str(tmp_path / "m"), "--data", data, "--n", "4", "--widths", "1,2", "--width", "2"]
+        + ["--max-new-tokens", "6", "--temperature", "1.0", "--out", str(run), "--no-score"]
+    )
+    noted = "so its samples do not depend on the width: widths [1, 2] sample the same sets" in capsys.readouterr().out
+    assert noted == (blocks != "bridge")
+    by_width = {}
+    for rec in read_records(run / "samples.jsonl"):
+        by_width.setdefault(rec["width"], {})[rec["index"]] = [s["token_ids"] for s in rec["samples"]]
+    if blocks != "bridge":
+        assert by_width[1] == by_width[2]

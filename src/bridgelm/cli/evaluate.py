@@ -28,6 +28,7 @@ from bridgelm.evaluate import EvalConfig
 
 
 def _cmd_eval(args) -> None:
+    from bridgelm.attach import block_config
     from bridgelm.dist import Dist
     from bridgelm.evaluate import load_benchmarks, run_eval
     from bridgelm.score import METRICS_FILE, score_run, summary_lines
@@ -48,6 +49,13 @@ def _cmd_eval(args) -> None:
             f"{'' if args.no_score else ', scores.jsonl, metrics.json'})"
         )
     model, tokenizer = load_model_and_tokenizer(args)
+    kind = getattr(block_config(model), "kind", None)
+    if lead and kind != "bridge" and len(cfg.all_widths()) > 1:
+        what = "its P-Match blocks read one sample each" if kind else "it has no Bridge blocks"
+        print(
+            f"bridgelm eval: note: {what}, so its samples do not depend on the width: widths {cfg.all_widths()} "
+            "sample the same sets, each again"
+        )
     done = run_eval(model, tokenizer, args.task, args.data, cfg, args.out, args.model, args.blocks, dist=dist)
     who = f"rank {dist.rank}: " if dist.world > 1 else ""
     what = "problems" if len(cfg.all_widths()) == 1 else f"sets (a problem at one of {len(cfg.all_widths())} widths)"
