@@ -82,7 +82,11 @@ def test_xsum_run_resumes_scores_rouge_and_cuts_long_documents(tmp_path, model_d
     run = tmp_path / "run"
     _eval(model_dir, "xsum", [data], run)
     printed = capsys.readouterr().out
-    assert "1 long documents were cut" in printed and "mean score" in printed
+    assert (
+        "sampled 3 problems now" in printed
+        and "the long document of 1 of them was cut" in printed
+        and "mean score" in printed
+    )
     settings = json.loads((run / "run.json").read_text())
     assert settings["task"] == "xsum" and settings["prompt_budget"] == CONTEXT - 6
     recs = {r["index"]: r for r in read_records(run / "samples.jsonl")}

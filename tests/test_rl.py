@@ -236,20 +236,22 @@ def test_groups_with_zero_advantages_skip_work_and_train_the_same_weights(tmp_pa
 
 @pytest.mark.parametrize("beta", [0.0, 0.05])
 def test_old_logprobs_come_from_the_trained_micro_batches(tmp_path, monkeypatch, beta):
-    """The no_grad pass runs on micro-batches exactly as they are trained (with beta > 0 those that mix flat and
-    live groups too; only all-flat ones are left out), so with weights that do not move every ratio is exactly 1."""
-    cut = {"old": [], "train": []}  # (step's rollouts, micro-batch, flat groups) of each pass
-    kept = []  # each step's rollouts, alive, so that their ids tell steps apart
+    """The no_grad pass runs on the later mini-batches' micro-batches exactly as they are trained (with beta > 0
+    those that mix flat and live groups too; only all-flat ones are left out), so with weights that do not move every
+    ratio is exactly 1; with beta = 0 micro-batches are cut from the live groups alone, full but for the last."""
+    old_cut, train_cut = {}, {}  # id(rollouts) -> the no_grad pass's micro-batches / each mini-batch's micro-batches
+    flat_of, kept = {}, []  # each step's flat groups; its rollouts, kept alive so that their ids tell steps apart
     real_old, real_train = rl.rollout_logprobs, rl.minibatch_backward
 
     def old_pass(model, rollouts, micro, *a, **k):
         if k.get("with_entropy", True):  # not the reference pass
-            cut["old"] += [(id(rollouts), list(m), rollouts.flat_groups()) for m in micro]
+            old_cut.setdefault(id(rollouts), []).extend(list(m) for m in micro)
         return real_old(model, rollouts, micro, *a, **k)
 
     def train(model, rollouts, groups, old, ref, cfg, pad, dist, micro):
         kept.append(rollouts)
-        cut["train"] += [(id(rollouts), list(m), rollouts.flat_groups()) for m in micro]
+        flat_of[id(rollouts)] = rollouts.flat_groups()
+        train_cut.setdefault(id(rollouts), []).append([list(m) for m in micro])
         return real_train(model, rollouts, groups, old, ref, cfg, pad, dist, micro)
 
     def frozen_step(params, *a):  # the weights never move: the old policy stays the current one
@@ -269,13 +271,22 @@ def test_old_logprobs_come_from_the_trained_micro_batches(tmp_path, monkeypatch,
             ratios.append(torch.equal(lp[mask], old[mask])) or real_loss(lp, old, ref, adv, mask, *a, **k)
         ),
     )
-    cfg = replace(CFG, steps=6, beta=beta, micro_batch_groups=2, steps_per_rollout=2, epochs_per_rollout=1)
+    cfg = replace(
+        CFG, steps=6, prompts_per_step=4, beta=beta, micro_batch_groups=2, steps_per_rollout=2, epochs_per_rollout=1
+    )  # 8 groups a step, 4 a mini-batch
     train_rl(policy(), TOK, HALF_FLAT, cfg, tmp_path)
-    assert cut["old"] and all(c in cut["train"] for c in cut["old"])  # the same micro-batches, whole
-    assert not any(flat.issuperset(m) for _, m, flat in cut["old"])  # none of flat groups only
-    mixed = any(flat & set(m) for _, m, flat in cut["old"])
-    assert mixed == (beta > 0)  # with beta = 0 flat groups are cut out of the trained micro-batches too
-    assert len(ratios) == len(cut["train"]) and all(ratios)
+    assert old_cut and set(train_cut) == set(flat_of)
+    mixed = False
+    for step, minibatches in train_cut.items():
+        flat = flat_of[step]
+        # the second mini-batch's micro-batches, as trained, but those of flat groups only
+        assert old_cut.get(step, []) == [m for m in minibatches[1] if not flat.issuperset(m)]
+        mixed |= any(flat & set(m) and not flat.issuperset(m) for m in minibatches[1])
+        if beta == 0:
+            assert not any(flat & set(m) for mb in minibatches for m in mb)  # never forwarded
+            assert all(len(m) == 2 for mb in minibatches for m in mb[:-1])  # cut from the live groups: full
+    assert mixed == (beta > 0)  # with beta > 0 the pass takes mixed micro-batches whole
+    assert len(ratios) == sum(len(m) for mbs in train_cut.values() for m in mbs) and all(ratios)
 
 
 def test_with_beta_zero_flat_groups_have_no_forward(tmp_path, monkeypatch):

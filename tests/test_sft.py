@@ -136,8 +136,8 @@ def test_resume_after_interrupt_is_exact(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(sft, "batch_backward", original)
     assert runs.latest_checkpoint(tmp_path / "b").name == "step-00000002"
     said = capsys.readouterr().out
-    print("DEBUG", said)  # where the checkpoint is, how to go on, and what the blocks file is
-    assert "interrupted; checkpoint of step 2" in said and "--resume continues" in said
+    # where the checkpoint is, how to go on, and what the blocks file is
+    assert "interrupted; checkpoint of step 2" in said and "the same command with --resume continues" in said
     assert ("no epoch finished, so no blocks.safetensors yet" in said) == (
         not (tmp_path / "b" / sft.BLOCKS_FILE).exists()
     )
@@ -149,13 +149,16 @@ def test_resume_after_interrupt_is_exact(tmp_path, monkeypatch, capsys):
         train_sft(base_model(), TOK, path, replace(CFG, lr=2e-2, resume=True), tmp_path / "b")
     capsys.readouterr()
     interrupt_on_call(monkeypatch, sft, "batch_backward", 5)  # in the second epoch: the first one's blocks exist
-    with pytest.raises(KeyboardInterrupt):
-        train_sft(base_model(), TOK, path, CFG, tmp_path / "c")
+    with pytest.raises(KeyboardInterrupt):  # a run that resumes by itself (as the demo's do) continues when run again
+        train_sft(base_model(), TOK, path, replace(CFG, resume=True), tmp_path / "c")
     best = json.loads((tmp_path / "c" / "best.json").read_text())["epoch"]
-    assert (
-        f"blocks.safetensors holds the best blocks so far (epoch {best}), not the whole run's"
-        in capsys.readouterr().out
-    )
+    said = capsys.readouterr().out
+    assert f"blocks.safetensors holds the blocks of epoch {best} (the best so far by validation)" in said
+    assert "running the same command again continues from it" in said and "--resume" not in said
+    interrupt_on_call(monkeypatch, sft, "batch_backward", 5)
+    with pytest.raises(KeyboardInterrupt):  # without validation every epoch's blocks are written
+        train_sft(base_model(), TOK, path, replace(CFG, val_count=0), tmp_path / "d")
+    assert "blocks.safetensors holds the blocks of epoch 1 (the last finished)" in capsys.readouterr().out
 
 
 def test_data_errors(tmp_path):

@@ -130,7 +130,8 @@ def collect_rows(run_dirs: Sequence[str], names: Sequence[str] | None = None) ->
 
 
 # Settings of run.json that change what a benchmark's numbers mean; rows compared on a benchmark should share them.
-COMPARABLE = ("n", "max_new_tokens", "temperature", "top_p", "top_k", "chat", "stop", "limit")
+# (A --limit is not one of them: it shows in the benchmark's problem count and digest, compared besides.)
+COMPARABLE = ("n", "max_new_tokens", "temperature", "top_p", "top_k", "chat", "stop")
 
 
 def setting_differences(rows: dict[str, dict]) -> list[str]:

@@ -54,7 +54,7 @@ def _cmd_eval(args) -> None:
         what = "its P-Match blocks read one sample each" if kind else "it has no Bridge blocks"
         print(
             f"bridgelm eval: note: {what}, so its samples do not depend on the width: widths {cfg.all_widths()} "
-            "sample the same sets, each again"
+            "sample the same sets (up to the rounding of other batch shapes), each again"
         )
     done = run_eval(model, tokenizer, args.task, args.data, cfg, args.out, args.model, args.blocks, dist=dist)
     who = f"rank {dist.rank}: " if dist.world > 1 else ""
@@ -64,8 +64,8 @@ def _cmd_eval(args) -> None:
     )
     if done["truncated"]:
         print(
-            f"bridgelm eval: {who}{done['truncated']} long documents were cut to fit the context minus "
-            "--max-new-tokens (each recorded as 'truncated' on its line of the samples file)"
+            f"bridgelm eval: {who}the long document of {done['truncated']} of them was cut to fit the context minus "
+            "--max-new-tokens (recorded as 'truncated' on its line of the samples file)"
         )
     if lead and not args.no_score:
         result = score_run(args.out)

@@ -19,8 +19,9 @@ advantages are all exactly 0 (with 0/1 rewards: a prompt whose G rewards are all
 gradient of 0 whatever its ratio, so it needs no old log-probs: the no_grad pass leaves out the micro-batches that
 hold only such groups (the others keep the trained cut, so the ratio of an unchanged policy stays exactly 1), and
 their trained forward makes their old log-probs as the first mini-batch's does. With beta = 0 such groups add
-nothing to the loss or its gradient at all, so they get no forward or backward either (the micro-batches are cut
-without them; a mini-batch of such groups only gives the optimiser zero gradients, as the full computation would).
+nothing to the loss or its gradient at all, so they get no forward or backward either (each mini-batch is cut into
+micro-batches from its other groups; a mini-batch of such groups only gives the optimiser zero gradients, as the
+full computation would).
 Entropy is logged over the rows that had a forward, each once; a row first forwarded by a later mini-batch's training
 (a micro-batch of zero-advantage groups, beta > 0) is measured after the earlier optimiser steps of its rollout
 batch. The weights equal those of the full computation up to float rounding (tests/test_rl.py).
@@ -380,12 +381,6 @@ def minibatch_backward(
     return out
 
 
-def _without(micro: list[list[int]], skip: set[int]) -> list[list[int]]:
-    """Micro-batches `micro` without the groups in `skip` (empty ones dropped)."""
-    kept = [[g for g in m if g not in skip] for m in micro]
-    return [m for m in kept if m]
-
-
 def update_policy(
     model, ref_model, rollouts: Rollouts, params, optimizer, scheduler, cfg, step, pad_id, dist, parts=None
 ) -> dict:
@@ -393,7 +388,8 @@ def update_policy(
     plan = minibatch_plan(rollouts.n_groups, cfg, step)
     flat = set() if dist.fsdp else rollouts.flat_groups()  # advantages all 0: no policy term (module docstring)
     skip = flat if cfg.beta == 0 else set()  # ... and, with beta = 0, no KL term either: nothing to compute
-    micro_of = [_without(micro_batches(rollouts, mb, cfg), skip) for mb in plan]  # each mini-batch's, as trained
+    # Each mini-batch's micro-batches, as trained (and as the no_grad pass runs them): cut from its groups but `skip`.
+    micro_of = [[m for m in micro_batches(rollouts, [g for g in mb if g not in skip], cfg) if m] for mb in plan]
     model.train()
     old = ref = None
     entropy = entropy_tokens = 0.0

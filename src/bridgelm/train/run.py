@@ -185,9 +185,11 @@ class Run:
                 if self.step != self.saved_at:
                     self.save()
                 note = f"; {self.left_behind()}" if self.left_behind is not None else ""
+                # A run that resumes by itself (the demo's stages, a command given --resume) continues when run again.
+                again = "running the same command again" if self.control.resume else "the same command with --resume"
                 self.say(
-                    f"\n{name}: interrupted; checkpoint of step {self.step} in {self.out_dir / CHECKPOINTS} (the same "
-                    f"command with --resume continues from it){note}"
+                    f"\n{name}: interrupted; checkpoint of step {self.step} in {self.out_dir / CHECKPOINTS} ({again} "
+                    f"continues from it){note}"
                 )
             raise
         finally:

@@ -294,8 +294,8 @@ def train_sft(model, tokenizer, data_path: str | os.PathLike, cfg: SFTConfig, ou
     scheduler = make_scheduler(optimizer, total, cfg.warmup_fraction, "linear")
     run.track(model, optimizer, scheduler, lambda folder, _: save_blocks(model, folder / BLOCKS_FILE))
     run.left_behind = lambda: (
-        f"{out_dir / BLOCKS_FILE} holds the best blocks so far (epoch {run.state['best']['epoch']}), not the whole "
-        "run's"
+        f"{out_dir / BLOCKS_FILE} holds the blocks of epoch {run.state['best']['epoch']} "
+        f"({'the best so far by validation' if val_groups else 'the last finished'}), not the whole run's"
         if run.state["best"]["epoch"]
         else f"no epoch finished, so no {BLOCKS_FILE} yet"
     )
