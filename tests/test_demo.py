@@ -45,6 +45,11 @@ def test_quick_demo_runs_every_stage_and_resumes(tmp_path, capsys):
     assert set(results["rlvr_gain"]) == {"mean", "low", "high"}
     assert "foreign siblings" in text and "Departures from the paper" in text
     assert results["matmul_peak"]["fp32_tflops"] > 0
+    peak = results["matmul_peak"]  # the precision follows the measured peaks, and the report says which it is
+    assert results["settings"]["bf16"] is (peak["bf16_tflops"] >= peak["fp32_tflops"])
+    assert results["settings"]["base"]["bf16"] is results["settings"]["bf16"]
+    assert ("Forwards in bf16" if results["settings"]["bf16"] else "Forwards in fp32") in text
+    assert "precision: " in printed
     ran = results["matmul_peak"]["stages"]  # in the order they finished; the base model first (it runs alone)
     assert ran[0] == "base" and {"warmup", "sft bridge seed 1", "rl bridge seed 1", "trace"} <= set(ran)
     # Each seed warms up its own blocks (drawn from that seed), and RL seed s starts from SFT seed s.
@@ -159,6 +164,26 @@ def test_a_folder_of_another_sft_layout_is_refused(tmp_path):
     for cfg in (per_seed, shared):
         with pytest.raises(UserError, match="from before per-seed SFT"):
             check_sft_layout(tmp_path, cfg)
+
+
+def test_precision_is_bf16_only_where_its_matmul_is_fast(tmp_path):
+    """CPUs without bf16 instructions (AVX2 only) run bf16 matmuls ~100x slower than fp32 ones: the demo picks fp32
+    there, bf16 where it is at least as fast, what the user asked for, and a folder's earlier stages' precision."""
+    from bridgelm.demo.pipeline import DemoConfig, choose_bf16
+
+    avx2 = {"fp32_tflops": 0.13, "bf16_tflops": 0.0009}
+    avx512 = {"fp32_tflops": 0.22, "bf16_tflops": 0.45}
+    assert choose_bf16(DemoConfig(), avx2, tmp_path)[0] is False
+    assert "below its fp32 one (0.0009 against 0.13 TFLOP/s" in choose_bf16(DemoConfig(), avx2, tmp_path)[1]
+    assert choose_bf16(DemoConfig(), avx512, tmp_path)[0] is True
+    assert choose_bf16(DemoConfig(bf16=True), avx2, tmp_path) == (True, "as asked")
+    assert choose_bf16(DemoConfig(bf16=False), avx512, tmp_path) == (False, "as asked")
+    (tmp_path / "demo.json").write_text(json.dumps({"bf16": True}))
+    assert choose_bf16(DemoConfig(), avx2, tmp_path)[0] is False  # no stage ran yet: the machine decides
+    (tmp_path / "base").mkdir()
+    kept, why = choose_bf16(DemoConfig(), avx2, tmp_path)
+    assert kept is True and "as this folder's earlier stages" in why
+    assert choose_bf16(DemoConfig(bf16=False), avx2, tmp_path)[0] is False
 
 
 @pytest.mark.parametrize("per_seed", [True, False])

@@ -9,7 +9,7 @@ from bridgelm.cli.fields import Flag, add_fields, build, field_comments
 from bridgelm.demo.pipeline import DemoConfig
 
 # The sizes a user may set; every other one is the preset's (DemoConfig(), or DemoConfig.quick() with --quick).
-SETTABLE = ("seeds", "sft_per_seed", "threads", "workers")
+SETTABLE = ("seeds", "sft_per_seed", "bf16", "threads", "workers")
 
 
 def _cmd_demo(args) -> None:

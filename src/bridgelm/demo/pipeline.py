@@ -65,8 +65,10 @@ class DemoConfig:
     rl_lr: float = 1e-4  # constant after 10% warm-up (the paper: 1e-6 for 1.5B-8B models)
     rl_beta: float = 1e-3  # KL weight (paper: 1e-3)
     rl_block_lr: float | None = None  # lr of the added blocks in RL (None: rl_lr, as in the paper)
-    bf16: bool = True  # bf16 autocast of the SFT and RL forwards (fp32 weights and optimiser; 1.6x faster on CPU),
-    # and sampling (warm-up data, RL rollouts, evaluation) with bf16 weights (1.3-1.5x faster)
+    bf16: bool | None = None  # bf16 autocast of pre-training, SFT and RL forwards (fp32 weights and optimiser; 1.6x
+    # faster on a CPU with AVX-512 BF16), and sampling (warm-up data, RL rollouts, evaluation) with bf16 weights
+    # (1.3-1.5x faster); None: as the folder's earlier stages, else bf16 where its matmul is at least as fast as
+    # fp32's (measured at the start: on CPUs without bf16 instructions it is about 100x slower), else fp32
     max_new_tokens: int = 56  # the longest worked solution (5 numbers) is 49 tokens with its EOS
     temperature: float = 0.6  # paper: 0.6 for training and evaluation
     top_p: float = 0.95  # evaluation nucleus (paper: 0.95)
@@ -487,6 +489,9 @@ def run_demo(out: str | Path, cfg: DemoConfig, quick: bool = False, log=print) -
         torch.set_num_threads(cfg.threads)
     peaks = matmul_peaks()
     log(f"this machine now: fp32 matmul {peaks['fp32_tflops']} TFLOP/s, bf16 {peaks['bf16_tflops']} TFLOP/s")
+    bf16, why = choose_bf16(cfg, peaks, out)
+    cfg = replace(cfg, bf16=bf16, base=replace(cfg.base, bf16=bf16))
+    log(f"precision: {'bf16 forwards (fp32 weights in training)' if bf16 else 'fp32'}, {why}")
     stages = Stages(log, out / "timings.json", out / "peaks.json", peaks, logs=out / "logs")
     settings = {"quick": quick, **asdict(cfg)}
     write_json(out / "demo.json", settings)
@@ -559,6 +564,27 @@ def run_demo(out: str | Path, cfg: DemoConfig, quick: bool = False, log=print) -
     report = write_demo_report(out, cfg, dirs, stages.timings, quick, stages.peaks)
     log(f"[report] {report}")
     return report
+
+
+def choose_bf16(cfg: DemoConfig, peaks: dict, out: Path) -> tuple[bool, str]:
+    """Whether the demo's forwards run in bf16 (`DemoConfig.bf16`), and why: as asked; else as the folder's earlier
+    stages (demo.json), so that a re-run skips them and its runs stay alike; else bf16 where this machine's measured
+    bf16 matmul peak is at least its fp32 one (CPUs without AVX-512 BF16 or AMX run bf16 matmuls ~100x slower)."""
+    if cfg.bf16 is not None:
+        return cfg.bf16, "as asked"
+    saved = out / "demo.json"
+    if saved.is_file() and (out / "base").exists():
+        before = json.loads(saved.read_text()).get("bf16")
+        if isinstance(before, bool):
+            return (
+                before,
+                f"as this folder's earlier stages ({saved}; --bf16 or --no-bf16 with another --out to change)",
+            )
+    fast = peaks["bf16_tflops"] >= peaks["fp32_tflops"]
+    return fast, (
+        f"this machine's bf16 matmul peak is {'at least' if fast else 'below'} its fp32 one "
+        f"({peaks['bf16_tflops']} against {peaks['fp32_tflops']} TFLOP/s; --bf16 or --no-bf16 to choose)"
+    )
 
 
 def check_sft_layout(out: Path, cfg: DemoConfig) -> None:

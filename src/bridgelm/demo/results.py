@@ -518,7 +518,8 @@ def write_demo_report(out: Path, cfg, dirs: RunDirs, timings: dict, quick: bool,
         "",
         f"Task: {task_text(cfg)}, {cfg.eval_problems} held-out test problems, {cfg.eval_n} samples each at "
         f"temperature {cfg.temperature}, top-p {cfg.top_p}; RL over {ctl['seeds']} seed(s). Machine: {machine}; "
-        f"matmul peak measured when the stages ran: {_peaks_text(peaks)}. Stage times (s): {json.dumps(timings)}.",
+        f"matmul peak measured when the stages ran: {_peaks_text(peaks)}. {_precision_text(cfg)} "
+        f"Stage times (s): {json.dumps(timings)}.",
         "",
         "## Accuracy and set metrics (layout of the paper's Table 1)",
         "",
@@ -589,6 +590,12 @@ def _peaks_text(peaks: list[dict]) -> str:
             text += f" (stages {', '.join(p.get('stages', []))})"
         parts.append(text + _wall_text(p))
     return "; ".join(parts)
+
+
+def _precision_text(cfg) -> str:
+    if cfg.bf16:
+        return "Forwards in bf16: autocast in training (fp32 weights and optimiser), bf16 weights in sampling."
+    return "Forwards in fp32 (numbers differ from a bf16 run's by rounding, as any change of precision makes them)."
 
 
 def _wall_text(peak: dict) -> str:
