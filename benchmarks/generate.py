@@ -423,6 +423,13 @@ def main() -> None:
     use_smollm2 = args.smollm2 is not False and missing is None
     peaks: dict[str, list[float]] = {}
     measure_peaks(peaks, args.matmul_size, device)
+    if "bfloat16" in dtypes and peaks["bfloat16"][0] < peaks["float32"][0] / 4:
+        print(
+            f"warning: this machine's bf16 matmul runs at {peaks['bfloat16'][0] / 1e12:.4f} TFLOP/s against fp32's "
+            f"{peaks['float32'][0] / 1e12:.4f} (a CPU without bf16 instructions): the bfloat16 runs will be slow; "
+            "--dtypes float32 leaves them out",
+            flush=True,
+        )
     bandwidth = copy_bandwidth(device, mib=64 if args.quick else 1024)
     results = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({os.cpu_count()} cores)",
