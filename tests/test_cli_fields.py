@@ -25,7 +25,7 @@ COMMANDS = {
     "demo": (
         DemoConfig,
         [],
-        {f.name for f in dataclasses.fields(DemoConfig)} - {"seeds", "sft_per_seed", "threads", "workers"},
+        {f.name for f in dataclasses.fields(DemoConfig)} - {"seeds", "sft_per_seed", "bf16", "threads", "workers"},
     ),
 }
 
