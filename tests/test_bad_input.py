@@ -570,3 +570,23 @@ def test_a_cut_weights_index_is_one_line(tmp_path, capsys):
     index.write_bytes(index.read_bytes()[:40])
     line = _fails(capsys, ["generate", "--model", tmp_path / "m", "--prompt", "1=", "--out", tmp_path / "s.jsonl"])
     assert f"{index} is unreadable" in line and "weight_map written by save_pretrained" in line
+
+
+def test_training_in_bf16_on_a_cpu_without_bf16_instructions_is_warned(tmp_path, capsys, monkeypatch):
+    """sft/rl --bf16 and rl --rollout-dtype bfloat16 on an AVX2-only CPU (bf16 matmuls ~100x slower) are warned
+    before the model loads (here a missing one, so that nothing trains)."""
+    import torch
+
+    from bridgelm import packed
+
+    monkeypatch.setattr(packed, "dtypes", lambda: (torch.float32,))
+    data = _jsonl(tmp_path / "d.jsonl", [{"question": "1+1", "answer": "#### 2"}])
+    missing = tmp_path / "no-model"
+    _fails(capsys, ["sft", "--model", missing, "--data", data, "--bf16", "--out", tmp_path / "s"])
+    assert "bridgelm sft: warning: --bf16 on this CPU, which has no bf16 matmul instructions" in _fails.stderr
+    rl = ["rl", "--model", missing, "--task", "gsm8k", "--data", data, "--out", tmp_path / "r"]
+    _fails(capsys, [*rl, "--rollout-dtype", "bfloat16"])
+    assert "bridgelm rl: warning: --rollout-dtype bfloat16 on this CPU" in _fails.stderr
+    assert "--bf16 on" not in _fails.stderr
+    _fails(capsys, rl)
+    assert "warning" not in _fails.stderr

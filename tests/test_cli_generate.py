@@ -114,3 +114,32 @@ def test_read_records_refuses_a_malformed_middle_line(tmp_path):
     path.write_text('{"a": 1}\n{"a": \n{"a": 3}\n')
     with pytest.raises(ValueError, match="f.jsonl, line 2"):
         read_records(path)
+
+
+@pytest.mark.parametrize("has_bf16", [True, False])
+def test_bf16_on_a_cpu_without_bf16_instructions_is_warned(tmp_path, capsys, monkeypatch, has_bf16):
+    """An AVX2-only CPU runs bf16 matmuls ~100x slower than float32: --dtype bfloat16 there says so, and still runs."""
+    import warnings
+
+    import torch
+
+    from bridgelm import packed
+    from bridgelm.cli.common import warn_slow_bf16
+    from bridgelm.errors import DataWarning
+
+    monkeypatch.setattr(packed, "dtypes", lambda: (torch.float32, torch.bfloat16) if has_bf16 else (torch.float32,))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        warn_slow_bf16(torch.bfloat16, "cpu")
+        warn_slow_bf16(torch.float32, "cpu")  # never warned
+        warn_slow_bf16(torch.bfloat16, "cuda")  # a GPU: not this CPU's business
+    assert [w.category for w in caught] == ([] if has_bf16 else [DataWarning])
+    if has_bf16:
+        return
+    save_tiny_model_dir(tmp_path / "m")  # the command line: one line on stderr, and the samples are written
+    out = tmp_path / "s.jsonl"
+    argv = ["--model", str(tmp_path / "m"), "--prompts", str(_prompts(tmp_path, ["1+2="])), "--n", "2", "--width", "1"]
+    main(["generate", *argv, "--max-new-tokens", "3", "--dtype", "bfloat16", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert "bridgelm generate: warning: --dtype bfloat16 on this CPU, which has no bf16 matmul instructions" in err
+    assert len(read_records(out)) == 1

@@ -11,8 +11,17 @@ from __future__ import annotations
 import argparse
 import os
 
+import torch
+
 from bridgelm.blocks import KINDS, PLACEMENTS, BlockConfig
-from bridgelm.cli.common import add_model_args, check_out, dtype_of, load_model_and_tokenizer, load_tokenizer
+from bridgelm.cli.common import (
+    add_model_args,
+    check_out,
+    dtype_of,
+    load_model_and_tokenizer,
+    load_tokenizer,
+    warn_slow_bf16,
+)
 from bridgelm.cli.fields import Flag, add_fields, build
 from bridgelm.errors import UserError
 from bridgelm.sampling import SamplingConfig
@@ -65,6 +74,8 @@ def _cmd_sft(args) -> None:
     cfg = build(SFTConfig, args)
     cfg.validate()
     check_out(args.out, "dir")
+    warn_slow_bf16(torch.bfloat16 if cfg.bf16 else None, args.device, "--bf16")
+    warn_slow_bf16(dtype_of(args.dtype), args.device)
     model = load_model(args.model, dtype=dtype_of(args.dtype), device=args.device)
     tokenizer = load_tokenizer(args.model)
     try:
@@ -93,6 +104,8 @@ def _cmd_rl(args) -> None:
     check_out(args.out, "dir")
     task = _load_task(args.task, args.data, args.split)
     val_task = _load_task(args.val_task, args.val_data, args.val_split) if args.val_task else None
+    warn_slow_bf16(torch.bfloat16 if cfg.bf16 else None, args.device, "--bf16")
+    warn_slow_bf16(dtype_of(cfg.rollout_dtype) if cfg.rollout_dtype else None, args.device, "--rollout-dtype bfloat16")
     model, tokenizer = load_model_and_tokenizer(args)
     have = bridgelm.block_config(model)
     if args.no_blocks and have is not None:
