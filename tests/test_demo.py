@@ -45,11 +45,15 @@ def test_quick_demo_runs_every_stage_and_resumes(tmp_path, capsys):
     assert set(results["rlvr_gain"]) == {"mean", "low", "high"}
     assert "foreign siblings" in text and "Departures from the paper" in text
     assert results["matmul_peak"]["fp32_tflops"] > 0
-    peak = results["matmul_peak"]  # the precision follows the measured peaks, and the report says which it is
-    assert results["settings"]["bf16"] is (peak["bf16_tflops"] >= peak["fp32_tflops"])
+    peak = results["matmul_peak"]  # the precision follows the measured peaks, and the report says which and why
+    from bridgelm.demo.pipeline import BF16_MARGIN
+
+    assert results["settings"]["bf16"] is (peak["bf16_tflops"] >= BF16_MARGIN * peak["fp32_tflops"])
     assert results["settings"]["base"]["bf16"] is results["settings"]["bf16"]
+    assert results["precision"]["bf16"] is results["settings"]["bf16"]
+    assert "bf16 matmul peak is" in results["precision"]["why"]
     assert ("Forwards in bf16" if results["settings"]["bf16"] else "Forwards in fp32") in text
-    assert "precision: " in printed
+    assert f"precision: {'bf16' if results['settings']['bf16'] else 'fp32'}" in printed
     ran = results["matmul_peak"]["stages"]  # in the order they finished; the base model first (it runs alone)
     assert ran[0] == "base" and {"warmup", "sft bridge seed 1", "rl bridge seed 1", "trace"} <= set(ran)
     # Each seed warms up its own blocks (drawn from that seed), and RL seed s starts from SFT seed s.
@@ -167,23 +171,39 @@ def test_a_folder_of_another_sft_layout_is_refused(tmp_path):
 
 
 def test_precision_is_bf16_only_where_its_matmul_is_fast(tmp_path):
-    """CPUs without bf16 instructions (AVX2 only) run bf16 matmuls ~100x slower than fp32 ones: the demo picks fp32
-    there, bf16 where it is at least as fast, what the user asked for, and a folder's earlier stages' precision."""
+    """CPUs without AVX-512 (AVX2 only) run bf16 matmuls ~100x slower than fp32 ones: the demo picks fp32 there, bf16
+    where it is clearly faster, what the user asked for, and a folder's earlier stages' precision (refusing the
+    other one, before anything is written)."""
     from bridgelm.demo.pipeline import DemoConfig, choose_bf16
+    from bridgelm.errors import UserError
 
     avx2 = {"fp32_tflops": 0.13, "bf16_tflops": 0.0009}
     avx512 = {"fp32_tflops": 0.22, "bf16_tflops": 0.45}
+    close = {"fp32_tflops": 0.22, "bf16_tflops": 0.3}  # within the margin: fp32, as fast and exact
     assert choose_bf16(DemoConfig(), avx2, tmp_path)[0] is False
-    assert "below its fp32 one (0.0009 against 0.13 TFLOP/s" in choose_bf16(DemoConfig(), avx2, tmp_path)[1]
+    assert "under 1.5x its fp32 one (0.0009 against 0.13 TFLOP/s" in choose_bf16(DemoConfig(), avx2, tmp_path)[1]
     assert choose_bf16(DemoConfig(), avx512, tmp_path)[0] is True
-    assert choose_bf16(DemoConfig(bf16=True), avx2, tmp_path) == (True, "as asked")
-    assert choose_bf16(DemoConfig(bf16=False), avx512, tmp_path) == (False, "as asked")
+    assert choose_bf16(DemoConfig(), close, tmp_path)[0] is False
+    assert choose_bf16(DemoConfig(bf16=True), avx2, tmp_path) == (True, "as asked (--bf16)")
+    assert choose_bf16(DemoConfig(bf16=False), avx512, tmp_path) == (False, "as asked (--no-bf16)")
     (tmp_path / "demo.json").write_text(json.dumps({"bf16": True}))
     assert choose_bf16(DemoConfig(), avx2, tmp_path)[0] is False  # no stage ran yet: the machine decides
-    (tmp_path / "base").mkdir()
+    (tmp_path / "base").mkdir()  # the base model is training: demo.json tells its precision
     kept, why = choose_bf16(DemoConfig(), avx2, tmp_path)
-    assert kept is True and "as this folder's earlier stages" in why
-    assert choose_bf16(DemoConfig(bf16=False), avx2, tmp_path)[0] is False
+    assert kept is True and why == "as this folder's earlier stages (--no-bf16 needs another --out)"
+    # once trained, the base model's own settings tell it, whatever demo.json says
+    (tmp_path / "base" / "pretrain.json").write_text(json.dumps({"config": {"bf16": False}}))
+    assert choose_bf16(DemoConfig(), avx512, tmp_path)[0] is False
+    assert choose_bf16(DemoConfig(bf16=False), avx512, tmp_path)[0] is False
+    with pytest.raises(UserError, match="holds stages made with --no-bf16, not --bf16: use another --out for --bf16"):
+        choose_bf16(DemoConfig(bf16=True), avx512, tmp_path)
+
+
+def test_stages_need_a_resolved_precision(tmp_path):
+    from bridgelm.demo.pipeline import Context, DemoConfig
+
+    with pytest.raises(TypeError, match="resolved DemoConfig.bf16"):
+        Context(out=tmp_path, cfg=DemoConfig(), base_dir=tmp_path, tokenizer=None, train=None, test=None)
 
 
 @pytest.mark.parametrize("per_seed", [True, False])
@@ -198,7 +218,7 @@ def test_rl_seed_starts_from_its_sft_run(tmp_path, monkeypatch, per_seed):
     monkeypatch.setattr(pipeline, "load_blocks", lambda model, path: loaded.append(Path(path)))
     monkeypatch.setattr(bridgelm.train.rl, "train_rl", lambda model, tok, task, cfg, out: trained.append((cfg, out)))
     monkeypatch.setattr(pipeline, "_rl_summary", lambda result: {})
-    cfg = pipeline.DemoConfig(sft_per_seed=per_seed)
+    cfg = pipeline.DemoConfig(sft_per_seed=per_seed, bf16=False)
     ctx = pipeline.Context(out=tmp_path, cfg=cfg, base_dir=tmp_path / "base", tokenizer=None, train=None, test=None)
     for seed in range(cfg.seeds):
         for arm in ("rlvr", "pmatch", "bridge"):

@@ -59,8 +59,8 @@ def load_model_and_tokenizer(args):
 
 
 def warn_slow_bf16(dtype, device, flag: str = "--dtype bfloat16") -> None:
-    """A DataWarning when `flag` asks for bf16 (`dtype`) on a CPU without bf16 matmul instructions (AVX2 only), where
-    it runs some 100x slower than float32 (measured on an AMD EPYC: 0.9-2.9 against 53-176 GFLOP/s)."""
+    """A DataWarning when `flag` asks for bf16 (`dtype`) on a CPU whose oneDNN has no bf16 (AVX2 only, no AVX-512),
+    where it runs some 100x slower than float32 (measured on an AMD EPYC: 0.9-2.9 against 53-176 GFLOP/s)."""
     import warnings
 
     import torch
@@ -70,8 +70,8 @@ def warn_slow_bf16(dtype, device, flag: str = "--dtype bfloat16") -> None:
 
     if dtype == torch.bfloat16 and torch.device(device).type == "cpu" and torch.bfloat16 not in packed.dtypes():
         warnings.warn(
-            f"{flag} on this CPU, which has no bf16 matmul instructions: it runs far slower than float32 here "
-            "(about 100x)",
+            f"{flag} on this CPU, which has no bf16 matmul instructions (AVX2 only): it runs far slower than float32 "
+            "here (about 100x)",
             DataWarning,
             stacklevel=2,
         )

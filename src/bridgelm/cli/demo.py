@@ -45,5 +45,11 @@ def add_commands(sub) -> None:
         )
         for name in SETTABLE
     }
+    preset["bf16"] = Flag(
+        default=argparse.SUPPRESS,
+        help="bf16 forwards (autocast in training, bf16 weights in sampling), or fp32 with --no-bf16 (default: as the "
+        "folder's earlier stages, else bf16 where this machine's bf16 matmul, measured at the start, is at least 1.5x "
+        "as fast as fp32)",
+    )
     add_fields(p, DemoConfig, only=SETTABLE, **preset)
     p.set_defaults(func=_cmd_demo)

@@ -21,6 +21,7 @@ from bridgelm.cli.common import (
     load_model_and_tokenizer,
     positive_int,
     stop_string,
+    warn_slow_bf16,
 )
 from bridgelm.cli.fields import Flag, add_fields, build
 from bridgelm.errors import UserError
@@ -117,6 +118,7 @@ def _cmd_features(args) -> None:
 
     check_out(args.out, "dir")
     check_run_model(args.run, args.model, args.blocks)
+    warn_slow_bf16(dtype_of(args.dtype), args.device)
     model = load_model(args.model, blocks=args.blocks, dtype=dtype_of(args.dtype), device=args.device)
     out = Path(args.out)
     print(f"bridgelm analyze features: {args.sets} response sets of {args.run} -> {out}/features.json, features.png")
@@ -142,6 +144,7 @@ def _cmd_siblings(args) -> None:
         sets = run_response_sets(args.run, args.sets, args.benchmark, args.width, args.max_tokens)
     else:
         sets = warmup_response_sets(args.data, args.sets)
+    warn_slow_bf16(dtype_of(args.dtype), args.device)
     model = load_model(args.model, blocks=args.blocks, dtype=dtype_of(args.dtype), device=args.device)
     out = Path(args.out) / "siblings.json"
     print(f"bridgelm analyze siblings: {len(sets)} response sets of {args.run or args.data} -> {out}")

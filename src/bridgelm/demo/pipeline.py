@@ -316,6 +316,10 @@ class Context:
     train: object  # Task: RL prompts (the first warmup_problems are the warm-up problems)
     test: object  # Task: held-out test problems
 
+    def __post_init__(self):
+        if not isinstance(self.cfg.bf16, bool):  # None would read as fp32 in every stage, whatever run_demo chose
+            raise TypeError(f"Context needs a resolved DemoConfig.bf16 (True or False), not {self.cfg.bf16!r}")
+
     def sampler(self, path, blocks: Path | None = None) -> torch.nn.Module:
         """A model folder (plus a block file) loaded for sampling: in bf16 when `cfg.bf16` (1.3-1.5x faster on CPU),
         else float32."""
@@ -492,8 +496,13 @@ def run_demo(out: str | Path, cfg: DemoConfig, quick: bool = False, log=print) -
     bf16, why = choose_bf16(cfg, peaks, out)
     cfg = replace(cfg, bf16=bf16, base=replace(cfg.base, bf16=bf16))
     log(f"precision: {'bf16 forwards (fp32 weights in training)' if bf16 else 'fp32'}, {why}")
+    if bf16 and peaks["bf16_tflops"] < peaks["fp32_tflops"] / 4:
+        log(
+            f"warning: bf16 matmuls run at {peaks['bf16_tflops']} TFLOP/s here against fp32's {peaks['fp32_tflops']}: "
+            "this demo will take many times longer than in fp32 (--no-bf16, with another --out)"
+        )
     stages = Stages(log, out / "timings.json", out / "peaks.json", peaks, logs=out / "logs")
-    settings = {"quick": quick, **asdict(cfg)}
+    settings = {"quick": quick, **asdict(cfg), "precision": why}
     write_json(out / "demo.json", settings)
 
     # 1. base model (cached by its settings)
@@ -566,23 +575,35 @@ def run_demo(out: str | Path, cfg: DemoConfig, quick: bool = False, log=print) -
     return report
 
 
+BF16_MARGIN = 1.5  # bf16 is chosen where its matmul peak is at least this many times fp32's (near 1x, fp32 is as
+# fast and exact, and a margin keeps noise in the measurement from flipping the choice between runs)
+
+
 def choose_bf16(cfg: DemoConfig, peaks: dict, out: Path) -> tuple[bool, str]:
-    """Whether the demo's forwards run in bf16 (`DemoConfig.bf16`), and why: as asked; else as the folder's earlier
-    stages (demo.json), so that a re-run skips them and its runs stay alike; else bf16 where this machine's measured
-    bf16 matmul peak is at least its fp32 one (CPUs without AVX-512 BF16 or AMX run bf16 matmuls ~100x slower)."""
-    if cfg.bf16 is not None:
-        return cfg.bf16, "as asked"
-    saved = out / "demo.json"
-    if saved.is_file() and (out / "base").exists():
-        before = json.loads(saved.read_text()).get("bf16")
-        if isinstance(before, bool):
-            return (
-                before,
-                f"as this folder's earlier stages ({saved}; --bf16 or --no-bf16 with another --out to change)",
+    """Whether the demo's forwards run in bf16 (`DemoConfig.bf16`), and why: as the folder's earlier stages (its base
+    model's settings, else demo.json while the base model trains), so that a re-run skips them and its runs stay
+    alike (a flag asking for the other precision is refused); else as asked; else bf16 where this machine's bf16
+    matmul peak, measured at the start, is at least BF16_MARGIN times its fp32 one (CPUs without AVX-512 run bf16
+    matmuls ~100x slower than fp32 ones)."""
+    marker, saved = out / "base" / PRETRAIN_FILE, out / "demo.json"
+    made = None
+    if marker.is_file():
+        made = (json.loads(marker.read_text()).get("config") or {}).get("bf16")
+    elif saved.is_file() and (out / "base").exists():
+        made = json.loads(saved.read_text()).get("bf16")
+    flag = {True: "--bf16", False: "--no-bf16"}
+    if isinstance(made, bool):
+        if cfg.bf16 is not None and cfg.bf16 != made:
+            raise UserError(
+                f"{out} holds stages made with {flag[made]}, not {flag[cfg.bf16]}: use another --out for "
+                f"{flag[cfg.bf16]}, or leave the flag out to continue this folder"
             )
-    fast = peaks["bf16_tflops"] >= peaks["fp32_tflops"]
+        return made, f"as this folder's earlier stages ({flag[not made]} needs another --out)"
+    if cfg.bf16 is not None:
+        return cfg.bf16, f"as asked ({flag[cfg.bf16]})"
+    fast = peaks["bf16_tflops"] >= BF16_MARGIN * peaks["fp32_tflops"]
     return fast, (
-        f"this machine's bf16 matmul peak is {'at least' if fast else 'below'} its fp32 one "
+        f"this machine's bf16 matmul peak is {'at least' if fast else 'under'} {BF16_MARGIN}x its fp32 one "
         f"({peaks['bf16_tflops']} against {peaks['fp32_tflops']} TFLOP/s; --bf16 or --no-bf16 to choose)"
     )
 

@@ -490,6 +490,8 @@ def write_demo_report(out: Path, cfg, dirs: RunDirs, timings: dict, quick: bool,
     curves, training_png = training_curves(out, dirs.rl)
     machine = f"{platform.machine()}, {_cpus()} CPU cores, Python {platform.python_version()}"
     trace = json.loads((out / "trace.json").read_text()) if (out / "trace.json").exists() else None
+    settings = json.loads((out / "demo.json").read_text()) if (out / "demo.json").exists() else {}
+    precision = settings.get("precision")  # why the stages ran in cfg.bf16's precision (run_demo's choice)
     results = {
         "seeds": ctl["seeds"],
         "interaction": ctl["interaction"],
@@ -508,7 +510,8 @@ def write_demo_report(out: Path, cfg, dirs: RunDirs, timings: dict, quick: bool,
         "timings_s": timings,
         "quick": quick,
         "machine": machine,
-        "settings": json.loads((out / "demo.json").read_text()) if (out / "demo.json").exists() else {},
+        "settings": settings,
+        "precision": {"bf16": cfg.bf16, "why": precision},
     }
     write_json(out / "results.json", json.loads(json.dumps(results, default=str)))
     figures = ["gpass.png"] + (["widths.png"] if (out / "widths.png").exists() else [])
@@ -518,7 +521,7 @@ def write_demo_report(out: Path, cfg, dirs: RunDirs, timings: dict, quick: bool,
         "",
         f"Task: {task_text(cfg)}, {cfg.eval_problems} held-out test problems, {cfg.eval_n} samples each at "
         f"temperature {cfg.temperature}, top-p {cfg.top_p}; RL over {ctl['seeds']} seed(s). Machine: {machine}; "
-        f"matmul peak measured when the stages ran: {_peaks_text(peaks)}. {_precision_text(cfg)} "
+        f"matmul peak measured when the stages ran: {_peaks_text(peaks)}. {_precision_text(cfg, precision)} "
         f"Stage times (s): {json.dumps(timings)}.",
         "",
         "## Accuracy and set metrics (layout of the paper's Table 1)",
@@ -592,10 +595,14 @@ def _peaks_text(peaks: list[dict]) -> str:
     return "; ".join(parts)
 
 
-def _precision_text(cfg) -> str:
+def _precision_text(cfg, why: str | None) -> str:
+    why = f" ({why})" if why else ""
     if cfg.bf16:
-        return "Forwards in bf16: autocast in training (fp32 weights and optimiser), bf16 weights in sampling."
-    return "Forwards in fp32 (numbers differ from a bf16 run's by rounding, as any change of precision makes them)."
+        return f"Forwards in bf16{why}: autocast in training (fp32 weights and optimiser), bf16 weights in sampling."
+    return (
+        f"Forwards in fp32{why}. A bf16 run gives other numbers: its rounding differs from the first step on, so it "
+        "trains another base model and other runs."
+    )
 
 
 def _wall_text(peak: dict) -> str:
