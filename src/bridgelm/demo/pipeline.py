@@ -67,8 +67,8 @@ class DemoConfig:
     rl_block_lr: float | None = None  # lr of the added blocks in RL (None: rl_lr, as in the paper)
     bf16: bool | None = None  # bf16 autocast of pre-training, SFT and RL forwards (fp32 weights and optimiser; 1.6x
     # faster on a CPU with AVX-512 BF16), and sampling (warm-up data, RL rollouts, evaluation) with bf16 weights
-    # (1.3-1.5x faster); None: as the folder's earlier stages, else bf16 where its matmul is at least as fast as
-    # fp32's (measured at the start: on CPUs without bf16 instructions it is about 100x slower), else fp32
+    # (1.3-1.5x faster); None: as the folder's earlier stages, else bf16 where its matmul is at least BF16_MARGIN
+    # times as fast as fp32's (measured at the start: on CPUs without AVX-512 it is about 100x slower), else fp32
     max_new_tokens: int = 56  # the longest worked solution (5 numbers) is 49 tokens with its EOS
     temperature: float = 0.6  # paper: 0.6 for training and evaluation
     top_p: float = 0.95  # evaluation nucleus (paper: 0.95)
