@@ -179,9 +179,9 @@ def test_precision_is_bf16_only_where_its_matmul_is_fast(tmp_path):
 
     avx2 = {"fp32_tflops": 0.13, "bf16_tflops": 0.0009}
     avx512 = {"fp32_tflops": 0.22, "bf16_tflops": 0.45}
-    close = {"fp32_tflops": 0.22, "bf16_tflops": 0.3}  # within the margin: fp32, as fast and exact
+    close = {"fp32_tflops": 0.22, "bf16_tflops": 0.25}  # within the margin: fp32, as fast and exact
     assert choose_bf16(DemoConfig(), avx2, tmp_path)[0] is False
-    assert "under 1.5x its fp32 one (0.0009 against 0.13 TFLOP/s" in choose_bf16(DemoConfig(), avx2, tmp_path)[1]
+    assert "under 1.2x its fp32 one (0.0009 against 0.13 TFLOP/s" in choose_bf16(DemoConfig(), avx2, tmp_path)[1]
     assert choose_bf16(DemoConfig(), avx512, tmp_path)[0] is True
     assert choose_bf16(DemoConfig(), close, tmp_path)[0] is False
     assert choose_bf16(DemoConfig(bf16=True), avx2, tmp_path) == (True, "as asked (--bf16)")

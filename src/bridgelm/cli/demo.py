@@ -48,7 +48,7 @@ def add_commands(sub) -> None:
     preset["bf16"] = Flag(
         default=argparse.SUPPRESS,
         help="bf16 forwards (autocast in training, bf16 weights in sampling), or fp32 with --no-bf16 (default: as the "
-        "folder's earlier stages, else bf16 where this machine's bf16 matmul, measured at the start, is at least 1.5x "
+        "folder's earlier stages, else bf16 where this machine's bf16 matmul, measured at the start, is at least 1.2x "
         "as fast as fp32)",
     )
     add_fields(p, DemoConfig, only=SETTABLE, **preset)
