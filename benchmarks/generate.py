@@ -50,7 +50,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
 import bridgelm  # noqa: E402
 from bridgelm import packed  # noqa: E402
-from bridgelm.hardware import copy_bandwidth, matmul_flops  # noqa: E402
+from bridgelm.hardware import bf16_is_slow, copy_bandwidth, matmul_flops  # noqa: E402
 from bridgelm.params import PRESETS  # noqa: E402
 from bridgelm.sampling import SamplingConfig, compile_wins, encode_prompts, generate_ids  # noqa: E402
 
@@ -423,7 +423,7 @@ def main() -> None:
     use_smollm2 = args.smollm2 is not False and missing is None
     peaks: dict[str, list[float]] = {}
     measure_peaks(peaks, args.matmul_size, device)
-    if "bfloat16" in dtypes and peaks["bfloat16"][0] < peaks["float32"][0] / 4:
+    if "bfloat16" in dtypes and bf16_is_slow(peaks["bfloat16"][0], peaks["float32"][0]):
         print(
             f"warning: this machine's bf16 matmul runs at {peaks['bfloat16'][0] / 1e12:.4f} TFLOP/s against fp32's "
             f"{peaks['float32'][0] / 1e12:.4f} (a CPU without bf16 instructions): the bfloat16 runs will be slow; "

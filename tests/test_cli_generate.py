@@ -130,9 +130,9 @@ def test_bf16_on_a_cpu_without_bf16_instructions_is_warned(tmp_path, capsys, mon
     monkeypatch.setattr(packed, "dtypes", lambda: (torch.float32, torch.bfloat16) if has_bf16 else (torch.float32,))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        warn_slow_bf16(torch.bfloat16, "cpu")
-        warn_slow_bf16(torch.float32, "cpu")  # never warned
-        warn_slow_bf16(torch.bfloat16, "cuda")  # a GPU: not this CPU's business
+        warn_slow_bf16(True, "cpu")
+        warn_slow_bf16(False, "cpu")  # float32: never warned
+        warn_slow_bf16(True, "cuda")  # a GPU: not this CPU's business
     assert [w.category for w in caught] == ([] if has_bf16 else [DataWarning])
     if has_bf16:
         return

@@ -34,3 +34,10 @@ def test_the_peak_is_the_fastest_kernel(monkeypatch):
     monkeypatch.setattr(hardware, "_best_seconds", lambda fn, repeats, cuda: timed.append(fn) or next(seconds))
     assert hardware.matmul_flops(torch.float32, n=8) == 2 * 8**3 / 1.0
     assert len(timed) == 2
+
+
+def test_bf16_is_slow_only_far_below_fp32():
+    from bridgelm.hardware import bf16_is_slow
+
+    assert bf16_is_slow(0.9e9, 160e9)  # an AVX2-only CPU (2026-11-25)
+    assert not bf16_is_slow(0.45e12, 0.22e12) and not bf16_is_slow(0.1e12, 0.2e12)  # fast bf16; merely slower

@@ -56,6 +56,15 @@ def copy_bandwidth(device="cpu", mib: int = 1024, repeats: int = 5) -> float:
     return 2 * src.numel() * src.element_size() / _best_seconds(lambda: dst.copy_(src), repeats, src.is_cuda)
 
 
+# bf16 matmuls slower than 1/SLOW_BF16 of fp32's: a CPU without bf16 instructions (an AVX2-only one reads ~0.006).
+SLOW_BF16 = 4
+
+
+def bf16_is_slow(bf16_flops: float, fp32_flops: float) -> bool:
+    """Whether measured bf16 matmuls run so far below fp32's that bf16 work is a trap on this machine."""
+    return bf16_flops < fp32_flops / SLOW_BF16
+
+
 def matmul_peaks(n: int = 1024) -> dict[str, float]:
     """{"fp32_tflops", "bf16_tflops"} of this machine, now."""
     return {

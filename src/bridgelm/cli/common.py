@@ -51,15 +51,20 @@ def load_tokenizer(name: str):
 
 def load_model_and_tokenizer(args):
     """Model (with --blocks) and tokenizer from --model, on --device in --dtype."""
+    return load_model_of(args, args.blocks), load_tokenizer(args.model)
+
+
+def load_model_of(args, blocks: str | None):
+    """The model of --model with the block file `blocks` (None: none), on --device in --dtype; a --dtype bfloat16
+    that this CPU runs slowly is warned first."""
     from bridgelm.attach import load_model
 
-    warn_slow_bf16(dtype_of(args.dtype), args.device)
-    model = load_model(args.model, blocks=args.blocks, dtype=dtype_of(args.dtype), device=args.device)
-    return model, load_tokenizer(args.model)
+    warn_slow_bf16(args.dtype == "bfloat16", args.device)
+    return load_model(args.model, blocks=blocks, dtype=dtype_of(args.dtype), device=args.device)
 
 
-def warn_slow_bf16(dtype, device, flag: str = "--dtype bfloat16") -> None:
-    """A DataWarning when `flag` asks for bf16 (`dtype`) on a CPU whose oneDNN has no bf16 (AVX2 only, no AVX-512),
+def warn_slow_bf16(asked: bool, device, flag: str = "--dtype bfloat16") -> None:
+    """A DataWarning when `flag` asks for bf16 (`asked`) on a CPU whose oneDNN has no bf16 (AVX2 only, no AVX-512),
     where it runs some 100x slower than float32 (measured on an AMD EPYC: 0.9-2.9 against 53-176 GFLOP/s)."""
     import warnings
 
@@ -68,7 +73,7 @@ def warn_slow_bf16(dtype, device, flag: str = "--dtype bfloat16") -> None:
     from bridgelm import packed
     from bridgelm.errors import DataWarning
 
-    if dtype == torch.bfloat16 and torch.device(device).type == "cpu" and torch.bfloat16 not in packed.dtypes():
+    if asked and torch.device(device).type == "cpu" and torch.bfloat16 not in packed.dtypes():
         warnings.warn(
             f"{flag} on this CPU, which has no bf16 matmul instructions (AVX2 only): it runs far slower than float32 "
             "here (about 100x)",

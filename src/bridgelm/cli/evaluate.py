@@ -17,11 +17,10 @@ from pathlib import Path
 from bridgelm.cli.common import (
     add_model_args,
     check_out,
-    dtype_of,
     load_model_and_tokenizer,
+    load_model_of,
     positive_int,
     stop_string,
-    warn_slow_bf16,
 )
 from bridgelm.cli.fields import Flag, add_fields, build
 from bridgelm.errors import UserError
@@ -112,14 +111,12 @@ def _cmd_report(args) -> None:
 
 def _cmd_features(args) -> None:
     from bridgelm.analyze import plot_feature_ratios, run_feature_ratios
-    from bridgelm.attach import load_model
     from bridgelm.evaluate import check_run_model
     from bridgelm.jsonl import write_json
 
     check_out(args.out, "dir")
     check_run_model(args.run, args.model, args.blocks)
-    warn_slow_bf16(dtype_of(args.dtype), args.device)
-    model = load_model(args.model, blocks=args.blocks, dtype=dtype_of(args.dtype), device=args.device)
+    model = load_model_of(args, args.blocks)
     out = Path(args.out)
     print(f"bridgelm analyze features: {args.sets} response sets of {args.run} -> {out}/features.json, features.png")
     result = run_feature_ratios(model, args.run, args.sets, args.benchmark, args.width, args.max_tokens)
@@ -132,7 +129,6 @@ def _cmd_features(args) -> None:
 
 def _cmd_siblings(args) -> None:
     from bridgelm.analyze import run_response_sets, sibling_gain, warmup_response_sets
-    from bridgelm.attach import load_model
     from bridgelm.evaluate import check_run_model
     from bridgelm.jsonl import write_json
 
@@ -144,8 +140,7 @@ def _cmd_siblings(args) -> None:
         sets = run_response_sets(args.run, args.sets, args.benchmark, args.width, args.max_tokens)
     else:
         sets = warmup_response_sets(args.data, args.sets)
-    warn_slow_bf16(dtype_of(args.dtype), args.device)
-    model = load_model(args.model, blocks=args.blocks, dtype=dtype_of(args.dtype), device=args.device)
+    model = load_model_of(args, args.blocks)
     out = Path(args.out) / "siblings.json"
     print(f"bridgelm analyze siblings: {len(sets)} response sets of {args.run or args.data} -> {out}")
     result = sibling_gain(model, sets)

@@ -11,14 +11,12 @@ from __future__ import annotations
 import argparse
 import os
 
-import torch
-
 from bridgelm.blocks import KINDS, PLACEMENTS, BlockConfig
 from bridgelm.cli.common import (
     add_model_args,
     check_out,
-    dtype_of,
     load_model_and_tokenizer,
+    load_model_of,
     load_tokenizer,
     warn_slow_bf16,
 )
@@ -62,7 +60,6 @@ def _cmd_warmup_data(args) -> None:
 
 
 def _cmd_sft(args) -> None:
-    from bridgelm.attach import load_model
     from bridgelm.dist import teardown_distributed
     from bridgelm.train.sft import train_sft
 
@@ -74,9 +71,8 @@ def _cmd_sft(args) -> None:
     cfg = build(SFTConfig, args)
     cfg.validate()
     check_out(args.out, "dir")
-    warn_slow_bf16(torch.bfloat16 if cfg.bf16 else None, args.device, "--bf16")
-    warn_slow_bf16(dtype_of(args.dtype), args.device)
-    model = load_model(args.model, dtype=dtype_of(args.dtype), device=args.device)
+    warn_slow_bf16(cfg.bf16, args.device, "--bf16")
+    model = load_model_of(args, None)  # its blocks are added by train_sft (--add)
     tokenizer = load_tokenizer(args.model)
     try:
         res = train_sft(model, tokenizer, args.data, cfg, args.out)
@@ -104,8 +100,8 @@ def _cmd_rl(args) -> None:
     check_out(args.out, "dir")
     task = _load_task(args.task, args.data, args.split)
     val_task = _load_task(args.val_task, args.val_data, args.val_split) if args.val_task else None
-    warn_slow_bf16(torch.bfloat16 if cfg.bf16 else None, args.device, "--bf16")
-    warn_slow_bf16(dtype_of(cfg.rollout_dtype) if cfg.rollout_dtype else None, args.device, "--rollout-dtype bfloat16")
+    warn_slow_bf16(cfg.bf16, args.device, "--bf16")
+    warn_slow_bf16(cfg.rollout_dtype == "bfloat16", args.device, "--rollout-dtype bfloat16")
     model, tokenizer = load_model_and_tokenizer(args)
     have = bridgelm.block_config(model)
     if args.no_blocks and have is not None:

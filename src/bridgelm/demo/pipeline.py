@@ -483,7 +483,7 @@ def stage_trace(ctx: Context, seed: int = TRACE_SEED) -> dict:
 
 def run_demo(out: str | Path, cfg: DemoConfig, quick: bool = False, log=print) -> Path:
     """Every stage of the miniature pipeline into `out`; returns the path of report.md."""
-    from bridgelm.hardware import matmul_peaks
+    from bridgelm.hardware import bf16_is_slow, matmul_peaks
     from bridgelm.tokenizer import load_tokenizer
 
     out = Path(out)
@@ -496,7 +496,7 @@ def run_demo(out: str | Path, cfg: DemoConfig, quick: bool = False, log=print) -
     bf16, why = choose_bf16(cfg, peaks, out)
     cfg = replace(cfg, bf16=bf16, base=replace(cfg.base, bf16=bf16))
     log(f"precision: {'bf16 forwards (fp32 weights in training)' if bf16 else 'fp32'}, {why}")
-    if bf16 and peaks["bf16_tflops"] < peaks["fp32_tflops"] / 4:
+    if bf16 and bf16_is_slow(peaks["bf16_tflops"], peaks["fp32_tflops"]):
         log(
             f"warning: bf16 matmuls run at {peaks['bf16_tflops']} TFLOP/s here against fp32's {peaks['fp32_tflops']}: "
             "this demo will take many times longer than in fp32 (--no-bf16, with another --out)"
