@@ -10,15 +10,17 @@ How the figures are made to hold from run to run:
   drift of the machine's speed cancels; the JSON gives the median over repeats and the interquartile range
   (`*_iqr` = q75 - q25) beside each;
 - the matmul peak of this machine (a large square matmul, fp32 and bf16, the fastest of ATen's and oneDNN's with a
-  packed weight: `bridgelm.hardware.matmul_kernels`) is measured in the same run, before and
+  packed weight: `bridgelm.hardware.matmul_kernels`; a smaller one for a dtype too slow to time in 30 s, such as bf16
+  on a CPU without bf16 instructions: `peak_matmul_sizes`) is measured in the same run, before and
   after the engines (the larger of the two counts), and each engine is reported against its compute roofline:
   tok/s divided by peak FLOP/s / (2 x parameters) (parameters that take part in a matmul per token: all of them
   for a tied embedding; attention over the cache is left out, a few % at these lengths).
 - the engine's compiled decode step (`--compile`, default: where it wins, see bridgelm.sampling) is compiled
   before timing; its compile time is reported apart (`compile_seconds`).
 
-Top-level JSON keys (the first --dtypes entry, bf16 by default): bridge_over_plain, plain_over_hf,
-plain_over_roofline (medians) and *_iqr beside each; per dtype and per model under "random_30m" and "smollm2".
+Top-level JSON keys (the first --dtypes entry: bf16 by default, fp32 where bf16 matmuls are slow):
+bridge_over_plain, plain_over_hf, plain_over_roofline (medians) and *_iqr beside each; per dtype and per model under
+"random_30m" and "smollm2".
 
     python benchmarks/generate.py --json                  # the full run (quiet machine; ~15 min on 2 CPU cores)
     python benchmarks/generate.py --quick --json          # tiny sizes: checks that everything runs (~1 min)
@@ -50,7 +52,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
 import bridgelm  # noqa: E402
 from bridgelm import packed  # noqa: E402
-from bridgelm.hardware import bf16_is_slow, copy_bandwidth, matmul_flops  # noqa: E402
+from bridgelm.hardware import bf16_is_slow, copy_bandwidth, matmul_flops, matmul_size  # noqa: E402
 from bridgelm.params import PRESETS  # noqa: E402
 from bridgelm.sampling import SamplingConfig, compile_wins, encode_prompts, generate_ids  # noqa: E402
 
@@ -350,9 +352,18 @@ def add_rooflines(out: dict, peak: float, bandwidth: float) -> None:
         out[key], out[f"{key}_iqr"], out[f"{key}_quartiles"] = q["median"], q["iqr"], [q["q25"], q["q75"]]
 
 
-def measure_peaks(peaks: dict, size: int, device) -> None:
+PEAK_SECONDS = 30  # at most about this long per dtype and measurement: a slow dtype's peak is taken at a smaller size
+
+
+def measure_peaks(peaks: dict, size: int, device, sizes: dict[str, int] | None = None) -> dict[str, int]:
+    """Appends each dtype's matmul FLOP/s to peaks[name], timed at sizes[name] when given, else at `size` or smaller
+    for a dtype too slow to time at it (bf16 on a CPU without bf16 instructions); returns the sizes."""
+    sizes = dict(sizes or {})
     for name, dtype in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
-        peaks.setdefault(name, []).append(matmul_flops(dtype, size, device=device))
+        if name not in sizes:
+            sizes[name] = matmul_size(dtype, size, device=device, max_seconds=PEAK_SECONDS)
+        peaks.setdefault(name, []).append(matmul_flops(dtype, sizes[name], device=device))
+    return sizes
 
 
 def gsm8k_questions(count: int) -> list[str]:
@@ -371,7 +382,12 @@ def gsm8k_questions(count: int) -> list[str]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dtypes", default="bfloat16,float32", help="comma-separated; the first gives the top-level keys")
+    ap.add_argument(
+        "--dtypes",
+        default=None,
+        help="comma-separated; the first gives the top-level keys (default: bfloat16,float32; float32 alone where "
+        "bf16 matmuls are slow)",
+    )
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--n", type=int, default=8)
@@ -414,7 +430,6 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     transformers.utils.logging.disable_progress_bar()
     device = torch.device(args.device)
-    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     from bridgelm.pretrained import load_smollm2, smollm2_missing
 
     missing = smollm2_missing()
@@ -422,14 +437,19 @@ def main() -> None:
         sys.exit(missing)
     use_smollm2 = args.smollm2 is not False and missing is None
     peaks: dict[str, list[float]] = {}
-    measure_peaks(peaks, args.matmul_size, device)
-    if "bfloat16" in dtypes and bf16_is_slow(peaks["bfloat16"][0], peaks["float32"][0]):
-        print(
-            f"warning: this machine's bf16 matmul runs at {peaks['bfloat16'][0] / 1e12:.4f} TFLOP/s against fp32's "
-            f"{peaks['float32'][0] / 1e12:.4f} (a CPU without bf16 instructions): the bfloat16 runs will be slow; "
-            "--dtypes float32 leaves them out",
-            flush=True,
-        )
+    sizes = measure_peaks(peaks, args.matmul_size, device)
+    slow = bf16_is_slow(peaks["bfloat16"][0], peaks["float32"][0])
+    speeds = (
+        f"this machine's bf16 matmul runs at {peaks['bfloat16'][0] / 1e12:.4f} TFLOP/s (n={sizes['bfloat16']}) against "
+        f"fp32's {peaks['float32'][0] / 1e12:.4f} (n={sizes['float32']}), a CPU without bf16 instructions"
+    )
+    if args.dtypes is None:
+        args.dtypes = "float32" if slow else "bfloat16,float32"
+        if slow:
+            print(f"{speeds}: float32 only (--dtypes bfloat16,float32 asks for both)", flush=True)
+    elif slow and "bfloat16" in args.dtypes:
+        print(f"warning: {speeds}: the bfloat16 runs will be slow; --dtypes float32 leaves them out", flush=True)
+    dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     bandwidth = copy_bandwidth(device, mib=64 if args.quick else 1024)
     results = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({os.cpu_count()} cores)",
@@ -496,8 +516,9 @@ def main() -> None:
         for w in widths:
             print(f"  Bridge width {w:2d} (n={args.scaling_n}, {dtypes[0]}): {scaling[str(w)]} tok/s", flush=True)
         results["width_scaling"] = scaling
-    measure_peaks(peaks, args.matmul_size, device)
+    measure_peaks(peaks, args.matmul_size, device, sizes)
     results["peaks_tflops"] = {k: [round(v / 1e12, 4) for v in vs] for k, vs in peaks.items()}  # before, after
+    results["peak_matmul_sizes"] = sizes  # the side of the square matmul each dtype's peak was timed at
     results["copy_gb_per_s"] = round(bandwidth / 1e9, 1)
     sections = ["random_30m", "smollm2"] + [f"random_{shape}" for shape in shapes]
     for section in sections:

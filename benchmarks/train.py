@@ -4,14 +4,14 @@
 batch, beta=1e-3, token-level "dapo" loss) on the ~30M random Qwen2 of benchmarks/generate.py without blocks:
 bridgelm's `train_rl` against TRL's `GRPOTrainer` on the same model, prompts, lengths and reward. The first step of
 each is a warm-up; seconds per step are averaged over the next `--repeats`. ours_over_trl = trl / ours (goal >= 3).
-(b) SFT warm-up of Bridge blocks on the same model: tokens/s and model FLOPs utilisation against a bf16 matmul
-timed in the same run (goal >= 0.5). Model FLOPs per token (frozen base, blocks trained): forward 2*P_body
-(+ 2*V*D on response tokens for the head, + causal attention), the same again for the activation gradients, and
-2*P_blocks for the block weight gradients.
+(b) SFT warm-up of Bridge blocks on the same model: tokens/s and model FLOPs utilisation against a matmul of the
+run's dtype timed in the same run (goal >= 0.5, in bf16). Model FLOPs per token (frozen base, blocks trained):
+forward 2*P_body (+ 2*V*D on response tokens for the head, + causal attention), the same again for the activation
+gradients, and 2*P_blocks for the block weight gradients.
 
 Everything is offline: a word-level tokenizer with 24000 ids built on the spot, random prompts, a cheap reward.
 
-    python benchmarks/train.py [--dtype bfloat16] [--repeats 2] [--json]
+    python benchmarks/train.py [--dtype bfloat16] [--repeats 2] [--json]   # default dtype: bf16, fp32 where it is slow
     python benchmarks/train.py --quick          # tiny settings: checks that everything runs
 """
 
@@ -34,7 +34,7 @@ import torch  # noqa: E402
 from generate import bench_model  # noqa: E402
 
 import bridgelm  # noqa: E402
-from bridgelm.hardware import matmul_flops  # noqa: E402
+from bridgelm.hardware import bf16_is_slow, matmul_flops, matmul_peaks  # noqa: E402
 from bridgelm.tasks.base import Task  # noqa: E402
 from bridgelm.tokenizer import load_tokenizer  # noqa: E402
 from bridgelm.train.rl import RLConfig, train_rl  # noqa: E402
@@ -221,12 +221,12 @@ def run_sft(model_dir: Path, args, out: Path, dtype) -> dict:
     attention = 2 * L * S * D  # causal QK^T and AV, per token, forward (half of 4*L*S*D)
     forward = (2 * body + attention) * total + 2 * V * D * resp
     flops = 2 * forward + 2 * blocks * total  # + activation gradients, + block weight gradients
-    peak = matmul_flops(torch.bfloat16, args.matmul_size, device=args.device)
+    peak = matmul_flops(dtype, args.matmul_size, device=args.device, max_seconds=30)  # the peak of the run's dtype
     return {
         "tokens_per_s": round(total / seconds, 1),
         "response_tokens_per_s": round(resp / seconds, 1),
         "model_tflops": round(flops / seconds / 1e12, 4),
-        "bf16_matmul_tflops": round(peak / 1e12, 4),
+        f"{'bf16' if dtype == torch.bfloat16 else 'fp32'}_matmul_tflops": round(peak / 1e12, 4),
         "mfu": round(flops / seconds / peak, 3),
         "steps_timed": len(timed),
     }
@@ -234,7 +234,12 @@ def run_sft(model_dir: Path, args, out: Path, dtype) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    ap.add_argument(
+        "--dtype",
+        default=None,
+        choices=["bfloat16", "float32"],
+        help="default: bfloat16, or float32 where this machine's bf16 matmuls are slow (a CPU without bf16)",
+    )
     ap.add_argument("--prompts", type=int, default=8, help="P")
     ap.add_argument("--rollouts", type=int, default=8, help="G")
     ap.add_argument("--width", type=int, default=4, help="w")
@@ -259,6 +264,15 @@ def main() -> None:
         layers = 2
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.dtype is None:
+        peaks = matmul_peaks() if args.device == "cpu" else None
+        slow = peaks is not None and bf16_is_slow(peaks["bf16_tflops"] * 1e12, peaks["fp32_tflops"] * 1e12)
+        args.dtype = "float32" if slow else "bfloat16"
+        if slow:
+            print(
+                f"this machine's bf16 matmul runs at {peaks['bf16_tflops']} TFLOP/s against fp32's "
+                f"{peaks['fp32_tflops']} (a CPU without bf16 instructions): float32 (--dtype bfloat16 asks for bf16)"
+            )
     dtype = getattr(torch, args.dtype)
     results = {
         "device": torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else "cpu",

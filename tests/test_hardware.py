@@ -41,3 +41,21 @@ def test_bf16_is_slow_only_far_below_fp32():
 
     assert bf16_is_slow(0.9e9, 160e9)  # an AVX2-only CPU (2026-11-25)
     assert not bf16_is_slow(0.45e12, 0.22e12) and not bf16_is_slow(0.1e12, 0.2e12)  # fast bf16; merely slower
+
+
+def test_a_slow_dtype_peak_is_timed_at_a_smaller_size(monkeypatch):
+    """matmul_size shrinks the matmul where its calls would pass max_seconds (bf16 on an AVX2-only CPU), not
+    elsewhere; matmul_flops times at that size."""
+    sides = []
+    rate = {"flops": 1e9}  # the fake kernel's speed
+    monkeypatch.setattr(hardware, "matmul_kernels", lambda a, b: {"k": lambda: sides.append(a.shape[0])})
+    monkeypatch.setattr(hardware, "_best_seconds", lambda fn, repeats, cuda: fn() or 2 * sides[-1] ** 3 / rate["flops"])
+    # 1 GFLOP/s: 6 calls at n = 512 take 1.6 s, at n = 1024 12.9 s
+    assert hardware.matmul_size(torch.float32, 1024, max_seconds=2.0) == 512
+    assert hardware.matmul_size(torch.float32, 1024, max_seconds=20.0) == 1024
+    assert hardware.matmul_size(torch.float32, 1024) == 1024  # no limit asked
+    sides.clear()
+    assert hardware.matmul_flops(torch.float32, 1024, max_seconds=2.0) == pytest.approx(1e9)
+    assert sides[-1] == 512
+    rate["flops"] = 1e11  # fast: the full size
+    assert hardware.matmul_size(torch.float32, 1024, max_seconds=2.0) == 1024

@@ -40,11 +40,37 @@ def matmul_kernels(a: torch.Tensor, b: torch.Tensor) -> dict[str, Callable[[], t
     return kernels
 
 
-def matmul_flops(dtype: torch.dtype = torch.float32, n: int = 1024, repeats: int = 5, device="cpu") -> float:
+def _square(n: int, dtype: torch.dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.randn(n, n, device=device).to(dtype), torch.randn(n, n, device=device).to(dtype)
+
+
+def matmul_size(
+    dtype: torch.dtype, n: int, repeats: int = 5, device="cpu", max_seconds: float | None = None, smallest: int = 128
+) -> int:
+    """The side of the square matmul that `matmul_flops` times: `n`, or, where `dtype` is so slow that its
+    `repeats` + 1 calls of every kernel would take more than about `max_seconds`, the largest of `smallest`,
+    2 x `smallest`, 4 x ... below n that fits (one call of each kernel at each size on the way, timed, predicts the
+    next size's at 8x). bf16 on a CPU without bf16 instructions runs ~100x slower than fp32: its peak at n = 4096
+    would take an hour there, at n = 1024 a dozen seconds."""
+    if max_seconds is None or n <= smallest:
+        return n
+    m = smallest
+    while m < n:
+        a, b = _square(m, dtype, device)
+        per_call = sum(_best_seconds(fn, 1, a.is_cuda) for fn in matmul_kernels(a, b).values())
+        if per_call * min(n / m, 2) ** 3 * (repeats + 1) > max_seconds:
+            return m
+        m *= 2
+    return n
+
+
+def matmul_flops(
+    dtype: torch.dtype = torch.float32, n: int = 1024, repeats: int = 5, device="cpu", max_seconds: float | None = None
+) -> float:
     """FLOP/s of a square n x n matmul in `dtype`: the best of `repeats` timed runs (after one warm-up) of the
-    fastest of `matmul_kernels`."""
-    a = torch.randn(n, n, device=device).to(dtype)
-    b = torch.randn(n, n, device=device).to(dtype)
+    fastest of `matmul_kernels`. With `max_seconds`, n shrinks where the dtype is slow (`matmul_size`)."""
+    n = matmul_size(dtype, n, repeats, device, max_seconds)
+    a, b = _square(n, dtype, device)
     seconds = min(_best_seconds(fn, repeats, a.is_cuda) for fn in matmul_kernels(a, b).values())
     return 2 * n**3 / seconds
 
@@ -65,10 +91,10 @@ def bf16_is_slow(bf16_flops: float, fp32_flops: float) -> bool:
     return bf16_flops < fp32_flops / SLOW_BF16
 
 
-def matmul_peaks(n: int = 1024) -> dict[str, float]:
-    """{"fp32_tflops", "bf16_tflops"} of this machine, now."""
+def matmul_peaks(n: int = 1024, max_seconds: float = 2.0) -> dict[str, float]:
+    """{"fp32_tflops", "bf16_tflops"} of this machine, now (a slow dtype's at a smaller n: `matmul_size`)."""
     return {
-        "fp32_tflops": round(matmul_flops(torch.float32, n) / 1e12, 4),
-        "bf16_tflops": round(matmul_flops(torch.bfloat16, n) / 1e12, 4),
+        "fp32_tflops": round(matmul_flops(torch.float32, n, max_seconds=max_seconds) / 1e12, 4),
+        "bf16_tflops": round(matmul_flops(torch.bfloat16, n, max_seconds=max_seconds) / 1e12, 4),
         "kernels": "fastest of ATen and packed oneDNN",  # peaks before 2026-11-23 timed ATen's matmul alone
     }
