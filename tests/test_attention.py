@@ -88,10 +88,12 @@ def test_bf16_matmul_attention_is_as_close_to_float64_as_sdpa():
 
 def test_switch_is_used_for_bf16_on_cpu_and_restored(monkeypatch):
     """Inside fast_attention a bf16 Qwen2 computes its attention with the matmuls (and the same logits as sdpa),
-    float32 calls go to sdpa, and the model's setting is back afterwards, also after an error."""
+    float32 calls go to sdpa, and the model's setting is back afterwards, also after an error. On a CPU without
+    bf16 instructions bf16 keeps sdpa too."""
     calls = []
     real = attention.matmul_attention
     monkeypatch.setattr(attention, "matmul_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(attention, "cpu_half_matmuls", lambda dtype: True)  # a CPU with AVX-512 BF16, say
     model = bridgelm.add_bridge(tiny_model(dtype=torch.bfloat16))
     ids = torch.randint(7, 97, (3, 9), generator=torch.Generator().manual_seed(2))
     mask = torch.ones_like(ids)
@@ -115,6 +117,18 @@ def test_switch_is_used_for_bf16_on_cpu_and_restored(monkeypatch):
     with fast_attention(fp32):
         fp32(input_ids=ids, attention_mask=mask)
     assert calls == []  # float32: the fused kernel is as fast (benchmarks/attention.py)
+    monkeypatch.setattr(attention, "cpu_half_matmuls", lambda dtype: False)  # an AVX2-only CPU
+    bf16 = tiny_model(dtype=torch.bfloat16)
+    with fast_attention(bf16):
+        assert bf16.config._attn_implementation == "sdpa"
+        bf16(input_ids=ids, attention_mask=mask)
+    assert calls == []
+
+
+def test_half_matmuls_are_those_of_the_cpus_onednn():
+    assert attention.cpu_half_matmuls(torch.bfloat16) == torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    assert attention.cpu_half_matmuls(torch.float16) == torch.ops.mkldnn._is_mkldnn_fp16_supported()
+    assert not attention.cpu_half_matmuls(torch.float32)
 
 
 def test_trainer_forward_under_autocast_uses_it_and_keeps_gradients(monkeypatch):
@@ -123,6 +137,7 @@ def test_trainer_forward_under_autocast_uses_it_and_keeps_gradients(monkeypatch)
     calls = []
     real = attention.matmul_attention
     monkeypatch.setattr(attention, "matmul_attention", lambda *a, **k: calls.append(on) or real(*a, **k))
+    monkeypatch.setattr(attention, "cpu_half_matmuls", lambda dtype: True)  # a CPU with AVX-512 BF16, say
     torch.manual_seed(3)
     model = bridgelm.add_bridge(tiny_model())
     rows = [Row([5, 6, 7], [8, 9, 10, 2], 0), Row([5, 6, 7], [11, 2], 0), Row([9, 9], [12, 13, 14, 15, 2], 1)]

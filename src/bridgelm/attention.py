@@ -11,7 +11,8 @@ of a key/value head stacked on that head (grouped-query attention without repeat
 
 `fast_attention(model)` is a context that points a model using "sdpa" at it (transformers' attention registry,
 name "bridgelm_sdpa"; its masks are sdpa's), and puts the model back on exit. Inside, the calls it does not win or
-cover go to transformers' sdpa unchanged: on CPU float32 and rows of more than MAX_KEYS keys, on CUDA every call
+cover go to transformers' sdpa unchanged: on CPU float32, half precision without the CPU's instructions for it
+(`cpu_half_matmuls`) and rows of more than MAX_KEYS keys, on CUDA every call
 with more than one query per row (training and prefill, where the fused kernels win), anywhere dropout,
 soft-capping and attention sinks. The engine (`bridgelm.sampling`) and the trainers' grouped forwards
 (`bridgelm.train.batches`) use it.
@@ -20,6 +21,7 @@ soft-capping and attention sinks. The engine (`bridgelm.sampling`) and the train
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 from transformers import AttentionInterface
@@ -33,6 +35,17 @@ NAME = "bridgelm_sdpa"  # the name under which transformers finds `attention`
 # as fast (0.85-1.1x), so float32 stays with it.
 MAX_KEYS = 128
 HALF = (torch.bfloat16, torch.float16)
+
+
+@functools.cache
+def cpu_half_matmuls(dtype: torch.dtype) -> bool:
+    """Whether this CPU has instructions for `dtype` matmuls (oneDNN's AVX-512 BF16/FP16 or AMX kernels). Without them
+    (an AVX2-only CPU) a bf16 matmul runs 20-200x slower than a float32 one, and the fused kernel, which computes in
+    float32 inside, beats the two matmuls 3-8x (benchmarks/attention.py on an AMD EPYC with AVX2 only, 2026-11-25):
+    the matmul path is for CPUs that have them."""
+    if dtype == torch.bfloat16:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return dtype == torch.float16 and bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
 
 
 def matmul_attention(
@@ -90,7 +103,7 @@ def _covered(query, key, value, attention_mask, dropout, kwargs) -> bool:
         return False
     dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else query.dtype  # autocast: its
     # dtype (the rotary embedding hands float32 queries to an attention that autocast runs in bf16)
-    return dtype in HALF and (decode or key.shape[2] <= MAX_KEYS)
+    return dtype in HALF and cpu_half_matmuls(dtype) and (decode or key.shape[2] <= MAX_KEYS)
 
 
 def attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None, **kw):
@@ -111,7 +124,8 @@ ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, sdpa_mask)
 def wins(model) -> bool:
     """Whether `fast_attention` switches `model`: it uses transformers' sdpa, it does not recompute activations in
     the backward (that recomputation runs after the context, with sdpa), and its weights are on a CUDA GPU or on
-    the CPU in half precision or under CPU bf16/fp16 autocast (float32 keeps the fused kernel there)."""
+        the CPU in half precision or under CPU bf16/fp16 autocast, on a CPU with instructions for it (float32, and half
+    precision on an AVX2-only CPU, keep the fused kernel there)."""
     config = getattr(model, "config", None)
     if config is None or getattr(config, "_attn_implementation", None) != "sdpa":
         return False
@@ -123,7 +137,8 @@ def wins(model) -> bool:
     if param is None or param.device.type != "cpu":
         return False
     autocast = torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") in HALF
-    return param.dtype in HALF or autocast
+    dtype = torch.get_autocast_dtype("cpu") if autocast else param.dtype
+    return dtype in HALF and cpu_half_matmuls(dtype)
 
 
 def _configs(config) -> list:
