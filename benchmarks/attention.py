@@ -19,7 +19,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from bridgelm.attention import matmul_attention
+from bridgelm.attention import cpu_half_matmuls, matmul_attention
 
 DECODE = [  # (rows B, heads H, KV heads, head dim D, cache length L)
     (64, 16, 4, 32, 128),  # benchmarks/generate.py's random 30M model
@@ -100,10 +100,19 @@ def measure(shape, dtype, train: bool, repeats: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument(
+        "--dtypes",
+        default=None,
+        help="comma-separated (default: bfloat16,float32; float32 alone on a CPU without bf16)",
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     args = ap.parse_args()
+    if args.dtypes is None:
+        args.dtypes = "bfloat16,float32" if cpu_half_matmuls(torch.bfloat16) else "float32"
+        if args.dtypes == "float32":
+            print("this CPU has no bf16 instructions (bf16 matmuls ~100x slower than fp32): float32 only", flush=True)
     out = {}
-    for dtype in (torch.bfloat16, torch.float32):
+    for dtype in [getattr(torch, d.strip()) for d in args.dtypes.split(",") if d.strip()]:
         name = str(dtype).removeprefix("torch.")
         for kind, shapes in (("decode", DECODE), ("train", TRAIN)):
             rows = out.setdefault(f"{kind}_{name}", [])
