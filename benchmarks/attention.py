@@ -19,7 +19,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from bridgelm.attention import cpu_half_matmuls, matmul_attention
+from bridgelm.attention import matmul_attention
+from bridgelm.packed import half_instructions
 
 DECODE = [  # (rows B, heads H, KV heads, head dim D, cache length L)
     (64, 16, 4, 32, 128),  # benchmarks/generate.py's random 30M model
@@ -108,7 +109,7 @@ def main() -> None:
     ap.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     args = ap.parse_args()
     if args.dtypes is None:
-        args.dtypes = "bfloat16,float32" if cpu_half_matmuls(torch.bfloat16) else "float32"
+        args.dtypes = "bfloat16,float32" if half_instructions(torch.bfloat16) else "float32"
         if args.dtypes == "float32":
             print("this CPU has no bf16 instructions (bf16 matmuls ~100x slower than fp32): float32 only", flush=True)
     out = {}

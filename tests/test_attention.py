@@ -7,7 +7,7 @@ from conftest import tiny_model
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import bridgelm
-from bridgelm import attention
+from bridgelm import attention, packed
 from bridgelm.attention import fast_attention, matmul_attention
 from bridgelm.train.batches import Row, forward_logits, pack_rows
 
@@ -93,7 +93,7 @@ def test_switch_is_used_for_bf16_on_cpu_and_restored(monkeypatch):
     calls = []
     real = attention.matmul_attention
     monkeypatch.setattr(attention, "matmul_attention", lambda *a, **k: calls.append(1) or real(*a, **k))
-    monkeypatch.setattr(attention, "cpu_half_matmuls", lambda dtype: True)  # a CPU with AVX-512 BF16, say
+    monkeypatch.setattr(packed, "half_instructions", lambda dtype: True)  # a CPU with AVX-512 BF16, say
     model = bridgelm.add_bridge(tiny_model(dtype=torch.bfloat16))
     ids = torch.randint(7, 97, (3, 9), generator=torch.Generator().manual_seed(2))
     mask = torch.ones_like(ids)
@@ -117,7 +117,7 @@ def test_switch_is_used_for_bf16_on_cpu_and_restored(monkeypatch):
     with fast_attention(fp32):
         fp32(input_ids=ids, attention_mask=mask)
     assert calls == []  # float32: the fused kernel is as fast (benchmarks/attention.py)
-    monkeypatch.setattr(attention, "cpu_half_matmuls", lambda dtype: False)  # an AVX2-only CPU
+    monkeypatch.setattr(packed, "half_instructions", lambda dtype: False)  # an AVX2-only CPU
     bf16 = tiny_model(dtype=torch.bfloat16)
     with fast_attention(bf16):
         assert bf16.config._attn_implementation == "sdpa"
@@ -126,9 +126,9 @@ def test_switch_is_used_for_bf16_on_cpu_and_restored(monkeypatch):
 
 
 def test_half_matmuls_are_those_of_the_cpus_onednn():
-    assert attention.cpu_half_matmuls(torch.bfloat16) == torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    assert attention.cpu_half_matmuls(torch.float16) == torch.ops.mkldnn._is_mkldnn_fp16_supported()
-    assert not attention.cpu_half_matmuls(torch.float32)
+    assert packed.half_instructions(torch.bfloat16) == torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    assert packed.half_instructions(torch.float16) == torch.ops.mkldnn._is_mkldnn_fp16_supported()
+    assert not packed.half_instructions(torch.float32)
 
 
 def test_trainer_forward_under_autocast_uses_it_and_keeps_gradients(monkeypatch):
@@ -137,7 +137,7 @@ def test_trainer_forward_under_autocast_uses_it_and_keeps_gradients(monkeypatch)
     calls = []
     real = attention.matmul_attention
     monkeypatch.setattr(attention, "matmul_attention", lambda *a, **k: calls.append(on) or real(*a, **k))
-    monkeypatch.setattr(attention, "cpu_half_matmuls", lambda dtype: True)  # a CPU with AVX-512 BF16, say
+    monkeypatch.setattr(packed, "half_instructions", lambda dtype: True)  # a CPU with AVX-512 BF16, say
     torch.manual_seed(3)
     model = bridgelm.add_bridge(tiny_model())
     rows = [Row([5, 6, 7], [8, 9, 10, 2], 0), Row([5, 6, 7], [11, 2], 0), Row([9, 9], [12, 13, 14, 15, 2], 1)]

@@ -575,11 +575,10 @@ def test_a_cut_weights_index_is_one_line(tmp_path, capsys):
 def test_training_in_bf16_on_a_cpu_without_bf16_instructions_is_warned(tmp_path, capsys, monkeypatch):
     """sft/rl --bf16 and rl --rollout-dtype bfloat16 on an AVX2-only CPU (bf16 matmuls ~100x slower) are warned
     before the model loads (here a missing one, so that nothing trains)."""
-    import torch
 
     from bridgelm import packed
 
-    monkeypatch.setattr(packed, "dtypes", lambda: (torch.float32,))
+    monkeypatch.setattr(packed, "half_instructions", lambda dtype: False)
     data = _jsonl(tmp_path / "d.jsonl", [{"question": "1+1", "answer": "#### 2"}])
     missing = tmp_path / "no-model"
     _fails(capsys, ["sft", "--model", missing, "--data", data, "--bf16", "--out", tmp_path / "s"])

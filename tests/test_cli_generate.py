@@ -121,13 +121,11 @@ def test_bf16_on_a_cpu_without_bf16_instructions_is_warned(tmp_path, capsys, mon
     """An AVX2-only CPU runs bf16 matmuls ~100x slower than float32: --dtype bfloat16 there says so, and still runs."""
     import warnings
 
-    import torch
-
     from bridgelm import packed
     from bridgelm.cli.common import warn_slow_bf16
     from bridgelm.errors import DataWarning
 
-    monkeypatch.setattr(packed, "dtypes", lambda: (torch.float32, torch.bfloat16) if has_bf16 else (torch.float32,))
+    monkeypatch.setattr(packed, "half_instructions", lambda dtype: has_bf16)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         warn_slow_bf16(True, "cpu")

@@ -12,21 +12,22 @@ of a key/value head stacked on that head (grouped-query attention without repeat
 `fast_attention(model)` is a context that points a model using "sdpa" at it (transformers' attention registry,
 name "bridgelm_sdpa"; its masks are sdpa's), and puts the model back on exit. Inside, the calls it does not win or
 cover go to transformers' sdpa unchanged: on CPU float32, half precision without the CPU's instructions for it
-(`cpu_half_matmuls`) and rows of more than MAX_KEYS keys, on CUDA every call
-with more than one query per row (training and prefill, where the fused kernels win), anywhere dropout,
-soft-capping and attention sinks. The engine (`bridgelm.sampling`) and the trainers' grouped forwards
-(`bridgelm.train.batches`) use it.
+(`packed.half_instructions`; on an AVX2-only CPU the fused kernel, float32 inside, beats the two bf16 matmuls 3-8x)
+and rows of more than MAX_KEYS keys, on CUDA every call with more than one query per row (training and prefill,
+where the fused kernels win), anywhere dropout, soft-capping and attention sinks. The engine (`bridgelm.sampling`)
+and the trainers' grouped forwards (`bridgelm.train.batches`) use it.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 
 import torch
 from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+from bridgelm import packed
 
 NAME = "bridgelm_sdpa"  # the name under which transformers finds `attention`
 # Where the matmul path wins on CPU (benchmarks/attention.py, 2 cores): half-precision queries, either one query
@@ -35,17 +36,6 @@ NAME = "bridgelm_sdpa"  # the name under which transformers finds `attention`
 # as fast (0.85-1.1x), so float32 stays with it.
 MAX_KEYS = 128
 HALF = (torch.bfloat16, torch.float16)
-
-
-@functools.cache
-def cpu_half_matmuls(dtype: torch.dtype) -> bool:
-    """Whether this CPU has instructions for `dtype` matmuls (oneDNN's AVX-512 BF16/FP16 or AMX kernels). Without them
-    (an AVX2-only CPU) a bf16 matmul runs 20-200x slower than a float32 one, and the fused kernel, which computes in
-    float32 inside, beats the two matmuls 3-8x (benchmarks/attention.py on an AMD EPYC with AVX2 only, 2026-11-25):
-    the matmul path is for CPUs that have them."""
-    if dtype == torch.bfloat16:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    return dtype == torch.float16 and bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
 
 
 def matmul_attention(
@@ -103,7 +93,7 @@ def _covered(query, key, value, attention_mask, dropout, kwargs) -> bool:
         return False
     dtype = torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else query.dtype  # autocast: its
     # dtype (the rotary embedding hands float32 queries to an attention that autocast runs in bf16)
-    return dtype in HALF and cpu_half_matmuls(dtype) and (decode or key.shape[2] <= MAX_KEYS)
+    return dtype in HALF and packed.half_instructions(dtype) and (decode or key.shape[2] <= MAX_KEYS)
 
 
 def attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None, **kw):
@@ -138,7 +128,7 @@ def wins(model) -> bool:
         return False
     autocast = torch.is_autocast_enabled("cpu") and torch.get_autocast_dtype("cpu") in HALF
     dtype = torch.get_autocast_dtype("cpu") if autocast else param.dtype
-    return dtype in HALF and cpu_half_matmuls(dtype)
+    return dtype in HALF and packed.half_instructions(dtype)
 
 
 def _configs(config) -> list:

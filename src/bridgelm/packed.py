@@ -21,6 +21,7 @@ lasts, so models above MAX_BYTES of linear weights are left alone.
 from __future__ import annotations
 
 import contextlib
+import functools
 import platform
 from functools import partial
 
@@ -28,6 +29,15 @@ import torch
 from torch import nn
 
 MAX_BYTES = 2 * 2**30  # pack at most this many bytes of linear weights (the packed copy doubles them)
+
+
+@functools.cache
+def half_instructions(dtype: torch.dtype) -> bool:
+    """Whether this CPU has instructions for `dtype` (bfloat16 / float16) matmuls: oneDNN's AVX-512 BF16/FP16 or AMX
+    kernels. Without them (an AVX2-only CPU) a bf16 matmul runs 20-200x slower than a float32 one."""
+    if dtype == torch.bfloat16:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return dtype == torch.float16 and bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
 
 
 def dtypes() -> tuple[torch.dtype, ...]:
@@ -38,7 +48,7 @@ def dtypes() -> tuple[torch.dtype, ...]:
     if not (mkldnn.enabled and mkldnn.is_available()):
         return ()
     out = (torch.float32,) if platform.machine().lower() in ("x86_64", "amd64") else ()
-    return out + ((torch.bfloat16,) if torch.ops.mkldnn._is_mkldnn_bf16_supported() else ())
+    return out + ((torch.bfloat16,) if half_instructions(torch.bfloat16) else ())
 
 
 def _packable(module: nn.Module, kinds: tuple[torch.dtype, ...]) -> bool:

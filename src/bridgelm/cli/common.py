@@ -73,7 +73,7 @@ def warn_slow_bf16(asked: bool, device, flag: str = "--dtype bfloat16") -> None:
     from bridgelm import packed
     from bridgelm.errors import DataWarning
 
-    if asked and torch.device(device).type == "cpu" and torch.bfloat16 not in packed.dtypes():
+    if asked and torch.device(device).type == "cpu" and not packed.half_instructions(torch.bfloat16):
         warnings.warn(
             f"{flag} on this CPU, which has no bf16 matmul instructions (AVX2 only): it runs far slower than float32 "
             "here (about 100x)",
