@@ -33,7 +33,7 @@ def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("models")
     save_tiny_model_dir(root / "m")
     save_tiny_model_dir(root / "mb", blocks="bridge")
-    for name in ("cut", "trunc", "shape", "noweights", "badtype", "notok"):
+    for name in ("cut", "trunc", "shape", "noweights", "badtype", "notok", "strtype"):
         shutil.copytree(root / "m", root / name)
     (root / "noweights" / "model.safetensors").unlink()
     for file in (root / "notok").glob("*token*"):
@@ -46,6 +46,7 @@ def models(tmp_path_factory):
     shape["intermediate_size"] = 96  # the weights were saved with 128
     (root / "shape" / "config.json").write_text(json.dumps(shape))
     (root / "badtype" / "config.json").write_text(json.dumps({**json.loads(config), "model_type": "nosuchmodel"}))
+    (root / "strtype" / "config.json").write_text(json.dumps({**json.loads(config), "hidden_size": "64"}))
     return root
 
 
@@ -100,6 +101,16 @@ def test_generate_refuses_to_resume_with_other_prompts(models, tmp_path, capsys)
         ]
     )
     assert [r["index"] for r in read_records(out)] == [0, 1, 2]
+
+
+def test_generate_resumes_from_another_spelling_of_the_model_folder(models, tmp_path, monkeypatch):
+    """The model is recorded as its absolute folder: `m`, `./m` and /abs/m are one model (they were refused)."""
+    monkeypatch.chdir(models)
+    out = tmp_path / "s.jsonl"
+    args = ["generate", "--n", "2", "--max-new-tokens", "2", "--out", out]
+    main([str(a) for a in [*args, "--model", "m", "--prompt", "1+2="]])
+    main([str(a) for a in [*args, "--model", "./m", "--prompt", "1+2="]])  # nothing left to sample: no error
+    assert [r["settings"]["model"] for r in read_records(out)] == [str(models / "m")]
 
 
 @pytest.mark.parametrize(
@@ -194,6 +205,48 @@ def test_commands_refuse_an_empty_problem_before_loading_the_model(tmp_path, cap
     assert not out.exists()
 
 
+@pytest.mark.parametrize(
+    "command, flags, expected",
+    [
+        ("rl", ["--lr", "nan"], "lr=nan: expected a finite number > 0"),
+        ("rl", ["--lr", "-1"], "lr=-1.0: expected a finite number > 0"),
+        ("rl", ["--block-lr", "inf"], "block_lr=inf: expected a finite number > 0"),
+        ("rl", ["--block-lr", "-1"], "block_lr=-1.0: expected a finite number > 0"),
+        ("rl", ["--beta", "nan"], "beta=nan: expected a finite number >= 0"),
+        ("rl", ["--clip-eps", "nan"], "clip_eps=nan: expected a finite number > 0"),
+        ("rl", ["--max-grad-norm", "nan"], "max_grad_norm=nan: expected a finite number (<= 0: no clipping)"),
+        ("rl", ["--weight-decay", "-5"], "weight_decay=-5.0: expected a finite number >= 0"),
+        ("rl", ["--temperature", "nan"], "temperature=nan: expected a finite number > 0"),
+        ("rl", ["--temperature", "1e-45"], "temperature=1e-45: expected at least 1e-06"),
+        ("rl", ["--top-p", "5"], "top_p=5.0: expected a finite number in (0, 1]"),
+        # the validation's settings, refused before training instead of after it, by their own names
+        ("rl", ["--eval-temperature", "-1"], "eval_temperature=-1.0: expected a finite number >= 0 (0 = greedy)"),
+        ("rl", ["--eval-top-p", "5"], "eval_top_p=5.0: expected a finite number in (0, 1]"),
+        ("rl", ["--eval-n", "0"], "eval_n=0 must be a positive integer"),
+        ("rl", ["--eval-width", "0"], "eval_width=0 must be a positive integer"),
+        ("sft", ["--lr", "nan"], "lr=nan: expected a finite number > 0"),
+        ("sft", ["--lr", "inf"], "lr=inf: expected a finite number > 0"),
+        ("sft", ["--weight-decay", "-5"], "weight_decay=-5.0: expected a finite number >= 0"),
+        ("sft", ["--max-grad-norm", "nan"], "max_grad_norm=nan: expected a finite number (<= 0: no clipping)"),
+        ("sft", ["--val-count", "-1"], "val_count=-1 must be >= 0"),
+        ("generate", ["--temperature", "1e-45"], "temperature=1e-45: expected 0 (greedy) or at least 1e-06"),
+        ("generate", ["--top-p", "nan"], "top_p=nan: expected a finite number in (0, 1]"),
+    ],
+)
+def test_training_and_sampling_numbers_that_cannot_work(tmp_path, capsys, command, flags, expected):
+    """NaN, infinite, negative and too small values are refused before the model loads: they once trained to NaN
+    (exit 0), or crashed inside torch's optimiser, or (the validation's settings) threw a finished run away."""
+    out = tmp_path / ("s.jsonl" if command == "generate" else "out")
+    args = {
+        "rl": ["--task", "arith"],
+        "sft": ["--data", tmp_path / "w.jsonl"],
+        "generate": ["--prompt", "1+1="],
+    }[command]
+    line = _fails(capsys, [command, "--model", tmp_path / "no-model", *args, *flags, "--out", out])
+    assert expected in line
+    assert not out.exists()
+
+
 def test_a_repeated_problem_is_warned_about(tmp_path, capsys):
     path = _jsonl(tmp_path / "d.jsonl", [{"problem": p, "answer": str(eval(p))} for p in ("1+1", "2+2", "1+1", "1+1")])
     with pytest.warns(DataWarning, match="d.jsonl repeats problems: row 3 repeats row 1, row 4 repeats row 1"):
@@ -239,6 +292,10 @@ def _model_cases(root: Path, tmp: Path):
         (["--model", root / "m", "--device", "gpu0"], "device 'gpu0' is not a device name"),
         (["--model", root / "noweights"], f"model folder {root / 'noweights'} has config.json but no weights file"),
         (["--model", root / "badtype"], "cannot read its config: The checkpoint you are trying to load has model type"),
+        (  # once a traceback of transformers' strict config checks
+            ["--model", root / "strtype"],
+            "its config.json does not describe a valid model: TypeError: Field 'hidden_size' expected int, got str",
+        ),
         (["--model", root / "mb", "--blocks", tmp / "b.safetensors"], "has bridge blocks of its own (recorded in its"),
         (
             ["--model", root / "notok"],
@@ -247,7 +304,7 @@ def _model_cases(root: Path, tmp: Path):
     ]
 
 
-@pytest.mark.parametrize("case", range(11))
+@pytest.mark.parametrize("case", range(12))
 def test_models_and_devices_that_cannot_work(models, tmp_path, capsys, case):
     flags, expected = _model_cases(models, tmp_path)[case]
     out = tmp_path / "s.jsonl"

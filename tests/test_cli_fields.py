@@ -114,7 +114,10 @@ def test_kept_spellings_mean_the_same_fields():
         (["rl", "--model", "m", "--task", "t", "--out", "o", "--lr", "fast"], "argument --lr: invalid float value"),
         (["sft", "--model", "m", "--data", "d", "--out", "o", "--placement", "middle"], "argument --placement"),
         (["eval", "--model", "m", "--out", "o", "--widths", "1,x"], "--widths entry 'x' is not an integer"),
-        (["generate", "--model", "m", "--prompt", "x", "--out", "o", "--top-p", "2"], "top_p=2.0 must be in (0, 1]"),
+        (
+            ["generate", "--model", "m", "--prompt", "x", "--out", "o", "--top-p", "2"],
+            "top_p=2.0: expected a finite number in (0, 1]",
+        ),
         (["sft", "--model", "m", "--data", "d", "--out", "o", "--min-width", "1"], "expected 2 <= min_width"),
         (["demo", "--seeds", "0"], "--seeds 0 must be >= 1"),
         (["warmup-data", "--model", "m", "--task", "t", "--out", "o", "--limit", "0"], "--limit 0 must be a positive"),

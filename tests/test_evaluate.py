@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ import bridgelm
 from bridgelm import evaluate as E
 from bridgelm import score as S
 from bridgelm.cli import main
+from bridgelm.errors import UserError
 from bridgelm.jsonl import read_records
 from bridgelm.tokenizer import char_tokenizer
 
@@ -220,6 +222,18 @@ def test_overlapping_or_missing_problems_are_reported(tmp_path, model_tok):
         S.score_run(run, progress=False)
     result = S.score_run(run, allow_partial=True, progress=False)
     assert result["benchmarks"]["toy"]["2"]["problems"] == 2 and result["benchmarks"]["toy"]["2"]["missing"] == [1]
+    # the report says that the row is partial (it once showed its figures like a whole run's)
+    from bridgelm.report import build_report, render_markdown
+
+    report = build_report([str(run)])
+    assert report["runs"]["run"]["missing"] == {"toy": 1}
+    assert "(**partial run**: toy: 1 problems not sampled)" in render_markdown(report)
+    # a damaged metrics.json is one line that says how to write it again (it was a JSONDecodeError or a TypeError)
+    metrics = run / S.METRICS_FILE
+    for damage, expected in (('{"format": ', "is not valid JSON"), ("[]", "is not a metrics.json of bridgelm")):
+        metrics.write_text(damage)
+        with pytest.raises(UserError, match=re.escape(expected) + ".*`bridgelm score .*` writes it again"):
+            build_report([str(run)])
 
 
 def _torchrun() -> list[str]:

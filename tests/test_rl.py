@@ -422,7 +422,7 @@ def test_errors(tmp_path):
         train_rl(policy(), TOK, TASK, replace(CFG, eval_every=5), tmp_path / "e")
     with pytest.raises(ValueError, match=r"rollouts=1 must be >= 2"):
         train_rl(policy(), TOK, TASK, replace(CFG, rollouts=1, width=1), tmp_path / "g")
-    with pytest.raises(ValueError, match=r"^clip_eps=-0.2 must be > 0$"):
+    with pytest.raises(ValueError, match=r"^clip_eps=-0.2: expected a finite number > 0$"):
         train_rl(policy(), TOK, TASK, replace(CFG, clip_eps=-0.2), tmp_path / "c")
     with pytest.raises(ValueError, match=r"width=3 must divide rollouts=4"):
         train_rl(policy(), TOK, TASK, replace(CFG, width=3), tmp_path / "w")
@@ -444,6 +444,10 @@ def test_resume_refuses_another_configuration(tmp_path):
         train_rl(policy(), TOK, TASK, replace(CFG, steps=1, lr=2e-3, resume=True), tmp_path)
     with pytest.raises(ValueError, match="already holds a run"):
         train_rl(policy(), TOK, TASK, replace(CFG, steps=1), tmp_path)
+    # the same number of problems, one of them changed: other training data is refused by its digest
+    other = AddTask(TASK.name, [{**TASK.examples[0], "a": TASK.examples[0]["a"] + 1}, *TASK.examples[1:]])
+    with pytest.raises(ValueError, match=r"digest: saved 'sha256:\w+' vs now 'sha256:\w+'"):
+        train_rl(policy(), TOK, other, replace(CFG, steps=2, resume=True), tmp_path)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == before
     assert len(read_records(tmp_path / "metrics.jsonl")) == 1
 

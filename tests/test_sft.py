@@ -1,6 +1,7 @@
 """Warm-up data and the SFT warm-up of the new blocks on a tiny model."""
 
 import json
+import re
 from dataclasses import dataclass, replace
 
 import pytest
@@ -147,6 +148,13 @@ def test_resume_after_interrupt_is_exact(tmp_path, monkeypatch, capsys):
         assert torch.equal(a, b), name
     with pytest.raises(ValueError, match="lr: saved 0.01 vs now 0.02"):
         train_sft(base_model(), TOK, path, replace(CFG, lr=2e-2, resume=True), tmp_path / "b")
+    # the same file, edited in place (same path, same number of problems): refused by its digest
+    edited = path.read_text().replace('"prompt_ids": [', '"prompt_ids": [6, ', 1)
+    path.with_name("saved.jsonl").write_text(path.read_text())
+    path.write_text(edited)
+    with pytest.raises(ValueError, match=r"digest: saved 'sha256:\w+' vs now 'sha256:\w+'"):
+        train_sft(base_model(), TOK, path, replace(CFG, resume=True), tmp_path / "b")
+    path.write_text(path.with_name("saved.jsonl").read_text())
     capsys.readouterr()
     interrupt_on_call(monkeypatch, sft, "batch_backward", 5)  # in the second epoch: the first one's blocks exist
     with pytest.raises(KeyboardInterrupt):  # a run that resumes by itself (as the demo's do) continues when run again
@@ -192,7 +200,17 @@ def test_data_errors(tmp_path):
     foreign.write_text("".join(json.dumps(r) + "\n" for r in rows))
     with pytest.raises(ValueError, match=r"line 1: the first response's .* by model 'runs/demo/base' at character"):
         train_sft(base_model(), TOK, foreign, CFG, tmp_path / "o7")
-    assert not any((tmp_path / o).exists() for o in ("o1", "o3", "o6", "o7"))
+    # ids outside the model's vocabulary (once an IndexError inside torch.embedding), and negative ones
+    for line, (where, bad_id, expected) in enumerate(
+        [("prompt_ids", 9999, "token id 9999 is outside the model's vocabulary of"), ("prompt_ids", -3, ">= 0")], 1
+    ):
+        rows = [json.loads(x) for x in write_warmup(tmp_path / "w.jsonl").read_text().splitlines()]
+        rows[line][where][0] = bad_id
+        oov = tmp_path / "oov.jsonl"
+        oov.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        with pytest.raises(ValueError, match=rf"line {line + 1}: .*{re.escape(expected)}"):
+            train_sft(base_model(), TOK, oov, CFG, tmp_path / "o8")
+    assert not any((tmp_path / o).exists() for o in ("o1", "o3", "o6", "o7", "o8"))
 
 
 @dataclass
@@ -236,6 +254,9 @@ def test_warmup_data_filters_and_resumes(tmp_path):
     assert again["sampled_now"] == 1 and [r["index"] for r in read_records(out)] == list(range(6))
     with pytest.raises(ValueError, match="other settings"):
         make_warmup_data(base_model(), TOK, task, out, n=8, sampling=sampling, progress=False)
+    other = EvenTask("even", [{"a": i + 1} for i in range(6)])  # another data file of the same task and size
+    with pytest.raises(ValueError, match=r"digest: file 'sha256:\w+' vs now 'sha256:\w+', the data's fingerprint"):
+        make_warmup_data(base_model(), TOK, other, out, n=4, sampling=sampling, progress=False)
     with pytest.raises(ValueError, match="width must be 1"):
         make_warmup_data(base_model(), TOK, task, tmp_path / "x.jsonl", sampling=replace(sampling, n=4, width=2))
 

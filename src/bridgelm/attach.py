@@ -377,11 +377,15 @@ def check_device(device: str | torch.device) -> None:
 def load_config(name_or_path: str, weights: bool = False, **kwargs):
     """A model's config (local folder or hub id), with a folder or id that cannot give one reported as a UserError;
     `weights`: a local folder must hold weights too (see `check_model_folder`)."""
+    from huggingface_hub.errors import StrictDataclassError
     from transformers import AutoConfig
 
     check_model_folder(name_or_path, weights)
     try:
         return AutoConfig.from_pretrained(name_or_path, **kwargs)
+    except StrictDataclassError as err:  # a field of the wrong type or value ("hidden_size": "64", 0 layers)
+        detail = str(err).splitlines()[-1].strip()
+        raise UserError(f"model {name_or_path!r}: its config.json does not describe a valid model: {detail}") from err
     except OSError as err:  # not a folder here, and the hub cannot give it (offline, unknown id, gated)
         raise UserError(
             f"model {name_or_path!r}: no such folder here, and loading it as a Hugging Face hub id failed: "

@@ -16,6 +16,7 @@ command line prints it as `bridgelm <command>: warning: <message>`.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 # Folder of the bridgelm package: exceptions raised by code under it carry our own messages.
@@ -28,6 +29,30 @@ class UserError(ValueError):
 
 class DataWarning(UserWarning):
     """Input accepted, but probably not what was meant."""
+
+
+def check_number(
+    name: str, value, low: float | None = None, high: float | None = None, *, open_low=False, open_high=False, note=""
+) -> None:
+    """ValueError naming `name` unless `value` is a finite real number within [low, high] (None: no bound;
+    `open_low`/`open_high`: the bound itself excluded). NaN and infinities are refused: `nan <= 0` is False, so a
+    plain comparison would let NaN through into a run that then trains to NaN. `note` ends the message."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if ok and low is not None:
+        ok = value > low if open_low else value >= low
+    if ok and high is not None:
+        ok = value < high if open_high else value <= high
+    if ok:
+        return
+    if low is not None and high is not None:
+        bounds = f" in {'(' if open_low else '['}{low}, {high}{')' if open_high else ']'}"
+    elif low is not None:
+        bounds = f" {'>' if open_low else '>='} {low}"
+    elif high is not None:
+        bounds = f" {'<' if open_high else '<='} {high}"
+    else:
+        bounds = ""
+    raise ValueError(f"{name}={value!r}: expected a finite number{bounds}{note}")
 
 
 def show_data_warnings(prog: str):

@@ -25,7 +25,6 @@ Design notes:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -38,7 +37,7 @@ from typing import Any
 from bridgelm.dist import Dist, all_reduce_sum, barrier, unsharded
 from bridgelm.errors import UserError
 from bridgelm.jsonl import append_record, read_records, write_json
-from bridgelm.runs import RUN_FILE, check_settings, run_kind
+from bridgelm.runs import RUN_FILE, check_settings, local_source, run_kind
 from bridgelm.samples import check_stop_strings
 from bridgelm.sampling import Sample, SamplingConfig, encode_prompts, iter_generate, sample_all
 from bridgelm.tasks import Task
@@ -153,19 +152,10 @@ class Benchmark:
 
     def digest(self) -> str:
         """Fingerprint of the prompts and gold answers: a changed data file cannot be mixed into a run."""
-        h = hashlib.sha256()
-        for ex in self.problems:
-            h.update(json.dumps([self.task.prompt(ex), self.task.answer(ex)], ensure_ascii=False).encode())
-        return "sha256:" + h.hexdigest()[:32]
+        return self.task.digest(self.problems)
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "path": self.path, "problems": len(self.problems), "digest": self.digest()}
-
-
-def _source(path: str) -> str:
-    """An existing local path made absolute (runs started from other folders compare equal); others as given."""
-    p = Path(path).expanduser()
-    return str(p.resolve()) if p.exists() else str(path)
 
 
 def load_benchmarks(task_or_name: Task | str, data_paths: Sequence[str] | None = None, limit: int | None = None):
@@ -191,7 +181,7 @@ def load_benchmarks(task_or_name: Task | str, data_paths: Sequence[str] | None =
             for p in paths:
                 src = Path(p).expanduser()
                 name = src.stem if src.suffix else src.name
-                found.append((name, _source(p), tasks.load(task_or_name, p)))
+                found.append((name, local_source(p), tasks.load(task_or_name, p)))
     else:
         raise TypeError(f"task_or_name must be a Task or a task name, got {type(task_or_name).__name__}")
     benches, seen = [], {}
@@ -241,7 +231,7 @@ def read_run(run_dir: str | os.PathLike) -> dict[str, Any]:
 
 def check_run_model(run_dir: str | os.PathLike, model_id: str, blocks: str | None) -> None:
     """UserError unless the run was sampled with this model and these blocks (its token ids fit only them)."""
-    now = {"model": _source(model_id), "blocks": _source(blocks) if blocks else None}
+    now = {"model": local_source(model_id), "blocks": local_source(blocks) if blocks else None}
     check_settings(
         run_dir,
         read_run(run_dir),
@@ -259,8 +249,8 @@ def run_settings(
     """The content of run.json."""
     return {
         "format": FORMAT,
-        "model": _source(model_id),
-        "blocks": _source(blocks) if blocks else None,
+        "model": local_source(model_id),
+        "blocks": local_source(blocks) if blocks else None,
         "task": task_name,
         "data": [b.path for b in benches if b.path is not None],
         "benchmarks": [b.describe() for b in benches],

@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from bridgelm.errors import UserError
 from bridgelm.evaluate import read_run
 from bridgelm.jsonl import write_atomic, write_json
 from bridgelm.score import METRICS_FILE, score_run
@@ -83,8 +84,26 @@ def load_metrics(run_dir: str | os.PathLike) -> dict[str, Any]:
     path = Path(run_dir) / METRICS_FILE
     if not path.is_file():
         read_run(run_dir)  # a clear error when this is not a run at all
-        return score_run(run_dir)
-    return json.loads(path.read_text())
+        result = score_run(run_dir)
+    else:
+        again = f"`bridgelm score {run_dir}` writes it again"
+        try:
+            result = json.loads(path.read_bytes().decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise UserError(f"{path} is not valid JSON ({err}): {again}") from err
+        benchmarks = result.get("benchmarks") if isinstance(result, dict) else None
+        if not (
+            isinstance(result.get("run") if isinstance(result, dict) else None, dict)
+            and isinstance(benchmarks, dict)
+            and all(isinstance(v, dict) and v for v in benchmarks.values())
+        ):
+            raise UserError(
+                f"{path} is not a metrics.json of bridgelm (expected a 'run' object and 'benchmarks' with an entry per "
+                f"width): {again}"
+            )
+    if not result["benchmarks"]:  # scored with allow_partial before any problem was sampled
+        raise UserError(f"{run_dir} has no scored problem yet (metrics.json lists none): sample it first")
+    return result
 
 
 def collect_rows(run_dirs: Sequence[str], names: Sequence[str] | None = None) -> dict[str, dict]:
@@ -558,6 +577,12 @@ def build_report(
                 "widths": {b: v["width"] for b, v in row["benchmarks"].items()},
                 "mean_length": {b: v["widths"][v["width"]]["mean_length"] for b, v in row["benchmarks"].items()},
                 "finished": {b: v["widths"][v["width"]]["finished"] for b, v in row["benchmarks"].items()},
+                # problems a partial run (`bridgelm score --allow-partial`) has not sampled, by benchmark
+                "missing": {
+                    b: n
+                    for b, v in row["benchmarks"].items()
+                    if (n := len(v["widths"][v["width"]].get("missing") or []))
+                },
             }
             for name, row in rows.items()
         },
@@ -591,7 +616,11 @@ def render_markdown(report: dict[str, Any], figures: Sequence[str] = ()) -> str:
     out = ["# Evaluation report", ""]
     for name, run in report["runs"].items():
         widths = ", ".join(f"{b} w={w}" for b, w in run["widths"].items())
-        out.append(f"- **{name}**: {', '.join(run['dirs'])} ({widths})")
+        missing = run.get("missing") or {}
+        partial = "; ".join(f"{b}: {n} problems not sampled" for b, n in missing.items())
+        out.append(
+            f"- **{name}**: {', '.join(run['dirs'])} ({widths})" + (f" (**partial run**: {partial})" if partial else "")
+        )
     differences = report.get("setting_differences") or []
     if differences:
         out += ["", "**Not like for like**: settings that change what the numbers mean differ between rows:", ""]

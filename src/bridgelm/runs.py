@@ -70,11 +70,19 @@ def check_settings(
     for k in keys:
         if saved.get(k) != now.get(k):
             tell = describe.get(k)
-            diffs.append(
-                tell(saved.get(k), now.get(k)) if tell else f"{k}: {saved_as} {saved.get(k)!r} vs now {now.get(k)!r}"
-            )
+            text = tell(saved.get(k), now.get(k)) if tell else f"{k}: {saved_as} {saved.get(k)!r} vs now {now.get(k)!r}"
+            if k == "digest" and not tell:  # the fingerprint of a run's data (Task.digest)
+                text += ", the data's fingerprint: another data file, or one edited since"
+            diffs.append(text)
     if diffs:
         raise UserError(f"{where} was written with other settings ({'; '.join(diffs)}){why}; {fix}")
+
+
+def local_source(path: str | os.PathLike) -> str:
+    """An existing local path made absolute, so that runs started from other folders (`m`, `./m`, `/abs/m`) record
+    the same model or file; anything else (a hub id) as given."""
+    p = Path(path).expanduser()
+    return str(p.resolve()) if p.exists() else str(path)
 
 
 def jsonable(obj: Any) -> Any:

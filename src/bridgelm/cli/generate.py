@@ -8,6 +8,7 @@ from bridgelm.sampling import SamplingConfig
 
 
 def _cmd_generate(args) -> None:
+    from bridgelm.runs import local_source
     from bridgelm.samples import run_settings, sample_to_file
 
     cfg = build(SamplingConfig, args)
@@ -17,7 +18,8 @@ def _cmd_generate(args) -> None:
     check_out(args.out, "file")
     prompts = read_prompts(args.prompts) if args.prompts else [args.prompt]
     model, tokenizer = load_model_and_tokenizer(args)
-    settings = run_settings(cfg, args.model, args.blocks, args.chat, stop=args.stop)
+    blocks = local_source(args.blocks) if args.blocks else None
+    settings = run_settings(cfg, local_source(args.model), blocks, args.chat, stop=args.stop)
     print(f"bridgelm generate: {len(prompts)} prompts x {cfg.n} samples (width {cfg.width}) -> {args.out}")
     source = f"--prompts {args.prompts}" if args.prompts else "--prompt"
     made = sample_to_file(model, tokenizer, prompts, args.out, cfg, settings, args.chat, args.stop, source=source)

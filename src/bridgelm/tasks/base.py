@@ -10,6 +10,7 @@ parses), so a bad row is refused on load, by line, instead of being sampled and 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from collections.abc import Callable, Sequence
@@ -109,6 +110,14 @@ class Task:
     def reward_many(self, pairs: Sequence[tuple[str, dict]]) -> list[float]:
         """Rewards of (completion, example) pairs; the default just loops."""
         return [self.reward(completion, example) for completion, example in pairs]
+
+    def digest(self, examples: Sequence[dict] | None = None) -> str:
+        """Fingerprint of the prompts and gold answers of `examples` (None: all of the task's), recorded by the runs
+        that read them, so that a changed data file cannot be mixed into a run or resume one."""
+        h = hashlib.sha256()
+        for ex in self.examples if examples is None else examples:
+            h.update(json.dumps([self.prompt(ex), self.answer(ex)], ensure_ascii=False).encode())
+        return "sha256:" + h.hexdigest()[:32]
 
 
 def is_local_source(path: str | Path) -> bool:

@@ -50,12 +50,13 @@ import torch
 
 from bridgelm.attach import added_parameters, block_config
 from bridgelm.dist import Dist, all_reduce_sum, prepare_model, setup_distributed, unsharded
+from bridgelm.errors import check_number
 from bridgelm.evaluate import EvalConfig, accuracy
 from bridgelm.grpo import group_advantages, policy_loss, policy_stats
 from bridgelm.jsonl import write_json
 from bridgelm.rng import derive_seed, generator
-from bridgelm.runs import latest_checkpoint
-from bridgelm.sampling import SamplingConfig, encode_prompts, eos_ids, generate_ids, pad_id
+from bridgelm.runs import latest_checkpoint, local_source
+from bridgelm.sampling import SamplingConfig, check_sampling, encode_prompts, eos_ids, generate_ids, pad_id
 from bridgelm.tasks.base import check_rewards, is_correct
 from bridgelm.train.batches import Row, autocast, chunks, pack_rows, response_logprobs, rows_tensor
 from bridgelm.train.optim import gradient_parts, make_optimizer, make_scheduler, optimizer_step
@@ -135,19 +136,32 @@ class RLConfig:
                 f"steps_per_rollout={self.steps_per_rollout} mini-batches need at least one Bridge group each, but a "
                 f"rank holds {self.prompts_per_step // world} prompts x {self.rollouts // self.width} groups = {groups}"
             )
-        if self.temperature <= 0:
-            raise ValueError(f"temperature={self.temperature} must be > 0 for GRPO (log-probs at logits / T)")
-        if self.beta < 0:
-            raise ValueError(f"beta={self.beta} must be >= 0")
+        # GRPO's log-probs are at logits / T: no greedy rollouts. The validation's settings are checked here too, so
+        # that a bad one is refused before training instead of after it.
+        check_sampling(self.temperature, self.top_p, greedy=False)
+        check_sampling(self.eval_temperature, self.eval_top_p, prefix="eval_")
+        check_number("lr", self.lr, 0, open_low=True)
+        if self.block_lr is not None:
+            check_number("block_lr", self.block_lr, 0, open_low=True)
+        check_number("warmup_fraction", self.warmup_fraction, 0, 1, open_high=True)
+        check_number("weight_decay", self.weight_decay, 0)
+        check_number("max_grad_norm", self.max_grad_norm, note=" (<= 0: no clipping)")
+        check_number("beta", self.beta, 0)
         for name in ("clip_eps", "clip_eps_high"):
             value = getattr(self, name)
-            if value is not None and value <= 0:
-                raise ValueError(f"{name}={value} must be > 0")
+            if value is not None:
+                check_number(name, value, 0, open_low=True)
         if self.rollout_dtype is not None:
             if self.rollout_dtype not in ROLLOUT_DTYPES:
                 raise ValueError(f"rollout_dtype={self.rollout_dtype!r}: expected one of {', '.join(ROLLOUT_DTYPES)}")
             if self.fsdp:
                 raise ValueError("rollout_dtype needs fsdp=False: the copy would hold the whole model on every rank")
+        for name in ("eval_n", "eval_width", "eval_max_new_tokens", "eval_limit"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name}={value!r} must be a positive integer")
+        if self.eval_every < 0:
+            raise ValueError(f"eval_every={self.eval_every} must be >= 0 (0: only after the last step)")
         if self.eval_n % self.eval_width:
             raise ValueError(f"eval_width={self.eval_width} must divide eval_n={self.eval_n}")
 
@@ -448,10 +462,11 @@ def _identity(model, task, cfg: RLConfig) -> dict:
     blocks = block_config(model)
     return {
         **settings_of(cfg, FREE_FIELDS),
-        "model": str(getattr(model.config, "_name_or_path", "")),
+        "model": local_source(str(getattr(model.config, "_name_or_path", ""))),
         "blocks": None if blocks is None else asdict(blocks),
         "task": task.name,
         "examples": len(task.examples),
+        "digest": task.digest(),  # the training problems: a resume on other data is refused
         "initial_checksum": _checksum(model),
     }
 

@@ -18,6 +18,8 @@ through the Bridge blocks.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import os
 import time
@@ -28,8 +30,10 @@ import torch
 
 from bridgelm.attach import add_seeded_blocks, added_parameters, block_config, load_blocks, save_blocks
 from bridgelm.dist import Dist, all_reduce_sum, barrier, prepare_model, setup_distributed
+from bridgelm.errors import check_number
 from bridgelm.jsonl import read_records, write_json
 from bridgelm.rng import derive_seed, generator
+from bridgelm.runs import local_source
 from bridgelm.train.batches import Row, autocast, chunks, pack_rows, response_logprobs
 from bridgelm.train.optim import gradient_parts, make_optimizer, make_scheduler, optimizer_step
 from bridgelm.train.run import Run, control_of, settings_of
@@ -75,8 +79,12 @@ class SFTConfig:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
         if not 0.0 <= self.val_fraction < 1.0:
             raise ValueError(f"val_fraction={self.val_fraction} must be in [0, 1)")
-        if self.lr <= 0:
-            raise ValueError(f"lr={self.lr} must be > 0")
+        check_number("lr", self.lr, 0, open_low=True)
+        check_number("warmup_fraction", self.warmup_fraction, 0, 1, open_high=True)
+        check_number("weight_decay", self.weight_decay, 0)
+        check_number("max_grad_norm", self.max_grad_norm, note=" (<= 0: no clipping)")
+        if self.val_count is not None and self.val_count < 0:
+            raise ValueError(f"val_count={self.val_count} must be >= 0 (or None: val_fraction of the problems)")
 
 
 @dataclass
@@ -99,10 +107,19 @@ class SFTResult:
 # ---------------------------------------------------------------------------------------------- data
 
 
-def read_warmup(path: str | os.PathLike, tokenizer=None) -> list[Problem]:
+def warmup_digest(problems: list[Problem]) -> str:
+    """Fingerprint of the warm-up problems' token ids (prompts and responses)."""
+    h = hashlib.sha256()
+    for p in problems:
+        h.update(json.dumps([p.prompt_ids, p.responses]).encode())
+    return "sha256:" + h.hexdigest()[:32]
+
+
+def read_warmup(path: str | os.PathLike, tokenizer=None, vocab_size: int | None = None) -> list[Problem]:
     """Kept problems of a warm-up file, each with >= 2 responses; errors name the file and line. With `tokenizer`
     (the model's that will train on them), the first kept response's token ids must decode to the text sampled
-    with them: ids from another tokenizer would be trained on as if they were this model's."""
+    with them: ids from another tokenizer would be trained on as if they were this model's. With `vocab_size` (the
+    model's embedding rows) every id must be below it."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"warm-up data {path} does not exist")
@@ -117,10 +134,19 @@ def read_warmup(path: str | os.PathLike, tokenizer=None) -> list[Problem]:
             continue
         prompt, responses = rec.get("prompt_ids"), rec.get("responses")
         if not _ids(prompt) or not isinstance(responses, list):
-            raise ValueError(f"{path}, line {number}: a kept problem needs 'prompt_ids' (token ids) and 'responses'")
+            raise ValueError(
+                f"{path}, line {number}: a kept problem needs 'prompt_ids' (token ids >= 0) and 'responses'"
+            )
         ids = [r.get("token_ids") if isinstance(r, dict) else None for r in responses]
         if not all(_ids(t) for t in ids):
-            raise ValueError(f"{path}, line {number}: every response needs non-empty 'token_ids'")
+            raise ValueError(f"{path}, line {number}: every response needs non-empty 'token_ids' (ids >= 0)")
+        if vocab_size is not None:
+            bad = next((t for t in [*prompt, *(x for r in ids for x in r)] if t >= vocab_size), None)
+            if bad is not None:
+                raise ValueError(
+                    f"{path}, line {number}: token id {bad} is outside the model's vocabulary of {vocab_size} ids "
+                    "(expected warm-up data sampled by the model being trained)"
+                )
         if tokenizer is not None and not problems:
             _check_tokenizer(tokenizer, rec, path, number)
         if len(ids) >= 2:
@@ -152,7 +178,8 @@ def _check_tokenizer(tokenizer, rec: dict, path: Path, number: int) -> None:
 
 
 def _ids(x) -> bool:
-    return isinstance(x, list) and len(x) > 0 and all(isinstance(t, int) for t in x)
+    """A non-empty list of token ids (integers >= 0)."""
+    return isinstance(x, list) and len(x) > 0 and all(isinstance(t, int) and t >= 0 for t in x)
 
 
 def split_widths(count: int, lo: int, hi: int, gen: torch.Generator) -> list[int]:
@@ -259,7 +286,7 @@ def train_sft(model, tokenizer, data_path: str | os.PathLike, cfg: SFTConfig, ou
     cfg.validate()
     out_dir = Path(out_dir)
     dist = setup_distributed(next(model.parameters()).device)
-    problems = read_warmup(data_path, tokenizer)
+    problems = read_warmup(data_path, tokenizer, vocab_size=model.get_input_embeddings().num_embeddings)
     train, val = split_problems(problems, cfg)
     plan = [epoch_batches(train, cfg, e) for e in range(cfg.epochs)]  # a pure function of the settings
     total = sum(len(b) for b in plan)
@@ -274,7 +301,8 @@ def train_sft(model, tokenizer, data_path: str | os.PathLike, cfg: SFTConfig, ou
         **settings_of(cfg),
         "data": str(Path(data_path).resolve()),
         "problems": len(problems),
-        "model": str(getattr(model.config, "_name_or_path", "")),
+        "digest": warmup_digest(problems),  # a resume on edited data is refused
+        "model": local_source(str(getattr(model.config, "_name_or_path", ""))),
     }
     run = Run(out_dir, "sft", identity, control_of(cfg), dist, best={"val_ppl": None, "epoch": 0})
     ensure_blocks(model, cfg)

@@ -20,6 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from bridgelm.jsonl import append_record, read_records
+from bridgelm.runs import local_source
 from bridgelm.samples import check_lines, run_settings
 from bridgelm.sampling import SamplingConfig, iter_generate
 from bridgelm.tasks.base import check_rewards, is_correct
@@ -60,8 +61,9 @@ def make_warmup_data(
     examples = task.examples[:limit] if limit is not None else task.examples
     if not examples:
         raise ValueError(f"task {task.name!r} has no examples to sample warm-up data from")
-    model_id = str(getattr(model.config, "_name_or_path", "") or type(model).__name__)
-    settings = run_settings(cfg, model_id, None, chat, task=task.name)
+    model_id = local_source(str(getattr(model.config, "_name_or_path", "") or type(model).__name__))
+    # The task's problems, all of them (a larger --limit may extend the file): another data file is refused.
+    settings = run_settings(cfg, model_id, None, chat, task=task.name, digest=task.digest())
     done = read_records(out)
     check_lines(out, done, settings)
     have = {rec["index"] for rec in done}
