@@ -231,6 +231,8 @@ def test_commands_refuse_an_empty_problem_before_loading_the_model(tmp_path, cap
         ("sft", ["--val-count", "-1"], "val_count=-1 must be >= 0"),
         ("generate", ["--temperature", "1e-45"], "temperature=1e-45: expected 0 (greedy) or at least 1e-06"),
         ("generate", ["--top-p", "nan"], "top_p=nan: expected a finite number in (0, 1]"),
+        ("generate", ["--max-batch-tokens", "0"], "max_batch_tokens=0 must be a positive integer"),
+        ("generate", ["--max-batch-sequences", "-5"], "max_batch_sequences=-5 must be a positive integer"),
     ],
 )
 def test_training_and_sampling_numbers_that_cannot_work(tmp_path, capsys, command, flags, expected):
@@ -372,6 +374,36 @@ def test_a_folder_that_is_not_an_eval_run(models, tmp_path, capsys):
     assert f"{tmp_path / 'nope'} is not an eval run" in line
 
 
+def test_score_reads_a_hand_edited_run_as_one_line(models, tmp_path, capsys):
+    """samples.jsonl and run.json edited by hand: the field is named (these were TypeErrors and KeyErrors)."""
+    data = _jsonl(tmp_path / "d.jsonl", [{"problem": "1+2", "answer": "3"}, {"problem": "2+2", "answer": "4"}])
+    run = tmp_path / "run"
+    main(
+        [
+            str(a)
+            for a in ["eval", "--model", models / "m", "--task", "arith", "--data", data, "--n", "2"]
+            + ["--width", "1", "--max-new-tokens", "2", "--out", run]
+        ]
+    )
+    samples, settings = (run / "samples.jsonl").read_text(), json.loads((run / "run.json").read_text())
+    first = json.loads(samples.splitlines()[0])
+    damaged = [
+        ({**first, "samples": [{**first["samples"][0], "text": 5}, first["samples"][1]]}, "line 1: sample 0 is not"),
+        ({k: v for k, v in first.items() if k != "samples"}, "line 1: field 'samples' is None: expected a list"),
+        ({**first, "samples": [7, 7]}, "line 1: sample 0 is not an object"),
+    ]
+    for record, expected in damaged:
+        (run / "samples.jsonl").write_text(json.dumps(record) + "\n" + "".join(samples.splitlines(True)[1:]))
+        assert expected in _fails(capsys, ["score", run])
+    (run / "samples.jsonl").write_text(samples)
+    for edit, expected in (({"widths": None}, "field 'widths' is None"), ({"n": "2"}, "field 'n' is '2'")):
+        (run / "run.json").write_text(json.dumps({**settings, **edit}))
+        assert expected in _fails(capsys, ["score", run])
+    (run / "run.json").write_text(json.dumps(settings))
+    main(["score", str(run)])  # put back, it scores
+    assert (run / "metrics.json").is_file()
+
+
 def test_out_in_a_folder_without_write_permission(models, tmp_path, capsys, monkeypatch):
     locked = tmp_path / "locked"
     locked.mkdir()
@@ -414,6 +446,13 @@ def test_data_that_is_a_folder_or_not_utf8(models, tmp_path, capsys):
         capsys,
         ["generate", "--model", models / "m", "--prompts", tmp_path / "none.jsonl", "--out", tmp_path / "s.jsonl"],
     )
+    # a folder where a file is expected is called a folder (it was called missing)
+    line = _fails(capsys, ["sft", "--model", models / "m", "--data", folder, "--out", tmp_path / "sft"])
+    assert f"warm-up data {folder} is a folder: expected a JSONL file" in line
+    line = _fails(
+        capsys, ["generate", "--model", models / "m", "--blocks", folder, "--prompt", "1", "--out", tmp_path / "b"]
+    )
+    assert f"block file {folder} is a folder: expected a .safetensors file" in line
 
 
 def test_gsm8k_without_data_offline(tmp_path, capsys, monkeypatch):

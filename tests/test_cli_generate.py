@@ -106,7 +106,11 @@ def test_generate_single_prompt_and_bad_input(tmp_path, capsys):
     bad.write_text('{"prompt": "1+1="}\n{"text": "no prompt"}\n')
     with pytest.raises(SystemExit):
         main(["generate", "--model", str(tmp_path / "m"), "--prompts", str(bad), "--out", str(tmp_path / "y.jsonl")])
-    assert "bad.jsonl, line 2: missing or empty field 'prompt'" in capsys.readouterr().err
+    assert "bad.jsonl, line 2: field 'prompt' is missing: expected non-empty text" in capsys.readouterr().err
+    bad.write_text('{"prompt": "1+1="}\n{"prompt": 5}\n')  # there, but not text (once called missing)
+    with pytest.raises(SystemExit):
+        main(["generate", "--model", str(tmp_path / "m"), "--prompts", str(bad), "--out", str(tmp_path / "y.jsonl")])
+    assert "bad.jsonl, line 2: field 'prompt' is 5: expected non-empty text" in capsys.readouterr().err
 
 
 def test_read_records_refuses_a_malformed_middle_line(tmp_path):

@@ -249,7 +249,8 @@ def read_block_settings(path: str | os.PathLike) -> tuple[BlockConfig, dict[str,
     """The BlockConfig and raw metadata stored in a block file."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"block file {path} does not exist")
+        what = "is a folder" if path.is_dir() else "does not exist"
+        raise FileNotFoundError(f"block file {path} {what}: expected a .safetensors file of blocks")
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}

@@ -226,7 +226,66 @@ def read_run(run_dir: str | os.PathLike) -> dict[str, Any]:
         raise UserError(
             f"{run_dir} is {what} ({path} lacks format {FORMAT!r}): expected a folder made by bridgelm eval --out"
         )
+    _check_run_fields(run, path)
     return run
+
+
+def _check_run_fields(run: dict, path: Path) -> None:
+    """UserError naming the first field of run.json that the readers of a run rely on and that is not what bridgelm
+    eval writes (a file edited by hand)."""
+
+    def positive(x) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool) and x > 0
+
+    benches = run.get("benchmarks")
+    checks = [
+        ("n", positive(run.get("n")), "a positive integer"),
+        (
+            "widths",
+            isinstance(run.get("widths"), list) and run["widths"] and all(map(positive, run["widths"])),
+            "a non-empty list of positive integers",
+        ),
+        ("width", positive(run.get("width")), "a positive integer"),
+        ("max_new_tokens", positive(run.get("max_new_tokens")), "a positive integer"),
+        ("task", isinstance(run.get("task"), str), "a task name"),
+        (
+            "benchmarks",
+            isinstance(benches, list)
+            and benches
+            and all(
+                isinstance(b, dict) and isinstance(b.get("name"), str) and positive(b.get("problems")) for b in benches
+            ),
+            "a non-empty list of {name, path, problems, digest} objects",
+        ),
+    ]
+    for name, ok, expected in checks:
+        if not ok:
+            raise UserError(
+                f"{path}: field {name!r} is {run.get(name)!r}: expected {expected}, as bridgelm eval writes it"
+            )
+
+
+def _check_sample_line(rec: Any, path: Path, number: int) -> None:
+    """UserError unless line `number` of a samples file holds a problem as bridgelm eval writes it: benchmark, width,
+    index and a list of samples, each with its text, token ids and whether it finished."""
+
+    def fail(what: str):
+        raise UserError(f"{path}, line {number}: {what}, as bridgelm eval writes it (a file edited by hand?)")
+
+    if not isinstance(rec, dict):
+        fail("expected a JSON object")
+    for key, kind in (("benchmark", str), ("width", int), ("index", int), ("samples", list)):
+        if not isinstance(rec.get(key), kind) or isinstance(rec.get(key), bool):
+            fail(f"field {key!r} is {rec.get(key)!r}: expected {'a list' if kind is list else kind.__name__}")
+    for j, s in enumerate(rec["samples"]):
+        ok = (
+            isinstance(s, dict)
+            and isinstance(s.get("text"), str)
+            and isinstance(s.get("token_ids"), list)
+            and isinstance(s.get("finished"), bool)
+        )
+        if not ok:
+            fail(f"sample {j} is not an object with 'text' (text), 'token_ids' (a list) and 'finished' (true/false)")
 
 
 def check_run_model(run_dir: str | os.PathLike, model_id: str, blocks: str | None) -> None:
@@ -320,7 +379,8 @@ def read_samples(run_dir: str | os.PathLike) -> dict[tuple[str, int, int], dict]
     where: dict[tuple[str, int, int], str] = {}
     twice = []
     for path in shard_files(run_dir):
-        for rec in read_records(path, repair=False):
+        for number, rec in enumerate(read_records(path, repair=False), start=1):
+            _check_sample_line(rec, path, number)
             key = _key(rec)
             if key in merged:
                 twice.append(f"{key[0]} w={key[1]} #{key[2]} ({where[key]}, {path.name})")

@@ -105,6 +105,10 @@ class SamplingConfig:
         if self.top_k < 0:
             raise ValueError(f"top_k={self.top_k!r} must be >= 0 (0 = off)")
         check_number("compact_fraction", self.compact_fraction, 0, 1, note=" (0: at every finished group)")
+        for name in ("max_batch_sequences", "max_batch_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name}={value!r} must be a positive integer")
         if self.max_batch_sequences < self.width:
             raise ValueError(
                 f"max_batch_sequences={self.max_batch_sequences} must hold at least one group of width {self.width}"

@@ -23,7 +23,8 @@ def read_prompts(path: str) -> list[str]:
     for number, row in enumerate(rows, start=1):
         text = row.get("prompt") if isinstance(row, dict) else None
         if not isinstance(text, str) or not text:
-            raise ValueError(f"{path}, line {number}: missing or empty field 'prompt'")
+            why = "missing" if text is None else f"{text!r}"
+            raise ValueError(f"{path}, line {number}: field 'prompt' is {why}: expected non-empty text")
         prompts.append(text)
     return prompts
 

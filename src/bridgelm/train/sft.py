@@ -122,7 +122,8 @@ def read_warmup(path: str | os.PathLike, tokenizer=None, vocab_size: int | None 
     model's embedding rows) every id must be below it."""
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"warm-up data {path} does not exist")
+        what = "is a folder" if path.is_dir() else "does not exist"
+        raise FileNotFoundError(f"warm-up data {path} {what}: expected a JSONL file written by bridgelm warmup-data")
     records = read_records(path, repair=False)
     if not records:
         raise ValueError(f"{path} is empty: expected one JSON line per problem (bridgelm warmup-data writes it)")
