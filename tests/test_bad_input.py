@@ -292,6 +292,7 @@ def _model_cases(root: Path, tmp: Path):
         ),
         (["--model", root / "m", "--device", "cuda:99"], "device 'cuda:99': this machine has"),
         (["--model", root / "m", "--device", "gpu0"], "device 'gpu0' is not a device name"),
+        (["--model", root / "m", "--device", "meta"], "--device meta: the meta device holds no values"),
         (["--model", root / "noweights"], f"model folder {root / 'noweights'} has config.json but no weights file"),
         (["--model", root / "badtype"], "cannot read its config: The checkpoint you are trying to load has model type"),
         (  # once a traceback of transformers' strict config checks
@@ -306,7 +307,7 @@ def _model_cases(root: Path, tmp: Path):
     ]
 
 
-@pytest.mark.parametrize("case", range(12))
+@pytest.mark.parametrize("case", range(13))
 def test_models_and_devices_that_cannot_work(models, tmp_path, capsys, case):
     flags, expected = _model_cases(models, tmp_path)[case]
     out = tmp_path / "s.jsonl"

@@ -155,8 +155,9 @@ def _attach(model: nn.Module, cfg: BlockConfig) -> nn.Module:
     default_eps = getattr(text_cfg, "rms_norm_eps", 1e-6)
     for layer in layers:
         ref = next(p for p in layer.parameters() if p.is_floating_point())
-        # Drawn on the CPU, then moved: a seed gives the same blocks whatever device the model is on.
-        with torch.device("cpu"):
+        # Drawn on the CPU, then moved: a seed gives the same blocks whatever device the model is on (a meta model's
+        # blocks are built on meta: shapes only, nothing to draw).
+        with torch.device("meta" if ref.is_meta else "cpu"):
             norm = _new_norm(layer.post_attention_layernorm, hidden, default_eps)
             block = make_block(cfg, hidden, norm, init_std)
         block.to(device=ref.device, dtype=ref.dtype)

@@ -60,6 +60,10 @@ def load_model_of(args, blocks: str | None):
     that this CPU runs slowly is warned first."""
     from bridgelm.attach import load_model
 
+    if str(args.device).split(":")[0] == "meta":  # load_model takes it (shapes only); these commands compute
+        raise UserError(
+            f"--device {args.device}: the meta device holds no values to compute with; expected cpu or cuda"
+        )
     warn_slow_bf16(args.dtype == "bfloat16", args.device)
     return load_model(args.model, blocks=blocks, dtype=dtype_of(args.dtype), device=args.device)
 

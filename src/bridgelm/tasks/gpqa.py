@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bridgelm.tasks.answers import after_thinking, last_boxed
-from bridgelm.tasks.base import Task, load_rows
+from bridgelm.tasks.base import Task, load_rows, require_text
 
 # Fields every GPQA row must have.
 FIELDS = ("Question", "Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2", "Incorrect Answer 3")
@@ -53,6 +53,15 @@ _ANSWER_RE = re.compile(
     r"(?i:answer)\s*(?:\*\*)?\s*[:：]\s*(?:\*\*)?[\s$(\[{*]*(?:\\boxed\{)?\s*(?:\\text\{)?([A-D])\b"
 )
 _BOXED_LETTER_RE = re.compile(r"^\s*(?:\\text\{)?\s*\(?([A-D])\)?\s*\}?\s*$")
+
+
+def check_row(row: dict) -> None:
+    """ValueError naming the first of the question and its four answers that is not non-empty text (a number, as a
+    table may hold an answer, is taken as its text)."""
+    for name in FIELDS:
+        value = row.get(name)
+        if not (isinstance(value, (int, float)) and not isinstance(value, bool)):
+            require_text(row, name)
 
 
 def shuffled_options(row: dict, seed: int, index: int) -> tuple[list[str], str]:
@@ -97,14 +106,11 @@ class GPQA(Task):
 def load(path: str | None = None, split: str = "test", seed: int = 0) -> GPQA:
     """GPQA rows from a local file/folder (or the hub when path is None), options shuffled with `seed`."""
     if path is None:
-        rows = load_rows(HUB_ID, HUB_SPLIT, FIELDS, hub_config=HUB_CONFIG)
+        rows = load_rows(HUB_ID, HUB_SPLIT, FIELDS, hub_config=HUB_CONFIG, check=check_row)
     else:
-        rows = load_rows(path, split, FIELDS)
+        rows = load_rows(path, split, FIELDS, check=check_row)
     examples = []
     for i, row in enumerate(rows):
-        for key in FIELDS:
-            if row[key] is None or not str(row[key]).strip():
-                raise ValueError(f"{path or HUB_ID}: row {i + 1}: field {key!r} is {row[key]!r}: expected text")
         options, gold = shuffled_options(row, seed, i)
         examples.append({**row, "options": options, "gold": gold})
     return GPQA(name="gpqa", examples=examples)

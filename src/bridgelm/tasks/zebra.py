@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from bridgelm.tasks.answers import after_thinking, last_boxed
-from bridgelm.tasks.base import Task, load_rows, with_instruction
+from bridgelm.tasks.base import Task, load_rows, require_text, with_instruction
 from bridgelm.tasks.countdown import split_seed
 
 # Fields of the two row layouts.
@@ -160,25 +160,32 @@ class Zebra(Task):
         return 1.0 if correct == total else 0.0
 
 
-def _check(rows: list[dict], source: str) -> list[dict]:
-    for i, row in enumerate(rows, 1):
-        where = f"{source}: row {i}"
-        if is_grid(row):
-            sol = row["solution"]
-            if not isinstance(sol, dict) or "header" not in sol or "rows" not in sol:
-                raise ValueError(f"{where}: solution {str(sol)[:80]!r}: expected {{'header': [...], 'rows': [[...]]}}")
-            header, body = list(sol["header"]), [list(r) for r in sol["rows"]]
-            if len(header) < 2 or not body or any(len(r) != len(header) for r in body):
-                raise ValueError(
-                    f"{where}: solution has header of {len(header)} columns and rows of lengths "
-                    f"{[len(r) for r in body]}: expected at least one row, each as long as the header (>= 2)"
-                )
-        elif not all(f in row for f in GYM_FIELDS):
+def check_row(row: dict) -> None:
+    """ValueError naming the field of a row that is neither a reasoning-gym question nor a ZebraLogic grid."""
+    if is_grid(row):
+        require_text(row, "puzzle")
+        sol = row["solution"]
+        if not isinstance(sol, dict) or "header" not in sol or "rows" not in sol:
+            raise ValueError(f"solution {str(sol)[:80]!r}: expected {{'header': [...], 'rows': [[...]]}}")
+        header, body = sol["header"], sol["rows"]
+        if not (isinstance(header, list) and isinstance(body, list) and all(isinstance(r, list) for r in body)):
+            raise ValueError(f"solution {str(sol)[:80]!r}: expected 'header' a list and 'rows' a list of lists")
+        if len(header) < 2 or not body or any(len(r) != len(header) for r in body):
             raise ValueError(
-                f"{where}: has fields {sorted(row)}: expected {', '.join(GRID_FIELDS)} (ZebraLogic grid mode) "
-                f"or {', '.join(GYM_FIELDS)} (reasoning-gym)"
+                f"solution has header of {len(header)} columns and rows of lengths "
+                f"{[len(r) for r in body]}: expected at least one row, each as long as the header (>= 2)"
             )
-    return rows
+        cells = [*header, *(c for r in body for c in r)]
+        if not all(isinstance(c, (str, int)) and not isinstance(c, bool) for c in cells):
+            raise ValueError(f"solution {str(sol)[:80]!r}: expected text (or numbers) in the header and the rows")
+    elif all(f in row for f in GYM_FIELDS):
+        require_text(row, "question")
+        require_text(row, "answer")
+    else:
+        raise ValueError(
+            f"has fields {sorted(row)}: expected {', '.join(GRID_FIELDS)} (ZebraLogic grid mode) "
+            f"or {', '.join(GYM_FIELDS)} (reasoning-gym)"
+        )
 
 
 def generate(size: int, seed: int = 0, split: str = "test", **config) -> list[dict]:
@@ -195,5 +202,5 @@ def load(path: str | None = None, split: str = "test", size: int = 200, seed: in
     if path is None:
         rows = generate(size, seed=seed, split=split)
     else:
-        rows = _check(load_rows(path, split, (), hub_config=HUB_CONFIG), str(path))
+        rows = load_rows(path, split, (), hub_config=HUB_CONFIG, check=check_row)
     return Zebra(name="zebra", examples=rows)
