@@ -249,6 +249,20 @@ def test_training_and_sampling_numbers_that_cannot_work(tmp_path, capsys, comman
     assert not out.exists()
 
 
+def test_flags_checked_before_any_work(tmp_path, capsys):
+    """Flags that were refused only after the model loaded, or with a message that named nothing."""
+    missing = tmp_path / "no-model"
+    line = _fails(capsys, ["generate", "--model", missing, "--prompt", "", "--out", tmp_path / "s.jsonl"])
+    assert "--prompt is empty: expected the text of a prompt" in line
+    line = _fails(capsys, ["warmup-data", "--model", missing, "--task", "arith", "--n", "1", "--out", tmp_path / "w"])
+    assert "--n 1 must be >= 2: a kept problem needs 2 correct responses" in line
+    line = _fails(capsys, ["demo", "--quick", "--threads", "100000000000", "--out", tmp_path / "d"])
+    assert "--threads 100000000000 must be in [0, 4096]" in line  # was "Overflow when unpacking long"
+    assert not any(tmp_path.iterdir())
+    line = _fails(capsys, ["report", tmp_path / "run", "--names", "", "--out", tmp_path / "r"])
+    assert "empty name for run" in line  # an empty --names was taken for no --names
+
+
 def test_a_repeated_problem_is_warned_about(tmp_path, capsys):
     path = _jsonl(tmp_path / "d.jsonl", [{"problem": p, "answer": str(eval(p))} for p in ("1+1", "2+2", "1+1", "1+1")])
     with pytest.warns(DataWarning, match="d.jsonl repeats problems: row 3 repeats row 1, row 4 repeats row 1"):

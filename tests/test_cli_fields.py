@@ -125,7 +125,7 @@ def test_kept_spellings_mean_the_same_fields():
             ["generate", "--model", "m", "--prompt", "x", "--out", "o", "--compact-fraction", "2"],
             "compact_fraction=2.0",
         ),
-        (["demo", "--threads", "-1", "--out", "never-made"], "--threads -1 must be >= 0 (0: torch's default)"),
+        (["demo", "--threads", "-1", "--out", "never-made"], "--threads -1 must be in [0, 4096] (0: torch's default)"),
         (["rl", "--model", "m", "--task", "t", "--out", "o", "--rollouts", "1", "--width", "1"], "rollouts=1 must"),
     ],
 )

@@ -10,6 +10,7 @@ from bridgelm.demo.pipeline import DemoConfig
 
 # The sizes a user may set; every other one is the preset's (DemoConfig(), or DemoConfig.quick() with --quick).
 SETTABLE = ("seeds", "sft_per_seed", "bf16", "threads", "workers")
+MAX_THREADS = 4096  # torch.set_num_threads overflows a C int far above any machine's core count
 
 
 def _cmd_demo(args) -> None:
@@ -20,8 +21,8 @@ def _cmd_demo(args) -> None:
         raise ValueError(f"--seeds {cfg.seeds} must be >= 1")
     if cfg.workers < 1:
         raise ValueError(f"--workers {cfg.workers} must be >= 1")
-    if cfg.threads < 0:
-        raise ValueError(f"--threads {cfg.threads} must be >= 0 (0: torch's default)")
+    if not 0 <= cfg.threads <= MAX_THREADS:
+        raise ValueError(f"--threads {cfg.threads} must be in [0, {MAX_THREADS}] (0: torch's default)")
     out = args.out or ("runs/demo-quick" if args.quick else "runs/demo")
     check_out(out, "dir")
     print(f"bridgelm demo: every stage writes under {out} (a finished stage is skipped on a re-run)")

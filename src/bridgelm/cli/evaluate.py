@@ -89,7 +89,7 @@ def _cmd_report(args) -> None:
 
     from bridgelm.report import write_report
 
-    names = [x.strip() for x in args.names.split(",")] if args.names else None
+    names = [x.strip() for x in args.names.split(",")] if args.names is not None else None
     check_out(args.out, "dir")
     path = write_report(args.run_dirs, args.out, names=names, base=args.base)
     report = json.loads((Path(args.out) / "report.json").read_text())

@@ -15,6 +15,8 @@ def _cmd_generate(args) -> None:
     cfg.validate()
     if (args.prompts is None) == (args.prompt is None):
         raise ValueError("give exactly one of --prompts FILE.jsonl or --prompt TEXT")
+    if args.prompt is not None and not args.prompt:
+        raise ValueError("--prompt is empty: expected the text of a prompt")
     check_out(args.out, "file")
     prompts = read_prompts(args.prompts) if args.prompts else [args.prompt]
     model, tokenizer = load_model_and_tokenizer(args)

@@ -46,6 +46,11 @@ def _cmd_warmup_data(args) -> None:
     sampling.validate()
     if args.limit is not None and args.limit < 1:  # before the model loads (make_warmup_data checks it too)
         raise UserError(f"--limit {args.limit} must be a positive integer")
+    if args.n < warmup_data.MIN_CORRECT:
+        raise UserError(
+            f"--n {args.n} must be >= {warmup_data.MIN_CORRECT}: a kept problem needs {warmup_data.MIN_CORRECT} "
+            "correct responses"
+        )
     check_out(args.out, "file")
     task = _load_task(args.task, args.data, args.split)
     model, tokenizer = load_model_and_tokenizer(args)
