@@ -216,14 +216,15 @@ def test_commands_refuse_an_empty_problem_before_loading_the_model(tmp_path, cap
         ("rl", ["--clip-eps", "nan"], "clip_eps=nan: expected a finite number > 0"),
         ("rl", ["--max-grad-norm", "nan"], "max_grad_norm=nan: expected a finite number (<= 0: no clipping)"),
         ("rl", ["--weight-decay", "-5"], "weight_decay=-5.0: expected a finite number >= 0"),
-        ("rl", ["--temperature", "nan"], "temperature=nan: expected a finite number > 0"),
+        ("rl", ["--temperature", "nan"], "temperature=nan: expected a finite number > 0 (GRPO's log-probs are at"),
+        ("rl", ["--temperature", "0"], "temperature=0.0: expected a finite number > 0 (GRPO's log-probs are at"),
         ("rl", ["--temperature", "1e-45"], "temperature=1e-45: expected at least 1e-06"),
         ("rl", ["--top-p", "5"], "top_p=5.0: expected a finite number in (0, 1]"),
         # the validation's settings, refused before training instead of after it, by their own names
         ("rl", ["--eval-temperature", "-1"], "eval_temperature=-1.0: expected a finite number >= 0 (0 = greedy)"),
         ("rl", ["--eval-top-p", "5"], "eval_top_p=5.0: expected a finite number in (0, 1]"),
-        ("rl", ["--eval-n", "0"], "eval_n=0 must be a positive integer"),
-        ("rl", ["--eval-width", "0"], "eval_width=0 must be a positive integer"),
+        ("rl", ["--eval-n", "0"], "eval_n=0: expected a positive integer"),
+        ("rl", ["--eval-width", "0"], "eval_width=0: expected a positive integer"),
         ("sft", ["--lr", "nan"], "lr=nan: expected a finite number > 0"),
         ("sft", ["--lr", "inf"], "lr=inf: expected a finite number > 0"),
         ("sft", ["--weight-decay", "-5"], "weight_decay=-5.0: expected a finite number >= 0"),
@@ -231,8 +232,8 @@ def test_commands_refuse_an_empty_problem_before_loading_the_model(tmp_path, cap
         ("sft", ["--val-count", "-1"], "val_count=-1 must be >= 0"),
         ("generate", ["--temperature", "1e-45"], "temperature=1e-45: expected 0 (greedy) or at least 1e-06"),
         ("generate", ["--top-p", "nan"], "top_p=nan: expected a finite number in (0, 1]"),
-        ("generate", ["--max-batch-tokens", "0"], "max_batch_tokens=0 must be a positive integer"),
-        ("generate", ["--max-batch-sequences", "-5"], "max_batch_sequences=-5 must be a positive integer"),
+        ("generate", ["--max-batch-tokens", "0"], "max_batch_tokens=0: expected a positive integer"),
+        ("generate", ["--max-batch-sequences", "-5"], "max_batch_sequences=-5: expected a positive integer"),
     ],
 )
 def test_training_and_sampling_numbers_that_cannot_work(tmp_path, capsys, command, flags, expected):
@@ -247,6 +248,27 @@ def test_training_and_sampling_numbers_that_cannot_work(tmp_path, capsys, comman
     line = _fails(capsys, [command, "--model", tmp_path / "no-model", *args, *flags, "--out", out])
     assert expected in line
     assert not out.exists()
+
+
+def test_the_edges_of_the_number_checks():
+    """What users legitimately pass still passes: greedy validation, top_p 1, no clipping, defaults of None, integers
+    for floats, numpy scalars; an integer beyond any float is refused as a number, not by an OverflowError."""
+    import numpy as np
+
+    from bridgelm.errors import check_number
+    from bridgelm.sampling import SamplingConfig
+    from bridgelm.train.rl import RLConfig
+    from bridgelm.train.sft import SFTConfig
+
+    RLConfig(eval_temperature=0, top_p=1, max_grad_norm=0, block_lr=None, eval_limit=None, lr=1, beta=0).validate()
+    SFTConfig(max_grad_norm=-1, warmup_fraction=0, lr=1, val_count=0).validate()
+    SamplingConfig(temperature=0, top_p=1).validate()
+    SamplingConfig(temperature=1e-6, top_p=1e-3).validate()
+    check_number("x", np.float32(0.5), 0, 1)
+    with pytest.raises(ValueError, match=r"x=10{400}: expected a finite number"):
+        check_number("x", 10**400)
+    with pytest.raises(ValueError, match="temperature=False"):
+        SamplingConfig(temperature=False).validate()
 
 
 def test_flags_checked_before_any_work(tmp_path, capsys):

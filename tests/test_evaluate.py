@@ -226,8 +226,8 @@ def test_overlapping_or_missing_problems_are_reported(tmp_path, model_tok):
     from bridgelm.report import build_report, render_markdown
 
     report = build_report([str(run)])
-    assert report["runs"]["run"]["missing"] == {"toy": 1}
-    assert "(**partial run**: toy: 1 problems not sampled)" in render_markdown(report)
+    assert report["runs"]["run"]["missing"] == {"toy w=2": 1}
+    assert "(**partial run**: toy w=2: 1 problem not sampled)" in render_markdown(report)
     # a damaged metrics.json is one line that says how to write it again (it was a JSONDecodeError or a TypeError)
     metrics = run / S.METRICS_FILE
     for damage, expected in (('{"format": ', "is not valid JSON"), ("[]", "is not a metrics.json of bridgelm")):

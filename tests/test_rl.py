@@ -2,6 +2,7 @@
 
 import json
 import re
+import shutil
 from dataclasses import dataclass, replace
 from types import SimpleNamespace
 
@@ -446,10 +447,29 @@ def test_resume_refuses_another_configuration(tmp_path):
         train_rl(policy(), TOK, TASK, replace(CFG, steps=1), tmp_path)
     # the same number of problems, one of them changed: other training data is refused by its digest
     other = AddTask(TASK.name, [{**TASK.examples[0], "a": TASK.examples[0]["a"] + 1}, *TASK.examples[1:]])
-    with pytest.raises(ValueError, match=r"digest: saved 'sha256:\w+' vs now 'sha256:\w+'"):
+    with pytest.raises(ValueError, match=r"digest: the data's fingerprint changed \(sha256:\w+ vs now sha256:\w+\)"):
         train_rl(policy(), TOK, other, replace(CFG, steps=2, resume=True), tmp_path)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == before
     assert len(read_records(tmp_path / "metrics.jsonl")) == 1
+
+
+def test_a_run_recorded_before_digests_and_absolute_models_still_resumes(tmp_path, monkeypatch):
+    """Runs of an earlier bridgelm recorded no data fingerprint and the model folder as typed: they resume."""
+    model_dir = tmp_path / "m"
+    policy().save_pretrained(model_dir)
+    model = bridgelm.load_model(str(model_dir))
+    cfg = replace(CFG, steps=2, save_every=1, keep_last=2)
+    train_rl(model, TOK, TASK, cfg, tmp_path / "run")
+    shutil.rmtree(runs.latest_checkpoint(tmp_path / "run"))  # as if stopped after step 1
+    info_path = runs.latest_checkpoint(tmp_path / "run") / runs.TRAINER_INFO
+    info = json.loads(info_path.read_text())
+    assert info["identity"]["model"] == str(model_dir) and info["identity"]["digest"].startswith("sha256:")
+    del info["identity"]["digest"]
+    info["identity"]["model"] = "m"  # as typed, from tmp_path
+    info_path.write_text(json.dumps(info))
+    monkeypatch.chdir(tmp_path)
+    res = train_rl(bridgelm.load_model("./m"), TOK, TASK, replace(cfg, resume=True), tmp_path / "run")
+    assert res.steps == 2 and [r["step"] for r in read_records(tmp_path / "run" / "metrics.jsonl")] == [1, 2]
 
 
 def test_a_folder_of_another_kind_of_run_is_refused(tmp_path):

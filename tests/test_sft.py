@@ -152,7 +152,7 @@ def test_resume_after_interrupt_is_exact(tmp_path, monkeypatch, capsys):
     edited = path.read_text().replace('"prompt_ids": [', '"prompt_ids": [6, ', 1)
     path.with_name("saved.jsonl").write_text(path.read_text())
     path.write_text(edited)
-    with pytest.raises(ValueError, match=r"digest: saved 'sha256:\w+' vs now 'sha256:\w+'"):
+    with pytest.raises(ValueError, match=r"digest: the data's fingerprint changed \(sha256:\w+ vs now sha256:\w+\)"):
         train_sft(base_model(), TOK, path, replace(CFG, resume=True), tmp_path / "b")
     path.write_text(path.with_name("saved.jsonl").read_text())
     capsys.readouterr()
@@ -255,8 +255,15 @@ def test_warmup_data_filters_and_resumes(tmp_path):
     with pytest.raises(ValueError, match="other settings"):
         make_warmup_data(base_model(), TOK, task, out, n=8, sampling=sampling, progress=False)
     other = EvenTask("even", [{"a": i + 1} for i in range(6)])  # another data file of the same task and size
-    with pytest.raises(ValueError, match=r"digest: file 'sha256:\w+' vs now 'sha256:\w+', the data's fingerprint"):
+    with pytest.raises(ValueError, match=r"line 1: sampled from another problem .*\(problem 1 differs\)"):
         make_warmup_data(base_model(), TOK, other, out, n=4, sampling=sampling, progress=False)
+    # more problems at the end (a larger --limit, a longer file) extend it; an edit past the sampled ones is fine
+    longer = EvenTask("even", [*task.examples, {"a": 6}, {"a": 7}])
+    more = make_warmup_data(base_model(), TOK, longer, out, n=4, sampling=sampling, progress=False)
+    assert more["sampled_now"] == 2 and [r["index"] for r in read_records(out)] == list(range(8))
+    shorter = EvenTask("even", task.examples[:3])
+    with pytest.raises(ValueError, match=r"line 4: sampled from another problem .*\(it has 3 problems\)"):
+        make_warmup_data(base_model(), TOK, shorter, out, n=4, sampling=sampling, progress=False)
     with pytest.raises(ValueError, match="width must be 1"):
         make_warmup_data(base_model(), TOK, task, tmp_path / "x.jsonl", sampling=replace(sampling, n=4, width=2))
 

@@ -17,6 +17,7 @@ command line prints it as `bridgelm <command>: warning: <message>`.
 from __future__ import annotations
 
 import math
+import numbers
 from pathlib import Path
 
 # Folder of the bridgelm package: exceptions raised by code under it carry our own messages.
@@ -31,13 +32,23 @@ class DataWarning(UserWarning):
     """Input accepted, but probably not what was meant."""
 
 
+def check_int(name: str, value, low: int = 1, note: str = "") -> None:
+    """ValueError naming `name` unless `value` is an integer (not a bool) of at least `low`."""
+    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+        what = "a positive integer" if low == 1 else f"an integer >= {low}"
+        raise ValueError(f"{name}={value!r}: expected {what}{note}")
+
+
 def check_number(
     name: str, value, low: float | None = None, high: float | None = None, *, open_low=False, open_high=False, note=""
 ) -> None:
     """ValueError naming `name` unless `value` is a finite real number within [low, high] (None: no bound;
     `open_low`/`open_high`: the bound itself excluded). NaN and infinities are refused: `nan <= 0` is False, so a
     plain comparison would let NaN through into a run that then trains to NaN. `note` ends the message."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    try:
+        ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(float(value))
+    except OverflowError:  # an int beyond any float
+        ok = False
     if ok and low is not None:
         ok = value > low if open_low else value >= low
     if ok and high is not None:

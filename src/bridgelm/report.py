@@ -79,6 +79,17 @@ def column_title(benchmark: str) -> str:
 # ---------------------------------------------------------------------------------------------- rows
 
 
+def _metrics_shape(result: Any) -> bool:
+    """Whether `result` has the parts of a metrics.json that the report reads: the run's main width, and an entry
+    (an object) per benchmark and width."""
+    if not isinstance(result, dict) or not isinstance(result.get("run"), dict) or "width" not in result["run"]:
+        return False
+    benchmarks = result.get("benchmarks")
+    return isinstance(benchmarks, dict) and all(
+        isinstance(per, dict) and per and all(isinstance(e, dict) for e in per.values()) for per in benchmarks.values()
+    )
+
+
 def load_metrics(run_dir: str | os.PathLike) -> dict[str, Any]:
     """metrics.json of a run; a run without one is scored first."""
     path = Path(run_dir) / METRICS_FILE
@@ -91,12 +102,7 @@ def load_metrics(run_dir: str | os.PathLike) -> dict[str, Any]:
             result = json.loads(path.read_bytes().decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as err:
             raise UserError(f"{path} is not valid JSON ({err}): {again}") from err
-        benchmarks = result.get("benchmarks") if isinstance(result, dict) else None
-        if not (
-            isinstance(result.get("run") if isinstance(result, dict) else None, dict)
-            and isinstance(benchmarks, dict)
-            and all(isinstance(v, dict) and v for v in benchmarks.values())
-        ):
+        if not _metrics_shape(result):
             raise UserError(
                 f"{path} is not a metrics.json of bridgelm (expected a 'run' object and 'benchmarks' with an entry per "
                 f"width): {again}"
@@ -128,8 +134,9 @@ def collect_rows(run_dirs: Sequence[str], names: Sequence[str] | None = None) ->
         result = load_metrics(run_dir)
         settings = read_run(run_dir)
         main = str(result["run"]["width"])
-        row = rows.setdefault(name, {"runs": [], "benchmarks": {}})
+        row = rows.setdefault(name, {"runs": [], "benchmarks": {}, "partial": {}})
         row["runs"].append(str(run_dir))
+        row["partial"].update(result.get("partial") or {})
         for bench, per_width in result["benchmarks"].items():
             if bench in row["benchmarks"]:
                 raise ValueError(
@@ -577,12 +584,8 @@ def build_report(
                 "widths": {b: v["width"] for b, v in row["benchmarks"].items()},
                 "mean_length": {b: v["widths"][v["width"]]["mean_length"] for b, v in row["benchmarks"].items()},
                 "finished": {b: v["widths"][v["width"]]["finished"] for b, v in row["benchmarks"].items()},
-                # problems a partial run (`bridgelm score --allow-partial`) has not sampled, by benchmark
-                "missing": {
-                    b: n
-                    for b, v in row["benchmarks"].items()
-                    if (n := len(v["widths"][v["width"]].get("missing") or []))
-                },
+                # problems a partial run (`bridgelm score --allow-partial`) has not sampled, by "benchmark w=width"
+                "missing": row.get("partial", {}),
             }
             for name, row in rows.items()
         },
@@ -617,7 +620,7 @@ def render_markdown(report: dict[str, Any], figures: Sequence[str] = ()) -> str:
     for name, run in report["runs"].items():
         widths = ", ".join(f"{b} w={w}" for b, w in run["widths"].items())
         missing = run.get("missing") or {}
-        partial = "; ".join(f"{b}: {n} problems not sampled" for b, n in missing.items())
+        partial = "; ".join(f"{b}: {n} problem{'s' if n != 1 else ''} not sampled" for b, n in missing.items())
         out.append(
             f"- **{name}**: {', '.join(run['dirs'])} ({widths})" + (f" (**partial run**: {partial})" if partial else "")
         )

@@ -17,6 +17,7 @@ tests/test_bad_input.py.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import pickle
@@ -65,15 +66,17 @@ def check_settings(
     maps a setting to a function (saved, now) -> text that tells its difference better (e.g. which data changed).
     """
     keys = sorted(set(saved) | set(now)) if keys is None else list(keys)
-    describe = describe or {}
+    describe = {**DESCRIBE, **(describe or {})}
     diffs = []
     for k in keys:
-        if saved.get(k) != now.get(k):
+        if k in RECORDED_LATER and k not in saved:
+            continue  # written by a bridgelm that did not record it yet
+        same = SAME_WHEN.get(k, lambda v: v)
+        if same(saved.get(k)) != same(now.get(k)):
             tell = describe.get(k)
-            text = tell(saved.get(k), now.get(k)) if tell else f"{k}: {saved_as} {saved.get(k)!r} vs now {now.get(k)!r}"
-            if k == "digest" and not tell:  # the fingerprint of a run's data (Task.digest)
-                text += ", the data's fingerprint: another data file, or one edited since"
-            diffs.append(text)
+            diffs.append(
+                tell(saved.get(k), now.get(k)) if tell else f"{k}: {saved_as} {saved.get(k)!r} vs now {now.get(k)!r}"
+            )
     if diffs:
         raise UserError(f"{where} was written with other settings ({'; '.join(diffs)}){why}; {fix}")
 
@@ -83,6 +86,31 @@ def local_source(path: str | os.PathLike) -> str:
     the same model or file; anything else (a hub id) as given."""
     p = Path(path).expanduser()
     return str(p.resolve()) if p.exists() else str(path)
+
+
+def fingerprint(items: Iterable[Any]) -> str:
+    """A "sha256:..." fingerprint of JSON-able `items` in order (a run's problems), recorded as `digest`: other or
+    edited data cannot be mixed into a run or resume it."""
+    h = hashlib.sha256()
+    for item in items:
+        h.update(json.dumps(item, ensure_ascii=False).encode())
+    return "sha256:" + h.hexdigest()[:32]
+
+
+# How check_settings compares and tells some settings apart:
+# - values equal up to this map: a model or block file recorded as typed (`m`) by older runs, as an absolute path now;
+SAME_WHEN: dict[str, Callable[[Any], Any]] = {
+    "model": lambda v: local_source(v) if isinstance(v, str) and v else v,
+    "blocks": lambda v: local_source(v) if isinstance(v, str) and v else v,
+}
+# - settings recorded since 2026-11-25: a run saved before lacks them and still resumes;
+RECORDED_LATER = ("digest",)
+# - and how a difference is told.
+DESCRIBE: dict[str, Callable[[Any, Any], str]] = {
+    "digest": lambda saved, now: (
+        f"digest: the data's fingerprint changed ({saved} vs now {now}): another data file, or one edited since"
+    ),
+}
 
 
 def jsonable(obj: Any) -> Any:

@@ -49,28 +49,29 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 from bridgelm.attention import NAME as ATTENTION
 from bridgelm.attention import fast_attention
-from bridgelm.errors import DataWarning, check_number
+from bridgelm.errors import DataWarning, check_int, check_number
 from bridgelm.grouped import KWARG, Groups
 from bridgelm.packed import packed_linears
 from bridgelm.tokenizer import unknown_characters
 
-# The smallest temperature above 0: below it logits / temperature overflow float32 (1e-45 gave inf logits, NaN
-# log-probs and one repeated token), and from far above it sampling is already greedy in all but name.
+# The smallest temperature above 0. Sampling is greedy in all but name long before it; far below it logits /
+# temperature overflow float32 (1e-45 gave inf logits, NaN log-probs and one repeated token).
 MIN_TEMPERATURE = 1e-6
 
 
-def check_sampling(temperature: float, top_p: float, prefix: str = "", greedy: bool = True) -> None:
+def check_sampling(temperature: float, top_p: float, prefix: str = "", greedy: bool = True, why: str = "") -> None:
     """ValueError naming `prefix + "temperature"` / `prefix + "top_p"` unless temperature is 0 (when `greedy`) or at
-    least MIN_TEMPERATURE, and top_p is in (0, 1]; NaN and infinities are refused."""
+    least MIN_TEMPERATURE, and top_p is in (0, 1]; NaN and infinities are refused. `why` ends the message of a
+    temperature refused where sampling cannot be greedy."""
     check_number(f"{prefix}top_p", top_p, 0, 1, open_low=True)
     name = f"{prefix}temperature"
-    if greedy and isinstance(temperature, (int, float)) and temperature == 0:
+    if greedy and temperature == 0 and not isinstance(temperature, bool):
         return
-    check_number(name, temperature, 0, open_low=not greedy, note=" (0 = greedy)" if greedy else "")
+    check_number(name, temperature, 0, open_low=not greedy, note=" (0 = greedy)" if greedy else why)
     if temperature < MIN_TEMPERATURE:
         raise ValueError(
-            f"{name}={temperature!r}: expected {'0 (greedy) or ' if greedy else ''}at least {MIN_TEMPERATURE} (smaller "
-            "ones overflow logits / temperature)"
+            f"{name}={temperature!r}: expected {'0 (greedy) or ' if greedy else ''}at least {MIN_TEMPERATURE} "
+            f"(sampling is greedy in all but name before that, and far below it logits / temperature overflow){why}"
         )
 
 
@@ -106,9 +107,7 @@ class SamplingConfig:
             raise ValueError(f"top_k={self.top_k!r} must be >= 0 (0 = off)")
         check_number("compact_fraction", self.compact_fraction, 0, 1, note=" (0: at every finished group)")
         for name in ("max_batch_sequences", "max_batch_tokens"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name}={value!r} must be a positive integer")
+            check_int(name, getattr(self, name))
         if self.max_batch_sequences < self.width:
             raise ValueError(
                 f"max_batch_sequences={self.max_batch_sequences} must hold at least one group of width {self.width}"

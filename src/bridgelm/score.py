@@ -159,6 +159,8 @@ def score_run(
         "gpass_k": gpass_k,
         "benchmarks": {},
         "avg": {},
+        # a partial run (allow_partial): problems not sampled, by "benchmark w=width" (widths with none included)
+        "partial": {f"{b} w={w}": len(v) for (b, w), v in lacking.items()},
     }
     for b in benches:
         for w in widths:

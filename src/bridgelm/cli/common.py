@@ -21,9 +21,11 @@ def read_prompts(path: str) -> list[str]:
         raise ValueError(f"{path} holds no prompts: expected one JSON object per line with a 'prompt' field")
     prompts = []
     for number, row in enumerate(rows, start=1):
-        text = row.get("prompt") if isinstance(row, dict) else None
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}, line {number}: a JSON {type(row).__name__}: expected an object with a 'prompt'")
+        text = row.get("prompt")
         if not isinstance(text, str) or not text:
-            why = "missing" if text is None else f"{text!r}"
+            why = "missing" if "prompt" not in row else f"{text!r}"
             raise ValueError(f"{path}, line {number}: field 'prompt' is {why}: expected non-empty text")
         prompts.append(text)
     return prompts

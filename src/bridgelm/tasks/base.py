@@ -10,7 +10,6 @@ parses), so a bad row is refused on load, by line, instead of being sampled and 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from collections.abc import Callable, Sequence
@@ -114,10 +113,11 @@ class Task:
     def digest(self, examples: Sequence[dict] | None = None) -> str:
         """Fingerprint of the prompts and gold answers of `examples` (None: all of the task's), recorded by the runs
         that read them, so that a changed data file cannot be mixed into a run or resume one."""
-        h = hashlib.sha256()
-        for ex in self.examples if examples is None else examples:
-            h.update(json.dumps([self.prompt(ex), self.answer(ex)], ensure_ascii=False).encode())
-        return "sha256:" + h.hexdigest()[:32]
+        from bridgelm.runs import fingerprint
+
+        return fingerprint(
+            [self.prompt(ex), self.answer(ex)] for ex in (self.examples if examples is None else examples)
+        )
 
 
 def is_local_source(path: str | Path) -> bool:

@@ -27,6 +27,7 @@ Design notes:
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -60,7 +61,7 @@ def check_row(row: dict) -> None:
     table may hold an answer, is taken as its text)."""
     for name in FIELDS:
         value = row.get(name)
-        if not (isinstance(value, (int, float)) and not isinstance(value, bool)):
+        if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)):
             require_text(row, name)
 
 

@@ -26,6 +26,8 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
+import numpy as np
+
 from bridgelm.tasks.answers import after_thinking, last_boxed
 from bridgelm.tasks.base import Task, load_rows, require_text, with_instruction
 from bridgelm.tasks.countdown import split_seed
@@ -160,6 +162,11 @@ class Zebra(Task):
         return 1.0 if correct == total else 0.0
 
 
+def _is_list(x) -> bool:
+    """A list as JSON gives it, or as a table reader may (a tuple, a numpy array)."""
+    return isinstance(x, (list, tuple, np.ndarray))
+
+
 def check_row(row: dict) -> None:
     """ValueError naming the field of a row that is neither a reasoning-gym question nor a ZebraLogic grid."""
     if is_grid(row):
@@ -168,7 +175,7 @@ def check_row(row: dict) -> None:
         if not isinstance(sol, dict) or "header" not in sol or "rows" not in sol:
             raise ValueError(f"solution {str(sol)[:80]!r}: expected {{'header': [...], 'rows': [[...]]}}")
         header, body = sol["header"], sol["rows"]
-        if not (isinstance(header, list) and isinstance(body, list) and all(isinstance(r, list) for r in body)):
+        if not (_is_list(header) and _is_list(body) and all(_is_list(r) for r in body)):
             raise ValueError(f"solution {str(sol)[:80]!r}: expected 'header' a list and 'rows' a list of lists")
         if len(header) < 2 or not body or any(len(r) != len(header) for r in body):
             raise ValueError(
@@ -176,7 +183,7 @@ def check_row(row: dict) -> None:
                 f"{[len(r) for r in body]}: expected at least one row, each as long as the header (>= 2)"
             )
         cells = [*header, *(c for r in body for c in r)]
-        if not all(isinstance(c, (str, int)) and not isinstance(c, bool) for c in cells):
+        if not all(isinstance(c, (str, int, np.integer)) and not isinstance(c, bool) for c in cells):
             raise ValueError(f"solution {str(sol)[:80]!r}: expected text (or numbers) in the header and the rows")
     elif all(f in row for f in GYM_FIELDS):
         require_text(row, "question")

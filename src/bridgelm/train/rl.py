@@ -50,7 +50,7 @@ import torch
 
 from bridgelm.attach import added_parameters, block_config
 from bridgelm.dist import Dist, all_reduce_sum, prepare_model, setup_distributed, unsharded
-from bridgelm.errors import check_number
+from bridgelm.errors import check_int, check_number
 from bridgelm.evaluate import EvalConfig, accuracy
 from bridgelm.grpo import group_advantages, policy_loss, policy_stats
 from bridgelm.jsonl import write_json
@@ -138,7 +138,7 @@ class RLConfig:
             )
         # GRPO's log-probs are at logits / T: no greedy rollouts. The validation's settings are checked here too, so
         # that a bad one is refused before training instead of after it.
-        check_sampling(self.temperature, self.top_p, greedy=False)
+        check_sampling(self.temperature, self.top_p, greedy=False, why=" (GRPO's log-probs are at logits / T)")
         check_sampling(self.eval_temperature, self.eval_top_p, prefix="eval_")
         check_number("lr", self.lr, 0, open_low=True)
         if self.block_lr is not None:
@@ -157,9 +157,8 @@ class RLConfig:
             if self.fsdp:
                 raise ValueError("rollout_dtype needs fsdp=False: the copy would hold the whole model on every rank")
         for name in ("eval_n", "eval_width", "eval_max_new_tokens", "eval_limit"):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name}={value!r} must be a positive integer")
+            if getattr(self, name) is not None:
+                check_int(name, getattr(self, name))
         if self.eval_every < 0:
             raise ValueError(f"eval_every={self.eval_every} must be >= 0 (0: only after the last step)")
         if self.eval_n % self.eval_width:

@@ -18,8 +18,6 @@ through the Bridge blocks.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import os
 import time
@@ -33,7 +31,7 @@ from bridgelm.dist import Dist, all_reduce_sum, barrier, prepare_model, setup_di
 from bridgelm.errors import check_number
 from bridgelm.jsonl import read_records, write_json
 from bridgelm.rng import derive_seed, generator
-from bridgelm.runs import local_source
+from bridgelm.runs import fingerprint, local_source
 from bridgelm.train.batches import Row, autocast, chunks, pack_rows, response_logprobs
 from bridgelm.train.optim import gradient_parts, make_optimizer, make_scheduler, optimizer_step
 from bridgelm.train.run import Run, control_of, settings_of
@@ -105,14 +103,6 @@ class SFTResult:
 
 
 # ---------------------------------------------------------------------------------------------- data
-
-
-def warmup_digest(problems: list[Problem]) -> str:
-    """Fingerprint of the warm-up problems' token ids (prompts and responses)."""
-    h = hashlib.sha256()
-    for p in problems:
-        h.update(json.dumps([p.prompt_ids, p.responses]).encode())
-    return "sha256:" + h.hexdigest()[:32]
 
 
 def read_warmup(path: str | os.PathLike, tokenizer=None, vocab_size: int | None = None) -> list[Problem]:
@@ -302,7 +292,7 @@ def train_sft(model, tokenizer, data_path: str | os.PathLike, cfg: SFTConfig, ou
         **settings_of(cfg),
         "data": str(Path(data_path).resolve()),
         "problems": len(problems),
-        "digest": warmup_digest(problems),  # a resume on edited data is refused
+        "digest": fingerprint([p.prompt_ids, p.responses] for p in problems),  # a resume on edited data is refused
         "model": local_source(str(getattr(model.config, "_name_or_path", ""))),
     }
     run = Run(out_dir, "sft", identity, control_of(cfg), dist, best={"val_ppl": None, "epoch": 0})

@@ -62,10 +62,10 @@ def make_warmup_data(
     if not examples:
         raise ValueError(f"task {task.name!r} has no examples to sample warm-up data from")
     model_id = local_source(str(getattr(model.config, "_name_or_path", "") or type(model).__name__))
-    # The task's problems, all of them (a larger --limit may extend the file): another data file is refused.
-    settings = run_settings(cfg, model_id, None, chat, task=task.name, digest=task.digest())
+    settings = run_settings(cfg, model_id, None, chat, task=task.name)
     done = read_records(out)
     check_lines(out, done, settings)
+    _check_problems(out, done, task, examples)
     have = {rec["index"] for rec in done}
     todo = [i for i in range(len(examples)) if i not in have]
     stats = {"problems": len(examples), "sampled_now": len(todo), "out": str(out)}
@@ -94,6 +94,19 @@ def make_warmup_data(
     return stats
 
 
+def _check_problems(out: Path, done: list[dict], task, examples) -> None:
+    """UserError when a line of `out` was sampled from another problem than the one now at its index (another data
+    file, or one edited since). Lines of files written before lines held a fingerprint are not checked."""
+    for number, rec in enumerate(done, start=1):
+        i = rec["index"]
+        if "problem" in rec and (i >= len(examples) or rec["problem"] != task.digest([examples[i]])):
+            now = f"problem {i + 1} differs" if i < len(examples) else f"it has {len(examples)} problems"
+            raise ValueError(
+                f"{out}, line {number}: sampled from another problem than the data holds now ({now}): another data "
+                "file, or one edited since; use another --out"
+            )
+
+
 def _sample_and_write(model, tokenizer, task, examples, todo, cfg, settings, chat, out, progress) -> None:
     texts = [task.prompt(examples[i]) for i in todo]
     title = f"warm-up data -> {out}" if progress else None
@@ -105,7 +118,8 @@ def _sample_and_write(model, tokenizer, task, examples, todo, cfg, settings, cha
         )
         correct = [j for j, r in enumerate(rewards) if is_correct(r)]
         good = [j for j in correct if samples[j].finished]
-        record = {"index": i, "kept": len(good) >= MIN_CORRECT, "correct": len(correct), "n": cfg.n}
+        record = {"index": i, "problem": task.digest([example])}  # its fingerprint: checked when the file resumes
+        record.update(kept=len(good) >= MIN_CORRECT, correct=len(correct), n=cfg.n)
         if len(good) < len(correct):
             record["cut"] = len(correct) - len(good)  # correct but cut by max_new_tokens: not kept
         if record["kept"]:
