@@ -278,6 +278,10 @@ def test_flags_checked_before_any_work(tmp_path, capsys):
     assert "--prompt is empty: expected the text of a prompt" in line
     line = _fails(capsys, ["warmup-data", "--model", missing, "--task", "arith", "--n", "1", "--out", tmp_path / "w"])
     assert "--n 1 must be >= 2: a kept problem needs 2 correct responses" in line
+    (tmp_path / "empty.jsonl").write_text("")
+    line = _fails(capsys, ["sft", "--model", missing, "--data", tmp_path / "empty.jsonl", "--out", tmp_path / "o"])
+    assert f"{tmp_path / 'empty.jsonl'} is empty" in line  # the data, before the model (which does not exist)
+    (tmp_path / "empty.jsonl").unlink()
     line = _fails(capsys, ["demo", "--quick", "--threads", "100000000000", "--out", tmp_path / "d"])
     assert "--threads 100000000000 must be in [0, 4096]" in line  # was "Overflow when unpacking long"
     assert not any(tmp_path.iterdir())

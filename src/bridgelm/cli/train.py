@@ -66,7 +66,7 @@ def _cmd_warmup_data(args) -> None:
 
 def _cmd_sft(args) -> None:
     from bridgelm.dist import teardown_distributed
-    from bridgelm.train.sft import train_sft
+    from bridgelm.train.sft import read_warmup, train_sft
 
     if args.old_blocks is not None:  # `--blocks` is a file path everywhere else; here it was the kind to add
         raise UserError(
@@ -77,6 +77,7 @@ def _cmd_sft(args) -> None:
     cfg.validate()
     check_out(args.out, "dir")
     warn_slow_bf16(cfg.bf16, args.device, "--bf16")
+    read_warmup(args.data)  # a bad file is refused before the model loads (train_sft reads it again, with the model)
     model = load_model_of(args, None)  # its blocks are added by train_sft (--add)
     tokenizer = load_tokenizer(args.model)
     try:
