@@ -97,12 +97,14 @@ def fingerprint(items: Iterable[Any]) -> str:
     return "sha256:" + h.hexdigest()[:32]
 
 
+def _as_source(value: Any) -> Any:
+    """A recorded model or block file as `local_source` records it now (other values, None, as they are)."""
+    return local_source(value) if isinstance(value, str) and value else value
+
+
 # How check_settings compares and tells some settings apart:
 # - values equal up to this map: a model or block file recorded as typed (`m`) by older runs, as an absolute path now;
-SAME_WHEN: dict[str, Callable[[Any], Any]] = {
-    "model": lambda v: local_source(v) if isinstance(v, str) and v else v,
-    "blocks": lambda v: local_source(v) if isinstance(v, str) and v else v,
-}
+SAME_WHEN: dict[str, Callable[[Any], Any]] = {"model": _as_source, "blocks": _as_source}
 # - settings recorded since 2026-11-25: a run saved before lacks them and still resumes;
 RECORDED_LATER = ("digest",)
 # - and how a difference is told.
