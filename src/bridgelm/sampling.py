@@ -28,7 +28,10 @@ Design (token ids in, token ids out; tokenizing happens in `bridgelm.generate` a
   Default (`compile=None`): on where it wins, CUDA; off on CPU, where compiling costs tens of seconds per shape
   and the compiled step is slower: its linears are ATen's (MKL), not the eager step's packed oneDNN ones (fp32 30M
   benchmark model on an AVX2 AMD EPYC, `benchmarks/generate.py --compile`: 410 tok/s against about 1,075 eager,
-  with inductor's weight freezing no better).
+  with inductor's weight freezing no better). Routing its linears to the packed oneDNN kernel (an opaque custom op)
+  does not save it: inductor then fuses each layer's rotary, cache write and expansion of the grouped keys and
+  values over the whole capacity into two kernels of 15-20 ms each (a step of 64 rows at capacity 256: 250 ms,
+  against 70 ms eager; 2026-11-25).
 - Each wave decodes under `bridgelm.attention.fast_attention`: the attention over the cache is two matmuls, on
   CPU in half precision (1.3-2x faster than the fused kernel per call; float32 keeps the kernel) and on CUDA in
   every dtype (no copy of the keys and values per query head).
