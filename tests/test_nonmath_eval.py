@@ -125,6 +125,14 @@ def test_xsum_run_resumes_scores_rouge_and_cuts_long_documents(tmp_path, model_d
     assert entry["truncated"] == 1 and entry["budgets"]["2"]["score"] == 0.0  # every sample has 3 tokens
     assert entry["budgets"]["6"]["score"] == pytest.approx(entry["metrics"]["score"]["mean"])
 
+    # a report of ROUGE-only runs: no accuracy Avg (no NaN in strict JSON), no accuracy line on the terminal
+    capsys.readouterr()
+    main(["report", str(run), "--out", str(tmp_path / "report")])
+    said = capsys.readouterr().out
+    text = (tmp_path / "report" / "report.json").read_text()
+    json.loads(text, parse_constant=lambda c: pytest.fail(f"report.json holds {c}"))
+    assert "mean accuracy" not in said and "nan" not in said.lower() and "non-math (ROUGE-1" in said
+
 
 def _nonmath_runs(tmp_path, model_dir, name):
     """One small run per Table 2 task, as a user makes them; returns {task: run dir}."""

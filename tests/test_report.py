@@ -11,7 +11,7 @@ from bridgelm import evaluate as E
 from bridgelm import score as S
 from bridgelm.cli import main
 from bridgelm.jsonl import read_records
-from bridgelm.report import collect_rows, markdown_table, pct, table_1, table_numbers
+from bridgelm.report import collect_rows, gpass_table, markdown_table, pct, table_1, table_numbers
 from bridgelm.tokenizer import char_tokenizer
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -109,6 +109,33 @@ def test_report_says_when_rows_differ_in_settings(tmp_path, model_tok, capsys):
     assert "**Not like for like**" in (out / "table.md").read_text()
 
 
+def test_report_marks_a_foreign_groups_control(tmp_path, model_tok, capsys):
+    """A run of control (b) (`eval --foreign-groups`) is marked in the run list and warned about, not shown as an
+    ordinary Bridge row."""
+    own = _scored_run(tmp_path / "a", model_tok, {"aime24": [1, 0]}, [2])
+    foreign = _scored_run(tmp_path / "b", model_tok, {"aime24": [1, 1]}, [2], foreign_groups=True)
+    out = tmp_path / "report"
+    main(["report", str(own), str(foreign), "--names", "own,foreign", "--out", str(out)])
+    said = capsys.readouterr().out
+    report = json.loads((out / "report.json").read_text())
+    assert report["runs"]["foreign"]["foreign_groups"] and not report["runs"]["own"]["foreign_groups"]
+    assert report["setting_differences"] == ["aime24: foreign_groups differs between rows: own null, foreign true"]
+    assert "warning: aime24: foreign_groups differs" in said
+    table = (out / "table.md").read_text()
+    line = next(x for x in table.splitlines() if x.startswith("- **foreign**"))
+    assert "**foreign groups**" in line and "**foreign groups**" not in table.split("- **own**")[1].split("\n")[0]
+
+
+def test_gpass_header_names_k_only_when_the_rows_share_it():
+    curves = {
+        "a": {"k": 4, "values": {m: 0.5 for m in range(1, 5)}, "mg_pass": 0.25},
+        "b": {"k": 2, "values": {1: 0.5, 2: 0.25}, "mg_pass": 0.1},
+    }
+    head = gpass_table(curves).splitlines()[0]
+    assert "mG-Pass@k (the row's k)" in head and "mG-Pass@4" not in head
+    assert "| mG-Pass@4 |" in gpass_table({"a": curves["a"]}).splitlines()[0]
+
+
 def test_table_helpers_take_plain_dicts():
     rows = {
         "a": {"b1": {"mean": 0.10, "low": 0.05, "high": 0.2}, "b2": {"mean": 0.30, "low": 0.2, "high": 0.4}},
@@ -117,6 +144,8 @@ def test_table_helpers_take_plain_dicts():
     numbers = table_numbers(rows)
     assert numbers["columns"] == ["b1", "b2"] and numbers["rows"]["a"]["avg"] == pytest.approx(0.2)
     assert numbers["rows"]["b"]["avg"] is None and numbers["rows"]["b"]["delta"] is None  # lacks b2
+    empty = table_numbers({"a": {}, "b": {}})  # no accuracy column (ROUGE-only runs): no Avg, not NaN
+    assert empty["rows"]["a"]["avg"] is None and empty["rows"]["b"]["delta"] is None
     text = table_1(rows, intervals=False)
     assert "| a | 10.00 | 30.00 | 20.00 | +0.00 |" in text and "| b | 20.00 | – | – | – |" in text
     with pytest.raises(ValueError, match="base row 'c'"):

@@ -157,7 +157,8 @@ def collect_rows(run_dirs: Sequence[str], names: Sequence[str] | None = None) ->
 
 # Settings of run.json that change what a benchmark's numbers mean; rows compared on a benchmark should share them.
 # (A --limit is not one of them: it shows in the benchmark's problem count and digest, compared besides.)
-COMPARABLE = ("n", "max_new_tokens", "temperature", "top_p", "top_k", "chat", "stop")
+# foreign_groups marks control (b) of `bridgelm eval --foreign-groups`: groups of samples of different problems.
+COMPARABLE = ("n", "max_new_tokens", "temperature", "top_p", "top_k", "chat", "stop", "foreign_groups")
 
 
 def setting_differences(rows: dict[str, dict]) -> list[str]:
@@ -234,7 +235,7 @@ def table_numbers(rows: dict[str, dict[str, dict]], base: str | None = None) -> 
         columns.extend(b for b in cells if b not in columns)
     out_rows = {}
     for name, cells in rows.items():
-        full = all(b in cells for b in columns)
+        full = bool(columns) and all(b in cells for b in columns)  # no columns (ROUGE-only runs): no Avg
         avg = float(np.mean([cells[b]["mean"] for b in columns])) if full else None
         out_rows[name] = {"cells": {b: cells.get(b) for b in columns}, "avg": avg}
     base_avg = out_rows[base]["avg"]
@@ -286,7 +287,9 @@ def _delta(x: float | None) -> str:
 def gpass_table(curves: dict[str, dict[str, Any]]) -> str:
     """Markdown table of G-Pass@k_tau against tau*k (the numbers of Figure 4); curves as from `gpass_curves`."""
     k = max(c["k"] for c in curves.values())
-    head = ["Model", *(f"τ·k={m}" for m in range(1, k + 1)), f"mG-Pass@{k}"]
+    # Rows of another k have their own τ = m/k and their own mG-Pass@k: the header names k only when all share it.
+    same = all(c["k"] == k for c in curves.values())
+    head = ["Model", *(f"τ·k={m}" for m in range(1, k + 1)), f"mG-Pass@{k}" if same else "mG-Pass@k (the row's k)"]
     rows = [
         [f"{name} (k={c['k']})", *(pct(c["values"].get(m)) for m in range(1, k + 1)), pct(c.get("mg_pass"))]
         for name, c in curves.items()
@@ -586,6 +589,8 @@ def build_report(
                 "finished": {b: v["widths"][v["width"]]["finished"] for b, v in row["benchmarks"].items()},
                 # problems a partial run (`bridgelm score --allow-partial`) has not sampled, by "benchmark w=width"
                 "missing": row.get("partial", {}),
+                # control (b): groups made of samples of different problems (`bridgelm eval --foreign-groups`)
+                "foreign_groups": any(v["settings"].get("foreign_groups") for v in row["benchmarks"].values()),
             }
             for name, row in rows.items()
         },
@@ -621,8 +626,11 @@ def render_markdown(report: dict[str, Any], figures: Sequence[str] = ()) -> str:
         widths = ", ".join(f"{b} w={w}" for b, w in run["widths"].items())
         missing = run.get("missing") or {}
         partial = "; ".join(f"{b}: {n} problem{'s' if n != 1 else ''} not sampled" for b, n in missing.items())
+        foreign = " (**foreign groups**: each group holds samples of different problems, a control)"
         out.append(
-            f"- **{name}**: {', '.join(run['dirs'])} ({widths})" + (f" (**partial run**: {partial})" if partial else "")
+            f"- **{name}**: {', '.join(run['dirs'])} ({widths})"
+            + (foreign if run.get("foreign_groups") else "")
+            + (f" (**partial run**: {partial})" if partial else "")
         )
     differences = report.get("setting_differences") or []
     if differences:

@@ -98,7 +98,7 @@ def _cmd_report(args) -> None:
     for line in report["setting_differences"]:
         print(f"bridgelm report: warning: {line}")
     acc = report["accuracy"]
-    for name, row in acc["rows"].items():
+    for name, row in acc["rows"].items() if acc["columns"] else ():  # ROUGE-only runs: the non-math lines below
         avg = "–" if row["avg"] is None else f"{100 * row['avg']:.2f}%"
         delta = "" if row["delta"] is None else f" (Δ {100 * row['delta']:+.2f} vs {acc['base']})"
         print(f"bridgelm report: {name}: mean accuracy {avg}{delta}")
