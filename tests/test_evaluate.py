@@ -154,6 +154,31 @@ def _fabricate(run: Path, texts_by_problem: dict, lengths=None, finished=None):
     (run / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
 
 
+def test_a_cut_gsm8k_sample_counts_only_with_an_explicit_answer(tmp_path, model_tok):
+    """GSM8K falls back on a completion's last number; a sample cut by the token limit has not answered yet, so its
+    last number ("Step 3: ...") is not its answer. A box, '####' or 'the answer is' still counts, cut or not."""
+    from bridgelm.sampling import Sample
+    from bridgelm.tasks.gsm8k import GSM8K
+
+    model, tok = model_tok
+    rows = [{"question": "What is 1+2?", "answer": "1+2=3\n#### 3"}, {"question": "What is 2+2?", "answer": "#### 4"}]
+    data = [str(_write_rows(tmp_path / "gsm.jsonl", rows))]
+    run = tmp_path / "run"
+    E.run_eval(model, tok, "gsm8k", data, E.EvalConfig(n=4, width=2, max_new_tokens=4), run, "tiny", progress=False)
+    cut = "Step 3: Calculate the total number of"
+    texts = {("gsm", 0): [cut, cut, "so #### 3 and then", "It is 3"], ("gsm", 1): ["\\boxed{4} and", cut, "4", "4"]}
+    _fabricate(run, texts, finished={("gsm", 0): [False, True, False, True], ("gsm", 1): [False, False, True, True]})
+    S.score_run(run, progress=False)
+    scores = {r["index"]: r for r in read_records(run / "scores.jsonl")}
+    assert scores[0]["correct"] == [False, True, True, True] and scores[0]["answers"] == [None, "3", "3", "3"]
+    assert scores[1]["correct"] == [True, False, True, True] and scores[1]["answers"] == ["4", None, "4", "4"]
+
+    task = GSM8K(name="gsm8k", examples=rows)
+    samples = [[Sample([], [], [], cut, finished) for finished in (False, True)]]
+    assert E.grade_samples(task, rows[:1], samples) == [[False, True]]
+    assert task.graded_text(cut, finished=False) == "" and task.graded_text(cut, finished=True) == cut
+
+
 def _math_rows(shared_data):
     math = [json.loads(x) for x in (shared_data / "math" / "math500.jsonl").read_text().splitlines()]
     math = sorted((r for r in math if r["answer"].strip().isdigit()), key=lambda r: len(r["problem"]))[:2]

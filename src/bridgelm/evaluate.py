@@ -595,7 +595,7 @@ def sample_examples(
 
 def grade_samples(task: Task, examples: Sequence[dict], samples: Sequence[Sequence[Sample]]) -> list[list[bool]]:
     """Whether each sample of `sample_examples` is correct, graded by `task` (one list per example)."""
-    pairs = [(s.text, ex) for ex, outs in zip(examples, samples) for s in outs]
+    pairs = [(task.graded_text(s.text, s.finished), ex) for ex, outs in zip(examples, samples) for s in outs]
     rewards = check_rewards(task.reward_many(pairs), f"task {task.name!r}")
     flags, at = [], 0
     for outs in samples:

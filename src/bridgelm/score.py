@@ -75,7 +75,7 @@ def _problem_score(rec: dict, rewards: list[float], task: Task) -> dict[str, Any
     if task.continuous:
         spread = {"scores": list(rewards), "mean": float(np.mean(rewards)), "variance": float(np.var(rewards))}
         return {**head, **spread, **ends, "truncated": bool(rec.get("truncated"))}
-    answers = [task.extract(s["text"]) for s in samples]
+    answers = [task.extract(task.graded_text(s["text"], bool(s["finished"]))) for s in samples]
     correct = [is_correct(r) for r in rewards]
     return {
         **head,
@@ -137,7 +137,11 @@ def score_run(
             recs = [
                 records[(b.name, w, i)] for w in widths for i in range(len(b.problems)) if (b.name, w, i) in records
             ]
-            pairs = [(s["text"], b.problems[int(r["index"])]) for r in recs for s in r["samples"]]
+            pairs = [
+                (b.task.graded_text(s["text"], bool(s["finished"])), b.problems[int(r["index"])])
+                for r in recs
+                for s in r["samples"]
+            ]
             rewards: list[float] = []
             for start in range(0, len(pairs), GRADE_BATCH):
                 chunk = pairs[start : start + GRADE_BATCH]

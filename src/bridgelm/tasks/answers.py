@@ -133,11 +133,11 @@ def after_marker(text: str, marker_re: str) -> str | None:
     return found.group(0).replace(",", "") if found else None
 
 
-def extract_number_answer(text: str | None) -> str | None:
+def extract_number_answer(text: str | None, fallback: bool = True) -> str | None:
     """Final numeric answer of a GSM8K-style completion, as canonical decimal text.
 
     Order: the last `\\boxed{}` (the number in it, or its last number when it holds a small
-    expression like "2 \\times 9 = 18"), then `#### N`, then "the answer is N", then the last
+    expression like "2 \\times 9 = 18"), then `#### N`, then "the answer is N", then (when `fallback`) the last
     number anywhere in the text.
     """
     if not text:
@@ -154,7 +154,7 @@ def extract_number_answer(text: str | None) -> str | None:
         found = after_marker(text, marker)
         if found is not None:
             return canonical_number(found)
-    found = last_number(text)
+    found = last_number(text) if fallback else None
     return canonical_number(found) if found is not None else None
 
 

@@ -102,6 +102,12 @@ class Task:
         """1.0 if `completion` answers `example` correctly, else 0.0."""
         raise NotImplementedError(f"task {self.name!r} does not define reward()")
 
+    def graded_text(self, completion: str, finished: bool) -> str:
+        """What `extract` and `reward` read of a completion; `finished` False: cut by the token limit, before its
+        end. The whole completion by default; a task whose extraction falls back on incidental text (GSM8K's last
+        number) grades a cut completion only on an explicit final answer."""
+        return completion
+
     def long_field(self) -> str | None:
         """The example field that may be shortened so that the prompt fits the model's context (None: never)."""
         return None

@@ -2,7 +2,8 @@
 
 Rows hold `question` and `answer`, a worked solution ending in `#### N`; the gold is N. A
 completion is correct when its extracted number equals N up to a relative tolerance of 1e-6, so
-"18", "18.0" and "$18" agree, and so do "1,234" and "1234".
+"18", "18.0" and "$18" agree, and so do "1,234" and "1234". A completion cut by the token limit (it never ended)
+is graded only on an explicit answer (a box, "####" or "the answer is"), not on its last number.
 """
 
 from __future__ import annotations
@@ -58,6 +59,13 @@ class GSM8K(Task):
 
     def extract(self, completion: str) -> str | None:
         return extract_number_answer(completion)
+
+    def graded_text(self, completion: str, finished: bool) -> str:
+        # A cut completion's last number is often incidental ("Step 3: Calculate the total number of"): without a
+        # box, "####" or "the answer is", it has given no answer.
+        if finished or extract_number_answer(completion, fallback=False) is not None:
+            return completion
+        return ""
 
     def reward(self, completion: str, example: dict) -> float:
         return 1.0 if numbers_match(self.extract(completion), self.answer(example)) else 0.0

@@ -271,7 +271,8 @@ def collect_rollouts(model, tokenizer, task, examples: list[dict], cfg: RLConfig
     for p, outs in enumerate(samples):
         for i, s in enumerate(outs):
             rows.append(Row(prompt_ids[p], s.token_ids, p * per_prompt + i // cfg.width))
-            pairs.append((tokenizer.decode(s.token_ids, skip_special_tokens=True), examples[p]))
+            text = tokenizer.decode(s.token_ids, skip_special_tokens=True)
+            pairs.append((task.graded_text(text, s.finished), examples[p]))
             finished.append(s.finished)
     rewards = torch.tensor(check_rewards(task.reward_many(pairs), f"task {task.name!r}, step {step + 1}"))
     advantages = group_advantages(rewards.view(len(examples), cfg.rollouts)).view(-1)

@@ -114,7 +114,8 @@ def _sample_and_write(model, tokenizer, task, examples, todo, cfg, settings, cha
         i = todo[k]
         example = examples[i]
         rewards = check_rewards(
-            task.reward_many([(s.text, example) for s in samples]), f"task {task.name!r}, problem {i}"
+            task.reward_many([(task.graded_text(s.text, s.finished), example) for s in samples]),
+            f"task {task.name!r}, problem {i}",
         )
         correct = [j for j, r in enumerate(rewards) if is_correct(r)]
         good = [j for j in correct if samples[j].finished]
