@@ -191,6 +191,9 @@ def test_precision_is_bf16_only_where_its_matmul_is_fast(tmp_path):
     (tmp_path / "base").mkdir()  # the base model is training: demo.json tells its precision
     kept, why = choose_bf16(DemoConfig(), avx2, tmp_path)
     assert kept is True and why == "as this folder's earlier stages (--no-bf16 needs another --out)"
+    # a re-run keeps the reason recorded when the folder's stages began, for its report
+    (tmp_path / "demo.json").write_text(json.dumps({"bf16": True, "precision": "as asked (--bf16)"}))
+    assert choose_bf16(DemoConfig(), avx2, tmp_path) == (True, "as asked (--bf16)")
     # once trained, the base model's own settings tell it, whatever demo.json says
     (tmp_path / "base" / "pretrain.json").write_text(json.dumps({"config": {"bf16": False}}))
     assert choose_bf16(DemoConfig(), avx512, tmp_path)[0] is False

@@ -106,7 +106,7 @@ def test_a_check_failing_before_any_sample_leaves_no_run_behind(tmp_path, model_
     data = [str(_toy(tmp_path / "toy.jsonl", 2))]
     run = tmp_path / "run"
     too_long = E.EvalConfig(n=2, width=2, widths=(1, 2), max_new_tokens=1020)
-    with pytest.raises(ValueError, match="exceeds the model's context"):
+    with pytest.raises(ValueError, match="exceeds the model's context .*lower max_new_tokens .* to at most"):
         E.run_eval(model, tok, "math", data, too_long, run, "tiny", progress=False)
     assert not run.exists() or not any(run.iterdir())
     cfg = E.EvalConfig(n=2, width=2, widths=(1, 2), max_new_tokens=4)

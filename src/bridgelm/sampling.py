@@ -822,9 +822,11 @@ def iter_generate_ids(
         if len(p) == 0:
             raise ValueError(f"prompt {i} is empty: expected at least one token")
         if context is not None and len(p) + cfg.max_new_tokens > context:
+            room = context - max(map(len, prompts))  # what the longest prompt leaves
+            fix = f"lower max_new_tokens (--max-new-tokens) to at most {room}, or shorten the prompts"
             raise ValueError(
                 f"prompt {i} has {len(p)} tokens; with max_new_tokens={cfg.max_new_tokens} it exceeds the "
-                f"model's context of {context} positions"
+                f"model's context of {context} positions: " + (fix if room > 0 else "shorten the prompts")
             )
     if not eos_token_ids:
         eos_token_ids = [-1]  # nothing stops a sample but max_new_tokens

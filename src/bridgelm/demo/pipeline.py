@@ -583,7 +583,8 @@ BF16_MARGIN = 1.2  # bf16 is chosen where its matmul peak is at least this many 
 def choose_bf16(cfg: DemoConfig, peaks: dict, out: Path) -> tuple[bool, str]:
     """Whether the demo's forwards run in bf16 (`DemoConfig.bf16`), and why: as the folder's earlier stages (its base
     model's settings, else demo.json while the base model trains), so that a re-run skips them and its runs stay
-    alike (a flag asking for the other precision is refused); else as asked; else bf16 where this machine's bf16
+    alike (a flag asking for the other precision is refused; the reason is the one demo.json recorded when they
+    began); else as asked; else bf16 where this machine's bf16
     matmul peak, measured at the start, is at least BF16_MARGIN times its fp32 one (CPUs without AVX-512 run bf16
     matmuls ~100x slower than fp32 ones)."""
     marker, saved = out / "base" / PRETRAIN_FILE, out / "demo.json"
@@ -599,6 +600,10 @@ def choose_bf16(cfg: DemoConfig, peaks: dict, out: Path) -> tuple[bool, str]:
                 f"{out} holds stages made with {flag[made]}, not {flag[cfg.bf16]}: use another --out for "
                 f"{flag[cfg.bf16]}, or leave the flag out to continue this folder"
             )
+        # The reason recorded when the folder's stages began (why that precision), kept for its report.
+        first = json.loads(saved.read_text()) if saved.is_file() else {}
+        if first.get("bf16") is made and isinstance(first.get("precision"), str) and first["precision"]:
+            return made, first["precision"]
         return made, f"as this folder's earlier stages ({flag[not made]} needs another --out)"
     if cfg.bf16 is not None:
         return cfg.bf16, f"as asked ({flag[cfg.bf16]})"
