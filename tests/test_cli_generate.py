@@ -50,7 +50,8 @@ def test_generate_writes_and_resumes(tmp_path, capsys):
     # per-prompt random streams: the redone prompts drew exactly what the first run drew
     for i in (1, 3):  # (log-probs may differ in the last digit: other batch shapes round differently)
         assert [s["token_ids"] for s in by_index[i]["samples"]] == [s["token_ids"] for s in full[i]["samples"]]
-    assert "sampled 2 prompts now" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert "sampled 2 prompts now" in said and "note:" not in said  # Bridge blocks: the width matters
     # other settings into the same file are refused, and the file is untouched
     before = out.read_bytes()
     with pytest.raises(SystemExit):
@@ -85,6 +86,10 @@ def test_generate_single_prompt_and_bad_input(tmp_path, capsys):
         ]
     )
     assert len(read_records(out)) == 1
+    assert "note:" not in capsys.readouterr().out  # width 1: nothing to say
+    wide = ["generate", "--model", str(tmp_path / "m"), "--prompt", "1+1=", "--n", "2", "--width", "2"]
+    main(wide + ["--max-new-tokens", "3", "--out", str(tmp_path / "wide.jsonl")])
+    assert "note: it has no Bridge blocks, so width 2 samples like width 1" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         main(
             [

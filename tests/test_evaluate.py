@@ -108,7 +108,11 @@ def test_a_check_failing_before_any_sample_leaves_no_run_behind(tmp_path, model_
     too_long = E.EvalConfig(n=2, width=2, widths=(1, 2), max_new_tokens=1020)
     with pytest.raises(ValueError, match="exceeds the model's context .*lower max_new_tokens .* to at most"):
         E.run_eval(model, tok, "math", data, too_long, run, "tiny", progress=False)
-    assert not run.exists() or not any(run.iterdir())
+    assert not run.exists()  # the folder it made is taken away again
+    run.mkdir()  # a folder of the user's stays, empty
+    with pytest.raises(ValueError, match="exceeds the model's context"):
+        E.run_eval(model, tok, "math", data, too_long, run, "tiny", progress=False)
+    assert run.is_dir() and not any(run.iterdir())
     cfg = E.EvalConfig(n=2, width=2, widths=(1, 2), max_new_tokens=4)
     assert E.run_eval(model, tok, "math", data, cfg, run, "tiny", progress=False)["sampled"] == 4
 

@@ -499,6 +499,7 @@ def run_eval(
         settings["prompt_budget"] = budget  # long documents are cut to this many prompt tokens
     run_file = run_dir / RUN_FILE
     created = False  # run.json written by this call (main rank)
+    fresh = not run_dir.exists()  # the folder too: a run refused before any sample takes it away again
     if dist.is_main:
         shards = shard_files(run_dir)  # listed before run.json is looked at: run.json is written before any shard
         created = not run_file.exists()
@@ -568,6 +569,8 @@ def run_eval(
         # only: under torchrun another rank may be writing its first problem.
         if created and dist.world == 1 and not shard_files(run_dir):
             run_file.unlink(missing_ok=True)
+            if fresh and not any(run_dir.iterdir()):
+                run_dir.rmdir()
         raise
     finally:
         if bar is not None:

@@ -70,6 +70,16 @@ def load_model_of(args, blocks: str | None):
     return load_model(args.model, blocks=blocks, dtype=dtype_of(args.dtype), device=args.device)
 
 
+def width_is_moot(model) -> str | None:
+    """Why the generation width cannot change `model`'s samples (None: it has Bridge blocks, so it can)."""
+    from bridgelm.attach import block_config
+
+    kind = getattr(block_config(model), "kind", None)
+    if kind == "bridge":
+        return None
+    return "its P-Match blocks read one sample each" if kind else "it has no Bridge blocks"
+
+
 def warn_slow_bf16(asked: bool, device, flag: str = "--dtype bfloat16") -> None:
     """A DataWarning when `flag` asks for bf16 (`asked`) on a CPU whose oneDNN has no bf16 (AVX2 only, no AVX-512),
     where it runs some 100x slower than float32 (measured on an AMD EPYC: 0.9-2.9 against 53-176 GFLOP/s)."""

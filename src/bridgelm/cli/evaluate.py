@@ -21,6 +21,7 @@ from bridgelm.cli.common import (
     load_model_of,
     positive_int,
     stop_string,
+    width_is_moot,
 )
 from bridgelm.cli.fields import Flag, add_fields, build
 from bridgelm.errors import UserError
@@ -28,7 +29,6 @@ from bridgelm.evaluate import EvalConfig
 
 
 def _cmd_eval(args) -> None:
-    from bridgelm.attach import block_config
     from bridgelm.dist import Dist
     from bridgelm.evaluate import load_benchmarks, run_eval
     from bridgelm.score import METRICS_FILE, score_run, summary_lines
@@ -49,9 +49,8 @@ def _cmd_eval(args) -> None:
             f"{'' if args.no_score else ', scores.jsonl, metrics.json'})"
         )
     model, tokenizer = load_model_and_tokenizer(args)
-    kind = getattr(block_config(model), "kind", None)
-    if lead and kind != "bridge" and len(cfg.all_widths()) > 1:
-        what = "its P-Match blocks read one sample each" if kind else "it has no Bridge blocks"
+    what = width_is_moot(model)
+    if lead and what and len(cfg.all_widths()) > 1:
         print(
             f"bridgelm eval: note: {what}, so its samples do not depend on the width: widths {cfg.all_widths()} "
             "sample the same sets (up to the rounding of other batch shapes), each again"

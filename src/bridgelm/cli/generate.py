@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from bridgelm.cli.common import add_model_args, check_out, load_model_and_tokenizer, read_prompts, stop_string
+from bridgelm.cli.common import (
+    add_model_args,
+    check_out,
+    load_model_and_tokenizer,
+    read_prompts,
+    stop_string,
+    width_is_moot,
+)
 from bridgelm.cli.fields import add_fields, build
 from bridgelm.sampling import SamplingConfig
 
@@ -23,6 +30,9 @@ def _cmd_generate(args) -> None:
     blocks = local_source(args.blocks) if args.blocks else None
     settings = run_settings(cfg, local_source(args.model), blocks, args.chat, stop=args.stop)
     print(f"bridgelm generate: {len(prompts)} prompts x {cfg.n} samples (width {cfg.width}) -> {args.out}")
+    moot = width_is_moot(model)
+    if moot and cfg.width > 1:
+        print(f"bridgelm generate: note: {moot}, so width {cfg.width} samples like width 1: independently")
     source = f"--prompts {args.prompts}" if args.prompts else "--prompt"
     made = sample_to_file(model, tokenizer, prompts, args.out, cfg, settings, args.chat, args.stop, source=source)
     print(f"bridgelm generate: sampled {made} prompts now, {len(prompts) - made} were already in {args.out}")

@@ -326,7 +326,7 @@ def train_sft(model, tokenizer, data_path: str | os.PathLike, cfg: SFTConfig, ou
         "steps": total,
         "groups_per_epoch": [sum(len(b) for b in batches) for batches in plan],
     }
-    run.say(f"bridgelm sft: {len(train)} problems ({len(val)} held out), {total} steps -> {out_dir}")
+    run.say(f"bridgelm sft: {len(train)} training problems, {len(val)} held out, {total} steps -> {out_dir}")
     was_training = model.training
     model.train()
     with run.running(total, "SFT"):
