@@ -183,6 +183,29 @@ def test_a_cut_gsm8k_sample_counts_only_with_an_explicit_answer(tmp_path, model_
     assert task.graded_text(cut, finished=False) == "" and task.graded_text(cut, finished=True) == cut
 
 
+def test_a_split_named_file_is_named_after_its_task_and_older_runs_keep_their_names(tmp_path, model_tok):
+    """gsm8k/test.jsonl makes the benchmark "gsm8k" (titled GSM8K in reports), not "test"; its train.jsonl
+    "gsm8k_train". A run recorded when such a file was named "test" still resumes and scores under that name."""
+    model, tok = model_tok
+    rows = [{"question": "What is 1+2?", "answer": "#### 3"}, {"question": "What is 2+2?", "answer": "#### 4"}]
+    (tmp_path / "gsm8k").mkdir()
+    test, train = (str(_write_rows(tmp_path / "gsm8k" / f"{n}.jsonl", rows)) for n in ("test", "train"))
+    assert [b.name for b in E.load_benchmarks("gsm8k", [test, train])] == ["gsm8k", "gsm8k_train"]
+    assert E.benchmark_name("math", "aime24.jsonl") == "aime24"
+    run = tmp_path / "run"
+    cfg = E.EvalConfig(n=2, width=1, max_new_tokens=3)
+    E.run_eval(model, tok, "gsm8k", [test], cfg, run, "tiny", progress=False)
+    assert set(S.score_run(run, progress=False)["benchmarks"]) == {"gsm8k"}
+    # as an older version wrote it: the benchmark named "test"
+    settings = json.loads((run / "run.json").read_text())
+    settings["benchmarks"][0]["name"] = "test"
+    (run / "run.json").write_text(json.dumps(settings))
+    recs = read_records(run / "samples.jsonl")
+    (run / "samples.jsonl").write_text("".join(json.dumps({**r, "benchmark": "test"}) + "\n" for r in recs))
+    assert E.run_eval(model, tok, "gsm8k", [test], cfg, run, "tiny", progress=False)["sampled"] == 0
+    assert set(S.score_run(run, progress=False)["benchmarks"]) == {"test"}
+
+
 def _math_rows(shared_data):
     math = [json.loads(x) for x in (shared_data / "math" / "math500.jsonl").read_text().splitlines()]
     math = sorted((r for r in math if r["answer"].strip().isdigit()), key=lambda r: len(r["problem"]))[:2]

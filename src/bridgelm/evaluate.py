@@ -145,7 +145,7 @@ class EvalConfig:
 class Benchmark:
     """The problems of one data file (or of a Task object), with the task that prompts and grades them."""
 
-    name: str  # file stem ("aime24") or the task's name
+    name: str  # file stem ("aime24"), or the task's name (the task's own examples, or a split file: see benchmark_name)
     path: str | None  # data file it was read from; None = the task's own examples
     task: Task  # prompt, gold answer, answer extraction and reward
     problems: list[dict]  # the examples evaluated (the first `limit` of the file)
@@ -156,6 +156,29 @@ class Benchmark:
 
     def describe(self) -> dict[str, Any]:
         return {"name": self.name, "path": self.path, "problems": len(self.problems), "digest": self.digest()}
+
+
+# Stems that name a data set's split rather than the data set: such a file's benchmark is named after its task.
+SPLIT_STEMS = ("test", "train", "validation", "val", "dev")
+
+
+def benchmark_name(task_name: str, path: str | os.PathLike) -> str:
+    """The benchmark name of a data file: its stem (math500.jsonl -> math500), or for a file named after its split,
+    the task's name (gsm8k/test.jsonl -> gsm8k; train.jsonl -> gsm8k_train)."""
+    src = Path(path).expanduser()
+    stem = src.stem if src.suffix else src.name
+    if stem.lower() not in SPLIT_STEMS:
+        return stem
+    return task_name if stem.lower() == "test" else f"{task_name}_{stem}"
+
+
+def adopt_recorded_names(benches: Sequence[Benchmark], recorded: Sequence[dict]) -> None:
+    """Benchmarks read from the very files a run recorded (`recorded`: its run.json's "benchmarks") take the names it
+    recorded: runs from before `benchmark_name` named split files after their task (gsm8k/test.jsonl was "test")
+    still resume and score."""
+    if len(recorded) == len(benches) and all(r.get("path") == b.path for r, b in zip(recorded, benches)):
+        for r, b in zip(recorded, benches):
+            b.name = r.get("name", b.name)
 
 
 def load_benchmarks(task_or_name: Task | str, data_paths: Sequence[str] | None = None, limit: int | None = None):
@@ -179,9 +202,7 @@ def load_benchmarks(task_or_name: Task | str, data_paths: Sequence[str] | None =
         else:
             found = []
             for p in paths:
-                src = Path(p).expanduser()
-                name = src.stem if src.suffix else src.name
-                found.append((name, local_source(p), tasks.load(task_or_name, p)))
+                found.append((benchmark_name(task_or_name, p), local_source(p), tasks.load(task_or_name, p)))
     else:
         raise TypeError(f"task_or_name must be a Task or a task name, got {type(task_or_name).__name__}")
     benches, seen = [], {}
@@ -493,6 +514,8 @@ def run_eval(
     benches = load_benchmarks(task_or_name, data_paths, cfg.limit)
     task_name = task_or_name.name if isinstance(task_or_name, Task) else task_or_name
     run_dir = Path(out_dir)
+    if (run_dir / RUN_FILE).is_file():  # a resumed run keeps its benchmarks' names
+        adopt_recorded_names(benches, read_run(run_dir).get("benchmarks") or [])
     settings = run_settings(cfg, benches, task_name, model_id, blocks)
     budget = prompt_budget(model, cfg.max_new_tokens)
     if any(b.task.long_field() is not None for b in benches):

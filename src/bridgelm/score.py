@@ -23,7 +23,15 @@ from typing import Any
 import numpy as np
 
 from bridgelm import metrics as M
-from bridgelm.evaluate import FORMAT, Benchmark, benchmark_difference, load_benchmarks, read_run, read_samples
+from bridgelm.evaluate import (
+    FORMAT,
+    Benchmark,
+    adopt_recorded_names,
+    benchmark_difference,
+    load_benchmarks,
+    read_run,
+    read_samples,
+)
 from bridgelm.jsonl import write_atomic, write_json
 from bridgelm.tasks import Task
 from bridgelm.tasks.base import is_correct
@@ -49,6 +57,7 @@ def _grading_benchmarks(run: dict, task: Task | None) -> list[Benchmark]:
         )
     else:
         benches = load_benchmarks(run["task"], [p for p in paths if p is not None], run.get("limit"))
+        adopt_recorded_names(benches, run["benchmarks"])
     _benchmark_check(run, benches)
     return benches
 
