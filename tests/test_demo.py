@@ -68,7 +68,7 @@ def test_quick_demo_runs_every_stage_and_resumes(tmp_path, capsys):
     assert all(0.0 <= p[k] <= 1.0 for p in trace["points"] for k in ("w1", "w4", "interaction"))
     assert "interaction over the course of RL" in text
     # The demo's test problems, written out: the CLI evaluates its models on exactly the demo's prompts.
-    data = out / "data" / "anysum_test.jsonl"
+    data = out / "data" / "anysum" / "test.jsonl"
     main(
         ["eval", "--model", str(out / "base"), "--task", "anysum", "--data", str(data), "--n", "2", "--width", "1"]
         + ["--max-new-tokens", "4", "--limit", "3", "--out", str(tmp_path / "cli_eval")]
@@ -76,7 +76,9 @@ def test_quick_demo_runs_every_stage_and_resumes(tmp_path, capsys):
     cli = [json.loads(x) for x in (tmp_path / "cli_eval" / "samples.jsonl").read_text().splitlines()]
     demo = [json.loads(x) for x in (out / "eval_base_s0" / "samples.jsonl").read_text().splitlines()]
     assert {r["index"]: r["prompt_ids"] for r in cli} == {r["index"]: r["prompt_ids"] for r in demo if r["index"] < 3}
-    assert len((out / "data" / "anysum_train.jsonl").read_text().splitlines()) >= 48  # the warm-up problems
+    assert len((out / "data" / "anysum" / "train.jsonl").read_text().splitlines()) >= 48  # the warm-up problems
+    scored = json.loads((tmp_path / "cli_eval" / "metrics.json").read_text())
+    assert set(scored["benchmarks"]) == {"anysum"}  # the demo's own evaluations' name: one column in a report
     for png in ("gpass.png", "training.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     for stage in (

@@ -183,27 +183,67 @@ def test_a_cut_gsm8k_sample_counts_only_with_an_explicit_answer(tmp_path, model_
     assert task.graded_text(cut, finished=False) == "" and task.graded_text(cut, finished=True) == cut
 
 
-def test_a_split_named_file_is_named_after_its_task_and_older_runs_keep_their_names(tmp_path, model_tok):
+def test_a_split_named_file_is_named_after_its_folder_and_older_runs_keep_their_names(tmp_path, model_tok):
     """gsm8k/test.jsonl makes the benchmark "gsm8k" (titled GSM8K in reports), not "test"; its train.jsonl
-    "gsm8k_train". A run recorded when such a file was named "test" still resumes and scores under that name."""
+    "gsm8k_train"; a test.jsonl given without a folder, the task's name. A run recorded when such a file was named
+    "test" still resumes and scores under that name: when its files have moved since, and when two of its files would
+    now share a name."""
+    import shutil
+
     model, tok = model_tok
     rows = [{"question": "What is 1+2?", "answer": "#### 3"}, {"question": "What is 2+2?", "answer": "#### 4"}]
     (tmp_path / "gsm8k").mkdir()
     test, train = (str(_write_rows(tmp_path / "gsm8k" / f"{n}.jsonl", rows)) for n in ("test", "train"))
     assert [b.name for b in E.load_benchmarks("gsm8k", [test, train])] == ["gsm8k", "gsm8k_train"]
+    assert E.benchmark_name("math", "aime24/test.jsonl") == "aime24"
+    assert E.benchmark_name("math", "test.jsonl") == "math"
     assert E.benchmark_name("math", "aime24.jsonl") == "aime24"
-    run = tmp_path / "run"
+    other = str(_write_rows(tmp_path / "gsm8k.jsonl", rows[:1]))  # named "gsm8k" too: refused, as ever
+    with pytest.raises(ValueError, match="two data files make the benchmark 'gsm8k'"):
+        E.load_benchmarks("gsm8k", [test, other])
     cfg = E.EvalConfig(n=2, width=1, max_new_tokens=3)
+
+    def as_before(run, old_names, paths=None):  # as an older version wrote it: split files named by their stem
+        settings = json.loads((run / "run.json").read_text())
+        for i, b in enumerate(settings["benchmarks"]):
+            b["name"] = old_names[b["name"]]
+            b["path"] = (paths or {}).get(i, b["path"])
+        (run / "run.json").write_text(json.dumps(settings))
+        recs = [{**r, "benchmark": old_names[r["benchmark"]]} for r in read_records(run / "samples.jsonl")]
+        (run / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+
+    run = tmp_path / "run"
     E.run_eval(model, tok, "gsm8k", [test], cfg, run, "tiny", progress=False)
     assert set(S.score_run(run, progress=False)["benchmarks"]) == {"gsm8k"}
-    # as an older version wrote it: the benchmark named "test"
-    settings = json.loads((run / "run.json").read_text())
-    settings["benchmarks"][0]["name"] = "test"
-    (run / "run.json").write_text(json.dumps(settings))
-    recs = read_records(run / "samples.jsonl")
-    (run / "samples.jsonl").write_text("".join(json.dumps({**r, "benchmark": "test"}) + "\n" for r in recs))
+    as_before(run, {"gsm8k": "test"})
     assert E.run_eval(model, tok, "gsm8k", [test], cfg, run, "tiny", progress=False)["sampled"] == 0
     assert set(S.score_run(run, progress=False)["benchmarks"]) == {"test"}
+    shutil.move(tmp_path / "gsm8k", tmp_path / "moved")  # the data moved since: same content, scored as recorded
+    (tmp_path / "gsm8k").symlink_to(tmp_path / "moved")
+    assert set(S.score_run(run, progress=False)["benchmarks"]) == {"test"}
+    (tmp_path / "gsm8k").unlink()
+    shutil.move(tmp_path / "moved", tmp_path / "gsm8k")
+
+    # an older run of gsm8k/test.jsonl ("test") and gsm8k.jsonl ("gsm8k"), both "gsm8k" now: it still scores, resumes
+    both = tmp_path / "both"
+    copy = str(_write_rows(tmp_path / "copy.jsonl", rows[:1]))  # gsm8k.jsonl's problems under a free name
+    E.run_eval(model, tok, "gsm8k", [test, copy], cfg, both, "tiny", progress=False)
+    as_before(both, {"gsm8k": "test", "copy": "gsm8k"}, paths={1: other})
+    assert set(S.score_run(both, progress=False)["benchmarks"]) == {"test", "gsm8k"}
+    assert E.run_eval(model, tok, "gsm8k", [test, other], cfg, both, "tiny", progress=False)["sampled"] == 0
+
+
+def test_a_cut_math_sample_counts_only_with_a_box():
+    """math-verify falls back on a bare number: a MATH sample cut by the token limit answers only with a box."""
+    from bridgelm.tasks.math import MathTask
+
+    task = MathTask(name="math", examples=[])
+    cut = "Step 1: there are 18 apples. Step 2: the total number of"
+    assert task.reward(cut, {"answer": "2"}) == 1.0  # the "2" of "Step 2", had it finished there
+    assert task.reward(task.graded_text(cut, finished=False), {"answer": "2"}) == 0.0
+    assert task.graded_text(cut, finished=True) == cut
+    boxed = "so \\boxed{2} and then"
+    assert task.graded_text(boxed, finished=False) == boxed
 
 
 def _math_rows(shared_data):

@@ -158,33 +158,48 @@ class Benchmark:
         return {"name": self.name, "path": self.path, "problems": len(self.problems), "digest": self.digest()}
 
 
-# Stems that name a data set's split rather than the data set: such a file's benchmark is named after its task.
+# Stems that name a data set's split rather than the data set: such a file's benchmark is named after its folder.
 SPLIT_STEMS = ("test", "train", "validation", "val", "dev")
 
 
 def benchmark_name(task_name: str, path: str | os.PathLike) -> str:
     """The benchmark name of a data file: its stem (math500.jsonl -> math500), or for a file named after its split,
-    the task's name (gsm8k/test.jsonl -> gsm8k; train.jsonl -> gsm8k_train)."""
+    its folder's name (gsm8k/test.jsonl -> gsm8k; gsm8k/train.jsonl -> gsm8k_train), the task's for a file given
+    without a folder (test.jsonl -> the task's name)."""
     src = Path(path).expanduser()
     stem = src.stem if src.suffix else src.name
     if stem.lower() not in SPLIT_STEMS:
         return stem
-    return task_name if stem.lower() == "test" else f"{task_name}_{stem}"
+    folder = src.parent.name if src.parent.name not in ("", ".", "..") else task_name
+    return folder if stem.lower() == "test" else f"{folder}_{stem}"
 
 
-def adopt_recorded_names(benches: Sequence[Benchmark], recorded: Sequence[dict]) -> None:
-    """Benchmarks read from the very files a run recorded (`recorded`: its run.json's "benchmarks") take the names it
-    recorded: runs from before `benchmark_name` named split files after their task (gsm8k/test.jsonl was "test")
-    still resume and score."""
-    if len(recorded) == len(benches) and all(r.get("path") == b.path for r, b in zip(recorded, benches)):
+def recorded_benchmarks(run_dir: str | os.PathLike) -> list[dict] | None:
+    """The "benchmarks" of RUN_DIR's run.json (None: no run there yet), for `load_benchmarks(recorded=...)`."""
+    return read_run(run_dir).get("benchmarks") if (Path(run_dir) / RUN_FILE).is_file() else None
+
+
+def _adopt_recorded_names(benches: list[Benchmark], recorded: Sequence[dict] | None) -> None:
+    """Benchmarks holding the very problems a run recorded (`recorded`: its run.json's "benchmarks", in order; the
+    same count and fingerprint each) take the names it recorded: runs from before `benchmark_name` named a split file
+    after its folder (gsm8k/test.jsonl was "test") still resume and score, wherever their files are now."""
+    if not recorded or len(recorded) != len(benches):
+        return
+    if all((r.get("problems"), r.get("digest")) == (len(b.problems), b.digest()) for r, b in zip(recorded, benches)):
         for r, b in zip(recorded, benches):
             b.name = r.get("name", b.name)
 
 
-def load_benchmarks(task_or_name: Task | str, data_paths: Sequence[str] | None = None, limit: int | None = None):
+def load_benchmarks(
+    task_or_name: Task | str,
+    data_paths: Sequence[str] | None = None,
+    limit: int | None = None,
+    recorded: Sequence[dict] | None = None,
+):
     """Benchmarks of a run: one per data file of the registry task `task_or_name`, or the Task object itself.
 
     Without data files a task name gives one benchmark from the task's default source, named after the task.
+    `recorded`: the "benchmarks" of the run's run.json, when it has one: the same problems keep the names it recorded.
     """
     from bridgelm import tasks
 
@@ -205,15 +220,18 @@ def load_benchmarks(task_or_name: Task | str, data_paths: Sequence[str] | None =
                 found.append((benchmark_name(task_or_name, p), local_source(p), tasks.load(task_or_name, p)))
     else:
         raise TypeError(f"task_or_name must be a Task or a task name, got {type(task_or_name).__name__}")
-    benches, seen = [], {}
+    benches = []
     for name, path, task in found:
-        if name in seen:
-            raise ValueError(f"two data files make the benchmark {name!r}: {seen[name]} and {path}; rename one")
-        seen[name] = path
         problems = list(task.examples[:limit] if limit else task.examples)
         if not problems:
             raise ValueError(f"benchmark {name!r} ({path or 'task examples'}) holds no problems")
         benches.append(Benchmark(name, path, task, problems))
+    _adopt_recorded_names(benches, recorded)
+    seen = {}
+    for b in benches:
+        if b.name in seen:
+            raise ValueError(f"two data files make the benchmark {b.name!r}: {seen[b.name]} and {b.path}; rename one")
+        seen[b.name] = b.path
     return benches
 
 
@@ -511,11 +529,9 @@ def run_eval(
     """
     cfg.validate()
     dist = dist or Dist.from_env()
-    benches = load_benchmarks(task_or_name, data_paths, cfg.limit)
+    benches = load_benchmarks(task_or_name, data_paths, cfg.limit, recorded=recorded_benchmarks(out_dir))
     task_name = task_or_name.name if isinstance(task_or_name, Task) else task_or_name
     run_dir = Path(out_dir)
-    if (run_dir / RUN_FILE).is_file():  # a resumed run keeps its benchmarks' names
-        adopt_recorded_names(benches, read_run(run_dir).get("benchmarks") or [])
     settings = run_settings(cfg, benches, task_name, model_id, blocks)
     budget = prompt_budget(model, cfg.max_new_tokens)
     if any(b.task.long_field() is not None for b in benches):

@@ -26,7 +26,6 @@ from bridgelm import metrics as M
 from bridgelm.evaluate import (
     FORMAT,
     Benchmark,
-    adopt_recorded_names,
     benchmark_difference,
     load_benchmarks,
     read_run,
@@ -56,8 +55,9 @@ def _grading_benchmarks(run: dict, task: Task | None) -> list[Benchmark]:
             "score_run(run_dir, task=<the Task object>)"
         )
     else:
-        benches = load_benchmarks(run["task"], [p for p in paths if p is not None], run.get("limit"))
-        adopt_recorded_names(benches, run["benchmarks"])
+        benches = load_benchmarks(
+            run["task"], [p for p in paths if p is not None], run.get("limit"), recorded=run["benchmarks"]
+        )
     _benchmark_check(run, benches)
     return benches
 

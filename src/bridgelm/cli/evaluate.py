@@ -30,13 +30,14 @@ from bridgelm.evaluate import EvalConfig
 
 def _cmd_eval(args) -> None:
     from bridgelm.dist import Dist
-    from bridgelm.evaluate import load_benchmarks, run_eval
+    from bridgelm.evaluate import load_benchmarks, recorded_benchmarks, run_eval
     from bridgelm.score import METRICS_FILE, score_run, summary_lines
 
     cfg = build(EvalConfig, args)
     cfg.validate()
     check_out(args.out, "dir")
-    benches = load_benchmarks(args.task, args.data, cfg.limit)  # data errors before the model is loaded
+    # data errors before the model is loaded; a resumed run's benchmarks keep their recorded names
+    benches = load_benchmarks(args.task, args.data, cfg.limit, recorded=recorded_benchmarks(args.out))
     dist = Dist.from_env()
     if dist.world > 1:
         args.device = str(dist.device)

@@ -15,8 +15,9 @@ The RL arms run over `seeds` seeds (3 by default); the arms share each seed. `--
 toy sizes (numbers mean nothing; it proves the pipeline). Departures from the paper's settings that a model of
 this size needs are fields of DemoConfig, listed by the report (`departures`). After the base model, stages that do
 not read each other's outputs run side by side in `workers` processes (DIR/logs/<stage>.log holds each one's output).
-The problems are written out too (DIR/data/<task>_train.jsonl, <task>_test.jsonl), so that the commands evaluate or
-train the demo's models on them (`bridgelm eval --task anysum --data DIR/data/anysum_test.jsonl ...`).
+The problems are written out too (DIR/data/<task>/train.jsonl and test.jsonl), so that the commands evaluate or
+train the demo's models on them (`bridgelm eval --task anysum --data DIR/data/anysum/test.jsonl ...`: benchmark
+"anysum", as in the demo's own evaluations).
 """
 
 from __future__ import annotations
@@ -526,7 +527,7 @@ def run_demo(out: str | Path, cfg: DemoConfig, quick: bool = False, log=print) -
     # The problems, for the commands (the CLI's own generator draws the default spec's problems, not --quick's).
     for split, task in (("train", ctx.train), ("test", ctx.test)):
         rows = "".join(json.dumps(row) + "\n" for row in task.examples)
-        write_atomic(out / "data" / f"{task.name}_{split}.jsonl", rows)
+        write_atomic(out / "data" / task.name / f"{split}.jsonl", rows)
 
     # 2-6: warm-up data, SFT, RL, evaluation and the trace, each job after the ones it reads
     jobs = [Job("warmup", out / "warmup.done", partial(_recorded, out / "warmup.done", stage_warmup, ctx), json.dumps)]
