@@ -451,6 +451,17 @@ def test_resume_refuses_another_configuration(tmp_path):
         train_rl(policy(), TOK, other, replace(CFG, steps=2, resume=True), tmp_path)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == before
     assert len(read_records(tmp_path / "metrics.jsonl")) == 1
+    # other validation problems (another set, or --eval-limit): best/ would compare accuracies on different sets
+    with pytest.raises(ValueError, match=r"validation: the validation problems changed \(None vs now sha256:"):
+        train_rl(policy(), TOK, TASK, replace(CFG, steps=2, resume=True), tmp_path, val_task=TASK)
+    # another process count: each rank draws its own rollouts
+    info_path = runs.latest_checkpoint(tmp_path) / runs.TRAINER_INFO
+    info = json.loads(info_path.read_text())
+    assert info["identity"]["processes"] == 1
+    info_path.write_text(json.dumps({**info, "identity": {**info["identity"], "processes": 2}}))
+    with pytest.raises(ValueError, match=r"processes: the run ran in 2 process\(es\), now 1"):
+        train_rl(policy(), TOK, TASK, replace(CFG, steps=2, resume=True), tmp_path)
+    assert len(read_records(tmp_path / "metrics.jsonl")) == 1
 
 
 def test_a_run_recorded_before_digests_and_absolute_models_still_resumes(tmp_path, monkeypatch):
@@ -464,7 +475,8 @@ def test_a_run_recorded_before_digests_and_absolute_models_still_resumes(tmp_pat
     info_path = runs.latest_checkpoint(tmp_path / "run") / runs.TRAINER_INFO
     info = json.loads(info_path.read_text())
     assert info["identity"]["model"] == str(model_dir) and info["identity"]["digest"].startswith("sha256:")
-    del info["identity"]["digest"]
+    for later in ("digest", "validation", "processes"):
+        del info["identity"][later]
     info["identity"]["model"] = "m"  # as typed, from tmp_path
     info_path.write_text(json.dumps(info))
     monkeypatch.chdir(tmp_path)

@@ -254,6 +254,9 @@ def test_warmup_data_filters_and_resumes(tmp_path):
     assert again["sampled_now"] == 1 and [r["index"] for r in read_records(out)] == list(range(6))
     with pytest.raises(ValueError, match="other settings"):
         make_warmup_data(base_model(), TOK, task, out, n=8, sampling=sampling, progress=False)
+    # the samples of a model with blocks (--blocks) are not mixed into a file of the model without them
+    with pytest.raises(ValueError, match=r"blocks: file None vs now '/b.safetensors'"):
+        make_warmup_data(base_model(), TOK, task, out, n=4, sampling=sampling, progress=False, blocks="/b.safetensors")
     other = EvenTask("even", [{"a": i + 1} for i in range(6)])  # another data file of the same task and size
     with pytest.raises(ValueError, match=r"line 1: sampled from another problem .*\(problem 1 differs\)"):
         make_warmup_data(base_model(), TOK, other, out, n=4, sampling=sampling, progress=False)
@@ -293,7 +296,7 @@ def test_interrupted_warmup_data_says_what_it_wrote(tmp_path, monkeypatch, capsy
     assert "--max-batch-sequences 8 rows are sampled together" in said
 
 
-def test_cli_warmup_data_then_sft(tmp_path, capsys):
+def test_cli_warmup_data_then_sft(tmp_path, capsys, monkeypatch):
     from conftest import save_tiny_model_dir
 
     from bridgelm.cli import main
@@ -306,6 +309,19 @@ def test_cli_warmup_data_then_sft(tmp_path, capsys):
         + ["--max-new-tokens", "4", "--out", str(tmp_path / "w.jsonl")]
     )
     assert len(read_records(tmp_path / "w.jsonl")) == 4 and "kept" in capsys.readouterr().out
+    assert read_records(tmp_path / "w.jsonl")[0]["settings"]["blocks"] is None
+    # under torchrun every rank would sample every problem into the one file: refused before anything is done
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    with pytest.raises(SystemExit) as err:
+        main(
+            ["warmup-data", "--model", str(tmp_path / "m"), "--task", "gsm8k", "--data", str(data)]
+            + ["--out", str(tmp_path / "w2.jsonl")]
+        )
+    assert err.value.code == 2 and "warmup-data runs in one process" in capsys.readouterr().err
+    assert not (tmp_path / "w2.jsonl").exists()
+    monkeypatch.delenv("WORLD_SIZE")
+    monkeypatch.delenv("RANK")
     sft_args = ["sft", "--model", str(tmp_path / "m"), "--add", "pmatch", "--out", str(tmp_path / "sft")]
     main([*sft_args, "--data", str(write_warmup(tmp_path / "hand.jsonl")), "--epochs", "1", "--val-count", "2"])
     assert (tmp_path / "sft" / "blocks.safetensors").is_file()

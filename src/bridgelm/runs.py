@@ -106,11 +106,19 @@ def _as_source(value: Any) -> Any:
 # - values equal up to this map: a model or block file recorded as typed (`m`) by older runs, as an absolute path now;
 SAME_WHEN: dict[str, Callable[[Any], Any]] = {"model": _as_source, "blocks": _as_source}
 # - settings recorded since 2026-11-25: a run saved before lacks them and still resumes;
-RECORDED_LATER = ("digest",)
+RECORDED_LATER = ("digest", "validation", "processes")
 # - and how a difference is told.
 DESCRIBE: dict[str, Callable[[Any, Any], str]] = {
     "digest": lambda saved, now: (
         f"digest: the data's fingerprint changed ({saved} vs now {now}): another data file, or one edited since"
+    ),
+    "validation": lambda saved, now: (
+        f"validation: the validation problems changed ({saved} vs now {now}): another --val-task/--val-data or "
+        "--eval-limit, and best/ would compare accuracies on different sets"
+    ),
+    "processes": lambda saved, now: (
+        f"processes: the run ran in {saved} process(es), now {now}: each rank draws its own rollouts, so another "
+        "count would not continue the same run"
     ),
 }
 

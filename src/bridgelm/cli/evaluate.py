@@ -59,9 +59,7 @@ def _cmd_eval(args) -> None:
     done = run_eval(model, tokenizer, args.task, args.data, cfg, args.out, args.model, args.blocks, dist=dist)
     who = f"rank {dist.rank}: " if dist.world > 1 else ""
     what = "problems" if len(cfg.all_widths()) == 1 else f"sets (a problem at one of {len(cfg.all_widths())} widths)"
-    print(
-        f"bridgelm eval: {who}sampled {done['sampled']} {what} now, {done['skipped']} were already in {done['shard']}"
-    )
+    print(f"bridgelm eval: {who}sampled {done['sampled']} {what} now, {done['skipped']} were already in {args.out}")
     if done["truncated"]:
         print(
             f"bridgelm eval: {who}the long document of {done['truncated']} of them was cut to fit the context minus "

@@ -40,6 +40,8 @@ def _load_task(name: str, path: str | None, split: str):
 
 
 def _cmd_warmup_data(args) -> None:
+    from bridgelm.dist import Dist
+    from bridgelm.runs import local_source
     from bridgelm.train.warmup_data import make_warmup_data
 
     sampling = build(SamplingConfig, args, width=1)
@@ -52,11 +54,17 @@ def _cmd_warmup_data(args) -> None:
             "correct responses"
         )
     check_out(args.out, "file")
+    if Dist.from_env().world > 1:
+        raise UserError(
+            "warmup-data runs in one process: it does not shard problems, and each torchrun rank would sample every "
+            "problem into the same file; run it without torchrun"
+        )
     task = _load_task(args.task, args.data, args.split)
     model, tokenizer = load_model_and_tokenizer(args)
     count = len(task.examples) if args.limit is None else min(args.limit, len(task.examples))
     print(f"bridgelm warmup-data: {count} problems x {args.n} samples -> {args.out}")
-    stats = make_warmup_data(model, tokenizer, task, args.out, args.n, sampling, args.chat, args.limit)
+    blocks = local_source(args.blocks) if args.blocks else None
+    stats = make_warmup_data(model, tokenizer, task, args.out, args.n, sampling, args.chat, args.limit, blocks=blocks)
     cut = f", {stats['cut']} correct but cut by --max-new-tokens and left out" if stats["cut"] else ""
     print(
         f"bridgelm warmup-data: {stats['kept']} problems kept with {stats['responses']} correct responses, "

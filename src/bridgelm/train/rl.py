@@ -458,8 +458,9 @@ def _checksum(model) -> float:
     return float(f"{total:.9g}")
 
 
-def _identity(model, task, cfg: RLConfig) -> dict:
+def _identity(model, task, cfg: RLConfig, val_task, processes: int) -> dict:
     blocks = block_config(model)
+    validation = None if val_task is None else val_task.digest(val_task.examples[: cfg.eval_limit])
     return {
         **settings_of(cfg, FREE_FIELDS),
         "model": local_source(str(getattr(model.config, "_name_or_path", ""))),
@@ -467,6 +468,8 @@ def _identity(model, task, cfg: RLConfig) -> dict:
         "task": task.name,
         "examples": len(task.examples),
         "digest": task.digest(),  # the training problems: a resume on other data is refused
+        "validation": validation,  # the validation problems (--val-data, --eval-limit): best/ compares on one set
+        "processes": processes,  # rollouts are drawn per rank: another process count would draw others
         "initial_checksum": _checksum(model),
     }
 
@@ -500,7 +503,8 @@ def train_rl(model, tokenizer, task, cfg: RLConfig, out_dir: str | os.PathLike, 
         raise ValueError(f"eval_every={cfg.eval_every} needs a val_task (--val-task): the problems to validate on")
     if not task.examples:
         raise ValueError(f"task {task.name!r} has no examples to train on")
-    run = Run(out_dir, "rl", _identity(model, task, cfg), control_of(cfg), dist, best_accuracy=None, best_step=None)
+    identity = _identity(model, task, cfg, val_task, dist.world)
+    run = Run(out_dir, "rl", identity, control_of(cfg), dist, best_accuracy=None, best_step=None)
     _set_trainable(model, cfg)
     ref_model = _make_reference(model, cfg, dist)
     if run.resume_from is not None:

@@ -40,6 +40,7 @@ def make_warmup_data(
     chat: bool = False,
     limit: int | None = None,
     progress: bool = True,
+    blocks: str | None = None,
 ) -> dict:
     """Sample, grade and filter responses to `task.examples[:limit]` into `out`; returns counts.
 
@@ -62,7 +63,7 @@ def make_warmup_data(
     if not examples:
         raise ValueError(f"task {task.name!r} has no examples to sample warm-up data from")
     model_id = local_source(str(getattr(model.config, "_name_or_path", "") or type(model).__name__))
-    settings = run_settings(cfg, model_id, None, chat, task=task.name)
+    settings = run_settings(cfg, model_id, blocks, chat, task=task.name)  # blocks: the file the model's came from
     done = read_records(out)
     check_lines(out, done, settings)
     _check_problems(out, done, task, examples)
