@@ -155,6 +155,10 @@ def test_resume_after_interrupt_is_exact(tmp_path, monkeypatch, capsys):
     with pytest.raises(ValueError, match=r"digest: the data's fingerprint changed \(sha256:\w+ vs now sha256:\w+\)"):
         train_sft(base_model(), TOK, path, replace(CFG, resume=True), tmp_path / "b")
     path.write_text(path.with_name("saved.jsonl").read_text())
+    # the same content at another path (a moved file) is the same data: the run resumes (and is finished)
+    moved = path.with_name("moved.jsonl")
+    moved.write_text(path.read_text())
+    train_sft(base_model(), TOK, moved, replace(CFG, resume=True), tmp_path / "b")
     capsys.readouterr()
     interrupt_on_call(monkeypatch, sft, "batch_backward", 5)  # in the second epoch: the first one's blocks exist
     with pytest.raises(KeyboardInterrupt):  # a run that resumes by itself (as the demo's do) continues when run again

@@ -71,6 +71,8 @@ def check_settings(
     for k in keys:
         if k in RECORDED_LATER and k not in saved:
             continue  # written by a bridgelm that did not record it yet
+        if k in TOLD_BY and TOLD_BY[k] in saved and TOLD_BY[k] in now:
+            continue  # the other setting tells it better (a moved data file with the same content is the same data)
         same = SAME_WHEN.get(k, lambda v: v)
         if same(saved.get(k)) != same(now.get(k)):
             tell = describe.get(k)
@@ -107,6 +109,8 @@ def _as_source(value: Any) -> Any:
 SAME_WHEN: dict[str, Callable[[Any], Any]] = {"model": _as_source, "blocks": _as_source}
 # - settings recorded since 2026-11-25: a run saved before lacks them and still resumes;
 RECORDED_LATER = ("digest", "validation", "processes")
+# - settings that another one tells better, when both runs recorded it: a data file's path by its fingerprint;
+TOLD_BY = {"data": "digest"}
 # - and how a difference is told.
 DESCRIBE: dict[str, Callable[[Any, Any], str]] = {
     "digest": lambda saved, now: (
