@@ -329,7 +329,7 @@ def _check_sample_line(rec: Any, path: Path, number: int) -> None:
 
 def check_run_model(run_dir: str | os.PathLike, model_id: str, blocks: str | None) -> None:
     """UserError unless the run was sampled with this model and these blocks (its token ids fit only them)."""
-    now = {"model": local_source(model_id), "blocks": local_source(blocks) if blocks else None}
+    now = {"model": local_source(model_id), "blocks": local_source(blocks)}
     check_settings(
         run_dir,
         read_run(run_dir),
@@ -348,7 +348,7 @@ def run_settings(
     return {
         "format": FORMAT,
         "model": local_source(model_id),
-        "blocks": local_source(blocks) if blocks else None,
+        "blocks": local_source(blocks),
         "task": task_name,
         "data": [b.path for b in benches if b.path is not None],
         "benchmarks": [b.describe() for b in benches],

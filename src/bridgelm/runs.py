@@ -83,9 +83,11 @@ def check_settings(
         raise UserError(f"{where} was written with other settings ({'; '.join(diffs)}){why}; {fix}")
 
 
-def local_source(path: str | os.PathLike) -> str:
+def local_source(path: str | os.PathLike | None) -> str | None:
     """An existing local path made absolute, so that runs started from other folders (`m`, `./m`, `/abs/m`) record
-    the same model or file; anything else (a hub id) as given."""
+    the same model or file; anything else (a hub id) as given; None (or "": no file, e.g. no blocks) as None."""
+    if not path:
+        return None
     p = Path(path).expanduser()
     return str(p.resolve()) if p.exists() else str(path)
 
@@ -101,7 +103,7 @@ def fingerprint(items: Iterable[Any]) -> str:
 
 def _as_source(value: Any) -> Any:
     """A recorded model or block file as `local_source` records it now (other values, None, as they are)."""
-    return local_source(value) if isinstance(value, str) and value else value
+    return local_source(value) if isinstance(value, str) else value
 
 
 # How check_settings compares and tells some settings apart:

@@ -63,8 +63,9 @@ def _cmd_warmup_data(args) -> None:
     model, tokenizer = load_model_and_tokenizer(args)
     count = len(task.examples) if args.limit is None else min(args.limit, len(task.examples))
     print(f"bridgelm warmup-data: {count} problems x {args.n} samples -> {args.out}")
-    blocks = local_source(args.blocks) if args.blocks else None
-    stats = make_warmup_data(model, tokenizer, task, args.out, args.n, sampling, args.chat, args.limit, blocks=blocks)
+    stats = make_warmup_data(
+        model, tokenizer, task, args.out, args.n, sampling, args.chat, args.limit, blocks=local_source(args.blocks)
+    )
     cut = f", {stats['cut']} correct but cut by --max-new-tokens and left out" if stats["cut"] else ""
     print(
         f"bridgelm warmup-data: {stats['kept']} problems kept with {stats['responses']} correct responses, "

@@ -596,11 +596,12 @@ def choose_bf16(cfg: DemoConfig, peaks: dict, out: Path) -> tuple[bool, str]:
     matmul peak, measured at the start, is at least BF16_MARGIN times its fp32 one (CPUs without AVX-512 run bf16
     matmuls ~100x slower than fp32 ones)."""
     marker, saved = out / "base" / PRETRAIN_FILE, out / "demo.json"
+    recorded = json.loads(saved.read_text()) if saved.is_file() else {}  # demo.json of the folder's first stages
     made = None
     if marker.is_file():
         made = (json.loads(marker.read_text()).get("config") or {}).get("bf16")
-    elif saved.is_file() and (out / "base").exists():
-        made = json.loads(saved.read_text()).get("bf16")
+    elif (out / "base").exists():
+        made = recorded.get("bf16")
     flag = {True: "--bf16", False: "--no-bf16"}
     if isinstance(made, bool):
         if cfg.bf16 is not None and cfg.bf16 != made:
@@ -609,9 +610,8 @@ def choose_bf16(cfg: DemoConfig, peaks: dict, out: Path) -> tuple[bool, str]:
                 f"{flag[cfg.bf16]}, or leave the flag out to continue this folder"
             )
         # The reason recorded when the folder's stages began (why that precision), kept for its report.
-        first = json.loads(saved.read_text()) if saved.is_file() else {}
-        if first.get("bf16") is made and isinstance(first.get("precision"), str) and first["precision"]:
-            return made, first["precision"]
+        if recorded.get("bf16") is made and isinstance(recorded.get("precision"), str) and recorded["precision"]:
+            return made, recorded["precision"]
         return made, f"as this folder's earlier stages ({flag[not made]} needs another --out)"
     if cfg.bf16 is not None:
         return cfg.bf16, f"as asked ({flag[cfg.bf16]})"

@@ -104,9 +104,14 @@ class Task:
 
     def graded_text(self, completion: str, finished: bool) -> str:
         """What `extract` and `reward` read of a completion; `finished` False: cut by the token limit, before its
-        end. The whole completion by default; a task whose extraction falls back on incidental text (GSM8K's last
-        number) grades a cut completion only on an explicit final answer."""
-        return completion
+        end. A cut completion that has not given its final answer yet (`answered`) is graded as saying nothing."""
+        return completion if finished or self.answered(completion) else ""
+
+    def answered(self, completion: str) -> bool:
+        """Whether a completion states its final answer explicitly. True by default; a task whose extraction falls
+        back on incidental text (GSM8K's last number, math-verify's bare numbers) says what counts, so that a
+        completion cut by the token limit is not graded on a number it happened to write last."""
+        return True
 
     def long_field(self) -> str | None:
         """The example field that may be shortened so that the prompt fits the model's context (None: never)."""

@@ -60,12 +60,9 @@ class GSM8K(Task):
     def extract(self, completion: str) -> str | None:
         return extract_number_answer(completion)
 
-    def graded_text(self, completion: str, finished: bool) -> str:
-        # A cut completion's last number is often incidental ("Step 3: Calculate the total number of"): without a
-        # box, "####" or "the answer is", it has given no answer.
-        if finished or extract_number_answer(completion, fallback=False) is not None:
-            return completion
-        return ""
+    def answered(self, completion: str) -> bool:
+        # a box, "####" or "the answer is"; a last number alone is often incidental ("Step 3: Calculate the total")
+        return extract_number_answer(completion, fallback=False) is not None
 
     def reward(self, completion: str, example: dict) -> float:
         return 1.0 if numbers_match(self.extract(completion), self.answer(example)) else 0.0

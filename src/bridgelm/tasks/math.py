@@ -360,10 +360,9 @@ class MathTask(Task):
     def extract(self, completion: str) -> str | None:
         return last_boxed(completion)
 
-    def graded_text(self, completion: str, finished: bool) -> str:
-        # math-verify falls back on a bare number ("Step 2: the total number of"): a completion cut by the token
-        # limit has answered only once it boxed an answer.
-        return completion if finished or last_boxed(completion) is not None else ""
+    def answered(self, completion: str) -> bool:
+        # a boxed answer; math-verify would fall back on a bare number ("Step 2: the total number of")
+        return last_boxed(completion) is not None
 
     def reward(self, completion: str, example: dict) -> float:
         return grade(self.answer(example), completion, timeout=self.timeout)
