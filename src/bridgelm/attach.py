@@ -32,6 +32,8 @@ from bridgelm.errors import UserError
 from bridgelm.grouped import KWARG
 
 FORMAT = "bridgelm-blocks-1"
+# Every load says it: a model folder's own code (auto_map) is never run, and transformers never asks whether to.
+NO_REMOTE_CODE = {"trust_remote_code": False}
 _USUAL_LAYOUT = ("self_attn", "mlp", "input_layernorm", "post_attention_layernorm")
 
 
@@ -384,7 +386,7 @@ def load_config(name_or_path: str, weights: bool = False, **kwargs):
 
     check_model_folder(name_or_path, weights)
     try:
-        return AutoConfig.from_pretrained(name_or_path, **kwargs)
+        return AutoConfig.from_pretrained(name_or_path, **{**NO_REMOTE_CODE, **kwargs})
     except StrictDataclassError as err:  # a field of the wrong type or value ("hidden_size": "64", 0 layers)
         detail = str(err).splitlines()[-1].strip()
         raise UserError(f"model {name_or_path!r}: its config.json does not describe a valid model: {detail}") from err
@@ -395,6 +397,12 @@ def load_config(name_or_path: str, weights: bool = False, **kwargs):
         ) from err
     except ValueError as err:  # a model_type this transformers does not know
         import transformers
+
+        if "trust_remote_code" in str(err):
+            raise UserError(
+                f"model {name_or_path!r}: its config.json names code of its own (auto_map), and bridgelm does not run "
+                "code from a model folder: expected a model_type this transformers knows"
+            ) from err
 
         raise UserError(
             f"model {name_or_path!r}: transformers {transformers.__version__} cannot read its config: "
@@ -474,7 +482,7 @@ def _from_pretrained(name_or_path: str, config, dtype, kwargs: dict):
         if found:
             raise misfit("; ".join(found[:3]))
     try:
-        return AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, **kwargs)
+        return AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, **{**NO_REMOTE_CODE, **kwargs})
     except RuntimeError as err:  # other weight formats (*.bin), and the options above
         if "mismatched_sizes" not in str(err) and "size mismatch" not in str(err):
             raise

@@ -64,8 +64,8 @@ def smollm2_dir(cache: str | os.PathLike | None = None) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = smollm2_gguf()
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, trust_remote_code=False)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name, trust_remote_code=False)
     # The weights are plain fp32 tensors now; forget the GGUF "quantizer" so that save_pretrained writes them.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
@@ -92,5 +92,5 @@ def load_smollm2(dtype=None, cache: str | os.PathLike | None = None):
     from bridgelm.tokenizer import load_tokenizer
 
     folder = smollm2_dir(cache)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype or torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype or torch.float32, trust_remote_code=False)
     return model.eval(), load_tokenizer(folder)

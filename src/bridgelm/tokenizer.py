@@ -121,4 +121,5 @@ def load_tokenizer(name_or_path: str | os.PathLike, **kwargs):
     if config.is_file() and (folder / "tokenizer.json").is_file():
         if json.loads(config.read_text(encoding="utf-8")).get("tokenizer_class") in GENERIC_CLASSES:
             return PreTrainedTokenizerFast.from_pretrained(name_or_path, **kwargs)
-    return AutoTokenizer.from_pretrained(name_or_path, **kwargs)
+    # a tokenizer folder's own code (auto_map) is never run, and transformers never asks whether to
+    return AutoTokenizer.from_pretrained(name_or_path, **{"trust_remote_code": False, **kwargs})

@@ -104,13 +104,33 @@ def canonical_number(s: str | None) -> str | None:
     if text is None:
         return None
     try:
-        value = Decimal(text)
+        value = Decimal(text)  # exact, whatever the context's precision; an exponent past MAX_EMAX is refused
     except InvalidOperation:
         return None
-    if value == 0:
+    return exact_text(value)
+
+
+# Numbers whose plain form would need more digits than this are written in scientific form ("1e400").
+PLAIN_DIGITS = 40
+
+
+def exact_text(value: Decimal) -> str:
+    """The one text of a finite Decimal's value, exact and short: no trailing zeros, no context rounding, no overflow
+    ("2.50" -> "2.5", "1000", "0.05", "-3", "1e400", "1.5e-60"); every zero is "0"."""
+    sign, digit_tuple, exp = value.as_tuple()
+    digits = "".join(map(str, digit_tuple)).lstrip("0")
+    if not digits:
         return "0"  # also folds "-0" and "0.00"
-    out = format(value.normalize(), "f")
-    return out
+    kept = digits.rstrip("0")
+    exp += len(digits) - len(kept)
+    minus = "-" if sign else ""
+    if 0 <= exp and len(kept) + exp <= PLAIN_DIGITS:
+        return minus + kept + "0" * exp
+    if -PLAIN_DIGITS <= exp < 0:
+        whole, frac = (kept[:exp], kept[exp:]) if len(kept) > -exp else ("0", kept.rjust(-exp, "0"))
+        return f"{minus}{whole}.{frac}"
+    mantissa = kept[0] + ("." + kept[1:] if len(kept) > 1 else "")
+    return f"{minus}{mantissa}e{exp + len(kept) - 1}"
 
 
 def last_number(text: str | None) -> str | None:

@@ -8,8 +8,8 @@ is graded only on an explicit answer (a box, "####" or "the answer is"), not on 
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
+from decimal import MAX_EMAX, MIN_EMIN, Decimal, InvalidOperation, localcontext
 
 from bridgelm.tasks.answers import canonical_number, extract_number_answer
 from bridgelm.tasks.base import Task, load_rows, require_text, with_instruction
@@ -20,8 +20,9 @@ FIELDS = ("question", "answer")
 # Hub fallback when no local path is given.
 HUB_ID, HUB_CONFIG = "openai/gsm8k", "main"
 
-# Relative tolerance of the numeric comparison.
-REL_TOL = 1e-6
+# Relative and absolute tolerances of the numeric comparison, exact decimals (never floats).
+REL_TOL = Decimal("1e-6")
+ABS_TOL = Decimal("1e-12")
 
 
 def gold_from_solution(solution: str) -> str:
@@ -35,16 +36,23 @@ def gold_from_solution(solution: str) -> str:
 
 
 def numbers_match(pred: str | None, gold: str) -> bool:
-    """Numeric equality with relative tolerance REL_TOL (exact for integers of any size)."""
+    """Numeric equality in exact decimal arithmetic (any size, no overflow): integers exactly, other numbers up to a
+    relative tolerance REL_TOL ("18" and "18.0000001")."""
     if pred is None:
         return False
     if pred == gold:
         return True
     try:
-        a, b = float(pred), float(gold)
-    except ValueError:
+        a, b = Decimal(pred), Decimal(gold)  # exact: 10^400 and 2 x 10^400 stay apart (as floats both are inf)
+    except InvalidOperation:
         return False
-    return math.isclose(a, b, rel_tol=REL_TOL, abs_tol=1e-12)
+    if not (a.is_finite() and b.is_finite()):
+        return False
+    with localcontext() as ctx:  # room for any exponent a Decimal can hold: the difference never overflows
+        ctx.prec, ctx.Emax, ctx.Emin = 34, MAX_EMAX, MIN_EMIN
+        if a == a.to_integral_value() and b == b.to_integral_value():
+            return False  # two different integers, however large: no tolerance
+        return abs(a - b) <= max(REL_TOL * max(abs(a), abs(b)), ABS_TOL)
 
 
 @dataclass

@@ -202,19 +202,16 @@ class MathGrader:
     # -- process management
 
     def _start(self) -> None:
-        src = str(Path(__file__).resolve().parents[2])  # the folder holding the bridgelm package
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH")) if p)
+        # -I (isolated): the current folder, PYTHONPATH and the user's site-packages are not on the worker's import
+        # path, so a `math_verify.py` or `json.py` where the command runs is never imported; the folder holding
+        # this bridgelm package is put first explicitly.
+        src = str(Path(__file__).resolve().parents[2])
+        code = (
+            f"import sys; sys.path.insert(0, {src!r}); from bridgelm.tasks.math import serve; "
+            f"serve({self.memory_limit!r}, {self.cpu_limit!r})"
+        )
         self._proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                f"from bridgelm.tasks.math import serve; serve({self.memory_limit!r}, {self.cpu_limit!r})",
-            ],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            env=env,
-            close_fds=True,
+            [sys.executable, "-I", "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True
         )
         self._owner_pid = os.getpid()
         self._buf = b""

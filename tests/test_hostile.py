@@ -1,0 +1,102 @@
+"""Nothing runs that the user did not ask for, and no model output breaks a grader: code planted beside a command or
+in a model folder is never imported, and numbers of any size compare exactly."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from bridgelm.errors import UserError
+from bridgelm.tasks import gsm8k
+from bridgelm.tasks.answers import canonical_number, exact_text
+from bridgelm.tasks.math import MathGrader
+
+
+def test_math_worker_imports_nothing_from_the_current_folder(tmp_path, monkeypatch):
+    # a math_verify.py (or json.py) where someone runs `bridgelm score` must not replace the real modules
+    marker = tmp_path / "planted-code-ran"
+    planted = f"open({str(marker)!r}, 'w').close()\nraise ImportError('planted')\n"
+    for name in ("math_verify.py", "json.py"):
+        (tmp_path / name).write_text(planted)
+    monkeypatch.chdir(tmp_path)
+    grader = MathGrader(timeout=30)
+    try:
+        assert grader.grade("\\frac{1}{2}", "so \\boxed{0.5}") == 1.0
+        assert grader.grade("2", "so \\boxed{3}") == 0.0
+    finally:
+        grader.close()
+    assert not marker.exists()
+
+
+def _custom_code_folder(tmp_path):
+    """A model folder whose config.json names code of its own; that code leaves a marker when it runs."""
+    folder, marker = tmp_path / "model", tmp_path / "folder-code-ran"
+    folder.mkdir()
+    config = {
+        "model_type": "planted_model",
+        "auto_map": {"AutoConfig": "planted.PlantedConfig", "AutoModelForCausalLM": "planted.PlantedModel"},
+    }
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "planted.py").write_text(
+        f"open({str(marker)!r}, 'w').close()\n"
+        "from transformers import PretrainedConfig\n"
+        "class PlantedConfig(PretrainedConfig):\n    model_type = 'planted_model'\n"
+    )
+    return folder, marker
+
+
+def test_model_folder_code_is_never_run_nor_asked_about(tmp_path):
+    folder, marker = _custom_code_folder(tmp_path)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    # `y` on stdin: transformers' "run the custom code? [y/N]" prompt would take it
+    proc = subprocess.run(
+        [sys.executable, "-m", "bridgelm", "params", "--model", str(folder)],
+        input="y\n", capture_output=True, text=True, env=env, timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "does not run code from a model folder" in proc.stderr
+    assert "Traceback" not in proc.stderr and "[y/N]" not in proc.stdout + proc.stderr
+    assert not marker.exists()
+
+
+def test_load_model_refuses_folder_code(tmp_path):
+    from bridgelm.attach import load_model
+
+    import torch
+    from safetensors.torch import save_file
+
+    folder, marker = _custom_code_folder(tmp_path)
+    save_file({"x": torch.zeros(1)}, str(folder / "model.safetensors"))  # weights, so the config is what is read
+    with pytest.raises(UserError, match="does not run code"):
+        load_model(str(folder))
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize(
+    "text, canonical",
+    [("2.50", "2.5"), ("1,000", "1000"), ("-0", "0"), ("0.05", "0.05"), ("1e3", "1000"), ("1e400", "1e400"),
+     ("1e-400", "1e-400"), ("12345678901234567890123456789012345", "12345678901234567890123456789012345"),
+     ("-12.340", "-12.34"), ("1e1000000", "1e1000000")],
+)
+def test_canonical_numbers_are_exact(text, canonical):
+    assert canonical_number(text) == canonical
+
+
+def test_exact_text_is_one_text_per_value():
+    from decimal import Decimal
+
+    for a, b in [("100", "1e2"), ("0.5", "5e-1"), ("1e400", "10e399"), ("1.5e-60", "15e-61")]:
+        assert exact_text(Decimal(a)) == exact_text(Decimal(b))
+
+
+def test_gsm8k_grades_huge_numbers_exactly():
+    task = gsm8k.GSM8K(name="gsm8k", examples=[])
+    row = {"question": "q", "answer": "work\n#### 1e400"}
+    assert task.reward("so \\boxed{1e400}", row) == 1.0
+    assert task.reward("so \\boxed{2e400}", row) == 0.0  # as floats both were inf, and equal
+    assert task.reward("so \\boxed{1e1000000}", row) == 0.0  # decimal.Overflow before
+    big = {"question": "q", "answer": "#### 1000000000000000000000000000000"}
+    assert task.reward("\\boxed{1000000000000000000000000000001}", big) == 0.0  # integers: no tolerance
+    assert task.reward("\\boxed{18.0000001}", {"question": "q", "answer": "#### 18"}) == 1.0  # fractions: 1e-6
