@@ -100,3 +100,45 @@ def test_gsm8k_grades_huge_numbers_exactly():
     big = {"question": "q", "answer": "#### 1000000000000000000000000000000"}
     assert task.reward("\\boxed{1000000000000000000000000000001}", big) == 0.0  # integers: no tolerance
     assert task.reward("\\boxed{18.0000001}", {"question": "q", "answer": "#### 18"}) == 1.0  # fractions: 1e-6
+
+
+def test_special_files_are_refused_before_reading(tmp_path):
+    from bridgelm.jsonl import read_records
+    from bridgelm.tasks.base import read_rows
+
+    fifo = tmp_path / "data.jsonl"
+    os.mkfifo(fifo)  # reading it would block forever
+    with pytest.raises(UserError, match="FIFO"):
+        read_rows(fifo, ("question",))
+    with pytest.raises(UserError, match="FIFO"):
+        read_records(fifo)
+    with pytest.raises(UserError, match="special file"):
+        read_records("/dev/zero")  # never ends: it was read until the out-of-memory killer came
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "bridgelm", "generate", "--model", str(tmp_path), "--prompts", "/dev/zero",
+         "--out", str(tmp_path / "s.jsonl")], capture_output=True, text=True, env=env, timeout=120,
+    )
+    assert proc.returncode == 2 and "special file" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("number", ["1e400", "-1e400", "1e-400", "NaN", "Infinity"])
+def test_data_numbers_that_a_float_cannot_hold_are_refused(tmp_path, number):
+    from bridgelm.tasks.base import read_rows
+
+    path = tmp_path / "math.jsonl"
+    path.write_text('{"problem": "p", "answer": 1}\n{"problem": "p", "answer": %s}\n' % number)
+    with pytest.raises(UserError, match=r"math.jsonl:2: .*(beyond a float's range|not a number)"):
+        read_rows(path, ("problem", "answer"))
+    path.write_text('{"problem": "p", "answer": 0.0}\n{"problem": "p", "answer": 2.5e-3}\n')
+    assert [r["answer"] for r in read_rows(path, ("problem", "answer"))] == [0.0, 0.0025]
+
+
+def test_a_quoted_home_path_is_the_same_path_everywhere(tmp_path, monkeypatch):
+    from bridgelm.cli import build_parser, expand_home
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    args = build_parser().parse_args(["generate", "--model", "~/m", "--prompt", "~/not a path", "--out", "~/s.jsonl"])
+    expand_home(args)
+    assert args.out == str(tmp_path / "s.jsonl") and args.model == str(tmp_path / "m")
+    assert args.prompt == "~/not a path"  # text stays text

@@ -10,10 +10,27 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from pathlib import Path
 from typing import Any
 
 from bridgelm.errors import UserError
+
+
+def check_regular_file(path: str | os.PathLike, what: str = "file") -> Path:
+    """`path` (with `~` expanded) if it is a regular file; a folder, FIFO, device or socket is a UserError before
+    anything reads it (a FIFO would block forever, /dev/zero never ends), and a missing path FileNotFoundError."""
+    path = Path(path).expanduser()
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{what} {path} does not exist") from None
+    if stat.S_ISDIR(mode):
+        raise UserError(f"{what} {path} is a folder: expected a file")
+    if not stat.S_ISREG(mode):
+        kind = "FIFO (named pipe)" if stat.S_ISFIFO(mode) else "special file (a device or a socket)"
+        raise UserError(f"{what} {path} is a {kind}: expected a regular file")
+    return path
 
 
 def append_record(path: str | os.PathLike, record: dict[str, Any]) -> None:
@@ -35,12 +52,12 @@ def read_records(path: str | os.PathLike, repair: bool = True, allow_cut: bool =
     by hand: an error too). Any other line that is not a JSON object (malformed, not UTF-8, a list, plain text)
     is a UserError naming the file and line, and the file is left as it is: it is not one of ours.
     """
-    path = Path(path)
+    path = Path(path).expanduser()
     if not path.exists():
         return []
     if path.is_dir():
         raise UserError(f"{path} is a folder: expected a JSON-lines file (one JSON object per line)")
-    raw = path.read_bytes()
+    raw = check_regular_file(path, "JSON-lines file").read_bytes()
     lines = raw.split(b"\n")
     records = []
     offset = 0  # where the current line starts

@@ -42,6 +42,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+TEXT_ARGS = ("prompt", "stop")  # flags whose values are text, not paths
+
+
+def expand_home(args: argparse.Namespace) -> None:
+    """`~` expanded once in every path argument, as the shell would have: a quoted '~/x' is then checked and written
+    as the same $HOME/x (expanding it only where it is checked wrote a literal ./~ folder)."""
+    for name, value in vars(args).items():
+        if name in TEXT_ARGS:
+            continue
+        if isinstance(value, str) and value.startswith("~"):
+            setattr(args, name, os.path.expanduser(value))
+        elif isinstance(value, list) and any(isinstance(v, str) and v.startswith("~") for v in value):
+            setattr(args, name, [os.path.expanduser(v) if isinstance(v, str) else v for v in value])
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run one command. Bad input ends it with `bridgelm <command>: error: ...` and exit code 2 (see
     bridgelm.errors); any other exception is a bug: it is announced as one and raised with its traceback."""
@@ -49,6 +64,7 @@ def main(argv: list[str] | None = None) -> None:
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     args = build_parser().parse_args(argv)
+    expand_home(args)
     prog = " ".join(["bridgelm", args.command, *([args.analysis] if getattr(args, "analysis", None) else [])])
     show = show_data_warnings(prog)
     try:

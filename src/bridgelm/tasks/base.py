@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from bridgelm.errors import UserError
+from bridgelm.jsonl import check_regular_file
 
 # The DeepSeek-R1 evaluation instruction appended to every math-style problem.
 BOXED_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
@@ -176,6 +177,19 @@ def _decode(raw: bytes, path: Path, line: int | None = None) -> str:
         ) from exc
 
 
+def finite_float(text: str) -> float:
+    """A JSON number as a float, unless the float would not be that number: 1e400 (inf) and 1e-400 (0.0) are
+    ValueErrors that say to write such a number as a string."""
+    value = float(text)
+    if math.isinf(value) or (value == 0 and any(c in "123456789" for c in text.split("e")[0].split("E")[0])):
+        raise ValueError(f"the number {text} is beyond a float's range: write it as a string (\"{text}\")")
+    return value
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number: expected a finite number or a string")
+
+
 def _read_jsonl(path: Path, required_fields: Sequence[str], check: RowCheck | None = None) -> list[dict]:
     """Rows of a JSON-lines file; blank lines are skipped."""
     rows = []
@@ -184,9 +198,11 @@ def _read_jsonl(path: Path, required_fields: Sequence[str], check: RowCheck | No
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            row = json.loads(line, parse_float=finite_float, parse_constant=_no_constant)
         except json.JSONDecodeError as exc:
             raise UserError(f"{path}:{lineno}: malformed JSON line ({exc.msg})") from exc
+        except ValueError as exc:
+            raise UserError(f"{path}:{lineno}: {exc}") from exc
         rows.append(_check_row(row, required_fields, f"{path}:{lineno}", check))
     return rows
 
@@ -194,9 +210,11 @@ def _read_jsonl(path: Path, required_fields: Sequence[str], check: RowCheck | No
 def _read_json(path: Path, required_fields: Sequence[str], check: RowCheck | None = None) -> list[dict]:
     """Rows of a JSON file holding a list of objects or {"data": [...]}."""
     try:
-        data = json.loads(_decode(path.read_bytes(), path))
+        data = json.loads(_decode(path.read_bytes(), path), parse_float=finite_float, parse_constant=_no_constant)
     except json.JSONDecodeError as exc:
         raise UserError(f"{path}:{exc.lineno}: malformed JSON ({exc.msg})") from exc
+    except ValueError as exc:
+        raise UserError(f"{path}: {exc}") from exc
     if isinstance(data, dict) and isinstance(data.get("data"), list):
         data = data["data"]
     if not isinstance(data, list):
@@ -227,8 +245,7 @@ def read_rows(path: str | Path, required_fields: Sequence[str] = (), check: RowC
     p = Path(path).expanduser()
     if p.is_dir():
         raise UserError(f"data file {p} is a folder: expected a {', '.join(LOCAL_SUFFIXES)} file")
-    if not p.is_file():
-        raise FileNotFoundError(f"data file {p} does not exist")
+    check_regular_file(p, "data file")
     readers = {".jsonl": _read_jsonl, ".json": _read_json, ".parquet": _read_parquet}
     reader = readers.get(p.suffix.lower())
     if reader is None:
