@@ -142,3 +142,54 @@ def test_a_quoted_home_path_is_the_same_path_everywhere(tmp_path, monkeypatch):
     expand_home(args)
     assert args.out == str(tmp_path / "s.jsonl") and args.model == str(tmp_path / "m")
     assert args.prompt == "~/not a path"  # text stays text
+
+
+def test_add_bridge_refuses_a_head_dim_below_one():
+    import bridgelm
+    from conftest import tiny_model
+
+    for bad in (0, -4):
+        with pytest.raises(ValueError, match=f"head_dim={bad}"):
+            bridgelm.add_bridge(tiny_model(), head_dim=bad)
+
+
+def test_non_finite_blocks_and_weights_are_refused_by_name(tmp_path):
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    import bridgelm
+    from bridgelm.attach import load_model
+    from conftest import save_tiny_model_dir, tiny_model
+
+    model = bridgelm.add_bridge(tiny_model())
+    path = bridgelm.save_blocks(model, tmp_path / "blocks.safetensors")
+    state = load_file(str(path))
+    state["layers.1.o_proj.weight"][0, 0] = float("nan")
+    save_file(state, str(path), metadata={**bridgelm.attach.read_block_settings(path)[1]})
+    with pytest.raises(UserError, match=r"layers\.1\.o_proj\.weight holds NaN"):
+        bridgelm.load_blocks(tiny_model(), path)
+
+    folder = tmp_path / "model"
+    save_tiny_model_dir(folder)
+    weights = load_file(str(folder / "model.safetensors"))
+    name = next(k for k in weights if "layers.0.mlp" in k)
+    weights[name][0] = float("inf")
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(UserError, match=f"weight {name} holds infinite"):
+        load_model(str(folder))
+
+
+def test_an_untied_head_that_is_missing_is_refused(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from bridgelm.attach import load_model
+    from conftest import save_tiny_model_dir
+
+    folder = tmp_path / "model"
+    model, _ = save_tiny_model_dir(folder)
+    assert not model.config.tie_word_embeddings
+    weights = load_file(str(folder / "model.safetensors"))
+    del weights["lm_head.weight"]  # transformers would put a random head in its place and sample from it
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(UserError, match="lack 1 tensor.*lm_head.weight"):
+        load_model(str(folder))

@@ -127,6 +127,8 @@ def _text_config(model):
 
 def _resolve(model: nn.Module, kind: str, num_heads: int, head_dim: int | None, placement: str) -> BlockConfig:
     cfg = _text_config(model)
+    if head_dim is not None and (not isinstance(head_dim, int) or head_dim < 1):
+        raise ValueError(f"head_dim={head_dim!r} must be a positive integer (None: the model's own head dim)")
     if head_dim is None:
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     return BlockConfig(kind=kind, num_heads=num_heads, head_dim=int(head_dim), placement=placement)
@@ -315,6 +317,8 @@ def load_blocks(model: nn.Module, path: str | os.PathLike) -> nn.Module:
             ref = next(block.parameters())
             prefix = f"layers.{i}."
             sub = {k[len(prefix) :]: f.get_tensor(k) for k in got if k.startswith(prefix)}
+            for name, tensor in sub.items():
+                check_finite(tensor, f"block file {path}: tensor {prefix}{name}")
             block.load_state_dict(
                 {k: v.to(device=ref.device, dtype=ref.dtype) for k, v in sub.items()}, assign=ref.is_meta
             )
@@ -482,11 +486,29 @@ def _from_pretrained(name_or_path: str, config, dtype, kwargs: dict):
         if found:
             raise misfit("; ".join(found[:3]))
     try:
-        return AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype, **{**NO_REMOTE_CODE, **kwargs})
+        model, info = AutoModelForCausalLM.from_pretrained(
+            name_or_path, dtype=dtype, output_loading_info=True, **{**NO_REMOTE_CODE, **kwargs}
+        )
     except RuntimeError as err:  # other weight formats (*.bin), and the options above
         if "mismatched_sizes" not in str(err) and "size mismatch" not in str(err):
             raise
         raise misfit("; ".join(_shape_mismatches(folder, config)[:3]) or "see the load report above") from err
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:  # transformers would fill them with random values and sample from those
+        raise UserError(
+            f"the weights of model {name_or_path} lack {len(missing)} tensor(s) its config.json needs "
+            f"({', '.join(missing[:3])}): expected every weight (an untied lm_head.weight too)"
+        )
+    for name, tensor in model.state_dict().items():
+        check_finite(tensor, f"model {name_or_path}: weight {name}")
+    return model
+
+
+def check_finite(tensor: torch.Tensor, what: str) -> None:
+    """UserError naming `what` when `tensor` holds a NaN or an infinity (a model would sample garbage from it)."""
+    if tensor.is_floating_point() and not tensor.is_meta and not bool(torch.isfinite(tensor).all()):
+        bad = "NaN" if bool(torch.isnan(tensor).any()) else "infinite"
+        raise UserError(f"{what} holds {bad} values: expected finite weights (a damaged or diverged file?)")
 
 
 def _shape_mismatches(folder: Path, config) -> list[str]:
