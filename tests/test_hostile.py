@@ -193,3 +193,26 @@ def test_an_untied_head_that_is_missing_is_refused(tmp_path):
     save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(UserError, match="lack 1 tensor.*lm_head.weight"):
         load_model(str(folder))
+
+
+def test_an_output_has_one_writer_at_a_time(tmp_path):
+    from bridgelm.jsonl import exclusive
+
+    code = (
+        "import sys, time; from bridgelm.jsonl import exclusive\n"
+        "with exclusive(sys.argv[1]):\n    print('locked', flush=True); time.sleep(60)\n"
+    )
+    for out in (tmp_path / "run", tmp_path / "samples.jsonl"):
+        holder = subprocess.Popen([sys.executable, "-c", code, str(out)], stdout=subprocess.PIPE, text=True)
+        try:
+            assert holder.stdout.readline().strip() == "locked"
+            with pytest.raises(UserError, match=f"being written by another process \\(pid {holder.pid}\\)"):
+                with exclusive(out):
+                    pass
+        finally:
+            holder.kill()
+            holder.wait()
+        with exclusive(out):  # the kernel let go of a killed holder's lock: no stale lock to remove
+            with pytest.raises(UserError, match="another process"):
+                with exclusive(out):  # the same process asking twice is refused too (a second writer)
+                    pass

@@ -8,13 +8,48 @@ Whole files (metrics, reports, checkpoints' manifests) are written to a temporar
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import stat
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from bridgelm.errors import UserError
+
+
+LOCK_FILE = ".lock"  # inside an output folder; beside an output file it is `.NAME.lock`
+
+
+@contextlib.contextmanager
+def exclusive(path: str | os.PathLike, flag: str = "--out") -> Iterator[Path]:
+    """Hold an exclusive lock on the output `path` (a folder, or a file when it has a suffix) while the body writes
+    it: a second process that asks for the same output is refused at once, naming the first one's pid, instead of
+    both writing every record twice. The lock is the kernel's (flock): it goes with its process, even a killed one,
+    so there is never a stale lock to remove."""
+    path = Path(path).expanduser()
+    folder = not path.suffix or path.is_dir()
+    lock = path / LOCK_FILE if folder else path.with_name(f".{path.name}.lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        os.close(fd)
+        raise UserError(
+            f"{flag} {path} is being written by another process (pid {holder}): wait for it to end, or use another "
+            f"{flag}"
+        ) from None
+    try:
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield path
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
 
 
 def check_regular_file(path: str | os.PathLike, what: str = "file") -> Path:
