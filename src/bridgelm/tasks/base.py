@@ -287,8 +287,8 @@ def load_rows(
         import datasets
     except ImportError as exc:
         raise HubUnavailable(
-            f"{path!r} is not a local file and the 'datasets' package is not installed; "
-            "pass a local .jsonl/.json/.parquet path"
+            f"{path!r} is not a local file and the 'datasets' package is not installed: "
+            "pip install 'bridgelm[hub]' to read it from the Hugging Face hub, or pass a local .jsonl/.json/.parquet path"
         ) from exc
     try:
         ds = datasets.load_dataset(str(path), hub_config, split=split)

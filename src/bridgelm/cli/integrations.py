@@ -1,0 +1,31 @@
+"""bridgelm lm-eval ARGS...: lm-evaluation-harness's own command line, with the `bridgelm` backend registered."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from bridgelm.errors import UserError
+
+
+def _cmd_lm_eval(args) -> None:
+    try:
+        import bridgelm.integrations.lm_eval  # noqa: F401  (registers the backend)
+        from lm_eval.__main__ import cli_evaluate
+    except ImportError as err:
+        raise UserError(
+            f"bridgelm lm-eval needs lm-evaluation-harness ({err}): pip install 'bridgelm[lm-eval]'"
+        ) from err
+    sys.argv = ["lm-eval", *args.lm_eval_args]
+    cli_evaluate()
+
+
+def add_commands(sub) -> None:
+    p = sub.add_parser(
+        "lm-eval",
+        add_help=False,  # --help is lm-eval's
+        help="lm-evaluation-harness with the `bridgelm` backend: bridgelm lm-eval run --model bridgelm "
+        "--model_args pretrained=DIR,blocks=FILE,width=8 --tasks ...",
+    )
+    p.add_argument("lm_eval_args", nargs=argparse.REMAINDER)
+    p.set_defaults(func=_cmd_lm_eval)

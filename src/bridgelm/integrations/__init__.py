@@ -1,0 +1,2 @@
+"""Bridge inside the tools researchers already run: `lm_eval` (an lm-evaluation-harness backend). Each module is
+imported on its own, so that its library stays an optional extra (`pip install bridgelm[lm-eval]`)."""

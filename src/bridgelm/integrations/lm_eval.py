@@ -1,0 +1,169 @@
+"""Bridge as an lm-evaluation-harness model backend, registered as `bridgelm` when this module is imported.
+
+    import bridgelm.integrations.lm_eval  # registers the backend (lm-eval 0.4.13 has no plugin discovery)
+    lm_eval.simple_evaluate(model="bridgelm", model_args="pretrained=DIR,blocks=FILE,width=8", tasks=[...])
+
+or from the shell, lm-eval's own command line with the backend registered:
+
+    bridgelm lm-eval run --model bridgelm --model_args pretrained=DIR,blocks=FILE,width=8 --tasks gsm8k
+
+A task with `repeats: N` hands `generate_until` the N copies of each request side by side (the same Instance
+object). They are regrouped here: the N samples of a request are drawn together by the engine, in Bridge groups of
+`width` (which must divide N), so that siblings read each other as in `bridgelm eval`. Requests with equal
+generation settings and repeats are sampled in one engine call. `loglikelihood` scores each request alone (a
+group of one: what Bridge changes is sampling); `loglikelihood_rolling` (perplexity) is not offered.
+
+Model arguments: pretrained (folder or hub id), blocks (a block file; a folder saved with its blocks needs none),
+width (default 1), seed, dtype (float32, bfloat16, float16), device, max_new_tokens (when a task gives no
+max_gen_toks), chat is lm-eval's own `--apply_chat_template`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+from collections.abc import Sequence
+
+import torch
+from lm_eval.api.model import LM
+from lm_eval.api.registry import register_model
+
+import bridgelm
+from bridgelm.attach import load_model
+from bridgelm.errors import DataWarning, UserError
+from bridgelm.tokenizer import load_tokenizer
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+IGNORED = ("batch_size", "max_batch_size")  # lm-eval passes these to every backend; the engine sizes its own batches
+
+
+def _positive(name: str, value) -> int:
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        number = 0
+    if number < 1:
+        raise UserError(f"bridgelm backend: {name}={value!r}: expected a positive integer")
+    return number
+
+
+def request_runs(requests: Sequence) -> list[tuple[int, int]]:
+    """(start, count) of each request's copies: lm-eval repeats a request by listing the same Instance `repeats`
+    times in a row (more when it pads ranks), so a run of one object is cut every `repeats` copies."""
+    runs, start = [], 0
+    for _, copies in itertools.groupby(range(len(requests)), key=lambda i: id(requests[i])):
+        count = len(list(copies))
+        per = max(1, getattr(requests[start], "repeats", None) or count)
+        runs += [(s, min(per, start + count - s)) for s in range(start, start + count, per)]
+        start += count
+    return runs
+
+
+def sampling_settings(gen_kwargs: dict, default_max_new_tokens: int) -> dict:
+    """bridgelm.generate's settings from a task's generation_kwargs (until, max_gen_toks, do_sample, temperature,
+    top_p, top_k); do_sample false (or temperature 0) is greedy."""
+    kwargs = dict(gen_kwargs or {})
+    until = kwargs.pop("until", None) or []
+    until = [until] if isinstance(until, str) else list(until)
+    greedy = kwargs.get("do_sample") is False or float(kwargs.get("temperature", 1.0)) == 0.0
+    return {
+        "stop_strings": tuple(s for s in until if s),
+        "max_new_tokens": _positive("max_gen_toks", kwargs.get("max_gen_toks", default_max_new_tokens)),
+        "temperature": 0.0 if greedy else float(kwargs.get("temperature", 1.0)),
+        "top_p": float(kwargs.get("top_p", 1.0)),
+        "top_k": int(kwargs.get("top_k", 0) or 0),
+    }
+
+
+def cut_at_stop(text: str, stops: Sequence[str]) -> str:
+    """`text` up to the first of `stops` (lm-eval's continuations end before their stop sequence)."""
+    ends = [i for i in (text.find(s) for s in stops) if i >= 0]
+    return text[: min(ends)] if ends else text
+
+
+@register_model("bridgelm")
+class BridgeLM(LM):
+    """lm-eval's view of a Bridge model: text in, text out, each request's repeats drawn as Bridge groups."""
+
+    def __init__(self, pretrained: str, blocks: str | None = None, width: int = 1, seed: int = 0,
+                 dtype: str = "float32", device: str = "cpu", max_new_tokens: int = 256, **kwargs):
+        super().__init__()
+        unknown = sorted(k for k in kwargs if k not in IGNORED)
+        if unknown:
+            raise UserError(
+                f"bridgelm backend: unknown model argument(s) {', '.join(unknown)}: expected pretrained, blocks, "
+                "width, seed, dtype, device, max_new_tokens"
+            )
+        if dtype not in DTYPES:
+            raise UserError(f"bridgelm backend: dtype={dtype!r}: expected one of {', '.join(DTYPES)}")
+        self.width, self.seed = _positive("width", width), int(seed)
+        self.max_new_tokens = _positive("max_new_tokens", max_new_tokens)
+        if str(device).startswith("cuda") and not torch.cuda.is_available():
+            warnings.warn(f"bridgelm backend: device {device} asked for (lm-eval's default), but there is no CUDA GPU: "
+                          "running on the CPU", DataWarning, stacklevel=2)
+            device = "cpu"  # as lm-eval's hf backend does
+        self._device = torch.device(device)
+        self.model = load_model(pretrained, blocks=blocks or None, dtype=DTYPES[dtype], device=device).eval()
+        if self.width > 1 and bridgelm.block_config(self.model) is None:
+            raise UserError(
+                f"bridgelm backend: width={self.width} needs a model with Bridge blocks, and {pretrained} has none: "
+                "give blocks=FILE, or width=1"
+            )
+        self.tokenizer = load_tokenizer(pretrained)
+        self.pretrained = pretrained
+
+    @property
+    def tokenizer_name(self) -> str:
+        return str(self.pretrained).replace("/", "__")
+
+    def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        return self.tokenizer.apply_chat_template(
+            chat_history, tokenize=False, add_generation_prompt=add_generation_prompt
+        )
+
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        out: list[str | None] = [None] * len(requests)
+        calls: dict[tuple, list[tuple[int, int]]] = {}  # (settings, repeats) -> runs sampled in one engine call
+        for start, count in request_runs(requests):
+            context, gen_kwargs = requests[start].args
+            settings = sampling_settings(gen_kwargs, self.max_new_tokens)
+            calls.setdefault((tuple(sorted(settings.items())), count), []).append((start, count))
+        for (settings, count), runs in calls.items():
+            if count % self.width:
+                task = getattr(requests[runs[0][0]], "task_name", None) or "a task"
+                raise UserError(
+                    f"bridgelm backend: width={self.width} does not divide the {count} repeat(s) of {task}'s requests: "
+                    "expected repeats that are a multiple of the width (set the task's `repeats`, or width=1)"
+                )
+            prompts = [requests[start].args[0] for start, _ in runs]
+            kwargs = dict(settings)
+            samples = bridgelm.generate(
+                self.model, self.tokenizer, prompts, n=count, width=self.width, seed=self.seed, **kwargs
+            )
+            for (start, _), drawn in zip(runs, samples):
+                for j, sample in enumerate(drawn):
+                    out[start + j] = cut_at_stop(sample.text, kwargs["stop_strings"])
+        return out
+
+    @torch.no_grad()
+    def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        results = []
+        for request in requests:
+            context, continuation = request.args
+            ctx = self.tokenizer(context, add_special_tokens=False)["input_ids"] if context else []
+            whole = self.tokenizer(context + continuation, add_special_tokens=False)["input_ids"]
+            cont = whole[len(ctx):] if whole[: len(ctx)] == ctx else self.tokenizer(
+                continuation, add_special_tokens=False)["input_ids"]
+            ctx = whole[: len(whole) - len(cont)] or [self.tokenizer.eos_token_id]
+            ids = torch.tensor([ctx + cont], device=self._device)
+            logprobs = torch.log_softmax(self.model(ids).logits[0, len(ctx) - 1 : -1].float(), dim=-1)  # [C, V]
+            target = ids[0, len(ctx):]
+            picked = logprobs.gather(-1, target[:, None])[:, 0]
+            results.append((float(picked.sum()), bool((logprobs.argmax(-1) == target).all())))
+        return results
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        raise UserError(
+            "bridgelm backend: loglikelihood_rolling (perplexity tasks) is not offered: Bridge changes how samples are "
+            "drawn, not how one text is scored; use lm-eval's hf backend for perplexity"
+        )

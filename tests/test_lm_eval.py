@@ -1,0 +1,135 @@
+"""The lm-evaluation-harness backend: a task's repeats of one request are drawn as one engine call in Bridge groups,
+offline, through lm_eval.simple_evaluate and through `bridgelm lm-eval`."""
+
+import json
+import os
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("lm_eval", reason="lm-evaluation-harness is not installed (pip install 'bridgelm[lm-eval]')")
+
+import bridgelm  # noqa: E402
+from bridgelm.errors import UserError  # noqa: E402
+from bridgelm.integrations import lm_eval as backend  # noqa: E402
+from conftest import save_tiny_model_dir  # noqa: E402
+
+PROBLEMS = [("1+2=", "3"), ("2+2=", "4"), ("3+1=", "4")]
+REPEATS, WIDTH, TOKENS = 4, 4, 6
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """A tiny model with random (non-zero) Bridge blocks, and a local lm-eval task with `repeats`."""
+    os.environ["HF_DATASETS_OFFLINE"] = "1"
+    root = tmp_path_factory.mktemp("lm_eval")
+    save_tiny_model_dir(root / "model", blocks="bridge")
+    data = root / "data.jsonl"
+    data.write_text("".join(json.dumps({"q": q, "a": a}) + "\n" for q, a in PROBLEMS))
+    (root / "tasks").mkdir()
+    (root / "tasks" / "tiny.yaml").write_text(
+        f"task: tiny_repeat\ndataset_path: json\ndataset_kwargs:\n  data_files:\n    test: {data}\ntest_split: test\n"
+        'output_type: generate_until\ndoc_to_text: "{{q}}"\ndoc_to_target: "{{a}}"\n'
+        f"repeats: {REPEATS}\ngeneration_kwargs:\n  until: [\"\\n\"]\n  max_gen_toks: {TOKENS}\n  do_sample: true\n"
+        "  temperature: 1.0\nmetric_list:\n  - metric: exact_match\n"
+        "filter_list:\n  - name: maj\n    filter:\n      - function: majority_vote\n      - function: take_first\n"
+    )
+    return root
+
+
+def _direct(model_dir, width):
+    """The same samples straight from the engine: each problem's REPEATS samples in groups of `width`."""
+    from bridgelm.attach import load_model
+    from bridgelm.tokenizer import load_tokenizer
+
+    model, tok = load_model(str(model_dir)), load_tokenizer(str(model_dir))
+    drawn = bridgelm.generate(model, tok, [q for q, _ in PROBLEMS], n=REPEATS, width=width, seed=0,
+                              max_new_tokens=TOKENS, temperature=1.0, top_p=1.0, stop_strings=("\n",))
+    return [[backend.cut_at_stop(s.text, ["\n"]) for s in samples] for samples in drawn]
+
+
+def test_simple_evaluate_draws_each_requests_repeats_as_bridge_groups(setup, monkeypatch):
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    calls = []
+    real = bridgelm.generate
+
+    def spy(model, tokenizer, prompts, **kwargs):
+        calls.append((list(prompts), kwargs["n"], kwargs["width"]))
+        return real(model, tokenizer, prompts, **kwargs)
+
+    monkeypatch.setattr(bridgelm, "generate", spy)
+    results = lm_eval.simple_evaluate(
+        model="bridgelm", model_args=f"pretrained={setup / 'model'},width={WIDTH}", tasks=["tiny_repeat"],
+        task_manager=TaskManager(include_path=str(setup / "tasks")), log_samples=True,
+    )
+    # one engine call: every problem once, its REPEATS samples drawn together in groups of WIDTH
+    assert calls == [([q for q, _ in PROBLEMS], REPEATS, WIDTH)]
+    got = {s["arguments"][0][0]: s["resps"][0] for s in results["samples"]["tiny_repeat"]}
+    want = _direct(setup / "model", WIDTH)
+    assert [got[q] for q, _ in PROBLEMS] == want
+    assert want != _direct(setup / "model", 1)  # the siblings matter: drawn alone, the samples differ
+
+
+def test_bridgelm_lm_eval_runs_lm_evals_command_line(setup, tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "bridgelm", "lm-eval", "run", "--model", "bridgelm", "--model_args",
+         f"pretrained={setup / 'model'},width={WIDTH}", "--tasks", "tiny_repeat", "--include_path",
+         str(setup / "tasks"), "--device", "cpu", "--output_path", str(tmp_path / "out")],
+        capture_output=True, text=True, env=env, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    (result,) = list((tmp_path / "out").rglob("results_*.json"))
+    assert "exact_match,maj" in json.loads(result.read_text())["results"]["tiny_repeat"]
+
+
+def _requests(prompt, repeats, gen_kwargs=None, copies=None):
+    req = SimpleNamespace(args=(prompt, gen_kwargs or {"until": ["\n"], "max_gen_toks": 3}), repeats=repeats,
+                          task_name="t")
+    return [req] * (copies or repeats)
+
+
+def test_request_runs_cut_each_instance_at_its_repeats():
+    a, b = _requests("1+2=", 4), _requests("2+2=", 4)
+    assert backend.request_runs(a + b) == [(0, 4), (4, 4)]
+    assert backend.request_runs(_requests("1+2=", 4, copies=8)) == [(0, 4), (4, 4)]  # lm-eval's rank padding
+    assert backend.request_runs(_requests("1+2=", 1) + _requests("1+2=", 1)) == [(0, 1), (1, 1)]
+
+
+def test_width_that_does_not_divide_the_repeats_is_refused(setup):
+    lm = backend.BridgeLM(pretrained=str(setup / "model"), width=4)
+    with pytest.raises(UserError, match="width=4 does not divide the 3 repeat"):
+        lm.generate_until(_requests("1+2=", 3))
+    with pytest.raises(UserError, match="unknown model argument.*widht"):
+        backend.BridgeLM(pretrained=str(setup / "model"), widht=4)
+
+
+def test_width_needs_bridge_blocks(tmp_path):
+    save_tiny_model_dir(tmp_path / "plain")
+    with pytest.raises(UserError, match="width=2 needs a model with Bridge blocks"):
+        backend.BridgeLM(pretrained=str(tmp_path / "plain"), width=2)
+
+
+def test_loglikelihood_equals_the_engines_log_probs(setup):
+    lm = backend.BridgeLM(pretrained=str(setup / "model"))
+    special = set(lm.tokenizer.all_special_ids)
+    samples = bridgelm.generate(lm.model, lm.tokenizer, ["1+2="], n=8, width=1, max_new_tokens=5, temperature=1.0,
+                                top_p=1.0, seed=3)[0]
+    compared = 0
+    for sample in samples:  # each sample's longest prefix of plain characters (the random model samples specials)
+        plain = next((i for i, t in enumerate(sample.token_ids) if t in special), len(sample.token_ids))
+        if plain:
+            text = lm.tokenizer.decode(sample.token_ids[:plain])
+            (logprob, _), = lm.loglikelihood([SimpleNamespace(args=("1+2=", text))])
+            assert logprob == pytest.approx(sum(sample.logprobs[:plain]), abs=1e-4)
+            compared += 1
+    assert compared >= 3
+    greedy = bridgelm.generate(lm.model, lm.tokenizer, ["1+2="], n=1, max_new_tokens=3, temperature=0.0)[0][0]
+    plain = next((i for i, t in enumerate(greedy.token_ids) if t in special), len(greedy.token_ids))
+    assert plain > 0
+    text = lm.tokenizer.decode(greedy.token_ids[:plain])
+    assert lm.loglikelihood([SimpleNamespace(args=("1+2=", text))])[0][1] is True
