@@ -7,7 +7,7 @@ import torch
 from conftest import randomize_blocks, tiny_model
 
 import bridgelm
-from bridgelm.engine import SamplingConfig, generate_ids, sampler, step
+from bridgelm.engine import SamplingConfig, generate_ids, sampler, step, stream_ids
 from bridgelm.engine.sampler import in_nucleus
 from bridgelm.engine.waves import plan_waves
 from bridgelm.tokenizer import char_tokenizer
@@ -451,3 +451,17 @@ def test_compiled_step_that_draws_gives_the_same_samples(monkeypatch):
     other = generate_ids(model, prompts, replace(cfg, compile=True, temperature=0.7, top_p=0.5), [], 0)
     assert dynamo_utils.counters["stats"].get("unique_graphs") == graphs
     assert [s.token_ids for s in other[0]] != [s.token_ids for s in got[0]]
+
+
+def test_stream_ids_yields_each_prompt_once_in_order_and_generate_ids_collects_it():
+    """The ids entry point streams prompts as their last wave ends (here over several waves, prompts split over
+    two); the list form is that stream, collected."""
+    model = tiny_model()
+    prompts = [[10, 11, 12], [20, 21], [30, 31, 32, 33]]
+    cfg = SamplingConfig(n=8, width=2, max_new_tokens=5, temperature=1.0, seed=2, max_batch_sequences=6)
+    waves = plan_waves([len(p) for p in prompts], cfg)
+    assert len({j.prompt for j in waves[1].jobs} & {j.prompt for j in waves[0].jobs}) == 1  # prompt 0 split
+    streamed = list(stream_ids(model, prompts, cfg, EOS, 0))
+    assert [i for i, _ in streamed] == [0, 1, 2] and all(len(samples) == 8 for _, samples in streamed)
+    listed = generate_ids(model, prompts, cfg, EOS, 0)
+    assert [[s.token_ids for s in samples] for _, samples in streamed] == [[s.token_ids for s in r] for r in listed]

@@ -41,7 +41,7 @@ class SamplingConfig:
     max_batch_sequences: int = 256  # rows decoded together, at most
     max_batch_tokens: int = 262_144  # rows x (longest prompt + max_new_tokens) of a wave, at most
     compact_fraction: float = 0.125  # drop finished groups once they are this fraction of the batch (0: each one)
-    foreign_groups: bool = False  # control: group sample j of `width` different prompts (see "Foreign groups")
+    foreign_groups: bool = False  # control: group sample j of `width` different prompts (see docs/engine.md)
     compile: bool | None = None  # torch.compile the decode step; None: where it wins (CUDA), see compile_wins
     pack_weights: bool = True  # eager CPU decoding packs linear weights for oneDNN once per wave (bridgelm.packed)
 
