@@ -199,7 +199,7 @@ def next_logits(stepper: Stepper, batch: Batch, end: StepEnd, step: int, at: int
     """Step `step` of the decode: feed the previous step's tokens (pad in finished rows) at cache slot `at`, after
     dropping finished groups. -> (logits [B, V], the step's draws when the compiled step made them, else None)."""
     inputs = torch.where(batch.valid, end.tokens, pad_id)  # [B]
-    keep = rows_to_keep(end, cfg, stepper.fn is not None)
+    keep = rows_to_keep(end, cfg, stepper.compiled)
     if keep is not None:
         inputs = batch.keep(keep, inputs)
     batch.mask[:, at] = True  # the input token's own slot

@@ -155,6 +155,11 @@ class Stepper:
         return cls(model, cfg.width, compiled_step(device, draws=deferred), slot, knobs)
 
     @property
+    def compiled(self) -> bool:
+        """Whether the steps run compiled (static shapes: compaction moves to the next smaller bucket)."""
+        return self.fn is not None
+
+    @property
     def draws(self) -> bool:
         """Whether the step draws the next tokens itself (and takes their uniforms)."""
         return bool(self.knobs)
