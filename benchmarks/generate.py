@@ -15,7 +15,7 @@ How the figures are made to hold from run to run:
   after the engines (the larger of the two counts), and each engine is reported against its compute roofline:
   tok/s divided by peak FLOP/s / (2 x parameters) (parameters that take part in a matmul per token: all of them
   for a tied embedding; attention over the cache is left out, a few % at these lengths).
-- the engine's compiled decode step (`--compile`, default: where it wins, see bridgelm.sampling) is compiled
+- the engine's compiled decode step (`--compile`, default: where it wins, see bridgelm.engine) is compiled
   before timing; its compile time is reported apart (`compile_seconds`).
 
 Top-level JSON keys (the first --dtypes entry: bf16 by default, fp32 where bf16 matmuls are slow):
@@ -54,7 +54,7 @@ import bridgelm  # noqa: E402
 from bridgelm import packed  # noqa: E402
 from bridgelm.hardware import bf16_is_slow, copy_bandwidth, matmul_flops, matmul_size  # noqa: E402
 from bridgelm.params import PRESETS  # noqa: E402
-from bridgelm.sampling import SamplingConfig, compile_wins, encode_prompts, generate_ids  # noqa: E402
+from bridgelm.engine import SamplingConfig, compile_wins, encode_prompts, generate_ids  # noqa: E402
 
 GSM8K_TEST = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "gsm8k" / "test.jsonl"
 # The first GSM8K test questions, for machines without the data file.

@@ -256,7 +256,7 @@ def test_the_edges_of_the_number_checks():
     import numpy as np
 
     from bridgelm.errors import check_number
-    from bridgelm.sampling import SamplingConfig
+    from bridgelm.engine import SamplingConfig
     from bridgelm.train.rl import RLConfig
     from bridgelm.train.sft import SFTConfig
 
@@ -601,7 +601,7 @@ def test_rl_resume_over_a_damaged_checkpoint_ends_like_an_uninterrupted_run(tmp_
 
 
 def test_user_message_tells_input_errors_from_bugs():
-    from bridgelm.sampling import SamplingConfig
+    from bridgelm.engine import SamplingConfig
 
     with pytest.raises(ValueError) as ours:
         SamplingConfig(n=4, width=3).validate()

@@ -10,7 +10,7 @@ from bridgelm.cli import build_parser, main
 from bridgelm.cli.fields import Flag, add_fields, build, field_comments
 from bridgelm.demo.pipeline import DemoConfig
 from bridgelm.evaluate import EvalConfig
-from bridgelm.sampling import SamplingConfig
+from bridgelm.engine import SamplingConfig
 from bridgelm.train.rl import RLConfig
 from bridgelm.train.sft import SFTConfig
 from bridgelm.train.warmup_data import MAX_NEW_TOKENS as WARMUP_MAX_NEW_TOKENS

@@ -15,10 +15,10 @@ from dataclasses import replace
 import pytest
 import torch
 from conftest import randomize_blocks, tiny_model
-from test_sampling import EOS, teacher_forced_logprobs
+from test_engine import EOS, teacher_forced_logprobs
 
 import bridgelm
-from bridgelm.sampling import SamplingConfig, generate_ids
+from bridgelm.engine import SamplingConfig, generate_ids
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU on this machine")
 
@@ -62,7 +62,7 @@ def test_gpu_logprobs_equal_cpu_grouped_logits(arch, compile):
 @pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
 def test_gpu_draws_equal_cpu_draws_when_rows_need_many_attempts(compile):
     """A small nucleus of flat rows: many rows have no accepted draw within the GPU sampler's sync-free rounds, and
-    the step is completed after the sync (bridgelm.sampling.finish_deferred). The samples still equal the CPU's."""
+    the step is completed after the sync (bridgelm.engine.sampler.finish_deferred). The samples equal the CPU's."""
     cpu_model = bridged()
     model = copy.deepcopy(cpu_model).to(CUDA)
     prompts = [[7, 8, 9, 10], [11, 12, 13], [20, 21]]
@@ -91,12 +91,13 @@ def test_gpu_decode_attention_takes_the_matmul_path(monkeypatch, dtype):
     """On CUDA every decode call (one query per row) computes its attention with `matmul_attention`, in float32
     too; the prefill's calls (several queries per row) stay with sdpa. The compiled step draws inside its graph:
     the eager sampler runs once per wave (the prefill's logits)."""
-    from bridgelm import attention, sampling
+    from bridgelm import attention
+    from bridgelm.engine import sampler
 
     calls, draws = [], []
-    real, real_draws = attention.matmul_attention, sampling.sample_tokens_deferred
+    real, real_draws = attention.matmul_attention, sampler.sample_tokens_deferred
     monkeypatch.setattr(attention, "matmul_attention", lambda q, *a: calls.append(q.shape[2]) or real(q, *a))
-    monkeypatch.setattr(sampling, "sample_tokens_deferred", lambda *a: draws.append(1) or real_draws(*a))
+    monkeypatch.setattr(sampler, "sample_tokens_deferred", lambda *a: draws.append(1) or real_draws(*a))
     model = bridged(dtype=dtype).to(CUDA)
     cfg = SamplingConfig(n=2, width=2, max_new_tokens=4, temperature=0.9, top_p=0.9, compile=False)
     generate_ids(model, [[7, 8, 9], [10, 11]], cfg, [], 0)

@@ -62,13 +62,13 @@ def test_resumed_run_samples_exactly_the_missing_problems(tmp_path, model_tok, m
     # a crash lost line 3 and cut the last line in half: the re-run samples exactly those two problems
     out.write_text("".join(lines[:2] + lines[3:-1]) + lines[-1][: len(lines[-1]) // 2])
     prompts_sampled = []
-    real = E.iter_generate
+    real = E.stream_text
 
     def counting(model, tokenizer, texts, *args, **kwargs):
         prompts_sampled.append(len(texts))
         return real(model, tokenizer, texts, *args, **kwargs)
 
-    monkeypatch.setattr(E, "iter_generate", counting)
+    monkeypatch.setattr(E, "stream_text", counting)
     again = E.run_eval(model, tok, "math", data, cfg, run, "tiny", progress=False)
     assert again["sampled"] == 2 and again["skipped"] == 12 and sum(prompts_sampled) == 2
     after = out.read_text().splitlines(keepends=True)
@@ -161,7 +161,7 @@ def _fabricate(run: Path, texts_by_problem: dict, lengths=None, finished=None):
 def test_a_cut_gsm8k_sample_counts_only_with_an_explicit_answer(tmp_path, model_tok):
     """GSM8K falls back on a completion's last number; a sample cut by the token limit has not answered yet, so its
     last number ("Step 3: ...") is not its answer. A box, '####' or 'the answer is' still counts, cut or not."""
-    from bridgelm.sampling import Sample
+    from bridgelm.engine import Sample
     from bridgelm.tasks.gsm8k import GSM8K
 
     model, tok = model_tok

@@ -10,7 +10,7 @@ import bridgelm
 from bridgelm import evaluate as E
 from bridgelm.cli import main
 from bridgelm.jsonl import read_records
-from bridgelm.sampling import encode_prompts
+from bridgelm.engine import encode_prompts
 from bridgelm.tasks import gsm8k, summarize
 from bridgelm.tokenizer import char_tokenizer
 

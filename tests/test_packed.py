@@ -8,7 +8,7 @@ from torch import nn
 import bridgelm
 from bridgelm import packed
 from bridgelm.packed import packed_linears
-from bridgelm.sampling import SamplingConfig, generate_ids
+from bridgelm.engine import SamplingConfig, generate_ids
 
 needs_bf16 = pytest.mark.skipif(
     torch.bfloat16 not in packed.dtypes(), reason="this CPU's oneDNN has no bfloat16 support"

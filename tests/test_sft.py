@@ -11,7 +11,7 @@ from conftest import interrupt_on_call, tiny_model
 import bridgelm
 from bridgelm import runs
 from bridgelm.jsonl import read_records
-from bridgelm.sampling import SamplingConfig
+from bridgelm.engine import SamplingConfig
 from bridgelm.tasks.base import Task
 from bridgelm.tokenizer import char_tokenizer
 from bridgelm.train import batches, sft
@@ -280,7 +280,7 @@ def test_interrupted_warmup_data_says_what_it_wrote(tmp_path, monkeypatch, capsy
     counts them and says why a wave's problems land together."""
     from bridgelm.train import warmup_data
 
-    real = warmup_data.iter_generate
+    real = warmup_data.stream_text
 
     def two_then_ctrl_c(*args, **kwargs):
         for k, item in enumerate(real(*args, **kwargs)):
@@ -288,7 +288,7 @@ def test_interrupted_warmup_data_says_what_it_wrote(tmp_path, monkeypatch, capsy
                 raise KeyboardInterrupt
             yield item
 
-    monkeypatch.setattr(warmup_data, "iter_generate", two_then_ctrl_c)
+    monkeypatch.setattr(warmup_data, "stream_text", two_then_ctrl_c)
     task = EvenTask("even", [{"a": i} for i in range(6)])
     out = tmp_path / "warmup.jsonl"
     sampling = SamplingConfig(max_new_tokens=8, temperature=1.0, top_p=1.0, max_batch_sequences=8)

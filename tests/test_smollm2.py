@@ -7,11 +7,11 @@ test to a few seconds on one CPU thread; the model directory is built once into 
 import pytest
 import torch
 from conftest import randomize_blocks
-from test_sampling import teacher_forced_logprobs
+from test_engine import teacher_forced_logprobs
 
 import bridgelm
 from bridgelm.pretrained import load_smollm2, smollm2_missing
-from bridgelm.sampling import SamplingConfig, encode_prompts, eos_ids, generate_ids
+from bridgelm.engine import SamplingConfig, encode_prompts, eos_ids, generate_ids
 
 pytestmark = pytest.mark.skipif(smollm2_missing() is not None, reason=smollm2_missing() or "")
 

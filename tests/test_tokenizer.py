@@ -10,7 +10,7 @@ from transformers import AutoTokenizer
 
 from bridgelm.cli.common import load_tokenizer as cli_load_tokenizer
 from bridgelm.errors import DataWarning
-from bridgelm.sampling import encode_prompts
+from bridgelm.engine import encode_prompts
 from bridgelm.tokenizer import char_tokenizer, load_tokenizer, train_bpe, unknown_characters
 
 TEXT = "12+(3-4)\n= abc\n\n0"

@@ -29,6 +29,6 @@ __all__ = [
     "BlockConfig",
 ]
 
-from bridgelm.sampling import Sample, SamplingConfig, generate, generate_ids  # noqa: E402
+from bridgelm.engine import Sample, SamplingConfig, generate, generate_ids  # noqa: E402
 
 __all__ += ["generate", "generate_ids", "Sample", "SamplingConfig"]

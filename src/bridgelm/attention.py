@@ -4,8 +4,8 @@ On CPU, `scaled_dot_product_attention` with a mask runs a flash kernel whose per
 Bridge meets there: one query per row against a cache of a few hundred positions in the engine's decode step, and
 short rows (up to ~128 tokens) in the trainers' forward and backward (measured: `benchmarks/attention.py`).
 On a CUDA GPU, transformers' sdpa with a mask first copies the keys and values of a grouped-query head once per
-query head that reads it, then runs a kernel made for long queries: in the engine's compiled decode step of a
-1.5B Qwen2 shape (64 rows, 256 cached positions, H100) the two took half of the step's GPU time.
+query head that reads it, then runs a kernel made for long queries (half of the compiled decode step's GPU time in
+a measurement of docs/engine.md).
 `matmul_attention` computes the same `softmax(q k^T * scale + mask) v` as two batched matmuls with the query heads
 of a key/value head stacked on that head (grouped-query attention without repeating keys), the softmax in float32.
 
@@ -14,7 +14,7 @@ name "bridgelm_sdpa"; its masks are sdpa's), and puts the model back on exit. In
 cover go to transformers' sdpa unchanged: on CPU float32, half precision without the CPU's instructions for it
 (`packed.half_instructions`; on an AVX2-only CPU the fused kernel, float32 inside, beats the two bf16 matmuls 3-8x)
 and rows of more than MAX_KEYS keys, on CUDA every call with more than one query per row (training and prefill,
-where the fused kernels win), anywhere dropout, soft-capping and attention sinks. The engine (`bridgelm.sampling`)
+where the fused kernels win), anywhere dropout, soft-capping and attention sinks. The engine (`bridgelm.engine`)
 and the trainers' grouped forwards (`bridgelm.train.batches`) use it.
 """
 

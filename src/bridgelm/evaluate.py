@@ -39,7 +39,7 @@ from bridgelm.errors import UserError
 from bridgelm.jsonl import append_record, read_records, write_json
 from bridgelm.runs import RUN_FILE, check_settings, local_source, run_kind
 from bridgelm.samples import check_stop_strings
-from bridgelm.sampling import Sample, SamplingConfig, encode_prompts, iter_generate, sample_all
+from bridgelm.engine import Sample, SamplingConfig, encode_prompts, stream_text
 from bridgelm.tasks import Task
 from bridgelm.tasks.base import check_rewards, is_correct
 
@@ -90,7 +90,7 @@ class EvalConfig:
     max_batch_sequences: int = 256  # rows decoded together, at most (does not change what is measured)
     max_batch_tokens: int = 262_144  # rows x (prompt + max_new_tokens) of a batch, at most
     gpass_k: int = 8  # k of G-Pass@k_tau (capped at n)
-    foreign_groups: bool = False  # control: groups of sample j of `width` different problems (see sampling.py)
+    foreign_groups: bool = False  # control: groups of sample j of `width` different problems (see bridgelm.engine)
 
     def all_widths(self) -> list[int]:
         """The widths to sample, in order."""
@@ -584,7 +584,7 @@ def run_eval(
                 truncated += sum(cut is not None for _, cut in fitted)
                 keys = [(b.name, i) for i in indices]  # a problem's samples do not depend on its shard
                 sampling = cfg.sampling(w)
-                stream = iter_generate(model, tokenizer, texts, sampling, keys, cfg.chat, cfg.stop, progress=step)
+                stream = stream_text(model, tokenizer, texts, sampling, keys, cfg.chat, cfg.stop, progress=step)
                 for k, samples in stream:
                     i = indices[k]
                     append_record(
@@ -632,7 +632,7 @@ def sample_examples(
     model, tokenizer, task: Task, examples: Sequence[dict], sampling: SamplingConfig, chat: bool = False
 ) -> list[list[Sample]]:
     """`sampling.n` samples of each of `examples`, in memory: no run folder, nothing written."""
-    return sample_all(model, tokenizer, [task.prompt(ex) for ex in examples], sampling, chat=chat)
+    return [s for _, s in stream_text(model, tokenizer, [task.prompt(ex) for ex in examples], sampling, chat=chat)]
 
 
 def grade_samples(task: Task, examples: Sequence[dict], samples: Sequence[Sequence[Sample]]) -> list[list[bool]]:

@@ -3,15 +3,13 @@
 On CPU a bfloat16 `F.linear` hands its weight to oneDNN, which reorders it into its own blocked layout on every
 call: a pass over the whole weight matrix that a decode step (a few dozen rows against every weight of the model)
 pays again at each token. A float32 `F.linear` goes to ATen's BLAS (MKL), which on AMD CPUs runs at less than half
-of oneDNN's rate (measured on this project's 2-core AMD EPYC: 0.17 against 0.38 TFLOP/s on a 4096 x 4096 matmul,
-14.6 against 4.3 ms for a decode step's [64, 512] x [512, 24000] output layer). `packed_linears(model)` reorders
-each `nn.Linear` weight once, with the op that inductor's weight freezing uses
-(`torch.ops.mkldnn._reorder_linear_weight`), and routes the module's forward to `torch.ops.mkldnn._linear_pointwise`
-on the packed copy until the context exits.
-- bfloat16: the kernel `F.linear` would run, so the same results bit for bit (tested); 30M benchmark model, 64 rows,
-  every linear of a decode step: 9.0 -> 6.9-7.7 ms.
+of oneDNN's rate. `packed_linears(model)` reorders each `nn.Linear` weight once, with the op that inductor's weight
+freezing uses (`torch.ops.mkldnn._reorder_linear_weight`), and routes the module's forward to
+`torch.ops.mkldnn._linear_pointwise` on the packed copy until the context exits.
+- bfloat16: the kernel `F.linear` would run, so the same results bit for bit (tested).
 - float32: oneDNN's kernel instead of MKL's, so results equal to float32 rounding, not bit for bit (tested against
-  float64); the engine's samples on the 30M benchmark model: 1.8x tok/s, the same tokens, log-probs within 5e-6.
+  float64).
+The measured gains: docs/engine.md.
 
 The packed copies are taken at entry, so weights changed between two contexts (an RL step) are packed afresh; the
 model must not change its weights inside one. They cost a second copy of the linear weights while the context

@@ -17,7 +17,7 @@ from typing import Any
 from bridgelm.errors import UserError
 from bridgelm.jsonl import append_record, read_records
 from bridgelm.runs import check_settings
-from bridgelm.sampling import SamplingConfig, iter_generate
+from bridgelm.engine import SamplingConfig, stream_text
 
 # Settings that change what is sampled; batch bounds do not.
 _KEYED = ("n", "width", "max_new_tokens", "temperature", "top_p", "top_k", "seed")
@@ -98,7 +98,7 @@ def sample_to_file(
     texts = [prompts[i] for i in todo]
     title = f"sampling -> {out}" if progress else None
     # keys = prompt indices: a resumed run draws exactly what an uninterrupted one would have
-    for k, samples in iter_generate(model, tokenizer, texts, cfg, todo, chat, stop_strings, progress=title):
+    for k, samples in stream_text(model, tokenizer, texts, cfg, todo, chat, stop_strings, progress=title):
         i = todo[k]
         line = {
             "index": i,

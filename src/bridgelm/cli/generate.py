@@ -11,7 +11,7 @@ from bridgelm.cli.common import (
     width_is_moot,
 )
 from bridgelm.cli.fields import add_fields, build
-from bridgelm.sampling import SamplingConfig
+from bridgelm.engine import SamplingConfig
 
 
 def _cmd_generate(args) -> None:

@@ -22,7 +22,7 @@ from bridgelm.cli.common import (
 )
 from bridgelm.cli.fields import Flag, add_fields, build
 from bridgelm.errors import UserError
-from bridgelm.sampling import SamplingConfig
+from bridgelm.engine import SamplingConfig
 from bridgelm.train import warmup_data
 from bridgelm.train.rl import RLConfig
 from bridgelm.train.sft import SFTConfig

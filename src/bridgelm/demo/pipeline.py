@@ -637,7 +637,7 @@ def check_sft_layout(out: Path, cfg: DemoConfig) -> None:
 
 
 def _sampling(cfg: DemoConfig, n: int, width: int, seed: int = 0):
-    from bridgelm.sampling import SamplingConfig
+    from bridgelm.engine import SamplingConfig
 
     return SamplingConfig(
         n=n, width=width, max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p, seed=seed

@@ -56,7 +56,7 @@ from bridgelm.grpo import group_advantages, policy_loss, policy_stats
 from bridgelm.jsonl import write_json
 from bridgelm.rng import derive_seed, generator
 from bridgelm.runs import latest_checkpoint, local_source
-from bridgelm.sampling import SamplingConfig, check_sampling, encode_prompts, eos_ids, generate_ids, pad_id
+from bridgelm.engine import SamplingConfig, check_sampling, encode_prompts, eos_ids, generate_ids, pad_id
 from bridgelm.tasks.base import check_rewards, is_correct
 from bridgelm.train.batches import Row, autocast, chunks, pack_rows, response_logprobs, rows_tensor
 from bridgelm.train.optim import gradient_parts, make_optimizer, make_scheduler, optimizer_step

@@ -22,7 +22,7 @@ from pathlib import Path
 from bridgelm.jsonl import append_record, read_records
 from bridgelm.runs import local_source
 from bridgelm.samples import check_lines, run_settings
-from bridgelm.sampling import SamplingConfig, iter_generate
+from bridgelm.engine import SamplingConfig, stream_text
 from bridgelm.tasks.base import check_rewards, is_correct
 
 MAX_NEW_TOKENS = 1024  # tokens per warm-up response, at most (the CLI's default too)
@@ -111,7 +111,7 @@ def _check_problems(out: Path, done: list[dict], task, examples) -> None:
 def _sample_and_write(model, tokenizer, task, examples, todo, cfg, settings, chat, out, progress) -> None:
     texts = [task.prompt(examples[i]) for i in todo]
     title = f"warm-up data -> {out}" if progress else None
-    for k, samples in iter_generate(model, tokenizer, texts, cfg, keys=todo, chat=chat, progress=title):
+    for k, samples in stream_text(model, tokenizer, texts, cfg, keys=todo, chat=chat, progress=title):
         i = todo[k]
         example = examples[i]
         rewards = check_rewards(

@@ -1,4 +1,4 @@
-"""The sampling engine against slow references: grouped_logits, transformers' generate, a full-sort top-p."""
+"""The engine (bridgelm.engine) against slow references: grouped_logits, transformers' generate, a full-sort top-p."""
 
 from dataclasses import replace
 
@@ -7,8 +7,9 @@ import torch
 from conftest import randomize_blocks, tiny_model
 
 import bridgelm
-from bridgelm import sampling
-from bridgelm.sampling import SamplingConfig, generate_ids, in_nucleus, plan_waves
+from bridgelm.engine import SamplingConfig, generate_ids, sampler, step, stream_ids
+from bridgelm.engine.sampler import in_nucleus
+from bridgelm.engine.waves import plan_waves
 from bridgelm.tokenizer import char_tokenizer
 
 EOS = [2, 3, 4, 5, 6]  # several stop ids, so that some samples end early in a random tiny model
@@ -72,12 +73,12 @@ def test_finished_rows_must_be_masked(monkeypatch):
     torch.manual_seed(1)
     prompts = [torch.randint(7, 97, (4,)).tolist() for _ in range(3)]
     cfg = SamplingConfig(n=4, width=4, max_new_tokens=16, temperature=1.0, top_p=1.0, seed=5)
-    real = sampling.Groups.contiguous_width
+    real = step.Groups.contiguous_width
 
     def leaky(batch_size, width, valid=None):
         return real(batch_size, width, None)  # everyone valid, always
 
-    monkeypatch.setattr(sampling.Groups, "contiguous_width", staticmethod(leaky))
+    monkeypatch.setattr(step.Groups, "contiguous_width", staticmethod(leaky))
     results = generate_ids(model, prompts, cfg, EOS, 0)
     want = teacher_forced_logprobs(model, prompts, results, 4, 1.0)
     errors = [(torch.tensor(s.logprobs) - ref).abs().max() for s, ref in zip([s for r in results for s in r], want)]
@@ -116,13 +117,13 @@ def test_memory_bound_is_respected(monkeypatch):
     torch.manual_seed(3)
     prompts = [torch.randint(7, 97, (n,)).tolist() for n in (4, 7, 3, 5, 6, 2, 8)]
     seen = []
-    real = sampling.decode_step
+    real = step.decode_step
 
     def spy(model, cache, tokens, *args):
         seen.append(tokens.shape[0])
         return real(model, cache, tokens, *args)
 
-    monkeypatch.setattr(sampling, "decode_step", spy)
+    monkeypatch.setattr(step, "decode_step", spy)
     small = SamplingConfig(n=4, width=2, max_new_tokens=6, temperature=0.0, max_batch_sequences=8, max_batch_tokens=100)
     waves = plan_waves([len(p) for p in prompts], small)
     assert len(waves) > 2
@@ -174,14 +175,14 @@ def test_sampler_buffers_change_no_draw_and_are_reused(dtype, top_k):
     """The engine's per-wave buffers: the same tokens and log-probs as fresh tensors, over a batch that shrinks
     (groups dropped) and grows back (a new wave), and no new buffer while the batch fits."""
     g = torch.Generator().manual_seed(3)
-    buffers = sampling.SamplerBuffers()
+    buffers = sampler.SamplerBuffers()
     pointers, pairs = [], []
     for rows in [6, 6, 4, 2, 4, 8]:
         logits = (3 * torch.randn(rows, 50, generator=g)).to(dtype)
         u = torch.rand(rows, 8, generator=g)  # this step's uniforms, the same for both calls
         uniform = lambda r, attempt, u=u: u[r, attempt]  # noqa: E731
-        want = sampling.sample_tokens(logits, 0.7, 0.9, top_k, uniform)
-        got = sampling.sample_tokens(logits, 0.7, 0.9, top_k, uniform, buffers)
+        want = sampler.sample_tokens(logits, 0.7, 0.9, top_k, uniform)
+        got = sampler.sample_tokens(logits, 0.7, 0.9, top_k, uniform, buffers)
         pairs.append((got, want))
         pointers.append(buffers.probs.data_ptr())
     for got, want in pairs:  # compared after every step: no result is a view of the reused buffers
@@ -192,21 +193,21 @@ def test_sampler_buffers_change_no_draw_and_are_reused(dtype, top_k):
 def test_a_row_of_nan_logits_does_not_stall_the_sampler():
     """Diverged logits (NaN) give some token, as before the mask-free nucleus sum, instead of redrawing forever."""
     g = torch.Generator().manual_seed(0)
-    tokens, _ = sampling.sample_tokens(torch.full((2, 50), float("nan")), 1.0, 0.9, 0, g)
+    tokens, _ = sampler.sample_tokens(torch.full((2, 50), float("nan")), 1.0, 0.9, 0, g)
     assert tokens.shape == (2,)
 
 
 def test_sampling_follows_the_truncated_distribution():
     logits = torch.tensor([[2.0, 1.0, 0.5, -1.0, -3.0]])
     g = torch.Generator().manual_seed(0)
-    toks = torch.stack([sampling.sample_tokens(logits, 1.0, 0.8, 0, g)[0] for _ in range(4000)])
+    toks = torch.stack([sampler.sample_tokens(logits, 1.0, 0.8, 0, g)[0] for _ in range(4000)])
     p = torch.softmax(logits[0], 0)
     kept = p[:2] / p[:2].sum()  # 0.607 + 0.223 = 0.83 >= 0.8: two tokens
     freq = torch.bincount(toks[:, 0], minlength=5).float() / len(toks)
     assert freq[2:].sum() == 0
     assert torch.allclose(freq[:2], kept, atol=0.03)
     # top-k 3 then top-p 0.9 of the renormalised three: 0.607/0.965 = 0.63, + 0.23 = 0.86 < 0.9 -> all three
-    toks = torch.stack([sampling.sample_tokens(logits, 1.0, 0.9, 3, g)[0] for _ in range(4000)])
+    toks = torch.stack([sampler.sample_tokens(logits, 1.0, 0.9, 3, g)[0] for _ in range(4000)])
     freq = torch.bincount(toks[:, 0], minlength=5).float() / len(toks)
     assert freq[3:].sum() == 0
     assert torch.allclose(freq[:3], p[:3] / p[:3].sum(), atol=0.03)
@@ -377,9 +378,9 @@ def test_compiled_decode_step_matches_grouped_logits():
 
 def test_bucket_compaction_keeps_live_groups_first_in_order():
     alive = torch.tensor([False, True, False, False, True, False, False, False])  # 8 groups, 2 live
-    rows = sampling._bucket_keep(alive, 2, 2)
+    rows = step.bucket_keep(alive, 2, 2)
     assert rows.tolist() == [0, 1, 2, 3, 4, 5, 8, 9]  # groups 0, 1, 2, 4: live 1 and 4, padded with 0 and 2
-    assert sampling._bucket_keep(torch.tensor([True, True, False, True]), 2, 3) is None  # 3 live do not fit in 2
+    assert step.bucket_keep(torch.tensor([True, True, False, True]), 2, 3) is None  # 3 live do not fit in 2
 
 
 @pytest.mark.parametrize("top_p", [0.9, 0.02])  # 0.02 on flat rows: many rows need more than the deferred rounds
@@ -390,10 +391,10 @@ def test_deferred_draws_equal_sample_tokens(top_p):
     logits = torch.randn(64, 50, generator=g) * torch.linspace(0.1, 4, 64)[:, None]  # flat to peaked rows
     table = torch.rand(64, 1000, generator=g)  # uniform of (row, attempt)
     uniform = lambda rows, attempt: table[rows, attempt]  # noqa: E731
-    want_tok, want_lp = sampling.sample_tokens(logits, 0.8, top_p, 0, uniform)
-    tok, lp, unsure = sampling.sample_tokens_deferred(logits, 0.8, top_p, uniform)
+    want_tok, want_lp = sampler.sample_tokens(logits, 0.8, top_p, 0, uniform)
+    tok, lp, unsure = sampler.sample_tokens_deferred(logits, 0.8, top_p, uniform)
     assert (unsure.sum() > 0) == (top_p < 0.1)
-    tok, lp = sampling.finish_deferred(logits, tok, unsure, 0.8, top_p, uniform)
+    tok, lp = sampler.finish_deferred(logits, tok, unsure, 0.8, top_p, uniform)
     assert torch.equal(tok, want_tok)
     torch.testing.assert_close(lp, want_lp, rtol=0, atol=1e-6)
 
@@ -408,9 +409,9 @@ def test_engine_with_deferred_draws_gives_the_same_samples(monkeypatch, top_p):
     cfg = SamplingConfig(n=4, width=2, max_new_tokens=16, temperature=1.5, top_p=top_p, seed=6)
     want = generate_ids(model, prompts, cfg, EOS, 0)
     calls = []
-    real = sampling.finish_deferred
-    monkeypatch.setattr(sampling, "defers_draws", lambda device, cfg: True)
-    monkeypatch.setattr(sampling, "finish_deferred", lambda *a: calls.append(1) or real(*a))
+    real = sampler.finish_deferred
+    monkeypatch.setattr(sampler, "defers_draws", lambda device, cfg: True)
+    monkeypatch.setattr(sampler, "finish_deferred", lambda *a: calls.append(1) or real(*a))
     got = generate_ids(model, prompts, cfg, EOS, 0)
     assert [[s.token_ids for s in r] for r in got] == [[s.token_ids for s in r] for r in want]
     assert [[s.finished for s in r] for r in got] == [[s.finished for s in r] for r in want]
@@ -431,10 +432,10 @@ def test_compiled_step_that_draws_gives_the_same_samples(monkeypatch):
     cfg = SamplingConfig(n=4, width=2, max_new_tokens=12, temperature=1.5, top_p=0.05, seed=6)
     want = generate_ids(model, prompts, cfg, EOS, 0)
     calls, finished = [], []
-    real, real_finish = sampling.sample_tokens_deferred, sampling.finish_deferred
-    monkeypatch.setattr(sampling, "defers_draws", lambda device, cfg: True)
-    monkeypatch.setattr(sampling, "sample_tokens_deferred", lambda *a: calls.append(1) or real(*a))
-    monkeypatch.setattr(sampling, "finish_deferred", lambda *a: finished.append(1) or real_finish(*a))
+    real, real_finish = sampler.sample_tokens_deferred, sampler.finish_deferred
+    monkeypatch.setattr(sampler, "defers_draws", lambda device, cfg: True)
+    monkeypatch.setattr(sampler, "sample_tokens_deferred", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(sampler, "finish_deferred", lambda *a: finished.append(1) or real_finish(*a))
     got = generate_ids(model, prompts, replace(cfg, compile=True), EOS, 0)
     assert [[s.token_ids for s in r] for r in got] == [[s.token_ids for s in r] for r in want]
     assert min(len(s.token_ids) for r in got for s in r) < 12  # finished groups: the batch moved to a smaller bucket
@@ -450,3 +451,17 @@ def test_compiled_step_that_draws_gives_the_same_samples(monkeypatch):
     other = generate_ids(model, prompts, replace(cfg, compile=True, temperature=0.7, top_p=0.5), [], 0)
     assert dynamo_utils.counters["stats"].get("unique_graphs") == graphs
     assert [s.token_ids for s in other[0]] != [s.token_ids for s in got[0]]
+
+
+def test_stream_ids_yields_each_prompt_once_in_order_and_generate_ids_collects_it():
+    """The ids entry point streams prompts as their last wave ends (here over several waves, prompts split over
+    two); the list form is that stream, collected."""
+    model = tiny_model()
+    prompts = [[10, 11, 12], [20, 21], [30, 31, 32, 33]]
+    cfg = SamplingConfig(n=8, width=2, max_new_tokens=5, temperature=1.0, seed=2, max_batch_sequences=6)
+    waves = plan_waves([len(p) for p in prompts], cfg)
+    assert len({j.prompt for j in waves[1].jobs} & {j.prompt for j in waves[0].jobs}) == 1  # prompt 0 split
+    streamed = list(stream_ids(model, prompts, cfg, EOS, 0))
+    assert [i for i, _ in streamed] == [0, 1, 2] and all(len(samples) == 8 for _, samples in streamed)
+    listed = generate_ids(model, prompts, cfg, EOS, 0)
+    assert [[s.token_ids for s in samples] for _, samples in streamed] == [[s.token_ids for s in r] for r in listed]

@@ -1,0 +1,71 @@
+"""How to sample: `SamplingConfig` (a plain dataclass, one comment per field) and the checks of its numbers."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bridgelm.errors import check_int, check_number
+
+# The smallest temperature above 0. Sampling is greedy in all but name long before it; far below it logits /
+# temperature overflow float32 (1e-45 gave inf logits, NaN log-probs and one repeated token).
+MIN_TEMPERATURE = 1e-6
+
+
+def check_sampling(temperature: float, top_p: float, prefix: str = "", greedy: bool = True, why: str = "") -> None:
+    """ValueError naming `prefix + "temperature"` / `prefix + "top_p"` unless temperature is 0 (when `greedy`) or at
+    least MIN_TEMPERATURE, and top_p is in (0, 1]; NaN and infinities are refused. `why` ends the message of a
+    temperature refused where sampling cannot be greedy."""
+    check_number(f"{prefix}top_p", top_p, 0, 1, open_low=True)
+    name = f"{prefix}temperature"
+    if greedy and temperature == 0 and not isinstance(temperature, bool):
+        return
+    check_number(name, temperature, 0, open_low=not greedy, note=" (0 = greedy)" if greedy else why)
+    if temperature < MIN_TEMPERATURE:
+        raise ValueError(
+            f"{name}={temperature!r}: expected {'0 (greedy) or ' if greedy else ''}at least {MIN_TEMPERATURE} "
+            f"(sampling is greedy in all but name before that, and far below it logits / temperature overflow){why}"
+        )
+
+
+@dataclass
+class SamplingConfig:
+    """How to sample; every field has the paper's evaluation default where it has one."""
+
+    n: int = 8  # samples per prompt
+    width: int = 1  # Bridge group width w (w divides n); 1 = independent samples
+    max_new_tokens: int = 256  # generated tokens per sample, at most
+    temperature: float = 0.6  # 0 = greedy
+    top_p: float = 0.95  # nucleus mass in (0, 1]
+    top_k: int = 0  # 0 = off
+    seed: int = 0  # seeds the torch.Generator of the whole run
+    max_batch_sequences: int = 256  # rows decoded together, at most
+    max_batch_tokens: int = 262_144  # rows x (longest prompt + max_new_tokens) of a wave, at most
+    compact_fraction: float = 0.125  # drop finished groups once they are this fraction of the batch (0: each one)
+    foreign_groups: bool = False  # control: group sample j of `width` different prompts (see docs/engine.md)
+    compile: bool | None = None  # torch.compile the decode step; None: where it wins (CUDA), see compile_wins
+    pack_weights: bool = True  # eager CPU decoding packs linear weights for oneDNN once per wave (bridgelm.packed)
+
+    def validate(self) -> None:
+        if not isinstance(self.n, int) or self.n < 1:
+            raise ValueError(f"n={self.n!r} must be a positive integer")
+        if not isinstance(self.width, int) or self.width < 1:
+            raise ValueError(f"width={self.width!r} must be a positive integer")
+        if self.n % self.width and not self.foreign_groups:
+            raise ValueError(f"width={self.width} must divide n={self.n}")
+        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens={self.max_new_tokens!r} must be >= 1")
+        check_sampling(self.temperature, self.top_p)
+        if self.top_k < 0:
+            raise ValueError(f"top_k={self.top_k!r} must be >= 0 (0 = off)")
+        check_number("compact_fraction", self.compact_fraction, 0, 1, note=" (0: at every finished group)")
+        for name in ("max_batch_sequences", "max_batch_tokens"):
+            check_int(name, getattr(self, name))
+        if self.max_batch_sequences < self.width:
+            raise ValueError(
+                f"max_batch_sequences={self.max_batch_sequences} must hold at least one group of width {self.width}"
+            )
+        if self.foreign_groups and self.max_batch_sequences < self.width * self.n:
+            raise ValueError(
+                f"foreign_groups: max_batch_sequences={self.max_batch_sequences} must hold width x n = "
+                f"{self.width * self.n} rows (the samples of `width` prompts decoded together)"
+            )

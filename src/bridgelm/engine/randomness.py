@@ -1,0 +1,71 @@
+"""Per-sample random streams: every uniform the sampler uses is fixed by (seed, prompt key, sample, step, attempt).
+
+A sample's draws then do not depend on which prompts share its batch, on the batch bounds, on resuming or on
+sharding: the same prompt key gives the same samples. The sampler asks for uniforms through a `Uniform`
+(uniform(rows, attempt) -> one uniform per batch row); `SampleRandomness` is the engine's, `generator_uniform` one
+torch.Generator's (whose draws then depend on the batch's composition).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Sequence
+
+import torch
+
+from bridgelm.engine.waves import Job
+
+# uniform(rows, attempt) -> [len(rows)] uniforms in [0, 1): the draws of those batch rows, `attempt`-th try.
+Uniform = Callable[[torch.Tensor, int], torch.Tensor]
+
+DEFERRED_ROUNDS = 4  # draws per row per step made without a host sync (sampler.sample_tokens_deferred)
+
+
+def generator_uniform(generator: torch.Generator | None) -> Uniform:
+    """Uniforms from one generator (the draws then depend on the batch's composition)."""
+    return lambda rows, attempt: torch.rand(len(rows), generator=generator, device=rows.device)
+
+
+def _stream_seed(*keys) -> int:
+    digest = hashlib.sha256(repr(keys).encode()).digest()
+    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+
+
+class SampleRandomness:
+    """The uniforms of every sample of a wave, fixed by (seed, prompt key, sample index, step, attempt).
+
+    The first ROUNDS attempts of a step come from a table drawn once per prompt; the rare later attempts from a
+    generator seeded with the full coordinates. The engine sets `rows` and `step` before each step's draws.
+    """
+
+    ROUNDS = DEFERRED_ROUNDS  # table attempts per step; the GPU sampler makes them all at once
+
+    def __init__(self, seed: int, jobs: Sequence[Job], keys: Sequence, n: int, steps: int, device):
+        parts, self.coords = [], []
+        for job in jobs:
+            key = keys[job.prompt]
+            g = torch.Generator().manual_seed(_stream_seed(seed, key))
+            # Drawn step-major, so that the draws of step t do not depend on max_new_tokens (prefix-consistent).
+            table = torch.rand(steps, n, self.ROUNDS, generator=g).transpose(0, 1)  # [n, steps, ROUNDS]
+            parts.append(table[job.first : job.first + job.count])
+            self.coords += [(key, job.first + j) for j in range(job.count)]
+        self.table = torch.cat(parts).to(device)  # [B, steps, ROUNDS]
+        self.seed = seed
+        self.rows = None  # [B'] wave row of each batch row, set every step
+        self.step = 0
+
+    def rounds(self, batch_rows: torch.Tensor) -> torch.Tensor:
+        """The uniforms of attempts 0..ROUNDS-1 of the current step: [len(batch_rows), ROUNDS], one gather."""
+        return self.table[self.rows[batch_rows], self.step]
+
+    def __call__(self, batch_rows: torch.Tensor, attempt: int) -> torch.Tensor:
+        rows = self.rows[batch_rows]
+        if attempt < self.ROUNDS:
+            return self.table[rows, self.step, attempt]
+        out = [
+            torch.rand(
+                1, generator=torch.Generator().manual_seed(_stream_seed(self.seed, *self.coords[r], self.step, attempt))
+            )
+            for r in rows.tolist()
+        ]
+        return torch.cat(out).to(self.table.device)

@@ -1,0 +1,172 @@
+"""The text edges of the engine: prompts in as text, samples out as text (the engine itself speaks token ids).
+
+`stream_text` encodes the prompts (through the chat template when asked), runs `bridgelm.engine.loop.stream_ids`
+and decodes each sample, yielding a prompt's samples as soon as they are done: what resumable writers append to
+their files. `generate` is the same, with keyword settings, collected in a list (`bridgelm.generate`).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+from bridgelm.engine.config import SamplingConfig
+from bridgelm.engine.loop import stream_ids
+from bridgelm.errors import DataWarning
+from bridgelm.tokenizer import unknown_characters
+
+
+@dataclass
+class Sample:
+    """One generated sample of a prompt."""
+
+    prompt_ids: list[int]  # the prompt as the model saw it (chat template applied when asked)
+    token_ids: list[int]  # generated ids, ending with EOS when `finished`
+    logprobs: list[float]  # one per generated id, under softmax(logits / temperature)
+    text: str  # decoded generated ids, special tokens skipped
+    finished: bool  # ended by EOS or a stop string
+
+
+def eos_ids(model, tokenizer=None, override: int | Sequence[int] | None = None) -> list[int]:
+    """EOS ids: the override, else the generation config's (one or several), else the tokenizer's."""
+    if override is not None:
+        return [override] if isinstance(override, int) else list(override)
+    gen = getattr(model, "generation_config", None)
+    ids = getattr(gen, "eos_token_id", None) if gen is not None else None
+    if ids is None and tokenizer is not None:
+        ids = tokenizer.eos_token_id
+    if ids is None:
+        return []
+    return [ids] if isinstance(ids, int) else list(ids)
+
+
+def pad_id(tokenizer, eos: Sequence[int]) -> int:
+    """The id that fills finished rows and padding: the tokenizer's pad, else the first EOS, else 0."""
+    if tokenizer.pad_token_id is not None:
+        return tokenizer.pad_token_id
+    return eos[0] if eos else 0
+
+
+def encode_prompts(tokenizer, prompts: Sequence[str], chat: bool = False, warn: bool = True) -> list[list[int]]:
+    """Token ids of each prompt; with `chat`, through the tokenizer's chat template (generation prompt added). Prompts
+    with characters the tokenizer can only encode as its unknown token (a character vocabulary's <pad>) are encoded
+    so, with one DataWarning (unless not `warn`: a caller that only counts tokens) that counts them and names the
+    first one's characters."""
+    if isinstance(prompts, str):
+        raise ValueError("prompts must be a list of strings, got one string")
+    out, unread = [], []  # unread: (prompt index, characters) of prompts with characters the tokenizer lacks
+    for i, text in enumerate(prompts):
+        if not isinstance(text, str) or not text:
+            raise ValueError(f"prompt {i} is empty or not a string: {text!r}")
+        if chat:
+            if not getattr(tokenizer, "chat_template", None):
+                raise ValueError("chat=True but the tokenizer has no chat template")
+            ids = tokenizer.apply_chat_template(
+                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
+            )
+            if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+                ids = ids["input_ids"]
+        else:
+            ids = tokenizer(text, add_special_tokens=True)["input_ids"]
+        unknown = unknown_characters(tokenizer, text, ids) if warn else None
+        if unknown:
+            unread.append((i, unknown))
+        out.append(list(ids))
+    if unread:
+        (first, chars), unk = unread[0], tokenizer.backend_tokenizer.model.unk_token
+        warnings.warn(
+            f"{len(unread)} of {len(prompts)} prompts hold characters the tokenizer has no token for (prompt {first}: "
+            f"{', '.join(map(repr, chars[:10]))}); the model reads each as {unk!r}",
+            DataWarning,
+            stacklevel=2,
+        )
+    return out
+
+
+def stop_checker(tokenizer, stop_strings: Sequence[str]) -> Callable[[list[int]], bool] | None:
+    """A `stop(token_ids)` that looks for any stop string in the decoded tail of a sample."""
+    if not stop_strings:
+        return None
+    longest = max(len(s) for s in stop_strings)
+
+    def stop(token_ids: list[int]) -> bool:
+        tail = tokenizer.decode(token_ids[-(longest + 4) :], skip_special_tokens=True)
+        return any(s in tail for s in stop_strings)
+
+    return stop
+
+
+def stream_text(
+    model,
+    tokenizer,
+    texts: Sequence[str],
+    cfg: SamplingConfig,
+    keys: Sequence | None = None,
+    chat: bool = False,
+    stop_strings: Sequence[str] = (),
+    eos_token_id: int | Sequence[int] | None = None,
+    progress: str | Callable[[int], None] | None = None,
+) -> Iterator[tuple[int, list[Sample]]]:
+    """The engine, text in and out: encode `texts`, sample, decode; yields (index, its n `Sample`) as prompts
+    complete, in prompt order. `keys` name the prompts' random streams (see `stream_ids`); `progress` is a
+    progress-bar title, or a callable fed the number of completed samples.
+    """
+    cfg.validate()
+    if len(texts) == 0:
+        raise ValueError("prompts is empty: expected at least one prompt")
+    ids = encode_prompts(tokenizer, texts, chat)
+    eos = eos_ids(model, tokenizer, eos_token_id)
+    bar = None
+    if isinstance(progress, str):
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(texts) * cfg.n, desc=progress, unit="sample")
+    update = bar.update if bar is not None else progress
+    try:
+        stop = stop_checker(tokenizer, stop_strings)
+        decode = lambda g: tokenizer.decode(g.token_ids, skip_special_tokens=True)
+        for i, samples in stream_ids(model, ids, cfg, eos, pad_id(tokenizer, eos), stop, update, keys):
+            yield i, [Sample(ids[i], g.token_ids, g.logprobs, decode(g), g.finished) for g in samples]
+    finally:
+        if bar is not None:
+            bar.close()
+
+
+def generate(
+    model,
+    tokenizer,
+    prompts: Sequence[str],
+    n: int = 8,
+    width: int = 1,
+    max_new_tokens: int = 256,
+    temperature: float = 0.6,
+    top_p: float = 0.95,
+    seed: int = 0,
+    top_k: int = 0,
+    chat: bool = False,
+    stop_strings: Sequence[str] = (),
+    eos_token_id: int | Sequence[int] | None = None,
+    max_batch_sequences: int = 256,
+    max_batch_tokens: int = 262_144,
+    progress: bool = False,
+) -> list[list[Sample]]:
+    """Sample `n` responses per prompt; samples j*width .. (j+1)*width-1 of a prompt form one Bridge group.
+
+    Returns, per prompt, a list of n `Sample` (`stream_text`, collected). Works with and without Bridge blocks
+    (width 1 = independent).
+    """
+    cfg = SamplingConfig(
+        n=n,
+        width=width,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        seed=seed,
+        max_batch_sequences=max_batch_sequences,
+        max_batch_tokens=max_batch_tokens,
+    )
+    title = "sampling" if progress else None
+    stream = stream_text(model, tokenizer, prompts, cfg, None, chat, stop_strings, eos_token_id, title)
+    return [samples for _, samples in stream]
