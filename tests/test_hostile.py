@@ -216,3 +216,29 @@ def test_an_output_has_one_writer_at_a_time(tmp_path):
             with pytest.raises(UserError, match="another process"):
                 with exclusive(out):  # the same process asking twice is refused too (a second writer)
                     pass
+
+
+def test_the_api_refuses_what_the_cli_refuses():
+    import bridgelm
+    from conftest import save_tiny_model_dir
+
+    model, tok = save_tiny_model_dir(__import__("tempfile").mkdtemp())
+    with pytest.raises(ValueError, match="empty stop string"):
+        bridgelm.generate(model, tok, ["1+2="], n=1, max_new_tokens=4, stop_strings=[""])
+
+
+def test_non_finite_log_probs_end_sampling_with_one_line():
+    import torch
+
+    import bridgelm
+    from bridgelm.engine import SamplingConfig, generate_ids
+    from conftest import randomize_blocks, tiny_model
+
+    model = randomize_blocks(bridgelm.add_bridge(tiny_model()))
+    with torch.no_grad():
+        for name, p in bridgelm.added_parameters(model).items():
+            if "o_proj" in name:
+                p.fill_(float("nan"))  # a model diverged in memory (files are checked at load): NaN logits
+    cfg = SamplingConfig(n=2, width=2, max_new_tokens=4)
+    with pytest.raises(UserError, match="log-probs were not finite"):
+        generate_ids(model, [[1, 2, 3]], cfg, eos_token_ids=[0], pad_token_id=0)

@@ -132,11 +132,13 @@ def positive_int(text: str) -> int:
 
 
 def stop_string(text: str) -> str:
-    """argparse type of --stop: non-empty text."""
-    if not text:
-        raise argparse.ArgumentTypeError(
-            "empty stop string: expected non-empty text (an empty one ends every sample at once)"
-        )
+    """argparse type of --stop: non-empty text, checked by the engine's own check (so the API refuses the same)."""
+    from bridgelm.engine.text import check_stop_strings
+
+    try:
+        check_stop_strings([text])
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from err
     return text
 
 

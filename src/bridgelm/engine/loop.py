@@ -32,6 +32,7 @@ from bridgelm.engine.config import SamplingConfig
 from bridgelm.engine.randomness import SampleRandomness
 from bridgelm.engine.step import CAPACITY_STEP, Stepper, bucket_keep, decodes_compiled
 from bridgelm.engine.waves import Wave, plan_waves
+from bridgelm.errors import UserError
 from bridgelm.packed import packed_linears
 
 
@@ -70,6 +71,11 @@ class Outputs:
         return cls(tokens, torch.zeros(rows, steps, device=device), lengths, ended)
 
     def samples(self) -> list[GeneratedIds]:
+        if not bool(torch.isfinite(self.logprobs).all()):  # checked once a wave, where the results reach the host
+            raise UserError(
+                "the model's log-probs were not finite while sampling (NaN or infinite logits): its weights or blocks "
+                "overflow (values as large as 1e30?), or training diverged; expected a model with finite outputs"
+            )
         out = []
         for r, n in enumerate(self.lengths.tolist()):
             out.append(GeneratedIds(self.tokens[r, :n].tolist(), self.logprobs[r, :n].tolist(), bool(self.ended[r])))

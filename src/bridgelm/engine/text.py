@@ -84,8 +84,19 @@ def encode_prompts(tokenizer, prompts: Sequence[str], chat: bool = False, warn: 
     return out
 
 
+def check_stop_strings(stop_strings: Sequence[str]) -> None:
+    """ValueError unless every stop string is non-empty text (the one check of the API and the CLI's --stop)."""
+    for s in stop_strings:
+        if not isinstance(s, str) or not s:
+            what = "empty stop string" if s == "" else f"stop string {s!r}"
+            raise ValueError(f"{what}: expected non-empty text (an empty one ends every sample after its first token)")
+
+
 def stop_checker(tokenizer, stop_strings: Sequence[str]) -> Callable[[list[int]], bool] | None:
     """A `stop(token_ids)` that looks for any stop string in the decoded tail of a sample."""
+    if isinstance(stop_strings, str):
+        stop_strings = [stop_strings]  # one stop string, not its characters
+    check_stop_strings(stop_strings)
     if not stop_strings:
         return None
     longest = max(len(s) for s in stop_strings)
