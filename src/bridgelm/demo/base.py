@@ -29,7 +29,7 @@ from bridgelm.tasks import anysum, arith, pairsum
 from bridgelm.tokenizer import BOS, CHAT_TEMPLATE, EOS, PAD
 from bridgelm.train.batches import autocast
 from bridgelm.train.optim import CosineSchedule, make_optimizer, optimizer_step, scheduled
-from bridgelm.train.run import Run, RunControl
+from bridgelm.train.loop import Run, RunControl
 from bridgelm.train.weights import load_weights, save_model
 
 BOXED = "\\boxed{"  # one token: the answer marker
