@@ -9,7 +9,7 @@ import typing
 import pytest
 
 from bridgelm.cli import build_parser, main
-from bridgelm.cli.fields import Flag, add_fields, build, field_comments
+from bridgelm.cli.fields import Flag, Nested, add_fields, add_groups, build, field_comments
 from bridgelm.demo.pipeline import DemoConfig
 from bridgelm.evaluate import EvalConfig
 from bridgelm.sampling import SamplingConfig
@@ -217,6 +217,35 @@ def test_a_flag_for_no_field_or_no_type_is_a_bug_of_the_command():
     p = argparse.ArgumentParser()
     add_fields(p, Toy, only=["blob"], blob=Flag(type=lambda text: dict([text.split("=")])))  # a parser of its own
     assert build(Toy, p.parse_args(["--blob", "k=v"])).blob == {"k": "v"}
+
+
+@dataclasses.dataclass
+class Outer:
+    """A config made of configs."""
+
+    lr: float = 0.1  # learning rate
+    inner: Toy = dataclasses.field(default_factory=lambda: Toy(steps=7))  # the toy, 7 steps
+    other: Toy = dataclasses.field(default_factory=Toy)  # another toy
+
+
+def test_a_nested_config_is_flattened_and_built_back():
+    p = argparse.ArgumentParser(prog="outer", exit_on_error=False)
+    groups = {"main": ["lr", "inner"], "more": ["other"]}
+    other = Nested(prefix="other-", only=["steps", "rate"], flags={"rate": Flag(help="the other rate")})
+    add_groups(p, Outer, groups, inner=Nested(skip=["blob", "tags"], flags={"steps": Flag("--count")}), other=other)
+    assert build(Outer, p.parse_args([])) == Outer()
+    got = build(Outer, p.parse_args("--count 3 --widths 2,4 --other-steps 5 --other-rate 0.5 --lr 1".split()))
+    assert got == Outer(1.0, Toy(steps=3, widths=[2, 4]), Toy(steps=5, rate=0.5))
+    assert build(Outer, p.parse_args([]), base=Outer(inner=Toy(tags=["t"]))).inner == Toy(steps=7, tags=["t"])
+    actions = {a.dest: a for a in p._actions}
+    assert actions["inner.steps"].option_strings == ["--count"] and actions["inner.steps"].default == 7
+    assert actions["other.rate"].help == "the other rate" and actions["other.steps"].metavar == "OTHER_STEPS"
+    assert "inner.tags" not in actions and "other.name" not in actions
+    assert [g.title for g in p._action_groups[2:]] == ["main", "more"]
+    with pytest.raises(TypeError, match=r"fields in none \['other'\], not fields \[\], in two \['lr'\]"):
+        add_groups(argparse.ArgumentParser(), Outer, {"a": ["lr", "inner"], "b": ["lr"]}, inner=Nested(skip=["blob"]))
+    with pytest.raises(TypeError, match="Toy.steps: Nested for a field that is not a dataclass"):
+        add_fields(argparse.ArgumentParser(), Toy, only=["steps"], steps=Nested())
 
 
 def test_a_bad_list_entry_names_the_flag_and_the_entry():

@@ -121,9 +121,9 @@ def add_groups(
         add_fields(parser.add_argument_group(title), cls, only=names, **changes)
 
 
-def _add_fields(parser, cls: type, defaults: Any, dest: str, name: str, only, skip, changes: Mapping) -> None:
+def _add_fields(parser, cls: type, defaults: Any, dests: str, flags: str, only, skip, changes: Mapping) -> None:
     """add_fields of `cls` whose defaults are those of the instance `defaults` (None: the dataclass's), with flags
-    named `name` + the field's name (dashed) and dests `dest` + the field's name."""
+    named `flags` + the field's name (dashed) and dests `dests` + the field's name."""
     names = [f.name for f in dataclasses.fields(cls) if f.init]
     unknown = sorted((set(changes) | set(skip) | set(only or ())) - set(names))
     if unknown:
@@ -138,21 +138,20 @@ def _add_fields(parser, cls: type, defaults: Any, dest: str, name: str, only, sk
         if isinstance(change, Nested):
             if not dataclasses.is_dataclass(hints[f.name]):
                 raise TypeError(f"{cls.__name__}.{f.name}: Nested for a field that is not a dataclass")
-            prefix = f"{name}{change.prefix}"
-            nested_dest = f"{dest}{f.name}."
-            _add_fields(parser, hints[f.name], default, nested_dest, prefix, change.only, change.skip, change.flags)
+            inner = (hints[f.name], default, f"{dests}{f.name}.", flags + change.prefix)
+            _add_fields(parser, *inner, change.only, change.skip, change.flags)
             continue
         if change.default is not FIELD_DEFAULT:
             default = change.default
         text = (change.help or comments.get(f.name, "")).replace("%", "%%")  # argparse %-formats help
-        kwargs = dict(dest=dest + f.name, default=default, help=text, **_parsing(cls, f.name, hints[f.name], change))
+        kwargs = dict(dest=dests + f.name, default=default, help=text, **_parsing(cls, f.name, hints[f.name], change))
         if change.choices is not None:
             kwargs["choices"] = change.choices
         if kwargs.get("action") == "append":
             kwargs["help"] += " (repeatable)"
-        flag = change.name or name + f.name.replace("_", "-")
-        if change.choices is None and kwargs.get("action", "append") == "append":  # shown by its flag, not its dest
-            kwargs.setdefault("metavar", flag.lstrip("-").replace("-", "_").upper())
+        flag = change.name or flags + f.name.replace("_", "-")
+        if change.choices is None and kwargs.get("action") in (None, "append"):  # a value named by its flag, not dest
+            kwargs["metavar"] = flag.lstrip("-").replace("-", "_").upper()
         action = parser.add_argument(flag, **kwargs)
         if default not in (None, [], (), argparse.SUPPRESS) and "%(default)" not in action.help:
             action.help += " (default: %(default)s)"

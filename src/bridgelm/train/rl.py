@@ -257,7 +257,7 @@ def _learner(model, tokenizer, cfg: RLConfig, run: Run, dist: Dist) -> Learner:
     return Learner(model, ref_model, params, optimizer, scheduler, parts)
 
 
-def _plan(model, cfg: RLConfig, dist: Dist, out_dir: Path) -> str:
+def _banner(model, cfg: RLConfig, dist: Dist, out_dir: Path) -> str:
     """What the run does, in a line."""
     blocks = block_config(model)
     trained = f"{blocks.kind} blocks" if blocks else "no blocks: plain GRPO (RLVR only)"
@@ -280,7 +280,7 @@ def train_rl(model, tokenizer, task, cfg: RLConfig, out_dir: str | os.PathLike, 
     identity = _identity(model, task, cfg, val_task, dist.world)
     run = Run(out_dir, "rl", identity, control_of(cfg), dist, best_accuracy=None, best_step=None)
     learner = _learner(model, tokenizer, cfg, run, dist)
-    run.say(_plan(model, cfg, dist, out_dir))
+    run.say(_banner(model, cfg, dist, out_dir))
     pad = pad_id(tokenizer, eos_ids(model, tokenizer))
     sampler = RolloutPolicy(model, cfg.rollout_dtype)
     was_training = model.training
