@@ -23,7 +23,7 @@ import os
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -38,7 +38,7 @@ from bridgelm.hardware import matmul_flops  # noqa: E402
 from bridgelm.packed import half_instructions  # noqa: E402
 from bridgelm.tasks.base import Task  # noqa: E402
 from bridgelm.tokenizer import load_tokenizer  # noqa: E402
-from bridgelm.train.rl import RLConfig, train_rl  # noqa: E402
+from bridgelm.train.rl import RLConfig, default_rollout, train_rl  # noqa: E402
 from bridgelm.train.sft import SFTConfig, train_sft  # noqa: E402
 
 VOCAB = 24000
@@ -106,10 +106,10 @@ def run_ours(model_dir: Path, prompts: list[str], args, out: Path, dtype) -> dic
     cfg = RLConfig(
         steps=1 + args.repeats,
         prompts_per_step=args.prompts,
-        rollouts=args.rollouts,
-        width=args.width,
-        max_new_tokens=args.new_tokens,
-        temperature=args.temperature,
+        rollout=replace(
+            default_rollout(), n=args.rollouts, width=args.width, max_new_tokens=args.new_tokens,
+            temperature=args.temperature,
+        ),
         steps_per_rollout=args.k,
         micro_batch_groups=args.prompts * args.rollouts // args.width // args.k,  # a mini-batch in one forward
         beta=1e-3,

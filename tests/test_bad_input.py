@@ -257,10 +257,12 @@ def test_the_edges_of_the_number_checks():
 
     from bridgelm.errors import check_number
     from bridgelm.engine import SamplingConfig
-    from bridgelm.train.rl import RLConfig
+    from bridgelm.train.rl import RLConfig, default_rollout, default_validation
     from bridgelm.train.sft import SFTConfig
 
-    RLConfig(eval_temperature=0, top_p=1, max_grad_norm=0, block_lr=None, eval_limit=None, lr=1, beta=0).validate()
+    validation = replace(default_validation(), temperature=0, limit=None)
+    rollout = replace(default_rollout(), top_p=1)
+    RLConfig(rollout=rollout, validation=validation, max_grad_norm=0, block_lr=None, lr=1, beta=0).validate()
     SFTConfig(max_grad_norm=-1, warmup_fraction=0, lr=1, val_count=0).validate()
     SamplingConfig(temperature=0, top_p=1).validate()
     SamplingConfig(temperature=1e-6, top_p=1e-3).validate()

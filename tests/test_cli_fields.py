@@ -3,11 +3,13 @@ line with exit code 2."""
 
 import argparse
 import dataclasses
+import functools
+import typing
 
 import pytest
 
 from bridgelm.cli import build_parser, main
-from bridgelm.cli.fields import Flag, add_fields, build, field_comments
+from bridgelm.cli.fields import Flag, Nested, add_fields, add_groups, build, field_comments
 from bridgelm.demo.pipeline import DemoConfig
 from bridgelm.evaluate import EvalConfig
 from bridgelm.engine import SamplingConfig
@@ -21,7 +23,13 @@ COMMANDS = {
     "warmup-data": (SamplingConfig, ["--model", "m", "--task", "t", "--out", "o"], {"width", "foreign_groups"}),
     "eval": (EvalConfig, ["--model", "m", "--out", "o"], set()),
     "sft": (SFTConfig, ["--model", "m", "--data", "d", "--out", "o"], set()),
-    "rl": (RLConfig, ["--model", "m", "--task", "t", "--out", "o"], set()),
+    "rl": (
+        RLConfig,
+        ["--model", "m", "--task", "t", "--out", "o"],
+        {f"rollout.{n}" for n in ("top_k", "seed", "compact_fraction", "foreign_groups", "compile", "pack_weights")}
+        | {f"validation.{f.name}" for f in dataclasses.fields(EvalConfig)}
+        - {f"validation.{n}" for n in ("n", "width", "max_new_tokens", "temperature", "top_p", "limit")},
+    ),
     "demo": (
         DemoConfig,
         [],
@@ -72,22 +80,42 @@ def _other_value(action: argparse.Action, default):
     return [flag, str(value)], value
 
 
+def _leaves(cls, without, prefix=""):
+    """The dotted names of the fields of `cls`, a nested config's (one not in `without`) by its own fields."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        name = prefix + f.name
+        if dataclasses.is_dataclass(hints[f.name]) and name not in without:
+            yield from _leaves(hints[f.name], without, name + ".")
+        else:
+            yield name
+
+
+def _get(config, name):
+    return functools.reduce(getattr, name.split("."), config)
+
+
+def _set(config, name, value):
+    head, _, rest = name.partition(".")
+    return dataclasses.replace(config, **{head: _set(getattr(config, head), rest, value) if rest else value})
+
+
 @pytest.mark.parametrize("command", sorted(COMMANDS))
 def test_every_field_is_reachable_through_its_own_flag(command):
     cls, _, without = COMMANDS[command]
     actions = _actions(command)
     base = DemoConfig() if command == "demo" else None
     default = base or _config(command, [])
-    for f in dataclasses.fields(cls):
-        if f.name in without:
-            assert f.name not in actions, f"{command} has a flag for {f.name}, listed as without one"
+    for name in _leaves(cls, without):
+        if name in without:
+            assert name not in actions, f"{command} has a flag for {name}, listed as without one"
             continue
-        assert f.name in actions, f"{command}: no flag sets {cls.__name__}.{f.name}"
-        argv, value = _other_value(actions[f.name], getattr(default, f.name))
+        assert name in actions, f"{command}: no flag sets {cls.__name__}.{name}"
+        argv, value = _other_value(actions[name], _get(default, name))
         got = _config(command, argv, base=base)
-        assert getattr(got, f.name) == value, (command, f.name, argv)
+        assert _get(got, name) == value, (command, name, argv)
         # ... and that field only
-        assert dataclasses.replace(got, **{f.name: getattr(default, f.name)}) == default, (command, f.name)
+        assert _set(got, name, _get(default, name)) == default, (command, name)
 
 
 @pytest.mark.parametrize("cls", [SamplingConfig, EvalConfig, SFTConfig, RLConfig, DemoConfig])
@@ -105,6 +133,11 @@ def test_kept_spellings_mean_the_same_fields():
     assert _config("eval", ["--stop", "a,b", "--stop", "c"]).stop == ["a,b", "c"]
     assert _config("generate", ["--no-compile"]).compile is False
     assert _config("rl", ["--bf16", "--resume", "--freeze-base"]).freeze_base is True
+    # rl's nested rollout and validation configs keep the flat spellings
+    rl = _config("rl", ["--rollouts", "6", "--width", "3", "--top-p", "0.9", "--eval-n", "2", "--eval-limit", "5"])
+    assert (rl.rollout.n, rl.rollout.width, rl.rollout.top_p) == (6, 3, 0.9)
+    assert (rl.validation.n, rl.validation.limit, rl.validation.width) == (2, 5, RLConfig().validation.width)
+    assert rl.validation.max_new_tokens is None  # None: the rollouts' max_new_tokens, as --eval-max-new-tokens says
     assert _config("demo", ["--quick", "--seeds", "2"], base=DemoConfig.quick()).seeds == 2
 
 
@@ -184,6 +217,35 @@ def test_a_flag_for_no_field_or_no_type_is_a_bug_of_the_command():
     p = argparse.ArgumentParser()
     add_fields(p, Toy, only=["blob"], blob=Flag(type=lambda text: dict([text.split("=")])))  # a parser of its own
     assert build(Toy, p.parse_args(["--blob", "k=v"])).blob == {"k": "v"}
+
+
+@dataclasses.dataclass
+class Outer:
+    """A config made of configs."""
+
+    lr: float = 0.1  # learning rate
+    inner: Toy = dataclasses.field(default_factory=lambda: Toy(steps=7))  # the toy, 7 steps
+    other: Toy = dataclasses.field(default_factory=Toy)  # another toy
+
+
+def test_a_nested_config_is_flattened_and_built_back():
+    p = argparse.ArgumentParser(prog="outer", exit_on_error=False)
+    groups = {"main": ["lr", "inner"], "more": ["other"]}
+    other = Nested(prefix="other-", only=["steps", "rate"], flags={"rate": Flag(help="the other rate")})
+    add_groups(p, Outer, groups, inner=Nested(skip=["blob", "tags"], flags={"steps": Flag("--count")}), other=other)
+    assert build(Outer, p.parse_args([])) == Outer()
+    got = build(Outer, p.parse_args("--count 3 --widths 2,4 --other-steps 5 --other-rate 0.5 --lr 1".split()))
+    assert got == Outer(1.0, Toy(steps=3, widths=[2, 4]), Toy(steps=5, rate=0.5))
+    assert build(Outer, p.parse_args([]), base=Outer(inner=Toy(tags=["t"]))).inner == Toy(steps=7, tags=["t"])
+    actions = {a.dest: a for a in p._actions}
+    assert actions["inner.steps"].option_strings == ["--count"] and actions["inner.steps"].default == 7
+    assert actions["other.rate"].help == "the other rate" and actions["other.steps"].metavar == "OTHER_STEPS"
+    assert "inner.tags" not in actions and "other.name" not in actions
+    assert [g.title for g in p._action_groups[2:]] == ["main", "more"]
+    with pytest.raises(TypeError, match=r"fields in none \['other'\], not fields \[\], in two \['lr'\]"):
+        add_groups(argparse.ArgumentParser(), Outer, {"a": ["lr", "inner"], "b": ["lr"]}, inner=Nested(skip=["blob"]))
+    with pytest.raises(TypeError, match="Toy.steps: Nested for a field that is not a dataclass"):
+        add_fields(argparse.ArgumentParser(), Toy, only=["steps"], steps=Nested())
 
 
 def test_a_bad_list_entry_names_the_flag_and_the_entry():

@@ -15,8 +15,9 @@ from bridgelm import runs
 from bridgelm.jsonl import read_records
 from bridgelm.tasks.base import Task
 from bridgelm.tokenizer import char_tokenizer
-from bridgelm.train import batches, rl
+from bridgelm.train import batches, rl, update
 from bridgelm.train.rl import RLConfig, train_rl
+from bridgelm.train.rollouts import Rollouts
 
 
 @dataclass
@@ -41,10 +42,7 @@ TASK = AddTask("add", [{"a": a, "b": b} for a in range(6) for b in range(4)])
 CFG = RLConfig(
     steps=3,
     prompts_per_step=2,
-    rollouts=4,
-    width=2,
-    max_new_tokens=6,
-    temperature=1.0,
+    rollout=replace(RLConfig().rollout, n=4, width=2, max_new_tokens=6, temperature=1.0),
     steps_per_rollout=2,
     micro_batch_groups=1,
     lr=1e-3,
@@ -52,6 +50,11 @@ CFG = RLConfig(
     save_every=0,
     progress=False,
 )
+
+
+def rollout(cfg: RLConfig, **changes) -> RLConfig:
+    """`cfg` with its rollouts' sampling changed."""
+    return replace(cfg, rollout=replace(cfg.rollout, **changes))
 
 
 # Keys of a metrics record that measure time: they differ between otherwise identical runs (old_logprob and
@@ -75,7 +78,7 @@ def policy(blocks=True, seed=0):
 
 
 def test_run_writes_metrics_checkpoints_and_best(tmp_path):
-    cfg = replace(CFG, eval_every=2, eval_limit=4, keep_last=2, save_every=1)
+    cfg = replace(CFG, eval_every=2, validation=replace(CFG.validation, limit=4), keep_last=2, save_every=1)
     res = train_rl(policy(), TOK, TASK, cfg, tmp_path, val_task=TASK)
     records = read_records(tmp_path / "metrics.jsonl")
     assert records == res.history and [r["step"] for r in records] == [1, 2, 3]
@@ -101,8 +104,8 @@ def test_minibatches_never_split_a_group(tmp_path, monkeypatch):
         return original(model, batch)
 
     monkeypatch.setattr(batches, "forward_logits", spy)
-    monkeypatch.setattr(rl.Rollouts, "flat_groups", lambda self: set())  # no group's work skipped: a fixed count
-    cfg = replace(CFG, steps=1, prompts_per_step=3, rollouts=8, width=4, steps_per_rollout=2, micro_batch_groups=2)
+    monkeypatch.setattr(Rollouts, "flat_groups", lambda self: set())  # no group's work skipped: a fixed count
+    cfg = replace(rollout(CFG, n=8, width=4), steps=1, prompts_per_step=3, steps_per_rollout=2, micro_batch_groups=2)
     train_rl(policy(), TOK, TASK, cfg, tmp_path)
     assert seen
     for ids, rows in seen:
@@ -117,13 +120,13 @@ def test_minibatches_never_split_a_group(tmp_path, monkeypatch):
 
 def test_first_ratio_is_exactly_one(tmp_path, monkeypatch):
     calls = []
-    original = rl.policy_loss
+    original = update.policy_loss
 
     def spy(logprobs, old_logprobs, *args, **kwargs):
         calls.append((logprobs.detach().clone(), old_logprobs.clone()))
         return original(logprobs, old_logprobs, *args, **kwargs)
 
-    monkeypatch.setattr(rl, "policy_loss", spy)
+    monkeypatch.setattr(update, "policy_loss", spy)
     cfg = replace(CFG, steps=1, steps_per_rollout=2, micro_batch_groups=2)
     train_rl(policy(), TOK, TASK, cfg, tmp_path)
     first_lp, first_old = calls[0]
@@ -138,8 +141,8 @@ def test_first_minibatch_needs_no_old_logprob_pass(tmp_path, monkeypatch):
     train_rl(fast, TOK, TASK, cfg, tmp_path / "fast")
 
     plans = []
-    real_plan, real_logprobs = rl.minibatch_plan, rl.rollout_logprobs
-    monkeypatch.setattr(rl, "minibatch_plan", lambda *a: plans.append(real_plan(*a)) or plans[-1])
+    real_plan, real_logprobs = update.minibatch_plan, update.rollout_logprobs
+    monkeypatch.setattr(update, "minibatch_plan", lambda *a: plans.append(real_plan(*a)) or plans[-1])
 
     def every_group(model, rollouts, micro, cfg, pad_id, dist, with_entropy=True):
         first = batches.chunks(plans[-1][0], cfg.micro_batch_groups)
@@ -150,7 +153,7 @@ def test_first_minibatch_needs_no_old_logprob_pass(tmp_path, monkeypatch):
     ref_of = []
     real_make = rl._make_reference
     monkeypatch.setattr(rl, "_make_reference", lambda *a: ref_of.append(real_make(*a)) or ref_of[-1])
-    monkeypatch.setattr(rl, "rollout_logprobs", every_group)
+    monkeypatch.setattr(update, "rollout_logprobs", every_group)
     slow = policy()
     train_rl(slow, TOK, TASK, cfg, tmp_path / "slow")
     a, b = _params(fast), _params(slow)
@@ -184,7 +187,7 @@ def _forwarded_groups(monkeypatch, skip: bool) -> list[set]:
         batches, "forward_logits", lambda m, b: seen.append(set(b.group_ids.tolist())) or original(m, b)
     )
     if not skip:
-        monkeypatch.setattr(rl.Rollouts, "flat_groups", lambda self: set())
+        monkeypatch.setattr(Rollouts, "flat_groups", lambda self: set())
     return seen
 
 
@@ -197,7 +200,7 @@ def test_groups_with_zero_advantages_skip_work_and_train_the_same_weights(tmp_pa
     epoch reuses old log-probs."""
     cfg = replace(CFG, steps=6, beta=beta, micro_batch_groups=2, epochs_per_rollout=2)
     calls = []  # (flat groups of the step, groups of a micro-batch, "ref", "old" or "train")
-    real_old, real_train = rl.rollout_logprobs, rl.minibatch_backward
+    real_old, real_train = update.rollout_logprobs, update.minibatch_backward
 
     def old_pass(model, rollouts, micro, *a, **k):
         calls.extend((rollouts.flat_groups(), set(m), "ref" if model is not fast else "old") for m in micro)
@@ -207,8 +210,8 @@ def test_groups_with_zero_advantages_skip_work_and_train_the_same_weights(tmp_pa
         calls.extend((rollouts.flat_groups(), set(m), "train") for m in micro)
         return real_train(model, rollouts, groups, old, ref, cfg, pad, dist, micro)
 
-    monkeypatch.setattr(rl, "rollout_logprobs", old_pass)
-    monkeypatch.setattr(rl, "minibatch_backward", train)
+    monkeypatch.setattr(update, "rollout_logprobs", old_pass)
+    monkeypatch.setattr(update, "minibatch_backward", train)
     forwards = _forwarded_groups(monkeypatch, skip=True)
     fast = policy()
     fast_run = train_rl(fast, TOK, HALF_FLAT, cfg, tmp_path / "fast")
@@ -242,7 +245,7 @@ def test_old_logprobs_come_from_the_trained_micro_batches(tmp_path, monkeypatch,
     ratio is exactly 1; with beta = 0 micro-batches are cut from the live groups alone, full but for the last."""
     old_cut, train_cut = {}, {}  # id(rollouts) -> the no_grad pass's micro-batches / each mini-batch's micro-batches
     flat_of, kept = {}, []  # each step's flat groups; its rollouts, kept alive so that their ids tell steps apart
-    real_old, real_train = rl.rollout_logprobs, rl.minibatch_backward
+    real_old, real_train = update.rollout_logprobs, update.minibatch_backward
 
     def old_pass(model, rollouts, micro, *a, **k):
         if k.get("with_entropy", True):  # not the reference pass
@@ -261,12 +264,12 @@ def test_old_logprobs_come_from_the_trained_micro_batches(tmp_path, monkeypatch,
         return 0.0
 
     ratios = []
-    real_loss = rl.policy_loss
-    monkeypatch.setattr(rl, "rollout_logprobs", old_pass)
-    monkeypatch.setattr(rl, "minibatch_backward", train)
-    monkeypatch.setattr(rl, "optimizer_step", frozen_step)
+    real_loss = update.policy_loss
+    monkeypatch.setattr(update, "rollout_logprobs", old_pass)
+    monkeypatch.setattr(update, "minibatch_backward", train)
+    monkeypatch.setattr(update, "optimizer_step", frozen_step)
     monkeypatch.setattr(
-        rl,
+        update,
         "policy_loss",
         lambda lp, old, ref, adv, mask, *a, **k: (
             ratios.append(torch.equal(lp[mask], old[mask])) or real_loss(lp, old, ref, adv, mask, *a, **k)
@@ -301,9 +304,9 @@ def test_with_beta_zero_flat_groups_have_no_forward(tmp_path, monkeypatch):
 
     forwards = _forwarded_groups(monkeypatch, skip=True)
     steps = []
-    real_step = rl.optimizer_step
+    real_step = update.optimizer_step
     monkeypatch.setattr(
-        rl, "optimizer_step", lambda params, *a: steps.append([p.grad for p in params]) or real_step(params, *a)
+        update, "optimizer_step", lambda params, *a: steps.append([p.grad for p in params]) or real_step(params, *a)
     )
     model = policy()
     before = _params(model)
@@ -318,12 +321,13 @@ def test_with_beta_zero_flat_groups_have_no_forward(tmp_path, monkeypatch):
 def test_micro_batches_by_tokens_sort_groups_and_keep_the_budget():
     rows = []
     for g, n in enumerate([9, 2, 5, 2, 7, 3]):  # response length of group g's rows (prompt of 3 tokens)
-        rows += [rl.Row([1, 2, 3], [4] * (n - j % 2), g) for j in range(2)]
-    roll = rl.Rollouts(rows, 2, torch.zeros(12), torch.zeros(12), [True] * 12, 0.0)
+        rows += [batches.Row([1, 2, 3], [4] * (n - j % 2), g) for j in range(2)]
+    roll = Rollouts(rows, 2, torch.zeros(12), torch.zeros(12), [True] * 12, 0.0)
     cfg = replace(CFG, micro_batch_groups=3, micro_batch_tokens=36)
-    micro = rl.micro_batches(roll, [0, 1, 2, 3, 4, 5], cfg)
+    micro = update.micro_batches(roll, [0, 1, 2, 3, 4, 5], cfg)
     assert micro == [[1, 3, 5], [2], [4], [0]]  # longest rows 5, 5, 6 | 8 | 10 | 12; 2 rows each
-    assert rl.micro_batches(roll, [0, 1, 2, 3, 4, 5], replace(cfg, micro_batch_tokens=None)) == [[0, 1, 2], [3, 4, 5]]
+    by_groups = update.micro_batches(roll, [0, 1, 2, 3, 4, 5], replace(cfg, micro_batch_tokens=None))
+    assert by_groups == [[0, 1, 2], [3, 4, 5]]
     for m in micro:  # within the budget, unless one group alone passes it
         longest = max(len(roll.rows[r].prompt) + len(roll.rows[r].response) for r in roll.group_rows(m))
         assert len(m) * 2 * longest <= 36 or len(m) == 1
@@ -422,13 +426,13 @@ def test_errors(tmp_path):
     with pytest.raises(ValueError, match=r"eval_every=5 needs a val_task"):
         train_rl(policy(), TOK, TASK, replace(CFG, eval_every=5), tmp_path / "e")
     with pytest.raises(ValueError, match=r"rollouts=1 must be >= 2"):
-        train_rl(policy(), TOK, TASK, replace(CFG, rollouts=1, width=1), tmp_path / "g")
+        train_rl(policy(), TOK, TASK, rollout(CFG, n=1, width=1), tmp_path / "g")
     with pytest.raises(ValueError, match=r"^clip_eps=-0.2: expected a finite number > 0$"):
         train_rl(policy(), TOK, TASK, replace(CFG, clip_eps=-0.2), tmp_path / "c")
     with pytest.raises(ValueError, match=r"width=3 must divide rollouts=4"):
-        train_rl(policy(), TOK, TASK, replace(CFG, width=3), tmp_path / "w")
+        train_rl(policy(), TOK, TASK, rollout(CFG, width=3), tmp_path / "w")
     with pytest.raises(ValueError, match=r"at least one Bridge group"):
-        train_rl(policy(), TOK, TASK, replace(CFG, prompts_per_step=1, rollouts=4, width=4), tmp_path / "k")
+        train_rl(policy(), TOK, TASK, replace(rollout(CFG, n=4, width=4), prompts_per_step=1), tmp_path / "k")
 
     class NaNTask(AddTask):
         def reward(self, completion, example):
@@ -443,6 +447,13 @@ def test_resume_refuses_another_configuration(tmp_path):
     before = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     with pytest.raises(ValueError, match=r"lr: saved 0.001 vs now 0.002"):
         train_rl(policy(), TOK, TASK, replace(CFG, steps=1, lr=2e-3, resume=True), tmp_path)
+    # a nested config's settings are recorded, and told apart, one by one
+    assert runs.read_info(runs.latest_checkpoint(tmp_path))["identity"]["rollout.temperature"] == 1.0
+    with pytest.raises(ValueError, match=r"\(rollout.temperature: saved 1.0 vs now 0.8\)"):
+        train_rl(policy(), TOK, TASK, replace(rollout(CFG, temperature=0.8), steps=1, resume=True), tmp_path)
+    more = replace(CFG.validation, n=8)
+    with pytest.raises(ValueError, match=r"\(validation.n: saved 4 vs now 8\)"):
+        train_rl(policy(), TOK, TASK, replace(CFG, steps=1, validation=more, resume=True), tmp_path)
     with pytest.raises(ValueError, match="already holds a run"):
         train_rl(policy(), TOK, TASK, replace(CFG, steps=1), tmp_path)
     # the same number of problems, one of them changed: other training data is refused by its digest

@@ -11,7 +11,7 @@ from bridgelm import jsonl, rng, runs
 from bridgelm.jsonl import read_records
 from bridgelm.train import batches, optim, weights
 from bridgelm.train.batches import Row
-from bridgelm.train.run import MetricsLog
+from bridgelm.train.loop import MetricsLog
 
 
 def _lrs(total, warmup_fraction, decay, lr=1.0):
@@ -330,7 +330,7 @@ def test_make_optimizer_gives_blocks_their_own_rate():
 
 
 def test_progress_fields_leave_out_values_not_there_yet():
-    from bridgelm.train.run import progress_fields
+    from bridgelm.train.loop import progress_fields
 
     shown = progress_fields(loss="0.512", kl=0.0012345678, val=None, ppl="", step=3, acc=0.5)
     assert shown == {"loss": "0.512", "kl": "0.001235", "step": "3", "acc": "0.5"}

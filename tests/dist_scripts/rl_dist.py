@@ -21,7 +21,8 @@ import torch  # noqa: E402
 
 from bridgelm import runs  # noqa: E402
 from bridgelm.dist import Dist, barrier, prepare_model, reduce_gradients, setup_distributed, teardown_distributed  # noqa: E402
-from bridgelm.train import batches, rl  # noqa: E402
+from bridgelm.train import batches, rl, update  # noqa: E402
+from bridgelm.train.rollouts import Rollouts  # noqa: E402
 
 PROMPTS, G, W = 4, 4, 2  # 4 prompts x 4 rollouts in groups of 2: 8 Bridge groups
 
@@ -32,7 +33,7 @@ def model_and_tokenizer():
     return policy(seed=3), TOK
 
 
-def rollouts_of(rank: int, world: int, tok) -> tuple[rl.Rollouts, list[int]]:
+def rollouts_of(rank: int, world: int, tok) -> tuple[Rollouts, list[int]]:
     """This rank's share of a fixed rollout batch (prompts of different lengths, responses of different lengths)."""
     g = torch.Generator().manual_seed(0)
     rows, adv, global_index = [], [], []
@@ -48,7 +49,7 @@ def rollouts_of(rank: int, world: int, tok) -> tuple[rl.Rollouts, list[int]]:
                 adv.append(a)
                 global_index.append(p * G + i)
     n = len(rows)
-    out = rl.Rollouts(rows, W, torch.zeros(n), torch.tensor(adv), [True] * n, 0.0)
+    out = Rollouts(rows, W, torch.zeros(n), torch.tensor(adv), [True] * n, 0.0)
     return out, global_index
 
 
@@ -56,17 +57,18 @@ def minibatch_grads(dist: Dist, fsdp: bool) -> dict:
     model, tok = model_and_tokenizer()
     prepare_model(model, dist, fsdp)
     model.train()
-    cfg = replace(rl.RLConfig(), micro_batch_groups=3, beta=0.05, clip_eps=0.1, temperature=0.8)
+    cfg = rl.RLConfig(micro_batch_groups=3, beta=0.05, clip_eps=0.1)
+    cfg = replace(cfg, rollout=replace(cfg.rollout, temperature=0.8))
     rollouts, index = rollouts_of(dist.rank, dist.world, tok)
     groups = list(range(rollouts.n_groups))
-    current, _ = rl.rollout_logprobs(model, rollouts, [groups], cfg, 0, dist)
+    current, _ = update.rollout_logprobs(model, rollouts, [groups], cfg, 0, dist)
     old, ref = {}, {}
     for r, gi in enumerate(index):  # perturbations fixed by the global row index
         noise = torch.Generator().manual_seed(100 + gi)
         n = len(current[r])
         old[r] = current[r] + 0.2 * torch.randn(n, generator=noise).to(current[r].device)
         ref[r] = current[r] + 0.3 * torch.randn(n, generator=noise).to(current[r].device)
-    stats = rl.minibatch_backward(model, rollouts, groups, old, ref, cfg, 0, dist)
+    stats = update.minibatch_backward(model, rollouts, groups, old, ref, cfg, 0, dist)
     params = [p for p in model.parameters() if p.requires_grad]
     reduce_gradients(params, dist)
     grads = {}
@@ -80,7 +82,8 @@ def train(dist: Dist, out: Path, fsdp: bool) -> dict:
     from test_rl import CFG, TASK
 
     model, tok = model_and_tokenizer()
-    cfg = replace(CFG, steps=2, prompts_per_step=4, fsdp=fsdp, eval_limit=4, save_every=1)
+    limit4 = replace(CFG.validation, limit=4)
+    cfg = replace(CFG, steps=2, prompts_per_step=4, fsdp=fsdp, validation=limit4, save_every=1)
     res = rl.train_rl(model, tok, TASK, cfg, out, val_task=TASK)
     return {"history": res.history, "final": str(res.final_dir), "best": str(res.best_dir)}
 
@@ -106,7 +109,8 @@ def train_interrupted_then_resumed(dist: Dist, out: Path) -> dict:
     from test_rl import CFG, TASK
 
     model, tok = model_and_tokenizer()
-    cfg = replace(CFG, steps=2, prompts_per_step=4, fsdp=True, eval_limit=4, save_every=1, resume=True)
+    limit4 = replace(CFG.validation, limit=4)
+    cfg = replace(CFG, steps=2, prompts_per_step=4, fsdp=True, validation=limit4, save_every=1, resume=True)
     res = rl.train_rl(model, tok, TASK, cfg, out, val_task=TASK)
     return {"stopped_at": stopped_at, "history": res.history, "final": str(res.final_dir)}
 

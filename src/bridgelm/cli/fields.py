@@ -12,6 +12,12 @@ the parsed arguments (each flag's dest is its field's name). By annotation:
 A command changes a flag only where it must, with `Flag`: another spelling (`--add` for `SFTConfig.blocks`),
 choices, a parser of its own, or a default that deliberately differs from the dataclass's.
 
+A field that is itself a config dataclass (`RLConfig.rollout: SamplingConfig`) is flattened with `Nested`: each of
+its fields becomes a flag of its own, named after it with a prefix (`Nested(prefix="eval-")` makes
+`validation.n` `--eval-n`) or spelled by a `Flag` (`rollout.n` as `--rollouts`), with the nested default's values
+as defaults; the flag's dest is the dotted path ("validation.n"), and `build` makes the nested dataclass back.
+`add_groups` shows a config's flags in titled groups in --help.
+
 Help texts are the fields' trailing comments, read from the class's source (`tokenize` finds the comments, `ast`
 the line each field ends on). The house style already gives every config field such a comment, so the
 dataclasses stay plain, one line a field, instead of carrying the same text again in `field(metadata=...)`.
@@ -29,7 +35,7 @@ import textwrap
 import tokenize
 import types
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 NUMBERS = (int, float)
@@ -45,6 +51,16 @@ class Flag:
     help: str | None = None  # None: the field's comment
     choices: Sequence | None = None  # the values allowed, when the annotation does not say
     type: Callable[[str], Any] | None = None  # parses one value; None: by the annotation
+
+
+@dataclasses.dataclass(frozen=True)
+class Nested:
+    """How a field that is itself a config dataclass becomes flags: one for each field of its own."""
+
+    prefix: str = ""  # put before each of its flags' names: "eval-" makes `n` --eval-n ("": the fields' own names)
+    only: Sequence[str] | None = None  # its fields that get a flag (None: all but `skip`)
+    skip: Sequence[str] = ()  # its fields without a flag: they keep the default config's values
+    flags: Mapping[str, Flag] = dataclasses.field(default_factory=dict)  # by field: how its flag departs
 
 
 @functools.cache  # every command's parser is built at each start; parse each config's source once
@@ -82,10 +98,32 @@ def add_fields(
     *,
     only: Sequence[str] | None = None,
     skip: Sequence[str] = (),
-    **changes: Flag,
+    **changes: Flag | Nested,
 ) -> None:
     """Add a flag for each field of dataclass `cls` (those in `only`, when given, less those in `skip`), in the
-    order of the fields; `changes` maps a field name to the `Flag` that departs from it."""
+    order of the fields; `changes` maps a field name to the `Flag` that departs from it, or to the `Nested` that
+    flattens a dataclass-typed field."""
+    _add_fields(parser, cls, None, "", "--", only, skip, changes)
+
+
+def add_groups(
+    parser: argparse.ArgumentParser, cls: type, groups: Mapping[str, Sequence[str]], **changes: Flag | Nested
+) -> None:
+    """`add_fields` for each titled group of fields (`groups`: title -> field names), each an argparse argument
+    group in --help; every field of `cls` is in exactly one group."""
+    listed = [name for names in groups.values() for name in names]
+    fields = [f.name for f in dataclasses.fields(cls) if f.init]
+    if sorted(listed) != sorted(fields):
+        missing, extra = sorted(set(fields) - set(listed)), sorted(set(listed) - set(fields))
+        twice = sorted({n for n in listed if listed.count(n) > 1})
+        raise TypeError(f"{cls.__name__} groups: fields in none {missing}, not fields {extra}, in two {twice}")
+    for title, names in groups.items():
+        add_fields(parser.add_argument_group(title), cls, only=names, **changes)
+
+
+def _add_fields(parser, cls: type, defaults: Any, dests: str, flags: str, only, skip, changes: Mapping) -> None:
+    """add_fields of `cls` whose defaults are those of the instance `defaults` (None: the dataclass's), with flags
+    named `flags` + the field's name (dashed) and dests `dests` + the field's name."""
     names = [f.name for f in dataclasses.fields(cls) if f.init]
     unknown = sorted((set(changes) | set(skip) | set(only or ())) - set(names))
     if unknown:
@@ -96,28 +134,51 @@ def add_fields(
         if f.name not in names or f.name in skip or (only is not None and f.name not in only):
             continue
         change = changes.get(f.name, Flag())
+        default = getattr(defaults, f.name) if defaults is not None else _default(f)
+        if isinstance(change, Nested):
+            if not dataclasses.is_dataclass(hints[f.name]):
+                raise TypeError(f"{cls.__name__}.{f.name}: Nested for a field that is not a dataclass")
+            inner = (hints[f.name], default, f"{dests}{f.name}.", flags + change.prefix)
+            _add_fields(parser, *inner, change.only, change.skip, change.flags)
+            continue
         if change.default is not FIELD_DEFAULT:
             default = change.default
-        elif f.default_factory is not dataclasses.MISSING:
-            default = f.default_factory()
-        else:
-            default = f.default
         text = (change.help or comments.get(f.name, "")).replace("%", "%%")  # argparse %-formats help
-        kwargs = dict(dest=f.name, default=default, help=text, **_parsing(cls, f.name, hints[f.name], change))
+        kwargs = dict(dest=dests + f.name, default=default, help=text, **_parsing(cls, f.name, hints[f.name], change))
         if change.choices is not None:
             kwargs["choices"] = change.choices
         if kwargs.get("action") == "append":
             kwargs["help"] += " (repeatable)"
-        action = parser.add_argument(change.name or "--" + f.name.replace("_", "-"), **kwargs)
+        flag = change.name or flags + f.name.replace("_", "-")
+        if change.choices is None and kwargs.get("action") in (None, "append"):  # a value named by its flag, not dest
+            kwargs["metavar"] = flag.lstrip("-").replace("-", "_").upper()
+        action = parser.add_argument(flag, **kwargs)
         if default not in (None, [], (), argparse.SUPPRESS) and "%(default)" not in action.help:
             action.help += " (default: %(default)s)"
+
+
+def _default(f: dataclasses.Field) -> Any:
+    """The default of a dataclass field."""
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
 
 
 def build(cls: type, args: argparse.Namespace, base: Any = None, **fixed: Any):
     """A `cls` from parsed `args`: each field with a flag takes the flag's value, `fixed` sets fields by hand, and
     the others keep their values in `base` (default: the dataclass's defaults). A flag whose default is
-    `argparse.SUPPRESS` and which was not given leaves its field to `base`."""
-    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if f.init and hasattr(args, f.name)}
+    `argparse.SUPPRESS` and which was not given leaves its field to `base`. A nested config (flags whose dests are
+    "field.name") is built back the same way, its other fields from `base`'s (or the default's) nested config."""
+    values = vars(args)
+    given = {}
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
+        if f.name in values:
+            given[f.name] = values[f.name]
+        inner = {k.removeprefix(f.name + "."): v for k, v in values.items() if k.startswith(f.name + ".")}
+        if inner and dataclasses.is_dataclass(hints[f.name]):
+            nested = getattr(base, f.name) if base is not None else _default(f)
+            given[f.name] = build(hints[f.name], argparse.Namespace(**inner), base=nested)
     given.update(fixed)
     return dataclasses.replace(base, **given) if base is not None else cls(**given)
 

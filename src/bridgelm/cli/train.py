@@ -8,7 +8,6 @@ torchrun --nproc_per_node 2 -m bridgelm rl ...   (data parallel; add --fsdp to s
 
 from __future__ import annotations
 
-import argparse
 import os
 
 from bridgelm.blocks import KINDS, PLACEMENTS, BlockConfig
@@ -20,7 +19,7 @@ from bridgelm.cli.common import (
     load_tokenizer,
     warn_slow_bf16,
 )
-from bridgelm.cli.fields import Flag, add_fields, build
+from bridgelm.cli.fields import Flag, Nested, add_fields, add_groups, build
 from bridgelm.errors import UserError
 from bridgelm.engine import SamplingConfig
 from bridgelm.train import warmup_data
@@ -77,11 +76,6 @@ def _cmd_sft(args) -> None:
     from bridgelm.dist import teardown_distributed
     from bridgelm.train.sft import read_warmup, train_sft
 
-    if args.old_blocks is not None:  # `--blocks` is a file path everywhere else; here it was the kind to add
-        raise UserError(
-            f"bridgelm sft takes the kind of blocks to add as --add {args.old_blocks} (--blocks is a block file in "
-            "the other commands)"
-        )
     cfg = build(SFTConfig, args)
     cfg.validate()
     check_out(args.out, "dir")
@@ -135,6 +129,57 @@ def _cmd_rl(args) -> None:
         teardown_distributed()
 
 
+# rl --help shows RLConfig's flags in these groups.
+RL_GROUPS = {
+    "run": ["steps", "prompts_per_step", "chat", "seed"],
+    "rollouts (sampling)": ["rollout", "rollout_dtype"],
+    "update (optimiser)": [
+        "steps_per_rollout",
+        "epochs_per_rollout",
+        "micro_batch_groups",
+        "micro_batch_tokens",
+        "lr",
+        "block_lr",
+        "warmup_fraction",
+        "weight_decay",
+        "max_grad_norm",
+        "clip_eps",
+        "clip_eps_high",
+        "beta",
+        "freeze_base",
+        "bf16",
+        "gradient_checkpointing",
+        "fsdp",
+    ],
+    "validation (with --val-task)": ["eval_every", "validation"],
+    "run control": ["save_every", "keep_last", "resume", "progress", "tensorboard"],
+}
+# RLConfig.rollout's flags keep the names of the sampling settings, but n: --rollouts (G).
+ROLLOUT_FLAGS = Nested(
+    skip=["top_k", "seed", "compact_fraction", "foreign_groups", "compile", "pack_weights"],
+    flags={
+        "n": Flag("--rollouts", help="G, rollouts per prompt: the GRPO group (paper: 8)"),
+        "width": Flag(help="w, Bridge group width while sampling; divides G (paper: 4 or 8)"),
+        "max_new_tokens": Flag(help="tokens per rollout, at most"),
+        "temperature": Flag(help="sampling temperature; log-probs use logits / temperature as well"),
+        "top_p": Flag(help="nucleus of the rollouts (1: exactly the policy the ratios assume)"),
+    },
+)
+# RLConfig.validation's flags: --eval-n, --eval-width, ...
+VALIDATION_FLAGS = Nested(
+    prefix="eval-",
+    only=["n", "width", "max_new_tokens", "temperature", "top_p", "limit"],
+    flags={
+        "n": Flag(help="samples per validation problem (paper: 4 on MATH-500)"),
+        "width": Flag(help="Bridge width of validation sampling (divides --eval-n)"),
+        "max_new_tokens": Flag(help="tokens per validation sample, at most (None: --max-new-tokens)"),
+        "temperature": Flag(help="validation sampling temperature (paper: 0.6)"),
+        "top_p": Flag(help="validation nucleus (paper: 0.95)"),
+        "limit": Flag(help="first problems of the val_task to use (None: all)"),
+    },
+)
+
+
 def add_commands(sub) -> None:
     """Register warmup-data, sft and rl on `sub`."""
     p = sub.add_parser("warmup-data", help="sample, grade and filter the base model's answers for SFT warm-up")
@@ -160,7 +205,6 @@ def add_commands(sub) -> None:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default="cpu")
     p.add_argument("--data", required=True, help="warm-up JSONL from bridgelm warmup-data")
-    p.add_argument("--blocks", dest="old_blocks", help=argparse.SUPPRESS)  # the old spelling of --add: refused
     add_fields(
         p,
         SFTConfig,
@@ -182,6 +226,6 @@ def add_commands(sub) -> None:
     p.add_argument("--val-task", help="validation task (periodic accuracy; best checkpoint kept)")
     p.add_argument("--val-data")
     p.add_argument("--val-split", default="test")
-    add_fields(p, RLConfig)
     p.add_argument("--out", required=True, help="run directory: metrics.jsonl, checkpoints/, best/")
+    add_groups(p, RLConfig, RL_GROUPS, rollout=ROLLOUT_FLAGS, validation=VALIDATION_FLAGS)
     p.set_defaults(func=_cmd_rl)

@@ -29,7 +29,7 @@ from bridgelm.tasks import anysum, arith, pairsum
 from bridgelm.tokenizer import BOS, CHAT_TEMPLATE, EOS, PAD
 from bridgelm.train.batches import autocast
 from bridgelm.train.optim import CosineSchedule, make_optimizer, optimizer_step, scheduled
-from bridgelm.train.run import Run, RunControl
+from bridgelm.train.loop import Run, RunControl
 from bridgelm.train.weights import load_weights, save_model
 
 BOXED = "\\boxed{"  # one token: the answer marker
@@ -148,7 +148,7 @@ def accuracy(model, tokenizer, task, n: int = 4, max_new_tokens: int = 48) -> fl
 def pretrain(cfg: BaseConfig, out: str | Path, progress: bool = True, log=print) -> Path:
     """Build, pre-train and save the base model into `out` (reused when already there with these settings).
 
-    A training run of its own (bridgelm.train.run): OUT/metrics.jsonl and checkpoints every SAVE_EVERY steps, so an
+    A training run of its own (bridgelm.train.loop): OUT/metrics.jsonl and checkpoints every SAVE_EVERY steps, so an
     interrupted pre-training resumes exactly where it stopped. It ends at `cfg.steps`, or at the first validation
     check that reaches `target_accuracy`.
     """

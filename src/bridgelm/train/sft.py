@@ -34,7 +34,7 @@ from bridgelm.rng import derive_seed, generator
 from bridgelm.runs import fingerprint, local_source
 from bridgelm.train.batches import Row, autocast, chunks, pack_rows, response_logprobs
 from bridgelm.train.optim import gradient_parts, make_optimizer, make_scheduler, optimizer_step
-from bridgelm.train.run import Run, control_of, settings_of
+from bridgelm.train.loop import Run, control_of, settings_of
 
 BLOCKS_FILE = "blocks.safetensors"  # the best blocks of the run (by validation perplexity)
 
@@ -279,53 +279,21 @@ def train_sft(model, tokenizer, data_path: str | os.PathLike, cfg: SFTConfig, ou
     dist = setup_distributed(next(model.parameters()).device)
     problems = read_warmup(data_path, tokenizer, vocab_size=model.get_input_embeddings().num_embeddings)
     train, val = split_problems(problems, cfg)
-    plan = [epoch_batches(train, cfg, e) for e in range(cfg.epochs)]  # a pure function of the settings
+    plan = _epoch_plans(train, cfg)  # checked before the run folder is touched
     total = sum(len(b) for b in plan)
-    if total == 0:  # checked before the run folder is touched
-        shortest = min(len(p.prompt_ids) for p in train)
-        most = max(len(p.responses) for p in train)
-        raise ValueError(
-            f"no training group: max_length={cfg.max_length} must exceed a prompt (the shortest has {shortest} "
-            f"tokens) and min_width={cfg.min_width} must not exceed a problem's responses (at most {most})"
-        )
-    identity = {
-        **settings_of(cfg),
-        "data": str(Path(data_path).resolve()),
-        "problems": len(problems),
-        "digest": fingerprint([p.prompt_ids, p.responses] for p in problems),  # a resume on edited data is refused
-        "model": local_source(str(getattr(model.config, "_name_or_path", ""))),
-    }
+    identity = _identity(model, data_path, problems, cfg)
     run = Run(out_dir, "sft", identity, control_of(cfg), dist, best={"val_ppl": None, "epoch": 0})
-    ensure_blocks(model, cfg)
-    trainable = added_parameters(model)
-    for name, p in model.named_parameters():
-        p.requires_grad_(name in trainable)
-    if run.resume_from is not None:
-        load_blocks(model, run.resume_from / BLOCKS_FILE)
-    prepare_model(model, dist, fsdp=False)
-    if cfg.gradient_checkpointing:
-        model.activation_checkpointing_enable()
-    params = [p for p in model.parameters() if p.requires_grad]
+    params = _trainable_blocks(model, cfg, run, dist)
     parts = gradient_parts(model)
     flat = [(e, i) for e, batches in enumerate(plan) for i in range(len(batches))]  # step -> (epoch, batch)
     val_groups = make_groups(val, cfg, generator(cfg.seed, "sft-val"))
     optimizer = make_optimizer(params, cfg.lr, cfg.weight_decay)
     scheduler = make_scheduler(optimizer, total, cfg.warmup_fraction, "linear")
     run.track(model, optimizer, scheduler, lambda folder, _: save_blocks(model, folder / BLOCKS_FILE))
-    run.left_behind = lambda: (
-        f"{out_dir / BLOCKS_FILE} holds the blocks of epoch {run.state['best']['epoch']} "
-        f"({'the best so far by validation' if val_groups else 'the last finished'}), not the whole run's"
-        if run.state["best"]["epoch"]
-        else f"no epoch finished, so no {BLOCKS_FILE} yet"
-    )
+    run.left_behind = lambda: _left_behind(run.state["best"]["epoch"], bool(val_groups), out_dir)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    stats = {
-        "train_problems": len(train),
-        "val_problems": len(val),
-        "val_groups": len(val_groups),
-        "steps": total,
-        "groups_per_epoch": [sum(len(b) for b in batches) for batches in plan],
-    }
+    stats = {"train_problems": len(train), "val_problems": len(val), "val_groups": len(val_groups), "steps": total}
+    stats["groups_per_epoch"] = [sum(len(b) for b in batches) for batches in plan]
     run.say(f"bridgelm sft: {len(train)} training problems, {len(val)} held out, {total} steps -> {out_dir}")
     was_training = model.training
     model.train()
@@ -340,19 +308,9 @@ def train_sft(model, tokenizer, data_path: str | os.PathLike, cfg: SFTConfig, ou
                 part_norms: dict[str, float] = {}
                 norm = optimizer_step(params, optimizer, scheduler, cfg.max_grad_norm, dist, parts, part_norms)
                 run.state["step"] = step + 1
-                seconds = time.perf_counter() - t0
-                record = {
-                    "step": step + 1,
-                    "epoch": epoch + 1,
-                    "loss": loss,
-                    "lr": lr,
-                    "grad_norm": norm,
-                    **{f"grad_norm_{k}": v for k, v in part_norms.items()},
-                    "tokens": tokens,
-                    "sequences": sum(len(g) for g in plan[epoch][index]),
-                    "tokens_per_s": tokens / max(seconds, 1e-9),
-                    "seconds": seconds,
-                }
+                record = {"step": step + 1, "epoch": epoch + 1, "loss": loss, "lr": lr, "grad_norm": norm}
+                record.update({f"grad_norm_{k}": v for k, v in part_norms.items()}, tokens=tokens)
+                record.update(_speed(plan[epoch][index], tokens, time.perf_counter() - t0))
                 if epoch_end:
                     record.update(_end_epoch(model, val_groups, cfg, pad, dist, epoch, run.state, out_dir))
                 run.log(record, loss=f"{loss:.3f}", ppl=record.get("val_ppl", ""))
@@ -363,6 +321,59 @@ def train_sft(model, tokenizer, data_path: str | os.PathLike, cfg: SFTConfig, ou
     model.train(was_training)
     best = run.state["best"]
     return SFTResult(run.history, blocks_path, best["val_ppl"], best["epoch"], run.step, out_dir, stats)
+
+
+def _epoch_plans(train: list[Problem], cfg: SFTConfig) -> list[list[list[list[Row]]]]:
+    """Each epoch's batches (a pure function of the settings); ValueError when there is not one training group."""
+    plan = [epoch_batches(train, cfg, e) for e in range(cfg.epochs)]
+    if not any(plan):
+        shortest = min(len(p.prompt_ids) for p in train)
+        most = max(len(p.responses) for p in train)
+        raise ValueError(
+            f"no training group: max_length={cfg.max_length} must exceed a prompt (the shortest has {shortest} "
+            f"tokens) and min_width={cfg.min_width} must not exceed a problem's responses (at most {most})"
+        )
+    return plan
+
+
+def _identity(model, data_path: str | os.PathLike, problems: list[Problem], cfg: SFTConfig) -> dict:
+    """The settings a resume must match: the config's, the data's and the model's."""
+    return {
+        **settings_of(cfg),
+        "data": str(Path(data_path).resolve()),
+        "problems": len(problems),
+        "digest": fingerprint([p.prompt_ids, p.responses] for p in problems),  # a resume on edited data is refused
+        "model": local_source(str(getattr(model.config, "_name_or_path", ""))),
+    }
+
+
+def _trainable_blocks(model, cfg: SFTConfig, run: Run, dist: Dist) -> list[torch.nn.Parameter]:
+    """Add the blocks (when absent), freeze the base, load the resumed checkpoint's blocks, place the model on the
+    ranks; the trained parameters: the blocks'."""
+    ensure_blocks(model, cfg)
+    trainable = added_parameters(model)
+    for name, p in model.named_parameters():
+        p.requires_grad_(name in trainable)
+    if run.resume_from is not None:
+        load_blocks(model, run.resume_from / BLOCKS_FILE)
+    prepare_model(model, dist, fsdp=False)
+    if cfg.gradient_checkpointing:
+        model.activation_checkpointing_enable()
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def _left_behind(best_epoch: int, validated: bool, out_dir: Path) -> str:
+    """What an interrupted run leaves in OUT/blocks.safetensors."""
+    if not best_epoch:
+        return f"no epoch finished, so no {BLOCKS_FILE} yet"
+    which = "the best so far by validation" if validated else "the last finished"
+    return f"{out_dir / BLOCKS_FILE} holds the blocks of epoch {best_epoch} ({which}), not the whole run's"
+
+
+def _speed(groups: list[list[Row]], tokens: int, seconds: float) -> dict:
+    """The step's sequences, tokens per second and seconds."""
+    sequences = sum(len(g) for g in groups)
+    return {"sequences": sequences, "tokens_per_s": tokens / max(seconds, 1e-9), "seconds": seconds}
 
 
 def _end_epoch(model, val_groups, cfg, pad, dist, epoch, state, out_dir) -> dict:

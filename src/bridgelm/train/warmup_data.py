@@ -83,16 +83,19 @@ def make_warmup_data(
                 file=sys.stderr,
             )
             raise
-    records = read_records(out)
+    return {**stats, **_counts(read_records(out))}
+
+
+def _counts(records: list[dict]) -> dict:
+    """Problems kept and dropped, their kept responses, correct ones cut, accuracy over all samples."""
     kept = [r for r in records if r.get("kept")]
-    stats.update(
-        kept=len(kept),
-        dropped=len(records) - len(kept),
-        responses=sum(len(r["responses"]) for r in kept),
-        cut=sum(r.get("cut", 0) for r in records),
-        accuracy=sum(r["correct"] for r in records) / max(1, sum(r["n"] for r in records)),
-    )
-    return stats
+    return {
+        "kept": len(kept),
+        "dropped": len(records) - len(kept),
+        "responses": sum(len(r["responses"]) for r in kept),
+        "cut": sum(r.get("cut", 0) for r in records),
+        "accuracy": sum(r["correct"] for r in records) / max(1, sum(r["n"] for r in records)),
+    }
 
 
 def _check_problems(out: Path, done: list[dict], task, examples) -> None:

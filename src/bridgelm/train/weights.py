@@ -5,7 +5,7 @@ tokenizer. Under FSDP the shards are gathered to rank 0 first (a collective), an
 temporary name and renames it (`write_on_main`); the other ranks wait. A resumed run copies the weights back
 into its model with `load_weights`, bit for bit.
 
-Used by bridgelm.train.run, bridgelm.train.rl and bridgelm.demo.base; tested by tests/test_train_common.py.
+Used by bridgelm.train.loop, bridgelm.train.rl and bridgelm.demo.base; tested by tests/test_train_common.py.
 """
 
 from __future__ import annotations

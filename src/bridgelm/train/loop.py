@@ -18,7 +18,9 @@ A trainer (SFT, RL, the demo's pre-training) keeps its own step and writes its l
 
 Design notes:
 - Outputs in OUT: run.json ({"kind", "identity"}), metrics.jsonl (one record per step) and checkpoints/step-N/
-  (bridgelm.runs). `identity` holds the settings that decide the trained weights; a resume must match it.
+  (bridgelm.runs). `identity` holds the settings that decide the trained weights; a resume must match it. A nested
+  config's settings are recorded by dotted name ("rollout.temperature"), so that a refused resume names the one
+  that differs.
 - A step's update is atomic for Ctrl-C: the first Ctrl-C lets it finish and then saves a checkpoint of it; a second
   stops at once, and nothing is saved (the weights may be half updated); a Ctrl-C outside an update saves the last
   finished step. A resumed run restores optimiser, schedule, global RNG, step and the trainer's extras
@@ -84,8 +86,20 @@ def control_of(cfg) -> RunControl:
 
 
 def settings_of(cfg, free: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The fields of a trainer config that decide the trained weights (not RUN_FIELDS, not `free`), as JSON has them."""
-    return jsonable({k: v for k, v in asdict(cfg).items() if k not in RUN_FIELDS + tuple(free)})
+    """The fields of a trainer config that decide the trained weights (not RUN_FIELDS, not `free`), as JSON has them,
+    those of a nested config by dotted name (`free` may name them so: "validation.limit")."""
+    return jsonable({k: v for k, v in dotted(asdict(cfg)).items() if k not in RUN_FIELDS + tuple(free)})
+
+
+def dotted(settings: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A dict of settings whose nested dicts are spread out by dotted key: {"rollout": {"n": 8}} -> {"rollout.n": 8}."""
+    out: dict[str, Any] = {}
+    for key, value in settings.items():
+        if isinstance(value, dict):
+            out.update(dotted(value, f"{prefix}{key}."))
+        else:
+            out[prefix + key] = value
+    return out
 
 
 def _refuse_other_run(out_dir: Path, kind: str) -> None:
@@ -347,6 +361,7 @@ __all__ = [
     "Run",
     "RunControl",
     "control_of",
+    "dotted",
     "progress_bar",
     "progress_fields",
     "settings_of",

@@ -1,0 +1,225 @@
+"""GRPO's update phase: K optimiser steps on the mini-batches of one rollout batch (paper Sec. 3.3, App. A).
+
+1. Old log-probs (and reference log-probs when beta > 0) come from the training forward under no_grad, on the same
+   micro-batches as the first pass of updates, so that the first ratio is exactly 1. The first mini-batch needs no
+   such pass: before the first optimiser step the policy is the old one, so its own forward's detached log-probs
+   are the old ones (kept for later epochs); the no_grad pass covers mini-batches 2..K only.
+2. K optimiser steps on K mini-batches of whole Bridge groups (groups are the unit of shuffling and of
+   micro-batching; micro-batches accumulate gradients; `micro_batch_tokens` sorts a mini-batch's groups by length
+   and cuts micro-batches by padded tokens), with the loss of `bridgelm.grpo.policy_loss` normalised by the token
+   count of the whole mini-batch over all ranks. Mini-batch shuffles derive from (seed, step, epoch).
+
+Work whose result is known is skipped (not under FSDP, whose ranks must run the same forwards). A group whose
+advantages are all exactly 0 (with 0/1 rewards: a prompt whose G rewards are all equal) adds a policy term and a
+gradient of 0 whatever its ratio, so it needs no old log-probs: the no_grad pass leaves out the micro-batches that
+hold only such groups (the others keep the trained cut, so the ratio of an unchanged policy stays exactly 1), and
+their trained forward makes their old log-probs as the first mini-batch's does. With beta = 0 such groups add
+nothing to the loss or its gradient at all, so they get no forward or backward either (each mini-batch is cut into
+micro-batches from its other groups; a mini-batch of such groups only gives the optimiser zero gradients, as the
+full computation would).
+Entropy is logged over the rows that had a forward, each once; a row first forwarded by a later mini-batch's training
+(a micro-batch of zero-advantage groups, beta > 0) is measured after the earlier optimiser steps of its rollout
+batch. The weights equal those of the full computation up to float rounding (tests/test_rl.py).
+
+Log-probs are at the sampling temperature (logits / T), like the engine's.
+
+Used by bridgelm.train.rl; tested by tests/test_rl.py and tests/test_train_distributed.py.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from bridgelm.dist import Dist, all_reduce_sum
+from bridgelm.grpo import policy_loss, policy_stats
+from bridgelm.rng import generator
+from bridgelm.train.batches import autocast, chunks, pack_rows, response_logprobs, rows_tensor
+from bridgelm.train.optim import optimizer_step
+from bridgelm.train.rollouts import Rollouts
+
+if TYPE_CHECKING:
+    from bridgelm.train.rl import RLConfig
+
+
+@dataclass
+class Learner:
+    """The policy being trained and what updates it."""
+
+    model: torch.nn.Module
+    ref_model: torch.nn.Module | None  # the frozen reference (beta > 0)
+    params: list[torch.nn.Parameter]  # the trained parameters
+    optimizer: torch.optim.Optimizer  # AdamW over `params`
+    scheduler: torch.optim.lr_scheduler.LRScheduler  # stepped with the optimiser
+    parts: dict  # the blocks' parameters by part, whose gradient norms are logged per step (optim.gradient_parts)
+
+
+def micro_batches(rollouts: Rollouts, groups: list[int], cfg: RLConfig) -> list[list[int]]:
+    """The micro-batches (lists of whole groups) of the mini-batch `groups`: `micro_batch_groups` groups each, in
+    order; with `micro_batch_tokens`, groups sorted by their longest row and cut before the padded tokens of a
+    micro-batch (rows x its longest row) would pass the budget, so that short rows are not padded to long ones."""
+    if cfg.micro_batch_tokens is None:
+        return chunks(groups, cfg.micro_batch_groups)
+    length = {
+        g: max(len(rollouts.rows[r].prompt) + len(rollouts.rows[r].response) for r in rollouts.group_rows([g]))
+        for g in groups
+    }
+    out: list[list[int]] = [[]]
+    for g in sorted(groups, key=lambda g: (length[g], g)):  # ascending: g is the longest of its micro-batch so far
+        cur = out[-1]
+        if cur and (
+            len(cur) == cfg.micro_batch_groups or (len(cur) + 1) * rollouts.width * length[g] > cfg.micro_batch_tokens
+        ):
+            out.append(cur := [])
+        cur.append(g)
+    return out
+
+
+def minibatch_plan(n_groups: int, cfg: RLConfig, step: int) -> list[list[int]]:
+    """Group indices of each mini-batch: per epoch a shuffle of the groups cut into K near-equal parts."""
+    K, plan = cfg.steps_per_rollout, []
+    for epoch in range(cfg.epochs_per_rollout):
+        perm = torch.randperm(n_groups, generator=generator(cfg.seed, "minibatches", step, epoch)).tolist()
+        plan += [perm[i * n_groups // K : (i + 1) * n_groups // K] for i in range(K)]
+    return plan
+
+
+@dataclass
+class MinibatchStats:
+    loss: float  # the mini-batch's loss over all ranks
+    tokens: float  # response tokens of the mini-batch over all ranks
+    clipped: float = 0.0  # this rank's token sums (see grpo.PolicyStats)
+    kl: float = 0.0
+    entropy: float = 0.0
+    entropy_tokens: float = 0.0  # this rank's response tokens whose entropy is in `entropy`
+
+
+@torch.no_grad()
+def rollout_logprobs(
+    model, rollouts: Rollouts, micro: list[list[int]], cfg: RLConfig, pad_id: int, dist, with_entropy: bool = True
+):
+    """Log-probs of `model` for each row ({row: [len]}) over the micro-batches `micro` (lists of groups), and the
+    entropy summed over all response tokens (0.0 without `with_entropy`)."""
+    logprobs: dict[int, torch.Tensor] = {}
+    entropy = 0.0
+    for groups in micro:
+        rows = rollouts.group_rows(groups)
+        batch = pack_rows([rollouts.rows[r] for r in rows], pad_id, dist.device)
+        with autocast(dist, cfg.bf16):
+            lp, ent = response_logprobs(model, batch, cfg.rollout.temperature, with_entropy=with_entropy)
+        if ent is not None:
+            entropy += float(ent[batch.response_mask].sum())
+        for b, r in enumerate(rows):
+            logprobs[r] = lp[b, : len(rollouts.rows[r].response)]
+    return logprobs, entropy
+
+
+def minibatch_backward(
+    model,
+    rollouts: Rollouts,
+    groups: list[int],
+    old: dict[int, torch.Tensor] | None,
+    ref: dict[int, torch.Tensor] | None,
+    cfg: RLConfig,
+    pad_id: int,
+    dist: Dist,
+    micro: list[list[int]] | None = None,
+) -> MinibatchStats:
+    """Forward/backward of one mini-batch (this rank's `groups`), micro-batch by micro-batch (`micro`: its cut into
+    micro-batches, the one the old log-probs were computed on; default `micro_batches`).
+
+    A micro-batch whose rows are missing from `old` (None: all rows) is fresh: it is trained before any optimiser
+    step of this rollout batch, or its groups' advantages are all 0 (the no_grad pass left it out, see the module
+    docstring). Its current log-probs, detached, serve as its old ones; they are added to `old` (when given) for
+    later epochs, and its entropy is counted. The loss is normalised by the mini-batch's token count over all ranks;
+    gradients accumulate in .grad.
+    """
+    local = sum(len(rollouts.rows[r].response) for r in rollouts.group_rows(groups))
+    total = all_reduce_sum([local], dist)[0]
+    out = MinibatchStats(loss=0.0, tokens=total)
+    for part in micro if micro is not None else micro_batches(rollouts, groups, cfg):
+        rows = rollouts.group_rows(part)
+        batch = pack_rows([rollouts.rows[r] for r in rows], pad_id, dist.device)
+        mask = batch.response_mask  # [B, T]
+        # The no_grad pass runs on whole trained micro-batches, and after the first pass every row is in `old`:
+        # a micro-batch is fresh entirely or not at all.
+        fresh = old is None or rows[0] not in old
+        with autocast(dist, cfg.bf16):
+            lp, ent = response_logprobs(model, batch, cfg.rollout.temperature, with_entropy=fresh)
+        if fresh:
+            old_lp = lp.detach()  # [B, T]
+            if old is not None:
+                old.update({r: old_lp[b, : len(rollouts.rows[r].response)] for b, r in enumerate(rows)})
+        else:
+            old_lp = rows_tensor([old[r] for r in rows], mask)  # [B, T]
+        ref_lp = None if ref is None else rows_tensor([ref[r] for r in rows], mask)  # [B, T]
+        adv = rollouts.advantages[rows].to(lp.device)  # [B]
+        loss = policy_loss(lp, old_lp, ref_lp, adv, mask, cfg.clip_eps, cfg.clip_eps_high, cfg.beta, num_tokens=total)
+        loss.backward()
+        s = policy_stats(lp.detach(), old_lp, ref_lp, adv, mask, cfg.clip_eps, cfg.clip_eps_high)
+        out.loss += float(loss.detach())
+        out.clipped += s.clipped
+        out.kl += s.kl
+        if ent is not None:  # a fresh micro-batch's (the others' is counted by the no_grad pass)
+            out.entropy += float(ent[mask].sum())
+            out.entropy_tokens += float(mask.sum())
+    out.loss = all_reduce_sum([out.loss], dist)[0]
+    return out
+
+
+def update_policy(learner: Learner, rollouts: Rollouts, cfg: RLConfig, step: int, pad_id: int, dist: Dist) -> dict:
+    """K (x epochs) optimiser steps on this rollout batch; returns token-level sums and means for logging."""
+    model, ref_model, params = learner.model, learner.ref_model, learner.params
+    plan = minibatch_plan(rollouts.n_groups, cfg, step)
+    flat = set() if dist.fsdp else rollouts.flat_groups()  # advantages all 0: no policy term (module docstring)
+    skip = flat if cfg.beta == 0 else set()  # ... and, with beta = 0, no KL term either: nothing to compute
+    # Each mini-batch's micro-batches, as trained (and as the no_grad pass runs them): cut from its groups but `skip`.
+    micro_of = [[m for m in micro_batches(rollouts, [g for g in mb if g not in skip], cfg) if m] for mb in plan]
+    model.train()
+    old = ref = None
+    entropy = entropy_tokens = 0.0
+    t0 = time.perf_counter()
+    if len(plan) > 1:  # later mini-batches need the old policy's log-probs; the first one makes its own
+        later = [m for mbs in micro_of[1 : cfg.steps_per_rollout] for m in mbs if not flat.issuperset(m)]
+        old, entropy = rollout_logprobs(model, rollouts, later, cfg, pad_id, dist)
+        entropy_tokens = sum(v.numel() for v in old.values())  # the pass's entropy is over these
+    t1 = time.perf_counter()
+    if ref_model is not None:  # beta > 0: nothing skipped, every group once as the first pass trains it
+        first_pass = [m for mbs in micro_of[: cfg.steps_per_rollout] for m in mbs]
+        ref, _ = rollout_logprobs(ref_model, rollouts, first_pass, cfg, pad_id, dist, with_entropy=False)
+    t2 = time.perf_counter()
+    sums = {
+        "loss": 0.0,
+        "clipped": 0.0,
+        "kl": 0.0,
+        "tokens": 0.0,
+        "entropy": 0.0,  # each fresh micro-batch's, then the no_grad pass's: every row with a forward once
+        "entropy_tokens": entropy_tokens,
+        "grad_norm": 0.0,
+        "old_seconds": t1 - t0,  # the no_grad passes (old log-probs, reference)
+        "ref_seconds": t2 - t1,
+        "parts": {},  # gradient norm of each part (see optim.gradient_parts), summed over optimiser steps
+    }
+    for mb, micro in zip(plan, micro_of):
+        s = minibatch_backward(model, rollouts, mb, old, ref, cfg, pad_id, dist, micro)
+        if not micro:
+            # Every group skipped: the full computation's gradients are zeros, which AdamW's moments still act on.
+            # (On several ranks reduce_gradients fills them in; so would it for a parameter no loss reaches.)
+            for p in params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+        norm = optimizer_step(
+            params, learner.optimizer, learner.scheduler, cfg.max_grad_norm, dist, learner.parts, sums["parts"]
+        )
+        sums["loss"] += s.loss
+        sums["clipped"] += s.clipped
+        sums["kl"] += s.kl
+        sums["entropy"] += s.entropy
+        sums["entropy_tokens"] += s.entropy_tokens
+        sums["tokens"] += s.tokens
+        sums["grad_norm"] += norm
+    sums["entropy"] += entropy
+    return sums
