@@ -363,7 +363,7 @@ def test_misfit_weights_are_found_before_transformers_loads_them(models, monkeyp
     would come before the one-line error)."""
     from transformers import AutoModelForCausalLM
 
-    from bridgelm.attach import load_model
+    from bridgelm.models import load_model
 
     monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", lambda *a, **k: pytest.fail("loaded"))
     with pytest.raises(UserError, match=r"down_proj.weight is \[64, 128\], config.json makes it \[64, 96\]"):
@@ -686,7 +686,7 @@ def test_the_shape_check_reads_what_transformers_reads(tmp_path):
     from conftest import tiny_model
     from safetensors.torch import save_file
 
-    from bridgelm.attach import load_model
+    from bridgelm.models import load_model
 
     model = tiny_model()
     model.save_pretrained(tmp_path / "m", max_shard_size="100KB")

@@ -4,7 +4,7 @@ import pytest
 import torch
 from conftest import interrupt_on_call
 
-from bridgelm.attach import load_model
+from bridgelm.models import load_model
 from bridgelm.demo import base
 from bridgelm.runs import latest_checkpoint
 from bridgelm.tasks import anysum

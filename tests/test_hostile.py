@@ -62,7 +62,7 @@ def test_model_folder_code_is_never_run_nor_asked_about(tmp_path):
 
 
 def test_load_model_refuses_folder_code(tmp_path):
-    from bridgelm.attach import load_model
+    from bridgelm.models import load_model
 
     import torch
     from safetensors.torch import save_file
@@ -158,14 +158,14 @@ def test_non_finite_blocks_and_weights_are_refused_by_name(tmp_path):
     from safetensors.torch import load_file, save_file
 
     import bridgelm
-    from bridgelm.attach import load_model
+    from bridgelm.models import load_model
     from conftest import save_tiny_model_dir, tiny_model
 
     model = bridgelm.add_bridge(tiny_model())
     path = bridgelm.save_blocks(model, tmp_path / "blocks.safetensors")
     state = load_file(str(path))
     state["layers.1.o_proj.weight"][0, 0] = float("nan")
-    save_file(state, str(path), metadata={**bridgelm.attach.read_block_settings(path)[1]})
+    save_file(state, str(path), metadata={**bridgelm.blockfile.read_block_settings(path)[1]})
     with pytest.raises(UserError, match=r"layers\.1\.o_proj\.weight holds NaN"):
         bridgelm.load_blocks(tiny_model(), path)
 
@@ -182,7 +182,7 @@ def test_non_finite_blocks_and_weights_are_refused_by_name(tmp_path):
 def test_an_untied_head_that_is_missing_is_refused(tmp_path):
     from safetensors.torch import load_file, save_file
 
-    from bridgelm.attach import load_model
+    from bridgelm.models import load_model
     from conftest import save_tiny_model_dir
 
     folder = tmp_path / "model"

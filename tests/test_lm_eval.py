@@ -41,7 +41,7 @@ def setup(tmp_path_factory):
 
 def _direct(model_dir, width):
     """The same samples straight from the engine: each problem's REPEATS samples in groups of `width`."""
-    from bridgelm.attach import load_model
+    from bridgelm.models import load_model
     from bridgelm.tokenizer import load_tokenizer
 
     model, tok = load_model(str(model_dir)), load_tokenizer(str(model_dir))

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from bridgelm.attach import add_bridge, add_pmatch, added_parameters, decoder_layers, load_config
+from bridgelm.attach import add_bridge, add_pmatch, added_parameters, decoder_layers
+from bridgelm.models import load_config
 
 # Config numbers of the paper's three models (DeepSeek-R1-Distill-*), as published in their config.json.
 PRESETS: dict[str, tuple[str, dict]] = {

@@ -60,7 +60,7 @@ def load_model_and_tokenizer(args):
 def load_model_of(args, blocks: str | None):
     """The model of --model with the block file `blocks` (None: none), on --device in --dtype; a --dtype bfloat16
     that this CPU runs slowly is warned first."""
-    from bridgelm.attach import load_model
+    from bridgelm.models import load_model
 
     if str(args.device).split(":")[0] == "meta":  # load_model takes it (shapes only); these commands compute
         raise UserError(

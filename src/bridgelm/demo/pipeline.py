@@ -36,7 +36,9 @@ from pathlib import Path
 
 import torch
 
-from bridgelm.attach import add_seeded_blocks, load_blocks, load_model
+from bridgelm.attach import add_seeded_blocks
+from bridgelm.blockfile import load_blocks
+from bridgelm.models import load_model
 from bridgelm.demo.base import PRETRAIN_FILE, BaseConfig, generate, make_task, pretrain
 from bridgelm.demo.results import TITLES, RunDirs, write_demo_report
 from bridgelm.errors import UserError, show_data_warnings

@@ -29,7 +29,7 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
 import bridgelm
-from bridgelm.attach import load_model
+from bridgelm.models import load_model
 from bridgelm.errors import DataWarning, UserError
 from bridgelm.tokenizer import load_tokenizer
 

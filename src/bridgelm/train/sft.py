@@ -26,7 +26,8 @@ from pathlib import Path
 
 import torch
 
-from bridgelm.attach import add_seeded_blocks, added_parameters, block_config, load_blocks, save_blocks
+from bridgelm.attach import add_seeded_blocks, added_parameters, block_config
+from bridgelm.blockfile import load_blocks, save_blocks
 from bridgelm.dist import Dist, all_reduce_sum, barrier, prepare_model, setup_distributed
 from bridgelm.errors import check_number
 from bridgelm.jsonl import read_records, write_json

@@ -1,0 +1,137 @@
+"""Block files: only the added blocks, in one safetensors file with their settings as metadata.
+
+`save_blocks` writes them atomically; `load_blocks` checks a file's kind, settings, tensor names and shapes against
+the model, and that every tensor is finite, before the model is touched, then adds the blocks when it has none.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+from torch import nn
+
+from bridgelm.attach import FORMAT, attach_blocks, block_config, decoder_layers, new_norm, text_config
+from bridgelm.blocks import BlockConfig, make_block
+from bridgelm.errors import UserError
+
+
+def _block_state(model: nn.Module, cfg: BlockConfig) -> dict[str, torch.Tensor]:
+    """Blocks' tensors keyed `layers.{i}.{param}` (independent of where the decoder sits in the model)."""
+    state = {}
+    for i, layer in enumerate(decoder_layers(model)):
+        for name, t in getattr(layer, cfg.kind).state_dict().items():
+            state[f"layers.{i}.{name}"] = t
+    return state
+
+
+def _base_name(model: nn.Module) -> str:
+    return str(getattr(model.config, "_name_or_path", "") or type(model).__name__)
+
+
+def save_blocks(model: nn.Module, path: str | os.PathLike) -> Path:
+    """Write only the added blocks to a safetensors file (atomically), with their settings as metadata."""
+    cfg = block_config(model)
+    if cfg is None:
+        raise ValueError("the model has no Bridge or P-Match blocks to save: call add_bridge/add_pmatch first")
+    path = Path(path)
+    state = {k: v.detach().contiguous().cpu() for k, v in _block_state(model, cfg).items()}
+    text_cfg = text_config(model)
+    meta = {
+        **{k: str(v) for k, v in asdict(cfg).items()},
+        "format": FORMAT,
+        "base_model": _base_name(model),
+        "hidden_size": str(text_cfg.hidden_size),
+        "num_layers": str(len(decoder_layers(model))),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    save_file(state, str(tmp), metadata=meta)
+    os.replace(tmp, path)
+    return path
+
+
+def read_block_settings(path: str | os.PathLike) -> tuple[BlockConfig, dict[str, str]]:
+    """The BlockConfig and raw metadata stored in a block file."""
+    path = Path(path)
+    if not path.is_file():
+        what = "is a folder" if path.is_dir() else "does not exist"
+        raise FileNotFoundError(f"block file {path} {what}: expected a .safetensors file of blocks")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+    except Exception as err:
+        raise ValueError(f"{path} is not a safetensors block file: {err}") from err
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a bridgelm block file (format {meta.get('format')!r}, expected {FORMAT!r})")
+    cfg = BlockConfig(
+        kind=meta["kind"], num_heads=int(meta["num_heads"]), head_dim=int(meta["head_dim"]), placement=meta["placement"]
+    )
+    return cfg, meta
+
+
+def load_blocks(model: nn.Module, path: str | os.PathLike) -> nn.Module:
+    """Load a block file into `model`, adding the blocks first when the model has none.
+
+    Everything is checked before the model is touched: kind and settings against blocks already attached,
+    and every tensor's name and shape against what the model's blocks would hold.
+    """
+    cfg, meta = read_block_settings(path)
+    existing = block_config(model)
+    if existing is not None and existing != cfg:
+        raise ValueError(
+            f"{path} holds blocks {asdict(cfg)} but the model has {asdict(existing)}; "
+            "load it into a model without blocks or with the same ones"
+        )
+    # Expected names and shapes, from a throwaway block built on the meta device.
+    text_cfg = text_config(model)
+    layers = decoder_layers(model)
+    with torch.device("meta"):
+        norm = new_norm(layers[0].post_attention_layernorm, text_cfg.hidden_size, 1e-6)
+        probe = make_block(cfg, text_cfg.hidden_size, norm, 0.0)
+    expected = {
+        f"layers.{i}.{name}": tuple(t.shape) for i in range(len(layers)) for name, t in probe.state_dict().items()
+    }
+    with safe_open(str(path), framework="pt") as f:
+        got = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+    missing = sorted(set(expected) - set(got))
+    unexpected = sorted(set(got) - set(expected))
+    wrong = sorted(k for k in set(got) & set(expected) if got[k] != expected[k])
+    if missing or unexpected or wrong:
+        detail = []
+        if missing:
+            detail.append(f"missing {missing[:3]}")
+        if unexpected:
+            detail.append(f"unexpected {unexpected[:3]}")
+        if wrong:
+            detail.append(", ".join(f"{k}: file {got[k]} vs model {expected[k]}" for k in wrong[:3]))
+        raise ValueError(
+            f"{path} ({meta.get('kind')} blocks for base {meta.get('base_model')!r}, hidden size "
+            f"{meta.get('hidden_size')}, {meta.get('num_layers')} layers) does not fit this model "
+            f"({type(model).__name__}, hidden size {text_cfg.hidden_size}, {len(layers)} layers): " + "; ".join(detail)
+        )
+    if existing is None:
+        attach_blocks(model, cfg)
+    with safe_open(str(path), framework="pt") as f:
+        for i, layer in enumerate(layers):
+            block = getattr(layer, cfg.kind)
+            ref = next(block.parameters())
+            prefix = f"layers.{i}."
+            sub = {k[len(prefix) :]: f.get_tensor(k) for k in got if k.startswith(prefix)}
+            for name, tensor in sub.items():
+                check_finite(tensor, f"block file {path}: tensor {prefix}{name}")
+            block.load_state_dict(
+                {k: v.to(device=ref.device, dtype=ref.dtype) for k, v in sub.items()}, assign=ref.is_meta
+            )
+    return model
+
+
+def check_finite(tensor: torch.Tensor, what: str) -> None:
+    """UserError naming `what` when `tensor` holds a NaN or an infinity (a model would sample garbage from it)."""
+    if tensor.is_floating_point() and not tensor.is_meta and not bool(torch.isfinite(tensor).all()):
+        bad = "NaN" if bool(torch.isnan(tensor).any()) else "infinite"
+        raise UserError(f"{what} holds {bad} values: expected finite weights (a damaged or diverged file?)")

@@ -1,0 +1,242 @@
+"""Loading model folders: a causal LM from a folder or hub id, with its recorded blocks rebuilt, and every way a
+folder can be wrong told in one line (a UserError naming the file or value) before transformers reads it.
+
+Nothing in a model folder runs: configs, models and tokenizers load with `trust_remote_code=False`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from bridgelm.attach import attach_blocks
+from bridgelm.blockfile import check_finite, load_blocks
+from bridgelm.blocks import BlockConfig
+from bridgelm.errors import UserError
+
+# Every load says it: a model folder's own code (auto_map) is never run, and transformers never asks whether to.
+NO_REMOTE_CODE = {"trust_remote_code": False}
+
+
+def load_model(name_or_path: str, blocks: str | os.PathLike | None = None, dtype=torch.float32, device="cpu", **kwargs):
+    """Load a causal LM (local dir or hub id), rebuilding blocks recorded in its config, then `blocks` if given.
+
+    Bad input (no such folder, a cut config.json, a truncated weights file, weights that do not fit the config,
+    a device this machine lacks) is a UserError naming the file or value.
+    """
+    check_device(device)
+    config = load_config(name_or_path, weights=True, **kwargs)
+    recorded = getattr(config, "bridgelm", None)
+    if recorded and blocks is not None:
+        raise UserError(
+            f"model {name_or_path} has {recorded.get('kind')} blocks of its own (recorded in its config.json), which "
+            f"blocks={str(blocks)!r} would replace: load that file into the model without blocks, or leave it out"
+        )
+    if not recorded:
+        model = _from_pretrained(name_or_path, config, dtype, kwargs).to(device)
+    else:
+        # The block tensors are loaded below, once the blocks exist: tell the loader they are expected extras.
+        from transformers import AutoModelForCausalLM
+
+        cls = AutoModelForCausalLM._model_mapping[type(config)]
+        saved = cls.__dict__.get("_keys_to_ignore_on_load_unexpected")
+        cls._keys_to_ignore_on_load_unexpected = [*(saved or []), rf"\.{recorded['kind']}\."]
+        try:
+            model = _from_pretrained(name_or_path, config, dtype, kwargs).to(device)
+        finally:
+            if saved is None:
+                del cls._keys_to_ignore_on_load_unexpected
+            else:
+                cls._keys_to_ignore_on_load_unexpected = saved
+    if recorded:
+        cfg = BlockConfig(**{k: v for k, v in recorded.items() if k in BlockConfig.__dataclass_fields__})
+        attach_blocks(model, cfg)
+        _load_recorded_blocks(model, Path(name_or_path), cfg)
+    if blocks is not None:
+        load_blocks(model, blocks)
+    return model
+
+
+def check_device(device: str | torch.device) -> None:
+    """UserError unless `device` names a device of this machine (cpu, cuda:i with i < the GPU count, mps, meta)."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise UserError(f"device {device!r} is not a device name: expected cpu, cuda, cuda:0, ...") from err
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise UserError(
+                f"device {device!r}: this machine has no CUDA GPU (or torch was built without CUDA); use cpu"
+            )
+        if dev.index is not None and dev.index >= count:
+            raise UserError(f"device {device!r}: this machine has {count} CUDA GPU(s), cuda:0 to cuda:{count - 1}")
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise UserError(f"device {device!r}: MPS is not available on this machine; use cpu")
+
+
+def load_config(name_or_path: str, weights: bool = False, **kwargs):
+    """A model's config (local folder or hub id), with a folder or id that cannot give one reported as a UserError;
+    `weights`: a local folder must hold weights too (see `check_model_folder`)."""
+    from huggingface_hub.errors import StrictDataclassError
+    from transformers import AutoConfig
+
+    check_model_folder(name_or_path, weights)
+    try:
+        return AutoConfig.from_pretrained(name_or_path, **{**NO_REMOTE_CODE, **kwargs})
+    except StrictDataclassError as err:  # a field of the wrong type or value ("hidden_size": "64", 0 layers)
+        detail = str(err).splitlines()[-1].strip()
+        raise UserError(f"model {name_or_path!r}: its config.json does not describe a valid model: {detail}") from err
+    except OSError as err:  # not a folder here, and the hub cannot give it (offline, unknown id, gated)
+        raise UserError(
+            f"model {name_or_path!r}: no such folder here, and loading it as a Hugging Face hub id failed: "
+            f"{str(err).splitlines()[0]}"
+        ) from err
+    except ValueError as err:  # a model_type this transformers does not know
+        import transformers
+
+        if "trust_remote_code" in str(err):
+            raise UserError(
+                f"model {name_or_path!r}: its config.json names code of its own (auto_map), and bridgelm does not run "
+                "code from a model folder: expected a model_type this transformers knows"
+            ) from err
+
+        raise UserError(
+            f"model {name_or_path!r}: transformers {transformers.__version__} cannot read its config: "
+            f"{str(err).splitlines()[0]}"
+        ) from err
+
+
+# What from_pretrained reads weights from (one of them, or the shards an index names).
+WEIGHT_FILES = ("*.safetensors", "*.bin", "*.gguf")
+
+
+def _safetensors_files(folder: Path) -> list[Path]:
+    """The safetensors files from_pretrained reads in `folder` and that are there: the shards its index names, else
+    model.safetensors; an index that cannot be read is a UserError."""
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            names = json.loads(index.read_bytes().decode("utf-8"))["weight_map"].values()
+        except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as err:
+            raise UserError(
+                f"{index} is unreadable ({err!r}): expected the weight_map written by save_pretrained"
+            ) from err
+        return [folder / name for name in sorted(set(names)) if (folder / name).is_file()]
+    single = folder / "model.safetensors"
+    return [single] if single.is_file() else []
+
+
+def check_model_folder(name_or_path: str | os.PathLike, weights: bool = False) -> None:
+    """UserError for a model path that cannot be a model: a missing folder, a file, a folder without a readable
+    config.json, or with a cut or corrupt *.safetensors file; with `weights`, one without any weights file. Names
+    that may be hub ids are left to the hub."""
+    name = str(name_or_path)
+    folder = Path(name).expanduser()
+    if not folder.exists():
+        if name.startswith((".", "/", "~")) or name.count("/") > 1 or (os.sep != "/" and os.sep in name):
+            raise UserError(f"model folder {name} does not exist: expected a folder with config.json and weights")
+        return  # perhaps a hub id ("Qwen/Qwen2.5-1.5B-Instruct"): AutoConfig decides
+    if not folder.is_dir():
+        raise UserError(f"model {name} is a file: expected a model folder (config.json and *.safetensors) or a hub id")
+    config = folder / "config.json"
+    if not config.is_file():
+        raise UserError(f"model folder {name} has no config.json: expected a folder written by save_pretrained")
+    try:
+        json.loads(config.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        where = f" (line {err.lineno}, column {err.colno}: {err.msg})" if isinstance(err, json.JSONDecodeError) else ""
+        raise UserError(f"{config} is not valid JSON{where}: a cut or damaged file? expected a model config") from err
+    for file in _safetensors_files(folder):  # what from_pretrained will read
+        try:
+            with safe_open(str(file), framework="pt"):
+                pass
+        except Exception as err:  # safetensors raises its own error type for every kind of damage
+            raise UserError(f"{file} is unreadable ({err}): a truncated or damaged weights file?") from err
+    if weights and not any(next(folder.glob(pattern), None) for pattern in WEIGHT_FILES):
+        raise UserError(
+            f"model folder {name} has config.json but no weights file (model.safetensors, pytorch_model.bin, ...): "
+            "expected a folder written by save_pretrained"
+        )
+
+
+def _from_pretrained(name_or_path: str, config, dtype, kwargs: dict):
+    """AutoModelForCausalLM.from_pretrained, with weights that do not fit the config reported as a UserError."""
+    from transformers import AutoModelForCausalLM
+
+    def misfit(detail: str) -> UserError:
+        return UserError(
+            f"the weights of model {name_or_path} do not fit the shapes its config.json describes ({detail}): "
+            "expected the config.json saved with these weights"
+        )
+
+    folder = Path(name_or_path).expanduser()
+    # A plain local checkpoint's safetensors headers are checked before transformers loads it (and prints its report
+    # of every misfit tensor); loading options that change what is read or what fits are left to transformers.
+    plain = not {"gguf_file", "subfolder", "ignore_mismatched_sizes", "quantization_config"} & set(kwargs)
+    if plain and folder.is_dir() and getattr(config, "quantization_config", None) is None:
+        found = _shape_mismatches(folder, config)
+        if found:
+            raise misfit("; ".join(found[:3]))
+    try:
+        model, info = AutoModelForCausalLM.from_pretrained(
+            name_or_path, dtype=dtype, output_loading_info=True, **{**NO_REMOTE_CODE, **kwargs}
+        )
+    except RuntimeError as err:  # other weight formats (*.bin), and the options above
+        if "mismatched_sizes" not in str(err) and "size mismatch" not in str(err):
+            raise
+        raise misfit("; ".join(_shape_mismatches(folder, config)[:3]) or "see the load report above") from err
+    missing = sorted(info.get("missing_keys") or ())
+    if missing:  # transformers would fill them with random values and sample from those
+        raise UserError(
+            f"the weights of model {name_or_path} lack {len(missing)} tensor(s) its config.json needs "
+            f"({', '.join(missing[:3])}): expected every weight (an untied lm_head.weight too)"
+        )
+    for name, tensor in model.state_dict().items():
+        check_finite(tensor, f"model {name_or_path}: weight {name}")
+    return model
+
+
+def _shape_mismatches(folder: Path, config) -> list[str]:
+    """'file: tensor is [a, b], config.json makes it [c, d]' for each weight whose shape the config contradicts."""
+    from transformers import AutoModelForCausalLM
+
+    files = _safetensors_files(folder)
+    if not files:
+        return []
+    with torch.device("meta"):
+        shapes = {k: list(v.shape) for k, v in AutoModelForCausalLM.from_config(config).state_dict().items()}
+    found = []
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            for key in f.keys():
+                got = list(f.get_slice(key).get_shape())
+                if key in shapes and shapes[key] != got:
+                    found.append(f"{file.name}: {key} is {got}, config.json makes it {shapes[key]}")
+    return found
+
+
+def _load_recorded_blocks(model: nn.Module, folder: Path, cfg: BlockConfig) -> None:
+    """Copy the block tensors that `save_pretrained` wrote into the model's safetensors shards."""
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{folder} records {cfg.kind} blocks in config.json but holds no safetensors weights")
+    params = dict(model.named_parameters())
+    params.update(dict(model.named_buffers()))
+    loaded = 0
+    marker = f".{cfg.kind}."
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            for key in f.keys():
+                if marker in key and key in params:
+                    with torch.no_grad():
+                        params[key].copy_(f.get_tensor(key))
+                    loaded += 1
+    wanted = sum(1 for k in params if marker in k)
+    if loaded != wanted:
+        raise ValueError(f"{folder}: found {loaded} of the {wanted} {cfg.kind} tensors that config.json records")
