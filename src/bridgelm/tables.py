@@ -49,6 +49,7 @@ NONMATH_TASKS = {
 # File that `bridgelm analyze similarity` writes into a run.
 SIMILARITY_FILE = "similarity.json"
 
+
 def column_title(benchmark: str) -> str:
     return ABBREVIATIONS.get(benchmark, benchmark)
 
