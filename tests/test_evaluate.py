@@ -11,10 +11,13 @@ import pytest
 from conftest import randomize_blocks, save_tiny_model_dir, tiny_model
 
 import bridgelm
+from bridgelm import benchmarks as B
+from bridgelm import eval_folder as F
 from bridgelm import evaluate as E
 from bridgelm import score as S
 from bridgelm.cli import main
 from bridgelm.errors import UserError
+from bridgelm.runs import check_format
 from bridgelm.jsonl import read_records
 from bridgelm.tokenizer import char_tokenizer
 
@@ -53,7 +56,7 @@ def test_resumed_run_samples_exactly_the_missing_problems(tmp_path, model_tok, m
     assert first["sampled"] == 14 and first["skipped"] == 0
     out = run / "samples.jsonl"
     lines = out.read_text().splitlines(keepends=True)
-    keys = [E._key(json.loads(line)) for line in lines]
+    keys = [F._key(json.loads(line)) for line in lines]
     assert sorted(keys) == sorted((b, w, i) for b, k in (("toy", 4), ("toy2", 3)) for w in (1, 2) for i in range(k))
     settings = json.loads((run / "run.json").read_text())
     assert settings["n"] == 4 and settings["widths"] == [1, 2] and settings["task"] == "math"
@@ -72,7 +75,7 @@ def test_resumed_run_samples_exactly_the_missing_problems(tmp_path, model_tok, m
     again = E.run_eval(model, tok, "math", data, cfg, run, "tiny", progress=False)
     assert again["sampled"] == 2 and again["skipped"] == 12 and sum(prompts_sampled) == 2
     after = out.read_text().splitlines(keepends=True)
-    assert sorted(E._key(json.loads(line)) for line in after) == sorted(keys)
+    assert sorted(F._key(json.loads(line)) for line in after) == sorted(keys)
     assert after[:2] == lines[:2] and after[2:12] == lines[3:-1]  # what was written is untouched
     # per-problem random streams: the redone problems drew exactly what the first run drew
     assert sorted(after[12:]) == sorted([lines[2], lines[-1]])
@@ -183,54 +186,74 @@ def test_a_cut_gsm8k_sample_counts_only_with_an_explicit_answer(tmp_path, model_
     assert task.graded_text(cut, finished=False) == "" and task.graded_text(cut, finished=True) == cut
 
 
-def test_a_split_named_file_is_named_after_its_folder_and_older_runs_keep_their_names(tmp_path, model_tok):
+def test_a_split_named_file_is_named_after_its_folder(tmp_path, model_tok):
     """gsm8k/test.jsonl makes the benchmark "gsm8k" (titled GSM8K in reports), not "test"; its train.jsonl
-    "gsm8k_train"; a test.jsonl given without a folder, the task's name. A run recorded when such a file was named
-    "test" still resumes and scores under that name: when its files have moved since, and when two of its files would
-    now share a name."""
+    "gsm8k_train"; a test.jsonl given without a folder, the task's name. A run scores through a symlink to its moved
+    data (same content)."""
     import shutil
 
     model, tok = model_tok
     rows = [{"question": "What is 1+2?", "answer": "#### 3"}, {"question": "What is 2+2?", "answer": "#### 4"}]
     (tmp_path / "gsm8k").mkdir()
     test, train = (str(_write_rows(tmp_path / "gsm8k" / f"{n}.jsonl", rows)) for n in ("test", "train"))
-    assert [b.name for b in E.load_benchmarks("gsm8k", [test, train])] == ["gsm8k", "gsm8k_train"]
-    assert E.benchmark_name("math", "aime24/test.jsonl") == "aime24"
-    assert E.benchmark_name("math", "test.jsonl") == "math"
-    assert E.benchmark_name("math", "aime24.jsonl") == "aime24"
+    assert [b.name for b in B.load_benchmarks("gsm8k", [test, train])] == ["gsm8k", "gsm8k_train"]
+    assert B.benchmark_name("math", "aime24/test.jsonl") == "aime24"
+    assert B.benchmark_name("math", "test.jsonl") == "math"
+    assert B.benchmark_name("math", "aime24.jsonl") == "aime24"
     other = str(_write_rows(tmp_path / "gsm8k.jsonl", rows[:1]))  # named "gsm8k" too: refused, as ever
     with pytest.raises(ValueError, match="two data files make the benchmark 'gsm8k'"):
-        E.load_benchmarks("gsm8k", [test, other])
+        B.load_benchmarks("gsm8k", [test, other])
     cfg = E.EvalConfig(n=2, width=1, max_new_tokens=3)
-
-    def as_before(run, old_names, paths=None):  # as an older version wrote it: split files named by their stem
-        settings = json.loads((run / "run.json").read_text())
-        for i, b in enumerate(settings["benchmarks"]):
-            b["name"] = old_names[b["name"]]
-            b["path"] = (paths or {}).get(i, b["path"])
-        (run / "run.json").write_text(json.dumps(settings))
-        recs = [{**r, "benchmark": old_names[r["benchmark"]]} for r in read_records(run / "samples.jsonl")]
-        (run / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
-
     run = tmp_path / "run"
     E.run_eval(model, tok, "gsm8k", [test], cfg, run, "tiny", progress=False)
     assert set(S.score_run(run, progress=False)["benchmarks"]) == {"gsm8k"}
-    as_before(run, {"gsm8k": "test"})
     assert E.run_eval(model, tok, "gsm8k", [test], cfg, run, "tiny", progress=False)["sampled"] == 0
-    assert set(S.score_run(run, progress=False)["benchmarks"]) == {"test"}
     shutil.move(tmp_path / "gsm8k", tmp_path / "moved")  # the data moved since: same content, scored as recorded
     (tmp_path / "gsm8k").symlink_to(tmp_path / "moved")
-    assert set(S.score_run(run, progress=False)["benchmarks"]) == {"test"}
-    (tmp_path / "gsm8k").unlink()
-    shutil.move(tmp_path / "moved", tmp_path / "gsm8k")
+    assert set(S.score_run(run, progress=False)["benchmarks"]) == {"gsm8k"}
 
-    # an older run of gsm8k/test.jsonl ("test") and gsm8k.jsonl ("gsm8k"), both "gsm8k" now: it still scores, resumes
-    both = tmp_path / "both"
-    copy = str(_write_rows(tmp_path / "copy.jsonl", rows[:1]))  # gsm8k.jsonl's problems under a free name
-    E.run_eval(model, tok, "gsm8k", [test, copy], cfg, both, "tiny", progress=False)
-    as_before(both, {"gsm8k": "test", "copy": "gsm8k"}, paths={1: other})
-    assert set(S.score_run(both, progress=False)["benchmarks"]) == {"test", "gsm8k"}
-    assert E.run_eval(model, tok, "gsm8k", [test, other], cfg, both, "tiny", progress=False)["sampled"] == 0
+
+def test_a_folder_of_an_older_format_is_refused_in_one_line(tmp_path, model_tok, capsys):
+    """An eval run, a training run and a samples file written by an older bridgelm (another format version, or none)
+    are refused in one line naming the version found and the one expected, with exit code 2 from the CLI."""
+    from bridgelm.runs import FORMATS
+
+    model, tok = model_tok
+    data = str(_toy(tmp_path / "toy.jsonl", 2))
+    run = tmp_path / "run"
+    E.run_eval(model, tok, "math", [data], E.EvalConfig(n=2, width=1, max_new_tokens=2), run, "tiny", progress=False)
+    settings = json.loads((run / "run.json").read_text())
+    assert settings["kind"] == "eval" and settings["format"] == FORMATS["eval"] and settings["foreign_groups"] is False
+    old = {k: v for k, v in settings.items() if k != "kind"}
+    (run / "run.json").write_text(json.dumps({**old, "format": "bridgelm-eval-1"}))  # as bridgelm 0.1.0 wrote it
+    expected = (
+        f"bridgelm score: error: {run} has format version 'bridgelm-eval-1' (written by an older bridgelm), and "
+        f"bridgelm eval reads version {FORMATS['eval']} only: start a new --out"
+    )
+    with pytest.raises(SystemExit) as exit_info:
+        main(["score", str(run)])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [expected]
+    with pytest.raises(UserError, match=r"has format version 'bridgelm-eval-1' .* start a new --out"):
+        E.run_eval(model, tok, "math", [data], E.EvalConfig(n=2, width=1, max_new_tokens=2), run, "tiny")
+    sft = tmp_path / "sft"
+    sft.mkdir()
+    (sft / "run.json").write_text(json.dumps({"kind": "sft", "identity": {}}))  # no version: older than versions
+    with pytest.raises(UserError, match=rf"{sft} has no format version .* bridgelm sft reads version 2 only"):
+        check_format(sft, json.loads((sft / "run.json").read_text()), "sft", "a folder of bridgelm sft")
+    samples = tmp_path / "s.jsonl"
+    samples.write_text(json.dumps({"index": 0, "prompt": "1+1=", "samples": [], "settings": {"n": 2}}) + "\n")
+    argv = ["generate", "--model", str(tmp_path / "m"), "--prompt", "1+1=", "--n", "2", "--width", "1"]
+    save_tiny_model_dir(tmp_path / "m")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, "--max-new-tokens", "2", "--out", str(samples)])
+    assert exit_info.value.code == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]  # after the model's loading bars
+    assert line == (
+        f"bridgelm generate: error: {samples} has no format version (written by an older bridgelm), and bridgelm "
+        "generate reads version 2 only: start a new --out"
+    )
 
 
 def test_a_cut_math_sample_counts_only_with_a_box():
@@ -344,7 +367,7 @@ def test_torchrun_shards_every_problem_exactly_once(tmp_path):
     args += ["--max-new-tokens", "4", "--out", str(run)]
     proc = subprocess.run(cmd + args, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    shards = {p.name: [r["index"] for r in read_records(p)] for p in E.shard_files(run)}
+    shards = {p.name: [r["index"] for r in read_records(p)] for p in F.shard_files(run)}
     assert shards == {"samples.rank0.jsonl": [0, 2, 4], "samples.rank1.jsonl": [1, 3]}
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["benchmarks"]["toy"]["2"]["problems"] == 5 and metrics["benchmarks"]["toy"]["2"]["missing"] == []

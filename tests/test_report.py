@@ -11,7 +11,8 @@ from bridgelm import evaluate as E
 from bridgelm import score as S
 from bridgelm.cli import main
 from bridgelm.jsonl import read_records
-from bridgelm.report import collect_rows, gpass_table, markdown_table, pct, table_1, table_numbers
+from bridgelm.report import collect_rows
+from bridgelm.tables import benchmark_table, gpass_table, markdown_table, pct, table_numbers
 from bridgelm.tokenizer import char_tokenizer
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -119,7 +120,7 @@ def test_report_marks_a_foreign_groups_control(tmp_path, model_tok, capsys):
     said = capsys.readouterr().out
     report = json.loads((out / "report.json").read_text())
     assert report["runs"]["foreign"]["foreign_groups"] and not report["runs"]["own"]["foreign_groups"]
-    assert report["setting_differences"] == ["aime24: foreign_groups differs between rows: own null, foreign true"]
+    assert report["setting_differences"] == ["aime24: foreign_groups differs between rows: own false, foreign true"]
     assert "warning: aime24: foreign_groups differs" in said
     table = (out / "table.md").read_text()
     line = next(x for x in table.splitlines() if x.startswith("- **foreign**"))
@@ -146,10 +147,10 @@ def test_table_helpers_take_plain_dicts():
     assert numbers["rows"]["b"]["avg"] is None and numbers["rows"]["b"]["delta"] is None  # lacks b2
     empty = table_numbers({"a": {}, "b": {}})  # no accuracy column (ROUGE-only runs): no Avg, not NaN
     assert empty["rows"]["a"]["avg"] is None and empty["rows"]["b"]["delta"] is None
-    text = table_1(rows, intervals=False)
+    text = benchmark_table(rows, intervals=False)
     assert "| a | 10.00 | 30.00 | 20.00 | +0.00 |" in text and "| b | 20.00 | – | – | – |" in text
     with pytest.raises(ValueError, match="base row 'c'"):
-        table_1(rows, base="c")
+        benchmark_table(rows, base="c")
 
 
 def test_one_markdown_table_for_every_report():

@@ -38,7 +38,7 @@ import torch
 
 from bridgelm import rouge
 from bridgelm.attach import block_config, decoder_layers
-from bridgelm.evaluate import read_samples
+from bridgelm.eval_folder import read_samples
 from bridgelm.grouped import KWARG, Groups
 from bridgelm.jsonl import write_atomic, write_json
 from bridgelm.metrics import bootstrap_ci

@@ -4,15 +4,15 @@ grades them.
 Design notes:
 - Samples first, scores second (human-eval): `run_eval` only samples into RUN_DIR; `bridgelm.score.score_run`
   grades what is there and can be re-run alone (after a grader fix, with another G-Pass k, on a partial run...).
-- RUN_DIR/run.json holds the settings. samples.jsonl holds one line per (benchmark, width, problem), appended as
-  problems complete; a re-run skips what is written and redoes a line cut by a crash. A re-run with another
-  model, other data or other sampling settings is refused before anything is written: one run, one setting
-  (bridgelm.runs.check_settings).
+- RUN_DIR/run.json holds the settings (`eval_settings`). samples.jsonl holds one line per (benchmark, width,
+  problem), appended as problems complete; a re-run skips what is written and redoes a line cut by a crash. A re-run
+  with another model, other data or other sampling settings is refused before anything is written: one run, one
+  setting (bridgelm.eval_folder, which reads a run back).
 - Under torchrun, problem i of every benchmark goes to rank i % WORLD_SIZE (bridgelm.dist.Dist.owns), which appends
   to its own shard samples.rank{r}.jsonl with no process group; rank 0 writes run.json first (the others wait for
-  the file), and the ranks meet at a gloo barrier once every shard is complete. `read_samples` merges the shards
-  and refuses problems written twice.
-- A benchmark is one data file (named by its stem, e.g. `aime24`), or a Task object with its own examples.
+  the file), and the ranks meet at a gloo barrier once every shard is complete.
+- A benchmark is one data file (named by its stem, e.g. `aime24`), or a Task object with its own examples
+  (bridgelm.benchmarks).
 - Long documents (`Task.long_field()`, e.g. a CNN/DailyMail article) are cut to their longest token prefix whose
   prompt fits the model's context minus max_new_tokens; the cut is recorded on the problem's samples line
   ("truncated"), and run.json records the prompt budget.
@@ -27,43 +27,20 @@ from __future__ import annotations
 
 import json
 import os
-import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from bridgelm.benchmarks import Benchmark, load_benchmarks
 from bridgelm.dist import Dist, all_reduce_sum, barrier, unsharded
-from bridgelm.errors import UserError
-from bridgelm.jsonl import append_record, read_records, write_json
-from bridgelm.runs import RUN_FILE, check_settings, local_source, run_kind
-from bridgelm.samples import check_stop_strings
-from bridgelm.engine import Sample, SamplingConfig, encode_prompts, stream_text
+from bridgelm.engine import Sample, SamplingConfig, check_stop_strings, encode_prompts, stream_text
+from bridgelm.eval_folder import check_same_run, done_keys, read_eval_run, shard_file_name, shard_files, wait_for
+from bridgelm.jsonl import append_record, write_json
+from bridgelm.runs import RUN_FILE, SAMPLED_WITH, format_of, local_source
 from bridgelm.tasks import Task
 from bridgelm.tasks.base import check_rewards, is_correct
-
-FORMAT = "bridgelm-eval-1"
-_SHARD_RE = re.compile(r"^samples(?:\.rank(\d+))?\.jsonl$")
-
-# Settings of run.json that decide what is sampled; a re-run must match them all.
-_COMPARED = (
-    "model",
-    "blocks",
-    "task",
-    "benchmarks",
-    "n",
-    "widths",
-    "max_new_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
-    "seed",
-    "chat",
-    "stop",
-    "limit",
-    "foreign_groups",
-)
 
 # How long ranks other than 0 wait for rank 0 to write run.json.
 RUN_WAIT_SECONDS = 600.0
@@ -138,312 +115,28 @@ class EvalConfig:
         )
 
 
-# ---------------------------------------------------------------------------------------------- benchmarks
-
-
-@dataclass
-class Benchmark:
-    """The problems of one data file (or of a Task object), with the task that prompts and grades them."""
-
-    name: str  # file stem ("aime24"), or the task's name (the task's own examples, or a split file: see benchmark_name)
-    path: str | None  # data file it was read from; None = the task's own examples
-    task: Task  # prompt, gold answer, answer extraction and reward
-    problems: list[dict]  # the examples evaluated (the first `limit` of the file)
-
-    def digest(self) -> str:
-        """Fingerprint of the prompts and gold answers: a changed data file cannot be mixed into a run."""
-        return self.task.digest(self.problems)
-
-    def describe(self) -> dict[str, Any]:
-        return {"name": self.name, "path": self.path, "problems": len(self.problems), "digest": self.digest()}
-
-
-# Stems that name a data set's split rather than the data set: such a file's benchmark is named after its folder.
-SPLIT_STEMS = ("test", "train", "validation", "val", "dev")
-
-
-def benchmark_name(task_name: str, path: str | os.PathLike) -> str:
-    """The benchmark name of a data file: its stem (math500.jsonl -> math500), or for a file named after its split,
-    its folder's name (gsm8k/test.jsonl -> gsm8k; gsm8k/train.jsonl -> gsm8k_train), the task's for a file given
-    without a folder (test.jsonl -> the task's name)."""
-    src = Path(path).expanduser()
-    stem = src.stem if src.suffix else src.name
-    if stem.lower() not in SPLIT_STEMS:
-        return stem
-    folder = src.parent.name if src.parent.name not in ("", ".", "..") else task_name
-    return folder if stem.lower() == "test" else f"{folder}_{stem}"
-
-
-def recorded_benchmarks(run_dir: str | os.PathLike) -> list[dict] | None:
-    """The "benchmarks" of RUN_DIR's run.json (None: no run there yet), for `load_benchmarks(recorded=...)`."""
-    return read_run(run_dir).get("benchmarks") if (Path(run_dir) / RUN_FILE).is_file() else None
-
-
-def _adopt_recorded_names(benches: list[Benchmark], recorded: Sequence[dict] | None) -> None:
-    """Benchmarks holding the very problems a run recorded (`recorded`: its run.json's "benchmarks", in order; the
-    same count and fingerprint each) take the names it recorded: runs from before `benchmark_name` named a split file
-    after its folder (gsm8k/test.jsonl was "test") still resume and score, wherever their files are now."""
-    if not recorded or len(recorded) != len(benches):
-        return
-    if all((r.get("problems"), r.get("digest")) == (len(b.problems), b.digest()) for r, b in zip(recorded, benches)):
-        for r, b in zip(recorded, benches):
-            b.name = r.get("name", b.name)
-
-
-def load_benchmarks(
-    task_or_name: Task | str,
-    data_paths: Sequence[str] | None = None,
-    limit: int | None = None,
-    recorded: Sequence[dict] | None = None,
-):
-    """Benchmarks of a run: one per data file of the registry task `task_or_name`, or the Task object itself.
-
-    Without data files a task name gives one benchmark from the task's default source, named after the task.
-    `recorded`: the "benchmarks" of the run's run.json, when it has one: the same problems keep the names it recorded.
-    """
-    from bridgelm import tasks
-
-    paths = [str(p) for p in (data_paths or [])]
-    if isinstance(task_or_name, Task):
-        if paths:
-            raise ValueError(
-                f"a Task object brings its own examples, got data files {paths} as well: pass the task's registry "
-                "name to read data files"
-            )
-        found = [(task_or_name.name, None, task_or_name)]
-    elif isinstance(task_or_name, str):
-        if not paths:
-            found = [(task_or_name, None, tasks.load(task_or_name))]
-        else:
-            found = []
-            for p in paths:
-                found.append((benchmark_name(task_or_name, p), local_source(p), tasks.load(task_or_name, p)))
-    else:
-        raise TypeError(f"task_or_name must be a Task or a task name, got {type(task_or_name).__name__}")
-    benches = []
-    for name, path, task in found:
-        problems = list(task.examples[:limit] if limit else task.examples)
-        if not problems:
-            raise ValueError(f"benchmark {name!r} ({path or 'task examples'}) holds no problems")
-        benches.append(Benchmark(name, path, task, problems))
-    _adopt_recorded_names(benches, recorded)
-    seen = {}
-    for b in benches:
-        if b.name in seen:
-            raise ValueError(f"two data files make the benchmark {b.name!r}: {seen[b.name]} and {b.path}; rename one")
-        seen[b.name] = b.path
-    return benches
-
-
-# ---------------------------------------------------------------------------------------------- run directory
-
-
-def shard_file_name(dist: Dist) -> str:
-    """The samples file this process appends to: samples.jsonl, or samples.rank{r}.jsonl under torchrun."""
-    return "samples.jsonl" if dist.world == 1 else f"samples.rank{dist.rank}.jsonl"
-
-
-def shard_files(run_dir: str | os.PathLike) -> list[Path]:
-    """samples.jsonl and samples.rank{r}.jsonl of a run, in rank order."""
-    found = [p for p in Path(run_dir).glob("samples*.jsonl") if _SHARD_RE.match(p.name)]
-    rank = lambda p: int(_SHARD_RE.match(p.name).group(1) or -1)  # noqa: E731
-    return sorted(found, key=rank)
-
-
-def read_run(run_dir: str | os.PathLike) -> dict[str, Any]:
-    """The settings of a run (its run.json); UserError when `run_dir` is not an eval run."""
-    path = Path(run_dir) / RUN_FILE
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist: {run_dir} is not an eval run (made by bridgelm eval --out)")
-    try:
-        run = json.loads(path.read_bytes().decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise UserError(f"{path} is not valid JSON ({err}): expected the run.json of bridgelm eval") from err
-    if not isinstance(run, dict) or run.get("format") != FORMAT:
-        kind = run_kind(run)
-        what = f"a bridgelm {kind} training run" if kind not in (None, "eval") else "not an eval run"
-        raise UserError(
-            f"{run_dir} is {what} ({path} lacks format {FORMAT!r}): expected a folder made by bridgelm eval --out"
-        )
-    _check_run_fields(run, path)
-    return run
-
-
-def _check_run_fields(run: dict, path: Path) -> None:
-    """UserError naming the first field of run.json that the readers of a run rely on and that is not what bridgelm
-    eval writes (a file edited by hand)."""
-
-    def positive(x) -> bool:
-        return isinstance(x, int) and not isinstance(x, bool) and x > 0
-
-    benches = run.get("benchmarks")
-    checks = [
-        ("n", positive(run.get("n")), "a positive integer"),
-        (
-            "widths",
-            isinstance(run.get("widths"), list) and run["widths"] and all(map(positive, run["widths"])),
-            "a non-empty list of positive integers",
-        ),
-        ("width", positive(run.get("width")), "a positive integer"),
-        ("max_new_tokens", positive(run.get("max_new_tokens")), "a positive integer"),
-        ("task", isinstance(run.get("task"), str), "a task name"),
-        (
-            "benchmarks",
-            isinstance(benches, list)
-            and benches
-            and all(
-                isinstance(b, dict) and isinstance(b.get("name"), str) and positive(b.get("problems")) for b in benches
-            ),
-            "a non-empty list of {name, path, problems, digest} objects",
-        ),
-    ]
-    for name, ok, expected in checks:
-        if not ok:
-            raise UserError(
-                f"{path}: field {name!r} is {run.get(name)!r}: expected {expected}, as bridgelm eval writes it"
-            )
-
-
-def _check_sample_line(rec: Any, path: Path, number: int) -> None:
-    """UserError unless line `number` of a samples file holds a problem as bridgelm eval writes it: benchmark, width,
-    index and a list of samples, each with its text, token ids and whether it finished."""
-
-    def fail(what: str):
-        raise UserError(f"{path}, line {number}: {what}, as bridgelm eval writes it (a file edited by hand?)")
-
-    if not isinstance(rec, dict):
-        fail("expected a JSON object")
-    for key, kind in (("benchmark", str), ("width", int), ("index", int), ("samples", list)):
-        if not isinstance(rec.get(key), kind) or isinstance(rec.get(key), bool):
-            fail(f"field {key!r} is {rec.get(key)!r}: expected {'a list' if kind is list else kind.__name__}")
-    for j, s in enumerate(rec["samples"]):
-        ok = (
-            isinstance(s, dict)
-            and isinstance(s.get("text"), str)
-            and isinstance(s.get("token_ids"), list)
-            and isinstance(s.get("finished"), bool)
-        )
-        if not ok:
-            fail(f"sample {j} is not an object with 'text' (text), 'token_ids' (a list) and 'finished' (true/false)")
-
-
-def check_run_model(run_dir: str | os.PathLike, model_id: str, blocks: str | None) -> None:
-    """UserError unless the run was sampled with this model and these blocks (its token ids fit only them)."""
-    now = {"model": local_source(model_id), "blocks": local_source(blocks)}
-    check_settings(
-        run_dir,
-        read_run(run_dir),
-        now,
-        keys=now,
-        saved_as="run",
-        why=": its samples must be re-run through the model and blocks that wrote them",
-        fix="expected --model and --blocks as in its run.json",
-    )
-
-
-def run_settings(
+def eval_settings(
     cfg: EvalConfig, benches: Sequence[Benchmark], task_name: str, model_id: str, blocks: str | None
 ) -> dict[str, Any]:
-    """The content of run.json."""
+    """The content of an eval run's run.json: every setting that decides what is sampled (runs.SAMPLED_WITH, with the
+    widths sampled in place of one width), and what a reader needs besides."""
+    sampled = {k: getattr(cfg, k) for k in SAMPLED_WITH if k != "width"}
     return {
-        "format": FORMAT,
+        **format_of("eval"),
         "model": local_source(model_id),
         "blocks": local_source(blocks),
         "task": task_name,
         "data": [b.path for b in benches if b.path is not None],
         "benchmarks": [b.describe() for b in benches],
-        "n": cfg.n,
-        "widths": cfg.all_widths(),
-        "width": cfg.main_width(),
-        "max_new_tokens": cfg.max_new_tokens,
-        "temperature": cfg.temperature,
-        "top_p": cfg.top_p,
-        "top_k": cfg.top_k,
-        "seed": cfg.seed,
-        "chat": cfg.chat,
+        **sampled,
         "stop": list(cfg.stop),
+        "widths": cfg.all_widths(),
+        "width": cfg.main_width(),  # the width tables report
         "limit": cfg.limit,
         "gpass_k": cfg.gpass_k,
         "max_batch_sequences": cfg.max_batch_sequences,
         "max_batch_tokens": cfg.max_batch_tokens,
-        # Only present when on, so that runs written before the option existed still resume.
-        **({"foreign_groups": True} if cfg.foreign_groups else {}),
     }
-
-
-def benchmark_difference(old: list[dict], new: list[dict]) -> str:
-    old_names, new_names = [b["name"] for b in old], [b["name"] for b in new]
-    if old_names != new_names:
-        return f"benchmarks: run {old_names} vs now {new_names}"
-    for a, b in zip(old, new):
-        for key in ("path", "problems", "digest"):
-            if a.get(key) != b.get(key):
-                why = " (the data changed since it was sampled)" if key == "digest" else ""
-                return f"benchmark {a['name']!r} {key}: run {a.get(key)!r} vs now {b.get(key)!r}{why}"
-    return "benchmarks differ"
-
-
-def check_same_run(path: Path, old: dict, new: dict) -> None:
-    """UserError naming every setting of `new` that decides what is sampled and differs from the run's."""
-    check_settings(
-        path,
-        old,
-        new,
-        keys=_COMPARED,
-        saved_as="run",
-        describe={"benchmarks": lambda a, b: benchmark_difference(a or [], b)},
-        why=": samples of other settings would be scored together as one run, so mixing them is refused and nothing "
-        "was written",
-        fix="use another --out to compare runs",
-    )
-
-
-def _key(rec: dict) -> tuple[str, int, int]:
-    return rec["benchmark"], int(rec["width"]), int(rec["index"])
-
-
-def _done_keys(run_dir: Path, own: str) -> set[tuple[str, int, int]]:
-    """Keys written in any shard; this process's own shard is repaired (a line cut by a crash is dropped)."""
-    done = set()
-    for path in shard_files(run_dir):
-        done.update(_key(r) for r in read_records(path, repair=path.name == own))
-    return done
-
-
-def read_samples(run_dir: str | os.PathLike) -> dict[tuple[str, int, int], dict]:
-    """Every sampled problem of a run, merged over its shards; a problem written twice is a ValueError, and a folder
-    that is not an eval run a UserError (`read_run`)."""
-    read_run(run_dir)
-    merged: dict[tuple[str, int, int], dict] = {}
-    where: dict[tuple[str, int, int], str] = {}
-    twice = []
-    for path in shard_files(run_dir):
-        for number, rec in enumerate(read_records(path, repair=False), start=1):
-            _check_sample_line(rec, path, number)
-            key = _key(rec)
-            if key in merged:
-                twice.append(f"{key[0]} w={key[1]} #{key[2]} ({where[key]}, {path.name})")
-                continue
-            merged[key] = rec
-            where[key] = path.name
-    if twice:
-        shown = ", ".join(twice[:5]) + (f" and {len(twice) - 5} more" if len(twice) > 5 else "")
-        raise ValueError(
-            f"{run_dir}: {len(twice)} problems were sampled more than once: {shown}. Each problem must be generated "
-            "exactly once; were two eval runs writing into this directory at the same time?"
-        )
-    return merged
-
-
-def _wait_for(path: Path, seconds: float) -> None:
-    """Poll until `path` exists (written by rank 0), or fail after `seconds`."""
-    import time
-
-    deadline = time.monotonic() + seconds
-    while not path.exists():
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{path} did not appear within {seconds:.0f}s: did rank 0 fail?")
-        time.sleep(0.1)
 
 
 # ---------------------------------------------------------------------------------------------- long documents
@@ -529,31 +222,17 @@ def run_eval(
     """
     cfg.validate()
     dist = dist or Dist.from_env()
-    benches = load_benchmarks(task_or_name, data_paths, cfg.limit, recorded=recorded_benchmarks(out_dir))
+    benches = load_benchmarks(task_or_name, data_paths, cfg.limit)
     task_name = task_or_name.name if isinstance(task_or_name, Task) else task_or_name
     run_dir = Path(out_dir)
-    settings = run_settings(cfg, benches, task_name, model_id, blocks)
+    settings = eval_settings(cfg, benches, task_name, model_id, blocks)
     budget = prompt_budget(model, cfg.max_new_tokens)
     if any(b.task.long_field() is not None for b in benches):
         settings["prompt_budget"] = budget  # long documents are cut to this many prompt tokens
-    run_file = run_dir / RUN_FILE
-    created = False  # run.json written by this call (main rank)
     fresh = not run_dir.exists()  # the folder too: a run refused before any sample takes it away again
-    if dist.is_main:
-        shards = shard_files(run_dir)  # listed before run.json is looked at: run.json is written before any shard
-        created = not run_file.exists()
-        if run_file.exists():
-            check_same_run(run_file, read_run(run_dir), settings)  # an eval run's, or a UserError
-        elif shards:
-            raise ValueError(
-                f"{run_dir} holds samples files but no {RUN_FILE}: refusing to mix into it; use another --out"
-            )
-        write_json(run_file, settings)
-    else:  # the other ranks write nothing before rank 0 has checked the folder and written run.json
-        _wait_for(run_file, RUN_WAIT_SECONDS)
-        check_same_run(run_file, json.loads(run_file.read_text()), settings)
+    created = _open_run(run_dir, settings, dist)
     out = run_dir / shard_file_name(dist)
-    done = _done_keys(run_dir, own=out.name)
+    done = done_keys(run_dir, own=out.name)
     todo = {
         (b.name, w): [i for i in range(len(b.problems)) if dist.owns(i) and (b.name, w, i) not in done]
         for b in benches
@@ -561,59 +240,18 @@ def run_eval(
     }
     owned = sum(1 for b in benches for i in range(len(b.problems)) if dist.owns(i)) * len(cfg.all_widths())
     total = sum(len(v) for v in todo.values())
-    bar = None
-    if progress and total:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=total * cfg.n, desc=f"sampling -> {out}", unit="sample", position=dist.rank)
-    truncated = 0
+    show = bool(progress and total)  # a progress bar
     try:
-        step = bar.update if bar is not None else (lambda k: None)
-        for b in benches:
-            for w in cfg.all_widths():
-                indices = todo[(b.name, w)]
-                if not indices:
-                    continue
-                fitted = []
-                for i in indices:
-                    try:
-                        fitted.append(fit_prompt(b.task, b.problems[i], tokenizer, cfg.chat, budget))
-                    except ValueError as exc:
-                        raise ValueError(f"benchmark {b.name!r} problem #{i}: {exc}") from exc
-                texts = [text for text, _ in fitted]
-                truncated += sum(cut is not None for _, cut in fitted)
-                keys = [(b.name, i) for i in indices]  # a problem's samples do not depend on its shard
-                sampling = cfg.sampling(w)
-                stream = stream_text(model, tokenizer, texts, sampling, keys, cfg.chat, cfg.stop, progress=step)
-                for k, samples in stream:
-                    i = indices[k]
-                    append_record(
-                        out,
-                        {
-                            "benchmark": b.name,
-                            "width": w,
-                            "index": i,
-                            "prompt": texts[k],
-                            "answer": b.task.answer(b.problems[i]),
-                            "prompt_ids": samples[0].prompt_ids,
-                            "samples": [
-                                {"text": g.text, "token_ids": g.token_ids, "finished": g.finished} for g in samples
-                            ],
-                            **({"truncated": fitted[k][1]} if fitted[k][1] is not None else {}),
-                        },
-                    )
+        truncated = _sample_all_sets(model, tokenizer, benches, todo, cfg, budget, out, show, dist.rank)
     except BaseException:
         # A check that fails before anything is sampled (a prompt longer than the context, foreign groups that do not
         # fill a width) leaves the folder as it found it, so that the corrected command starts afresh. One process
         # only: under torchrun another rank may be writing its first problem.
         if created and dist.world == 1 and not shard_files(run_dir):
-            run_file.unlink(missing_ok=True)
+            (run_dir / RUN_FILE).unlink(missing_ok=True)
             if fresh and not any(run_dir.iterdir()):
                 run_dir.rmdir()
         raise
-    finally:
-        if bar is not None:
-            bar.close()
     barrier(dist, BARRIER_TIMEOUT)  # every shard is complete when this returns
     return {
         "run_dir": str(run_dir),
@@ -623,6 +261,75 @@ def run_eval(
         "problems": owned,
         "truncated": truncated,
     }
+
+
+def _open_run(run_dir: Path, settings: dict, dist: Dist) -> bool:
+    """Check run_dir's run.json against `settings` (rank 0 writes it; the others wait for it and check it); returns
+    whether this call wrote it first."""
+    run_file = run_dir / RUN_FILE
+    if not dist.is_main:  # the other ranks write nothing before rank 0 has checked the folder and written run.json
+        wait_for(run_file, RUN_WAIT_SECONDS)
+        check_same_run(run_file, json.loads(run_file.read_text()), settings)
+        return False
+    shards = shard_files(run_dir)  # listed before run.json is looked at: run.json is written before any shard
+    created = not run_file.exists()
+    if not created:
+        check_same_run(run_file, read_eval_run(run_dir), settings)  # an eval run's, or a UserError
+    elif shards:
+        raise ValueError(f"{run_dir} holds samples files but no {RUN_FILE}: refusing to mix into it; use another --out")
+    write_json(run_file, settings)
+    return created
+
+
+def _sample_all_sets(model, tokenizer, benches, todo, cfg: EvalConfig, budget, out: Path, progress, rank) -> int:
+    """Sample every (benchmark, width) of `todo` ({(name, width): problem indices}) into `out`, with a progress bar
+    when `progress`; returns how many problems had their long document cut."""
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        total = sum(len(v) for v in todo.values())
+        bar = tqdm(total=total * cfg.n, desc=f"sampling -> {out}", unit="sample", position=rank)
+    step = bar.update if bar is not None else (lambda k: None)
+    truncated = 0
+    try:
+        for b in benches:
+            for w in cfg.all_widths():
+                if todo[(b.name, w)]:
+                    truncated += _sample_set(model, tokenizer, b, w, todo[(b.name, w)], cfg, budget, out, step)
+    finally:
+        if bar is not None:
+            bar.close()
+    return truncated
+
+
+def _sample_set(
+    model, tokenizer, b: Benchmark, w: int, indices: list[int], cfg: EvalConfig, budget, out: Path, step: Callable
+) -> int:
+    """Sample problems `indices` of benchmark `b` at width `w`, appending a line per problem to `out` as it completes;
+    returns how many had their long document cut."""
+    fitted = []
+    for i in indices:
+        try:
+            fitted.append(fit_prompt(b.task, b.problems[i], tokenizer, cfg.chat, budget))
+        except ValueError as exc:
+            raise ValueError(f"benchmark {b.name!r} problem #{i}: {exc}") from exc
+    texts = [text for text, _ in fitted]
+    keys = [(b.name, i) for i in indices]  # a problem's samples do not depend on its shard
+    stream = stream_text(model, tokenizer, texts, cfg.sampling(w), keys, cfg.chat, cfg.stop, progress=step)
+    for k, samples in stream:
+        i, cut = indices[k], fitted[k][1]
+        line = {
+            "benchmark": b.name,
+            "width": w,
+            "index": i,
+            "prompt": texts[k],
+            "answer": b.task.answer(b.problems[i]),
+            "prompt_ids": samples[0].prompt_ids,
+            "samples": [{"text": g.text, "token_ids": g.token_ids, "finished": g.finished} for g in samples],
+        }
+        append_record(out, {**line, "truncated": cut} if cut is not None else line)
+    return sum(cut is not None for _, cut in fitted)
 
 
 # ---------------------------------------------------------------------------------------------- in memory

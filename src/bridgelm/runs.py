@@ -11,6 +11,10 @@ torch file read back with `weights_only=True`. A resume first checks the files o
 safetensors headers and sizes, the checksums of trainer_state.pt's zip); a damaged one is named and passed over for
 the previous whole one, which a resumed run continues from exactly (`resume_point`).
 
+Every kind of output records a format version (`FORMATS`); a folder or file of another version is refused in one line
+(`check_format`). A training run may continue on a data file moved elsewhere with the same content: the data's
+path is not compared when its fingerprint is (`COMPARED_BY_FINGERPRINT`).
+
 Used by bridgelm.samples, bridgelm.evaluate and bridgelm.train; tested by tests/test_train_common.py and
 tests/test_bad_input.py.
 """
@@ -39,15 +43,59 @@ CHECKPOINTS = "checkpoints"  # folder of the step-NNNNNNNN checkpoints inside a 
 TRAINER_STATE = "trainer_state.pt"  # optimiser, scheduler, RNG and step of a checkpoint
 TRAINER_INFO = "trainer.json"  # step, settings and run facts of a checkpoint (written last: marks it complete)
 
+# ---------------------------------------------------------------------------------------------- formats
+
+# The format version of each kind of output that a re-run continues or a reader reads, by the command that writes
+# it; every run.json (and every line of a samples file, in its settings) records {"kind": ..., "format": ...}. A
+# folder or file of another version is refused (`check_format`): this bridgelm is unreleased and reads only its own.
+FORMATS = {"eval": 2, "sft": 2, "rl": 2, "pretrain": 2, "generate": 2, "warmup-data": 2}
+
+
+def format_of(kind: str) -> dict[str, Any]:
+    """The head of a run.json (or of a samples line's settings) of `kind`: {"kind", "format"}."""
+    return {"kind": kind, "format": FORMATS[kind]}
+
+
+def run_kind(recorded: Any) -> str | None:
+    """The kind a parsed run.json (or a samples line's settings) records ("eval", "sft", ...), or None."""
+    return recorded.get("kind") if isinstance(recorded, dict) else None
+
+
+def check_format(where: str | os.PathLike, recorded: Any, kind: str, expected: str) -> None:
+    """UserError in one line unless `recorded` (a parsed run.json, or a samples line's settings) is this bridgelm's
+    format of `kind`: it names another kind of output and `expected` (what was expected instead: "a folder made by
+    bridgelm eval --out"), or the older format version found, the version expected and what to do."""
+    if not isinstance(recorded, dict):
+        raise UserError(f"{where} is not a bridgelm output: expected {expected}")
+    found, version = recorded.get("kind"), recorded.get("format")
+    if found is not None and found != kind:
+        what = "training run" if found in ("sft", "rl", "pretrain") else "output"
+        raise UserError(f"{where} is a bridgelm {found} {what}: expected {expected}")
+    if version != FORMATS[kind]:
+        has = "no format version" if version is None else f"format version {version!r}"
+        raise UserError(
+            f"{where} has {has} (written by an older bridgelm), and bridgelm {kind} reads version {FORMATS[kind]} "
+            "only: start a new --out"
+        )
+
+
 # ---------------------------------------------------------------------------------------------- settings
 
-
-def run_kind(run: Any) -> str | None:
-    """What a parsed run.json records: "eval" (bridgelm eval's, which carries a "format"), a training run's kind
-    ("sft", "rl", "pretrain"), or None (neither)."""
-    if not isinstance(run, dict):
-        return None
-    return run.get("kind") or ("eval" if "format" in run else None)
+# The sampling settings that decide what is sampled: two runs (or a run and its re-run) that differ in one of them
+# hold samples of different distributions. The one list: an eval re-run must match them all (`widths` in place of
+# `width`), a samples file records them, and a report compares its rows on all but `width` and `seed`.
+SAMPLED_WITH = (
+    "n",
+    "width",
+    "max_new_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "chat",
+    "stop",
+    "foreign_groups",
+)
 
 
 def check_settings(
@@ -64,17 +112,15 @@ def check_settings(
 
     The message reads "WHERE was written with other settings (K: SAVED_AS a vs now b; ...)WHY; FIX". `describe`
     maps a setting to a function (saved, now) -> text that tells its difference better (e.g. which data changed).
+    A setting of COMPARED_BY_FINGERPRINT is left to its fingerprint when that is compared too.
     """
     keys = sorted(set(saved) | set(now)) if keys is None else list(keys)
     describe = {**DESCRIBE, **(describe or {})}
     diffs = []
     for k in keys:
-        if k in RECORDED_LATER and k not in saved:
-            continue  # written by a bridgelm that did not record it yet
-        if k in TOLD_BY and TOLD_BY[k] in saved and TOLD_BY[k] in now:
-            continue  # the other setting tells it better (a moved data file with the same content is the same data)
-        same = SAME_WHEN.get(k, lambda v: v)
-        if same(saved.get(k)) != same(now.get(k)):
+        if COMPARED_BY_FINGERPRINT.get(k) in keys:
+            continue  # a data file moved elsewhere with the same content is the same data
+        if saved.get(k) != now.get(k):
             tell = describe.get(k)
             diffs.append(
                 tell(saved.get(k), now.get(k)) if tell else f"{k}: {saved_as} {saved.get(k)!r} vs now {now.get(k)!r}"
@@ -101,19 +147,10 @@ def fingerprint(items: Iterable[Any]) -> str:
     return "sha256:" + h.hexdigest()[:32]
 
 
-def _as_source(value: Any) -> Any:
-    """A recorded model or block file as `local_source` records it now (other values, None, as they are)."""
-    return local_source(value) if isinstance(value, str) else value
-
-
-# How check_settings compares and tells some settings apart:
-# - values equal up to this map: a model or block file recorded as typed (`m`) by older runs, as an absolute path now;
-SAME_WHEN: dict[str, Callable[[Any], Any]] = {"model": _as_source, "blocks": _as_source}
-# - settings recorded since 2026-11-25: a run saved before lacks them and still resumes;
-RECORDED_LATER = ("digest", "validation", "processes")
-# - settings that another one tells better, when both runs recorded it: a data file's path by its fingerprint;
-TOLD_BY = {"data": "digest"}
-# - and how a difference is told.
+# A feature of resuming: a data file moved elsewhere with the same content continues the run. Its path (the setting)
+# is not compared when its content's fingerprint (the value here) is: a training run records both.
+COMPARED_BY_FINGERPRINT = {"data": "digest"}
+# How check_settings tells some differences.
 DESCRIBE: dict[str, Callable[[Any, Any], str]] = {
     "digest": lambda saved, now: (
         f"digest: the data's fingerprint changed ({saved} vs now {now}): another data file, or one edited since"

@@ -1,7 +1,8 @@
 """Sampling into a resumable JSONL file: one line per prompt, appended as prompts complete.
 
-Every line carries the settings that produced it; a re-run with the same file skips prompts already written
-and refuses to mix in samples made by another model or other settings.
+Every line carries the settings that produced it, headed by the kind and format version of the file (a samples file
+of `bridgelm generate`, or warm-up data); a re-run with the same file skips prompts already written and refuses to
+mix in samples made by another model or other settings, or to append to a file of an older format.
 
     bridgelm generate --model DIR --prompts prompts.jsonl --n 8 --width 4 --out samples.jsonl
 """
@@ -14,26 +15,19 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from bridgelm.engine import SamplingConfig, check_stop_strings, stream_text
 from bridgelm.errors import UserError
 from bridgelm.jsonl import append_record, read_records
-from bridgelm.runs import check_settings
-from bridgelm.engine import SamplingConfig, stream_text
-
-# Settings that change what is sampled; batch bounds do not.
-_KEYED = ("n", "width", "max_new_tokens", "temperature", "top_p", "top_k", "seed")
+from bridgelm.runs import SAMPLED_WITH, check_format, check_settings, format_of
 
 
-def check_stop_strings(stop: Sequence[str]) -> None:
-    """UserError unless every stop string is non-empty text (an empty one would end every sample at once)."""
-    for text in stop:
-        if not isinstance(text, str) or not text:
-            raise UserError(f"stop string {text!r}: expected non-empty text (an empty one ends every sample at once)")
-
-
-def run_settings(cfg: SamplingConfig, model_id: str, blocks: str | None, chat: bool, **extra) -> dict[str, Any]:
-    """The settings recorded with (and checked against) every line of a samples file."""
-    s = {k: v for k, v in asdict(cfg).items() if k in _KEYED}
-    return {**s, "model": model_id, "blocks": blocks, "chat": chat, **extra}
+def run_settings(
+    kind: str, cfg: SamplingConfig, model_id: str, blocks: str | None, chat: bool, **extra
+) -> dict[str, Any]:
+    """The settings recorded with (and checked against) every line of a samples file of `kind` ("generate",
+    "warmup-data"): its format, the engine's settings that decide what is sampled (not the batch bounds), the model."""
+    sampled = {k: v for k, v in asdict(cfg).items() if k in SAMPLED_WITH}
+    return {**format_of(kind), **sampled, "model": model_id, "blocks": blocks, "chat": chat, **extra}
 
 
 def check_lines(path: Path, done: list[dict], settings: dict) -> None:
@@ -45,6 +39,7 @@ def check_lines(path: Path, done: list[dict], settings: dict) -> None:
                 "refusing to append to a file that is not ours: use another --out"
             )
     for rec in done[:1]:
+        check_format(path, rec["settings"], settings["kind"], expected=f"a file of bridgelm {settings['kind']}")
         fix = "use another --out to compare runs"
         check_settings(path, rec["settings"], settings, keys=settings, saved_as="file", fix=fix)
 

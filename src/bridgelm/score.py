@@ -1,9 +1,10 @@
 """Scoring an eval run: every sample graded by its task, per-problem score lines, and the run's metrics.
 
 Design notes:
-- Scoring reads only the run folder (run.json and the samples files that bridgelm.evaluate wrote) and the data
-  files, checked against the digests recorded at sampling time, so it can be re-run alone: after a grader fix, with
-  another G-Pass k, on a partial run (`allow_partial` lists the problems missing).
+- Scoring reads only the run folder (run.json and the samples files that bridgelm.evaluate wrote, read back by
+  bridgelm.eval_folder) and the data files, checked against the digests recorded at sampling time, so it can be
+  re-run alone: after a grader fix, with another G-Pass k, on a partial run (`allow_partial` lists the problems
+  missing).
 - A sample is correct when its reward is the full reward (`bridgelm.tasks.base.is_correct`). Continuous scores
   (summarisation's ROUGE-1, `Task.continuous`): a problem's score line holds its per-sample scores, their mean and
   variance, and the metrics are the mean score and the mean per-prompt variance, not pass@k / G-Pass / majority.
@@ -23,15 +24,10 @@ from typing import Any
 import numpy as np
 
 from bridgelm import metrics as M
-from bridgelm.evaluate import (
-    FORMAT,
-    Benchmark,
-    benchmark_difference,
-    load_benchmarks,
-    read_run,
-    read_samples,
-)
+from bridgelm.benchmarks import Benchmark, benchmark_difference, load_benchmarks
+from bridgelm.eval_folder import read_eval_run, read_samples
 from bridgelm.jsonl import write_atomic, write_json
+from bridgelm.runs import FORMATS
 from bridgelm.tasks import Task
 from bridgelm.tasks.base import is_correct
 
@@ -55,9 +51,7 @@ def _grading_benchmarks(run: dict, task: Task | None) -> list[Benchmark]:
             "score_run(run_dir, task=<the Task object>)"
         )
     else:
-        benches = load_benchmarks(
-            run["task"], [p for p in paths if p is not None], run.get("limit"), recorded=run["benchmarks"]
-        )
+        benches = load_benchmarks(run["task"], [p for p in paths if p is not None], run.get("limit"))
     _benchmark_check(run, benches)
     return benches
 
@@ -106,9 +100,52 @@ def score_run(
     ValueError unless `allow_partial`, which scores the problems present and lists the missing ones.
     """
     run_dir = Path(run_dir)
-    run = read_run(run_dir)
+    run = read_eval_run(run_dir)
     records = read_samples(run_dir)
     benches = _grading_benchmarks(run, task)
+    widths = [int(w) for w in run["widths"]]
+    missing = _missing_problems(run_dir, run, records, benches, allow_partial)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        total = sum(len(r["samples"]) for r in records.values())
+        bar = tqdm(total=total, desc=f"grading -> {run_dir / METRICS_FILE}", unit="sample")
+    try:
+        scores = [s for b in benches for s in _grade_benchmark(b, widths, records, bar)]
+    finally:
+        if bar is not None:
+            bar.close()
+    gpass_k = int(run.get("gpass_k", 8))
+    result: dict[str, Any] = {
+        "format": FORMATS["eval"],
+        "run": {k: run.get(k) for k in ("model", "blocks", "task", "n", "widths", "width", "max_new_tokens")},
+        "gpass_k": gpass_k,
+        "benchmarks": {},
+        "avg": {},
+        # a partial run (allow_partial): problems not sampled, by "benchmark w=width" (widths with none included)
+        "partial": {f"{b} w={w}": len(v) for (b, w), v in missing.items() if v},
+    }
+    for b in benches:
+        for w in widths:
+            mine = [s for s in scores if s["benchmark"] == b.name and s["width"] == w]
+            if mine:
+                entry = M.benchmark_metrics(mine, gpass_k, int(run["max_new_tokens"]))
+                result["benchmarks"].setdefault(b.name, {})[str(w)] = {**entry, "missing": missing[(b.name, w)]}
+    for w in widths:
+        entries = {b: per[str(w)] for b, per in result["benchmarks"].items() if str(w) in per}
+        if entries:
+            result["avg"][str(w)] = M.average_metrics(entries)
+    write_atomic(run_dir / SCORES_FILE, "".join(json.dumps(s, ensure_ascii=False) + "\n" for s in scores))
+    write_json(run_dir / METRICS_FILE, result)
+    return result
+
+
+def _missing_problems(
+    run_dir: Path, run: dict, records: dict, benches: list[Benchmark], allow_partial: bool
+) -> dict[tuple[str, int], list[int]]:
+    """{(benchmark, width): indices of the problems not sampled}; a ValueError for samples run.json does not describe,
+    a problem with other than n samples, and (unless `allow_partial`) a run that misses problems."""
     widths = [int(w) for w in run["widths"]]
     by_name = {b.name: b for b in benches}
     strays = [k for k in records if k[0] not in by_name or k[1] not in widths or k[2] >= len(by_name[k[0]].problems)]
@@ -133,63 +170,28 @@ def score_run(
     for key, rec in records.items():
         if len(rec["samples"]) != run["n"]:
             raise ValueError(f"{run_dir}: {key} has {len(rec['samples'])} samples, expected n={run['n']}")
+    return missing
 
-    bar = None
-    if progress:
-        from tqdm.auto import tqdm
 
-        total = sum(len(r["samples"]) for r in records.values())
-        bar = tqdm(total=total, desc=f"grading -> {run_dir / METRICS_FILE}", unit="sample")
-    scores: list[dict] = []
-    try:
-        for b in benches:
-            recs = [
-                records[(b.name, w, i)] for w in widths for i in range(len(b.problems)) if (b.name, w, i) in records
-            ]
-            pairs = [
-                (b.task.graded_text(s["text"], bool(s["finished"])), b.problems[int(r["index"])])
-                for r in recs
-                for s in r["samples"]
-            ]
-            rewards: list[float] = []
-            for start in range(0, len(pairs), GRADE_BATCH):
-                chunk = pairs[start : start + GRADE_BATCH]
-                rewards.extend(float(x) for x in b.task.reward_many(chunk))
-                if bar is not None:
-                    bar.update(len(chunk))
-            at = 0
-            for r in recs:
-                scores.append(_problem_score(r, rewards[at : at + len(r["samples"])], b.task))
-                at += len(r["samples"])
-    finally:
+def _grade_benchmark(b: Benchmark, widths: list[int], records: dict, bar) -> list[dict[str, Any]]:
+    """The score lines of benchmark `b`'s sampled problems, graded GRADE_BATCH completions at a time."""
+    recs = [records[(b.name, w, i)] for w in widths for i in range(len(b.problems)) if (b.name, w, i) in records]
+    pairs = [
+        (b.task.graded_text(s["text"], bool(s["finished"])), b.problems[int(r["index"])])
+        for r in recs
+        for s in r["samples"]
+    ]
+    rewards: list[float] = []
+    for start in range(0, len(pairs), GRADE_BATCH):
+        chunk = pairs[start : start + GRADE_BATCH]
+        rewards.extend(float(x) for x in b.task.reward_many(chunk))
         if bar is not None:
-            bar.close()
-
-    gpass_k = int(run.get("gpass_k", 8))
-    result: dict[str, Any] = {
-        "format": FORMAT,
-        "run": {k: run.get(k) for k in ("model", "blocks", "task", "n", "widths", "width", "max_new_tokens")},
-        "gpass_k": gpass_k,
-        "benchmarks": {},
-        "avg": {},
-        # a partial run (allow_partial): problems not sampled, by "benchmark w=width" (widths with none included)
-        "partial": {f"{b} w={w}": len(v) for (b, w), v in lacking.items()},
-    }
-    for b in benches:
-        for w in widths:
-            mine = [s for s in scores if s["benchmark"] == b.name and s["width"] == w]
-            if not mine:
-                continue
-            entry = M.benchmark_metrics(mine, gpass_k, int(run["max_new_tokens"]))
-            entry["missing"] = missing[(b.name, w)]
-            result["benchmarks"].setdefault(b.name, {})[str(w)] = entry
-    for w in widths:
-        entries = {b: per[str(w)] for b, per in result["benchmarks"].items() if str(w) in per}
-        if entries:
-            result["avg"][str(w)] = M.average_metrics(entries)
-    write_atomic(run_dir / SCORES_FILE, "".join(json.dumps(s, ensure_ascii=False) + "\n" for s in scores))
-    write_json(run_dir / METRICS_FILE, result)
-    return result
+            bar.update(len(chunk))
+    scores, at = [], 0
+    for r in recs:
+        scores.append(_problem_score(r, rewards[at : at + len(r["samples"])], b.task))
+        at += len(r["samples"])
+    return scores
 
 
 def summary_lines(result: dict[str, Any]) -> list[str]:

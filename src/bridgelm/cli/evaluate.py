@@ -30,14 +30,14 @@ from bridgelm.evaluate import EvalConfig
 
 def _cmd_eval(args) -> None:
     from bridgelm.dist import Dist
-    from bridgelm.evaluate import load_benchmarks, recorded_benchmarks, run_eval
+    from bridgelm.benchmarks import load_benchmarks
+    from bridgelm.evaluate import run_eval
     from bridgelm.score import METRICS_FILE, score_run, summary_lines
 
     cfg = build(EvalConfig, args)
     cfg.validate()
     check_out(args.out, "dir")
-    # data errors before the model is loaded; a resumed run's benchmarks keep their recorded names
-    benches = load_benchmarks(args.task, args.data, cfg.limit, recorded=recorded_benchmarks(args.out))
+    benches = load_benchmarks(args.task, args.data, cfg.limit)  # data errors before the model is loaded
     dist = Dist.from_env()
     if dist.world > 1:
         args.device = str(dist.device)
@@ -109,7 +109,7 @@ def _cmd_report(args) -> None:
 
 def _cmd_features(args) -> None:
     from bridgelm.analyze import plot_feature_ratios, run_feature_ratios
-    from bridgelm.evaluate import check_run_model
+    from bridgelm.eval_folder import check_run_model
     from bridgelm.jsonl import write_json
 
     check_out(args.out, "dir")
@@ -127,7 +127,7 @@ def _cmd_features(args) -> None:
 
 def _cmd_siblings(args) -> None:
     from bridgelm.analyze import run_response_sets, sibling_gain, warmup_response_sets
-    from bridgelm.evaluate import check_run_model
+    from bridgelm.eval_folder import check_run_model
     from bridgelm.jsonl import write_json
 
     if (args.run is None) == (args.data is None):
@@ -174,6 +174,22 @@ def _cmd_similarity(args) -> None:
 
 
 def add_commands(sub) -> None:
+    _add_eval(sub)
+    p = sub.add_parser("score", help="grade a run's samples; writes metrics.json and scores.jsonl")
+    p.add_argument("run_dir")
+    p.add_argument("--allow-partial", action="store_true", help="score an unfinished run (lists missing problems)")
+    p.set_defaults(func=_cmd_score)
+
+    p = sub.add_parser("report", help="tables (markdown) and plots (PNG) over scored runs")
+    p.add_argument("run_dirs", nargs="+")
+    p.add_argument("--out", required=True, help="report folder: table.md, report.json, *.png")
+    p.add_argument("--names", help="comma-separated row names, one per run (equal names merge runs into a row)")
+    p.add_argument("--base", help="row that the improvement column compares with (default: the first)")
+    p.set_defaults(func=_cmd_report)
+    _add_analyze(sub)
+
+
+def _add_eval(sub) -> None:
     p = sub.add_parser("eval", help="sample n responses per problem for benchmarks and widths, then score them")
     add_model_args(p)
     p.add_argument(
@@ -203,18 +219,8 @@ def add_commands(sub) -> None:
     p.add_argument("--no-score", action="store_true", help="only sample; score later with bridgelm score")
     p.set_defaults(func=_cmd_eval)
 
-    p = sub.add_parser("score", help="grade a run's samples; writes metrics.json and scores.jsonl")
-    p.add_argument("run_dir")
-    p.add_argument("--allow-partial", action="store_true", help="score an unfinished run (lists missing problems)")
-    p.set_defaults(func=_cmd_score)
 
-    p = sub.add_parser("report", help="tables (markdown) and plots (PNG) over scored runs")
-    p.add_argument("run_dirs", nargs="+")
-    p.add_argument("--out", required=True, help="report folder: table.md, report.json, *.png")
-    p.add_argument("--names", help="comma-separated row names, one per run (equal names merge runs into a row)")
-    p.add_argument("--base", help="row that the improvement column compares with (default: the first)")
-    p.set_defaults(func=_cmd_report)
-
+def _add_analyze(sub) -> None:
     p = sub.add_parser("analyze", help="feature contributions of the blocks; similarity of responses")
     asub = p.add_subparsers(dest="analysis", required=True)
     f = asub.add_parser("features", help="||block output|| / ||residual|| per layer over sampled response sets")

@@ -27,7 +27,9 @@ def _cmd_generate(args) -> None:
     check_out(args.out, "file")
     prompts = read_prompts(args.prompts) if args.prompts else [args.prompt]
     model, tokenizer = load_model_and_tokenizer(args)
-    settings = run_settings(cfg, local_source(args.model), local_source(args.blocks), args.chat, stop=args.stop)
+    settings = run_settings(
+        "generate", cfg, local_source(args.model), local_source(args.blocks), args.chat, stop=args.stop
+    )
     print(f"bridgelm generate: {len(prompts)} prompts x {cfg.n} samples (width {cfg.width}) -> {args.out}")
     moot = width_is_moot(model)
     if moot and cfg.width > 1:

@@ -20,10 +20,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bridgelm.demo.base import task_name
-from bridgelm.evaluate import read_samples
+from bridgelm.eval_folder import read_samples
+from bridgelm.figures import new_figure, plot_gpass, plot_width, save_png
 from bridgelm.jsonl import read_records, write_atomic, write_json
 from bridgelm.metrics import paired_difference
-from bridgelm.report import markdown_table, new_figure, pct, plot_gpass, plot_width, save_png
+from bridgelm.tables import markdown_table, pct
 
 ARMS = ("base", "rlvr", "pmatch", "bridge", "bridge_cold", "bridge_attn")
 TITLES = {

@@ -11,7 +11,16 @@ works and how fast: docs/engine.md.
 from bridgelm.engine.config import MIN_TEMPERATURE, SamplingConfig, check_sampling
 from bridgelm.engine.loop import GeneratedIds, generate_ids, stream_ids
 from bridgelm.engine.step import compile_wins
-from bridgelm.engine.text import Sample, encode_prompts, eos_ids, generate, pad_id, stop_checker, stream_text
+from bridgelm.engine.text import (
+    Sample,
+    check_stop_strings,
+    encode_prompts,
+    eos_ids,
+    generate,
+    pad_id,
+    stop_checker,
+    stream_text,
+)
 
 __all__ = [
     "MIN_TEMPERATURE",
@@ -22,6 +31,7 @@ __all__ = [
     "stream_ids",
     "compile_wins",
     "Sample",
+    "check_stop_strings",
     "encode_prompts",
     "eos_ids",
     "generate",

@@ -51,8 +51,10 @@ from bridgelm.runs import (
     METRICS,
     RUN_FILE,
     TRAINER_INFO,
+    check_format,
     check_settings,
     checkpoint_name,
+    format_of,
     jsonable,
     latest_checkpoint,
     load_trainer_state,
@@ -119,6 +121,7 @@ def _refuse_other_run(out_dir: Path, kind: str) -> None:
             f"{out_dir} already holds {what} ({path}): expected a new folder, or one of `bridgelm {kind}` to "
             "resume; use another --out"
         )
+    check_format(out_dir, run, kind, expected=f"a folder of bridgelm {kind}")  # an older version of this kind
 
 
 class Run:
@@ -183,7 +186,7 @@ class Run:
         )
         self.metrics.keep_until(self.step)
         if self.dist.is_main:
-            write_json(self.out_dir / RUN_FILE, {"kind": self.kind, "identity": self.identity})
+            write_json(self.out_dir / RUN_FILE, {**format_of(self.kind), "identity": self.identity})
         self.bar = progress_bar(
             total, self.step, f"{desc} -> {self.out_dir}", self.control.progress and self.dist.is_main
         )

@@ -63,7 +63,8 @@ def make_warmup_data(
     if not examples:
         raise ValueError(f"task {task.name!r} has no examples to sample warm-up data from")
     model_id = local_source(str(getattr(model.config, "_name_or_path", "") or type(model).__name__))
-    settings = run_settings(cfg, model_id, blocks, chat, task=task.name)  # blocks: the file the model's came from
+    # blocks: the file the model's came from
+    settings = run_settings("warmup-data", cfg, model_id, blocks, chat, task=task.name)
     done = read_records(out)
     check_lines(out, done, settings)
     _check_problems(out, done, task, examples)
