@@ -35,7 +35,7 @@ TITLES = {
 
 @dataclass
 class RunDirs:
-    """The run folders the report reads, as the pipeline named them (demo.pipeline.Context)."""
+    """The run folders the report reads, as the stages named them (demo.stages.Context)."""
 
     eval: dict[tuple[str, int], Path]  # (arm, seed) -> evaluation run: metrics.json, scores.jsonl, samples
     rl: dict[tuple[str, int], Path]  # (arm, seed) -> RL run: metrics.jsonl
