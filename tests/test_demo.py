@@ -115,71 +115,78 @@ def test_quick_demo_runs_every_stage_and_resumes(tmp_path, capsys):
 def test_stage_times_keep_the_speed_of_the_invocation_that_took_them(tmp_path):
     """An invocation that dies after a stage still leaves its matmul peak beside that stage's time; the resumed one
     adds its own entry for the stages it runs, and the report names both."""
-    from bridgelm.demo.pipeline import Stages
-    from bridgelm.demo.results import _peaks_text
+    from bridgelm.demo.pipeline import Stage, Timings, run_stages
+    from bridgelm.demo.report import _peaks_text
 
-    files = (tmp_path / "timings.json", tmp_path / "peaks.json")
-    first = Stages(lambda *_: None, *files, peaks={"fp32_tflops": 0.1, "bf16_tflops": 0.4})
-    first.time("base", 12.0, ran=True)
-    first.run("warmup", tmp_path / "warmup.done", lambda: (tmp_path / "warmup.done").write_text("{}"))
+    def quiet(*_):
+        return None
+
+    first = Timings(tmp_path, peaks={"fp32_tflops": 0.1, "bf16_tflops": 0.4})
+    first.add("base", 12.0, ran=True)
+    warmup = Stage("warmup", tmp_path / "warmup.done", lambda: (tmp_path / "warmup.done").write_text("{}"))
+    run_stages([warmup], first, quiet)
     # ... killed here; a later invocation on a faster day skips what is done and runs the rest
-    second = Stages(lambda *_: None, *files, peaks={"fp32_tflops": 0.2, "bf16_tflops": 0.9, "kernels": "fastest"})
-    second.time("base", 12.0, ran=False)  # the cached base model: timed by the first invocation
-    second.run("warmup", tmp_path / "warmup.done", lambda: pytest.fail("a finished stage ran again"))
-    second.run("sft", tmp_path / "sft.done", lambda: (tmp_path / "sft.done").write_text("{}"))
-    peaks = json.loads(files[1].read_text())
+    second = Timings(tmp_path, peaks={"fp32_tflops": 0.2, "bf16_tflops": 0.9})
+    second.add("base", 12.0, ran=False)  # the cached base model: timed by the first invocation
+    run_stages(
+        [
+            Stage("warmup", tmp_path / "warmup.done", lambda: pytest.fail("a finished stage ran again")),
+            Stage("sft", tmp_path / "sft.done", lambda: (tmp_path / "sft.done").write_text("{}")),
+        ],
+        second,
+        quiet,
+    )
+    peaks = json.loads((tmp_path / "peaks.json").read_text())
     assert [(p["bf16_tflops"], p["stages"]) for p in peaks] == [(0.4, ["base", "warmup"]), (0.9, ["sft"])]
-    assert set(json.loads(files[0].read_text())) == {"base", "warmup", "sft"}
+    assert set(json.loads((tmp_path / "timings.json").read_text())) == {"base", "warmup", "sft"}
     text = _peaks_text(peaks)
-    assert "bf16 0.4 TFLOP/s (ATen's matmul alone) (stages base, warmup)" in text  # a peak of the older yardstick
+    assert "bf16 0.4 TFLOP/s (stages base, warmup)" in text
     assert "bf16 0.9 TFLOP/s (stages sft)" in text
 
 
 def test_stages_run_side_by_side_after_their_inputs(tmp_path):
-    """run_all in worker processes: a stage starts once the stages it reads are done; an unknown dependency is refused
-    before anything runs; a failing stage ends the run with its own error and what waits on it never starts."""
-    from bridgelm.demo.pipeline import Job, Stages
+    """run_stages in worker processes: a stage starts once the stages it reads are done; an unknown dependency is
+    refused before anything runs; a failing stage ends the run with its own error and what waits on it never starts."""
+    from bridgelm.demo.pipeline import Stage, Timings, run_stages
     from bridgelm.jsonl import write_json
 
-    stages = Stages(lambda *_: None, logs=tmp_path / "logs")
+    timings = Timings(tmp_path, peaks={})
+    run = partial(run_stages, timings=timings, log=lambda *_: None, workers=2, logs=tmp_path / "logs")
     first, second = tmp_path / "first.json", tmp_path / "second.json"
     with pytest.raises(RuntimeError, match="not in the list"):
-        stages.run_all([Job("x", tmp_path / "x", print, after=("nowhere",))], workers=2)
+        run([Stage("x", tmp_path / "x", print, after=("nowhere",))])
     with pytest.raises(RuntimeError, match="wait on each other"):
-        stages.run_all(
-            [Job("a", tmp_path / "a", print, after=("b",)), Job("b", tmp_path / "b", print, after=("a",))], 2
-        )
-    jobs = [
-        Job("first", first, partial(write_json, first, {"x": 1})),
-        Job("second", second, partial(write_json, second, {"y": 2}), after=("first",)),
+        run([Stage("a", tmp_path / "a", print, after=("b",)), Stage("b", tmp_path / "b", print, after=("a",))])
+    stages = [
+        Stage("first", first, partial(write_json, first, {"x": 1})),
+        Stage("second", second, partial(write_json, second, {"y": 2}), after=("first",)),
     ]
-    stages.run_all(jobs, workers=2)
-    assert json.loads(second.read_text()) == {"y": 2} and set(stages.timings) == {"first", "second"}
+    run(stages)
+    assert json.loads(second.read_text()) == {"y": 2} and set(timings.seconds) == {"first", "second"}
+    assert (tmp_path / "logs" / "second.log").exists()
     later = tmp_path / "later.json"
-    jobs = [Job("bad", tmp_path / "bad", partial(json.loads, "{")), Job("later", later, print, after=("bad",))]
+    stages = [Stage("bad", tmp_path / "bad", partial(json.loads, "{")), Stage("later", later, print, after=("bad",))]
     with pytest.raises(json.JSONDecodeError):
-        stages.run_all(jobs, workers=2)
-    assert not later.exists() and "bad" not in stages.timings
+        run(stages)
+    assert not later.exists() and "bad" not in timings.seconds
 
 
-def test_a_folder_of_another_sft_layout_is_refused(tmp_path):
-    """RL runs made from per-seed SFT runs (or from one shared run, or before the setting existed) are not mixed with
-    the other layout's under its label."""
-    from bridgelm.demo.pipeline import DemoConfig, check_sft_layout
+def test_a_folder_of_other_settings_is_refused(tmp_path):
+    """A demo folder records its settings (demo.json): RL runs made from per-seed SFT runs (or from one shared run)
+    are not mixed with the other layout's under its label; more seeds, other workers or threads only add runs."""
+    from dataclasses import asdict
+
+    from bridgelm.demo.pipeline import DemoConfig, record_settings
     from bridgelm.errors import UserError
 
-    per_seed, shared = DemoConfig(), DemoConfig(sft_per_seed=False)
-    (tmp_path / "demo.json").write_text(json.dumps({"sft_per_seed": True}))
-    check_sft_layout(tmp_path, shared)  # no RL run finished yet: nothing to mix
-    (tmp_path / "rl_bridge_s1").mkdir()
-    (tmp_path / "rl_bridge_s1" / "done.json").write_text("{}")
-    check_sft_layout(tmp_path, per_seed)
-    with pytest.raises(UserError, match="sft_per_seed=True, not False"):
-        check_sft_layout(tmp_path, shared)
-    (tmp_path / "demo.json").write_text(json.dumps({"seeds": 3}))  # a folder from before the setting
-    for cfg in (per_seed, shared):
-        with pytest.raises(UserError, match="from before per-seed SFT"):
-            check_sft_layout(tmp_path, cfg)
+    settings = {"quick": False, **asdict(DemoConfig(bf16=True)), "precision": "as asked (--bf16)"}
+    record_settings(tmp_path, settings)  # a new folder: recorded
+    assert json.loads((tmp_path / "demo.json").read_text())["sft_per_seed"] is True
+    record_settings(tmp_path, {**settings, "seeds": 5, "workers": 1, "threads": 3})
+    refused = "other settings \\(sft_per_seed: saved True vs now False\\); use another --out"
+    with pytest.raises(UserError, match=refused):
+        record_settings(tmp_path, {**settings, "sft_per_seed": False})
+    assert json.loads((tmp_path / "demo.json").read_text())["seeds"] == 5  # a refused run records nothing
 
 
 def test_precision_is_bf16_only_where_its_matmul_is_fast(tmp_path):
@@ -198,24 +205,23 @@ def test_precision_is_bf16_only_where_its_matmul_is_fast(tmp_path):
     assert choose_bf16(DemoConfig(), close, tmp_path)[0] is False
     assert choose_bf16(DemoConfig(bf16=True), avx2, tmp_path) == (True, "as asked (--bf16)")
     assert choose_bf16(DemoConfig(bf16=False), avx512, tmp_path) == (False, "as asked (--no-bf16)")
-    (tmp_path / "demo.json").write_text(json.dumps({"bf16": True}))
+    (tmp_path / "demo.json").write_text(json.dumps({"bf16": True, "precision": "as asked (--bf16)"}))
     assert choose_bf16(DemoConfig(), avx2, tmp_path)[0] is False  # no stage ran yet: the machine decides
     (tmp_path / "base").mkdir()  # the base model is training: demo.json tells its precision
-    kept, why = choose_bf16(DemoConfig(), avx2, tmp_path)
-    assert kept is True and why == "as this folder's earlier stages (--no-bf16 needs another --out)"
-    # a re-run keeps the reason recorded when the folder's stages began, for its report
-    (tmp_path / "demo.json").write_text(json.dumps({"bf16": True, "precision": "as asked (--bf16)"}))
+    # and a re-run keeps the reason recorded when the folder's stages began, for its report
     assert choose_bf16(DemoConfig(), avx2, tmp_path) == (True, "as asked (--bf16)")
     # once trained, the base model's own settings tell it, whatever demo.json says
     (tmp_path / "base" / "pretrain.json").write_text(json.dumps({"config": {"bf16": False}}))
-    assert choose_bf16(DemoConfig(), avx512, tmp_path)[0] is False
+    kept, why = choose_bf16(DemoConfig(), avx512, tmp_path)
+    assert kept is False and why == "as this folder's earlier stages (--bf16 needs another --out)"
     assert choose_bf16(DemoConfig(bf16=False), avx512, tmp_path)[0] is False
     with pytest.raises(UserError, match="holds stages made with --no-bf16, not --bf16: use another --out for --bf16"):
         choose_bf16(DemoConfig(bf16=True), avx512, tmp_path)
 
 
 def test_stages_need_a_resolved_precision(tmp_path):
-    from bridgelm.demo.pipeline import Context, DemoConfig
+    from bridgelm.demo.config import DemoConfig
+    from bridgelm.demo.stages import Context
 
     with pytest.raises(TypeError, match="resolved DemoConfig.bf16"):
         Context(out=tmp_path, cfg=DemoConfig(), base_dir=tmp_path, tokenizer=None, train=None, test=None)
@@ -226,18 +232,19 @@ def test_rl_seed_starts_from_its_sft_run(tmp_path, monkeypatch, per_seed):
     """RL seed s of the P-Match and Bridge arms loads SFT seed s's blocks (seed 0's when they share one run); RLVR
     loads none; the RL stage waits for that SFT stage."""
     import bridgelm.train.rl
-    from bridgelm.demo import pipeline
+    from bridgelm.demo import stages
+    from bridgelm.demo.config import DemoConfig, sft_seeds
 
     loaded, trained = [], []
-    monkeypatch.setattr(pipeline, "load_model", lambda path: ("model", path))
-    monkeypatch.setattr(pipeline, "load_blocks", lambda model, path: loaded.append(Path(path)))
+    monkeypatch.setattr(stages, "load_model", lambda path: ("model", path))
+    monkeypatch.setattr(stages, "load_blocks", lambda model, path: loaded.append(Path(path)))
     monkeypatch.setattr(bridgelm.train.rl, "train_rl", lambda model, tok, task, cfg, out: trained.append((cfg, out)))
-    monkeypatch.setattr(pipeline, "_rl_summary", lambda result: {})
-    cfg = pipeline.DemoConfig(sft_per_seed=per_seed, bf16=False)
-    ctx = pipeline.Context(out=tmp_path, cfg=cfg, base_dir=tmp_path / "base", tokenizer=None, train=None, test=None)
+    monkeypatch.setattr(stages, "rl_numbers", lambda result: {})
+    cfg = DemoConfig(sft_per_seed=per_seed, bf16=False)
+    ctx = stages.Context(out=tmp_path, cfg=cfg, base_dir=tmp_path / "base", tokenizer=None, train=None, test=None)
     for seed in range(cfg.seeds):
         for arm in ("rlvr", "pmatch", "bridge"):
-            pipeline.stage_rl(ctx, arm, seed)
+            stages.stage_rl(ctx, arm, seed)
     expected = [
         tmp_path / f"sft_{arm}_s{seed if per_seed else 0}" / "blocks.safetensors"
         for seed in range(cfg.seeds)
@@ -248,7 +255,7 @@ def test_rl_seed_starts_from_its_sft_run(tmp_path, monkeypatch, per_seed):
         tmp_path / f"rl_{a}_s{s}" for s in range(3) for a in ("rlvr", "pmatch", "bridge")
     ]
     assert [c.seed for c, _ in trained] == [s for s in range(3) for _ in range(3)]
-    assert pipeline.sft_seeds(cfg) == ((0, 1, 2) if per_seed else (0,))
+    assert sft_seeds(cfg) == ((0, 1, 2) if per_seed else (0,))
 
 
 def test_worker_prints_data_warnings_as_one_line(capfd):
@@ -279,18 +286,19 @@ def test_worker_prints_data_warnings_as_one_line(capfd):
 def test_sft_stage_summary_without_held_out_problems():
     """Too few kept warm-up problems to hold any out: SFT keeps the last epoch's blocks and the terminal says so
     (it crashed on the missing perplexity once)."""
-    from bridgelm.demo.pipeline import _sft_summary
+    from bridgelm.demo.stages import sft_summary
 
-    assert _sft_summary({"best_val_ppl": None, "best_epoch": 2, "steps": 6}) == (
+    assert sft_summary({"best_val_ppl": None, "best_epoch": 2, "steps": 6}) == (
         "6 steps, no held-out problems (blocks of the last epoch)"
     )
-    assert _sft_summary({"best_val_ppl": 1.23456, "best_epoch": 2, "steps": 6}) == (
+    assert sft_summary({"best_val_ppl": 1.23456, "best_epoch": 2, "steps": 6}) == (
         "best validation perplexity 1.235 (epoch 2)"
     )
 
 
 def test_paper_effects_are_scaled_by_this_runs_rlvr_gain_and_placed_against_the_interval():
-    from bridgelm.demo.results import paper_contrasts, paper_effects, verdict
+    from bridgelm.demo.report import verdict
+    from bridgelm.demo.results import paper_contrasts, paper_effects
 
     paper = paper_contrasts()  # the smallest share of RLVR's gain over the paper's three models, from its tables
     assert paper["bridge-rlvr"].source.startswith("DS-Qwen-7B") and paper["bridge-rlvr"].share == pytest.approx(

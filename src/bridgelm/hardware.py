@@ -92,9 +92,9 @@ def bf16_is_slow(bf16_flops: float, fp32_flops: float) -> bool:
 
 
 def matmul_peaks(n: int = 1024, max_seconds: float = 2.0) -> dict[str, float]:
-    """{"fp32_tflops", "bf16_tflops"} of this machine, now (a slow dtype's at a smaller n: `matmul_size`)."""
+    """{"fp32_tflops", "bf16_tflops"} of this machine, now: the fastest of `matmul_kernels` (a slow dtype's at a
+    smaller n: `matmul_size`)."""
     return {
         "fp32_tflops": round(matmul_flops(torch.float32, n, max_seconds=max_seconds) / 1e12, 4),
         "bf16_tflops": round(matmul_flops(torch.bfloat16, n, max_seconds=max_seconds) / 1e12, 4),
-        "kernels": "fastest of ATen and packed oneDNN",  # peaks before 2026-11-23 timed ATen's matmul alone
     }

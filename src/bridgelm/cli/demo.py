@@ -6,7 +6,7 @@ import argparse
 
 from bridgelm.cli.common import check_out
 from bridgelm.cli.fields import Flag, add_fields, build, field_comments
-from bridgelm.demo.pipeline import DemoConfig
+from bridgelm.demo.config import DemoConfig
 
 # The sizes a user may set; every other one is the preset's (DemoConfig(), or DemoConfig.quick() with --quick).
 SETTABLE = ("seeds", "sft_per_seed", "bf16", "threads", "workers")

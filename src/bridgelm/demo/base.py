@@ -56,10 +56,8 @@ class BaseConfig:
     check_from: int = 300  # first step checked
     check_problems: int = 100  # validation problems per check (4 samples each, temperature 0.6)
     batch_size: int = 64  # problems per step
-    lr: float = 2e-3  # AdamW peak learning rate. 1e-3 reaches 40% sooner (550 steps against 725, seed 0), but RL from
-    # that base model barely learns at the demo's RL settings (a probe, 2026-11-23: RL seed 0's RLVR rollout reward
-    # 0.50 -> 0.53, first and last 10 of 80 steps, against 0.43 -> 0.58 from this one; seeds 1 and 2: 0.45 -> 0.55,
-    # 0.51 -> 0.53; P-Match's and Bridge's fell below their SFT level)
+    lr: float = 2e-3  # AdamW peak learning rate (1e-3 reaches 40% sooner, but RL from that model barely learns:
+    # docs/demo.md)
     weight_decay: float = 0.01
     bf16: bool = True  # bf16 autocast of the forward (weights, optimiser and loss in fp32); 1.6x faster on CPU
     seed: int = 0  # model init, data order
@@ -153,21 +151,16 @@ def pretrain(cfg: BaseConfig, out: str | Path, progress: bool = True, log=print)
     check that reaches `target_accuracy`.
     """
     out = Path(out)
-    marker = out / PRETRAIN_FILE
     settings = jsonable(asdict(cfg))
-    if marker.exists():
-        done = json.loads(marker.read_text()).get("config") or {}
+    if (out / PRETRAIN_FILE).exists():
+        done = json.loads((out / PRETRAIN_FILE).read_text())["config"]
         if done == settings:
             log(f"base model: reusing {out}")
             return out
         check_settings(out, done, settings, fix="use another --out for another base model")
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    examples = generate(cfg.task, cfg.steps * cfg.batch_size, "train", cfg.seed, distinct=cfg.distinct)
-    alphabet = "0123456789+-=\n{}" + "".join(sorted(set(BOXED)))
-    task = make_task(cfg.task, examples)
-    tokenizer = train_tokenizer([alphabet] + [task.prompt(e) + e["solution"] for e in task.examples[:2000]])
-    model = build_model(cfg, tokenizer).train()
+    task, tokenizer, model = _build(cfg)
     n_params = sum(p.numel() for p in model.parameters())
     control = RunControl(resume=True, save_every=SAVE_EVERY, keep_last=1, progress=progress)
     run = Run(out, "pretrain", {"config": settings}, control, Dist(), val_accuracy=None, reached=False)
@@ -185,36 +178,55 @@ def pretrain(cfg: BaseConfig, out: str | Path, progress: bool = True, log=print)
     with run.running(last, f"pre-training {n_params / 1e6:.1f}M model"):
         for step in range(run.step, last):
             batch = task.examples[step * cfg.batch_size : (step + 1) * cfg.batch_size]
-            ids, mask = encode_examples(tokenizer, task, batch)  # [B, S] each
-            with autocast(run.dist, cfg.bf16), fast_attention(model):
-                logits = model(input_ids=ids, attention_mask=(ids != tokenizer.pad_token_id).long()).logits  # [B, S, V]
-            target_mask = mask[:, 1:].bool()  # [B, S - 1]: position s predicts a solution token
-            loss = torch.nn.functional.cross_entropy(logits[:, :-1][target_mask].float(), ids[:, 1:][target_mask])
+            loss, tokens = _loss(model, tokenizer, task, batch, cfg.bf16, run.dist)
             loss.backward()
             with run.update():
                 lr = scheduler.get_last_lr()[0]
                 norm = optimizer_step(params, optimizer, scheduler, 1.0, run.dist)
                 run.state["step"] = step + 1
-                record = {"step": step + 1, "loss": loss.item(), "lr": lr, "grad_norm": norm, "tokens": int(mask.sum())}
+                record = {"step": step + 1, "loss": loss.item(), "lr": lr, "grad_norm": norm, "tokens": tokens}
                 if checks and step + 1 >= cfg.check_from and (step + 1 - cfg.check_from) % cfg.check_every == 0:
-                    record["val_accuracy"] = run.state["val_accuracy"] = accuracy(
-                        model, tokenizer, val, max_new_tokens=CHECK_TOKENS[task.name]
-                    )
-                    run.state["reached"] = record["val_accuracy"] >= cfg.target_accuracy
+                    val_accuracy = accuracy(model, tokenizer, val, max_new_tokens=CHECK_TOKENS[task.name])
+                    record["val_accuracy"] = run.state["val_accuracy"] = val_accuracy
+                    run.state["reached"] = val_accuracy >= cfg.target_accuracy
                 run.log(record, loss=f"{record['loss']:.3f}", val=run.state["val_accuracy"])
             run.save_if_due(now=run.state["reached"])
             if run.state["reached"]:
                 break
-    seconds = time.perf_counter() - t0
+    _save(cfg, out, model, tokenizer, run, time.perf_counter() - t0, log)
+    return out
+
+
+def _build(cfg: BaseConfig):
+    """The training problems (as a task), a tokenizer learned from them, and the fresh model."""
+    examples = generate(cfg.task, cfg.steps * cfg.batch_size, "train", cfg.seed, distinct=cfg.distinct)
+    alphabet = "0123456789+-=\n{}" + "".join(sorted(set(BOXED)))
+    task = make_task(cfg.task, examples)
+    tokenizer = train_tokenizer([alphabet] + [task.prompt(e) + e["solution"] for e in task.examples[:2000]])
+    return task, tokenizer, build_model(cfg, tokenizer).train()
+
+
+def _loss(model, tokenizer, task, batch: list[dict], bf16: bool, dist) -> tuple[torch.Tensor, int]:
+    """The mean cross-entropy of the solution tokens (and EOS) of `batch`, and how many there are."""
+    ids, mask = encode_examples(tokenizer, task, batch)  # [B, S] each
+    with autocast(dist, bf16), fast_attention(model):
+        logits = model(input_ids=ids, attention_mask=(ids != tokenizer.pad_token_id).long()).logits  # [B, S, V]
+    target_mask = mask[:, 1:].bool()  # [B, S - 1]: position s predicts a solution token
+    loss = torch.nn.functional.cross_entropy(logits[:, :-1][target_mask].float(), ids[:, 1:][target_mask])
+    return loss, int(mask.sum())
+
+
+def _save(cfg: BaseConfig, out: Path, model, tokenizer, run, seconds: float, log) -> None:
+    """The model in eval mode with its tokenizer, and OUT/pretrain.json: its settings, steps, seconds, accuracy."""
     model.eval()
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     save_model(model, tokenizer, out)
+    n_params = sum(p.numel() for p in model.parameters())
     val_accuracy = run.state["val_accuracy"]
     info = {"config": asdict(cfg), "params": n_params, "steps": run.step, "val_accuracy": val_accuracy}
-    write_json(marker, {**info, "seconds": round(seconds, 1), "metrics": str(out / METRICS)})
+    write_json(out / PRETRAIN_FILE, {**info, "seconds": round(seconds, 1), "metrics": str(out / METRICS)})
     log(
         f"base model: {n_params / 1e6:.2f}M parameters, {run.step} steps (this session: {seconds:.0f}s), validation "
         f"accuracy {val_accuracy if val_accuracy is None else round(val_accuracy, 3)} -> {out}"
     )
-    return out

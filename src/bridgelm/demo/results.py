@@ -1,30 +1,26 @@
-"""The demo's report: DIR/report.md, DIR/results.json and the figures, from the evaluation runs' metrics.json.
+"""The demo's numbers, from the evaluation and RL runs: DIR/results.json (`demo_results`).
 
-Rows follow the paper's Table 1 (Base, RLVR only, P-Match, Bridge); the set figures follow Figure 4 (G-Pass@8
-against tau*k) and Table 3 (Bridge at every width); training curves come from each RL run's metrics.jsonl.
-The controls say whether Bridge uses its siblings: (a) interaction, the share of samples that change when the
-same draws are made at width w instead of 1; (b) foreign siblings, accuracy when a group holds samples of
-different problems; (c) P-Match, the parameter control. Differences between arms are paired (same problems,
-same seeds) with 95% bootstrap intervals over seeds and problems (`metrics.paired_difference`). The claim list
-is written from those intervals: it says which of the paper's claims the miniature reproduces and which not, and
-whether each interval excludes the paper's effect scaled to this run (`paper_effects`).
+Per arm and seed: accuracy with its interval, coverage, G-Pass@k at every tau*k, majority vote; Bridge at every
+width. The controls say whether Bridge uses its siblings: (a) interaction, the share of samples that change when the
+same draws are made at width w instead of 1; (b) foreign siblings, accuracy when a group holds samples of different
+problems; (c) P-Match, the parameter control. Differences between arms are paired (same problems, same seeds) with
+95% bootstrap intervals over seeds and problems (`metrics.paired_difference`), and set against the paper's effect
+scaled to this run (`paper_effects`). demo/report.py writes them as DIR/report.md.
 """
 
 from __future__ import annotations
 
 import functools
 import json
+import os
 import platform
 import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from bridgelm.demo.base import task_name
 from bridgelm.eval_folder import read_samples
-from bridgelm.figures import new_figure, plot_gpass, plot_width, save_png
-from bridgelm.jsonl import read_records, write_atomic, write_json
+from bridgelm.jsonl import read_records, write_json
 from bridgelm.metrics import paired_difference
-from bridgelm.tables import markdown_table, pct
 
 ARMS = ("base", "rlvr", "pmatch", "bridge", "bridge_cold", "bridge_attn")
 TITLES = {
@@ -39,15 +35,11 @@ TITLES = {
 
 @dataclass
 class RunDirs:
-    """The run folders the report reads, as the pipeline named them (demo.pipeline.Context)."""
+    """The run folders the report reads, as the stages named them (demo.stages.Context)."""
 
     eval: dict[tuple[str, int], Path]  # (arm, seed) -> evaluation run: metrics.json, scores.jsonl, samples
     rl: dict[tuple[str, int], Path]  # (arm, seed) -> RL run: metrics.jsonl
     foreign: dict[int, Path]  # seed -> control (b)'s evaluation run (empty without the control)
-
-
-INTERACTION_TARGET = 0.2  # design target: share of samples at w = 8 that differ from w = 1
-MIN_GAIN = 0.005  # accuracy gain (half a point) below which a width is not said to beat w = 1
 
 
 # The paper's average accuracy (points) over its math benchmarks. Table 1: original model, RLVR only, P-Match and
@@ -173,101 +165,6 @@ def collect(eval_dirs: dict[tuple[str, int], Path], cfg) -> dict:
     return arms
 
 
-def _pct(x) -> str:
-    """The demo's percentages: one decimal."""
-    return pct(x, 1)
-
-
-def table_1(arms: dict, cfg) -> str:
-    """The Table 1 layout: a row per arm, accuracy with its 95% interval, set metrics, improvement over Base."""
-    k = cfg.gpass_k
-    seeds = max(len(a["seeds"]) for a in arms.values())
-    head = [
-        "Method",
-        f"Accuracy (%){' mean ± sd over seeds' if seeds > 1 else ''}",
-        f"95% interval{' (seed 0)' if seeds > 1 else ''}",
-        f"Coverage@{cfg.eval_n}",
-        f"G-Pass@{k} τ=0.5",
-        f"G-Pass@{k} τ=1",
-        "Majority vote",
-        "Avg",
-        "↑Δ",
-    ]
-    rows = []
-    base = arms["base"]["accuracy_mean"] if "base" in arms else None
-    for arm in ARMS:
-        if arm not in arms:
-            continue
-        data = arms[arm]
-        first = data["seeds"][min(data["seeds"])]
-        title = TITLES[arm] + (f" (w={first['width']})" if arm.startswith("bridge") else "")
-        acc = _pct(data["accuracy_mean"])
-        if seeds > 1 and len(data["seeds"]) > 1:
-            acc += f" ± {100 * data['accuracy_sd']:.1f}"
-        interval = f"[{_pct(first['accuracy']['low'])}, {_pct(first['accuracy']['high'])}]"
-        half = first["gpass"].get(k // 2)
-        full = first["gpass"].get(k)
-        maj = first.get("majority_vote", {}).get("mean")
-        delta = "–" if base is None else f"{100 * (data['accuracy_mean'] - base):+.1f}"
-        cells = [_pct(first["coverage"]["mean"]), _pct(half), _pct(full), _pct(maj), acc.split(" ")[0], delta]
-        rows.append([title, acc, interval, *cells])
-    return markdown_table(head, rows)
-
-
-def width_table(arms: dict, cfg) -> str:
-    """Bridge at every width: accuracy averaged over seeds, the rest of seed 0, and the interaction."""
-    k = cfg.gpass_k
-    by_seed = arms["bridge"]["widths"]
-    first = by_seed[min(by_seed)]  # seed 0: {width: cell}
-    diverged = arms["bridge"].get("diverged_by_seed", {})
-    head = [
-        "Bridge width w",
-        f"Accuracy (%), mean over {len(by_seed)} seed(s)",
-        "95% interval (seed 0)",
-        f"Coverage@{cfg.eval_n}",
-        f"G-Pass@{k} τ=1",
-        "Samples that differ from w=1 (%)",
-    ]
-    rows = []
-    for w in sorted(first):
-        c = first[w]
-        mean = statistics.fmean(by_seed[s][w]["accuracy"]["mean"] for s in by_seed)
-        changed = [d[w] for d in diverged.values() if w in d]
-        rows.append(
-            [
-                f"{w}{' (independent)' if w == 1 else ''}",
-                _pct(mean),
-                f"[{_pct(c['accuracy']['low'])}, {_pct(c['accuracy']['high'])}]",
-                _pct(c["coverage"]["mean"]),
-                _pct(c["gpass"].get(k)),
-                _pct(statistics.fmean(changed)) if changed else "0.0",
-            ]
-        )
-    return markdown_table(head, rows)
-
-
-def training_curves(out: Path, rl_dirs: dict[tuple[str, int], Path]) -> tuple[dict, Path | None]:
-    """Reward per step of every RL run (metrics.jsonl), and a PNG of them (OUT/training.png)."""
-    curves: dict[str, list[float]] = {}
-    for (arm, seed), run_dir in sorted(rl_dirs.items(), key=lambda kv: (kv[0][1], ARMS.index(kv[0][0]))):
-        path = run_dir / "metrics.jsonl"
-        if path.exists():
-            recs = [r for r in read_records(path, repair=False) if r.get("reward") is not None]
-            curves[f"{TITLES[arm]} s{seed}"] = [r["reward"] for r in recs]
-    if not curves:
-        return curves, None
-    fig, (ax,) = new_figure(1, width=6.5, height=3.6)
-    for name, ys in curves.items():
-        window = max(1, len(ys) // 10)
-        smooth = [statistics.fmean(ys[max(0, i - window + 1) : i + 1]) for i in range(len(ys))]
-        ax.plot(range(1, len(ys) + 1), [100 * y for y in smooth], label=name)
-    ax.set_xlabel("GRPO step")
-    ax.set_ylabel("mean reward of rollouts (%), smoothed")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
-    return curves, save_png(fig, out / "training.png")
-
-
 def per_problem_accuracy(run_dir: Path, width: int) -> list[float]:
     """Accuracy (c / n) of every problem sampled at `width`, in problem order, from RUN_DIR/scores.jsonl."""
     scores = [r for r in read_records(run_dir / "scores.jsonl", repair=False) if int(r["width"]) == width]
@@ -318,99 +215,6 @@ def controls(arms: dict, eval_dirs: dict[tuple[str, int], Path], foreign: dict[i
     }
 
 
-def _diff_text(d: dict) -> str:
-    return f"{100 * d['mean']:+.1f} points [{100 * d['low']:+.1f}, {100 * d['high']:+.1f}]"
-
-
-def controls_table(ctl: dict, cfg) -> str:
-    """Paired differences (same problems, same seeds), and the controls."""
-    w = cfg.eval_width
-    names = {
-        "bridge-rlvr": f"Bridge (w={w}) − RLVR only",
-        "bridge-pmatch": f"Bridge (w={w}) − P-Match (control c: same parameters, no cross-sample attention)",
-        f"w{w}-w1": f"Bridge w={w} − Bridge w=1 (same weights)",
-        "foreign-w1": f"Bridge w={w} with foreign siblings (control b) − Bridge w=1",
-    }
-    runs = "its own SFT and RL runs" if cfg.sft_per_seed else "its own RL run, one shared SFT run"
-    head = [f"Paired difference of accuracy, over {ctl['seeds']} seed(s) (each: {runs})", "Mean and 95% interval"]
-    lines = [markdown_table(head, [[names[k], _diff_text(d)] for k, d in ctl["diffs"].items() if k in names])]
-    if ctl["interaction"]:
-        shares = [f"{100 * v:.1f}" for v in ctl["interaction"].values()]
-        lines += [
-            "",
-            markdown_table(
-                ["Width w", *ctl["interaction"]], [["Samples that differ from w=1 (control a), %", *shares]]
-            ),
-        ]
-    return "\n".join(lines)
-
-
-def verdict(arms: dict, ctl: dict, cfg) -> str:
-    """Which of the paper's claims the miniature reproduces, read off the paired intervals."""
-    k = cfg.gpass_k
-    w = cfg.eval_width
-    first = {arm: d["seeds"][min(d["seeds"])] for arm, d in arms.items()}
-    acc = {arm: d["accuracy_mean"] for arm, d in arms.items()}
-    diffs = ctl["diffs"]
-    lines = []
-
-    def claim(text: str, holds: bool, detail: str):
-        lines.append(f"- {text}: **{'reproduced' if holds else 'not reproduced'}** ({detail}).")
-
-    def by_interval(text: str, key: str, sign: int = 1):
-        d = diffs.get(key)
-        if d is None:
-            return
-        low, high = (d["low"], d["high"]) if sign > 0 else (-d["high"], -d["low"])
-        word = "reproduced" if low > 0 else "reversed" if high < 0 else "not shown: the interval holds 0"
-        line = f"- {text}: **{word}** ({_diff_text(d)}, paired over {ctl['seeds']} seed(s) and problems)"
-        effect = ctl["paper_effects"].get(key)
-        if effect is not None:
-            where = {
-                "above": "above the interval, which excludes an effect of the paper's relative size",
-                "inside": "inside the interval: neither shown nor excluded",
-                "below": "below the interval: the effect here is larger",
-            }[effect["position"]]
-            sc = effect["scaled"]
-            n = effect["of_models"]
-            which = f"smallest effect over its {n} models" if n > 1 else "effect"
-            line += (
-                f". The paper's {which}, {effect['paper_points']:+.2f} points on an RLVR gain of "
-                f"{effect['paper_rlvr_gain']:+.2f} points ({effect['source']}), scaled to this run's RLVR gain: "
-                f"{100 * sc['mean']:+.1f} points [{100 * sc['low']:+.1f}, {100 * sc['high']:+.1f}], {where}"
-            )
-            if effect["position_unscaled"] != effect["position"]:
-                line += f" (unscaled, it is {effect['position_unscaled']} the interval)"
-        lines.append(line + ".")
-
-    by_interval("Bridge improves accuracy after RLVR more than RLVR alone", "bridge-rlvr")
-    by_interval("Bridge beats P-Match, the parameter-matched control", "bridge-pmatch")
-    by_interval(f"Bridge at w={w} beats independent generation (w=1) with the same weights", f"w{w}-w1")
-    by_interval("Bridge uses what its siblings know: with foreign siblings it falls below w=1", "foreign-w1", -1)
-    share = ctl["interaction"].get(str(w))
-    if share is not None:
-        claim(
-            f"The samples interact: at least {100 * INTERACTION_TARGET:.0f}% of them change at w={w} (design target)",
-            share >= INTERACTION_TARGET,
-            f"{100 * share:.1f}% differ from their w=1 counterpart with the same random draws",
-        )
-    claim("RLVR improves on the base model", acc["rlvr"] > acc["base"], f"{_pct(acc['base'])}% -> {_pct(acc['rlvr'])}%")
-    paper = [a for a in ("base", "rlvr", "pmatch", "bridge") if a in first]
-    full = {a: first[a]["gpass"].get(k) or 0.0 for a in paper}
-    claim(
-        f"Bridge answers more consistently (G-Pass@{k} at τ=1, all {k} correct; seed 0)",
-        full["bridge"] > max(full["rlvr"], full["pmatch"]),  # a tie is not "more"
-        ", ".join(f"{TITLES[a]} {_pct(full[a])}%" for a in paper),
-    )
-    cov = {a: first[a]["coverage"]["mean"] for a in paper}
-    claim(
-        "Bridge keeps or raises coverage (seed 0)",
-        cov["bridge"] >= max(cov["rlvr"], cov["pmatch"]) - 0.01,
-        ", ".join(f"{TITLES[a]} {_pct(cov[a])}%" for a in paper),
-    )
-    return "\n".join(lines)
-
-
 def diverged_from_width_1(run_dir: Path) -> dict[int, float]:
     """Per width w > 1, the share of samples whose tokens differ from the same sample drawn at w = 1.
 
@@ -431,23 +235,6 @@ def diverged_from_width_1(run_dir: Path) -> dict[int, float]:
     return out
 
 
-def trace_section(trace: dict | None) -> list[str]:
-    """The interaction over the course of RL (the demo's trace stage), as report lines; none without a trace."""
-    if not trace:
-        return []
-    w = trace["width"]
-    rows = [
-        [str(p["step"]), _pct(p["w1"]), _pct(p[f"w{w}"]), _pct(p[f"w{w}"] - p["w1"]), _pct(p["interaction"])]
-        for p in trace["points"]
-    ]
-    return [
-        f"## The interaction over the course of RL (Bridge, seed {trace['seed']}; step 0: the SFT blocks)",
-        "",
-        markdown_table(["RL step", "w=1", f"w={w}", f"w={w} - w=1", f"samples that differ at w={w}"], rows),
-        "",
-    ]
-
-
 def departures(cfg) -> list[str]:
     """Where the miniature departs from the paper's settings (Appendix A), one line each."""
     lines = [
@@ -462,159 +249,43 @@ def departures(cfg) -> list[str]:
     return lines
 
 
-def write_demo_report(out: Path, cfg, dirs: RunDirs, timings: dict, quick: bool, peaks: list[dict]) -> Path:
-    """OUT/report.md, OUT/results.json and the figures from the runs in `dirs`; returns the report's path.
+def training_rewards(rl_dirs: dict[tuple[str, int], Path]) -> dict[str, list[float]]:
+    """Reward per step of every RL run (its metrics.jsonl), by "<arm title> s<seed>"."""
+    curves: dict[str, list[float]] = {}
+    for (arm, seed), run_dir in sorted(rl_dirs.items(), key=lambda kv: (kv[0][1], ARMS.index(kv[0][0]))):
+        path = run_dir / "metrics.jsonl"
+        if path.exists():
+            recs = [r for r in read_records(path, repair=False) if r.get("reward") is not None]
+            curves[f"{TITLES[arm]} s{seed}"] = [r["reward"] for r in recs]
+    return curves
+
+
+def machine() -> str:
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return f"{platform.machine()}, {cpus} CPU cores, Python {platform.python_version()}"
+
+
+def demo_results(out: Path, cfg, dirs: RunDirs, timings: dict, quick: bool, peaks: list[dict]) -> dict:
+    """Every number of the report, written to OUT/results.json and returned (with int keys where JSON has strings).
 
     `peaks`: the matmul peaks measured by each invocation that ran stages, with the stages it ran."""
     arms = collect(dirs.eval, cfg)
-    ctl = controls(arms, dirs.eval, dirs.foreign, cfg)
-    k = cfg.gpass_k
-    gpass_curves = {
-        TITLES[a] + (f" (w={arms[a]['seeds'][0]['width']})" if a == "bridge" else ""): arms[a]["seeds"][0]["gpass"]
-        for a in ARMS
-        if a in arms
-    }
-    plot_gpass(gpass_curves, out / "gpass.png", k)
-    widths = arms["bridge"]["widths"][0]
-    width_curve = {
-        "Bridge": {
-            w: {
-                "accuracy": c["accuracy"]["mean"],
-                "coverage": c["coverage"]["mean"],
-                "g_pass_tau0.5": c["gpass"].get(k // 2, 0.0),
-                "g_pass_tau1": c["gpass"].get(k, 0.0),
-            }
-            for w, c in widths.items()
-        }
-    }
-    plot_width(width_curve, out / "widths.png")
-    curves, training_png = training_curves(out, dirs.rl)
-    machine = f"{platform.machine()}, {_cpus()} CPU cores, Python {platform.python_version()}"
-    trace = json.loads((out / "trace.json").read_text()) if (out / "trace.json").exists() else None
     settings = json.loads((out / "demo.json").read_text()) if (out / "demo.json").exists() else {}
-    precision = settings.get("precision")  # why the stages ran in cfg.bf16's precision (run_demo's choice)
     results = {
-        "seeds": ctl["seeds"],
-        "interaction": ctl["interaction"],
-        "foreign_siblings": ctl["foreign_siblings"],
-        "diffs": ctl["diffs"],
-        "rlvr_gain": ctl["rlvr_gain"],
-        "paper_effects": ctl["paper_effects"],
+        **controls(arms, dirs.eval, dirs.foreign, cfg),  # seeds, interaction, foreign_siblings, diffs, rlvr_gain, ...
         "departures": departures(cfg),
         "matmul_peak": peaks[0] if peaks else {},  # measured by the invocation that ran the first stages
         "matmul_peaks": peaks,  # one per invocation that ran stages (more than one: an interrupted, resumed run)
         "arms": {a: arms[a] for a in ARMS if a in arms},
-        "bridge_widths": {str(w): c for w, c in widths.items()},
+        "bridge_widths": {str(w): c for w, c in arms["bridge"]["widths"][0].items()},
         "gpass": {a: arms[a]["seeds"][0]["gpass"] for a in arms},
-        "training_rewards": curves,
-        "trace": trace,
+        "training_rewards": training_rewards(dirs.rl),
+        "trace": json.loads((out / "trace.json").read_text()) if (out / "trace.json").exists() else None,
         "timings_s": timings,
         "quick": quick,
-        "machine": machine,
+        "machine": machine(),
         "settings": settings,
-        "precision": {"bf16": cfg.bf16, "why": precision},
+        "precision": {"bf16": cfg.bf16, "why": settings.get("precision")},  # why the stages ran in this precision
     }
     write_json(out / "results.json", json.loads(json.dumps(results, default=str)))
-    figures = ["gpass.png"] + (["widths.png"] if (out / "widths.png").exists() else [])
-    figures += ["training.png"] if training_png else []
-    text = [
-        "# Bridge in miniature" + (" (--quick: toy sizes, the numbers mean nothing)" if quick else ""),
-        "",
-        f"Task: {task_text(cfg)}, {cfg.eval_problems} held-out test problems, {cfg.eval_n} samples each at "
-        f"temperature {cfg.temperature}, top-p {cfg.top_p}; RL over {ctl['seeds']} seed(s). Machine: {machine}; "
-        f"matmul peak measured when the stages ran: {_peaks_text(peaks)}. {_precision_text(cfg, precision)} "
-        f"Stage times (s): {json.dumps(timings)}.",
-        "",
-        "## Accuracy and set metrics (layout of the paper's Table 1)",
-        "",
-        table_1(arms, cfg),
-        "",
-        f"## G-Pass@{k}_τ against τ·k (paper Figure 4)",
-        "",
-        markdown_table(
-            ["Method", *(str(j) for j in range(1, k + 1))],
-            [[name, *(_pct(c.get(j)) for j in range(1, k + 1))] for name, c in gpass_curves.items()],
-        ),
-        "",
-        "## Bridge at every width, same weights (paper Table 3)",
-        "",
-        width_table(arms, cfg),
-        "",
-        "## Does Bridge use its siblings? Controls and paired differences",
-        "",
-        controls_table(ctl, cfg),
-        "",
-        *trace_section(trace),
-        "## What the miniature reproduces",
-        "",
-        verdict(arms, ctl, cfg),
-        "",
-        "The miniature is a 1-2M parameter model on a synthetic task, trained for minutes: it tests the mechanics",
-        "of the method and its direction, not the paper's numbers. Differences are paired (same test problems,",
-        "same seeds, same random draws) with 95% bootstrap intervals that resample seeds and problems. An interval",
-        "that holds 0 does not show an effect. To say what size of effect it does exclude, each difference the paper",
-        "measured is set against the paper's smallest effect scaled by RLVR's gain here over its gain in the paper",
-        "(this project's assumption: Bridge's advantage grows with what RLVR gains on the task; on DS-Qwen-7B it is",
-        "the paper's headline 39%). Unscaled, the paper's differences are 1-2 points.",
-        "",
-        "## Departures from the paper's settings",
-        "",
-        *[f"- {line}" for line in departures(cfg)],
-        "",
-        "## Figures",
-        "",
-        *[f"![{f}]({f})" for f in figures],
-        "",
-    ]
-    return write_atomic(out / "report.md", "\n".join(text))
-
-
-def task_text(cfg) -> str:
-    spec = cfg.base.task
-    if task_name(spec) == "anysum":
-        return (
-            f"sums of {spec.min_operands}-{spec.max_operands} numbers in {spec.min_value}..{spec.max_value}, "
-            "added in any order (anysum)"
-        )
-    return (
-        f"step-by-step addition and subtraction ({spec.min_operands}-{spec.max_operands} numbers in "
-        f"1..{spec.max_value}; arith)"
-    )
-
-
-def _peaks_text(peaks: list[dict]) -> str:
-    if not peaks:
-        return "not recorded"
-    parts = []
-    for p in peaks:
-        text = f"fp32 {p['fp32_tflops']} TFLOP/s, bf16 {p['bf16_tflops']} TFLOP/s"
-        if "kernels" not in p:  # measured before the peak took the fastest kernel
-            text += " (ATen's matmul alone)"
-        if len(peaks) > 1:  # name the stages each invocation ran
-            text += f" (stages {', '.join(p.get('stages', []))})"
-        parts.append(text + _wall_text(p))
-    return "; ".join(parts)
-
-
-def _precision_text(cfg, why: str | None) -> str:
-    why = f" ({why})" if why else ""
-    if cfg.bf16:
-        return f"Forwards in bf16{why}: autocast in training (fp32 weights and optimiser), bf16 weights in sampling."
-    return (
-        f"Forwards in fp32{why}. A bf16 run gives other numbers: its rounding differs from the first step on, so it "
-        "trains another base model and other runs."
-    )
-
-
-def _wall_text(peak: dict) -> str:
-    """The wall time of the invocation that measured `peak`, and its worker processes (stages ran side by side, so
-    the stage times add up to more than the wall time)."""
-    if "wall_s" not in peak:
-        return ""
-    return f", {peak.get('workers', 1)} worker process(es), {peak['wall_s']:.0f} s wall time from start to last stage"
-
-
-def _cpus() -> int:
-    import os
-
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return results

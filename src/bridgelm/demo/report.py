@@ -1,0 +1,372 @@
+"""The demo's report: DIR/report.md and its figures, from the numbers of demo/results.py.
+
+Rows follow the paper's Table 1 (Base, RLVR only, P-Match, Bridge), built on report.py's tables; the set figures
+follow Figure 4 (G-Pass@8 against tau*k) and Table 3 (Bridge at every width); training curves come from each RL
+run's metrics.jsonl. The claim list is written from the paired intervals: it says which of the paper's claims the
+miniature reproduces and which not, and whether each interval excludes the paper's effect scaled to this run.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+from bridgelm.demo.base import task_name
+from bridgelm.demo.results import ARMS, TITLES, RunDirs, demo_results
+from bridgelm.jsonl import write_atomic
+from bridgelm.figures import new_figure, plot_gpass, plot_width, save_png
+from bridgelm.tables import markdown_table, pct, table_numbers
+
+INTERACTION_TARGET = 0.2  # design target: share of samples at w = 8 that differ from w = 1
+
+
+def _pct(x) -> str:
+    """The demo's percentages: one decimal."""
+    return pct(x, 1)
+
+
+def accuracy_table(arms: dict, cfg) -> str:
+    """The paper's Table 1 for the demo's arms: a row per arm, accuracy with its 95% interval, set metrics, and Avg
+    and the improvement over Base as report.py's Table 1 counts them (`table_numbers`)."""
+    k = cfg.gpass_k
+    seeds = max(len(a["seeds"]) for a in arms.values())
+    head = [
+        "Method",
+        f"Accuracy (%){' mean ± sd over seeds' if seeds > 1 else ''}",
+        f"95% interval{' (seed 0)' if seeds > 1 else ''}",
+        f"Coverage@{cfg.eval_n}",
+        f"G-Pass@{k} τ=0.5",
+        f"G-Pass@{k} τ=1",
+        "Majority vote",
+        "Avg",
+        "↑Δ",
+    ]
+    shown = [arm for arm in ARMS if arm in arms]
+    table = table_numbers({arm: {"accuracy": {"mean": arms[arm]["accuracy_mean"]}} for arm in shown}, base="base")
+    rows = []
+    for arm in shown:
+        data, numbers = arms[arm], table["rows"][arm]
+        first = data["seeds"][min(data["seeds"])]
+        title = TITLES[arm] + (f" (w={first['width']})" if arm.startswith("bridge") else "")
+        acc = _pct(data["accuracy_mean"])
+        if seeds > 1 and len(data["seeds"]) > 1:
+            acc += f" ± {100 * data['accuracy_sd']:.1f}"
+        interval = f"[{_pct(first['accuracy']['low'])}, {_pct(first['accuracy']['high'])}]"
+        set_metrics = [first["coverage"]["mean"], first["gpass"].get(k // 2), first["gpass"].get(k)]
+        maj = first.get("majority_vote", {}).get("mean")
+        delta = f"{100 * numbers['delta']:+.1f}"
+        rows.append([title, acc, interval, *map(_pct, set_metrics), _pct(maj), _pct(numbers["avg"]), delta])
+    return markdown_table(head, rows)
+
+
+def width_table(arms: dict, cfg) -> str:
+    """Bridge at every width: accuracy averaged over seeds, the rest of seed 0, and the interaction."""
+    k = cfg.gpass_k
+    by_seed = arms["bridge"]["widths"]
+    first = by_seed[min(by_seed)]  # seed 0: {width: cell}
+    diverged = arms["bridge"].get("diverged_by_seed", {})
+    head = [
+        "Bridge width w",
+        f"Accuracy (%), mean over {len(by_seed)} seed(s)",
+        "95% interval (seed 0)",
+        f"Coverage@{cfg.eval_n}",
+        f"G-Pass@{k} τ=1",
+        "Samples that differ from w=1 (%)",
+    ]
+    rows = []
+    for w in sorted(first):
+        c = first[w]
+        mean = statistics.fmean(by_seed[s][w]["accuracy"]["mean"] for s in by_seed)
+        changed = [d[w] for d in diverged.values() if w in d]
+        rows.append(
+            [
+                f"{w}{' (independent)' if w == 1 else ''}",
+                _pct(mean),
+                f"[{_pct(c['accuracy']['low'])}, {_pct(c['accuracy']['high'])}]",
+                _pct(c["coverage"]["mean"]),
+                _pct(c["gpass"].get(k)),
+                _pct(statistics.fmean(changed)) if changed else "0.0",
+            ]
+        )
+    return markdown_table(head, rows)
+
+
+def _diff_text(d: dict) -> str:
+    return f"{100 * d['mean']:+.1f} points [{100 * d['low']:+.1f}, {100 * d['high']:+.1f}]"
+
+
+def controls_table(ctl: dict, cfg) -> str:
+    """Paired differences (same problems, same seeds), and the controls."""
+    w = cfg.eval_width
+    names = {
+        "bridge-rlvr": f"Bridge (w={w}) − RLVR only",
+        "bridge-pmatch": f"Bridge (w={w}) − P-Match (control c: same parameters, no cross-sample attention)",
+        f"w{w}-w1": f"Bridge w={w} − Bridge w=1 (same weights)",
+        "foreign-w1": f"Bridge w={w} with foreign siblings (control b) − Bridge w=1",
+    }
+    runs = "its own SFT and RL runs" if cfg.sft_per_seed else "its own RL run, one shared SFT run"
+    head = [f"Paired difference of accuracy, over {ctl['seeds']} seed(s) (each: {runs})", "Mean and 95% interval"]
+    lines = [markdown_table(head, [[names[k], _diff_text(d)] for k, d in ctl["diffs"].items() if k in names])]
+    if ctl["interaction"]:
+        shares = [f"{100 * v:.1f}" for v in ctl["interaction"].values()]
+        lines += [
+            "",
+            markdown_table(
+                ["Width w", *ctl["interaction"]], [["Samples that differ from w=1 (control a), %", *shares]]
+            ),
+        ]
+    return "\n".join(lines)
+
+
+def trace_section(trace: dict | None) -> list[str]:
+    """The interaction over the course of RL (the demo's trace stage), as report lines; none without a trace."""
+    if not trace:
+        return []
+    w = trace["width"]
+    rows = [
+        [str(p["step"]), _pct(p["w1"]), _pct(p[f"w{w}"]), _pct(p[f"w{w}"] - p["w1"]), _pct(p["interaction"])]
+        for p in trace["points"]
+    ]
+    return [
+        f"## The interaction over the course of RL (Bridge, seed {trace['seed']}; step 0: the SFT blocks)",
+        "",
+        markdown_table(["RL step", "w=1", f"w={w}", f"w={w} - w=1", f"samples that differ at w={w}"], rows),
+        "",
+    ]
+
+
+def task_text(cfg) -> str:
+    spec = cfg.base.task
+    if task_name(spec) == "anysum":
+        return (
+            f"sums of {spec.min_operands}-{spec.max_operands} numbers in {spec.min_value}..{spec.max_value}, "
+            "added in any order (anysum)"
+        )
+    return (
+        f"step-by-step addition and subtraction ({spec.min_operands}-{spec.max_operands} numbers in "
+        f"1..{spec.max_value}; arith)"
+    )
+
+
+def _peaks_text(peaks: list[dict]) -> str:
+    if not peaks:
+        return "not recorded"
+    parts = []
+    for p in peaks:
+        text = f"fp32 {p['fp32_tflops']} TFLOP/s, bf16 {p['bf16_tflops']} TFLOP/s"
+        if len(peaks) > 1:  # name the stages each invocation ran
+            text += f" (stages {', '.join(p.get('stages', []))})"
+        parts.append(text + _wall_text(p))
+    return "; ".join(parts)
+
+
+def _precision_text(cfg, why: str | None) -> str:
+    why = f" ({why})" if why else ""
+    if cfg.bf16:
+        return f"Forwards in bf16{why}: autocast in training (fp32 weights and optimiser), bf16 weights in sampling."
+    return (
+        f"Forwards in fp32{why}. A bf16 run gives other numbers: its rounding differs from the first step on, so it "
+        "trains another base model and other runs."
+    )
+
+
+def _wall_text(peak: dict) -> str:
+    """The wall time of the invocation that measured `peak`, and its worker processes (stages ran side by side, so
+    the stage times add up to more than the wall time)."""
+    if "wall_s" not in peak:
+        return ""
+    return f", {peak.get('workers', 1)} worker process(es), {peak['wall_s']:.0f} s wall time from start to last stage"
+
+
+def _claim(text: str, holds: bool, detail: str) -> str:
+    return f"- {text}: **{'reproduced' if holds else 'not reproduced'}** ({detail})."
+
+
+def _interval_claim(text: str, key: str, ctl: dict, sign: int = 1) -> list[str]:
+    """A claim read off the paired interval of `ctl["diffs"][key]` (sign -1: the claim is that it is below 0), set
+    against the paper's effect scaled to this run where the paper measured it; none without that difference."""
+    d = ctl["diffs"].get(key)
+    if d is None:
+        return []
+    low, high = (d["low"], d["high"]) if sign > 0 else (-d["high"], -d["low"])
+    word = "reproduced" if low > 0 else "reversed" if high < 0 else "not shown: the interval holds 0"
+    line = f"- {text}: **{word}** ({_diff_text(d)}, paired over {ctl['seeds']} seed(s) and problems)"
+    effect = ctl["paper_effects"].get(key)
+    if effect is not None:
+        where = {
+            "above": "above the interval, which excludes an effect of the paper's relative size",
+            "inside": "inside the interval: neither shown nor excluded",
+            "below": "below the interval: the effect here is larger",
+        }[effect["position"]]
+        sc = effect["scaled"]
+        n = effect["of_models"]
+        which = f"smallest effect over its {n} models" if n > 1 else "effect"
+        line += (
+            f". The paper's {which}, {effect['paper_points']:+.2f} points on an RLVR gain of "
+            f"{effect['paper_rlvr_gain']:+.2f} points ({effect['source']}), scaled to this run's RLVR gain: "
+            f"{100 * sc['mean']:+.1f} points [{100 * sc['low']:+.1f}, {100 * sc['high']:+.1f}], {where}"
+        )
+        if effect["position_unscaled"] != effect["position"]:
+            line += f" (unscaled, it is {effect['position_unscaled']} the interval)"
+    return [line + "."]
+
+
+def verdict(arms: dict, ctl: dict, cfg) -> str:
+    """Which of the paper's claims the miniature reproduces, read off the paired intervals."""
+    k, w = cfg.gpass_k, cfg.eval_width
+    lines = [
+        *_interval_claim("Bridge improves accuracy after RLVR more than RLVR alone", "bridge-rlvr", ctl),
+        *_interval_claim("Bridge beats P-Match, the parameter-matched control", "bridge-pmatch", ctl),
+        *_interval_claim(f"Bridge at w={w} beats independent generation (w=1) with the same weights", f"w{w}-w1", ctl),
+        *_interval_claim(
+            "Bridge uses what its siblings know: with foreign siblings it falls below w=1", "foreign-w1", ctl, -1
+        ),
+    ]
+    share = ctl["interaction"].get(str(w))
+    if share is not None:
+        target = f"{100 * INTERACTION_TARGET:.0f}%"
+        lines.append(
+            _claim(
+                f"The samples interact: at least {target} of them change at w={w} (design target)",
+                share >= INTERACTION_TARGET,
+                f"{100 * share:.1f}% differ from their w=1 counterpart with the same random draws",
+            )
+        )
+    acc = {arm: d["accuracy_mean"] for arm, d in arms.items()}
+    gain = f"{_pct(acc['base'])}% -> {_pct(acc['rlvr'])}%"
+    lines.append(_claim("RLVR improves on the base model", acc["rlvr"] > acc["base"], gain))
+    first = {arm: d["seeds"][min(d["seeds"])] for arm, d in arms.items()}
+    paper = [a for a in ("base", "rlvr", "pmatch", "bridge") if a in first]
+    full = {a: first[a]["gpass"].get(k) or 0.0 for a in paper}
+    lines.append(
+        _claim(
+            f"Bridge answers more consistently (G-Pass@{k} at τ=1, all {k} correct; seed 0)",
+            full["bridge"] > max(full["rlvr"], full["pmatch"]),  # a tie is not "more"
+            ", ".join(f"{TITLES[a]} {_pct(full[a])}%" for a in paper),
+        )
+    )
+    cov = {a: first[a]["coverage"]["mean"] for a in paper}
+    lines.append(
+        _claim(
+            "Bridge keeps or raises coverage (seed 0)",
+            cov["bridge"] >= max(cov["rlvr"], cov["pmatch"]) - 0.01,
+            ", ".join(f"{TITLES[a]} {_pct(cov[a])}%" for a in paper),
+        )
+    )
+    return "\n".join(lines)
+
+
+def gpass_curves(arms: dict) -> dict[str, dict[int, float]]:
+    """G-Pass@k at every tau*k of each arm's seed 0, by the arm's title."""
+    return {
+        TITLES[a] + (f" (w={arms[a]['seeds'][0]['width']})" if a == "bridge" else ""): arms[a]["seeds"][0]["gpass"]
+        for a in ARMS
+        if a in arms
+    }
+
+
+def plot_training(curves: dict[str, list[float]], path: Path) -> Path | None:
+    """The reward of every RL run's rollouts per step, smoothed over a tenth of its steps; None without runs."""
+    if not curves:
+        return None
+    fig, (ax,) = new_figure(1, width=6.5, height=3.6)
+    for name, ys in curves.items():
+        window = max(1, len(ys) // 10)
+        smooth = [statistics.fmean(ys[max(0, i - window + 1) : i + 1]) for i in range(len(ys))]
+        ax.plot(range(1, len(ys) + 1), [100 * y for y in smooth], label=name)
+    ax.set_xlabel("GRPO step")
+    ax.set_ylabel("mean reward of rollouts (%), smoothed")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+    return save_png(fig, path)
+
+
+def draw_figures(out: Path, cfg, results: dict) -> list[str]:
+    """OUT/gpass.png, OUT/widths.png and OUT/training.png; returns the names of those drawn."""
+    k = cfg.gpass_k
+    plot_gpass(gpass_curves(results["arms"]), out / "gpass.png", k)
+    width_curve = {
+        w: {
+            "accuracy": c["accuracy"]["mean"],
+            "coverage": c["coverage"]["mean"],
+            "g_pass_tau0.5": c["gpass"].get(k // 2, 0.0),
+            "g_pass_tau1": c["gpass"].get(k, 0.0),
+        }
+        for w, c in results["arms"]["bridge"]["widths"][0].items()
+    }
+    plot_width({"Bridge": width_curve}, out / "widths.png")
+    figures = ["gpass.png"] + (["widths.png"] if (out / "widths.png").exists() else [])
+    return figures + (["training.png"] if plot_training(results["training_rewards"], out / "training.png") else [])
+
+
+def write_demo_report(out: Path, cfg, dirs: RunDirs, timings: dict, quick: bool, peaks: list[dict]) -> Path:
+    """OUT/report.md, OUT/results.json and the figures from the runs in `dirs`; returns the report's path.
+
+    `peaks`: the matmul peaks measured by each invocation that ran stages, with the stages it ran."""
+    results = demo_results(out, cfg, dirs, timings, quick, peaks)
+    figures = draw_figures(out, cfg, results)
+    text = [*_opening(cfg, results), *_tables(cfg, results), *_closing(cfg, results, figures)]
+    return write_atomic(out / "report.md", "\n".join(text))
+
+
+def _opening(cfg, results: dict) -> list[str]:
+    quick, why = results["quick"], results["precision"]["why"]
+    return [
+        "# Bridge in miniature" + (" (--quick: toy sizes, the numbers mean nothing)" if quick else ""),
+        "",
+        f"Task: {task_text(cfg)}, {cfg.eval_problems} held-out test problems, {cfg.eval_n} samples each at "
+        f"temperature {cfg.temperature}, top-p {cfg.top_p}; RL over {results['seeds']} seed(s). Machine: "
+        f"{results['machine']}; matmul peak measured when the stages ran: {_peaks_text(results['matmul_peaks'])}. "
+        f"{_precision_text(cfg, why)} Stage times (s): {json.dumps(results['timings_s'])}.",
+        "",
+    ]
+
+
+def _tables(cfg, results: dict) -> list[str]:
+    k, arms = cfg.gpass_k, results["arms"]
+    gpass = [[name, *(_pct(c.get(j)) for j in range(1, k + 1))] for name, c in gpass_curves(arms).items()]
+    return [
+        "## Accuracy and set metrics (layout of the paper's Table 1)",
+        "",
+        accuracy_table(arms, cfg),
+        "",
+        f"## G-Pass@{k}_τ against τ·k (paper Figure 4)",
+        "",
+        markdown_table(["Method", *(str(j) for j in range(1, k + 1))], gpass),
+        "",
+        "## Bridge at every width, same weights (paper Table 3)",
+        "",
+        width_table(arms, cfg),
+        "",
+        "## Does Bridge use its siblings? Controls and paired differences",
+        "",
+        controls_table(results, cfg),
+        "",
+        *trace_section(results["trace"]),
+    ]
+
+
+def _closing(cfg, results: dict, figures: list[str]) -> list[str]:
+    return [
+        "## What the miniature reproduces",
+        "",
+        verdict(results["arms"], results, cfg),
+        "",
+        "The miniature is a 1-2M parameter model on a synthetic task, trained for minutes: it tests the mechanics",
+        "of the method and its direction, not the paper's numbers. Differences are paired (same test problems,",
+        "same seeds, same random draws) with 95% bootstrap intervals that resample seeds and problems. An interval",
+        "that holds 0 does not show an effect. To say what size of effect it does exclude, each difference the paper",
+        "measured is set against the paper's smallest effect scaled by RLVR's gain here over its gain in the paper",
+        "(this project's assumption: Bridge's advantage grows with what RLVR gains on the task; on DS-Qwen-7B it is",
+        "the paper's headline 39%). Unscaled, the paper's differences are 1-2 points.",
+        "",
+        "## Departures from the paper's settings",
+        "",
+        *[f"- {line}" for line in results["departures"]],
+        "",
+        "## Figures",
+        "",
+        *[f"![{f}]({f})" for f in figures],
+        "",
+    ]
