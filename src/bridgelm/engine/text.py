@@ -88,7 +88,7 @@ def check_stop_strings(stop_strings: Sequence[str]) -> None:
     """ValueError unless every stop string is non-empty text (the one check of the API and the CLI's --stop)."""
     for s in stop_strings:
         if not isinstance(s, str) or not s:
-            what = "empty stop string" if s == "" else f"stop string {s!r}"
+            what = "empty stop string ''" if s == "" else f"stop string {s!r}"
             raise ValueError(f"{what}: expected non-empty text (an empty one ends every sample after its first token)")
 
 
