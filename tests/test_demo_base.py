@@ -64,7 +64,7 @@ def test_every_demo_task_pretrains_and_is_checked_within_its_budget(tmp_path, mo
     base.pretrain(cfg, tmp_path / "p", progress=False, log=lambda _: None)
     assert budgets == [("pairsum", base.CHECK_TOKENS["pairsum"])]
     tokenizer = load_tokenizer(tmp_path / "p")
-    row = base.generate(cfg.task, 1, "test", 0)[0]
+    row = base.make_problems(cfg.task, 1, "test", 0)[0]
     prompt = base.make_task(cfg.task, [row]).prompt(row)
     ids = tokenizer(prompt)["input_ids"]
     assert tokenizer.unk_token_id not in ids and tokenizer.decode(ids) == prompt  # ',' and '>' have tokens

@@ -142,9 +142,9 @@ def test_gpqa_bad_rows_name_row_and_field(tmp_path):
 
 def test_zebra_generated_rows_graded_by_reasoning_gym():
     task = tasks.load("zebra", size=4, seed=0)
-    again = zebra_mod.generate(4, seed=0)
+    again = zebra_mod.make_problems(4, seed=0)
     assert [e["question"] for e in task.examples] == [e["question"] for e in again]
-    assert {e["question"] for e in zebra_mod.generate(4, seed=0, split="train")}.isdisjoint(
+    assert {e["question"] for e in zebra_mod.make_problems(4, seed=0, split="train")}.isdisjoint(
         e["question"] for e in task.examples
     )
     for ex in task.examples:

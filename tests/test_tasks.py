@@ -252,14 +252,14 @@ def test_countdown_never_executes_code(tmp_path):
 
 
 def test_countdown_splits_are_disjoint_and_deterministic():
-    test_a = countdown_mod.generate(30, seed=0, split="test")
-    test_b = countdown_mod.generate(30, seed=0, split="test")
-    train = countdown_mod.generate(30, seed=0, split="train")
+    test_a = countdown_mod.make_problems(30, seed=0, split="test")
+    test_b = countdown_mod.make_problems(30, seed=0, split="test")
+    train = countdown_mod.make_problems(30, seed=0, split="train")
     key = lambda ex: (tuple(ex["numbers"]), ex["target"])  # noqa: E731
     assert [key(e) for e in test_a] == [key(e) for e in test_b]
     assert not {key(e) for e in test_a} & {key(e) for e in train}
     with pytest.raises(ValueError, match="split='dev'"):
-        countdown_mod.generate(3, split="dev")
+        countdown_mod.make_problems(3, split="dev")
 
 
 # ----------------------------------------------------------------------------- loading
@@ -359,8 +359,8 @@ def test_anysum_solutions_have_one_layout_whatever_the_order():
 def test_anysum_rows_grading_and_splits():
     from bridgelm.tasks import anysum
 
-    rows = anysum.generate(60, "train", seed=3)
-    assert rows == anysum.generate(60, "train", seed=3)  # seeded
+    rows = anysum.make_problems(60, "train", seed=3)
+    assert rows == anysum.make_problems(60, "train", seed=3)  # seeded
     task = anysum.AnySum("anysum", rows)
     for row in rows:
         numbers = anysum.numbers_of(row["problem"])
@@ -375,7 +375,7 @@ def test_anysum_rows_grading_and_splits():
     assert task.reward("\\boxed{91}", ex) == 0.0
     assert task.reward("no box", ex) == 0.0
     assert task.extract("\\boxed{12} then \\boxed{090}") == "90"  # the last box counts
-    test = {r["problem"] for r in anysum.generate(50, "test", seed=3)}
+    test = {r["problem"] for r in anysum.make_problems(50, "test", seed=3)}
     assert not test & {r["problem"] for r in rows}
 
 
@@ -403,8 +403,8 @@ def test_pairsum_search_lines_have_one_width_and_stop_at_the_pair():
     assert pairsum.pairs_to(numbers, target) == [(2, 4)]
     text = pairsum.solution_text(numbers, [(0, 1), (2, 4)])
     assert text == "?37+12=049\n?58+21=079\n\\boxed{58+21}"
-    rows = pairsum.generate(80, "train", seed=3)
-    assert rows == pairsum.generate(80, "train", seed=3)  # seeded
+    rows = pairsum.make_problems(80, "train", seed=3)
+    assert rows == pairsum.make_problems(80, "train", seed=3)  # seeded
     task = pairsum.PairSum("pairsum", rows)
     lengths = set()
     for row in rows:
@@ -425,7 +425,7 @@ def test_pairsum_search_lines_have_one_width_and_stop_at_the_pair():
     assert task.reward("\\boxed{37+42}", ex) == 0.0  # the right sum from numbers not in the problem
     assert task.reward("?58+21=079", ex) == 0.0  # found but not boxed
     assert task.extract("\\boxed{37+12}\n\\boxed{58+21}") == "21+58"  # the last box counts
-    test = {r["problem"] for r in pairsum.generate(50, "test", seed=3)}
+    test = {r["problem"] for r in pairsum.make_problems(50, "test", seed=3)}
     assert not test & {r["problem"] for r in rows}
 
 

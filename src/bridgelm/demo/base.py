@@ -65,7 +65,7 @@ class BaseConfig:
     threads: int = 0  # torch threads (0 = leave as is)
 
 
-# The demo's tasks, by the type of their spec: (registry name, module with generate(), task class, new tokens per
+# The demo's tasks, by the type of their spec: (registry name, module with make_problems(), task class, new tokens per
 # sample in pre-training's validation checks: its worked solutions within the demo's budget).
 _TASKS = {
     anysum.AnySumSpec: ("anysum", anysum, anysum.AnySum, 48),
@@ -75,14 +75,19 @@ _TASKS = {
 CHECK_TOKENS = {name: tokens for name, _, _, tokens in _TASKS.values()}  # by registry name
 
 
+def check_config(task_name: str) -> evaluate.EvalConfig:
+    """How pre-training's validation checks sample: 4 independent samples per problem, the evaluation's sampling."""
+    return evaluate.EvalConfig(n=4, width=1, max_new_tokens=CHECK_TOKENS[task_name])
+
+
 def task_name(spec) -> str:
     """The registry name of the task whose problems `spec` describes."""
     return _TASKS[type(spec)][0]
 
 
-def generate(spec, size: int, split: str, seed: int, distinct: bool = True) -> list[dict]:
+def make_problems(spec, size: int, split: str, seed: int, distinct: bool = True) -> list[dict]:
     """Problems (with one worked solution each) of the task that `spec` describes."""
-    return _TASKS[type(spec)][1].generate(size, split, seed, spec, distinct=distinct)
+    return _TASKS[type(spec)][1].make_problems(size, split, seed, spec, distinct=distinct)
 
 
 def make_task(spec, examples: list[dict]):
@@ -138,11 +143,6 @@ def encode_examples(tokenizer, task, examples) -> tuple[torch.Tensor, torch.Tens
     return ids, mask
 
 
-def accuracy(model, tokenizer, task, n: int = 4, max_new_tokens: int = 48) -> float:
-    """Mean accuracy of n independent samples per problem (temperature 0.6, top-p 0.95), through the engine."""
-    return evaluate.accuracy(model, tokenizer, task, evaluate.EvalConfig(n=n, width=1, max_new_tokens=max_new_tokens))
-
-
 def pretrain(cfg: BaseConfig, out: str | Path, progress: bool = True, log=print) -> Path:
     """Build, pre-train and save the base model into `out` (reused when already there with these settings).
 
@@ -172,7 +172,7 @@ def pretrain(cfg: BaseConfig, out: str | Path, progress: bool = True, log=print)
     scheduler = scheduled(optimizer, CosineSchedule(horizon, max(1, horizon // 20), floor=0.1))
     run.track(model, optimizer, scheduler, lambda folder, _: save_model(model, tokenizer, folder))
     checks = cfg.check_from < cfg.steps
-    val = make_task(cfg.task, generate(cfg.task, cfg.check_problems, "validation", cfg.seed)) if checks else None
+    val = make_task(cfg.task, make_problems(cfg.task, cfg.check_problems, "validation", cfg.seed)) if checks else None
     t0 = time.perf_counter()
     last = run.step if run.state["reached"] else cfg.steps  # a run that reached its target is over
     with run.running(last, f"pre-training {n_params / 1e6:.1f}M model"):
@@ -186,7 +186,7 @@ def pretrain(cfg: BaseConfig, out: str | Path, progress: bool = True, log=print)
                 run.state["step"] = step + 1
                 record = {"step": step + 1, "loss": loss.item(), "lr": lr, "grad_norm": norm, "tokens": tokens}
                 if checks and step + 1 >= cfg.check_from and (step + 1 - cfg.check_from) % cfg.check_every == 0:
-                    val_accuracy = accuracy(model, tokenizer, val, max_new_tokens=CHECK_TOKENS[task.name])
+                    val_accuracy = evaluate.accuracy(model, tokenizer, val, check_config(task.name))
                     record["val_accuracy"] = run.state["val_accuracy"] = val_accuracy
                     run.state["reached"] = val_accuracy >= cfg.target_accuracy
                 run.log(record, loss=f"{record['loss']:.3f}", val=run.state["val_accuracy"])
@@ -199,7 +199,7 @@ def pretrain(cfg: BaseConfig, out: str | Path, progress: bool = True, log=print)
 
 def _build(cfg: BaseConfig):
     """The training problems (as a task), a tokenizer learned from them, and the fresh model."""
-    examples = generate(cfg.task, cfg.steps * cfg.batch_size, "train", cfg.seed, distinct=cfg.distinct)
+    examples = make_problems(cfg.task, cfg.steps * cfg.batch_size, "train", cfg.seed, distinct=cfg.distinct)
     alphabet = "0123456789+-=\n{}" + "".join(sorted(set(BOXED)))
     task = make_task(cfg.task, examples)
     tokenizer = train_tokenizer([alphabet] + [task.prompt(e) + e["solution"] for e in task.examples[:2000]])

@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 
 from bridgelm.demo import stages as st
-from bridgelm.demo.base import PRETRAIN_FILE, generate, make_task, pretrain
+from bridgelm.demo.base import PRETRAIN_FILE, make_problems, make_task, pretrain
 from bridgelm.demo.config import TRACE_SEED, DemoConfig, eval_arms, rl_arms, sft_kinds, sft_seed_of, sft_seeds
 from bridgelm.demo.report import write_demo_report
 from bridgelm.demo.results import RunDirs
@@ -247,8 +247,8 @@ def _base_and_tasks(out: Path, cfg: DemoConfig, quick: bool, timings: Timings, l
         base_dir=base_dir,
         tokenizer=load_tokenizer(base_dir),
         # Training prompts may repeat at toy sizes; test problems are always distinct.
-        train=make_task(spec, generate(spec, rl_problems, "train", 1, distinct=not quick)),
-        test=make_task(spec, generate(spec, cfg.eval_problems, "test", 0)),
+        train=make_task(spec, make_problems(spec, rl_problems, "train", 1, distinct=not quick)),
+        test=make_task(spec, make_problems(spec, cfg.eval_problems, "test", 0)),
     )
     for split, task in (("train", ctx.train), ("test", ctx.test)):
         rows = "".join(json.dumps(row) + "\n" for row in task.examples)

@@ -180,10 +180,10 @@ def controls(arms: dict, eval_dirs: dict[tuple[str, int], Path], foreign: dict[i
     "rlvr_gain" {"mean", "low", "high"} (RLVR only - base, or None), "paper_effects" (see `paper_effects`)}.
     """
     w = cfg.eval_width
-    accuracy = functools.cache(per_problem_accuracy)  # each run and width read once (RLVR's serve two differences)
+    per_problem = functools.cache(per_problem_accuracy)  # each run and width read once (RLVR's serve two differences)
     seeds = sorted(s for (arm, s) in eval_dirs if arm == "bridge")
-    bridge_w = [accuracy(eval_dirs[("bridge", s)], w) for s in seeds]
-    bridge_1 = [accuracy(eval_dirs[("bridge", s)], 1) for s in seeds] if 1 in cfg.widths else None
+    bridge_w = [per_problem(eval_dirs[("bridge", s)], w) for s in seeds]
+    bridge_1 = [per_problem(eval_dirs[("bridge", s)], 1) for s in seeds] if 1 in cfg.widths else None
     by_seed = arms["bridge"].get("diverged_by_seed", {})
     interaction = {"1": 0.0} if 1 in cfg.widths else {}
     for width in sorted({x for d in by_seed.values() for x in d}):
@@ -191,20 +191,20 @@ def controls(arms: dict, eval_dirs: dict[tuple[str, int], Path], foreign: dict[i
     diffs: dict[str, dict] = {}
     for other in ("rlvr", "pmatch"):
         if all((other, s) in eval_dirs for s in seeds):
-            theirs = [accuracy(eval_dirs[(other, s)], 1) for s in seeds]
+            theirs = [per_problem(eval_dirs[(other, s)], 1) for s in seeds]
             diffs[f"bridge-{other}"] = paired_difference(bridge_w, theirs)
     if bridge_1 is not None:
         diffs[f"w{w}-w1"] = paired_difference(bridge_w, bridge_1)
     foreign_acc = None
     if bridge_1 is not None and all(s in foreign and (foreign[s] / "scores.jsonl").exists() for s in seeds):
-        strangers = [accuracy(foreign[s], w) for s in seeds]
+        strangers = [per_problem(foreign[s], w) for s in seeds]
         foreign_acc = statistics.fmean(statistics.fmean(x) for x in strangers)
         diffs["foreign-w1"] = paired_difference(strangers, bridge_1)
     gain = None  # RLVR - base, paired over RLVR's seeds and problems (one base model for every seed)
     rlvr_seeds = sorted(s for (arm, s) in eval_dirs if arm == "rlvr")
     if ("base", 0) in eval_dirs and rlvr_seeds:
-        base = accuracy(eval_dirs[("base", 0)], 1)
-        gain = paired_difference([accuracy(eval_dirs[("rlvr", s)], 1) for s in rlvr_seeds], [base] * len(rlvr_seeds))
+        base = per_problem(eval_dirs[("base", 0)], 1)
+        gain = paired_difference([per_problem(eval_dirs[("rlvr", s)], 1) for s in rlvr_seeds], [base] * len(rlvr_seeds))
     return {
         "seeds": len(seeds),
         "interaction": interaction,

@@ -81,7 +81,7 @@ def _draw(rng: random.Random, spec: AnySumSpec) -> list[int]:
     return [rng.randint(spec.min_value, spec.max_value) for _ in range(k)]
 
 
-def generate(
+def make_problems(
     size: int, split: str = "train", seed: int = 0, spec: AnySumSpec = AnySumSpec(), distinct: bool = True
 ) -> list[dict]:
     """`size` problems of `split` (distinct unless `distinct=False`), drawn by a generator seeded with (seed, split).
@@ -121,4 +121,4 @@ def load(path: str | None = None, split: str = "test", size: int = 500, seed: in
             if str(row["answer"]).strip() != str(sum(numbers)):
                 raise ValueError(f"{path}: row {i}: answer {row['answer']!r} is not the sum {sum(numbers)}")
         return AnySum(name="anysum", examples=rows)
-    return AnySum(name="anysum", examples=generate(size, split, seed, AnySumSpec(**spec)))
+    return AnySum(name="anysum", examples=make_problems(size, split, seed, AnySumSpec(**spec)))

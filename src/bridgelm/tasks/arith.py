@@ -78,7 +78,7 @@ def _draw(rng: random.Random, spec: ArithSpec) -> str:
             return text
 
 
-def generate(
+def make_problems(
     size: int, split: str = "train", seed: int = 0, spec: ArithSpec = ArithSpec(), distinct: bool = True
 ) -> list[dict]:
     """`size` problems of `split` (distinct ones unless `distinct=False`), drawn by a generator seeded with (seed,
@@ -150,4 +150,4 @@ def load(path: str | None = None, split: str = "test", size: int = 500, seed: in
         from bridgelm.tasks.base import read_rows, resolve_local
 
         return Arith(name="arith", examples=read_rows(resolve_local(path, split), ("problem", "answer"), check_row))
-    return Arith(name="arith", examples=generate(size, split, seed, ArithSpec(**spec)))
+    return Arith(name="arith", examples=make_problems(size, split, seed, ArithSpec(**spec)))

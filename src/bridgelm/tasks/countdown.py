@@ -194,7 +194,7 @@ def split_seed(split: str, seed: int, size: int) -> int:
     return SPLIT_OFFSETS[split] + seed
 
 
-def generate(size: int, seed: int = 0, split: str = "test") -> list[dict]:
+def make_problems(size: int, seed: int = 0, split: str = "test") -> list[dict]:
     """`size` problems from reasoning-gym, with seeds reserved for `split`."""
     import reasoning_gym  # heavy import, only when generating
 
@@ -259,7 +259,7 @@ def load(
     if prompt_style not in PROMPT_STYLES:
         raise ValueError(f"prompt_style={prompt_style!r} is unknown: expected one of {', '.join(PROMPT_STYLES)}")
     if path is None:
-        examples = generate(size, seed=seed, split=split)
+        examples = make_problems(size, seed=seed, split=split)
     else:
         rows = read_rows(resolve_local(path, split), ("target",), check=_check_either_layout)
         examples = _with_numbers(rows, str(path))

@@ -92,7 +92,7 @@ def _draw(rng: random.Random, spec: PairSumSpec) -> tuple[list[int], int]:
             return numbers, target
 
 
-def generate(
+def make_problems(
     size: int, split: str = "train", seed: int = 0, spec: PairSumSpec = PairSumSpec(), distinct: bool = True
 ) -> list[dict]:
     """`size` problems of `split` (distinct unless `distinct=False`), drawn by a generator seeded with (seed, split).
@@ -153,4 +153,4 @@ def load(path: str | None = None, split: str = "test", size: int = 500, seed: in
         from bridgelm.tasks.base import read_rows
 
         return PairSum(name="pairsum", examples=read_rows(path, ("problem", "answer"), check_row))
-    return PairSum(name="pairsum", examples=generate(size, split, seed, PairSumSpec(**spec)))
+    return PairSum(name="pairsum", examples=make_problems(size, split, seed, PairSumSpec(**spec)))

@@ -195,7 +195,7 @@ def check_row(row: dict) -> None:
         )
 
 
-def generate(size: int, seed: int = 0, split: str = "test", **config) -> list[dict]:
+def make_problems(size: int, seed: int = 0, split: str = "test", **config) -> list[dict]:
     """`size` reasoning-gym zebra puzzles with seeds reserved for `split` (`config`: num_people, ...)."""
     first = split_seed(split, seed, size)
     import reasoning_gym  # heavy import, only when generating
@@ -207,7 +207,7 @@ def generate(size: int, seed: int = 0, split: str = "test", **config) -> list[di
 def load(path: str | None = None, split: str = "test", size: int = 200, seed: int = 0) -> Zebra:
     """Zebra puzzles: generated offline (path None), or rows of a local file/folder or hub id in either layout."""
     if path is None:
-        rows = generate(size, seed=seed, split=split)
+        rows = make_problems(size, seed=seed, split=split)
     else:
         rows = load_rows(path, split, (), hub_config=HUB_CONFIG, check=check_row)
     return Zebra(name="zebra", examples=rows)
