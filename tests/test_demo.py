@@ -336,10 +336,9 @@ def test_paper_effects_are_scaled_by_this_runs_rlvr_gain_and_placed_against_the_
         for a, acc in (("base", 0.39), ("rlvr", 0.60), ("pmatch", 0.59), ("bridge", 0.59))
     }
 
-    class Cfg:
-        gpass_k, eval_width = 8, 8
+    from bridgelm.demo.config import DemoConfig
 
-    lines = verdict(arms, ctl, Cfg).splitlines()
+    lines = verdict(arms, ctl, DemoConfig()).splitlines()  # G-Pass@8 at w = 8
     line = next(x for x in lines if "more than RLVR alone" in x)
     assert "smallest effect over its 3 models, +1.65 points on an RLVR gain of +4.20 points (DS-Qwen-7B" in line
     assert "+7.9 points [+7.1, +8.6], above the interval, which excludes" in line

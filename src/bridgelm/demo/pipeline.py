@@ -40,6 +40,7 @@ from bridgelm.demo.results import RunDirs
 from bridgelm.errors import UserError, show_data_warnings
 from bridgelm.jsonl import write_atomic, write_json
 from bridgelm.runs import check_settings, jsonable
+from bridgelm.train.loop import dotted
 
 __all__ = ["DemoConfig", "Stage", "Timings", "choose_bf16", "record_settings", "run_demo", "run_stages"]
 
@@ -225,9 +226,10 @@ def record_settings(out: Path, settings: dict) -> None:
     """OUT/demo.json: the folder's settings, checked first against those its stages were made with (all but
     RERUN_MAY_CHANGE), so that a re-run does not mix its runs with another setting's under one label."""
     settings, record = jsonable(settings), out / "demo.json"
-    if record.is_file():
-        keys = [k for k in settings if k not in RERUN_MAY_CHANGE]
-        check_settings(record, json.loads(record.read_text()), settings, keys, fix="use another --out")
+    if record.is_file():  # nested configs compared by dotted key, so that a difference is named (rl.lr)
+        now, saved = dotted(settings), dotted(json.loads(record.read_text()))
+        keys = [k for k in now if k.split(".")[0] not in RERUN_MAY_CHANGE]
+        check_settings(record, saved, now, keys, fix="use another --out")
     write_json(record, settings)
 
 
@@ -240,7 +242,7 @@ def _base_and_tasks(out: Path, cfg: DemoConfig, quick: bool, timings: Timings, l
     base_dir = pretrain(cfg.base, out / "base", log=log)
     timings.add("base", json.loads((base_dir / PRETRAIN_FILE).read_text())["seconds"], ran=trained)
     spec = cfg.base.task
-    rl_problems = max(cfg.warmup_problems, cfg.rl_steps * cfg.rl_prompts)
+    rl_problems = max(cfg.warmup_problems, cfg.rl.steps * cfg.rl.prompts_per_step)
     ctx = st.Context(
         out=out,
         cfg=cfg,

@@ -29,13 +29,13 @@ def _pct(x) -> str:
 def accuracy_table(arms: dict, cfg) -> str:
     """The paper's Table 1 for the demo's arms: a row per arm, accuracy with its 95% interval, set metrics, and Avg
     and the improvement over Base as report.py's Table 1 counts them (`table_numbers`)."""
-    k = cfg.gpass_k
+    k = cfg.eval.gpass_k
     seeds = max(len(a["seeds"]) for a in arms.values())
     head = [
         "Method",
         f"Accuracy (%){' mean ± sd over seeds' if seeds > 1 else ''}",
         f"95% interval{' (seed 0)' if seeds > 1 else ''}",
-        f"Coverage@{cfg.eval_n}",
+        f"Coverage@{cfg.eval.n}",
         f"G-Pass@{k} τ=0.5",
         f"G-Pass@{k} τ=1",
         "Majority vote",
@@ -62,7 +62,7 @@ def accuracy_table(arms: dict, cfg) -> str:
 
 def width_table(arms: dict, cfg) -> str:
     """Bridge at every width: accuracy averaged over seeds, the rest of seed 0, and the interaction."""
-    k = cfg.gpass_k
+    k = cfg.eval.gpass_k
     by_seed = arms["bridge"]["widths"]
     first = by_seed[min(by_seed)]  # seed 0: {width: cell}
     diverged = arms["bridge"].get("diverged_by_seed", {})
@@ -70,7 +70,7 @@ def width_table(arms: dict, cfg) -> str:
         "Bridge width w",
         f"Accuracy (%), mean over {len(by_seed)} seed(s)",
         "95% interval (seed 0)",
-        f"Coverage@{cfg.eval_n}",
+        f"Coverage@{cfg.eval.n}",
         f"G-Pass@{k} τ=1",
         "Samples that differ from w=1 (%)",
     ]
@@ -98,7 +98,7 @@ def _diff_text(d: dict) -> str:
 
 def controls_table(ctl: dict, cfg) -> str:
     """Paired differences (same problems, same seeds), and the controls."""
-    w = cfg.eval_width
+    w = cfg.eval.width
     names = {
         "bridge-rlvr": f"Bridge (w={w}) − RLVR only",
         "bridge-pmatch": f"Bridge (w={w}) − P-Match (control c: same parameters, no cross-sample attention)",
@@ -214,7 +214,7 @@ def _interval_claim(text: str, key: str, ctl: dict, sign: int = 1) -> list[str]:
 
 def verdict(arms: dict, ctl: dict, cfg) -> str:
     """Which of the paper's claims the miniature reproduces, read off the paired intervals."""
-    k, w = cfg.gpass_k, cfg.eval_width
+    k, w = cfg.eval.gpass_k, cfg.eval.width
     lines = [
         *_interval_claim("Bridge improves accuracy after RLVR more than RLVR alone", "bridge-rlvr", ctl),
         *_interval_claim("Bridge beats P-Match, the parameter-matched control", "bridge-pmatch", ctl),
@@ -284,7 +284,7 @@ def plot_training(curves: dict[str, list[float]], path: Path) -> Path | None:
 
 def draw_figures(out: Path, cfg, results: dict) -> list[str]:
     """OUT/gpass.png, OUT/widths.png and OUT/training.png; returns the names of those drawn."""
-    k = cfg.gpass_k
+    k = cfg.eval.gpass_k
     plot_gpass(gpass_curves(results["arms"]), out / "gpass.png", k)
     width_curve = {
         w: {
@@ -315,8 +315,8 @@ def _opening(cfg, results: dict) -> list[str]:
     return [
         "# Bridge in miniature" + (" (--quick: toy sizes, the numbers mean nothing)" if quick else ""),
         "",
-        f"Task: {task_text(cfg)}, {cfg.eval_problems} held-out test problems, {cfg.eval_n} samples each at "
-        f"temperature {cfg.temperature}, top-p {cfg.top_p}; RL over {results['seeds']} seed(s). Machine: "
+        f"Task: {task_text(cfg)}, {cfg.eval_problems} held-out test problems, {cfg.eval.n} samples each at "
+        f"temperature {cfg.eval.temperature}, top-p {cfg.eval.top_p}; RL over {results['seeds']} seed(s). Machine: "
         f"{results['machine']}; matmul peak measured when the stages ran: {_peaks_text(results['matmul_peaks'])}. "
         f"{_precision_text(cfg, why)} Stage times (s): {json.dumps(results['timings_s'])}.",
         "",
@@ -324,7 +324,7 @@ def _opening(cfg, results: dict) -> list[str]:
 
 
 def _tables(cfg, results: dict) -> list[str]:
-    k, arms = cfg.gpass_k, results["arms"]
+    k, arms = cfg.eval.gpass_k, results["arms"]
     gpass = [[name, *(_pct(c.get(j)) for j in range(1, k + 1))] for name, c in gpass_curves(arms).items()]
     return [
         "## Accuracy and set metrics (layout of the paper's Table 1)",

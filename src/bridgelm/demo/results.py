@@ -148,15 +148,15 @@ def _numbers(entry: dict, k: int) -> dict:
 
 def collect(eval_dirs: dict[tuple[str, int], Path], cfg) -> dict:
     """Per arm (and seed): the main-width numbers; for Bridge also every width."""
-    k = cfg.gpass_k
+    k = cfg.eval.gpass_k
     arms: dict[str, dict] = {}
     for (arm, seed), run_dir in sorted(eval_dirs.items()):
-        width = cfg.eval_width if arm.startswith("bridge") else 1
+        width = cfg.eval.width if arm.startswith("bridge") else 1
         cell = _numbers(_entry(run_dir, width), k)
         cell["width"] = width
         arms.setdefault(arm, {"seeds": {}})["seeds"][seed] = cell
         if arm.startswith("bridge"):
-            arms[arm].setdefault("widths", {})[seed] = {w: _numbers(_entry(run_dir, w), k) for w in cfg.widths}
+            arms[arm].setdefault("widths", {})[seed] = {w: _numbers(_entry(run_dir, w), k) for w in cfg.eval.widths}
             arms[arm].setdefault("diverged_by_seed", {})[seed] = diverged_from_width_1(run_dir)
     for data in arms.values():
         accs = [c["accuracy"]["mean"] for c in data["seeds"].values()]
@@ -179,13 +179,13 @@ def controls(arms: dict, eval_dirs: dict[tuple[str, int], Path], foreign: dict[i
     or None), "diffs" {"bridge-rlvr", "bridge-pmatch", "wW-w1", "foreign-w1": {"mean", "low", "high"}},
     "rlvr_gain" {"mean", "low", "high"} (RLVR only - base, or None), "paper_effects" (see `paper_effects`)}.
     """
-    w = cfg.eval_width
+    w = cfg.eval.width
     per_problem = functools.cache(per_problem_accuracy)  # each run and width read once (RLVR's serve two differences)
     seeds = sorted(s for (arm, s) in eval_dirs if arm == "bridge")
     bridge_w = [per_problem(eval_dirs[("bridge", s)], w) for s in seeds]
-    bridge_1 = [per_problem(eval_dirs[("bridge", s)], 1) for s in seeds] if 1 in cfg.widths else None
+    bridge_1 = [per_problem(eval_dirs[("bridge", s)], 1) for s in seeds] if 1 in cfg.eval.widths else None
     by_seed = arms["bridge"].get("diverged_by_seed", {})
-    interaction = {"1": 0.0} if 1 in cfg.widths else {}
+    interaction = {"1": 0.0} if 1 in cfg.eval.widths else {}
     for width in sorted({x for d in by_seed.values() for x in d}):
         interaction[str(width)] = statistics.fmean(by_seed[s][width] for s in by_seed if width in by_seed[s])
     diffs: dict[str, dict] = {}
@@ -238,14 +238,14 @@ def diverged_from_width_1(run_dir: Path) -> dict[int, float]:
 def departures(cfg) -> list[str]:
     """Where the miniature departs from the paper's settings (Appendix A), one line each."""
     lines = [
-        f"SFT lr {cfg.sft_lr:g} (paper 2e-5) and RL lr {cfg.rl_lr:g} (paper 1e-6): the paper's rates are for "
+        f"SFT lr {cfg.sft.lr:g} (paper 2e-5) and RL lr {cfg.rl.lr:g} (paper 1e-6): the paper's rates are for "
         "1.5B-8B models; a 2M model needs larger steps",
-        f"RL: {cfg.rl_steps} steps of {cfg.rl_prompts} prompts x {cfg.rl_rollouts} rollouts (paper: 1000 steps of "
-        f"56 x 8), Bridge width {cfg.rl_width} while training",
-        f"Block heads {cfg.block_heads} of dim {cfg.block_head_dim} (paper: 4 heads of the host's head dim)",
+        f"RL: {cfg.rl.steps} steps of {cfg.rl.prompts_per_step} prompts x {cfg.rl.rollout.n} rollouts (paper: 1000 steps of "
+        f"56 x 8), Bridge width {cfg.rl.rollout.width} while training",
+        f"Block heads {cfg.blocks.num_heads} of dim {cfg.blocks.head_dim} (paper: 4 heads of the host's head dim)",
     ]
-    if cfg.rl_block_lr is not None:
-        lines.append(f"The added blocks learn at lr {cfg.rl_block_lr:g} in RL (paper: one lr for all)")
+    if cfg.rl.block_lr is not None:
+        lines.append(f"The added blocks learn at lr {cfg.rl.block_lr:g} in RL (paper: one lr for all)")
     return lines
 
 

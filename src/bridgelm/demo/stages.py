@@ -14,7 +14,7 @@ import torch
 
 from bridgelm.attach import add_seeded_blocks
 from bridgelm.blockfile import load_blocks
-from bridgelm.demo.config import DemoConfig, eval_config, rl_config, sampling_config, sft_config, sft_seed_of
+from bridgelm.demo.config import DemoConfig, eval_config, rl_config, sft_config, sft_seed_of, trace_sampling
 from bridgelm.demo.results import TITLES
 from bridgelm.jsonl import read_records, write_json
 from bridgelm.models import load_model
@@ -69,21 +69,20 @@ def with_blocks(model, kind: str, cfg: DemoConfig, placement: str = "ffn", seed:
         model,
         kind,
         derive_seed(seed, "demo-blocks", kind, placement),
-        num_heads=cfg.block_heads,
-        head_dim=cfg.block_head_dim,
+        num_heads=cfg.blocks.num_heads,
+        head_dim=cfg.blocks.head_dim,
         placement=placement,
     )
 
 
 def stage_warmup(ctx: Context) -> dict:
-    """The base model samples warmup_n answers per training problem (independently); correct ones are kept."""
+    """The base model samples warmup.n answers per training problem (independently); correct ones are kept."""
     from bridgelm.train.warmup_data import make_warmup_data
 
     cfg = ctx.cfg
     task = replace(ctx.train, examples=ctx.train.examples[: cfg.warmup_problems])
-    sampling = sampling_config(cfg, cfg.warmup_n, 1)
     path = ctx.out / "warmup.jsonl"
-    stats = make_warmup_data(ctx.sampler(ctx.base_dir), ctx.tokenizer, task, path, n=cfg.warmup_n, sampling=sampling)
+    stats = make_warmup_data(ctx.sampler(ctx.base_dir), ctx.tokenizer, task, path, n=cfg.warmup.n, sampling=cfg.warmup)
     stats["distinct_per_kept_problem"] = distinct_traces(path)
     return stats
 
@@ -155,14 +154,14 @@ def stage_trace(ctx: Context, seed: int) -> dict:
         else:
             model = ctx.sampler(folder)
         drawn, acc = {}, {}
-        for w in (1, cfg.eval_width):  # the same random draws at both widths
-            sampling = sampling_config(cfg, cfg.trace_n, w, seed)
+        for w in (1, cfg.eval.width):  # the same random draws at both widths
+            sampling = trace_sampling(cfg, w, seed)
             samples = sample_examples(model, ctx.tokenizer, test, problems, sampling)
             drawn[w] = [s.token_ids for outs in samples for s in outs]
             acc[w] = sum(map(sum, grade_samples(test, problems, samples))) / len(drawn[w])
-        differ = sum(a != b for a, b in zip(drawn[1], drawn[cfg.eval_width])) / len(drawn[1])
-        rows.append({"step": step, "w1": acc[1], f"w{cfg.eval_width}": acc[cfg.eval_width], "interaction": differ})
-    return {"seed": seed, "width": cfg.eval_width, "points": rows}
+        differ = sum(a != b for a, b in zip(drawn[1], drawn[cfg.eval.width])) / len(drawn[1])
+        rows.append({"step": step, "w1": acc[1], f"w{cfg.eval.width}": acc[cfg.eval.width], "interaction": differ})
+    return {"seed": seed, "width": cfg.eval.width, "points": rows}
 
 
 def rl_numbers(result) -> dict:
