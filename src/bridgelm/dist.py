@@ -47,19 +47,38 @@ class Dist:
     @staticmethod
     def from_env(device: str | torch.device | None = None) -> Dist:
         """The place torchrun describes through RANK / WORLD_SIZE / LOCAL_RANK (one process when unset); joins nothing.
-
-        One process: the given device (default cpu). Several: cuda:LOCAL_RANK when CUDA is available and the device
-        asked for is not the CPU, else cpu.
-        """
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-        rank = int(os.environ.get("RANK", "0"))
-        if world < 1 or not 0 <= rank < world:
-            raise ValueError(f"RANK={rank} and WORLD_SIZE={world} must satisfy 0 <= RANK < WORLD_SIZE")
-        local = int(os.environ.get("LOCAL_RANK", str(rank)))
+        Its device is `rank_device(device)`."""
+        world, rank, local = _torchrun_env()
+        place = torch.device(rank_device(device))
+        if place.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device {place}: this machine has no CUDA GPU (or torch was built without CUDA)")
         if world == 1:
-            return Dist(device=torch.device(device or "cpu"))
-        use_cuda = torch.cuda.is_available() and str(device or "cuda").startswith("cuda")
-        return Dist(rank, world, local, torch.device(f"cuda:{local}") if use_cuda else torch.device("cpu"))
+            return Dist(device=place)
+        return Dist(rank, world, local, place)
+
+
+def _torchrun_env() -> tuple[int, int, int]:
+    """(WORLD_SIZE, RANK, LOCAL_RANK) as torchrun sets them; (1, 0, 0) in a plain process."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    if world < 1 or not 0 <= rank < world:
+        raise ValueError(f"RANK={rank} and WORLD_SIZE={world} must satisfy 0 <= RANK < WORLD_SIZE")
+    return world, rank, int(os.environ.get("LOCAL_RANK", str(rank)))
+
+
+def rank_device(requested: str | torch.device | None) -> str:
+    """The device this process computes on, decided once, before any model or copy is made (every command asks here).
+
+    One process: `requested` as it is (None: cpu). Under torchrun (WORLD_SIZE > 1) a CUDA request (cuda, cuda:i)
+    becomes cuda:LOCAL_RANK, the rank's own GPU, whatever index it named; None becomes cuda:LOCAL_RANK when CUDA is
+    available, else cpu; any other request stays as it is. A device this machine lacks (cuda:LOCAL_RANK beyond its
+    GPUs) is left for `models.check_device` to refuse in one line.
+    """
+    world, _, local = _torchrun_env()
+    wanted = "cpu" if requested is None and (world == 1 or not torch.cuda.is_available()) else str(requested or "cuda")
+    if world > 1 and wanted.split(":")[0] == "cuda":
+        return f"cuda:{local}"
+    return wanted
 
 
 def setup_distributed(device: str | torch.device | None = None) -> Dist:
@@ -105,6 +124,15 @@ def all_reduce_sum(values: Sequence[float], dist: Dist) -> list[float]:
     t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=dist.device)
     torch_dist.all_reduce(t)
     return t.tolist()
+
+
+def all_reduce_max(values: Sequence[int], dist: Dist) -> list[int]:
+    """Maxima of the integers `values` over ranks (one collective for the whole list)."""
+    if dist.world == 1:
+        return [int(v) for v in values]
+    t = torch.tensor([int(v) for v in values], dtype=torch.int64, device=dist.device)
+    torch_dist.all_reduce(t, op=torch_dist.ReduceOp.MAX)
+    return [int(v) for v in t.tolist()]
 
 
 def broadcast_parameters(model: torch.nn.Module, dist: Dist) -> None:
