@@ -1,5 +1,7 @@
 """One device per rank, decided from torchrun's environment before anything loads (no GPU needed: CUDA is faked)."""
 
+import json
+from datetime import timedelta
 from types import SimpleNamespace
 
 import pytest
@@ -67,3 +69,60 @@ def test_load_model_of_loads_onto_the_rank_device(monkeypatch, world, local, wan
     args = SimpleNamespace(model="M", device="cuda", dtype="float32")
     assert load_model_of(args, None) == "model"
     assert asked["name"] == "M" and asked["device"] == want and asked["blocks"] is None
+
+
+def test_the_process_group_waits_dist_timeout_minutes(monkeypatch):
+    _torchrun(monkeypatch, 2, local=1, cuda=False)
+    joined = []
+    monkeypatch.setattr(dist.torch_dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist.torch_dist, "init_process_group", lambda **kwargs: joined.append(kwargs))
+    monkeypatch.setattr(dist.torch_dist, "get_rank", lambda: 1)
+    monkeypatch.setattr(dist.torch_dist, "get_world_size", lambda: 2)
+    place = dist.setup_distributed("cpu", timeout_minutes=90)
+    assert (place.rank, place.world, place.device) == (1, 2, torch.device("cpu"))
+    dist.setup_distributed("cpu")
+    assert joined == [
+        {"backend": "gloo", "timeout": timedelta(minutes=90)},
+        {"backend": "gloo", "timeout": timedelta(minutes=60)},  # not torch's 10
+    ]
+
+
+class Joined(Exception):
+    pass
+
+
+def _rl_args(tmp_path) -> list[str]:
+    from conftest import save_tiny_model_dir
+
+    save_tiny_model_dir(tmp_path / "m")
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"question": f"{a}+{a}", "answer": f"#### {2 * a}"}) + "\n" for a in range(6)))
+    return ["rl", "--model", str(tmp_path / "m"), "--task", "gsm8k", "--data", str(data), "--out", str(tmp_path / "o")]
+
+
+def test_rl_joins_the_group_with_dist_timeout_before_training(tmp_path, monkeypatch):
+    from bridgelm.cli import main
+
+    asked = []
+
+    def join(device, timeout_minutes):
+        asked.append((str(device), timeout_minutes))
+        raise Joined
+
+    monkeypatch.setattr(dist, "setup_distributed", join)
+    with pytest.raises(Joined):
+        main([*_rl_args(tmp_path), "--dist-timeout", "2.5"])
+    assert asked == [("cpu", 2.5)]
+
+
+@pytest.mark.parametrize("command", ["rl", "sft"])
+@pytest.mark.parametrize("value", ["0", "-3", "nan"])
+def test_a_dist_timeout_that_cannot_work_is_refused_before_the_model_loads(tmp_path, capsys, command, value):
+    from bridgelm.cli import main
+
+    model = ["--model", str(tmp_path / "no-such-model")]  # never reached
+    args = _rl_args(tmp_path) if command == "rl" else ["sft", "--data", str(tmp_path / "d.jsonl"), "--out", "o"]
+    with pytest.raises(SystemExit) as err:
+        main([*args, *model, "--dist-timeout", value])
+    assert err.value.code == 2
+    assert f"dist_timeout={float(value)}: expected a finite number > 0 (minutes)" in capsys.readouterr().err

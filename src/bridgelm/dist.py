@@ -1,10 +1,13 @@
 """Where this process sits in a run, and the collectives every multi-process run (training or evaluation) uses.
 
 Design notes:
+- One function decides the device of a process, `rank_device`: under torchrun a CUDA request is the rank's own GPU
+  (cuda:LOCAL_RANK), so that every model and every copy of one is made there, never first on cuda:0.
 - One `Dist` describes the process: rank, world size, local rank, device, and whether the model is FSDP-sharded.
   `Dist.from_env()` reads what torchrun set (RANK, WORLD_SIZE, LOCAL_RANK) without joining a process group: an eval
   run samples its shard without any collective. `setup_distributed` joins the group (training needs collectives
-  from the start); `barrier` joins one for the moment when none exists (an eval run's final wait).
+  from the start), whose collectives wait `DistConfig.dist_timeout` minutes (--dist-timeout) for the slowest rank;
+  `barrier` joins one for the moment when none exists (an eval run's final wait).
 - Data parallel without wrappers: each rank runs its own groups, the loss is normalised by the GLOBAL token count
   (`all_reduce_sum`), and gradients are summed with one all-reduce per bucket (`reduce_gradients`). With
   `fsdp=True` each decoder layer (holding its Bridge block) and then the root are `fully_shard`-ed; FSDP sums the
@@ -24,6 +27,19 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as torch_dist
+
+from bridgelm.errors import check_number
+
+
+@dataclass
+class DistConfig:
+    """How the processes of a torchrun launch wait for each other (changes no trained weight; a resume may change it)."""
+
+    dist_timeout: float = 60.0  # minutes a collective waits for the slowest rank before the run fails (uneven long
+    # rollouts, rank 0 gathering a large checkpoint); torch's own default is 10
+
+    def validate(self) -> None:
+        check_number("dist_timeout", self.dist_timeout, 0, open_low=True, note=" (minutes)")
 
 
 @dataclass
@@ -81,10 +97,11 @@ def rank_device(requested: str | torch.device | None) -> str:
     return wanted
 
 
-def setup_distributed(device: str | torch.device | None = None) -> Dist:
+def setup_distributed(device: str | torch.device | None = None, timeout_minutes: float | None = None) -> Dist:
     """`Dist.from_env(device)`, having joined the torchrun process group when there are several processes.
 
-    NCCL on CUDA, else gloo. A process group that already exists is used as it is.
+    NCCL on CUDA, else gloo; a collective waits `timeout_minutes` (None: DistConfig's default) for the slowest rank.
+    A process group that already exists is used as it is (the commands join it first, with --dist-timeout).
     """
     place = Dist.from_env(device)
     if place.world == 1 and not torch_dist.is_initialized():
@@ -92,7 +109,9 @@ def setup_distributed(device: str | torch.device | None = None) -> Dist:
     if not torch_dist.is_initialized():
         if place.device.type == "cuda":
             torch.cuda.set_device(place.device)
-        torch_dist.init_process_group(backend="nccl" if place.device.type == "cuda" else "gloo")
+        minutes = DistConfig.dist_timeout if timeout_minutes is None else timeout_minutes
+        backend = "nccl" if place.device.type == "cuda" else "gloo"
+        torch_dist.init_process_group(backend=backend, timeout=timedelta(minutes=minutes))
     return Dist(torch_dist.get_rank(), torch_dist.get_world_size(), place.local_rank, place.device)
 
 
