@@ -110,3 +110,23 @@ def test_the_device_memory_is_the_default_budget(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: type("P", (), {"total_memory": 80 * GIB}))
     assert plan.device_memory_gib() == 80
+
+
+def test_rl_on_cuda_prints_the_plan_and_refuses_a_run_that_cannot_fit(monkeypatch, capsys):
+    from test_rl import CFG, TASK, TOK, policy
+
+    from bridgelm.cli.train import _plan_or_refuse
+    from bridgelm.errors import UserError
+
+    model = policy()
+    _plan_or_refuse(model, TOK, TASK, CFG, "float32", "cpu")  # not a GPU: nothing to plan
+    assert capsys.readouterr().out == ""
+    asked = []
+    monkeypatch.setattr(plan, "device_memory_gib", lambda device: asked.append(device) or 80.0)
+    _plan_or_refuse(model, TOK, TASK, CFG, "float32", "cuda:3")
+    out = capsys.readouterr().out
+    assert asked == ["cuda:3"] and "bridgelm rl: memory per GPU" in out and "of 80 (fits)" in out
+    assert "x 10 tokens" in out  # the longest prompt ("5+3=": 4 tokens) + 6 new tokens
+    monkeypatch.setattr(plan, "device_memory_gib", lambda device: 1e-6)
+    with pytest.raises(UserError, match=r"this run needs about 0.0 GiB per GPU \(weights 0.0, .*a GPU has"):
+        _plan_or_refuse(model, TOK, TASK, CFG, "float32", "cuda:0")

@@ -185,8 +185,24 @@ def table(run: Setup, rows: dict[str, float], budget_gib: float | None) -> str:
     return head + f" tokens, micro-batches of {micro_rows(run)} rows\n" + "\n".join(lines)
 
 
-def device_memory_gib() -> float | None:
-    """The first CUDA device's memory (None without one)."""
+def device_memory_gib(device: str | torch.device = "cuda:0") -> float | None:
+    """A CUDA device's memory (None without CUDA)."""
     if not torch.cuda.is_available():
         return None
-    return torch.cuda.get_device_properties(0).total_memory / GIB
+    return torch.cuda.get_device_properties(torch.device(device)).total_memory / GIB
+
+
+def check_fits(run: Setup, budget_gib: float) -> str:
+    """The plan's table; UserError, with the numbers, when the run's peak passes `budget_gib` (one GPU's memory)."""
+    from bridgelm.errors import UserError
+
+    rows = plan_rows(run)
+    need = per_gpu(rows) / GIB
+    if need > budget_gib:
+        parts = ", ".join(f"{name} {value / GIB:.1f}" for name, value in rows.items())
+        raise UserError(
+            f"this run needs about {need:.1f} GiB per GPU ({parts}), more than the {budget_gib:.1f} GiB a GPU has: "
+            "lower --max-new-tokens, --max-batch-tokens or --micro-batch-groups, or add --micro-batch-tokens, "
+            "--gradient-checkpointing, --bf16, --fsdp or GPUs (see bridgelm plan)"
+        )
+    return table(run, rows, budget_gib)

@@ -104,6 +104,24 @@ def _cmd_sft(args) -> None:
         teardown_distributed()
 
 
+def _plan_or_refuse(model, tokenizer, task, cfg: RLConfig, dtype: str, device) -> None:
+    """On a CUDA device: the run's per-GPU memory plan (rank 0 prints it), and a run that cannot fit refused before
+    it starts. Its prompts' length is the task's longest prompt."""
+    import torch
+
+    from bridgelm import plan
+    from bridgelm.dist import Dist
+    from bridgelm.engine import encode_prompts
+
+    if torch.device(device).type != "cuda":
+        return
+    prompts = encode_prompts(tokenizer, [task.prompt(ex) for ex in task.examples], cfg.chat)
+    setup = plan.Setup(plan.shape_of(model), cfg, Dist.from_env().world, dtype, max(map(len, prompts)))
+    text = plan.check_fits(setup, plan.device_memory_gib(device))
+    if _main_process():
+        print(f"bridgelm rl: memory per GPU (bridgelm plan)\n{text}")
+
+
 def _cmd_rl(args) -> None:
     import bridgelm
     from bridgelm.attach import add_seeded_blocks
@@ -128,6 +146,7 @@ def _cmd_rl(args) -> None:
         raise ValueError(f"--no-blocks, but {args.model} holds {have.kind} blocks; load a model without blocks")
     if args.add:  # the same blocks on every rank and on every --resume
         add_seeded_blocks(model, args.add, derive_seed(args.seed, "rl-blocks"), num_heads=args.num_heads)
+    _plan_or_refuse(model, tokenizer, task, cfg, args.dtype, next(model.parameters()).device)
     try:
         _join(model, launch)
         res = train_rl(model, tokenizer, task, cfg, args.out, val_task=val_task)
