@@ -33,7 +33,7 @@ from bridgelm.errors import check_number
 
 @dataclass
 class DistConfig:
-    """How the processes of a torchrun launch wait for each other (changes no trained weight; a resume may change it)."""
+    """How the processes of a torchrun launch wait for each other (no trained weight depends on it)."""
 
     dist_timeout: float = 60.0  # minutes a collective waits for the slowest rank before the run fails (uneven long
     # rollouts, rank 0 gathering a large checkpoint); torch's own default is 10

@@ -13,12 +13,12 @@ size, i intermediate size, n layers, V vocabulary, L = prompt tokens + max_new_t
 - KV cache      n x 2 x kv_heads x head_dim x rows x L x bytes of the sampling dtype, rows = a rank's rollouts
                 (prompts_per_step / W x G) bounded by max_batch_sequences and max_batch_tokens / L (whole groups)
 - activations   of one micro-batch of m rows (micro_batch_groups x w, bounded by a mini-batch's groups and by
-                micro_batch_tokens / L, whole groups, at least one): m x L x a x (n x (10 h + 4 i)) values kept for the backward, or with gradient
-                checkpointing m x L x a x (n x h + 10 h + 4 i) (every layer's input, one layer recomputed), a the
-                bytes of the compute dtype (2 under --bf16); plus the response tokens' logits in fp32 and their
-                log-softmax: m x max_new_tokens x V x 4 x 2. (10 h + 4 i: the layer's norms, q/k/v, attention output,
-                projections and residuals, and the SwiGLU's gate, up, activation and product; attention scores are
-                not kept by sdpa.)
+                micro_batch_tokens / L, whole groups, at least one): m x L x a x (n x (10 h + 4 i)) values kept for
+                the backward, or with gradient checkpointing m x L x a x (n x h + 10 h + 4 i) (every layer's input,
+                one layer recomputed), a the bytes of the compute dtype (2 under --bf16); plus the response tokens'
+                logits in fp32 and their log-softmax: m x max_new_tokens x V x 4 x 2. (10 h + 4 i: the layer's
+                norms, q/k/v, attention output, projections and residuals, and the SwiGLU's gate, up, activation and
+                product; attention scores are not kept by sdpa.)
 
 The run holds weights, optimiser and reference throughout, and at a time either the rollout phase (rollout model and
 KV cache) or the update phase (gradients and activations): per GPU = weights + optimiser + reference + max(rollout
@@ -96,59 +96,60 @@ class Setup:
         return self.prompt_tokens + self.cfg.rollout.max_new_tokens
 
 
-def weights(run: Setup) -> float:
-    return run.shape.params * run.bytes / run.shards
+def weights(setup: Setup) -> float:
+    return setup.shape.params * setup.bytes / setup.shards
 
 
-def gradients(run: Setup) -> float:
-    return run.trained * run.bytes / run.shards
+def gradients(setup: Setup) -> float:
+    return setup.trained * setup.bytes / setup.shards
 
 
-def optimiser(run: Setup) -> float:
-    return 2 * run.trained * run.bytes / run.shards
+def optimiser(setup: Setup) -> float:
+    return 2 * setup.trained * setup.bytes / setup.shards
 
 
-def reference(run: Setup) -> float:
-    return weights(run) if run.cfg.beta > 0 else 0.0
+def reference(setup: Setup) -> float:
+    return weights(setup) if setup.cfg.beta > 0 else 0.0
 
 
-def rollout_model(run: Setup) -> float:
-    gathered = run.shape.params * run.bytes * (run.world - 1) / run.world if run.cfg.fsdp else 0.0
-    copy = run.shape.params * DTYPE_BYTES[run.cfg.rollout_dtype] if run.cfg.rollout_dtype else 0
+def rollout_model(setup: Setup) -> float:
+    gathered = setup.shape.params * setup.bytes * (setup.world - 1) / setup.world if setup.cfg.fsdp else 0.0
+    copy = setup.shape.params * DTYPE_BYTES[setup.cfg.rollout_dtype] if setup.cfg.rollout_dtype else 0
     return gathered + copy
 
 
-def rollout_rows(run: Setup) -> int:
+def rollout_rows(setup: Setup) -> int:
     """Rows of the largest wave a rank decodes: its rollouts, bounded by the batch bounds, in whole groups."""
-    s, w = run.cfg.rollout, run.cfg.rollout.width
-    rows = min(run.cfg.prompts_per_step // run.world * s.n, s.max_batch_sequences, s.max_batch_tokens // run.row_tokens)
+    s, w = setup.cfg.rollout, setup.cfg.rollout.width
+    rollouts = setup.cfg.prompts_per_step // setup.world * s.n
+    rows = min(rollouts, s.max_batch_sequences, s.max_batch_tokens // setup.row_tokens)
     return max(w, rows // w * w)
 
 
-def kv_cache(run: Setup) -> float:
-    s = run.shape
-    cache_bytes = DTYPE_BYTES[run.cfg.rollout_dtype or run.dtype]
-    return s.layers * 2 * s.kv_heads * s.head_dim * rollout_rows(run) * run.row_tokens * cache_bytes
+def kv_cache(setup: Setup) -> float:
+    s = setup.shape
+    cache_bytes = DTYPE_BYTES[setup.cfg.rollout_dtype or setup.dtype]
+    return s.layers * 2 * s.kv_heads * s.head_dim * rollout_rows(setup) * setup.row_tokens * cache_bytes
 
 
-def micro_rows(run: Setup) -> int:
+def micro_rows(setup: Setup) -> int:
     """Rows of the largest micro-batch: micro_batch_groups groups of width w, bounded by a mini-batch's groups and
     by micro_batch_tokens."""
-    cfg, w = run.cfg, run.cfg.rollout.width
-    minibatch = -(-cfg.prompts_per_step // run.world * (cfg.rollout.n // w) // cfg.steps_per_rollout)  # ceil
+    cfg, w = setup.cfg, setup.cfg.rollout.width
+    minibatch = -(-cfg.prompts_per_step // setup.world * (cfg.rollout.n // w) // cfg.steps_per_rollout)  # ceil
     groups = min(cfg.micro_batch_groups, minibatch)
     if cfg.micro_batch_tokens is not None:
-        groups = min(groups, max(1, cfg.micro_batch_tokens // (w * run.row_tokens)))
+        groups = min(groups, max(1, cfg.micro_batch_tokens // (w * setup.row_tokens)))
     return groups * w
 
 
-def activations(run: Setup) -> float:
-    s, m = run.shape, micro_rows(run)
+def activations(setup: Setup) -> float:
+    s, m = setup.shape, micro_rows(setup)
     layer = 10 * s.hidden + 4 * s.intermediate  # values a token keeps in one layer
-    per_token = s.layers * s.hidden + layer if run.cfg.gradient_checkpointing else s.layers * layer
-    compute_bytes = 2 if run.cfg.bf16 else run.bytes
-    logits = m * run.cfg.rollout.max_new_tokens * s.vocab * 4 * 2
-    return m * run.row_tokens * per_token * compute_bytes + logits
+    per_token = s.layers * s.hidden + layer if setup.cfg.gradient_checkpointing else s.layers * layer
+    compute_bytes = 2 if setup.cfg.bf16 else setup.bytes
+    logits = m * setup.cfg.rollout.max_new_tokens * s.vocab * 4 * 2
+    return m * setup.row_tokens * per_token * compute_bytes + logits
 
 
 ROWS = {  # row name -> its function, in the table's order
@@ -162,9 +163,9 @@ ROWS = {  # row name -> its function, in the table's order
 }
 
 
-def plan_rows(run: Setup) -> dict[str, float]:
+def plan_rows(setup: Setup) -> dict[str, float]:
     """Each row's bytes on one GPU."""
-    return {name: fn(run) for name, fn in ROWS.items()}
+    return {name: fn(setup) for name, fn in ROWS.items()}
 
 
 def per_gpu(rows: dict[str, float]) -> float:
@@ -173,16 +174,17 @@ def per_gpu(rows: dict[str, float]) -> float:
     return held + max(rows["rollout model"] + rows["KV cache"], rows["gradients"] + rows["activations"])
 
 
-def table(run: Setup, rows: dict[str, float], budget_gib: float | None) -> str:
+def table(setup: Setup, rows: dict[str, float], budget_gib: float | None) -> str:
     """The plan as a markdown table in GiB, with the total and the verdict against `budget_gib`."""
     lines = ["| per GPU | GiB |", "|---|---|"]
     lines += [f"| {name} | {value / GIB:.2f} |" for name, value in rows.items()]
     total = per_gpu(rows) / GIB
     verdict = "" if budget_gib is None else f" of {budget_gib:g} ({'fits' if total <= budget_gib else 'does not fit'})"
     lines.append(f"| **peak** (held + larger phase) | **{total:.2f}**{verdict} |")
-    where = f"{run.world} GPU(s), {'FSDP' if run.cfg.fsdp else 'replicated'}, {run.dtype}"
-    head = f"{run.shape.params / 1e9:.2f}B parameters on {where}; waves of {rollout_rows(run)} rows x {run.row_tokens}"
-    return head + f" tokens, micro-batches of {micro_rows(run)} rows\n" + "\n".join(lines)
+    where = f"{setup.world} GPU(s), {'FSDP' if setup.cfg.fsdp else 'replicated'}, {setup.dtype}"
+    head = f"{setup.shape.params / 1e9:.2f}B parameters on {where}; waves of {rollout_rows(setup)} rows"
+    head += f" x {setup.row_tokens} tokens, micro-batches of {micro_rows(setup)} rows"
+    return head + "\n" + "\n".join(lines)
 
 
 def device_memory_gib(device: str | torch.device = "cuda:0") -> float | None:
@@ -192,11 +194,11 @@ def device_memory_gib(device: str | torch.device = "cuda:0") -> float | None:
     return torch.cuda.get_device_properties(torch.device(device)).total_memory / GIB
 
 
-def check_fits(run: Setup, budget_gib: float) -> str:
+def check_fits(setup: Setup, budget_gib: float) -> str:
     """The plan's table; UserError, with the numbers, when the run's peak passes `budget_gib` (one GPU's memory)."""
     from bridgelm.errors import UserError
 
-    rows = plan_rows(run)
+    rows = plan_rows(setup)
     need = per_gpu(rows) / GIB
     if need > budget_gib:
         parts = ", ".join(f"{name} {value / GIB:.1f}" for name, value in rows.items())
@@ -205,4 +207,4 @@ def check_fits(run: Setup, budget_gib: float) -> str:
             "lower --max-new-tokens, --max-batch-tokens or --micro-batch-groups, or add --micro-batch-tokens, "
             "--gradient-checkpointing, --bf16, --fsdp or GPUs (see bridgelm plan)"
         )
-    return table(run, rows, budget_gib)
+    return table(setup, rows, budget_gib)

@@ -43,7 +43,8 @@ def rollouts_of(dist: Dist, tok) -> Rollouts:
         prompt = torch.randint(5, len(tok), (3 + p % 2,), generator=g).tolist()
         for i in range(G):
             length = 2 + i % 2 if dist.rank == 0 else 10 + (5 * p + 3 * i) % 7
-            rows.append(batches.Row(prompt, torch.randint(5, len(tok), (length,), generator=g).tolist(), len(rows) // W))
+            response = torch.randint(5, len(tok), (length,), generator=g).tolist()
+            rows.append(batches.Row(prompt, response, len(rows) // W))
             adv.append(0.0 if dist.rank == 0 else float(torch.randn(1, generator=g)))
     n = len(rows)
     return Rollouts(rows, W, torch.zeros(n), torch.tensor(adv), [True] * n, 0.0)

@@ -83,7 +83,7 @@ def add_commands(sub) -> None:
     p.add_argument("--num-heads", type=int, default=BlockConfig.num_heads, help="heads of the --add blocks")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="the weights'")
     p.add_argument("--world-size", type=positive_int, default=1, help="processes, one GPU each (default: 1)")
-    p.add_argument("--prompt-tokens", type=positive_int, default=512, help="tokens of the longest prompt (default: 512)")
+    p.add_argument("--prompt-tokens", type=positive_int, default=512, help="the longest prompt's tokens (default: 512)")
     p.add_argument("--gpu-memory-gib", type=_gib, help="memory of one GPU (default: this machine's first GPU's)")
     p.add_argument("--json", action="store_true", help="also one JSON object on the last line")
     add_fields(p, RLConfig, only=PLAN_FIELDS, rollout=ROLLOUT_FLAGS)
