@@ -540,3 +540,20 @@ def test_progress_bar_shows_no_empty_fields(tmp_path, capsys):
     assert "reward=" in err and "kl=" in err and "val=" not in err
     kls = re.findall(r"kl=([^,\]\s]+)", err)
     assert kls and all(len(v) <= len("1.234e-05") for v in kls), kls
+
+
+def test_micro_batches_split_to_another_ranks_count_within_the_budget():
+    """Under FSDP a rank that cut fewer micro-batches splits its largest (by padded tokens) until the counts agree."""
+    rows = []
+    for g, n in enumerate([9, 2, 5, 2, 7, 3]):
+        rows += [batches.Row([1, 2, 3], [4] * n, g) for _ in range(2)]
+    roll = Rollouts(rows, 2, torch.zeros(12), torch.zeros(12), [True] * 12, 0.0)
+    micro = update.micro_batches(roll, list(range(6)), replace(CFG, micro_batch_groups=6, micro_batch_tokens=80))
+    assert micro == [[1, 3, 5, 2], [4, 0]]  # padded 4 x 2 x 8 = 64 | 2 x 2 x 12 = 48
+    split = update._split_to(roll, micro, 4)
+    assert split == [[1, 3], [5, 2], [4], [0]]
+    assert update._split_to(roll, micro, 2) == micro
+    with pytest.raises(RuntimeError, match="6 groups cannot make the 7 micro-batches"):
+        update._split_to(roll, micro, 7)
+    one = SimpleNamespace(fsdp=False, world=1)
+    assert update.agreed_micro_batches(roll, [micro], one) == [micro]  # data parallel: each rank's own cut

@@ -78,3 +78,28 @@ def test_fsdp_resume_is_exact(two_procs):
     wb = load_file(str(Path(resumed["final"]) / "model.safetensors"))
     for k in wa:
         assert torch.equal(wa[k], wb[k]), k
+
+
+MICRO = Path(__file__).parent / "dist_scripts" / "fsdp_micro.py"
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_fsdp_micro_batches_by_tokens_agree_across_ranks(tmp_path, world):
+    """Ragged lengths cut into different micro-batch counts per rank (zero advantages on rank 0): under FSDP the run
+    finishes (it hung), and its weights are those of the run without micro_batch_tokens."""
+    import rl_dist
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(world), str(MICRO), str(tmp_path)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    cuts = [json.loads((tmp_path / f"cuts_rank{r}.json").read_text()) for r in range(world)]
+    assert cuts[0] != cuts[1]  # alone, the ranks would run different numbers of forwards
+    initial = rl_dist.model_and_tokenizer()[0].state_dict()
+    for beta in (0.05, 0.0):
+        whole = torch.load(tmp_path / f"beta{beta}_tokensNone.pt", weights_only=True)
+        cut = torch.load(tmp_path / f"beta{beta}_tokens40.pt", weights_only=True)
+        assert whole.keys() == cut.keys() == initial.keys()
+        for k in whole:
+            assert torch.allclose(whole[k], cut[k], atol=1e-5), k  # AdamW magnifies rounding: as test_rl.py
+        assert any((whole[k] - initial[k]).abs().max() > 1e-4 for k in whole)  # trained

@@ -1,10 +1,13 @@
 """Where this process sits in a run, and the collectives every multi-process run (training or evaluation) uses.
 
 Design notes:
+- One function decides the device of a process, `rank_device`: under torchrun a CUDA request is the rank's own GPU
+  (cuda:LOCAL_RANK), so that every model and every copy of one is made there, never first on cuda:0.
 - One `Dist` describes the process: rank, world size, local rank, device, and whether the model is FSDP-sharded.
   `Dist.from_env()` reads what torchrun set (RANK, WORLD_SIZE, LOCAL_RANK) without joining a process group: an eval
   run samples its shard without any collective. `setup_distributed` joins the group (training needs collectives
-  from the start); `barrier` joins one for the moment when none exists (an eval run's final wait).
+  from the start), whose collectives wait `DistConfig.dist_timeout` minutes (--dist-timeout) for the slowest rank;
+  `barrier` joins one for the moment when none exists (an eval run's final wait).
 - Data parallel without wrappers: each rank runs its own groups, the loss is normalised by the GLOBAL token count
   (`all_reduce_sum`), and gradients are summed with one all-reduce per bucket (`reduce_gradients`). With
   `fsdp=True` each decoder layer (holding its Bridge block) and then the root are `fully_shard`-ed; FSDP sums the
@@ -24,6 +27,19 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as torch_dist
+
+from bridgelm.errors import check_number
+
+
+@dataclass
+class DistConfig:
+    """How the processes of a torchrun launch wait for each other (no trained weight depends on it)."""
+
+    dist_timeout: float = 60.0  # minutes a collective waits for the slowest rank before the run fails (uneven long
+    # rollouts, rank 0 gathering a large checkpoint); torch's own default is 10
+
+    def validate(self) -> None:
+        check_number("dist_timeout", self.dist_timeout, 0, open_low=True, note=" (minutes)")
 
 
 @dataclass
@@ -47,25 +63,45 @@ class Dist:
     @staticmethod
     def from_env(device: str | torch.device | None = None) -> Dist:
         """The place torchrun describes through RANK / WORLD_SIZE / LOCAL_RANK (one process when unset); joins nothing.
-
-        One process: the given device (default cpu). Several: cuda:LOCAL_RANK when CUDA is available and the device
-        asked for is not the CPU, else cpu.
-        """
-        world = int(os.environ.get("WORLD_SIZE", "1"))
-        rank = int(os.environ.get("RANK", "0"))
-        if world < 1 or not 0 <= rank < world:
-            raise ValueError(f"RANK={rank} and WORLD_SIZE={world} must satisfy 0 <= RANK < WORLD_SIZE")
-        local = int(os.environ.get("LOCAL_RANK", str(rank)))
+        Its device is `rank_device(device)`."""
+        world, rank, local = _torchrun_env()
+        place = torch.device(rank_device(device))
+        if place.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device {place}: this machine has no CUDA GPU (or torch was built without CUDA)")
         if world == 1:
-            return Dist(device=torch.device(device or "cpu"))
-        use_cuda = torch.cuda.is_available() and str(device or "cuda").startswith("cuda")
-        return Dist(rank, world, local, torch.device(f"cuda:{local}") if use_cuda else torch.device("cpu"))
+            return Dist(device=place)
+        return Dist(rank, world, local, place)
 
 
-def setup_distributed(device: str | torch.device | None = None) -> Dist:
+def _torchrun_env() -> tuple[int, int, int]:
+    """(WORLD_SIZE, RANK, LOCAL_RANK) as torchrun sets them; (1, 0, 0) in a plain process."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    if world < 1 or not 0 <= rank < world:
+        raise ValueError(f"RANK={rank} and WORLD_SIZE={world} must satisfy 0 <= RANK < WORLD_SIZE")
+    return world, rank, int(os.environ.get("LOCAL_RANK", str(rank)))
+
+
+def rank_device(requested: str | torch.device | None) -> str:
+    """The device this process computes on, decided once, before any model or copy is made (every command asks here).
+
+    One process: `requested` as it is (None: cpu). Under torchrun (WORLD_SIZE > 1) a CUDA request (cuda, cuda:i)
+    becomes cuda:LOCAL_RANK, the rank's own GPU, whatever index it named; None becomes cuda:LOCAL_RANK when CUDA is
+    available, else cpu; any other request stays as it is. A device this machine lacks (cuda:LOCAL_RANK beyond its
+    GPUs) is left for `models.check_device` to refuse in one line.
+    """
+    world, _, local = _torchrun_env()
+    wanted = "cpu" if requested is None and (world == 1 or not torch.cuda.is_available()) else str(requested or "cuda")
+    if world > 1 and wanted.split(":")[0] == "cuda":
+        return f"cuda:{local}"
+    return wanted
+
+
+def setup_distributed(device: str | torch.device | None = None, timeout_minutes: float | None = None) -> Dist:
     """`Dist.from_env(device)`, having joined the torchrun process group when there are several processes.
 
-    NCCL on CUDA, else gloo. A process group that already exists is used as it is.
+    NCCL on CUDA, else gloo; a collective waits `timeout_minutes` (None: DistConfig's default) for the slowest rank.
+    A process group that already exists is used as it is (the commands join it first, with --dist-timeout).
     """
     place = Dist.from_env(device)
     if place.world == 1 and not torch_dist.is_initialized():
@@ -73,7 +109,9 @@ def setup_distributed(device: str | torch.device | None = None) -> Dist:
     if not torch_dist.is_initialized():
         if place.device.type == "cuda":
             torch.cuda.set_device(place.device)
-        torch_dist.init_process_group(backend="nccl" if place.device.type == "cuda" else "gloo")
+        minutes = DistConfig.dist_timeout if timeout_minutes is None else timeout_minutes
+        backend = "nccl" if place.device.type == "cuda" else "gloo"
+        torch_dist.init_process_group(backend=backend, timeout=timedelta(minutes=minutes))
     return Dist(torch_dist.get_rank(), torch_dist.get_world_size(), place.local_rank, place.device)
 
 
@@ -105,6 +143,15 @@ def all_reduce_sum(values: Sequence[float], dist: Dist) -> list[float]:
     t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=dist.device)
     torch_dist.all_reduce(t)
     return t.tolist()
+
+
+def all_reduce_max(values: Sequence[int], dist: Dist) -> list[int]:
+    """Maxima of the integers `values` over ranks (one collective for the whole list)."""
+    if dist.world == 1:
+        return [int(v) for v in values]
+    t = torch.tensor([int(v) for v in values], dtype=torch.int64, device=dist.device)
+    torch_dist.all_reduce(t, op=torch_dist.ReduceOp.MAX)
+    return [int(v) for v in t.tolist()]
 
 
 def broadcast_parameters(model: torch.nn.Module, dist: Dist) -> None:

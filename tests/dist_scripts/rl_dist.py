@@ -117,7 +117,7 @@ def train_interrupted_then_resumed(dist: Dist, out: Path) -> dict:
 
 def main(out: str) -> None:
     out = Path(out)
-    dist = setup_distributed()
+    dist = setup_distributed("cpu")  # CPU ranks (gloo) even on a machine with GPUs
     for fsdp in (False, True):
         result = minibatch_grads(dist, fsdp)
         if dist.is_main:

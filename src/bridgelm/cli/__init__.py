@@ -18,7 +18,7 @@ import warnings
 from importlib.metadata import PackageNotFoundError, version
 
 # Modules whose add_commands(sub) registers subcommands, in --help order.
-FAMILIES = ["params", "generate", "evaluate", "train", "demo", "integrations"]
+FAMILIES = ["params", "plan", "generate", "evaluate", "train", "demo", "integrations"]
 
 
 class _Parser(argparse.ArgumentParser):

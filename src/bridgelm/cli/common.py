@@ -58,8 +58,10 @@ def load_model_and_tokenizer(args):
 
 
 def load_model_of(args, blocks: str | None):
-    """The model of --model with the block file `blocks` (None: none), on --device in --dtype; a --dtype bfloat16
-    that this CPU runs slowly is warned first."""
+    """The model of --model with the block file `blocks` (None: none), in --dtype, on this rank's device
+    (`dist.rank_device`: under torchrun --device cuda is the rank's own GPU, cuda:LOCAL_RANK, from the first tensor);
+    a --dtype bfloat16 that this CPU runs slowly is warned first."""
+    from bridgelm.dist import rank_device
     from bridgelm.models import load_model
 
     if str(args.device).split(":")[0] == "meta":  # load_model takes it (shapes only); these commands compute
@@ -67,7 +69,8 @@ def load_model_of(args, blocks: str | None):
             f"--device {args.device}: the meta device holds no values to compute with; expected cpu or cuda"
         )
     warn_slow_bf16(args.dtype == "bfloat16", args.device)
-    return load_model(args.model, blocks=blocks, dtype=dtype_of(args.dtype), device=args.device)
+    device = rank_device(args.device)
+    return load_model(args.model, blocks=blocks, dtype=dtype_of(args.dtype), device=device)
 
 
 def width_is_moot(model) -> str | None:

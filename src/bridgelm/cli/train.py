@@ -20,6 +20,7 @@ from bridgelm.cli.common import (
     warn_slow_bf16,
 )
 from bridgelm.cli.fields import Flag, Nested, add_fields, add_groups, build
+from bridgelm.dist import DistConfig
 from bridgelm.errors import UserError
 from bridgelm.engine import SamplingConfig
 from bridgelm.train import warmup_data
@@ -72,18 +73,27 @@ def _cmd_warmup_data(args) -> None:
     )
 
 
+def _join(model, launch: DistConfig) -> None:
+    """Join torchrun's process group (when launched so) with --dist-timeout; the trainer then uses that group."""
+    from bridgelm.dist import setup_distributed
+
+    setup_distributed(next(model.parameters()).device, launch.dist_timeout)
+
+
 def _cmd_sft(args) -> None:
     from bridgelm.dist import teardown_distributed
     from bridgelm.train.sft import read_warmup, train_sft
 
-    cfg = build(SFTConfig, args)
+    cfg, launch = build(SFTConfig, args), build(DistConfig, args)
     cfg.validate()
+    launch.validate()
     check_out(args.out, "dir")
     warn_slow_bf16(cfg.bf16, args.device, "--bf16")
     read_warmup(args.data)  # a bad file is refused before the model loads (train_sft reads it again, with the model)
     model = load_model_of(args, None)  # its blocks are added by train_sft (--add)
     tokenizer = load_tokenizer(args.model)
     try:
+        _join(model, launch)
         res = train_sft(model, tokenizer, args.data, cfg, args.out)
         if not _main_process():
             return
@@ -94,6 +104,24 @@ def _cmd_sft(args) -> None:
         teardown_distributed()
 
 
+def _plan_or_refuse(model, tokenizer, task, cfg: RLConfig, dtype: str, device) -> None:
+    """On a CUDA device: the run's per-GPU memory plan (rank 0 prints it), and a run that cannot fit refused before
+    it starts. Its prompts' length is the task's longest prompt."""
+    import torch
+
+    from bridgelm import plan
+    from bridgelm.dist import Dist
+    from bridgelm.engine import encode_prompts
+
+    if torch.device(device).type != "cuda":
+        return
+    prompts = encode_prompts(tokenizer, [task.prompt(ex) for ex in task.examples], cfg.chat)
+    setup = plan.Setup(plan.shape_of(model), cfg, Dist.from_env().world, dtype, max(map(len, prompts)))
+    text = plan.check_fits(setup, plan.device_memory_gib(device))
+    if _main_process():
+        print(f"bridgelm rl: memory per GPU (bridgelm plan)\n{text}")
+
+
 def _cmd_rl(args) -> None:
     import bridgelm
     from bridgelm.attach import add_seeded_blocks
@@ -101,8 +129,9 @@ def _cmd_rl(args) -> None:
     from bridgelm.rng import derive_seed
     from bridgelm.train.rl import train_rl
 
-    cfg = build(RLConfig, args)
+    cfg, launch = build(RLConfig, args), build(DistConfig, args)
     cfg.validate()
+    launch.validate()
     if args.blocks and (args.no_blocks or args.add):
         flag = "--no-blocks" if args.no_blocks else f"--add {args.add}"
         raise UserError(f"--blocks {args.blocks} and {flag} contradict each other: expected one of them")
@@ -117,7 +146,9 @@ def _cmd_rl(args) -> None:
         raise ValueError(f"--no-blocks, but {args.model} holds {have.kind} blocks; load a model without blocks")
     if args.add:  # the same blocks on every rank and on every --resume
         add_seeded_blocks(model, args.add, derive_seed(args.seed, "rl-blocks"), num_heads=args.num_heads)
+    _plan_or_refuse(model, tokenizer, task, cfg, args.dtype, next(model.parameters()).device)
     try:
+        _join(model, launch)
         res = train_rl(model, tokenizer, task, cfg, args.out, val_task=val_task)
         if not _main_process():
             return
@@ -212,6 +243,7 @@ def add_commands(sub) -> None:
         placement=Flag(choices=PLACEMENTS),
     )
     p.add_argument("--out", required=True, help="run directory: metrics.jsonl, checkpoints/, blocks.safetensors")
+    add_fields(p.add_argument_group("distributed (torchrun)"), DistConfig)
     p.set_defaults(func=_cmd_sft)
 
     p = sub.add_parser("rl", help="GRPO with interdependent rollouts (Bridge groups of width w)")
@@ -228,4 +260,5 @@ def add_commands(sub) -> None:
     p.add_argument("--val-split", default="test")
     p.add_argument("--out", required=True, help="run directory: metrics.jsonl, checkpoints/, best/")
     add_groups(p, RLConfig, RL_GROUPS, rollout=ROLLOUT_FLAGS, validation=VALIDATION_FLAGS)
+    add_fields(p.add_argument_group("distributed (torchrun)"), DistConfig)
     p.set_defaults(func=_cmd_rl)

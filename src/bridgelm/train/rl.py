@@ -225,7 +225,7 @@ def _set_trainable(model, cfg: RLConfig) -> None:
 
 
 def _make_reference(model, cfg: RLConfig, dist: Dist):
-    """A frozen copy of the policy at the start of RL (blocks included), only when beta > 0."""
+    """A frozen copy of the policy at the start of RL (blocks included), on the policy's device, only when beta > 0."""
     if cfg.beta == 0:
         return None
     ref = copy.deepcopy(model)
@@ -237,6 +237,7 @@ def _learner(model, tokenizer, cfg: RLConfig, run: Run, dist: Dist) -> Learner:
     """The policy (its resumed weights loaded, placed on the ranks), its reference, optimiser and schedule, tracked
     by `run` (restored when resuming)."""
     _set_trainable(model, cfg)
+    model.to(dist.device)  # the rank's own device (dist.rank_device) before the reference is copied from it
     ref_model = _make_reference(model, cfg, dist)
     if run.resume_from is not None:
         load_weights(model, run.resume_from)

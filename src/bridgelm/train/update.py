@@ -9,6 +9,10 @@
    and cuts micro-batches by padded tokens), with the loss of `bridgelm.grpo.policy_loss` normalised by the token
    count of the whole mini-batch over all ranks. Mini-batch shuffles derive from (seed, step, epoch).
 
+Under FSDP every rank runs the same number of forwards and backwards (FSDP2's collectives are per forward and per
+backward): micro-batches cut by `micro_batch_tokens` from each rank's lengths are split until the ranks agree
+(`agreed_micro_batches`).
+
 Work whose result is known is skipped (not under FSDP, whose ranks must run the same forwards). A group whose
 advantages are all exactly 0 (with 0/1 rewards: a prompt whose G rewards are all equal) adds a policy term and a
 gradient of 0 whatever its ratio, so it needs no old log-probs: the no_grad pass leaves out the micro-batches that
@@ -34,7 +38,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from bridgelm.dist import Dist, all_reduce_sum
+from bridgelm.dist import Dist, all_reduce_max, all_reduce_sum
 from bridgelm.grpo import policy_loss, policy_stats
 from bridgelm.rng import generator
 from bridgelm.train.batches import autocast, chunks, pack_rows, response_logprobs, rows_tensor
@@ -63,18 +67,51 @@ def micro_batches(rollouts: Rollouts, groups: list[int], cfg: RLConfig) -> list[
     micro-batch (rows x its longest row) would pass the budget, so that short rows are not padded to long ones."""
     if cfg.micro_batch_tokens is None:
         return chunks(groups, cfg.micro_batch_groups)
-    length = {
-        g: max(len(rollouts.rows[r].prompt) + len(rollouts.rows[r].response) for r in rollouts.group_rows([g]))
-        for g in groups
-    }
     out: list[list[int]] = [[]]
-    for g in sorted(groups, key=lambda g: (length[g], g)):  # ascending: g is the longest of its micro-batch so far
+    for g in sorted(groups, key=lambda g: (group_length(rollouts, g), g)):  # ascending: g is the longest so far
         cur = out[-1]
-        if cur and (
-            len(cur) == cfg.micro_batch_groups or (len(cur) + 1) * rollouts.width * length[g] > cfg.micro_batch_tokens
-        ):
+        padded = (len(cur) + 1) * rollouts.width * group_length(rollouts, g)
+        if cur and (len(cur) == cfg.micro_batch_groups or padded > cfg.micro_batch_tokens):
             out.append(cur := [])
         cur.append(g)
+    return out
+
+
+def group_length(rollouts: Rollouts, group: int) -> int:
+    """The longest row (prompt + response tokens) of a group: what its rows are padded to."""
+    return max(len(rollouts.rows[r].prompt) + len(rollouts.rows[r].response) for r in rollouts.group_rows([group]))
+
+
+def agreed_micro_batches(rollouts: Rollouts, micro_of: list[list[list[int]]], dist: Dist) -> list[list[list[int]]]:
+    """Under FSDP, each mini-batch's micro-batches (`micro_of`, this rank's cut) split until every rank runs as many.
+
+    FSDP2 all-gathers a layer's parameters in each forward and reduce-scatters its gradients in each backward, so
+    the ranks must run the same number of forwards and backwards; cut by `micro_batch_tokens` from each rank's own
+    lengths, they would not (and would hang at the first unmatched collective). One all-reduce gives the largest
+    count of each mini-batch; a rank with fewer splits its micro-batch of most padded tokens in two (in its sorted
+    order) until it has as many. Every forward is real work, none padded with empty or zero-weight ones, and
+    splitting only lowers a micro-batch's padded tokens, so the budget holds. A count is never more than a rank's
+    groups in that mini-batch: every rank holds as many (the same share of the same plan, nothing skipped under
+    FSDP). Without FSDP the cut is each rank's own: data parallel meets only once per mini-batch."""
+    if not dist.fsdp:
+        return micro_of
+    counts = all_reduce_max([len(micro) for micro in micro_of], dist)
+    return [_split_to(rollouts, micro, n) for micro, n in zip(micro_of, counts, strict=True)]
+
+
+def _split_to(rollouts: Rollouts, micro: list[list[int]], n: int) -> list[list[int]]:
+    """`micro` with its largest micro-batches (padded tokens) halved until there are `n`."""
+    out = [list(m) for m in micro]
+
+    def padded(i: int) -> int:
+        return len(out[i]) * max(group_length(rollouts, g) for g in out[i]) if len(out[i]) > 1 else -1
+
+    while len(out) < n:
+        i = max(range(len(out)), key=padded)
+        if len(out[i]) < 2:
+            raise RuntimeError(f"{sum(map(len, out))} groups cannot make the {n} micro-batches another rank runs")
+        half = len(out[i]) // 2
+        out[i : i + 1] = [out[i][:half], out[i][half:]]
     return out
 
 
@@ -178,6 +215,7 @@ def update_policy(learner: Learner, rollouts: Rollouts, cfg: RLConfig, step: int
     skip = flat if cfg.beta == 0 else set()  # ... and, with beta = 0, no KL term either: nothing to compute
     # Each mini-batch's micro-batches, as trained (and as the no_grad pass runs them): cut from its groups but `skip`.
     micro_of = [[m for m in micro_batches(rollouts, [g for g in mb if g not in skip], cfg) if m] for mb in plan]
+    micro_of = agreed_micro_batches(rollouts, micro_of, dist)  # under FSDP, as many on every rank
     model.train()
     old = ref = None
     entropy = entropy_tokens = 0.0

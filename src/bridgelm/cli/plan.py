@@ -1,0 +1,90 @@
+"""bridgelm plan: per-GPU memory of a GRPO run before it starts (the arithmetic is bridgelm.plan's).
+
+    bridgelm plan --model M --world-size 8 --fsdp --gpu-memory-gib 80 --json
+    bridgelm plan --preset ds-qwen-7b --world-size 8 --fsdp --max-new-tokens 4096 --gpu-memory-gib 80
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from bridgelm.blocks import KINDS, BlockConfig
+from bridgelm.cli.common import positive_int
+from bridgelm.cli.fields import add_fields, build
+from bridgelm.cli.train import ROLLOUT_FLAGS
+from bridgelm.errors import UserError
+from bridgelm.train.rl import RLConfig
+
+# RLConfig's settings that decide the memory of a run (their flags are rl's own)
+PLAN_FIELDS = [
+    "prompts_per_step",
+    "rollout",
+    "rollout_dtype",
+    "steps_per_rollout",
+    "micro_batch_groups",
+    "micro_batch_tokens",
+    "beta",
+    "freeze_base",
+    "bf16",
+    "gradient_checkpointing",
+    "fsdp",
+]
+
+
+def _gib(text: str) -> float:
+    """argparse type of --gpu-memory-gib: a positive number."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive number of GiB")
+    return value
+
+
+def _model(args):
+    """The model on the meta device, from --preset or --model's config.json, with --add blocks."""
+    from bridgelm.attach import add_bridge, add_pmatch
+    from bridgelm.params import PRESETS, meta_model
+
+    if (args.preset is None) == (args.model is None):
+        raise UserError("give one of --model and --preset: the model whose run is planned")
+    if args.preset is not None and args.preset not in PRESETS:
+        raise UserError(f"--preset {args.preset}: expected one of {', '.join(PRESETS)}")
+    model = meta_model(preset=args.preset, model_dir=args.model)
+    if args.add:
+        (add_bridge if args.add == "bridge" else add_pmatch)(model, num_heads=args.num_heads)
+    return model
+
+
+def _cmd_plan(args) -> None:
+    from bridgelm import plan
+
+    cfg = build(RLConfig, args)
+    cfg.validate(args.world_size)
+    budget = args.gpu_memory_gib if args.gpu_memory_gib is not None else plan.device_memory_gib()
+    if budget is None:
+        raise UserError("no CUDA device here to read the GPU's memory from: give it, e.g. --gpu-memory-gib 80")
+    setup = plan.Setup(plan.shape_of(_model(args)), cfg, args.world_size, args.dtype, args.prompt_tokens)
+    rows = plan.plan_rows(setup)
+    total = plan.per_gpu(rows) / plan.GIB
+    print(plan.table(setup, rows, budget))
+    if args.json:
+        gib = {name: value / plan.GIB for name, value in rows.items()}
+        print(json.dumps({"per_gpu_gib": total, "fits": total <= budget, "gpu_memory_gib": budget, "rows_gib": gib}))
+
+
+def add_commands(sub) -> None:
+    p = sub.add_parser("plan", help="per-GPU memory of an rl run before it starts (the model's config only)")
+    p.add_argument("--model", help="a model directory or hub id (only its config.json is read)")
+    p.add_argument("--preset", help="instead of --model: ds-qwen-1.5b | ds-qwen-7b | ds-llama-8b")
+    p.add_argument("--add", choices=KINDS, help="count the blocks rl --add would add")
+    p.add_argument("--num-heads", type=int, default=BlockConfig.num_heads, help="heads of the --add blocks")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="the weights'")
+    p.add_argument("--world-size", type=positive_int, default=1, help="processes, one GPU each (default: 1)")
+    p.add_argument("--prompt-tokens", type=positive_int, default=512, help="the longest prompt's tokens (default: 512)")
+    p.add_argument("--gpu-memory-gib", type=_gib, help="memory of one GPU (default: this machine's first GPU's)")
+    p.add_argument("--json", action="store_true", help="also one JSON object on the last line")
+    add_fields(p, RLConfig, only=PLAN_FIELDS, rollout=ROLLOUT_FLAGS)
+    p.set_defaults(func=_cmd_plan)

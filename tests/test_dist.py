@@ -1,0 +1,128 @@
+"""One device per rank, decided from torchrun's environment before anything loads (no GPU needed: CUDA is faked)."""
+
+import json
+from datetime import timedelta
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from bridgelm import dist, models
+from bridgelm.cli.common import load_model_of
+
+
+def _torchrun(monkeypatch, world: int | None, local: int = 0, cuda: bool = True, gpus: int = 8) -> None:
+    """torchrun's variables of rank `local` of `world` processes (None: a plain process), and a machine with `gpus`
+    CUDA GPUs (`cuda`) or none."""
+    for name in ("WORLD_SIZE", "RANK", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    if world is not None:
+        monkeypatch.setenv("WORLD_SIZE", str(world))
+        monkeypatch.setenv("RANK", str(local))
+        monkeypatch.setenv("LOCAL_RANK", str(local))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus if cuda else 0)
+
+
+@pytest.mark.parametrize(
+    "world, local, cuda, requested, want",
+    [
+        (None, 0, True, "cuda", "cuda"),  # one process: the request as it is
+        (None, 0, True, "cuda:1", "cuda:1"),
+        (None, 0, True, "cpu", "cpu"),
+        (None, 0, True, None, "cpu"),
+        (4, 3, True, "cuda", "cuda:3"),  # torchrun: the rank's own GPU, not cuda:0
+        (4, 3, True, "cuda:0", "cuda:3"),
+        (4, 2, True, torch.device("cuda"), "cuda:2"),
+        (4, 1, True, None, "cuda:1"),
+        (4, 1, True, "cpu", "cpu"),
+        (4, 1, False, None, "cpu"),  # eval's default without a GPU
+        (2, 1, False, "cuda", "cuda:1"),  # left for check_device to refuse in one line
+    ],
+)
+def test_rank_device_from_the_environment(monkeypatch, world, local, cuda, requested, want):
+    _torchrun(monkeypatch, world, local, cuda)
+    assert dist.rank_device(requested) == want
+
+
+def test_dist_from_env_takes_the_rank_device(monkeypatch):
+    _torchrun(monkeypatch, 4, local=2)
+    place = dist.Dist.from_env("cuda")
+    assert (place.rank, place.world, place.local_rank, place.device) == (2, 4, 2, torch.device("cuda:2"))
+    _torchrun(monkeypatch, 4, local=2, cuda=False)
+    assert dist.Dist.from_env("cpu").device == torch.device("cpu")
+    with pytest.raises(ValueError, match="device cuda:2: this machine has no CUDA GPU"):
+        dist.Dist.from_env("cuda")
+
+
+def test_a_rank_beyond_the_gpus_is_refused_before_loading(monkeypatch):
+    _torchrun(monkeypatch, 8, local=5, gpus=4)
+    with pytest.raises(models.UserError, match=r"device 'cuda:5': this machine has 4 CUDA GPU\(s\)"):
+        models.check_device(dist.rank_device("cuda"))
+
+
+@pytest.mark.parametrize("world, local, want", [(None, 0, "cuda"), (4, 3, "cuda:3")])
+def test_load_model_of_loads_onto_the_rank_device(monkeypatch, world, local, want):
+    _torchrun(monkeypatch, world, local)
+    asked = {}
+    monkeypatch.setattr(models, "load_model", lambda name, **kwargs: asked.update(kwargs, name=name) or "model")
+    args = SimpleNamespace(model="M", device="cuda", dtype="float32")
+    assert load_model_of(args, None) == "model"
+    assert asked["name"] == "M" and asked["device"] == want and asked["blocks"] is None
+
+
+def test_the_process_group_waits_dist_timeout_minutes(monkeypatch):
+    _torchrun(monkeypatch, 2, local=1, cuda=False)
+    joined = []
+    monkeypatch.setattr(dist.torch_dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist.torch_dist, "init_process_group", lambda **kwargs: joined.append(kwargs))
+    monkeypatch.setattr(dist.torch_dist, "get_rank", lambda: 1)
+    monkeypatch.setattr(dist.torch_dist, "get_world_size", lambda: 2)
+    place = dist.setup_distributed("cpu", timeout_minutes=90)
+    assert (place.rank, place.world, place.device) == (1, 2, torch.device("cpu"))
+    dist.setup_distributed("cpu")
+    assert joined == [
+        {"backend": "gloo", "timeout": timedelta(minutes=90)},
+        {"backend": "gloo", "timeout": timedelta(minutes=60)},  # not torch's 10
+    ]
+
+
+class Joined(Exception):
+    pass
+
+
+def _rl_args(tmp_path) -> list[str]:
+    from conftest import save_tiny_model_dir
+
+    save_tiny_model_dir(tmp_path / "m")
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"question": f"{a}+{a}", "answer": f"#### {2 * a}"}) + "\n" for a in range(6)))
+    return ["rl", "--model", str(tmp_path / "m"), "--task", "gsm8k", "--data", str(data), "--out", str(tmp_path / "o")]
+
+
+def test_rl_joins_the_group_with_dist_timeout_before_training(tmp_path, monkeypatch):
+    from bridgelm.cli import main
+
+    asked = []
+
+    def join(device, timeout_minutes):
+        asked.append((str(device), timeout_minutes))
+        raise Joined
+
+    monkeypatch.setattr(dist, "setup_distributed", join)
+    with pytest.raises(Joined):
+        main([*_rl_args(tmp_path), "--dist-timeout", "2.5"])
+    assert asked == [("cpu", 2.5)]
+
+
+@pytest.mark.parametrize("command", ["rl", "sft"])
+@pytest.mark.parametrize("value", ["0", "-3", "nan"])
+def test_a_dist_timeout_that_cannot_work_is_refused_before_the_model_loads(tmp_path, capsys, command, value):
+    from bridgelm.cli import main
+
+    model = ["--model", str(tmp_path / "no-such-model")]  # never reached
+    args = _rl_args(tmp_path) if command == "rl" else ["sft", "--data", str(tmp_path / "d.jsonl"), "--out", "o"]
+    with pytest.raises(SystemExit) as err:
+        main([*args, *model, "--dist-timeout", value])
+    assert err.value.code == 2
+    assert f"dist_timeout={float(value)}: expected a finite number > 0 (minutes)" in capsys.readouterr().err
