@@ -12,7 +12,7 @@ One row per check, in a table, and one JSON object on the last line:
   host_syncs       synchronising CUDA calls per decode step of the eager engine (torch.cuda.set_sync_debug_mode)
   decode           tok/s of the paper's 1.5B shape (bf16, 64 rows, 128 new tokens, compiled) against its bandwidth
                    roofline: a step reads every weight once and each row's KV cache, at the measured copy bandwidth
-  memory           that run's peak GPU memory against `bridgelm plan`'s estimate of the same batch, where it exists
+  memory           that run's peak GPU memory against `bridgelm plan`'s weights and KV cache of the same batch
   grpo_step        benchmarks/train.py in a child process: one GRPO step of bridgelm against TRL's GRPOTrainer
   fsdp_rollout     a rollout from a model sharded by FSDP2 in a process group of one: the same tokens as unsharded
 
@@ -134,14 +134,18 @@ def decode_speed(model, s: dict) -> dict:
     return out
 
 
-def planned_gib(s: dict) -> float | None:
-    """`bridgelm plan`'s per-GPU estimate of the decode run, where this bridgelm has the plan command."""
-    try:
-        from bridgelm import plan
-    except ImportError:
-        return None
-    estimate = getattr(plan, "sampling_gib", None)
-    return None if estimate is None else estimate(s)
+def planned_gib(model, s: dict) -> float:
+    """`bridgelm plan`'s rows for the decode run (its weights and KV cache: rows x (longest prompt + tokens)), GiB."""
+    from dataclasses import replace
+
+    from bridgelm import plan
+    from bridgelm.train.rl_config import RLConfig, default_rollout
+
+    rollout = replace(default_rollout(), n=4, width=4, max_new_tokens=s["tokens"])
+    cfg = RLConfig(prompts_per_step=s["rows"] // 4, rollout=rollout, beta=0.0)
+    dtype = "bfloat16" if s["dtype"] == torch.bfloat16 else "float32"
+    setup = plan.Setup(plan.shape_of(model), cfg, world=1, dtype=dtype, prompt_tokens=11)  # ragged_prompts: <= 11
+    return round((plan.weights(setup) + plan.kv_cache(setup)) / plan.GIB, 3)
 
 
 def grpo_step(dry: bool) -> dict:
@@ -203,7 +207,7 @@ def run(dry: bool) -> dict:
     out["engine_compiled"] = engine_error(model_for(s, layers=2), True, s)
     out["host_syncs_per_step"] = host_syncs(model, s)
     out["decode"] = decode_speed(model, s)
-    out["memory"] = {"peak_gib": out["decode"].get("peak_gib"), "planned_gib": planned_gib(s)}
+    out["memory"] = {"peak_gib": out["decode"].get("peak_gib"), "planned_gib": planned_gib(model, s)}
     del model
     out["grpo_step"] = grpo_step(dry)
     out["fsdp_rollout"] = fsdp_rollout(s)

@@ -38,7 +38,8 @@ from bridgelm.hardware import matmul_flops  # noqa: E402
 from bridgelm.packed import half_instructions  # noqa: E402
 from bridgelm.tasks.base import Task  # noqa: E402
 from bridgelm.tokenizer import load_tokenizer  # noqa: E402
-from bridgelm.train.rl import RLConfig, default_rollout, train_rl  # noqa: E402
+from bridgelm.train.rl import train_rl  # noqa: E402
+from bridgelm.train.rl_config import RLConfig, default_rollout  # noqa: E402
 from bridgelm.train.sft import SFTConfig, train_sft  # noqa: E402
 
 VOCAB = 24000

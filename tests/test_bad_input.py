@@ -257,7 +257,7 @@ def test_the_edges_of_the_number_checks():
 
     from bridgelm.errors import check_number
     from bridgelm.engine import SamplingConfig
-    from bridgelm.train.rl import RLConfig, default_rollout, default_validation
+    from bridgelm.train.rl_config import RLConfig, default_rollout, default_validation
     from bridgelm.train.sft import SFTConfig
 
     validation = replace(default_validation(), temperature=0, limit=None)

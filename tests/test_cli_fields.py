@@ -13,7 +13,7 @@ from bridgelm.cli.fields import Flag, Nested, add_fields, add_groups, build, fie
 from bridgelm.demo.pipeline import DemoConfig
 from bridgelm.evaluate import EvalConfig
 from bridgelm.engine import SamplingConfig
-from bridgelm.train.rl import RLConfig
+from bridgelm.train.rl_config import RLConfig
 from bridgelm.train.sft import SFTConfig
 from bridgelm.train.warmup_data import MAX_NEW_TOKENS as WARMUP_MAX_NEW_TOKENS
 

@@ -16,7 +16,8 @@ from bridgelm.jsonl import read_records
 from bridgelm.tasks.base import Task
 from bridgelm.tokenizer import char_tokenizer
 from bridgelm.train import batches, rl, update
-from bridgelm.train.rl import RLConfig, train_rl
+from bridgelm.train.rl import train_rl
+from bridgelm.train.rl_config import RLConfig
 from bridgelm.train.rollouts import Rollouts
 
 

@@ -38,7 +38,7 @@ import torch
 from bridgelm.attach import added_parameters
 
 if TYPE_CHECKING:
-    from bridgelm.train.rl import RLConfig
+    from bridgelm.train.rl_config import RLConfig
 
 GIB = 2**30
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}

@@ -24,13 +24,13 @@ import torch  # noqa: E402
 from rl_dist import model_and_tokenizer  # noqa: E402
 
 from bridgelm.dist import Dist, full_state_dict, prepare_model, setup_distributed, teardown_distributed  # noqa: E402
-from bridgelm.train import batches, rl, update  # noqa: E402
+from bridgelm.train import batches, rl_config, update  # noqa: E402
 from bridgelm.train.optim import make_optimizer, make_scheduler  # noqa: E402
 from bridgelm.train.rollouts import Rollouts  # noqa: E402
 
 PROMPTS, G, W = 8, 4, 2  # 8 prompts x 4 rollouts in Bridge groups of 2: 16 groups over all ranks
 TOKENS = 40  # micro_batch_tokens: rank 0's short groups fit two to a micro-batch, the others' one each
-CFG = rl.RLConfig(steps_per_rollout=2, micro_batch_groups=4, lr=1e-3, fsdp=True, clip_eps=0.2)
+CFG = rl_config.RLConfig(steps_per_rollout=2, micro_batch_groups=4, lr=1e-3, fsdp=True, clip_eps=0.2)
 CFG = replace(CFG, rollout=replace(CFG.rollout, n=G, width=W, temperature=0.9))
 
 
@@ -50,7 +50,7 @@ def rollouts_of(dist: Dist, tok) -> Rollouts:
     return Rollouts(rows, W, torch.zeros(n), torch.tensor(adv), [True] * n, 0.0)
 
 
-def learner(cfg: rl.RLConfig, dist: Dist) -> update.Learner:
+def learner(cfg: rl_config.RLConfig, dist: Dist) -> update.Learner:
     model, _ = model_and_tokenizer()
     ref = copy.deepcopy(model).requires_grad_(False) if cfg.beta > 0 else None
     prepare_model(model, dist, fsdp=True)
@@ -61,7 +61,7 @@ def learner(cfg: rl.RLConfig, dist: Dist) -> update.Learner:
     return update.Learner(model, ref, params, optimizer, make_scheduler(optimizer, 4, 0.0, "constant"), {})
 
 
-def trained_weights(cfg: rl.RLConfig, dist: Dist, rollouts: Rollouts) -> dict:
+def trained_weights(cfg: rl_config.RLConfig, dist: Dist, rollouts: Rollouts) -> dict:
     """The weights after 2 rollout batches (gathered on rank 0; {} elsewhere)."""
     learn = learner(cfg, dist)
     for step in range(2):

@@ -21,7 +21,7 @@ import torch  # noqa: E402
 
 from bridgelm import runs  # noqa: E402
 from bridgelm.dist import Dist, barrier, prepare_model, reduce_gradients, setup_distributed, teardown_distributed  # noqa: E402
-from bridgelm.train import batches, rl, update  # noqa: E402
+from bridgelm.train import batches, rl, rl_config, update  # noqa: E402
 from bridgelm.train.rollouts import Rollouts  # noqa: E402
 
 PROMPTS, G, W = 4, 4, 2  # 4 prompts x 4 rollouts in groups of 2: 8 Bridge groups
@@ -57,7 +57,7 @@ def minibatch_grads(dist: Dist, fsdp: bool) -> dict:
     model, tok = model_and_tokenizer()
     prepare_model(model, dist, fsdp)
     model.train()
-    cfg = rl.RLConfig(micro_batch_groups=3, beta=0.05, clip_eps=0.1)
+    cfg = rl_config.RLConfig(micro_batch_groups=3, beta=0.05, clip_eps=0.1)
     cfg = replace(cfg, rollout=replace(cfg.rollout, temperature=0.8))
     rollouts, index = rollouts_of(dist.rank, dist.world, tok)
     groups = list(range(rollouts.n_groups))

@@ -14,7 +14,7 @@ from bridgelm.cli.common import positive_int
 from bridgelm.cli.fields import add_fields, build
 from bridgelm.cli.train import ROLLOUT_FLAGS
 from bridgelm.errors import UserError
-from bridgelm.train.rl import RLConfig
+from bridgelm.train.rl_config import RLConfig
 
 # RLConfig's settings that decide the memory of a run (their flags are rl's own)
 PLAN_FIELDS = [

@@ -24,7 +24,7 @@ from bridgelm.dist import DistConfig
 from bridgelm.errors import UserError
 from bridgelm.engine import SamplingConfig
 from bridgelm.train import warmup_data
-from bridgelm.train.rl import RLConfig
+from bridgelm.train.rl_config import RLConfig
 from bridgelm.train.sft import SFTConfig
 
 

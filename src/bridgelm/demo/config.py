@@ -11,7 +11,7 @@ from bridgelm.demo.base import BaseConfig
 from bridgelm.engine import SamplingConfig
 from bridgelm.evaluate import EvalConfig
 from bridgelm.tasks import anysum
-from bridgelm.train.rl import RLConfig, default_rollout
+from bridgelm.train.rl_config import RLConfig, default_rollout
 from bridgelm.train.sft import SFTConfig
 
 RL_ARMS = ("rlvr", "pmatch", "bridge")  # the paper's arms; optional: "bridge_cold", "bridge_attn"

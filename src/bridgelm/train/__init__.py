@@ -5,7 +5,8 @@ train_sft(model, tokenizer, "warmup.jsonl", SFTConfig(), "sft")    # bridgelm sf
 train_rl(model, tokenizer, task, RLConfig(), "rl")                 # bridgelm rl
 """
 
-from bridgelm.train.rl import RLConfig, RLResult, train_rl
+from bridgelm.train.rl import RLResult, train_rl
+from bridgelm.train.rl_config import RLConfig
 from bridgelm.train.sft import SFTConfig, SFTResult, train_sft
 from bridgelm.train.warmup_data import make_warmup_data
 

@@ -26,7 +26,7 @@ from bridgelm.tasks.base import check_rewards
 from bridgelm.train.batches import Row
 
 if TYPE_CHECKING:
-    from bridgelm.train.rl import RLConfig
+    from bridgelm.train.rl_config import RLConfig
 
 
 @dataclass

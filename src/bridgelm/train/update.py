@@ -46,7 +46,7 @@ from bridgelm.train.optim import optimizer_step
 from bridgelm.train.rollouts import Rollouts
 
 if TYPE_CHECKING:
-    from bridgelm.train.rl import RLConfig
+    from bridgelm.train.rl_config import RLConfig
 
 
 @dataclass

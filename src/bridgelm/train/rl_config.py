@@ -1,0 +1,148 @@
+"""The settings of a GRPO run (`bridgelm rl`): RLConfig, whose rollouts are a SamplingConfig and whose validation an
+EvalConfig; read by the loop (rl.py), the rollout phase (rollouts.py), the update (update.py) and `bridgelm plan`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from bridgelm.engine import SamplingConfig, check_sampling
+from bridgelm.errors import check_int, check_number
+from bridgelm.evaluate import EvalConfig
+from bridgelm.rng import derive_seed
+
+ROLLOUT_DTYPES = ("bfloat16", "float16", "float32")
+
+
+def default_rollout() -> SamplingConfig:
+    """G = 8 rollouts per prompt in Bridge groups of 4 (paper: G = 8, w = 4 or 8), at the policy's own nucleus."""
+    return SamplingConfig(n=8, width=4, max_new_tokens=512, temperature=0.6, top_p=1.0)
+
+
+def default_validation() -> EvalConfig:
+    """4 samples per problem in one Bridge group at 0.6 / 0.95 (paper: MATH-500); max_new_tokens None: the rollouts'."""
+    return EvalConfig(n=4, width=4, max_new_tokens=None, temperature=0.6, top_p=0.95)
+
+
+@dataclass
+class RLConfig:
+    """GRPO settings; defaults follow the paper's Appendix A where it gives one (per-device sizes are smaller)."""
+
+    steps: int = 100  # rollout steps; each samples P x G rollouts, then takes K optimiser steps
+    prompts_per_step: int = 8  # P, over all ranks (divisible by the number of processes)
+    chat: bool = False  # wrap prompts in the tokenizer's chat template
+    seed: int = 0  # seeds data order, sampling and mini-batch shuffles (with the step)
+
+    rollout: SamplingConfig = field(default_factory=default_rollout)  # G = n rollouts per prompt in groups of width w
+    # (w divides G); log-probs are at logits / temperature; its seed is drawn from `seed` each step
+    rollout_dtype: str | None = None  # sample from a copy of the policy in this dtype ("bfloat16"), refreshed before
+    # each step (1.3-1.5x faster sampling on CPU); the update recomputes every log-prob. None: the policy itself
+
+    steps_per_rollout: int = 8  # K: optimiser steps per rollout batch, on K mini-batches of whole groups
+    epochs_per_rollout: int = 1  # passes over the rollout batch (K steps each)
+    micro_batch_groups: int = 4  # Bridge groups per forward/backward (gradient accumulation in a mini-batch)
+    micro_batch_tokens: int | None = None  # also cut micro-batches, groups sorted by length, at this many padded
+    # tokens (rows x longest row); None: micro_batch_groups groups each, in mini-batch order
+    lr: float = 1e-6  # AdamW learning rate after warm-up (constant)
+    block_lr: float | None = None  # learning rate of the added blocks (None: lr, as in the paper)
+    warmup_fraction: float = 0.1  # share of the optimiser steps spent warming the lr up linearly
+    weight_decay: float = 0.0  # AdamW weight decay
+    max_grad_norm: float = 1.0  # gradient clipping (<= 0: off)
+    clip_eps: float = 0.2  # ratio clip range below 1 (and above, unless clip_eps_high is set)
+    clip_eps_high: float | None = None  # ratio clip range above 1 (DAPO's clip-higher), None = clip_eps
+    beta: float = 1e-3  # weight of the k3 KL to the reference (0: no reference model)
+    freeze_base: bool = False  # train only the added blocks
+    bf16: bool = False  # bf16 autocast of the training forwards
+    gradient_checkpointing: bool = False  # recompute layer activations in the backward
+    fsdp: bool = False  # shard parameters, gradients and optimiser state with FSDP2 (torchrun only)
+
+    eval_every: int = 0  # steps between validations (0: only after the last step); needs a val_task
+    validation: EvalConfig = field(default_factory=default_validation)  # how the val_task is sampled: n, width,
+    # limit (None: all problems), max_new_tokens (None: the rollouts'); its seed is drawn from `seed`, chat is `chat`
+
+    save_every: int = 50  # steps between checkpoints (0: only at the end and on Ctrl-C)
+    keep_last: int = 2  # checkpoints kept (best/ is kept apart)
+    resume: bool = False  # continue the run found in the output directory
+    progress: bool = True  # show a progress bar
+    tensorboard: bool = False  # also log to OUT/tensorboard (when tensorboard is installed)
+
+    def validate(self, world: int = 1) -> None:
+        self._check_rollouts(world)
+        self._check_update()
+        self._check_validation()
+
+    def _check_rollouts(self, world: int) -> None:
+        G, w = self.rollout.n, self.rollout.width
+        for name, value in (("steps", self.steps), ("prompts_per_step", self.prompts_per_step), ("rollouts", G)):
+            if value < 1:
+                raise ValueError(f"{name}={value} must be >= 1")
+        for name, value in (("width", w), ("max_new_tokens", self.rollout.max_new_tokens)):
+            if value < 1:
+                raise ValueError(f"{name}={value} must be >= 1")
+        if G < 2:
+            raise ValueError(
+                f"rollouts={G} must be >= 2: GRPO's advantages compare the rollouts of a prompt, and one rollout has "
+                "nothing to be compared with"
+            )
+        if G % w:
+            raise ValueError(f"width={w} must divide rollouts={G} (G % w == 0)")
+        if self.prompts_per_step % world:
+            raise ValueError(f"prompts_per_step={self.prompts_per_step} must be divisible by the {world} processes")
+        groups = self.prompts_per_step // world * (G // w)
+        if groups < self.steps_per_rollout:
+            raise ValueError(
+                f"steps_per_rollout={self.steps_per_rollout} mini-batches need at least one Bridge group each, but a "
+                f"rank holds {self.prompts_per_step // world} prompts x {G // w} groups = {groups}"
+            )
+        why = " (GRPO's log-probs are at logits / T)"  # no greedy rollouts
+        check_sampling(self.rollout.temperature, self.rollout.top_p, greedy=False, why=why)
+        self.rollout.validate()
+        if self.rollout_dtype is not None:
+            if self.rollout_dtype not in ROLLOUT_DTYPES:
+                raise ValueError(f"rollout_dtype={self.rollout_dtype!r}: expected one of {', '.join(ROLLOUT_DTYPES)}")
+            if self.fsdp:
+                raise ValueError("rollout_dtype needs fsdp=False: the copy would hold the whole model on every rank")
+
+    def _check_update(self) -> None:
+        for name in ("steps_per_rollout", "epochs_per_rollout", "micro_batch_groups"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+        if self.micro_batch_tokens is not None and self.micro_batch_tokens < 1:
+            raise ValueError(f"micro_batch_tokens={self.micro_batch_tokens} must be >= 1 (or None)")
+        check_number("lr", self.lr, 0, open_low=True)
+        if self.block_lr is not None:
+            check_number("block_lr", self.block_lr, 0, open_low=True)
+        check_number("warmup_fraction", self.warmup_fraction, 0, 1, open_high=True)
+        check_number("weight_decay", self.weight_decay, 0)
+        check_number("max_grad_norm", self.max_grad_norm, note=" (<= 0: no clipping)")
+        check_number("beta", self.beta, 0)
+        for name in ("clip_eps", "clip_eps_high"):
+            value = getattr(self, name)
+            if value is not None:
+                check_number(name, value, 0, open_low=True)
+
+    def _check_validation(self) -> None:
+        """The validation's settings, checked before training rather than after it (named as their flags are)."""
+        v = self.validation
+        check_sampling(v.temperature, v.top_p, prefix="eval_")
+        for name, value in (("eval_n", v.n), ("eval_width", v.width), ("eval_max_new_tokens", v.max_new_tokens)):
+            if value is not None:
+                check_int(name, value)
+        if v.limit is not None:
+            check_int("eval_limit", v.limit)
+        if self.eval_every < 0:
+            raise ValueError(f"eval_every={self.eval_every} must be >= 0 (0: only after the last step)")
+        if v.n % v.width:
+            raise ValueError(f"eval_width={v.width} must divide eval_n={v.n}")
+        validation_sampling(self).validate()
+
+
+def validation_sampling(cfg: RLConfig) -> EvalConfig:
+    """How the val_task is sampled: `cfg.validation` seeded from the run's seed, with the rollouts' chat template and,
+    when its max_new_tokens is None, their max_new_tokens."""
+    v = cfg.validation
+    max_new_tokens = v.max_new_tokens or cfg.rollout.max_new_tokens
+    return replace(v, max_new_tokens=max_new_tokens, seed=derive_seed(cfg.seed, "eval"), chat=cfg.chat)
+
+
+# Settings that do not change the trained weights besides the run-control ones (train.loop.RUN_FIELDS).
+FREE_FIELDS = ("eval_every", "validation.limit")
