@@ -17,17 +17,19 @@ from typing import Any
 
 from bridgelm.engine import SamplingConfig, check_stop_strings, stream_text
 from bridgelm.errors import UserError
-from bridgelm.jsonl import append_record, read_records
-from bridgelm.runs import SAMPLED_WITH, check_format, check_settings, format_of
+from bridgelm.jsonl import append_record, exclusive, read_records
+from bridgelm.runs import SAMPLED_WITH, check_format, check_settings, format_of, source_digests
 
 
 def run_settings(
     kind: str, cfg: SamplingConfig, model_id: str, blocks: str | None, chat: bool, **extra
 ) -> dict[str, Any]:
     """The settings recorded with (and checked against) every line of a samples file of `kind` ("generate",
-    "warmup-data"): its format, the engine's settings that decide what is sampled (not the batch bounds), the model."""
+    "warmup-data"): its format, the engine's settings that decide what is sampled (not the batch bounds), the model
+    and blocks by path and by content (`source_digests`)."""
     sampled = {k: v for k, v in asdict(cfg).items() if k in SAMPLED_WITH}
-    return {**format_of(kind), **sampled, "model": model_id, "blocks": blocks, "chat": chat, **extra}
+    sources = {"model": model_id, "blocks": blocks, **source_digests(model_id, blocks)}
+    return {**format_of(kind), **sampled, **sources, "chat": chat, **extra}
 
 
 def check_lines(path: Path, done: list[dict], settings: dict) -> None:
@@ -79,10 +81,17 @@ def sample_to_file(
     """Sample n responses for every prompt not yet in `out`; returns the number of prompts sampled now.
 
     `records[i]` (optional) holds extra fields written on prompt i's line (an id, a gold answer...). Lines already
-    in `out` must come from the same settings and the same prompts (`source` names them in errors).
+    in `out` must come from the same settings and the same prompts (`source` names them in errors). A second process
+    on the same `out` is refused at once (`jsonl.exclusive`).
     """
     out = Path(out)
     check_stop_strings(stop_strings)
+    with exclusive(out, folder=False):
+        return _sample_missing(model, tokenizer, prompts, out, cfg, settings, chat, stop_strings, records, progress, source)
+
+
+def _sample_missing(model, tokenizer, prompts, out: Path, cfg, settings, chat, stop_strings, records, progress, source):
+    """sample_to_file's work, under the lock of `out`."""
     done = read_records(out)
     check_lines(out, done, settings)
     check_prompts(out, done, prompts, source)
