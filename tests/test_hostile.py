@@ -454,3 +454,23 @@ def test_names_in_report_tables_cannot_shift_columns():
     rows = {"bridge|w=8": {"aime24": cell, "amc23": cell}, "base": {"aime24": cell, "amc23": cell}}
     for line in benchmark_table(rows, base="base").splitlines():
         assert line.replace("\\|", "").count("|") == 6  # Model, 2 benchmarks, Avg, Δ: every row as many columns
+
+
+def test_a_lone_surrogate_is_refused_as_not_text(tmp_path):
+    from bridgelm.jsonl import read_records
+
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"prompt": "\\ud83d\\ude00 fine"}\n{"prompt": "1+\\ud800="}\n')  # a pair, then half of one
+    with pytest.raises(UserError, match=r"p.jsonl, line 2: a string holds \\ud800, half of a surrogate pair"):
+        read_records(path)
+    path.write_text('{"prompt": "\\ud83d\\ude00 fine"}\n')
+    assert read_records(path) == [{"prompt": "\U0001F600 fine"}]
+
+
+def test_a_folder_in_place_of_an_output_file_is_named(tmp_path):
+    from bridgelm.jsonl import write_json
+
+    (tmp_path / "metrics.json").mkdir()
+    with pytest.raises(UserError, match=r"cannot write .*metrics.json: a folder is in its place"):
+        write_json(tmp_path / "metrics.json", {"a": 1})
+    assert [p.name for p in tmp_path.iterdir()] == ["metrics.json"]  # no temporary file left

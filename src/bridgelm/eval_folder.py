@@ -38,7 +38,15 @@ _SHARD_RE = re.compile(r"^samples(?:\.rank(\d+))?\.jsonl$")
 
 # Settings of run.json that decide what is sampled; a re-run must match them all (an eval run records the list of
 # its widths, and which one tables report, in place of one width; the model and blocks by path and by content).
-SAME_RUN = ("model", "blocks", *SOURCE_DIGESTS, "task", "benchmarks", *("widths" if k == "width" else k for k in SAMPLED_WITH), "limit")
+SAME_RUN = (
+    "model",
+    "blocks",
+    *SOURCE_DIGESTS,
+    "task",
+    "benchmarks",
+    *("widths" if k == "width" else k for k in SAMPLED_WITH),
+    "limit",
+)
 
 
 def shard_file_name(dist: Dist) -> str:

@@ -7,7 +7,9 @@ Design notes:
 - RUN_DIR/run.json holds the settings (`eval_settings`). samples.jsonl holds one line per (benchmark, width,
   problem), appended as problems complete; a re-run skips what is written and redoes a line cut by a crash. A re-run
   with another model, other data or other sampling settings is refused before anything is written: one run, one
-  setting (bridgelm.eval_folder, which reads a run back).
+  setting (bridgelm.eval_folder, which reads a run back). The model folder and block file count by content too
+  (runs.source_digests): blocks replaced at the same path make another run, refused by name.
+- One writer per run: a second eval (or a score) on the same folder is refused at once (`_writer_locks`).
 - Under torchrun, problem i of every benchmark goes to rank i % WORLD_SIZE (bridgelm.dist.Dist.owns), which appends
   to its own shard samples.rank{r}.jsonl with no process group; rank 0 writes run.json first (the others wait for
   the file), and the ranks meet at a gloo barrier once every shard is complete.
@@ -243,8 +245,9 @@ def run_eval(
         }
         owned = sum(1 for b in benches for i in range(len(b.problems)) if dist.owns(i)) * len(cfg.all_widths())
         total = sum(len(v) for v in todo.values())
+        show = bool(progress and total)  # a progress bar
         try:
-            truncated = _sample_all_sets(model, tokenizer, benches, todo, cfg, budget, out, bool(progress and total), dist)
+            truncated = _sample_all_sets(model, tokenizer, benches, todo, cfg, budget, out, show, dist)
         except BaseException:
             # A check that fails before anything is sampled (a prompt longer than the context, foreign groups that do
             # not fill a width) leaves the folder as it found it, so that the corrected command starts afresh. One

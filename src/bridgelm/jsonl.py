@@ -153,12 +153,26 @@ def read_records(path: str | os.PathLike, repair: bool = True, allow_cut: bool =
                 raise UserError(f"{path}, line {number}: {_not_json(err)}: expected one JSON object per line") from err
             if not isinstance(record, dict):
                 raise UserError(f"{path}, line {number}: a JSON {type(record).__name__}, expected a JSON object")
+            if b"\\ud" in line.lower():  # an escaped surrogate: text only when it comes in a pair
+                _check_text(record, path, number)
             records.append(record)
         offset += len(line) + 1
     if repair and raw.strip() and not raw.endswith(b"\n"):  # a complete last record without its newline
         with open(path, "ab") as f:
             f.write(b"\n")
     return records
+
+
+def _check_text(record: dict, path: Path, number: int) -> None:
+    """UserError when a string of `record` holds a lone surrogate (a JSON escape from \\ud800 to \\udfff without its
+    pair): JSON parses it, but it is no text, and a tokenizer or a UTF-8 write fails on it later."""
+    try:
+        json.dumps(record, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as err:
+        bad = err.object[err.start : err.end].encode("unicode_escape").decode()
+        raise UserError(
+            f"{path}, line {number}: a string holds {bad}, half of a surrogate pair: expected text (UTF-8)"
+        ) from None
 
 
 def _not_json(err: Exception) -> str:
@@ -181,6 +195,8 @@ def write_atomic(path: str | os.PathLike, text: str | bytes) -> Path:
         os.replace(tmp, path)
     except OSError as err:
         tmp.unlink(missing_ok=True)
+        if path.is_dir():  # os.replace names the temporary file
+            raise UserError(f"cannot write {path}: a folder is in its place; expected a file (or nothing)") from err
         if err.errno not in CANNOT_WRITE:
             raise
         kept = "is left as it was" if path.exists() else "was not written"

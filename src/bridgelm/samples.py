@@ -2,7 +2,8 @@
 
 Every line carries the settings that produced it, headed by the kind and format version of the file (a samples file
 of `bridgelm generate`, or warm-up data); a re-run with the same file skips prompts already written and refuses to
-mix in samples made by another model or other settings, or to append to a file of an older format.
+mix in samples made by another model or other settings (a block file or model folder whose content changed at the same
+path included), or to append to a file of an older format. A second process on the same file is refused at once.
 
     bridgelm generate --model DIR --prompts prompts.jsonl --n 8 --width 4 --out samples.jsonl
 """
@@ -87,18 +88,18 @@ def sample_to_file(
     out = Path(out)
     check_stop_strings(stop_strings)
     with exclusive(out, folder=False):
-        return _sample_missing(model, tokenizer, prompts, out, cfg, settings, chat, stop_strings, records, progress, source)
+        done = read_records(out)
+        check_lines(out, done, settings)
+        check_prompts(out, done, prompts, source)
+        have = {rec["index"] for rec in done}
+        todo = [i for i in range(len(prompts)) if i not in have]
+        if todo:
+            _sample_into(model, tokenizer, prompts, todo, out, cfg, settings, chat, stop_strings, records, progress)
+        return len(todo)
 
 
-def _sample_missing(model, tokenizer, prompts, out: Path, cfg, settings, chat, stop_strings, records, progress, source):
-    """sample_to_file's work, under the lock of `out`."""
-    done = read_records(out)
-    check_lines(out, done, settings)
-    check_prompts(out, done, prompts, source)
-    have = {rec["index"] for rec in done}
-    todo = [i for i in range(len(prompts)) if i not in have]
-    if not todo:
-        return 0
+def _sample_into(model, tokenizer, prompts, todo, out: Path, cfg, settings, chat, stop_strings, records, progress):
+    """Sample prompts `todo` (indices) and append their lines to `out` (sample_to_file holds its lock)."""
     texts = [prompts[i] for i in todo]
     title = f"sampling -> {out}" if progress else None
     # keys = prompt indices: a resumed run draws exactly what an uninterrupted one would have
@@ -121,4 +122,3 @@ def _sample_missing(model, tokenizer, prompts, out: Path, cfg, settings, chat, s
             "settings": settings,
         }
         append_record(out, line)
-    return len(todo)

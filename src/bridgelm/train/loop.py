@@ -21,6 +21,8 @@ Design notes:
   (bridgelm.runs). `identity` holds the settings that decide the trained weights; a resume must match it. A nested
   config's settings are recorded by dotted name ("rollout.temperature"), so that a refused resume names the one
   that differs.
+- One writer: rank 0 holds the run folder's lock (bridgelm.jsonl.exclusive) while the run goes, so a second process
+  training into the same folder is refused at once (already when its Run is made), instead of both writing it.
 - A step's update is atomic for Ctrl-C: the first Ctrl-C lets it finish and then saves a checkpoint of it; a second
   stops at once, and nothing is saved (the weights may be half updated); a Ctrl-C outside an update saves the last
   finished step. A resumed run restores optimiser, schedule, global RNG, step and the trainer's extras
@@ -45,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from bridgelm.dist import Dist, load_optimizer_state, optimizer_state
-from bridgelm.jsonl import append_record, exclusive, read_records, write_atomic, write_json
+from bridgelm.jsonl import append_record, check_free, exclusive, read_records, write_atomic, write_json
 from bridgelm.rng import set_rng_state
 from bridgelm.runs import (
     CHECKPOINTS,
@@ -140,8 +142,8 @@ class Run:
         self.control = control
         self.dist = dist
         _refuse_other_run(self.out_dir, kind)
-        with self._writer():  # a second process on this folder is refused now, before the model is placed
-            pass
+        if dist.is_main:  # a second process on this folder is refused now, before the model is placed
+            check_free(self.out_dir, folder=True)
         self.resume_from = resume_point(self.out_dir, control.resume)
         if self.resume_from is not None:
             saved = read_info(self.resume_from).get("identity", {})
