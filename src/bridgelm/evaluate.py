@@ -270,8 +270,10 @@ def run_eval(
 def _writer_locks(run_dir: Path, dist: Dist) -> Iterator[None]:
     """One writer per run folder: rank 0 holds the folder's lock (a second eval, or `bridgelm score`, is refused at
     once) and every rank the lock of its own shard. The ranks of one run never block each other, as each locks a
-    file no other rank of it writes; a second torchrun run on the same folder is refused at each of its ranks (rank
-    0 by the folder, rank r by samples.rank{r}.jsonl), before any of them writes."""
+    file no other rank of it writes; a second run on the same folder is refused at rank 0 by the folder, and a second
+    torchrun run of as many ranks at each rank r by samples.rank{r}.jsonl. (Its ranks r > 0 are not refused while a
+    run of another size writes the folder: nothing ties a rank to its rank 0's lock; torchrun stops them when
+    their rank 0 fails.)"""
     with contextlib.ExitStack() as locks:
         if dist.is_main:
             locks.enter_context(exclusive(run_dir, folder=True))
