@@ -242,3 +242,235 @@ def test_non_finite_log_probs_end_sampling_with_one_line():
     cfg = SamplingConfig(n=2, width=2, max_new_tokens=4)
     with pytest.raises(UserError, match="log-probs were not finite"):
         generate_ids(model, [[1, 2, 3]], cfg, eos_token_ids=[0], pad_token_id=0)
+
+
+# ---------------------------------------------------------------------------------------------- one writer per output
+
+
+def _toy_data(path, count):
+    path.write_text("".join(json.dumps({"problem": f"{i}+{i}=", "answer": str(2 * i)}) + "\n" for i in range(count)))
+    return str(path)
+
+
+def _held_after_first(module, release):
+    """Wrap `module.stream_text` so that it yields its first item, then waits for `release` (a second writer tries
+    the same output meanwhile)."""
+    real = module.stream_text
+
+    def held(*args, **kwargs):
+        for k, item in enumerate(real(*args, **kwargs)):
+            if k == 1:
+                assert release.wait(120)
+            yield item
+
+    return held
+
+
+def _second_writer(argv):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-m", "bridgelm", *argv], capture_output=True, text=True, env=env,
+                          timeout=300)
+
+
+@pytest.mark.parametrize("command", ["eval", "generate"])
+def test_a_second_process_on_one_out_is_refused_at_once(tmp_path, monkeypatch, command):
+    import threading
+
+    from bridgelm import evaluate, samples
+    from bridgelm.cli import main
+    from bridgelm.jsonl import read_records
+    from conftest import save_tiny_model_dir
+
+    save_tiny_model_dir(tmp_path / "m", blocks="bridge")
+    if command == "eval":
+        out = tmp_path / "run"
+        argv = ["eval", "--model", str(tmp_path / "m"), "--data", _toy_data(tmp_path / "toy.jsonl", 3), "--n", "2",
+                "--width", "2", "--max-new-tokens", "4", "--max-batch-sequences", "2", "--no-score", "--out", str(out)]
+        module, written = evaluate, out / "samples.jsonl"
+    else:
+        prompts = tmp_path / "prompts.jsonl"
+        prompts.write_text("".join(json.dumps({"prompt": f"{i}+1="}) + "\n" for i in range(3)))
+        out = written = tmp_path / "s.jsonl"
+        argv = ["generate", "--model", str(tmp_path / "m"), "--prompts", str(prompts), "--n", "2", "--width", "2",
+                "--max-new-tokens", "4", "--max-batch-sequences", "2", "--out", str(out)]
+        module = samples
+    release = threading.Event()
+    monkeypatch.setattr(module, "stream_text", _held_after_first(module, release))
+    first = threading.Thread(target=main, args=(argv,))
+    first.start()
+    try:
+        for _ in range(600):  # until the first writer has written its first line
+            if written.exists() and written.read_text().count("\n") >= 1:
+                break
+            __import__("time").sleep(0.1)
+        second = _second_writer(argv)
+    finally:
+        release.set()
+        first.join(300)
+    assert second.returncode == 2, second.stderr
+    lines = second.stderr.strip().splitlines()
+    assert "Traceback" not in second.stderr and "Loading weights" not in second.stderr  # refused before the model
+    assert len(lines) == 1, second.stderr
+    assert f"--out {out} is being written by another process (pid {os.getpid()})" in lines[0]
+    keys = [(r.get("benchmark"), r.get("width"), r["index"]) for r in read_records(written)]
+    assert len(keys) == 3 and len(set(keys)) == 3  # the first finished; nothing written twice
+
+
+def test_training_runs_and_scoring_have_one_writer(tmp_path):
+    from bridgelm.dist import Dist
+    from bridgelm.score import score_run
+    from bridgelm.train.loop import Run, RunControl
+
+    code = (
+        "import sys, time; from bridgelm.jsonl import exclusive\n"
+        "with exclusive(sys.argv[1], folder=True):\n    print('locked', flush=True); time.sleep(60)\n"
+    )
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "run.json").write_text(json.dumps({"kind": "eval", "format": 2}))
+    holder = subprocess.Popen([sys.executable, "-c", code, str(out)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(UserError, match=f"being written by another process \\(pid {holder.pid}\\)"):
+            Run(tmp_path / "sft", "sft", {}, RunControl(), Dist())  # a free folder: no error
+            (out / "run.json").unlink()
+            Run(out, "sft", {}, RunControl(), Dist())
+        (out / "run.json").write_text(json.dumps({"kind": "eval", "format": 2}))
+        with pytest.raises(UserError, match="run folder .* is being written by another process"):
+            score_run(out, progress=False)
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+# ---------------------------------------------------------------------------------------------- run identity by content
+
+
+def _model_and_blocks(tmp_path, seed=1):
+    import bridgelm
+    from conftest import randomize_blocks, save_tiny_model_dir
+
+    model, _ = save_tiny_model_dir(tmp_path / "m")
+    blocks = bridgelm.save_blocks(randomize_blocks(bridgelm.add_bridge(model), seed=seed), tmp_path / "b.safetensors")
+    return str(tmp_path / "m"), str(blocks)
+
+
+def test_a_block_file_replaced_at_the_same_path_is_refused_by_name(tmp_path, capsys):
+    import bridgelm
+    from bridgelm.cli import main
+    from conftest import randomize_blocks, tiny_model
+
+    model_dir, blocks = _model_and_blocks(tmp_path)
+    run = tmp_path / "run"
+    argv = ["eval", "--model", model_dir, "--blocks", blocks, "--data", _toy_data(tmp_path / "toy.jsonl", 3),
+            "--n", "2", "--width", "2", "--max-new-tokens", "4", "--no-score", "--out", str(run)]
+    main(argv)
+    before = (run / "samples.jsonl").read_bytes()
+    recorded = json.loads((run / "run.json").read_text())
+    assert recorded["blocks_digest"].startswith("sha256:") and recorded["model_digest"].startswith("sha256:")
+    # as sft does when validation improves: other blocks at the same path
+    other = randomize_blocks(bridgelm.add_bridge(tiny_model(vocab_size=21, eos_token_id=20, pad_token_id=0)), seed=7)
+    bridgelm.save_blocks(other, blocks)
+    (run / "samples.jsonl").write_bytes(before[: before.index(b"\n") + 1])  # as if cut short: the re-run resumes
+    before = (run / "samples.jsonl").read_bytes()
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert len(err) == 1 and "(blocks: the file changed since the run began (sha256:" in err[0], err
+    assert (run / "samples.jsonl").read_bytes() == before
+
+
+def test_a_samples_file_and_a_training_run_record_what_they_read(tmp_path):
+    from bridgelm.engine import SamplingConfig
+    from bridgelm.runs import check_settings
+    from bridgelm.samples import run_settings
+
+    model_dir, blocks = _model_and_blocks(tmp_path)
+    cfg = SamplingConfig(n=2, width=2)
+    saved = run_settings("generate", cfg, model_dir, blocks, False)
+    assert saved["blocks_digest"] == __import__("bridgelm").runs.file_fingerprint(blocks)
+    weights = tmp_path / "m" / "model.safetensors"
+    os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))  # saved over since
+    now = run_settings("generate", cfg, model_dir, blocks, False)
+    with pytest.raises(UserError, match=r"model: the folder \(its config.json, or a file's size or modification"):
+        check_settings("s.jsonl", saved, now, keys=now)
+    from bridgelm.models import load_model
+    from bridgelm.train import sft
+
+    identity = sft._identity(load_model(model_dir), tmp_path / "w.jsonl", [], sft.SFTConfig())
+    assert identity["model_digest"] == now["model_digest"]  # a base saved over since is refused on resume
+
+
+# ---------------------------------------------------------------------------------------------- a full disk
+
+
+def test_a_full_disk_is_one_line_and_a_re_run_resumes(tmp_path, monkeypatch, capsys):
+    import errno
+
+    from bridgelm.cli import main
+    from bridgelm.jsonl import read_records
+    from conftest import save_tiny_model_dir
+
+    save_tiny_model_dir(tmp_path / "m", blocks="bridge")
+    run = tmp_path / "run"
+    argv = ["eval", "--model", str(tmp_path / "m"), "--data", _toy_data(tmp_path / "toy.jsonl", 3), "--n", "2",
+            "--width", "2", "--max-new-tokens", "4", "--max-batch-sequences", "2", "--no-score", "--out", str(run)]
+    real_fsync, lines = os.fsync, []
+
+    def full_after_one_line(fd):
+        if os.readlink(f"/proc/self/fd/{fd}").endswith("samples.jsonl"):
+            lines.append(fd)
+            if len(lines) > 1:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", full_after_one_line)
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if "error" in line]
+    assert err == [
+        f"bridgelm eval: error: cannot write {run / 'samples.jsonl'}: No space left on device; the lines written so "
+        "far are kept, and the same command run again resumes after them"
+    ]
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    main(argv)
+    assert "sampled 1 problems now, 2 were already in" in capsys.readouterr().out
+    keys = sorted(r["index"] for r in read_records(run / "samples.jsonl"))
+    assert keys == [0, 1, 2]
+
+
+# ---------------------------------------------------------------------------------------------- names in reports
+
+
+def test_names_in_report_tables_cannot_shift_columns():
+    from bridgelm.tables import benchmark_table, markdown_table
+
+    table = markdown_table(["Model", "x"], [["runs/a|b\nc", "1.00"]])
+    assert table.splitlines()[2] == "| runs/a\\|b c | 1.00 |"
+    cell = {"mean": 0.5, "low": 0.4, "high": 0.6}
+    rows = {"bridge|w=8": {"aime24": cell, "amc23": cell}, "base": {"aime24": cell, "amc23": cell}}
+    for line in benchmark_table(rows, base="base").splitlines():
+        assert line.replace("\\|", "").count("|") == 6  # Model, 2 benchmarks, Avg, Δ: every row as many columns
+
+
+def test_a_lone_surrogate_is_refused_as_not_text(tmp_path):
+    from bridgelm.jsonl import read_records
+
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"prompt": "\\ud83d\\ude00 fine"}\n{"prompt": "1+\\ud800="}\n')  # a pair, then half of one
+    with pytest.raises(UserError, match=r"p.jsonl, line 2: a string holds \\ud800, half of a surrogate pair"):
+        read_records(path)
+    path.write_text('{"prompt": "\\ud83d\\ude00 fine"}\n')
+    assert read_records(path) == [{"prompt": "\U0001F600 fine"}]
+
+
+def test_a_folder_in_place_of_an_output_file_is_named(tmp_path):
+    from bridgelm.jsonl import write_json
+
+    (tmp_path / "metrics.json").mkdir()
+    with pytest.raises(UserError, match=r"cannot write .*metrics.json: a folder is in its place"):
+        write_json(tmp_path / "metrics.json", {"a": 1})
+    assert [p.name for p in tmp_path.iterdir()] == ["metrics.json"]  # no temporary file left

@@ -85,7 +85,7 @@ def test_xsum_run_resumes_scores_rouge_and_cuts_long_documents(tmp_path, model_d
     assert (
         "sampled 3 problems now" in printed
         and "the long document of 1 of them was cut" in printed
-        and "mean score" in printed
+        and "mean rouge1 (ROUGE-1 F1) " in printed
     )
     settings = json.loads((run / "run.json").read_text())
     assert settings["task"] == "xsum" and settings["prompt_budget"] == CONTEXT - 6
@@ -118,12 +118,12 @@ def test_xsum_run_resumes_scores_rouge_and_cuts_long_documents(tmp_path, model_d
     entry = json.loads((run / "metrics.json").read_text())["benchmarks"]["xsum_test"]["2"]
     means = [7 / 12, 1.0, 2 / 3]
     variances = [19 / 144, 0.0, (1 + 1 + 0 + 4 / 9) / 4 - (2 / 3) ** 2]
-    assert entry["metrics"]["score"]["mean"] == pytest.approx(sum(means) / 3)
+    assert entry["metrics"]["rouge1"]["mean"] == pytest.approx(sum(means) / 3)
     assert entry["metrics"]["score_variance"]["mean"] == pytest.approx(sum(variances) / 3)
-    assert entry["metrics"]["score"]["low"] <= entry["metrics"]["score"]["mean"] <= entry["metrics"]["score"]["high"]
+    assert entry["metrics"]["rouge1"]["low"] <= entry["metrics"]["rouge1"]["mean"] <= entry["metrics"]["rouge1"]["high"]
     assert not any(k.startswith(("pass@", "g_pass", "mg_pass", "accuracy", "majority")) for k in entry["metrics"])
-    assert entry["truncated"] == 1 and entry["budgets"]["2"]["score"] == 0.0  # every sample has 3 tokens
-    assert entry["budgets"]["6"]["score"] == pytest.approx(entry["metrics"]["score"]["mean"])
+    assert entry["truncated"] == 1 and entry["budgets"]["2"]["rouge1"] == 0.0  # every sample has 3 tokens
+    assert entry["budgets"]["6"]["rouge1"] == pytest.approx(entry["metrics"]["rouge1"]["mean"])
 
     # a report of ROUGE-only runs: no accuracy Avg (no NaN in strict JSON), no accuracy line on the terminal
     capsys.readouterr()
@@ -200,8 +200,8 @@ def test_table_2_and_table_5_layouts(tmp_path, model_dir, capsys):
     assert cells == ["66.67", "100.00", "25.00", "75.00", "50.00"]
     report = json.loads((out / "report.json").read_text())
     assert report["nonmath"]["metric"] == {
-        "xsum": "score",
-        "cnn_dm": "score",
+        "xsum": "rouge1",
+        "cnn_dm": "rouge1",
         "gpqa_diamond": "accuracy",
         "zebra": "accuracy",
         "countdown": "accuracy",

@@ -8,7 +8,8 @@ its traceback. `user_message` decides which is which, in one place:
 - A ValueError or FileNotFoundError raised by bridgelm's own code is a checked input too (the library's
   messages follow the same rule); one raised inside torch, transformers or the standard library is not.
 - An OSError about a file (permission denied, is a folder, disk full) is the machine's answer to a path the
-  user gave, reported with the path.
+  user gave, reported with the path; a full disk (or quota, or read-only file system) even without a path.
+  bridgelm.jsonl's writers say which file, and what of it was kept.
 
 `DataWarning` is for input that is accepted but probably not meant (a data file that repeats a problem); the
 command line prints it as `bridgelm <command>: warning: <message>`.
@@ -16,6 +17,7 @@ command line prints it as `bridgelm <command>: warning: <message>`.
 
 from __future__ import annotations
 
+import errno
 import math
 import numbers
 from pathlib import Path
@@ -102,4 +104,6 @@ def user_message(err: BaseException) -> str | None:
         return str(err)
     if isinstance(err, OSError) and err.filename is not None:
         return f"cannot use {err.filename}: {err.strerror or err}"
+    if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+        return f"cannot write an output: {err.strerror or err}; what was written before is kept"
     return None

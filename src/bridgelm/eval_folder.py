@@ -24,13 +24,29 @@ from bridgelm.benchmarks import benchmark_difference
 from bridgelm.dist import Dist
 from bridgelm.errors import UserError
 from bridgelm.jsonl import read_records
-from bridgelm.runs import RUN_FILE, SAMPLED_WITH, check_format, check_settings, local_source
+from bridgelm.runs import (
+    RUN_FILE,
+    SAMPLED_WITH,
+    SOURCE_DIGESTS,
+    check_format,
+    check_settings,
+    local_source,
+    source_digests,
+)
 
 _SHARD_RE = re.compile(r"^samples(?:\.rank(\d+))?\.jsonl$")
 
 # Settings of run.json that decide what is sampled; a re-run must match them all (an eval run records the list of
-# its widths, and which one tables report, in place of one width).
-SAME_RUN = ("model", "blocks", "task", "benchmarks", *("widths" if k == "width" else k for k in SAMPLED_WITH), "limit")
+# its widths, and which one tables report, in place of one width; the model and blocks by path and by content).
+SAME_RUN = (
+    "model",
+    "blocks",
+    *SOURCE_DIGESTS,
+    "task",
+    "benchmarks",
+    *("widths" if k == "width" else k for k in SAMPLED_WITH),
+    "limit",
+)
 
 
 def shard_file_name(dist: Dist) -> str:
@@ -119,7 +135,7 @@ def _check_sample_line(rec: Any, path: Path, number: int) -> None:
 
 def check_run_model(run_dir: str | os.PathLike, model_id: str, blocks: str | None) -> None:
     """UserError unless the run was sampled with this model and these blocks (its token ids fit only them)."""
-    now = {"model": local_source(model_id), "blocks": local_source(blocks)}
+    now = {"model": local_source(model_id), "blocks": local_source(blocks), **source_digests(model_id, blocks)}
     check_settings(
         run_dir,
         read_eval_run(run_dir),

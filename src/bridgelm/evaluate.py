@@ -7,7 +7,9 @@ Design notes:
 - RUN_DIR/run.json holds the settings (`eval_settings`). samples.jsonl holds one line per (benchmark, width,
   problem), appended as problems complete; a re-run skips what is written and redoes a line cut by a crash. A re-run
   with another model, other data or other sampling settings is refused before anything is written: one run, one
-  setting (bridgelm.eval_folder, which reads a run back).
+  setting (bridgelm.eval_folder, which reads a run back). The model folder and block file count by content too
+  (runs.source_digests): blocks replaced at the same path make another run, refused by name.
+- One writer per run: a second eval (or a score) on the same folder is refused at once (`_writer_locks`).
 - Under torchrun, problem i of every benchmark goes to rank i % WORLD_SIZE (bridgelm.dist.Dist.owns), which appends
   to its own shard samples.rank{r}.jsonl with no process group; rank 0 writes run.json first (the others wait for
   the file), and the ranks meet at a gloo barrier once every shard is complete.
@@ -25,9 +27,10 @@ Design notes:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -37,8 +40,8 @@ from bridgelm.benchmarks import Benchmark, load_benchmarks
 from bridgelm.dist import Dist, all_reduce_sum, barrier, unsharded
 from bridgelm.engine import Sample, SamplingConfig, check_stop_strings, encode_prompts, stream_text
 from bridgelm.eval_folder import check_same_run, done_keys, read_eval_run, shard_file_name, shard_files, wait_for
-from bridgelm.jsonl import append_record, write_json
-from bridgelm.runs import RUN_FILE, SAMPLED_WITH, format_of, local_source
+from bridgelm.jsonl import append_record, exclusive, write_json
+from bridgelm.runs import RUN_FILE, SAMPLED_WITH, format_of, local_source, source_digests
 from bridgelm.tasks import Task
 from bridgelm.tasks.base import check_rewards, is_correct
 
@@ -125,6 +128,7 @@ def eval_settings(
         **format_of("eval"),
         "model": local_source(model_id),
         "blocks": local_source(blocks),
+        **source_digests(model_id, blocks),  # what is in them: a file replaced at the same path is another run
         "task": task_name,
         "data": [b.path for b in benches if b.path is not None],
         "benchmarks": [b.describe() for b in benches],
@@ -230,28 +234,27 @@ def run_eval(
     if any(b.task.long_field() is not None for b in benches):
         settings["prompt_budget"] = budget  # long documents are cut to this many prompt tokens
     fresh = not run_dir.exists()  # the folder too: a run refused before any sample takes it away again
-    created = _open_run(run_dir, settings, dist)
-    out = run_dir / shard_file_name(dist)
-    done = done_keys(run_dir, own=out.name)
-    todo = {
-        (b.name, w): [i for i in range(len(b.problems)) if dist.owns(i) and (b.name, w, i) not in done]
-        for b in benches
-        for w in cfg.all_widths()
-    }
-    owned = sum(1 for b in benches for i in range(len(b.problems)) if dist.owns(i)) * len(cfg.all_widths())
-    total = sum(len(v) for v in todo.values())
-    show = bool(progress and total)  # a progress bar
-    try:
-        truncated = _sample_all_sets(model, tokenizer, benches, todo, cfg, budget, out, show, dist.rank)
-    except BaseException:
-        # A check that fails before anything is sampled (a prompt longer than the context, foreign groups that do not
-        # fill a width) leaves the folder as it found it, so that the corrected command starts afresh. One process
-        # only: under torchrun another rank may be writing its first problem.
-        if created and dist.world == 1 and not shard_files(run_dir):
-            (run_dir / RUN_FILE).unlink(missing_ok=True)
-            if fresh and not any(run_dir.iterdir()):
-                run_dir.rmdir()
-        raise
+    with _writer_locks(run_dir, dist):
+        created = _open_run(run_dir, settings, dist)
+        out = run_dir / shard_file_name(dist)
+        done = done_keys(run_dir, own=out.name)
+        todo = {
+            (b.name, w): [i for i in range(len(b.problems)) if dist.owns(i) and (b.name, w, i) not in done]
+            for b in benches
+            for w in cfg.all_widths()
+        }
+        owned = sum(1 for b in benches for i in range(len(b.problems)) if dist.owns(i)) * len(cfg.all_widths())
+        total = sum(len(v) for v in todo.values())
+        show = bool(progress and total)  # a progress bar
+        try:
+            truncated = _sample_all_sets(model, tokenizer, benches, todo, cfg, budget, out, show, dist)
+        except BaseException:
+            # A check that fails before anything is sampled (a prompt longer than the context, foreign groups that do
+            # not fill a width) leaves the folder as it found it, so that the corrected command starts afresh. One
+            # process only: under torchrun another rank may be writing its first problem.
+            if created and dist.world == 1 and not shard_files(run_dir):
+                _take_back(run_dir, fresh)
+            raise
     barrier(dist, BARRIER_TIMEOUT)  # every shard is complete when this returns
     return {
         "run_dir": str(run_dir),
@@ -261,6 +264,30 @@ def run_eval(
         "problems": owned,
         "truncated": truncated,
     }
+
+
+@contextlib.contextmanager
+def _writer_locks(run_dir: Path, dist: Dist) -> Iterator[None]:
+    """One writer per run folder: rank 0 holds the folder's lock (a second eval, or `bridgelm score`, is refused at
+    once) and every rank the lock of its own shard. The ranks of one run never block each other, as each locks a
+    file no other rank of it writes; a second run on the same folder is refused at rank 0 by the folder, and a second
+    torchrun run of as many ranks at each rank r by samples.rank{r}.jsonl. (Its ranks r > 0 are not refused while a
+    run of another size writes the folder: nothing ties a rank to its rank 0's lock; torchrun stops them when
+    their rank 0 fails.)"""
+    with contextlib.ExitStack() as locks:
+        if dist.is_main:
+            locks.enter_context(exclusive(run_dir, folder=True))
+        locks.enter_context(exclusive(run_dir / shard_file_name(dist), folder=False))
+        yield
+
+
+def _take_back(run_dir: Path, fresh: bool) -> None:
+    """Remove the run.json (and the locks, and the folder when this run made it) of a run that sampled nothing."""
+    (run_dir / RUN_FILE).unlink(missing_ok=True)
+    for lock in run_dir.glob(".*lock"):
+        lock.unlink()
+    if fresh and not any(run_dir.iterdir()):
+        run_dir.rmdir()
 
 
 def _open_run(run_dir: Path, settings: dict, dist: Dist) -> bool:
@@ -281,7 +308,7 @@ def _open_run(run_dir: Path, settings: dict, dist: Dist) -> bool:
     return created
 
 
-def _sample_all_sets(model, tokenizer, benches, todo, cfg: EvalConfig, budget, out: Path, progress, rank) -> int:
+def _sample_all_sets(model, tokenizer, benches, todo, cfg: EvalConfig, budget, out: Path, progress, dist) -> int:
     """Sample every (benchmark, width) of `todo` ({(name, width): problem indices}) into `out`, with a progress bar
     when `progress`; returns how many problems had their long document cut."""
     bar = None
@@ -289,7 +316,7 @@ def _sample_all_sets(model, tokenizer, benches, todo, cfg: EvalConfig, budget, o
         from tqdm.auto import tqdm
 
         total = sum(len(v) for v in todo.values())
-        bar = tqdm(total=total * cfg.n, desc=f"sampling -> {out}", unit="sample", position=rank)
+        bar = tqdm(total=total * cfg.n, desc=f"sampling -> {out}", unit="sample", position=dist.rank)
     step = bar.update if bar is not None else (lambda k: None)
     truncated = 0
     try:

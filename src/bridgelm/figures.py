@@ -35,7 +35,7 @@ CURVE_PANELS = {
 
 def _k_of(entry: dict) -> int:
     """The G-Pass k of a metrics entry (from its mg_pass@k name); 0 for a continuous score (no G-Pass)."""
-    if "score" in entry["metrics"] and "accuracy" not in entry["metrics"]:
+    if "rouge1" in entry["metrics"] and "accuracy" not in entry["metrics"]:
         return 0
     for name in entry["metrics"]:
         found = re.fullmatch(r"mg_pass@(\d+)", name)

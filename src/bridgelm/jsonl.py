@@ -9,6 +9,7 @@ Whole files (metrics, reports, checkpoints' manifests) are written to a temporar
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -24,25 +25,20 @@ LOCK_FILE = ".lock"  # inside an output folder; beside an output file it is `.NA
 
 
 @contextlib.contextmanager
-def exclusive(path: str | os.PathLike, flag: str = "--out") -> Iterator[Path]:
-    """Hold an exclusive lock on the output `path` (a folder, or a file when it has a suffix) while the body writes
-    it: a second process that asks for the same output is refused at once, naming the first one's pid, instead of
-    both writing every record twice. The lock is the kernel's (flock): it goes with its process, even a killed one,
-    so there is never a stale lock to remove."""
+def exclusive(path: str | os.PathLike, flag: str = "--out", folder: bool | None = None) -> Iterator[Path]:
+    """Hold an exclusive lock on the output `path` (a folder or a file, as `folder` says; None: a folder unless the
+    path is a file or has a suffix) while the body writes it: a second process that asks for the same output is
+    refused at once, naming the first one's pid, instead of both writing every record twice. The lock is the
+    kernel's (flock): it goes with its process, even a killed one, so there is never a stale lock to remove."""
     path = Path(path).expanduser()
-    folder = not path.suffix or path.is_dir()
-    lock = path / LOCK_FILE if folder else path.with_name(f".{path.name}.lock")
+    lock = _lock_file(path, folder)
     lock.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        _take(fd, path, flag)
+    except BaseException:
         os.close(fd)
-        raise UserError(
-            f"{flag} {path} is being written by another process (pid {holder}): wait for it to end, or use another "
-            f"{flag}"
-        ) from None
+        raise
     try:
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
@@ -50,6 +46,38 @@ def exclusive(path: str | os.PathLike, flag: str = "--out") -> Iterator[Path]:
     finally:
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
+
+
+def check_free(path: str | os.PathLike, flag: str = "--out", folder: bool | None = None) -> None:
+    """Refuse at once, as `exclusive` would, an output that another process is writing, creating nothing: a command
+    asks before it loads a model, and takes the lock (`exclusive`) when it writes."""
+    try:
+        fd = os.open(_lock_file(Path(path).expanduser(), folder), os.O_RDWR)
+    except (FileNotFoundError, NotADirectoryError):
+        return  # never locked
+    try:
+        _take(fd, Path(path).expanduser(), flag)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def _lock_file(path: Path, folder: bool | None) -> Path:
+    if folder is None:
+        folder = path.is_dir() or not (path.suffix or path.exists())
+    return path / LOCK_FILE if folder else path.with_name(f".{path.name}.lock")
+
+
+def _take(fd: int, path: Path, flag: str) -> None:
+    """flock `fd` (a lock file's) without waiting, or a UserError naming the process that holds it."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+        raise UserError(
+            f"{flag} {path} is being written by another process (pid {holder}): wait for it to end, or use another "
+            f"{flag}"
+        ) from None
 
 
 def check_regular_file(path: str | os.PathLike, what: str = "file") -> Path:
@@ -68,15 +96,30 @@ def check_regular_file(path: str | os.PathLike, what: str = "file") -> Path:
     return path
 
 
+# What the machine answers when an output cannot be written (a full disk, a quota, a read-only or locked-down
+# place): bad luck of the user's machine, told in one line that says what was kept, not a traceback.
+CANNOT_WRITE = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG}
+
+
 def append_record(path: str | os.PathLike, record: dict[str, Any]) -> None:
-    """Append one JSON line to `path` (created with its folder when missing)."""
+    """Append one JSON line to `path` (created with its folder when missing). A disk that is full (CANNOT_WRITE) is a
+    UserError saying that the lines written before are kept: a line cut short is dropped when the file is read back,
+    so a re-run resumes after them."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     data = (json.dumps(record, ensure_ascii=False) + "\n").encode()
-    with open(path, "ab") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "ab") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as err:
+        if err.errno not in CANNOT_WRITE:
+            raise
+        raise UserError(
+            f"cannot write {path}: {err.strerror or err}; the lines written so far are kept, and the same command "
+            "run again resumes after them"
+        ) from err
 
 
 def read_records(path: str | os.PathLike, repair: bool = True, allow_cut: bool = True) -> list[dict[str, Any]]:
@@ -110,12 +153,26 @@ def read_records(path: str | os.PathLike, repair: bool = True, allow_cut: bool =
                 raise UserError(f"{path}, line {number}: {_not_json(err)}: expected one JSON object per line") from err
             if not isinstance(record, dict):
                 raise UserError(f"{path}, line {number}: a JSON {type(record).__name__}, expected a JSON object")
+            if b"\\ud" in line.lower():  # an escaped surrogate: text only when it comes in a pair
+                _check_text(record, path, number)
             records.append(record)
         offset += len(line) + 1
     if repair and raw.strip() and not raw.endswith(b"\n"):  # a complete last record without its newline
         with open(path, "ab") as f:
             f.write(b"\n")
     return records
+
+
+def _check_text(record: dict, path: Path, number: int) -> None:
+    """UserError when a string of `record` holds a lone surrogate (a JSON escape from \\ud800 to \\udfff without its
+    pair): JSON parses it, but it is no text, and a tokenizer or a UTF-8 write fails on it later."""
+    try:
+        json.dumps(record, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as err:
+        bad = err.object[err.start : err.end].encode("unicode_escape").decode()
+        raise UserError(
+            f"{path}, line {number}: a string holds {bad}, half of a surrogate pair: expected text (UTF-8)"
+        ) from None
 
 
 def _not_json(err: Exception) -> str:
@@ -130,11 +187,20 @@ def write_atomic(path: str | os.PathLike, text: str | bytes) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     data = text.encode() if isinstance(text, str) else text
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as err:
+        tmp.unlink(missing_ok=True)
+        if path.is_dir():  # os.replace names the temporary file
+            raise UserError(f"cannot write {path}: a folder is in its place; expected a file (or nothing)") from err
+        if err.errno not in CANNOT_WRITE:
+            raise
+        kept = "is left as it was" if path.exists() else "was not written"
+        raise UserError(f"cannot write {path}: {err.strerror or err}; {path.name} {kept}") from err
     return path
 
 

@@ -13,7 +13,8 @@ the previous whole one, which a resumed run continues from exactly (`resume_poin
 
 Every kind of output records a format version (`FORMATS`); a folder or file of another version is refused in one line
 (`check_format`). A training run may continue on a data file moved elsewhere with the same content: the data's
-path is not compared when its fingerprint is (`COMPARED_BY_FINGERPRINT`).
+path is not compared when its fingerprint is (`COMPARED_BY_FINGERPRINT`). The model folder and block file a run
+reads are recorded by content too (`source_digests`), so that one replaced at the same path is refused by name.
 
 Used by bridgelm.samples, bridgelm.evaluate and bridgelm.train; tested by tests/test_train_common.py and
 tests/test_bad_input.py.
@@ -147,6 +148,71 @@ def fingerprint(items: Iterable[Any]) -> str:
     return "sha256:" + h.hexdigest()[:32]
 
 
+def file_fingerprint(path: str | os.PathLike | None) -> str | None:
+    """"sha256:..." of a file's bytes (a block file: small next to its model), recorded as `blocks_digest`; None for
+    no file (or none there: a name given only to be recorded)."""
+    if not path or not Path(path).expanduser().is_file():
+        return None
+    h = hashlib.sha256()
+    with open(Path(path).expanduser(), "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return "sha256:" + h.hexdigest()[:32]
+
+
+def model_fingerprint(name_or_path: str | os.PathLike | None) -> str | None:
+    """A cheap fingerprint of a local model folder, recorded as `model_digest`: sha256 over its config.json's bytes
+    and the name, size and mtime_ns of every other file that loading it reads (weights, tokenizer: `_model_file`;
+    not outputs kept beside them); None for a hub id (or no model).
+
+    Not the weights' bytes: tens of GB to read at every start and resume. Nor the safetensors headers: a model
+    trained further and saved over the folder keeps its tensor names, shapes and dtypes, so its header, while every
+    rewrite of a file changes its mtime. A folder copied without its times (`cp` without `-p`) reads as changed.
+    """
+    folder = Path(name_or_path).expanduser() if name_or_path else None
+    if folder is None or not folder.is_dir():
+        return None
+    h = hashlib.sha256()
+    for p in sorted(folder.iterdir()):
+        if not (_model_file(p.name) and p.is_file()):
+            continue
+        st = p.stat()
+        h.update(p.read_bytes() if p.name == "config.json" else f"{p.name}:{st.st_size}:{st.st_mtime_ns}".encode())
+        h.update(b"\0")
+    return "sha256:" + h.hexdigest()[:32]
+
+
+# Files of a model folder that loading it reads: its configs, weights (and their index) and tokenizer files.
+_MODEL_FILE_HEADS = ("config.json", "generation_config.json", "tokenizer", "special_tokens", "added_tokens", "vocab",
+                     "merges", "chat_template")
+
+
+def _model_file(name: str) -> bool:
+    return name.startswith(_MODEL_FILE_HEADS) or name.endswith((".safetensors", ".bin", ".safetensors.index.json"))
+
+
+def source_digests(model: str | os.PathLike | None, blocks: str | os.PathLike | None) -> dict[str, str | None]:
+    """The fingerprints of the model folder and the block file a run reads (SOURCE_DIGESTS): a run records them
+    beside their paths, so that a file replaced at the same path (sft's best blocks, rl's best/) is refused by name
+    instead of resuming the run with other weights."""
+    return {"model_digest": model_fingerprint(model), "blocks_digest": file_fingerprint(blocks)}
+
+
+# The settings `source_digests` records (eval runs, samples files, training runs).
+SOURCE_DIGESTS = ("model_digest", "blocks_digest")
+
+
+def _changed(what: str, since: str) -> Callable[[Any, Any], str]:
+    """How check_settings tells a changed fingerprint of `what` ("model", "blocks")."""
+
+    def tell(saved: Any, now: Any) -> str:
+        if saved is None or now is None:
+            return f"{what}_digest: saved {saved!r} vs now {now!r}"
+        return f"{what}: the {since} changed since the run began ({saved} vs now {now})"
+
+    return tell
+
+
 # A feature of resuming: a data file moved elsewhere with the same content continues the run. Its path (the setting)
 # is not compared when its content's fingerprint (the value here) is: a training run records both.
 COMPARED_BY_FINGERPRINT = {"data": "digest"}
@@ -159,6 +225,8 @@ DESCRIBE: dict[str, Callable[[Any, Any], str]] = {
         f"validation: the validation problems changed ({saved} vs now {now}): another --val-task/--val-data or "
         "--eval-limit, and best/ would compare accuracies on different sets"
     ),
+    "model_digest": _changed("model", "folder (its config.json, or a file's size or modification time)"),
+    "blocks_digest": _changed("blocks", "file"),
     "processes": lambda saved, now: (
         f"processes: the run ran in {saved} process(es), now {now}: each rank draws its own rollouts, so another "
         "count would not continue the same run"

@@ -2,7 +2,8 @@
 
 Every line carries the settings that produced it, headed by the kind and format version of the file (a samples file
 of `bridgelm generate`, or warm-up data); a re-run with the same file skips prompts already written and refuses to
-mix in samples made by another model or other settings, or to append to a file of an older format.
+mix in samples made by another model or other settings (a block file or model folder whose content changed at the same
+path included), or to append to a file of an older format. A second process on the same file is refused at once.
 
     bridgelm generate --model DIR --prompts prompts.jsonl --n 8 --width 4 --out samples.jsonl
 """
@@ -17,17 +18,19 @@ from typing import Any
 
 from bridgelm.engine import SamplingConfig, check_stop_strings, stream_text
 from bridgelm.errors import UserError
-from bridgelm.jsonl import append_record, read_records
-from bridgelm.runs import SAMPLED_WITH, check_format, check_settings, format_of
+from bridgelm.jsonl import append_record, exclusive, read_records
+from bridgelm.runs import SAMPLED_WITH, check_format, check_settings, format_of, source_digests
 
 
 def run_settings(
     kind: str, cfg: SamplingConfig, model_id: str, blocks: str | None, chat: bool, **extra
 ) -> dict[str, Any]:
     """The settings recorded with (and checked against) every line of a samples file of `kind` ("generate",
-    "warmup-data"): its format, the engine's settings that decide what is sampled (not the batch bounds), the model."""
+    "warmup-data"): its format, the engine's settings that decide what is sampled (not the batch bounds), the model
+    and blocks by path and by content (`source_digests`)."""
     sampled = {k: v for k, v in asdict(cfg).items() if k in SAMPLED_WITH}
-    return {**format_of(kind), **sampled, "model": model_id, "blocks": blocks, "chat": chat, **extra}
+    sources = {"model": model_id, "blocks": blocks, **source_digests(model_id, blocks)}
+    return {**format_of(kind), **sampled, **sources, "chat": chat, **extra}
 
 
 def check_lines(path: Path, done: list[dict], settings: dict) -> None:
@@ -79,17 +82,24 @@ def sample_to_file(
     """Sample n responses for every prompt not yet in `out`; returns the number of prompts sampled now.
 
     `records[i]` (optional) holds extra fields written on prompt i's line (an id, a gold answer...). Lines already
-    in `out` must come from the same settings and the same prompts (`source` names them in errors).
+    in `out` must come from the same settings and the same prompts (`source` names them in errors). A second process
+    on the same `out` is refused at once (`jsonl.exclusive`).
     """
     out = Path(out)
     check_stop_strings(stop_strings)
-    done = read_records(out)
-    check_lines(out, done, settings)
-    check_prompts(out, done, prompts, source)
-    have = {rec["index"] for rec in done}
-    todo = [i for i in range(len(prompts)) if i not in have]
-    if not todo:
-        return 0
+    with exclusive(out, folder=False):
+        done = read_records(out)
+        check_lines(out, done, settings)
+        check_prompts(out, done, prompts, source)
+        have = {rec["index"] for rec in done}
+        todo = [i for i in range(len(prompts)) if i not in have]
+        if todo:
+            _sample_into(model, tokenizer, prompts, todo, out, cfg, settings, chat, stop_strings, records, progress)
+        return len(todo)
+
+
+def _sample_into(model, tokenizer, prompts, todo, out: Path, cfg, settings, chat, stop_strings, records, progress):
+    """Sample prompts `todo` (indices) and append their lines to `out` (sample_to_file holds its lock)."""
     texts = [prompts[i] for i in todo]
     title = f"sampling -> {out}" if progress else None
     # keys = prompt indices: a resumed run draws exactly what an uninterrupted one would have
@@ -112,4 +122,3 @@ def sample_to_file(
             "settings": settings,
         }
         append_record(out, line)
-    return len(todo)

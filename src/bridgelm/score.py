@@ -7,7 +7,8 @@ Design notes:
   missing).
 - A sample is correct when its reward is the full reward (`bridgelm.tasks.base.is_correct`). Continuous scores
   (summarisation's ROUGE-1, `Task.continuous`): a problem's score line holds its per-sample scores, their mean and
-  variance, and the metrics are the mean score and the mean per-prompt variance, not pass@k / G-Pass / majority.
+  variance, and the metrics are the mean score (`rouge1` in metrics.json) and the mean per-prompt variance
+  (`score_variance`), not pass@k / G-Pass / majority.
 - Outputs: RUN_DIR/scores.jsonl (one line per benchmark, width and problem) and RUN_DIR/metrics.json (per benchmark
   and width, and their average; bridgelm.metrics computes them, generation budgets included).
 
@@ -26,13 +27,15 @@ import numpy as np
 from bridgelm import metrics as M
 from bridgelm.benchmarks import Benchmark, benchmark_difference, load_benchmarks
 from bridgelm.eval_folder import read_eval_run, read_samples
-from bridgelm.jsonl import write_atomic, write_json
+from bridgelm.jsonl import check_free, exclusive, write_atomic, write_json
 from bridgelm.runs import FORMATS
 from bridgelm.tasks import Task
 from bridgelm.tasks.base import is_correct
 
 METRICS_FILE = "metrics.json"  # the run's metrics (per benchmark and width, and their average)
 SCORES_FILE = "scores.jsonl"  # one score line per (benchmark, width, problem)
+
+CONTINUOUS = "rouge1"  # the name of a continuous task's score (summarisation's ROUGE-1 F1) in metrics.json
 
 # Completions graded per reward_many call (the progress bar moves once per batch).
 GRADE_BATCH = 256
@@ -97,9 +100,18 @@ def score_run(
     """Grade every sample of a run; write RUN_DIR/scores.jsonl and RUN_DIR/metrics.json; return the metrics.
 
     `task` grades a run of a Task object that is not in the registry. A run that misses problems is a
-    ValueError unless `allow_partial`, which scores the problems present and lists the missing ones.
+    ValueError unless `allow_partial`, which scores the problems present and lists the missing ones. The run folder
+    is locked meanwhile: an eval still sampling into it, or a second score, is refused at once.
     """
     run_dir = Path(run_dir)
+    check_free(run_dir, "run folder", folder=True)  # an eval still sampling into it: refused first
+    read_eval_run(run_dir)  # not an eval run: refused before a lock file is made in it
+    with exclusive(run_dir, "run folder", folder=True):
+        return _score_locked(run_dir, task, allow_partial, progress)
+
+
+def _score_locked(run_dir: Path, task: Task | None, allow_partial: bool, progress: bool) -> dict[str, Any]:
+    """score_run's work, under the lock of the run folder."""
     run = read_eval_run(run_dir)
     records = read_samples(run_dir)
     benches = _grading_benchmarks(run, task)
@@ -130,7 +142,7 @@ def score_run(
         for w in widths:
             mine = [s for s in scores if s["benchmark"] == b.name and s["width"] == w]
             if mine:
-                entry = M.benchmark_metrics(mine, gpass_k, int(run["max_new_tokens"]))
+                entry = _named(M.benchmark_metrics(mine, gpass_k, int(run["max_new_tokens"])), b.task)
                 result["benchmarks"].setdefault(b.name, {})[str(w)] = {**entry, "missing": missing[(b.name, w)]}
     for w in widths:
         entries = {b: per[str(w)] for b, per in result["benchmarks"].items() if str(w) in per}
@@ -139,6 +151,15 @@ def score_run(
     write_atomic(run_dir / SCORES_FILE, "".join(json.dumps(s, ensure_ascii=False) + "\n" for s in scores))
     write_json(run_dir / METRICS_FILE, result)
     return result
+
+
+def _named(entry: dict[str, Any], task: Task) -> dict[str, Any]:
+    """A continuous task's metrics entry with its score named for what it is: `rouge1` (ROUGE-1 F1, the score of
+    every continuous task, summarisation's), in the metrics and at every budget; the other keys as they are."""
+    if task.continuous:
+        entry["metrics"] = {(CONTINUOUS if k == "score" else k): v for k, v in entry["metrics"].items()}
+        entry["budgets"] = {L: {CONTINUOUS: b["score"]} for L, b in entry["budgets"].items()}
+    return entry
 
 
 def _missing_problems(
@@ -207,11 +228,11 @@ def summary_line(result: dict[str, Any], width: int | None = None) -> str:
         return f"no scores at width {w}"
     m = avg["metrics"]
     head = f"w={w}, avg over {len(avg['benchmarks'])} benchmarks ({', '.join(avg['benchmarks'])}): "
-    if "score" in m and "accuracy" not in m:
+    if CONTINUOUS in m and "accuracy" not in m:
         variance = 1e4 * m["score_variance"]["mean"]
         return head + (
-            f"mean score {100 * m['score']['mean']:.2f}, per-prompt score variance {variance:.2f} (points²), "
-            f"mean length {avg['mean_length']:.0f} tokens"
+            f"mean {CONTINUOUS} (ROUGE-1 F1) {100 * m[CONTINUOUS]['mean']:.2f}, per-prompt {CONTINUOUS} variance "
+            f"{variance:.2f} (points²), mean length {avg['mean_length']:.0f} tokens"
         )
     parts = [f"accuracy {100 * m['accuracy']['mean']:.2f}%", f"coverage {100 * m['coverage']['mean']:.2f}%"]
     if "majority_vote" in m:

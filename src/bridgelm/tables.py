@@ -77,10 +77,16 @@ def table_numbers(rows: dict[str, dict[str, dict]], base: str | None = None) -> 
 
 def markdown_table(head: Sequence[str], rows: Iterable[Sequence[str]], labels: int = 1) -> str:
     """A markdown table (no final newline): the first `labels` columns name things and are left-aligned, the
-    others hold numbers and are right-aligned. Every table of the reports, the demo's included, is made here."""
-    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * labels + "---:|" * (len(head) - labels)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    others hold numbers and are right-aligned. Every table of the reports, the demo's included, is made here. A
+    cell's `|` is escaped and its line breaks become spaces, so that a name (a run folder's) cannot shift columns."""
+    lines = [_row(head), "|" + "---|" * labels + "---:|" * (len(head) - labels)]
+    lines += [_row(row) for row in rows]
     return "\n".join(lines)
+
+
+def _row(cells: Sequence[str]) -> str:
+    """One line of a markdown table, each cell escaped (`\\|`, line breaks as spaces)."""
+    return "| " + " | ".join(" ".join(str(c).replace("|", "\\|").splitlines()) for c in cells) + " |"
 
 
 def pct(x: float | None, digits: int = 2) -> str:
@@ -151,7 +157,7 @@ def _nonmath_columns(rows: dict[str, dict]) -> list[tuple[str, str]]:
 
 def nonmath_table(rows: dict[str, dict]) -> dict[str, Any] | None:
     """Numbers of the paper's Table 2: {"columns": [bench], "titles": {bench: title}, "metric": {bench: name},
-    "rows": {row: {bench: {"mean", "low", "high"} or None}}}; ROUGE-1 ("score") for summarisation, else accuracy.
+    "rows": {row: {bench: {"mean", "low", "high"} or None}}}; ROUGE-1 F1 ("rouge1") for summarisation, else accuracy.
     None when no row has such a benchmark."""
     columns = _nonmath_columns(rows)
     if not columns:
@@ -162,7 +168,7 @@ def nonmath_table(rows: dict[str, dict]) -> dict[str, Any] | None:
         for bench, _ in columns:
             b = row["benchmarks"].get(bench)
             m = _main_entry(b)["metrics"] if b else {}
-            key = "score" if "score" in m else "accuracy"
+            key = "rouge1" if "rouge1" in m else "accuracy"
             if b:
                 metric[bench] = key
             out_rows[name][bench] = m.get(key)

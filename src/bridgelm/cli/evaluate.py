@@ -31,7 +31,9 @@ from bridgelm.evaluate import EvalConfig
 def _cmd_eval(args) -> None:
     from bridgelm.dist import Dist
     from bridgelm.benchmarks import load_benchmarks
+    from bridgelm.eval_folder import shard_file_name
     from bridgelm.evaluate import run_eval
+    from bridgelm.jsonl import check_free
     from bridgelm.score import METRICS_FILE, score_run, summary_lines
 
     cfg = build(EvalConfig, args)
@@ -39,6 +41,9 @@ def _cmd_eval(args) -> None:
     check_out(args.out, "dir")
     benches = load_benchmarks(args.task, args.data, cfg.limit)  # data errors before the model is loaded
     dist = Dist.from_env()
+    if dist.is_main:  # another eval (or score) writing the run: refused before the model loads
+        check_free(args.out, folder=True)
+    check_free(Path(args.out) / shard_file_name(dist), folder=False)
     if dist.world > 1:
         args.device = str(dist.device)
     lead = dist.is_main

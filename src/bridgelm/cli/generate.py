@@ -15,6 +15,7 @@ from bridgelm.engine import SamplingConfig
 
 
 def _cmd_generate(args) -> None:
+    from bridgelm.jsonl import check_free
     from bridgelm.runs import local_source
     from bridgelm.samples import run_settings, sample_to_file
 
@@ -25,6 +26,7 @@ def _cmd_generate(args) -> None:
     if args.prompt is not None and not args.prompt:
         raise ValueError("--prompt is empty: expected the text of a prompt")
     check_out(args.out, "file")
+    check_free(args.out, folder=False)  # another process writing it: refused before the model loads
     prompts = read_prompts(args.prompts) if args.prompts else [args.prompt]
     model, tokenizer = load_model_and_tokenizer(args)
     settings = run_settings(

@@ -21,6 +21,8 @@ Design notes:
   (bridgelm.runs). `identity` holds the settings that decide the trained weights; a resume must match it. A nested
   config's settings are recorded by dotted name ("rollout.temperature"), so that a refused resume names the one
   that differs.
+- One writer: rank 0 holds the run folder's lock (bridgelm.jsonl.exclusive) while the run goes, so a second process
+  training into the same folder is refused at once (already when its Run is made), instead of both writing it.
 - A step's update is atomic for Ctrl-C: the first Ctrl-C lets it finish and then saves a checkpoint of it; a second
   stops at once, and nothing is saved (the weights may be half updated); a Ctrl-C outside an update saves the last
   finished step. A resumed run restores optimiser, schedule, global RNG, step and the trainer's extras
@@ -32,6 +34,7 @@ Used by bridgelm.train.sft, bridgelm.train.rl and bridgelm.demo.base; tested thr
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -44,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from bridgelm.dist import Dist, load_optimizer_state, optimizer_state
-from bridgelm.jsonl import append_record, read_records, write_atomic, write_json
+from bridgelm.jsonl import append_record, check_free, exclusive, read_records, write_atomic, write_json
 from bridgelm.rng import set_rng_state
 from bridgelm.runs import (
     CHECKPOINTS,
@@ -139,6 +142,8 @@ class Run:
         self.control = control
         self.dist = dist
         _refuse_other_run(self.out_dir, kind)
+        if dist.is_main:  # a second process on this folder is refused now, before the model is placed
+            check_free(self.out_dir, folder=True)
         self.resume_from = resume_point(self.out_dir, control.resume)
         if self.resume_from is not None:
             saved = read_info(self.resume_from).get("identity", {})
@@ -150,6 +155,11 @@ class Run:
         self.bar = None
         self._tracked: tuple | None = None
         self.left_behind: Callable[[], str] | None = None  # what else an interrupted run leaves (said after the rest)
+
+    def _writer(self) -> contextlib.AbstractContextManager:
+        """The lock of the run folder (rank 0 writes everything in it): a second process that trains into it is
+        refused at once (`jsonl.exclusive`); the other ranks hold nothing."""
+        return exclusive(self.out_dir, folder=True) if self.dist.is_main else contextlib.nullcontext()
 
     @property
     def step(self) -> int:
@@ -180,7 +190,12 @@ class Run:
     def running(self, total: int, desc: str) -> Iterator[Run]:
         """Open metrics.jsonl (records after the resumed step dropped), write run.json and show a progress bar of
         `total` steps. On the way out: a checkpoint of the last step when it has none; on Ctrl-C, one of the last
-        finished step (unless stopped inside an update); then KeyboardInterrupt goes on up."""
+        finished step (unless stopped inside an update); then KeyboardInterrupt goes on up. The run folder is locked
+        meanwhile (one writer)."""
+        with self._writer():
+            yield from self._running(total, desc)
+
+    def _running(self, total: int, desc: str) -> Iterator[Run]:
         self.metrics = MetricsLog(
             self.out_dir / METRICS, enabled=self.dist.is_main, tensorboard=self.control.tensorboard
         )

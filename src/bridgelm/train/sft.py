@@ -32,7 +32,7 @@ from bridgelm.dist import Dist, all_reduce_sum, barrier, prepare_model, setup_di
 from bridgelm.errors import check_number
 from bridgelm.jsonl import read_records, write_json
 from bridgelm.rng import derive_seed, generator
-from bridgelm.runs import fingerprint, local_source
+from bridgelm.runs import fingerprint, local_source, model_fingerprint
 from bridgelm.train.batches import Row, autocast, chunks, pack_rows, response_logprobs
 from bridgelm.train.optim import gradient_parts, make_optimizer, make_scheduler, optimizer_step
 from bridgelm.train.loop import Run, control_of, settings_of
@@ -345,6 +345,8 @@ def _identity(model, data_path: str | os.PathLike, problems: list[Problem], cfg:
         "problems": len(problems),
         "digest": fingerprint([p.prompt_ids, p.responses] for p in problems),  # a resume on edited data is refused
         "model": local_source(str(getattr(model.config, "_name_or_path", ""))),
+        # the base's folder by content: a model saved over it since the run began is refused by name
+        "model_digest": model_fingerprint(str(getattr(model.config, "_name_or_path", ""))),
     }
 
 

@@ -19,7 +19,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from bridgelm.jsonl import append_record, read_records
+from bridgelm.jsonl import append_record, exclusive, read_records
 from bridgelm.runs import local_source
 from bridgelm.samples import check_lines, run_settings
 from bridgelm.engine import SamplingConfig, stream_text
@@ -65,6 +65,12 @@ def make_warmup_data(
     model_id = local_source(str(getattr(model.config, "_name_or_path", "") or type(model).__name__))
     # blocks: the file the model's came from
     settings = run_settings("warmup-data", cfg, model_id, blocks, chat, task=task.name)
+    with exclusive(out, folder=False):  # a second process on `out` is refused at once
+        return _make(model, tokenizer, task, examples, out, cfg, settings, chat, progress)
+
+
+def _make(model, tokenizer, task, examples, out: Path, cfg, settings, chat, progress) -> dict:
+    """make_warmup_data's work, under the lock of `out`."""
     done = read_records(out)
     check_lines(out, done, settings)
     _check_problems(out, done, task, examples)
