@@ -474,3 +474,17 @@ def test_a_folder_in_place_of_an_output_file_is_named(tmp_path):
     with pytest.raises(UserError, match=r"cannot write .*metrics.json: a folder is in its place"):
         write_json(tmp_path / "metrics.json", {"a": 1})
     assert [p.name for p in tmp_path.iterdir()] == ["metrics.json"]  # no temporary file left
+
+
+def test_data_rows_and_block_files_that_are_not_what_they_claim(tmp_path):
+    from bridgelm.blockfile import read_block_settings
+    from bridgelm.tasks.base import read_rows
+
+    path = tmp_path / "gsm8k.jsonl"
+    path.write_text('{"question": "half a pair \\ud800", "answer": "#### 1"}\n')  # valid JSON, not text
+    with pytest.raises(UserError, match=r"gsm8k.jsonl:1: a string holds \\ud800"):
+        read_rows(path, ("question", "answer"))
+    fifo = tmp_path / "blocks.safetensors"
+    os.mkfifo(fifo)
+    with pytest.raises(UserError, match="block file .* is a FIFO"):  # "does not exist" before
+        read_block_settings(fifo)

@@ -18,6 +18,7 @@ from torch import nn
 from bridgelm.attach import FORMAT, attach_blocks, block_config, decoder_layers, new_norm, text_config
 from bridgelm.blocks import BlockConfig, make_block
 from bridgelm.errors import UserError
+from bridgelm.jsonl import check_regular_file
 
 
 def _block_state(model: nn.Module, cfg: BlockConfig) -> dict[str, torch.Tensor]:
@@ -57,10 +58,11 @@ def save_blocks(model: nn.Module, path: str | os.PathLike) -> Path:
 
 def read_block_settings(path: str | os.PathLike) -> tuple[BlockConfig, dict[str, str]]:
     """The BlockConfig and raw metadata stored in a block file."""
-    path = Path(path)
-    if not path.is_file():
+    path = Path(path).expanduser()
+    if path.is_dir() or not path.exists():
         what = "is a folder" if path.is_dir() else "does not exist"
         raise FileNotFoundError(f"block file {path} {what}: expected a .safetensors file of blocks")
+    check_regular_file(path, "block file")  # a FIFO or a device: named, never opened
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}

@@ -154,7 +154,7 @@ def read_records(path: str | os.PathLike, repair: bool = True, allow_cut: bool =
             if not isinstance(record, dict):
                 raise UserError(f"{path}, line {number}: a JSON {type(record).__name__}, expected a JSON object")
             if b"\\ud" in line.lower():  # an escaped surrogate: text only when it comes in a pair
-                _check_text(record, path, number)
+                check_text(record, f"{path}, line {number}")
             records.append(record)
         offset += len(line) + 1
     if repair and raw.strip() and not raw.endswith(b"\n"):  # a complete last record without its newline
@@ -163,15 +163,15 @@ def read_records(path: str | os.PathLike, repair: bool = True, allow_cut: bool =
     return records
 
 
-def _check_text(record: dict, path: Path, number: int) -> None:
-    """UserError when a string of `record` holds a lone surrogate (a JSON escape from \\ud800 to \\udfff without its
+def check_text(record: Any, where: str) -> None:
+    """UserError naming `where` when a string of `record` holds a lone surrogate (a JSON escape from \\ud800 to \\udfff without its
     pair): JSON parses it, but it is no text, and a tokenizer or a UTF-8 write fails on it later."""
     try:
         json.dumps(record, ensure_ascii=False).encode("utf-8")
     except UnicodeEncodeError as err:
         bad = err.object[err.start : err.end].encode("unicode_escape").decode()
         raise UserError(
-            f"{path}, line {number}: a string holds {bad}, half of a surrogate pair: expected text (UTF-8)"
+            f"{where}: a string holds {bad}, half of a surrogate pair: expected text (UTF-8)"
         ) from None
 
 

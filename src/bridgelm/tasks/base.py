@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from bridgelm.errors import UserError
-from bridgelm.jsonl import check_regular_file
+from bridgelm.jsonl import check_regular_file, check_text
 
 # The DeepSeek-R1 evaluation instruction appended to every math-style problem.
 BOXED_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
@@ -154,6 +154,7 @@ def _check_row(row: Any, required_fields: Sequence[str], where: str, check: RowC
     """`row` if it is an object with all required fields that passes `check`, else a UserError naming `where`."""
     if not isinstance(row, dict):
         raise UserError(f"{where}: expected a JSON object, got {type(row).__name__}")
+    check_text(row, where)  # a lone surrogate parses, but no tokenizer or UTF-8 write takes it
     for name in required_fields:
         if name not in row:
             raise UserError(f"{where}: missing field {name!r} (expected fields: {', '.join(required_fields)})")

@@ -31,7 +31,7 @@ from bridgelm.dist import Dist, all_reduce_sum, prepare_model, setup_distributed
 from bridgelm.engine import eos_ids, pad_id
 from bridgelm.evaluate import accuracy
 from bridgelm.jsonl import write_json
-from bridgelm.runs import latest_checkpoint, local_source
+from bridgelm.runs import latest_checkpoint, local_source, model_fingerprint
 from bridgelm.tasks.base import is_correct
 from bridgelm.train.loop import Run, control_of, settings_of
 from bridgelm.train.optim import gradient_parts, make_optimizer, make_scheduler
@@ -66,6 +66,7 @@ def _identity(model, task, cfg: RLConfig, val_task, processes: int) -> dict:
     return {
         **settings_of(cfg, FREE_FIELDS),
         "model": local_source(str(getattr(model.config, "_name_or_path", ""))),
+        "model_digest": model_fingerprint(str(getattr(model.config, "_name_or_path", ""))),  # a folder saved over
         "blocks": None if blocks is None else asdict(blocks),
         "task": task.name,
         "examples": len(task.examples),
