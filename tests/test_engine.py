@@ -1,5 +1,6 @@
 """The engine (bridgelm.engine) against slow references: grouped_logits, transformers' generate, a full-sort top-p."""
 
+import warnings
 from dataclasses import replace
 
 import pytest
@@ -465,3 +466,15 @@ def test_stream_ids_yields_each_prompt_once_in_order_and_generate_ids_collects_i
     assert [i for i, _ in streamed] == [0, 1, 2] and all(len(samples) == 8 for _, samples in streamed)
     listed = generate_ids(model, prompts, cfg, EOS, 0)
     assert [[s.token_ids for s in samples] for _, samples in streamed] == [[s.token_ids for s in r] for r in listed]
+
+
+def test_an_uncompilable_model_says_why_once_and_samples_eagerly():
+    model = tiny_model("mistral", sliding_window=4)  # sliding-window layers: no single ready mask
+    cfg = SamplingConfig(n=2, width=1, max_new_tokens=3, compile=True)
+    step._TOLD.clear()
+    with pytest.warns(RuntimeWarning, match="runs uncompiled: its layers need masks of their own"):
+        assert step.decodes_compiled(model, cfg, "cpu") is False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # said once per process, not at every wave
+        assert step.decodes_compiled(model, cfg, "cpu") is False
+    assert step.uncompiled_reason(tiny_model()) is None

@@ -13,6 +13,7 @@ wins, CUDA (see docs/engine.md for the CPU's measurements). `Stepper` runs a wav
 from __future__ import annotations
 
 from collections.abc import Callable
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -93,11 +94,31 @@ def bucket_keep(group_alive: torch.Tensor, width: int, live: int) -> torch.Tenso
 
 
 def decodes_compiled(model, cfg: SamplingConfig, device) -> bool:
-    """Whether `model` decodes with the compiled step: as `cfg.compile` asks (None: where it wins), and only when one
-    ready mask serves every layer (otherwise the model builds its masks from positions the static cache does not
-    track, and the eager step runs)."""
-    compiled = compile_wins(device) if cfg.compile is None else cfg.compile
-    return compiled and _static_mask_ok(model)
+    """Whether `model` decodes with the compiled step: as `cfg.compile` asks (None: where it wins), unless
+    `uncompiled_reason` gives a reason not to, which is then said once (never a silent fall-back to eager)."""
+    if not (compile_wins(device) if cfg.compile is None else cfg.compile):
+        return False
+    reason = uncompiled_reason(model)
+    if reason is not None and reason not in _TOLD:
+        _TOLD.add(reason)
+        warnings.warn(f"the engine's decode step runs uncompiled: {reason}", RuntimeWarning, stacklevel=2)
+    return reason is None
+
+
+_TOLD: set[str] = set()  # the reasons already said in this process
+
+
+def uncompiled_reason(model) -> str | None:
+    """Why the compiled step cannot serve `model` (None: it can): FSDP's hooks around every layer break its graph
+    (a model sharded by FSDP2 samples eagerly, gathered once); a model whose layers cannot share one ready mask
+    builds its masks from positions the static cache does not track."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if any(isinstance(m, FSDPModule) for m in model.modules()):
+        return "the model is sharded by FSDP, whose hooks around every layer break the compiled graph"
+    if not _static_mask_ok(model):
+        return "its layers need masks of their own (sliding-window layers, or an attention backend other than sdpa)"
+    return None
 
 
 def _full_attention_only(config) -> bool:
