@@ -42,6 +42,7 @@ def test_quick_demo_runs_every_stage_and_resumes(tmp_path, capsys):
     from bridgelm.demo.results import paper_effects
 
     assert results["paper_effects"] == paper_effects(results["diffs"], results["rlvr_gain"])
+    assert set(results["power"]) == set(results["diffs"]) and all(p > 0 for p in results["power"].values())
     assert set(results["rlvr_gain"]) == {"mean", "low", "high"}
     assert "foreign siblings" in text and "Departures from the paper" in text
     assert results["matmul_peak"]["fp32_tflops"] > 0
@@ -330,7 +331,12 @@ def test_paper_effects_are_scaled_by_this_runs_rlvr_gain_and_placed_against_the_
     assert paper_effects(diffs, {"mean": 0.01, "low": -0.01, "high": 0.03}) == {}  # RLVR's gain not shown
     assert paper_effects(diffs, None) == {}
 
-    ctl = {"seeds": 3, "diffs": diffs, "paper_effects": out, "interaction": {}}
+    from bridgelm.demo.results import power
+
+    smallest = power(diffs)  # 80% power, two-sided 5%: 2.8 standard errors, each a quarter of a 95% interval's width
+    width = diffs["bridge-rlvr"]["high"] - diffs["bridge-rlvr"]["low"]
+    assert smallest["bridge-rlvr"] == pytest.approx(100 * 2.8 * width / 3.92, abs=0.01)
+    ctl = {"seeds": 3, "diffs": diffs, "paper_effects": out, "interaction": {}, "power": smallest}
     arms = {
         a: {"accuracy_mean": acc, "seeds": {0: {"gpass": {8: 0.1}, "coverage": {"mean": 0.9}}}}
         for a, acc in (("base", 0.39), ("rlvr", 0.60), ("pmatch", 0.59), ("bridge", 0.59))
@@ -341,7 +347,9 @@ def test_paper_effects_are_scaled_by_this_runs_rlvr_gain_and_placed_against_the_
     lines = verdict(arms, ctl, DemoConfig()).splitlines()  # G-Pass@8 at w = 8
     line = next(x for x in lines if "more than RLVR alone" in x)
     assert "smallest effect over its 3 models, +1.65 points on an RLVR gain of +4.20 points (DS-Qwen-7B" in line
-    assert "+7.9 points [+7.1, +8.6], above the interval, which excludes" in line
+    assert "+7.9 points [+7.1, +8.6], above the interval, which would exclude" in line
+    assert "(this project's assumption, not the paper's)" in line  # the scaling is said to be an assumption
+    assert f"the smallest difference these seeds detect: {smallest['bridge-rlvr']:.1f} points" in line
     assert "(unscaled, it is inside the interval)" in line
     assert "neither shown nor excluded" in next(x for x in lines if "P-Match" in x)
     width = next(x for x in lines if "w=8 beats" in x)

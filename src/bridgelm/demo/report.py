@@ -191,11 +191,14 @@ def _interval_claim(text: str, key: str, ctl: dict, sign: int = 1) -> list[str]:
         return []
     low, high = (d["low"], d["high"]) if sign > 0 else (-d["high"], -d["low"])
     word = "reproduced" if low > 0 else "reversed" if high < 0 else "not shown: the interval holds 0"
-    line = f"- {text}: **{word}** ({_diff_text(d)}, paired over {ctl['seeds']} seed(s) and problems)"
+    line = f"- {text}: **{word}** ({_diff_text(d)}, paired over {ctl['seeds']} seed(s) and problems"
+    smallest = ctl.get("power", {}).get(key)
+    line += f"; the smallest difference these seeds detect: {smallest:.1f} points)" if smallest is not None else ")"
     effect = ctl["paper_effects"].get(key)
     if effect is not None:
-        where = {
-            "above": "above the interval, which excludes an effect of the paper's relative size",
+        where = {  # the scaling is an assumption: said as one
+            "above": "above the interval, which would exclude an effect of the paper's relative size if Bridge's "
+            "gain grew with RLVR's (this project's assumption, not the paper's)",
             "inside": "inside the interval: neither shown nor excluded",
             "below": "below the interval: the effect here is larger",
         }[effect["position"]]

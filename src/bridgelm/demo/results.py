@@ -212,6 +212,21 @@ def controls(arms: dict, eval_dirs: dict[tuple[str, int], Path], foreign: dict[i
         "diffs": diffs,
         "rlvr_gain": gain,
         "paper_effects": paper_effects(diffs, gain),
+        "power": power(diffs),
+    }
+
+
+# z-scores of a two-sided 5% test and of 80% power: a difference of (Z_TEST + Z_POWER) standard errors is detected
+# 80% of the time
+Z_TEST, Z_POWER = 1.96, 0.84
+
+
+def power(diffs: dict) -> dict[str, float]:
+    """The smallest difference each paired comparison detects (80% power, two-sided 5%), in points: its standard error
+    read off its 95% bootstrap interval (width / (2 x 1.96)), times 2.8. The same seeds and problems detect nothing
+    smaller; a claim below this size is not tested by the run, whatever its interval says."""
+    return {
+        key: round(100 * (Z_TEST + Z_POWER) * (d["high"] - d["low"]) / (2 * Z_TEST), 2) for key, d in diffs.items()
     }
 
 
