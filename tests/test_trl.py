@@ -113,3 +113,35 @@ def test_every_forward_sees_whole_groups(tmp_path, width, beta):
     for ids, groups in forced:  # teacher-forced: the rows of a group continue one prompt (left-padded, 4 chars)
         prompt = ids[:, :4].reshape(-1, width, 4)
         assert bool((prompt == prompt[:, :1]).all())
+
+
+def test_loss_equals_bridgelm_grpo_on_the_same_rollouts(tmp_path):
+    """One step's loss and block gradients: TRL's `compute_loss` through BridgeGRPOTrainer against bridgelm's
+    `grpo.policy_loss` over `grouped_logits` of the same rollouts (token-level "dapo", one iteration, beta 0)."""
+    from bridgelm.grpo import policy_loss
+
+    t = trainer(tmp_path, steps_per_generation=1)
+    t.model.train()
+    t.current_gradient_accumulation_steps = 1  # set by Trainer.train()
+    inputs = t._generate_and_score_completions([{"prompt": p} for p in PROMPTS[:2] for _ in range(4)])
+    loss = t.compute_loss(t.model, inputs)
+    blocks = bridgelm.added_parameters(t.model)
+    grads = torch.autograd.grad(loss, list(blocks.values()))
+
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)  # [B, S]
+    mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)  # [B, S]
+    cut = inputs["prompt_ids"].shape[1]
+
+    def bridgelm_loss(group_ids):
+        logits = bridgelm.grouped_logits(t.model, ids, mask, group_ids)  # [B, S, V]
+        logprobs = torch.log_softmax(logits[:, cut - 1 : -1].float() / t.temperature, -1)  # [B, T, V]
+        logprobs = logprobs.gather(-1, inputs["completion_ids"][..., None])[..., 0]  # [B, T]
+        return policy_loss(logprobs, logprobs.detach(), None, inputs["advantages"], inputs["completion_mask"], beta=0.0)
+
+    ours = bridgelm_loss(torch.arange(8) // 4)
+    assert torch.allclose(loss, ours, atol=1e-6), (loss, ours)
+    for got, want in zip(grads, torch.autograd.grad(ours, list(blocks.values()))):
+        assert torch.allclose(got, want, atol=1e-6)
+    assert any(bool(g.abs().sum() > 0) for g in grads)
+    alone = torch.autograd.grad(bridgelm_loss(torch.arange(8)), list(blocks.values()))  # rows without groups differ
+    assert not all(torch.allclose(a, g, atol=1e-6) for a, g in zip(alone, grads))
