@@ -1,6 +1,8 @@
 """BridgeGRPOTrainer: TRL's GRPOTrainer with rollouts drawn as Bridge groups, kept whole through every shuffle,
 split and teacher-forced forward; on a tiny model with random Bridge blocks, offline, on the CPU."""
 
+from pathlib import Path
+
 import pytest
 
 pytest.importorskip("trl", reason="TRL is not installed (pip install 'bridgelm[trl]')")
@@ -145,3 +147,48 @@ def test_loss_equals_bridgelm_grpo_on_the_same_rollouts(tmp_path):
     assert any(bool(g.abs().sum() > 0) for g in grads)
     alone = torch.autograd.grad(bridgelm_loss(torch.arange(8)), list(blocks.values()))  # rows without groups differ
     assert not all(torch.allclose(a, g, atol=1e-6) for a, g in zip(alone, grads))
+
+
+def ranks_run(out: str) -> None:
+    """One rank of `test_two_ranks_keep_groups_whole` (under torchrun): train 2 steps, write what its forwards saw."""
+    import json
+    import os
+
+    t = trainer(Path(out) / "run", bridge_width=2, per_device_train_batch_size=4)
+    seen = spy_forwards(t.model)
+    t.train()
+    record = [
+        {"forced": labels, "width": None if g is None else g.width, "contiguous": g is None or g.contiguous,
+         "rows": ids[:, :4].tolist() if labels else ids.shape[0]}
+        for ids, labels, g in seen if labels or ids.shape[1] == 1
+    ]
+    Path(out, f"rank{os.environ['RANK']}.json").write_text(json.dumps(record))
+
+
+def test_two_ranks_keep_groups_whole(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", __file__, str(tmp_path)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    prompts = []
+    for rank in range(2):
+        record = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert any(r["forced"] for r in record) and any(not r["forced"] for r in record)
+        for r in record:
+            assert r["width"] == 2 and r["contiguous"]
+            if r["forced"]:  # each group of 2 rows on this rank continues one prompt
+                assert all(a == b for a, b in zip(r["rows"][::2], r["rows"][1::2]))
+                prompts.append({tuple(row) for row in r["rows"]})
+    assert len(set().union(*prompts)) > 2  # the ranks trained on different prompts
+
+
+if __name__ == "__main__":
+    import sys
+
+    torch.set_num_threads(1)
+    ranks_run(sys.argv[1])

@@ -82,13 +82,13 @@ class BridgeGRPOTrainer(GRPOTrainer):
 
     def __init__(self, *args, bridge_width: int | None = None, **kwargs):
         config = kwargs.get("args") if "args" in kwargs else (args[2] if len(args) > 2 else None)
-        if config is None:
-            raise UserError("BridgeGRPOTrainer: give a GRPOConfig as args= (its batch settings decide the groups)")
-        self.bridge_width = config.num_generations if bridge_width is None else int(bridge_width)
-        check_group_settings(config, self.bridge_width)
+        if config is not None:  # checked before TRL loads anything; TRL's default config after
+            check_group_settings(config, config.num_generations if bridge_width is None else int(bridge_width))
         if kwargs.get("rollout_func") is not None:
             raise UserError("BridgeGRPOTrainer: rollout_func is not supported: rollouts come from bridgelm's engine")
         super().__init__(*args, **kwargs)
+        self.bridge_width = self.args.num_generations if bridge_width is None else int(bridge_width)
+        check_group_settings(self.args, self.bridge_width)
         has_blocks = block_config(self.accelerator.unwrap_model(self.model)) is not None
         if self.bridge_width > 1 and not has_blocks:
             raise UserError(
