@@ -64,6 +64,7 @@ def trainer(tmp_path, blocks: bool = True, bridge_width=None, **overrides) -> Br
           "max_steps": 1, "per_device_eval_batch_size": 4, "num_generations_eval": 2, "eval_strategy": "steps"},
          ["num_generations_eval=2", "width 4"]),
         ({"blocks": False}, ["bridge_width=4", "Bridge blocks"]),
+        ({"repetition_penalty": 1.1}, ["repetition_penalty=1.1"]),
     ],
 )
 def test_refuses_settings_that_split_groups(tmp_path, kwargs, words):
@@ -104,6 +105,10 @@ def test_every_forward_sees_whole_groups(tmp_path, width, beta):
     t = trainer(tmp_path, bridge_width=width, beta=beta)
     seen = spy_forwards(t.model)
     seen_ref = spy_forwards(t.ref_model) if beta else []
+    if beta:  # the reference is the starting policy, its Bridge blocks included (TRL's reload would drop them)
+        assert bridgelm.block_config(t.ref_model) is not None
+        for name, p in bridgelm.added_parameters(t.ref_model).items():
+            assert torch.equal(p, bridgelm.added_parameters(t.model)[name]) and not p.requires_grad
     t.train()
     forced = [(ids, g) for ids, labels, g in seen + seen_ref if labels]
     decode = [(ids, g) for ids, labels, g in seen if ids.shape[1] == 1]

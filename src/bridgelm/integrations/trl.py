@@ -1,6 +1,7 @@
 """Bridge inside TRL's GRPOTrainer (TRL 1.16.0, pinned): `BridgeGRPOTrainer` draws each prompt's
 `num_generations` rollouts as Bridge groups and keeps those groups whole through every step TRL takes.
 
+    from datasets import Dataset
     from trl import GRPOConfig
     import bridgelm
     from bridgelm.integrations.trl import BridgeGRPOTrainer
@@ -12,6 +13,7 @@
     def reward(completions, **kwargs):
         return [float("42" in c) for c in completions]
 
+    dataset = Dataset.from_list([{"prompt": "What is 6 x 7?"}] * 64)
     trainer = BridgeGRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=dataset,
                                 bridge_width=4)  # groups of 4 (default: num_generations); must divide it
     trainer.train()
@@ -21,9 +23,12 @@ What changes against GRPOTrainer, and nothing else (rewards, advantages and the 
   prompt, as TRL's sampler lays them out) is one Bridge group;
 - the generated batch is shuffled group by group, not row by row, before TRL splits it into micro-batches;
 - every teacher-forced forward (old, reference and trained log-probs) gets the group layout (`bridge_groups`, a
-  `grouped.Groups` of consecutive runs of `width`), through a forward pre-hook held only for that call.
+  `grouped.Groups` of consecutive runs of `width`), through a forward pre-hook held only for that call;
+- with beta > 0 the reference is a frozen copy of the starting policy, blocks included (TRL would reload the
+  model's folder, which drops blocks attached in memory).
 Batch settings that would split a group are refused before training, in one line naming the numbers. Text prompts
-only; vLLM and `rollout_func` are refused (their rollouts would not be Bridge groups).
+only; vLLM, continuous batching and `rollout_func` are refused (their rollouts would not be Bridge groups), and so
+are sampling settings the engine does not take (min_p, repetition_penalty, generation_kwargs).
 """
 
 from __future__ import annotations
@@ -59,8 +64,12 @@ def check_group_settings(args, width: int) -> None:
                 f"{name}: num_generations_eval={n_eval} and per_device_eval_batch_size="
                 f"{args.per_device_eval_batch_size} must both be multiples of the Bridge width {width}"
             )
-    if args.use_vllm:
-        raise UserError(f"{name}: use_vllm=True: rollouts must come from bridgelm's engine, set use_vllm=False")
+    engine_only = {"use_vllm": False, "use_transformers_continuous_batching": False, "min_p": None,
+                   "repetition_penalty": 1.0, "generation_kwargs": None}  # settings bridgelm's engine does not take
+    for key, default in engine_only.items():
+        if getattr(args, key, default) not in (default, {}):
+            raise UserError(f"{name}: {key}={getattr(args, key)!r}: rollouts come from bridgelm's engine, which "
+                            f"samples with temperature, top_p and top_k only: leave {key} at {default!r}")
 
 
 def group_shuffle(batch: dict, width: int) -> dict:
@@ -95,7 +104,8 @@ class BridgeGRPOTrainer(GRPOTrainer):
                 f"BridgeGRPOTrainer: bridge_width={self.bridge_width} needs a model with Bridge blocks, and this one "
                 "has none: attach them (bridgelm.add_bridge, or load_model(..., blocks=FILE)), or bridge_width=1"
             )
-        if has_blocks and self.ref_model is not None and block_config(self.accelerator.unwrap_model(self.ref_model)) is None:
+        reference = None if self.ref_model is None else self.accelerator.unwrap_model(self.ref_model)
+        if has_blocks and reference is not None and block_config(reference) is None:
             # TRL reloads the reference from the model's folder, without the blocks attached in memory: use a
             # frozen copy of the starting policy, blocks included
             reference = copy.deepcopy(self.accelerator.unwrap_model(self.model)).eval().requires_grad_(False)
