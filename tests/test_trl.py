@@ -1,0 +1,199 @@
+"""BridgeGRPOTrainer: TRL's GRPOTrainer with rollouts drawn as Bridge groups, kept whole through every shuffle,
+split and teacher-forced forward; on a tiny model with random Bridge blocks, offline, on the CPU."""
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("trl", reason="TRL is not installed (pip install 'bridgelm[trl]')")
+
+import torch  # noqa: E402
+from datasets import Dataset  # noqa: E402
+from trl import GRPOConfig  # noqa: E402
+
+import bridgelm  # noqa: E402
+from bridgelm.errors import UserError  # noqa: E402
+from bridgelm.grouped import KWARG  # noqa: E402
+from bridgelm.integrations.trl import BridgeGRPOTrainer, group_shuffle  # noqa: E402
+from bridgelm.tokenizer import char_tokenizer  # noqa: E402
+from conftest import randomize_blocks, tiny_model  # noqa: E402
+
+PROMPTS = ["1+2=", "2+2=", "3+1=", "4+4=", "5+1=", "1+1="]
+
+
+def tiny_policy(blocks: bool = True):
+    tok = char_tokenizer("0123456789+-=() abc\n")
+    model = tiny_model(vocab_size=len(tok), eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    if blocks:
+        randomize_blocks(bridgelm.add_bridge(model))
+    return model, tok
+
+
+def config(tmp_path, **overrides) -> GRPOConfig:
+    settings = dict(
+        output_dir=str(tmp_path), num_generations=4, per_device_train_batch_size=8, steps_per_generation=2,
+        max_completion_length=5, temperature=1.0, top_p=1.0, beta=0.0, loss_type="dapo", learning_rate=1e-3,
+        max_steps=2, use_cpu=True, bf16=False, report_to="none", save_strategy="no", logging_strategy="no",
+        disable_tqdm=True, seed=0, gradient_checkpointing=False,
+    )
+    return GRPOConfig(**{**settings, **overrides})
+
+
+def length_reward(completions, **kwargs):
+    return [float(len(c) % 3) for c in completions]
+
+
+def trainer(tmp_path, blocks: bool = True, bridge_width=None, **overrides) -> BridgeGRPOTrainer:
+    model, tok = tiny_policy(blocks)
+    if overrides.get("beta"):  # TRL loads its reference from the policy's folder (without the blocks)
+        model.save_pretrained(tmp_path / "model")
+        model.config._name_or_path = str(tmp_path / "model")
+    return BridgeGRPOTrainer(
+        model=model, reward_funcs=length_reward, args=config(tmp_path, **overrides),
+        train_dataset=Dataset.from_list([{"prompt": p} for p in PROMPTS * 2]), processing_class=tok,
+        bridge_width=bridge_width,
+    )
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        ({"bridge_width": 3}, ["bridge_width=3", "num_generations=4"]),
+        ({"per_device_train_batch_size": 6, "steps_per_generation": 2}, ["per_device_train_batch_size=6", "4"]),
+        ({"bridge_width": 4, "num_generations": 8, "per_device_train_batch_size": 4, "steps_per_generation": 4,
+          "max_steps": 1, "per_device_eval_batch_size": 4, "num_generations_eval": 2, "eval_strategy": "steps"},
+         ["num_generations_eval=2", "width 4"]),
+        ({"blocks": False}, ["bridge_width=4", "Bridge blocks"]),
+        ({"repetition_penalty": 1.1}, ["repetition_penalty=1.1"]),
+    ],
+)
+def test_refuses_settings_that_split_groups(tmp_path, kwargs, words):
+    with pytest.raises(UserError) as err:
+        trainer(tmp_path, **kwargs)
+    message = str(err.value)
+    assert "\n" not in message and all(w in message for w in words), message
+
+
+def test_width_one_needs_no_blocks(tmp_path):
+    assert trainer(tmp_path, blocks=False, bridge_width=1).bridge_width == 1
+
+
+def test_group_shuffle_moves_whole_groups():
+    batch = {"ids": torch.arange(12), "names": [f"r{i}" for i in range(12)], "scalar": torch.tensor(3.0), "x": None}
+    torch.manual_seed(0)
+    out = group_shuffle(batch, 4)
+    groups = out["ids"].reshape(3, 4)
+    assert sorted(groups[:, 0].tolist()) == [0, 4, 8]
+    assert bool((groups - groups[:, :1] == torch.arange(4)).all())
+    assert out["names"] == [f"r{i}" for i in out["ids"].tolist()] and out["x"] is None
+
+
+def spy_forwards(model) -> list:
+    """Record (input_ids, teacher-forced?, bridge_groups) of every forward of `model`, as its forward received them."""
+    seen = []
+
+    def record(module, args, kwargs, output):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        seen.append((ids, "labels" in kwargs, kwargs.get(KWARG)))
+
+    model.register_forward_hook(record, with_kwargs=True)
+    return seen
+
+
+@pytest.mark.parametrize("width, beta", [(4, 0.0), (2, 0.04)])
+def test_every_forward_sees_whole_groups(tmp_path, width, beta):
+    t = trainer(tmp_path, bridge_width=width, beta=beta)
+    seen = spy_forwards(t.model)
+    seen_ref = spy_forwards(t.ref_model) if beta else []
+    if beta:  # the reference is the starting policy, its Bridge blocks included (TRL's reload would drop them)
+        assert bridgelm.block_config(t.ref_model) is not None
+        for name, p in bridgelm.added_parameters(t.ref_model).items():
+            assert torch.equal(p, bridgelm.added_parameters(t.model)[name]) and not p.requires_grad
+    t.train()
+    forced = [(ids, g) for ids, labels, g in seen + seen_ref if labels]
+    decode = [(ids, g) for ids, labels, g in seen if ids.shape[1] == 1]
+    assert forced and decode and (not beta or seen_ref)
+    assert len(forced) >= t.args.max_steps * (2 if beta else 1)
+    for ids, groups in forced + decode:
+        assert groups is not None and groups.contiguous and groups.width == width
+        assert groups.batch_size == ids.shape[0] and ids.shape[0] % width == 0
+    for ids, groups in forced:  # teacher-forced: the rows of a group continue one prompt (left-padded, 4 chars)
+        prompt = ids[:, :4].reshape(-1, width, 4)
+        assert bool((prompt == prompt[:, :1]).all())
+
+
+def test_loss_equals_bridgelm_grpo_on_the_same_rollouts(tmp_path):
+    """One step's loss and block gradients: TRL's `compute_loss` through BridgeGRPOTrainer against bridgelm's
+    `grpo.policy_loss` over `grouped_logits` of the same rollouts (token-level "dapo", one iteration, beta 0)."""
+    from bridgelm.grpo import policy_loss
+
+    t = trainer(tmp_path, steps_per_generation=1)
+    t.model.train()
+    t.current_gradient_accumulation_steps = 1  # set by Trainer.train()
+    inputs = t._generate_and_score_completions([{"prompt": p} for p in PROMPTS[:2] for _ in range(4)])
+    loss = t.compute_loss(t.model, inputs)
+    blocks = bridgelm.added_parameters(t.model)
+    grads = torch.autograd.grad(loss, list(blocks.values()))
+
+    ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], 1)  # [B, S]
+    mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], 1)  # [B, S]
+    cut = inputs["prompt_ids"].shape[1]
+
+    def bridgelm_loss(group_ids):
+        logits = bridgelm.grouped_logits(t.model, ids, mask, group_ids)  # [B, S, V]
+        logprobs = torch.log_softmax(logits[:, cut - 1 : -1].float() / t.temperature, -1)  # [B, T, V]
+        logprobs = logprobs.gather(-1, inputs["completion_ids"][..., None])[..., 0]  # [B, T]
+        return policy_loss(logprobs, logprobs.detach(), None, inputs["advantages"], inputs["completion_mask"], beta=0.0)
+
+    ours = bridgelm_loss(torch.arange(8) // 4)
+    assert torch.allclose(loss, ours, atol=1e-6), (loss, ours)
+    for got, want in zip(grads, torch.autograd.grad(ours, list(blocks.values()))):
+        assert torch.allclose(got, want, atol=1e-6)
+    assert any(bool(g.abs().sum() > 0) for g in grads)
+    alone = torch.autograd.grad(bridgelm_loss(torch.arange(8)), list(blocks.values()))  # rows without groups differ
+    assert not all(torch.allclose(a, g, atol=1e-6) for a, g in zip(alone, grads))
+
+
+def ranks_run(out: str) -> None:
+    """One rank of `test_two_ranks_keep_groups_whole` (under torchrun): train 2 steps, write what its forwards saw."""
+    import json
+    import os
+
+    t = trainer(Path(out) / "run", bridge_width=2, per_device_train_batch_size=4)
+    seen = spy_forwards(t.model)
+    t.train()
+    record = [
+        {"forced": labels, "width": None if g is None else g.width, "contiguous": g is None or g.contiguous,
+         "rows": ids[:, :4].tolist() if labels else ids.shape[0]}
+        for ids, labels, g in seen if labels or ids.shape[1] == 1
+    ]
+    Path(out, f"rank{os.environ['RANK']}.json").write_text(json.dumps(record))
+
+
+def test_two_ranks_keep_groups_whole(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", __file__, str(tmp_path)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    prompts = []
+    for rank in range(2):
+        record = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert any(r["forced"] for r in record) and any(not r["forced"] for r in record)
+        for r in record:
+            assert r["width"] == 2 and r["contiguous"]
+            if r["forced"]:  # each group of 2 rows on this rank continues one prompt
+                assert all(a == b for a, b in zip(r["rows"][::2], r["rows"][1::2]))
+                prompts.append({tuple(row) for row in r["rows"]})
+    assert len(set().union(*prompts)) > 2  # the ranks trained on different prompts
+
+
+if __name__ == "__main__":
+    import sys
+
+    torch.set_num_threads(1)
+    ranks_run(sys.argv[1])
