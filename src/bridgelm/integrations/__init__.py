@@ -1,2 +1,3 @@
-"""Bridge inside the tools researchers already run: `lm_eval` (an lm-evaluation-harness backend). Each module is
-imported on its own, so that its library stays an optional extra (`pip install bridgelm[lm-eval]`)."""
+"""Bridge inside the tools researchers already run: `trl` (BridgeGRPOTrainer) and `lm_eval` (an lm-evaluation-harness
+backend). Each module is imported on its own, so that its library stays an optional extra (`pip install
+bridgelm[trl]`, `bridgelm[lm-eval]`)."""
