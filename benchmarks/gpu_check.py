@@ -50,7 +50,8 @@ TOY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num
 def settings(dry: bool) -> dict:
     """Sizes of the checks: the paper's 1.5B shape in bf16 on a GPU, a toy model in fp32 on the CPU."""
     if dry:
-        return {"device": "cpu", "dtype": torch.float32, "shape": "30m", "overrides": TOY, "rows": 8, "tokens": 16, "copy_mib": 64}
+        return {"device": "cpu", "dtype": torch.float32, "shape": "30m", "overrides": TOY, "rows": 8, "tokens": 16,
+                "copy_mib": 64}
     return {"device": "cuda", "dtype": torch.bfloat16, "shape": "ds-qwen-1.5b", "overrides": {}, "rows": 64,
             "tokens": 128, "copy_mib": 1024}
 
@@ -62,7 +63,8 @@ def model_for(s: dict, layers: int | None = None):
 
 def ragged_prompts(count: int, vocab: int, seed: int = 0) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
-    return [torch.randint(5, vocab, (int(n),), generator=g).tolist() for n in torch.randint(3, 12, (count,), generator=g)]
+    lengths = torch.randint(3, 12, (count,), generator=g).tolist()
+    return [torch.randint(5, vocab, (n,), generator=g).tolist() for n in lengths]
 
 
 def engine_error(model, compile: bool, s: dict) -> dict:
@@ -150,14 +152,15 @@ def planned_gib(model, s: dict) -> float:
 
 def grpo_step(dry: bool) -> dict:
     """benchmarks/train.py in a child process: seconds of one GRPO step, ours and TRL's, and their ratio."""
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "train.py"), "--json"] + (["--quick", "--device", "cpu"] if dry else
-                                                                            ["--device", "cuda"])
+    where = ["--quick", "--device", "cpu"] if dry else ["--device", "cuda"]
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "train.py"), "--json", *where]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     if proc.returncode != 0:
         return {"error": (proc.stderr.strip().splitlines() or ["exit %d" % proc.returncode])[-1]}
     result = json.loads(proc.stdout.strip().splitlines()[-1])
+    keys = ("ours_over_trl", "ours_bridge_over_trl_bridge")
     return {"ours_seconds": result["ours"]["seconds_per_step"], "trl_seconds": result["trl"]["seconds_per_step"],
-            "ours_over_trl": result["ours_over_trl"]}
+            **{key: result[key] for key in keys}}
 
 
 def fsdp_rollout(s: dict) -> dict:

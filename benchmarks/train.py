@@ -4,6 +4,8 @@
 batch, beta=1e-3, token-level "dapo" loss) on the ~30M random Qwen2 of benchmarks/generate.py without blocks:
 bridgelm's `train_rl` against TRL's `GRPOTrainer` on the same model, prompts, lengths and reward. The first step of
 each is a warm-up; seconds per step are averaged over the next `--repeats`. ours_over_trl = trl / ours (goal >= 3).
+The same with Bridge blocks (non-zero weights, groups of --width): `bridgelm rl` against TRL + Bridge, bridgelm's
+`BridgeGRPOTrainer` (rows ours_bridge and trl_bridge, ours_bridge_over_trl_bridge).
 (b) SFT warm-up of Bridge blocks on the same model: tokens/s and model FLOPs utilisation against a matmul of the
 run's dtype timed in the same run (goal >= 0.5, in bf16). Model FLOPs per token (frozen base, blocks trained):
 forward 2*P_body (+ 2*V*D on response tokens for the head, + causal attention), the same again for the activation
@@ -31,7 +33,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from generate import bench_model  # noqa: E402
+from generate import bench_model, with_random_bridge  # noqa: E402
 
 import bridgelm  # noqa: E402
 from bridgelm.hardware import matmul_flops  # noqa: E402
@@ -89,6 +91,14 @@ def random_prompts(count: int, length: int, seed: int = 0) -> list[str]:
     return [" ".join(f"w{i}" for i in row.tolist()) for row in ids]
 
 
+def save_bridge_dir(model_dir: Path, path: Path, dtype: torch.dtype) -> Path:
+    """The same model with Bridge blocks of non-zero weights (a fresh block's zero output would cost nothing)."""
+    model = with_random_bridge(bridgelm.load_model(str(model_dir), dtype=dtype))
+    model.save_pretrained(path)
+    word_tokenizer().save_pretrained(path)
+    return path
+
+
 def save_model_dir(path: Path, dtype: torch.dtype, layers: int | None) -> Path:
     model = bench_model(dtype)
     if layers is not None:  # --quick: a shallower copy of the same model
@@ -136,10 +146,14 @@ def run_ours(model_dir: Path, prompts: list[str], args, out: Path, dtype) -> dic
     }
 
 
-def run_trl(model_dir: Path, prompts: list[str], args, out: Path, dtype) -> dict:
+def run_trl(model_dir: Path, prompts: list[str], args, out: Path, dtype, bridge: bool = False) -> dict:
+    """TRL's GRPOTrainer on the model folder; `bridge`: bridgelm's BridgeGRPOTrainer on the folder's Bridge model
+    (rollouts from the engine in groups of --width, every forward grouped)."""
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
+
+    from bridgelm.integrations.trl import BridgeGRPOTrainer
 
     class StepClock(TrainerCallback):
         def __init__(self):
@@ -177,16 +191,18 @@ def run_trl(model_dir: Path, prompts: list[str], args, out: Path, dtype) -> dict
         logging_strategy="no",
         disable_tqdm=True,
         seed=0,
-        model_init_kwargs={"dtype": dtype},
+        model_init_kwargs=None if bridge else {"dtype": dtype},
     )
     clock = StepClock()
-    trainer = GRPOTrainer(
-        model=str(model_dir),
+    trainer_cls, extra = (BridgeGRPOTrainer, {"bridge_width": args.width}) if bridge else (GRPOTrainer, {})
+    trainer = trainer_cls(
+        model=bridgelm.load_model(str(model_dir), dtype=dtype) if bridge else str(model_dir),
         reward_funcs=reward,
         args=cfg,
         train_dataset=Dataset.from_list([{"prompt": p} for p in prompts]),
         processing_class=load_tokenizer(model_dir),
         callbacks=[clock],
+        **extra,
     )
     trainer.train()
     ends = clock.ends[args.k - 1 :: args.k]  # end of each rollout batch's K optimiser steps
@@ -286,17 +302,20 @@ def main() -> None:
         model_dir = save_model_dir(tmp / "model", dtype, layers)
         prompts = random_prompts(args.prompts * (2 + args.repeats), args.prompt_len)
         results["ours"] = run_ours(model_dir, prompts, args, tmp / "ours", dtype)
+        bridge_dir = save_bridge_dir(model_dir, tmp / "bridge_model", dtype)
+        results["ours_bridge"] = run_ours(bridge_dir, prompts, args, tmp / "ours_bridge", dtype)
         if not args.skip_trl:
             results["trl"] = run_trl(model_dir, prompts, args, tmp / "trl", dtype)
-            results["ours_over_trl"] = round(
-                results["trl"]["seconds_per_step"] / results["ours"]["seconds_per_step"], 3
-            )
+            results["trl_bridge"] = run_trl(bridge_dir, prompts, args, tmp / "trl_bridge", dtype, bridge=True)
+            for ours, trl in (("ours", "trl"), ("ours_bridge", "trl_bridge")):
+                ratio = results[trl]["seconds_per_step"] / results[ours]["seconds_per_step"]
+                results[f"{ours}_over_{trl}"] = round(ratio, 3)
         sft_dir = tmp / "sft_model"
         m = bridgelm.load_model(str(model_dir), dtype=dtype)
         bridgelm.add_bridge(m).save_pretrained(sft_dir)
         word_tokenizer().save_pretrained(sft_dir)
         results["sft"] = run_sft(sft_dir, args, tmp / "sft", dtype)
-    for key in ("ours", "trl", "sft"):
+    for key in ("ours", "trl", "ours_bridge", "trl_bridge", "sft"):
         if key in results:
             print(f"{key:5s} {results[key]}")
     if "ours_over_trl" in results:

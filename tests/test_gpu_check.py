@@ -24,5 +24,6 @@ def test_gpu_check_dry_run_reports_every_check():
     assert out["decode"]["tok_per_s"] > 0 and 0 < out["decode"]["over_bw_roofline"] < 1
     assert out["memory"]["planned_gib"] > 0 and out["memory"]["peak_gib"] is None  # no CUDA: no peak to hold it to
     assert out["grpo_step"]["ours_seconds"] > 0 and out["grpo_step"]["trl_seconds"] > 0
+    assert out["grpo_step"]["ours_bridge_over_trl_bridge"] > 0  # TRL + Bridge (BridgeGRPOTrainer) ran too
     assert out["fsdp_rollout"]["same_tokens"] is True
     assert out["host_syncs_per_step"] is None  # no CUDA on the CPU
