@@ -78,6 +78,12 @@ def test_fsdp_resume_is_exact(two_procs):
     wb = load_file(str(Path(resumed["final"]) / "model.safetensors"))
     for k in wa:
         assert torch.equal(wa[k], wb[k]), k
+    # each rank wrote its own shards of model and optimiser (torch.distributed.checkpoint); only the last
+    # checkpoint holds the gathered model folder as well
+    first, last = resumed["files"]["step-00000001"], resumed["files"]["step-00000002"]
+    for files in (first, last):
+        assert {"shards/.metadata", "shards/__0_0.distcp", "shards/__1_0.distcp", "trainer.json"} <= set(files)
+    assert "model.safetensors" not in first and "model.safetensors" in last and "config.json" in last
 
 
 MICRO = Path(__file__).parent / "dist_scripts" / "fsdp_micro.py"

@@ -13,6 +13,9 @@ Design notes:
   `fsdp=True` each decoder layer (holding its Bridge block) and then the root are `fully_shard`-ed; FSDP sums the
   gradients itself (divide factor 1). Generation under FSDP runs on unsharded parameters (`unsharded`), because
   ranks decode different numbers of steps and must not meet in collectives there.
+- Checkpoints under FSDP: each rank writes and reads its own shards of model and optimiser (`save_shards`,
+  `load_model_shards`, `load_optimizer_shards`: torch.distributed.checkpoint); only a model folder
+  (save_pretrained) gathers the weights to rank 0 (`full_state_dict`).
 
 Used by bridgelm.evaluate and bridgelm.train; tested by tests/test_train_distributed.py (torchrun, gloo, CPU).
 """
@@ -247,19 +250,31 @@ def full_state_dict(model: torch.nn.Module, dist: Dist) -> dict[str, torch.Tenso
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
-def optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, dist: Dist) -> dict:
-    """The optimiser's state dict (gathered to rank 0 under FSDP; collective there)."""
-    if not dist.fsdp:
-        return optimizer.state_dict()
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+def save_shards(model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: str | os.PathLike) -> None:
+    """Under FSDP: each rank writes its own shards of the model and of the optimiser state into `folder`
+    (torch.distributed.checkpoint; collective, nothing gathered)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    model_sd, optimizer_sd = get_state_dict(model, optimizer)
+    dcp.save({"model": model_sd, "optimizer": optimizer_sd}, checkpoint_id=str(folder))
 
 
-def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict, dist: Dist) -> None:
-    if not dist.fsdp:
-        optimizer.load_state_dict(state)
-        return
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+def load_model_shards(model: torch.nn.Module, folder: str | os.PathLike) -> None:
+    """Under FSDP: each rank reads its own shards of the model's weights from `folder` (written by `save_shards`)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
-    set_optimizer_state_dict(model, optimizer, optim_state_dict=state, options=StateDictOptions(full_state_dict=True))
+    state = {"model": get_model_state_dict(model)}
+    dcp.load(state, checkpoint_id=str(folder))
+    set_model_state_dict(model, state["model"])
+
+
+def load_optimizer_shards(model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: str | os.PathLike) -> None:
+    """Under FSDP: each rank reads its own shards of the optimiser state from `folder` (written by `save_shards`)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+    state = {"optimizer": get_optimizer_state_dict(model, optimizer)}  # the layout to fill (AdamW's zero state)
+    dcp.load(state, checkpoint_id=str(folder))
+    set_optimizer_state_dict(model, optimizer, optim_state_dict=state["optimizer"])

@@ -112,7 +112,8 @@ def train_interrupted_then_resumed(dist: Dist, out: Path) -> dict:
     limit4 = replace(CFG.validation, limit=4)
     cfg = replace(CFG, steps=2, prompts_per_step=4, fsdp=True, validation=limit4, save_every=1, resume=True)
     res = rl.train_rl(model, tok, TASK, cfg, out, val_task=TASK)
-    return {"stopped_at": stopped_at, "history": res.history, "final": str(res.final_dir)}
+    files = {p.name: sorted(f.relative_to(p).as_posix() for f in p.rglob("*")) for p in runs.list_checkpoints(out)}
+    return {"stopped_at": stopped_at, "history": res.history, "final": str(res.final_dir), "files": files}
 
 
 def main(out: str) -> None:
