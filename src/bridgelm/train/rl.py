@@ -105,11 +105,11 @@ def _learner(model, tokenizer, cfg: RLConfig, run: Run, dist: Dist) -> Learner:
     ref_model = _make_reference(model, cfg, dist)
     if cfg.gradient_checkpointing:
         model.activation_checkpointing_enable()
-    prepare_model(model, dist, cfg.fsdp)
+    prepare_model(model, dist, cfg.fsdp, cfg.bf16)
     if run.resume_from is not None:
         load_checkpoint(model, run.resume_from, dist)  # under FSDP each rank reads its own shards
     if ref_model is not None:
-        prepare_model(ref_model, replace(dist), cfg.fsdp)
+        prepare_model(ref_model, replace(dist), cfg.fsdp, cfg.bf16)
     params = [p for p in model.parameters() if p.requires_grad]
     lr_of = None
     if cfg.block_lr is not None:
