@@ -110,8 +110,14 @@ def test_switch_is_used_for_bf16_on_cpu_and_restored(monkeypatch):
         raise RuntimeError("boom")
     assert model.config._attn_implementation == "sdpa"
     model.activation_checkpointing_enable()  # the backward's recomputation would run outside the context
+    model.train()
     with fast_attention(model):
         assert model.config._attn_implementation == "sdpa"
+    with torch.no_grad(), fast_attention(model):  # nothing is recomputed without gradients
+        assert model.config._attn_implementation == attention.NAME
+    model.eval()
+    with fast_attention(model):  # nor in eval mode (the engine's)
+        assert model.config._attn_implementation == attention.NAME
     calls.clear()
     fp32 = tiny_model()
     with fast_attention(fp32):
@@ -123,6 +129,29 @@ def test_switch_is_used_for_bf16_on_cpu_and_restored(monkeypatch):
         assert bf16.config._attn_implementation == "sdpa"
         bf16(input_ids=ids, attention_mask=mask)
     assert calls == []
+
+
+def test_gradient_checkpointing_keeps_the_engines_decode_attention(monkeypatch):
+    """A model that recomputes its layers in training (gradient checkpointing, as RL's policy) still decodes its
+    rollouts with the two-matmul attention (one query per row), and samples what it samples without checkpointing."""
+    from bridgelm.engine import SamplingConfig, generate_ids
+
+    queries = []
+    real = attention.matmul_attention
+    monkeypatch.setattr(
+        attention, "matmul_attention", lambda q, *a, **k: queries.append(q.shape[2]) or real(q, *a, **k)
+    )
+    monkeypatch.setattr(packed, "half_instructions", lambda dtype: True)  # a CPU with AVX-512 BF16, say
+    cfg = SamplingConfig(n=2, width=2, max_new_tokens=4, temperature=1.0, seed=3, pack_weights=False)
+    model = bridgelm.add_bridge(tiny_model(dtype=torch.bfloat16))
+    want = generate_ids(model, [[7, 8, 9]], cfg, [], 0)
+    model.activation_checkpointing_enable()
+    model.train()
+    queries.clear()
+    got = generate_ids(model, [[7, 8, 9]], cfg, [], 0)
+    assert 1 in queries  # the decode steps
+    assert [[s.token_ids for s in row] for row in got] == [[s.token_ids for s in row] for row in want]
+    assert model.training  # given back as it was
 
 
 def test_half_matmuls_are_those_of_the_cpus_onednn():

@@ -39,8 +39,8 @@ def by_hand(name: str) -> dict[str, float]:
         "gradients": P * 4 / W,
         "optimiser": 2 * P * 4 / W,
         "reference": P * 4 / W,
-        "rollout model": P * 4 * (W - 1) / W,  # the whole model gathered to sample
-        "KV cache": n * 2 * kv * 128 * rows * L * 4,
+        "rollout model": P * 2,  # the whole model gathered to sample, in bf16 (mixed-precision FSDP)
+        "KV cache": n * 2 * kv * 128 * rows * L * 2,  # sampled in bf16
         "activations": m * L * (n * h + 10 * h + 4 * i) * 2 + m * 4096 * V * 4 * 2,
     }
 

@@ -334,3 +334,23 @@ def test_progress_fields_leave_out_values_not_there_yet():
 
     shown = progress_fields(loss="0.512", kl=0.0012345678, val=None, ppl="", step=3, acc=0.5)
     assert shown == {"loss": "0.512", "kl": "0.001235", "step": "3", "acc": "0.5"}
+
+
+def test_a_checkpoint_of_another_format_or_layout_is_refused_in_one_line(tmp_path):
+    """trainer.json records the checkpoint format and its layout: whole weights and optimiser, or each FSDP rank's
+    shards (torch.distributed.checkpoint); a resume reads only its own."""
+    from bridgelm.errors import UserError
+
+    folder = tmp_path / "step-00000001"
+    folder.mkdir()
+    jsonl.write_json(folder / runs.TRAINER_INFO, {"step": 1})  # an older bridgelm's
+    with pytest.raises(UserError, match=r"has no format version \(written by an older bridgelm\)") as err:
+        runs.check_layout(folder, sharded=False)
+    assert "\n" not in str(err.value)
+    jsonl.write_json(folder / runs.TRAINER_INFO, {"step": 1, **runs.format_of("checkpoint"), "layout": "sharded"})
+    runs.check_layout(folder, sharded=True)
+    with pytest.raises(UserError, match="holds sharded training state, and this run reads whole state: resume it "
+                       "with --fsdp"):
+        runs.check_layout(folder, sharded=False)
+    (folder / runs.SHARDS).mkdir()  # shards without their metadata: damaged
+    assert runs.checkpoint_damage(folder).startswith("shards/.metadata")

@@ -5,6 +5,7 @@ functions run here in a single process.
 """
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -78,6 +79,21 @@ def test_fsdp_resume_is_exact(two_procs):
     wb = load_file(str(Path(resumed["final"]) / "model.safetensors"))
     for k in wa:
         assert torch.equal(wa[k], wb[k]), k
+    # each rank wrote its own shards of model and optimiser (torch.distributed.checkpoint); only the last
+    # checkpoint holds the gathered model folder as well
+    first, last = resumed["files"]["step-00000001"], resumed["files"]["step-00000002"]
+    for files in (first, last):
+        assert {"shards/.metadata", "shards/__0_0.distcp", "shards/__1_0.distcp", "trainer.json"} <= set(files)
+    assert "model.safetensors" not in first and "model.safetensors" in last and "config.json" in last
+
+
+def test_fsdp_bf16_is_mixed_precision(two_procs):
+    """--fsdp --bf16: the weights (and so the optimiser) stay fp32, the training forwards compute in bf16 (a decoder
+    layer's linear gets bf16 inputs and bf16 weights), and the run trains."""
+    got = json.loads((two_procs / "train_fsdp_bf16.json").read_text())
+    assert got["param_dtypes"] == ["torch.float32"]
+    assert got["seen"] == [["torch.bfloat16", "torch.bfloat16"]]
+    assert len(got["history"]) == 1 and math.isfinite(got["history"][0]["loss"])
 
 
 MICRO = Path(__file__).parent / "dist_scripts" / "fsdp_micro.py"

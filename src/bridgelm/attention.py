@@ -112,14 +112,19 @@ ALL_MASK_ATTENTION_FUNCTIONS.register(NAME, sdpa_mask)
 
 
 def wins(model) -> bool:
-    """Whether `fast_attention` switches `model`: it uses transformers' sdpa, it does not recompute activations in
-    the backward (that recomputation runs after the context, with sdpa), and its weights are on a CUDA GPU or on
-        the CPU in half precision or under CPU bf16/fp16 autocast, on a CPU with instructions for it (float32, and half
-    precision on an AVX2-only CPU, keep the fused kernel there)."""
+    """Whether `fast_attention` switches `model`: it uses transformers' sdpa, its forwards here are not recomputed
+    in a backward, and its weights are on a CUDA GPU or on the CPU in half precision or under CPU bf16/fp16
+    autocast, on a CPU with instructions for it (float32, and half precision on an AVX2-only CPU, keep the fused
+    kernel there).
+
+    With gradient checkpointing a layer's forward is recomputed in the backward, after the context, with sdpa: the
+    recomputation must compute what the forward did, so such forwards keep sdpa. transformers recomputes only a
+    layer in training mode with gradients on, so the engine's decoding (eval mode, no gradients) and a trainer's
+    no_grad passes keep the two-matmul attention."""
     config = getattr(model, "config", None)
     if config is None or getattr(config, "_attn_implementation", None) != "sdpa":
         return False
-    if getattr(model, "is_activation_checkpointing", False):
+    if getattr(model, "is_activation_checkpointing", False) and model.training and torch.is_grad_enabled():
         return False
     param = next(model.parameters(), None)
     if param is not None and param.device.type == "cuda":

@@ -11,8 +11,12 @@ Design notes:
 - Data parallel without wrappers: each rank runs its own groups, the loss is normalised by the GLOBAL token count
   (`all_reduce_sum`), and gradients are summed with one all-reduce per bucket (`reduce_gradients`). With
   `fsdp=True` each decoder layer (holding its Bridge block) and then the root are `fully_shard`-ed; FSDP sums the
-  gradients itself (divide factor 1). Generation under FSDP runs on unsharded parameters (`unsharded`), because
+  gradients itself (divide factor 1); with bf16 in mixed precision (fp32 master weights and reductions, bf16
+  compute, `MixedPrecisionPolicy`). Generation under FSDP runs on unsharded parameters (`unsharded`), because
   ranks decode different numbers of steps and must not meet in collectives there.
+- Checkpoints under FSDP: each rank writes and reads its own shards of model and optimiser (`save_shards`,
+  `load_model_shards`, `load_optimizer_shards`: torch.distributed.checkpoint); only a model folder
+  (save_pretrained) gathers the weights to rank 0 (`full_state_dict`).
 
 Used by bridgelm.evaluate and bridgelm.train; tested by tests/test_train_distributed.py (torchrun, gloo, CPU).
 """
@@ -188,17 +192,28 @@ def reduce_gradients(params: Sequence[torch.nn.Parameter], dist: Dist, bucket: i
             at += n
 
 
-def shard_model(model: torch.nn.Module, dist: Dist) -> torch.nn.Module:
-    """FSDP2: shard each decoder layer (with its Bridge/P-Match block inside), then the root. Sums gradients."""
+def bf16_supported(device: torch.device) -> bool:
+    """Whether `device` computes in bfloat16: a CUDA GPU that has it (Ampere and later), or the CPU."""
+    return torch.cuda.is_bf16_supported() if device.type == "cuda" else device.type == "cpu"
+
+
+def shard_model(model: torch.nn.Module, dist: Dist, bf16: bool = False) -> torch.nn.Module:
+    """FSDP2: shard each decoder layer (with its Bridge/P-Match block inside), then the root. Sums gradients.
+
+    `bf16` on a device that has it: mixed precision (fp32 master weights and optimiser, each layer gathered in
+    bf16 for its forward and backward, gradients reduced in fp32)."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import FSDPModule, fully_shard
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
     from bridgelm.attach import decoder_layers
 
     mesh = init_device_mesh(dist.device.type, (dist.world,))
+    mixed = bf16 and bf16_supported(dist.device)
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed else None
+    kwargs = {"mesh": mesh} if policy is None else {"mesh": mesh, "mp_policy": policy}
     for layer in decoder_layers(model):
-        fully_shard(layer, mesh=mesh, reshard_after_forward=True)
-    fully_shard(model, mesh=mesh, reshard_after_forward=False)
+        fully_shard(layer, reshard_after_forward=True, **kwargs)
+    fully_shard(model, reshard_after_forward=False, **kwargs)
     for module in model.modules():  # neither setting is recursive
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)  # sum: the loss is already normalised by the global token count
@@ -227,14 +242,15 @@ def unsharded(model: torch.nn.Module, dist: Dist) -> Iterator[None]:
             m.set_reshard_after_forward(m is not model, recurse=False)
 
 
-def prepare_model(model: torch.nn.Module, dist: Dist, fsdp: bool) -> torch.nn.Module:
-    """Move to this rank's device, make ranks agree on the weights, and shard when asked."""
+def prepare_model(model: torch.nn.Module, dist: Dist, fsdp: bool, bf16: bool = False) -> torch.nn.Module:
+    """Move to this rank's device, make ranks agree on the weights, and shard when asked (in mixed precision with
+    `bf16`: see `shard_model`)."""
     if fsdp and dist.world == 1:
         raise ValueError("fsdp=True needs several processes: launch with torchrun --nproc_per_node N")
     model.to(dist.device)
     broadcast_parameters(model, dist)
     if fsdp:
-        shard_model(model, dist)
+        shard_model(model, dist, bf16)
     return model
 
 
@@ -247,19 +263,31 @@ def full_state_dict(model: torch.nn.Module, dist: Dist) -> dict[str, torch.Tenso
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
-def optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, dist: Dist) -> dict:
-    """The optimiser's state dict (gathered to rank 0 under FSDP; collective there)."""
-    if not dist.fsdp:
-        return optimizer.state_dict()
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+def save_shards(model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: str | os.PathLike) -> None:
+    """Under FSDP: each rank writes its own shards of the model and of the optimiser state into `folder`
+    (torch.distributed.checkpoint; collective, nothing gathered)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    return get_optimizer_state_dict(model, optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    model_sd, optimizer_sd = get_state_dict(model, optimizer)
+    dcp.save({"model": model_sd, "optimizer": optimizer_sd}, checkpoint_id=str(folder))
 
 
-def load_optimizer_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict, dist: Dist) -> None:
-    if not dist.fsdp:
-        optimizer.load_state_dict(state)
-        return
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+def load_model_shards(model: torch.nn.Module, folder: str | os.PathLike) -> None:
+    """Under FSDP: each rank reads its own shards of the model's weights from `folder` (written by `save_shards`)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
-    set_optimizer_state_dict(model, optimizer, optim_state_dict=state, options=StateDictOptions(full_state_dict=True))
+    state = {"model": get_model_state_dict(model)}
+    dcp.load(state, checkpoint_id=str(folder))
+    set_model_state_dict(model, state["model"])
+
+
+def load_optimizer_shards(model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: str | os.PathLike) -> None:
+    """Under FSDP: each rank reads its own shards of the optimiser state from `folder` (written by `save_shards`)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
+
+    state = {"optimizer": get_optimizer_state_dict(model, optimizer)}  # the layout to fill (AdamW's zero state)
+    dcp.load(state, checkpoint_id=str(folder))
+    set_optimizer_state_dict(model, optimizer, optim_state_dict=state["optimizer"])

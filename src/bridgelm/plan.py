@@ -9,9 +9,11 @@ size, i intermediate size, n layers, V vocabulary, L = prompt tokens + max_new_t
 - optimiser     AdamW's two moments, T x b each (fp32 with the default --dtype float32), / W under FSDP
 - reference     beta > 0: a frozen copy of the policy, P x b, / W under FSDP
 - rollout model what sampling adds to the weights: under FSDP the whole model is gathered on every rank
-                (P x b x (W - 1) / W); with rollout_dtype a copy of it in that dtype (P x its bytes)
-- KV cache      n x 2 x kv_heads x head_dim x rows x L x bytes of the sampling dtype, rows = a rank's rollouts
-                (prompts_per_step / W x G) bounded by max_batch_sequences and max_batch_tokens / L (whole groups)
+                (P x b x (W - 1) / W; with --bf16, mixed precision, in bf16 beside the fp32 shard: P x 2); with
+                rollout_dtype a copy of it in that dtype (P x its bytes)
+- KV cache      n x 2 x kv_heads x head_dim x rows x L x bytes of the sampling dtype (bf16 under FSDP with --bf16),
+                rows = a rank's rollouts (prompts_per_step / W x G) bounded by max_batch_sequences and
+                max_batch_tokens / L (whole groups)
 - activations   of one micro-batch of m rows (micro_batch_groups x w, bounded by a mini-batch's groups and by
                 micro_batch_tokens / L, whole groups, at least one): m x L x a x (n x (10 h + 4 i)) values kept for
                 the backward, or with gradient checkpointing m x L x a x (n x h + 10 h + 4 i) (every layer's input,
@@ -112,8 +114,17 @@ def reference(setup: Setup) -> float:
     return weights(setup) if setup.cfg.beta > 0 else 0.0
 
 
+def mixed_precision(setup: Setup) -> bool:
+    """FSDP with --bf16 shards in mixed precision (dist.shard_model): layers are gathered in bf16, so sampling too
+    runs in bf16 (a GPU with bf16 assumed)."""
+    return setup.cfg.fsdp and setup.cfg.bf16
+
+
 def rollout_model(setup: Setup) -> float:
-    gathered = setup.shape.params * setup.bytes * (setup.world - 1) / setup.world if setup.cfg.fsdp else 0.0
+    if mixed_precision(setup):
+        gathered = setup.shape.params * 2  # the whole model in bf16, beside the fp32 shard
+    else:
+        gathered = setup.shape.params * setup.bytes * (setup.world - 1) / setup.world if setup.cfg.fsdp else 0.0
     copy = setup.shape.params * DTYPE_BYTES[setup.cfg.rollout_dtype] if setup.cfg.rollout_dtype else 0
     return gathered + copy
 
@@ -128,7 +139,8 @@ def rollout_rows(setup: Setup) -> int:
 
 def kv_cache(setup: Setup) -> float:
     s = setup.shape
-    cache_bytes = DTYPE_BYTES[setup.cfg.rollout_dtype or setup.dtype]
+    sampling = "bfloat16" if mixed_precision(setup) else setup.dtype
+    cache_bytes = DTYPE_BYTES[setup.cfg.rollout_dtype or sampling]
     return s.layers * 2 * s.kv_heads * s.head_dim * rollout_rows(setup) * setup.row_tokens * cache_bytes
 
 

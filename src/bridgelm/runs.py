@@ -7,9 +7,11 @@ each setting that differs, its saved value and the current one, and what to do i
 A training run folder holds run.json, metrics.jsonl (one record per step) and checkpoints/step-NNNNNNNN/, each
 written under a temporary name and renamed (`write_dir_atomic`); trainer.json is written last and marks a checkpoint
 whole; the last N are kept (`prune_checkpoints`). Trainer state (optimiser, scheduler, RNG, step, plain extras) is a
-torch file read back with `weights_only=True`. A resume first checks the files of the newest checkpoint (JSON,
-safetensors headers and sizes, the checksums of trainer_state.pt's zip); a damaged one is named and passed over for
-the previous whole one, which a resumed run continues from exactly (`resume_point`).
+torch file read back with `weights_only=True`. Under FSDP the model and optimiser are in SHARDS instead, each rank's
+own (torch.distributed.checkpoint), and trainer.json records the layout (`check_layout`). A resume first checks the
+files of the newest checkpoint (JSON, safetensors headers and sizes, the checksums of trainer_state.pt's zip, the
+shards' metadata); a damaged one is named and passed over for the previous whole one, which a resumed run continues
+from exactly (`resume_point`).
 
 Every kind of output records a format version (`FORMATS`); a folder or file of another version is refused in one line
 (`check_format`). A training run may continue on a data file moved elsewhere with the same content: the data's
@@ -43,13 +45,15 @@ METRICS = "metrics.jsonl"  # a training run's metrics, one record per step
 CHECKPOINTS = "checkpoints"  # folder of the step-NNNNNNNN checkpoints inside a training run folder
 TRAINER_STATE = "trainer_state.pt"  # optimiser, scheduler, RNG and step of a checkpoint
 TRAINER_INFO = "trainer.json"  # step, settings and run facts of a checkpoint (written last: marks it complete)
+SHARDS = "shards"  # under FSDP: each rank's shards of model and optimiser in a checkpoint (torch.dist. checkpoint)
+LAYOUTS = {False: "whole", True: "sharded"}  # a checkpoint's layout by whether its run shards the model (FSDP)
 
 # ---------------------------------------------------------------------------------------------- formats
 
 # The format version of each kind of output that a re-run continues or a reader reads, by the command that writes
 # it; every run.json (and every line of a samples file, in its settings) records {"kind": ..., "format": ...}. A
 # folder or file of another version is refused (`check_format`): this bridgelm is unreleased and reads only its own.
-FORMATS = {"eval": 2, "sft": 2, "rl": 2, "pretrain": 2, "generate": 2, "warmup-data": 2}
+FORMATS = {"eval": 2, "sft": 2, "rl": 2, "pretrain": 2, "generate": 2, "warmup-data": 2, "checkpoint": 3}
 
 
 def format_of(kind: str) -> dict[str, Any]:
@@ -293,8 +297,11 @@ def prune_checkpoints(out_dir: str | os.PathLike, keep_last: int) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def save_trainer_state(folder: Path, step: int, optimizer_sd: dict, scheduler, extra: dict | None = None) -> None:
-    """trainer_state.pt: step, optimiser and scheduler states, RNG states, and `extra` (plain values)."""
+def save_trainer_state(
+    folder: Path, step: int, optimizer_sd: dict | None, scheduler, extra: dict | None = None
+) -> None:
+    """trainer_state.pt: step, optimiser (None: it is in SHARDS) and scheduler states, RNG states, and `extra`
+    (plain values)."""
     state = {
         "step": step,
         "optimizer": optimizer_sd,
@@ -337,6 +344,8 @@ def checkpoint_damage(folder: str | os.PathLike) -> str | None:
         json.loads((folder / TRAINER_INFO).read_bytes().decode("utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         return f"{TRAINER_INFO}: {err}"
+    if (folder / SHARDS).is_dir() and not (folder / SHARDS / ".metadata").is_file():
+        return f"{SHARDS}/.metadata is missing"
     for weights in sorted(folder.glob("*.safetensors")):
         try:
             with safe_open(str(weights), framework="pt"):
@@ -350,6 +359,20 @@ def checkpoint_damage(folder: str | os.PathLike) -> str | None:
     except (OSError, zipfile.BadZipFile) as err:
         return f"{TRAINER_STATE}: {err}"
     return f"{TRAINER_STATE}: entry {bad} fails its checksum" if bad else None
+
+
+def check_layout(folder: str | os.PathLike, sharded: bool) -> None:
+    """UserError in one line unless the checkpoint `folder` is of this bridgelm's format and of the layout a run that
+    shards its model (`sharded`: FSDP) or does not reads: shards of every rank, or whole weights and optimiser."""
+    info = read_info(folder)
+    check_format(folder, info, "checkpoint", expected="a checkpoint folder written by bridgelm")
+    want = LAYOUTS[sharded]
+    if info.get("layout") != want:
+        flag = "with --fsdp" if info.get("layout") == "sharded" else "without --fsdp"
+        raise UserError(
+            f"checkpoint {folder} holds {info.get('layout')} training state, and this run reads {want} state: "
+            f"resume it {flag}"
+        )
 
 
 def read_info(folder: str | os.PathLike) -> dict:

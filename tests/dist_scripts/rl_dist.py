@@ -3,7 +3,7 @@
 - `minibatch_grads(fsdp)`: loss and gradients of one GRPO mini-batch of 8 Bridge groups; each rank holds the groups
   of its prompts (4 of them with 2 processes), normalisation uses the global token count.
 - `train(out, fsdp)`: a 2-step GRPO run (checkpoint, validation, best model) under torchrun, data parallel and FSDP;
-  then an FSDP run interrupted by Ctrl-C and resumed.
+  then an FSDP run interrupted by Ctrl-C and resumed; then an FSDP run in mixed precision (bf16).
 
     torchrun --nproc_per_node 2 tests/dist_scripts/rl_dist.py OUT_DIR
 """
@@ -112,7 +112,27 @@ def train_interrupted_then_resumed(dist: Dist, out: Path) -> dict:
     limit4 = replace(CFG.validation, limit=4)
     cfg = replace(CFG, steps=2, prompts_per_step=4, fsdp=True, validation=limit4, save_every=1, resume=True)
     res = rl.train_rl(model, tok, TASK, cfg, out, val_task=TASK)
-    return {"stopped_at": stopped_at, "history": res.history, "final": str(res.final_dir)}
+    files = {p.name: sorted(f.relative_to(p).as_posix() for f in p.rglob("*")) for p in runs.list_checkpoints(out)}
+    return {"stopped_at": stopped_at, "history": res.history, "final": str(res.final_dir), "files": files}
+
+
+def train_mixed_precision(dist: Dist, out: Path) -> dict:
+    """A 1-step FSDP run with bf16: the dtypes a linear of a decoder layer sees in the training forwards, and the
+    parameters' dtypes after the step."""
+    from test_rl import CFG, TASK
+
+    model, tok = model_and_tokenizer()
+    seen = set()
+
+    def look(module, args):
+        if torch.is_grad_enabled():
+            seen.add((str(args[0].dtype), str(module.weight.dtype)))
+
+    model.model.layers[0].self_attn.q_proj.register_forward_pre_hook(look)
+    cfg = replace(CFG, steps=1, prompts_per_step=4, fsdp=True, bf16=True)
+    res = rl.train_rl(model, tok, TASK, cfg, out)
+    dtypes = sorted({str(p.dtype) for p in model.parameters()})
+    return {"seen": sorted(seen), "param_dtypes": dtypes, "history": res.history}
 
 
 def main(out: str) -> None:
@@ -131,6 +151,9 @@ def main(out: str) -> None:
     result = train_interrupted_then_resumed(dist, out / "train_fsdp_resumed")
     if dist.is_main:
         (out / "train_fsdp_resumed.json").write_text(json.dumps(result))
+    result = train_mixed_precision(dist, out / "train_fsdp_bf16")
+    if dist.is_main:
+        (out / "train_fsdp_bf16.json").write_text(json.dumps(result))
     teardown_distributed()
 
 

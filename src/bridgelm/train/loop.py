@@ -46,15 +46,18 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-from bridgelm.dist import Dist, load_optimizer_state, optimizer_state
+from bridgelm.dist import Dist, load_optimizer_shards
 from bridgelm.jsonl import append_record, check_free, exclusive, read_records, write_atomic, write_json
 from bridgelm.rng import set_rng_state
 from bridgelm.runs import (
     CHECKPOINTS,
     METRICS,
     RUN_FILE,
+    LAYOUTS,
+    SHARDS,
     TRAINER_INFO,
     check_format,
+    check_layout,
     check_settings,
     checkpoint_name,
     format_of,
@@ -67,7 +70,7 @@ from bridgelm.runs import (
     run_kind,
     save_trainer_state,
 )
-from bridgelm.train.weights import write_on_main
+from bridgelm.train.weights import write_checkpoint
 
 
 @dataclass
@@ -154,6 +157,7 @@ class Run:
         self.metrics: MetricsLog | None = None
         self.bar = None
         self._tracked: tuple | None = None
+        self.total = 0  # steps of the whole run (`running`): its last checkpoint holds the gathered model
         self.left_behind: Callable[[], str] | None = None  # what else an interrupted run leaves (said after the rest)
 
     def _writer(self) -> contextlib.AbstractContextManager:
@@ -173,13 +177,18 @@ class Run:
 
     def track(self, model, optimizer, scheduler, write_weights: Callable[[Path, dict | None], None]) -> None:
         """What a checkpoint saves: `write_weights(folder, state_dict)` (state_dict: the gathered FSDP weights, else
-        None) plus the optimiser, the schedule, the RNG and `state`. When resuming they are restored now; the
-        trainer has loaded the checkpoint's weights itself."""
+        None; under FSDP only the last checkpoint's) plus the optimiser, the schedule, the RNG and `state`. When
+        resuming they are restored now; the trainer has loaded the checkpoint's weights itself
+        (`weights.load_checkpoint`)."""
         self._tracked = (model, optimizer, scheduler, write_weights)
         if self.resume_from is None:
             return
+        check_layout(self.resume_from, self.dist.fsdp)
         saved = load_trainer_state(self.resume_from)
-        load_optimizer_state(model, optimizer, saved["optimizer"], self.dist)
+        if self.dist.fsdp:  # each rank reads its own shards
+            load_optimizer_shards(model, optimizer, self.resume_from / SHARDS)
+        else:
+            optimizer.load_state_dict(saved["optimizer"])
         scheduler.load_state_dict(saved["scheduler"])
         set_rng_state(saved["rng"])
         self.state.update(saved["extra"], step=saved["step"])
@@ -196,6 +205,7 @@ class Run:
             yield from self._running(total, desc)
 
     def _running(self, total: int, desc: str) -> Iterator[Run]:
+        self.total = total
         self.metrics = MetricsLog(
             self.out_dir / METRICS, enabled=self.dist.is_main, tensorboard=self.control.tensorboard
         )
@@ -255,18 +265,22 @@ class Run:
             self.save()
 
     def save(self) -> None:
-        """A resumable checkpoint OUT/checkpoints/step-N (all ranks call; rank 0 writes); keeps the last N."""
+        """A resumable checkpoint OUT/checkpoints/step-N (all ranks call; rank 0 writes, and under FSDP each rank its
+        own shards); keeps the last N. Under FSDP only the last step's holds the gathered model as well."""
         model, optimizer, scheduler, write_weights = self._tracked
-        step = self.step
+        step, sharded = self.step, self.dist.fsdp
         extra = {k: v for k, v in self.state.items() if k != "step"}
-        optimizer_sd = optimizer_state(model, optimizer, self.dist)  # gathered to rank 0 under FSDP (collective)
+        whole = not sharded or step == self.total  # a model folder: every checkpoint, under FSDP the last
+        info = {**extra, "step": step, "identity": self.identity, **format_of("checkpoint"), "layout": LAYOUTS[sharded]}
 
         def write(folder: Path, state_dict: dict | None) -> None:
-            write_weights(folder, state_dict)
-            save_trainer_state(folder, step, optimizer_sd, scheduler, extra)
-            write_json(folder / TRAINER_INFO, {"step": step, "identity": self.identity, **extra})  # last: whole
+            if whole:
+                write_weights(folder, state_dict)
+            save_trainer_state(folder, step, None if sharded else optimizer.state_dict(), scheduler, extra)
+            write_json(folder / TRAINER_INFO, info)  # last: whole
 
-        write_on_main(self.out_dir / CHECKPOINTS / checkpoint_name(step), model, self.dist, write)
+        final = self.out_dir / CHECKPOINTS / checkpoint_name(step)
+        write_checkpoint(final, model, optimizer, self.dist, write, gather=whole)
         if self.dist.is_main:
             prune_checkpoints(self.out_dir, self.control.keep_last)
         self.saved_at = step

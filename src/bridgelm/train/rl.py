@@ -38,7 +38,7 @@ from bridgelm.train.optim import gradient_parts, make_optimizer, make_scheduler
 from bridgelm.train.rl_config import FREE_FIELDS, RLConfig, validation_sampling
 from bridgelm.train.rollouts import RolloutPolicy, Rollouts, collect_rollouts, step_examples
 from bridgelm.train.update import Learner, update_policy
-from bridgelm.train.weights import load_weights, save_model, write_on_main
+from bridgelm.train.weights import load_checkpoint, save_model, write_on_main
 
 BEST = "best"  # OUT/best: the checkpoint with the best validation accuracy
 
@@ -103,13 +103,13 @@ def _learner(model, tokenizer, cfg: RLConfig, run: Run, dist: Dist) -> Learner:
     _set_trainable(model, cfg)
     model.to(dist.device)  # the rank's own device (dist.rank_device) before the reference is copied from it
     ref_model = _make_reference(model, cfg, dist)
-    if run.resume_from is not None:
-        load_weights(model, run.resume_from)
     if cfg.gradient_checkpointing:
         model.activation_checkpointing_enable()
-    prepare_model(model, dist, cfg.fsdp)
+    prepare_model(model, dist, cfg.fsdp, cfg.bf16)
+    if run.resume_from is not None:
+        load_checkpoint(model, run.resume_from, dist)  # under FSDP each rank reads its own shards
     if ref_model is not None:
-        prepare_model(ref_model, replace(dist), cfg.fsdp)
+        prepare_model(ref_model, replace(dist), cfg.fsdp, cfg.bf16)
     params = [p for p in model.parameters() if p.requires_grad]
     lr_of = None
     if cfg.block_lr is not None:

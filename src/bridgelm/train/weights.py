@@ -1,9 +1,11 @@
 """Model folders of a training run: weights written as `save_pretrained` writes them, and read back exactly.
 
 A checkpoint (or RL's best/) is a model folder that `bridgelm.load_model` opens: safetensors weights, config and
-tokenizer. Under FSDP the shards are gathered to rank 0 first (a collective), and rank 0 writes the folder under a
-temporary name and renames it (`write_on_main`); the other ranks wait. A resumed run copies the weights back
-into its model with `load_weights`, bit for bit.
+tokenizer; rank 0 writes it under a temporary name and renames it (`write_on_main`), the other ranks wait. Under
+FSDP the weights are gathered to rank 0 for such a folder (a collective), which a run does once, for its last
+checkpoint (and for RL's best/): every checkpoint holds instead each rank's own shards of model and optimiser
+(`write_checkpoint`, torch.distributed.checkpoint), which each rank reads back alone (`load_checkpoint`). A resumed
+run gets its weights back bit for bit either way.
 
 Used by bridgelm.train.loop, bridgelm.train.rl and bridgelm.demo.base; tested by tests/test_train_common.py.
 """
@@ -11,14 +13,15 @@ Used by bridgelm.train.loop, bridgelm.train.rl and bridgelm.demo.base; tested by
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
-from bridgelm.dist import Dist, barrier, full_state_dict
-from bridgelm.runs import write_dir_atomic
+from bridgelm.dist import Dist, barrier, full_state_dict, load_model_shards, save_shards
+from bridgelm.runs import SHARDS, check_layout, write_dir_atomic
 
 
 def write_on_main(
@@ -30,6 +33,46 @@ def write_on_main(
     if dist.is_main:
         write_dir_atomic(final, lambda tmp: write(tmp, state_dict))
     barrier(dist)
+
+
+def write_checkpoint(
+    final: Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    dist: Dist,
+    write: Callable[[Path, dict | None], None],
+    gather: bool,
+) -> None:
+    """All ranks call. Without FSDP: `write_on_main`. Under FSDP each rank writes its shards of model and optimiser
+    (into a folder beside `final`, moved to final/SHARDS by rank 0); `write(tmp, state_dict)` fills the rest on rank
+    0, state_dict holding the weights gathered when `gather` (else None: write no weights)."""
+    if not dist.fsdp:
+        write_on_main(final, model, dist, write)
+        return
+    staging = final.with_name(f".{final.name}.{SHARDS}")  # the same name on every rank
+    if dist.is_main and staging.exists():
+        shutil.rmtree(staging)
+    barrier(dist)
+    save_shards(model, optimizer, staging)
+    state_dict = full_state_dict(model, dist) if gather else None
+    if dist.is_main:
+
+        def fill(tmp: Path) -> None:
+            os.replace(staging, tmp / SHARDS)
+            write(tmp, state_dict)
+
+        write_dir_atomic(final, fill)
+    barrier(dist)
+
+
+def load_checkpoint(model: torch.nn.Module, folder: Path, dist: Dist) -> None:
+    """The weights of the checkpoint `folder` into `model`, prepared (placed, and sharded under FSDP): each rank
+    reads its own shards under FSDP, else the whole weights; a checkpoint of the other layout is refused."""
+    check_layout(folder, dist.fsdp)
+    if dist.fsdp:
+        load_model_shards(model, folder / SHARDS)
+    else:
+        load_weights(model, folder)
 
 
 def save_model(model: torch.nn.Module, tokenizer, folder: Path, state_dict: dict | None = None) -> None:
