@@ -51,7 +51,8 @@ class RLConfig:
     clip_eps_high: float | None = None  # ratio clip range above 1 (DAPO's clip-higher), None = clip_eps
     beta: float = 1e-3  # weight of the k3 KL to the reference (0: no reference model)
     freeze_base: bool = False  # train only the added blocks
-    bf16: bool = False  # bf16 autocast of the training forwards
+    bf16: bool = False  # bf16 autocast of the training forwards; with fsdp, mixed precision (bf16 compute, fp32
+    # master weights and reductions) where the device has bf16
     gradient_checkpointing: bool = False  # recompute layer activations in the backward
     fsdp: bool = False  # shard parameters, gradients and optimiser state with FSDP2 (torchrun only)
 
