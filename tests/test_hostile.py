@@ -488,3 +488,19 @@ def test_data_rows_and_block_files_that_are_not_what_they_claim(tmp_path):
     os.mkfifo(fifo)
     with pytest.raises(UserError, match="block file .* is a FIFO"):  # "does not exist" before
         read_block_settings(fifo)
+
+
+def test_a_folder_saved_with_non_finite_blocks_is_refused(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from bridgelm.models import load_model
+    from conftest import save_tiny_model_dir
+
+    folder = tmp_path / "model"
+    save_tiny_model_dir(folder, blocks="bridge")  # the blocks recorded in config.json, their tensors in the folder
+    weights = load_file(str(folder / "model.safetensors"))
+    name = next(k for k in weights if ".bridge." in k)
+    weights[name].view(-1)[0] = float("nan")
+    save_file(weights, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(UserError, match=f"weight {name} holds NaN"):  # read after the base, as recorded blocks
+        load_model(str(folder))

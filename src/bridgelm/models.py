@@ -59,6 +59,8 @@ def load_model(name_or_path: str, blocks: str | os.PathLike | None = None, dtype
         _load_recorded_blocks(model, Path(name_or_path), cfg)
     if blocks is not None:
         load_blocks(model, blocks)
+    for name, tensor in model.state_dict().items():  # everything loaded: base, recorded blocks, a block file
+        check_finite(tensor, f"model {name_or_path}: weight {name}")
     return model
 
 
@@ -197,8 +199,6 @@ def _from_pretrained(name_or_path: str, config, dtype, kwargs: dict):
             f"the weights of model {name_or_path} lack {len(missing)} tensor(s) its config.json needs "
             f"({', '.join(missing[:3])}): expected every weight (an untied lm_head.weight too)"
         )
-    for name, tensor in model.state_dict().items():
-        check_finite(tensor, f"model {name_or_path}: weight {name}")
     return model
 
 

@@ -154,7 +154,6 @@ def _check_row(row: Any, required_fields: Sequence[str], where: str, check: RowC
     """`row` if it is an object with all required fields that passes `check`, else a UserError naming `where`."""
     if not isinstance(row, dict):
         raise UserError(f"{where}: expected a JSON object, got {type(row).__name__}")
-    check_text(row, where)  # a lone surrogate parses, but no tokenizer or UTF-8 write takes it
     for name in required_fields:
         if name not in row:
             raise UserError(f"{where}: missing field {name!r} (expected fields: {', '.join(required_fields)})")
@@ -204,18 +203,23 @@ def _read_jsonl(path: Path, required_fields: Sequence[str], check: RowCheck | No
             raise UserError(f"{path}:{lineno}: malformed JSON line ({exc.msg})") from exc
         except ValueError as exc:
             raise UserError(f"{path}:{lineno}: {exc}") from exc
+        if "\\ud" in line.lower():  # an escaped surrogate: text only in a pair (JSON escapes are its one source)
+            check_text(row, f"{path}:{lineno}")
         rows.append(_check_row(row, required_fields, f"{path}:{lineno}", check))
     return rows
 
 
 def _read_json(path: Path, required_fields: Sequence[str], check: RowCheck | None = None) -> list[dict]:
     """Rows of a JSON file holding a list of objects or {"data": [...]}."""
+    text = _decode(path.read_bytes(), path)
     try:
-        data = json.loads(_decode(path.read_bytes(), path), parse_float=finite_float, parse_constant=_no_constant)
+        data = json.loads(text, parse_float=finite_float, parse_constant=_no_constant)
     except json.JSONDecodeError as exc:
         raise UserError(f"{path}:{exc.lineno}: malformed JSON ({exc.msg})") from exc
     except ValueError as exc:
         raise UserError(f"{path}: {exc}") from exc
+    if "\\ud" in text.lower():  # an escaped surrogate: text only in a pair
+        check_text(data, str(path))
     if isinstance(data, dict) and isinstance(data.get("data"), list):
         data = data["data"]
     if not isinstance(data, list):
