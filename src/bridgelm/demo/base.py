@@ -25,7 +25,7 @@ from bridgelm.attention import fast_attention
 from bridgelm.dist import Dist
 from bridgelm.jsonl import write_json
 from bridgelm.runs import METRICS, check_settings, jsonable
-from bridgelm.tasks import anysum, arith, pairsum
+from bridgelm.tasks import anysum, arith, hint, pairsum
 from bridgelm.tokenizer import BOS, CHAT_TEMPLATE, EOS, PAD
 from bridgelm.train.batches import autocast
 from bridgelm.train.optim import CosineSchedule, make_optimizer, optimizer_step, scheduled
@@ -42,7 +42,9 @@ class BaseConfig:
     """The base model and its pre-training."""
 
     # which problems (its task)
-    task: anysum.AnySumSpec | arith.ArithSpec | pairsum.PairSumSpec = field(default_factory=anysum.AnySumSpec)
+    task: anysum.AnySumSpec | arith.ArithSpec | pairsum.PairSumSpec | hint.HintSpec = field(
+        default_factory=anysum.AnySumSpec
+    )
 
     hidden_size: int = 192  # D
     num_layers: int = 4
@@ -71,6 +73,7 @@ _TASKS = {
     anysum.AnySumSpec: ("anysum", anysum, anysum.AnySum, 48),
     arith.ArithSpec: ("arith", arith, arith.Arith, 48),
     pairsum.PairSumSpec: ("pairsum", pairsum, pairsum.PairSum, 63),
+    hint.HintSpec: ("hint", hint, hint.Hint, 8),
 }
 CHECK_TOKENS = {name: tokens for name, _, _, tokens in _TASKS.values()}  # by registry name
 

@@ -21,6 +21,7 @@ REGISTRY = {
     "arith": "bridgelm.tasks.arith",
     "anysum": "bridgelm.tasks.anysum",
     "pairsum": "bridgelm.tasks.pairsum",
+    "hint": "bridgelm.tasks.hint",
     "xsum": "bridgelm.tasks.summarize:load_xsum",
     "cnn_dailymail": "bridgelm.tasks.summarize:load_cnn_dailymail",
     "gpqa": "bridgelm.tasks.gpqa",

@@ -1,0 +1,180 @@
+"""The demo's positive control: can this pipeline produce, and detect, a sibling gain where one exists?
+
+On the `hint` task (tasks/hint.py) each sample draws a hint that is right 30% of the time and boxes it: alone a
+sample is right about 30% of the time, while the majority of its group's hints is right far more often. A small base
+model is pre-trained on it, then fresh Bridge blocks (zero output: at first they change nothing) are trained by GRPO
+with the base frozen, at a block learning rate fixed in advance (2e-3: a toy pilot of this recipe learned to pool the
+siblings' hints at 1e-3 to 3e-3, and nothing at 1e-4). Each seed's blocks are then evaluated on held-out problems at
+w = 1 and w = 8 with the same random draws, and with foreign siblings (groups made of samples of 8 different
+problems).
+
+What the control must show (`control_results`, `results.json` "positive_control"): w=8 − w=1 > 0 and foreign − w=1 <
+0, each with a paired interval over seeds and problems that excludes 0. If it cannot, the pipeline cannot detect
+sibling use, and a null result on the main task says nothing about Bridge.
+
+Outputs, under DIR/control/: base/ (the model), rl_s<seed>/ (its GRPO run), eval_s<seed>/ and foreign_s<seed>/
+(evaluation runs).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from bridgelm.demo.base import BaseConfig, make_problems, make_task, pretrain
+from bridgelm.evaluate import EvalConfig
+from bridgelm.metrics import paired_difference
+from bridgelm.tasks.hint import HintSpec
+from bridgelm.train.rl_config import RLConfig, default_rollout
+
+HINT_TOKENS = 10  # `h3=1\n\boxed{1}` and EOS: 9 tokens
+
+
+def control_base() -> BaseConfig:
+    """A 0.1M-parameter Qwen2 pre-trained on noisy hints for a fixed 2000 steps (no accuracy target: its accuracy is
+    the hint rate by design)."""
+    return BaseConfig(
+        task=HintSpec(),
+        hidden_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        intermediate_size=128,
+        steps=2000,
+        schedule_steps=2000,
+        batch_size=64,
+        distinct=False,  # 8000 training problems, each seen with several hints
+        check_from=2000,  # no validation checks
+    )
+
+
+def control_rl() -> RLConfig:
+    """GRPO of fresh Bridge blocks, base frozen: 60 steps of 16 prompts x 8 rollouts in one group of 8, at
+    temperature 1 (the hints' own randomness), block lr 2e-3, no KL term (the base is frozen)."""
+    return RLConfig(
+        steps=60,
+        prompts_per_step=16,
+        rollout=replace(default_rollout(), n=8, width=8, max_new_tokens=HINT_TOKENS, temperature=1.0, top_p=1.0),
+        steps_per_rollout=1,
+        micro_batch_groups=16,
+        lr=2e-3,
+        beta=0.0,
+        freeze_base=True,
+        save_every=20,
+        keep_last=1,
+        resume=True,
+    )
+
+
+def control_eval() -> EvalConfig:
+    """8 samples per problem at temperature 1, at w = 1 and w = 8 (the same draws at both)."""
+    return EvalConfig(n=8, width=8, widths=[1, 8], max_new_tokens=HINT_TOKENS, temperature=1.0, top_p=1.0)
+
+
+@dataclass
+class ControlConfig:
+    """The positive control's base model, its blocks' GRPO and its evaluation."""
+
+    base: BaseConfig = field(default_factory=control_base)  # the hint model
+    rl: RLConfig = field(default_factory=control_rl)  # blocks-only GRPO of fresh Bridge blocks
+    eval: EvalConfig = field(default_factory=control_eval)  # held-out evaluation at w = 1 and w = eval.width
+    problems: int = 240  # held-out test problems (a multiple of eval.width, for the foreign groups)
+
+
+@dataclass
+class ControlDirs:
+    """Where the control's runs go, under DIR/control."""
+
+    root: Path
+
+    @property
+    def base(self) -> Path:
+        return self.root / "base"
+
+    def rl(self, seed: int) -> Path:
+        return self.root / f"rl_s{seed}"
+
+    def eval(self, seed: int, foreign: bool = False) -> Path:
+        return self.root / (f"foreign_s{seed}" if foreign else f"eval_s{seed}")
+
+
+def tasks(cfg: ControlConfig, rl_steps: int | None = None):
+    """The control's training prompts and held-out test problems (seeded, so every process draws the same)."""
+    spec = cfg.base.task
+    steps = cfg.rl.steps if rl_steps is None else rl_steps
+    train = make_task(spec, make_problems(spec, steps * cfg.rl.prompts_per_step, "train", 1, distinct=False))
+    return train, make_task(spec, make_problems(spec, cfg.problems, "test", 0))
+
+
+def stage_base(cfg: ControlConfig, dirs: ControlDirs, bf16: bool) -> dict:
+    """Pre-train (or reuse) the hint model."""
+    import json
+
+    from bridgelm.demo.base import PRETRAIN_FILE
+
+    pretrain(replace(cfg.base, bf16=bf16), dirs.base, progress=False)
+    return json.loads((dirs.base / PRETRAIN_FILE).read_text())
+
+
+def stage_rl(demo, dirs: ControlDirs, seed: int) -> dict:
+    """Blocks-only GRPO of fresh Bridge blocks of the demo's size (drawn from `seed`) on the hint model; `demo`: the
+    DemoConfig."""
+    from bridgelm.demo.stages import rl_numbers, with_blocks
+    from bridgelm.models import load_model
+    from bridgelm.tokenizer import load_tokenizer
+    from bridgelm.train.rl import train_rl
+
+    cfg = demo.control
+    model = with_blocks(load_model(str(dirs.base)), "bridge", demo, seed=seed)
+    rl_cfg = replace(cfg.rl, seed=seed, bf16=demo.bf16)
+    result = train_rl(model, load_tokenizer(dirs.base), tasks(cfg)[0], rl_cfg, dirs.rl(seed))
+    return rl_numbers(result)
+
+
+def stage_eval(cfg: ControlConfig, dirs: ControlDirs, seed: int, foreign: bool, bf16: bool) -> dict:
+    """The trained blocks on held-out problems: at w = 1 and w = 8, or (foreign) at w = 8 with foreign siblings."""
+    import json
+
+    import torch
+
+    from bridgelm.evaluate import run_eval
+    from bridgelm.models import load_model
+    from bridgelm.score import score_run
+    from bridgelm.tokenizer import load_tokenizer
+
+    final = json.loads((dirs.rl(seed) / "done.json").read_text())["final_dir"]
+    model = load_model(final, dtype=torch.bfloat16 if bf16 else torch.float32)
+    ecfg = replace(cfg.eval, seed=seed, widths=[cfg.eval.width] if foreign else cfg.eval.widths, foreign_groups=foreign)
+    test = tasks(cfg)[1]
+    run_eval(model, load_tokenizer(dirs.base), test, None, ecfg, dirs.eval(seed, foreign), model_id=final)
+    return score_run(dirs.eval(seed, foreign), task=test)
+
+
+def control_results(cfg: ControlConfig, dirs: ControlDirs, seeds: int) -> dict | None:
+    """`positive_control` of results.json: accuracy at w = 1, w = 8 and with foreign siblings (mean over seeds), the
+    majority vote of w = 1's samples (the independent ceiling), and the paired differences "w8-w1" and "foreign-w1"
+    ({"mean", "low", "high"}) over seeds and problems, with whether each shows what it must. None until every seed's
+    evaluations are there."""
+    from bridgelm.demo.results import _entry, per_problem_accuracy, power
+
+    w = cfg.eval.width
+    done = [s for s in range(seeds) if (dirs.eval(s) / "scores.jsonl").exists()]
+    if not done or any(not (dirs.eval(s, True) / "scores.jsonl").exists() for s in done):
+        return None
+    one = [per_problem_accuracy(dirs.eval(s), 1) for s in done]
+    wide = [per_problem_accuracy(dirs.eval(s), w) for s in done]
+    foreign = [per_problem_accuracy(dirs.eval(s, True), w) for s in done]
+    diffs = {f"w{w}-w1": paired_difference(wide, one), "foreign-w1": paired_difference(foreign, one)}
+
+    def mean(rows):
+        return sum(map(sum, rows)) / sum(map(len, rows))
+
+    majority = [_entry(dirs.eval(s), 1)["metrics"].get("majority_vote", {}).get("mean") for s in done]
+    return {
+        **diffs,
+        "seeds": len(done),
+        "accuracy": {"w1": mean(one), f"w{w}": mean(wide), "foreign": mean(foreign)},
+        "majority_vote_w1": None if None in majority else sum(majority) / len(majority),
+        "shown": {f"w{w}-w1": diffs[f"w{w}-w1"]["low"] > 0, "foreign-w1": diffs["foreign-w1"]["high"] < 0},
+        "power": power(diffs),
+    }

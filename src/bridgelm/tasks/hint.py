@@ -1,0 +1,121 @@
+"""Noisy clues: the demo's positive control, a task where siblings carry the answer and no sample reaches it alone.
+
+A problem is 8 digits, e.g. `73179427`, in which one digit (the answer, here 7) appears 3 times and no other digit
+more than twice. A worked solution picks one of the 8 places at random, writes its index and its digit as the hint,
+and boxes that digit:
+
+    h3=1
+    \\boxed{1}
+
+The base model is pre-trained on such solutions, with the place drawn uniformly, so it learns to draw a place at
+random and copy its digit: alone, a sample is right 3 times in 8 (37.5%). Together, the 8 hints of a group hold the
+answer: the right digit is the most frequent hint (37.5% against at most 25% for any other digit), so the majority of
+8 hints is right most of the time. Every sample has the same layout and length, so at the step where a sample boxes
+its answer, each sibling's state has just written its own hint digit: a Bridge block that averages its siblings can
+read the vote. A sample alone cannot do the same without counting the digits of the prompt, which the frozen base
+model never learned, and which nothing in a single sample's draw makes easier (its place is uniform, whatever the
+digits). Nothing is split across samples: each draws its own evidence from its own randomness.
+
+Bridge w=8 − Bridge w=1 with the same weights is the effect to detect; foreign siblings (groups made of samples of
+different problems) must hurt, since their hints vote for other digits. If the demo cannot show both, it cannot
+detect sibling use at all.
+
+The split of a problem is decided by a hash of its digits (test 10%, validation 10%, train 80%). The reward is 1
+when the last `\\boxed{}` holds the answer.
+
+    task = bridgelm.tasks.load("hint", split="test", size=240)
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections import Counter
+from dataclasses import dataclass
+
+from bridgelm.tasks import arith
+from bridgelm.tasks.arith import Arith
+
+_BOXED = re.compile(r"\\boxed\{(\d)\}")
+DIGITS = "0123456789"
+
+
+@dataclass(frozen=True)
+class HintSpec:
+    """Which problems the generator makes."""
+
+    digits: int = 8  # places in a problem (at most 9: a hint's index is one digit)
+    copies: int = 4  # places holding the answer; the other places hold distinct other digits
+    follow: float = 0.5  # share of worked solutions that box the hint's digit; the others box the digit of a place
+    # drawn again, uniformly (so a boxed digit is right as often either way: nothing to gain by following alone)
+
+
+def answer_of(problem: str) -> str:
+    """The answer of `73179427` -> `7`, the digit that fills the most places; ValueError when the text is not a
+    string of digits with one most frequent digit."""
+    if not re.fullmatch(r"\d{2,9}", problem):
+        raise ValueError(f"problem {problem!r} is not a string of 2 to 9 digits such as '73179427'")
+    counts = Counter(problem).most_common(2)
+    if len(counts) > 1 and counts[0][1] == counts[1][1]:
+        raise ValueError(f"problem {problem!r} has no single most frequent digit")
+    return counts[0][0]
+
+
+def solution_text(problem: str, place: int, boxed: str) -> str:
+    """The worked solution that reads place `place` (1-based) of `problem` (its index and digit), then boxes
+    `boxed`."""
+    return f"h{place}={problem[place - 1]}\n\\boxed{{{boxed}}}"
+
+
+def _draw(rng: random.Random, spec: HintSpec) -> str:
+    """A problem: the answer in `copies` places, the other places filled with distinct other digits."""
+    answer = rng.choice(DIGITS)
+    others = [d for d in DIGITS if d != answer]
+    rng.shuffle(others)
+    places = [answer] * spec.copies + others[: spec.digits - spec.copies]
+    rng.shuffle(places)
+    return "".join(places)
+
+
+def make_problems(
+    size: int, split: str = "train", seed: int = 0, spec: HintSpec = HintSpec(), distinct: bool = True
+) -> list[dict]:
+    """`size` problems of `split` (distinct unless `distinct=False`), drawn by a generator seeded with (seed, split),
+    each with a worked solution that reads a place drawn uniformly by the same generator."""
+    if not 2 <= spec.copies < spec.digits <= 9 or not 0 <= spec.follow <= 1:
+        raise ValueError(f"{spec}: expected 2 <= copies < digits <= 9 and 0 <= follow <= 1")
+    rng = random.Random(f"hint-{seed}-{split}")
+    rows = []
+    for problem in arith.accepted_draws(rng, size, split, spec, _draw, str, arith.split_of, distinct):
+        place = rng.randint(1, spec.digits)
+        hint = problem[place - 1]
+        boxed = hint if rng.random() < spec.follow else problem[rng.randrange(spec.digits)]
+        rows.append({"problem": problem, "answer": answer_of(problem), "solution": solution_text(problem, place, boxed)})
+    return rows
+
+
+@dataclass
+class Hint(Arith):
+    """Noisy clues: the prompt is the digits and `?`; the reward is 1 when the last boxed digit is the most frequent
+    one."""
+
+    def prompt(self, example: dict) -> str:
+        return f"{example['problem']}?"
+
+    def extract(self, completion: str) -> str | None:
+        found = _BOXED.findall(completion)
+        return found[-1] if found else None
+
+
+def _check_row(row: dict) -> None:
+    if str(row["answer"]).strip() != answer_of(str(row["problem"])):
+        raise ValueError(f"answer {row['answer']!r} is not the most frequent digit of {row['problem']!r}")
+
+
+def load(path: str | None = None, split: str = "test", size: int = 500, seed: int = 0, **spec) -> Hint:
+    """Generated problems of `split` (no file needed); `path`, when given, is a JSONL of such rows."""
+    if path is not None:
+        from bridgelm.tasks.base import read_rows, resolve_local
+
+        return Hint(name="hint", examples=read_rows(resolve_local(path, split), ("problem", "answer"), _check_row))
+    return Hint(name="hint", examples=make_problems(size, split, seed, HintSpec(**spec)))
