@@ -133,7 +133,8 @@ def test_cli_refuses_a_set_reward_the_task_cannot_grade(tmp_path, capsys):
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps({"question": f"{a}+{a}", "answer": f"#### {2 * a}"}) + "\n" for a in range(6)))
     args = ["rl", "--model", str(tmp_path / "m"), "--task", "gsm8k", "--data", str(data), "--out", str(tmp_path / "o")]
-    args += ["--add", "bridge", "--rollouts", "4", "--width", "2", "--prompts-per-step", "2", "--steps-per-rollout", "2"]
+    args += ["--add", "bridge", "--rollouts", "4", "--width", "2", "--prompts-per-step", "2"]
+    args += ["--steps-per-rollout", "2"]
     capsys.readouterr()
     with pytest.raises(SystemExit) as err:
         main([*args, "--reward", "distinct"])
@@ -143,3 +144,55 @@ def test_cli_refuses_a_set_reward_the_task_cannot_grade(tmp_path, capsys):
     with pytest.raises(SystemExit) as err:
         main([*args, "--reward", "best"])
     assert err.value.code == 2 and "invalid choice: 'best'" in capsys.readouterr().err
+
+
+def test_demo_arms_of_app_c(tmp_path, monkeypatch):
+    """Off by default; asked for, they train from Bridge's SFT blocks at 2 groups per prompt and the Bridge arm's
+    rollouts per step, one of them with the group-majority reward, and are evaluated at every width like Bridge."""
+    import bridgelm.train.rl
+    from bridgelm.demo import stages
+    from bridgelm.demo.config import DemoConfig, eval_config, rl_arms, rl_config
+    from bridgelm.demo.pipeline import demo_stages
+    from bridgelm.demo.results import TITLES
+
+    assert rl_arms(DemoConfig()) == ("rlvr", "pmatch", "bridge")
+    cfg = DemoConfig(multi_group=True, set_reward=True, bf16=False)
+    assert rl_arms(cfg) == ("rlvr", "pmatch", "bridge", "bridge_2groups", "bridge_majority")
+    bridge, two, vote = (rl_config(cfg, arm, 0) for arm in ("bridge", "bridge_2groups", "bridge_majority"))
+    assert (bridge.rollout.n, bridge.rollout.width, bridge.reward) == (8, 8, "sample")
+    assert (two.rollout.n, two.rollout.width, two.reward, vote.reward) == (16, 8, "sample", "majority")
+    assert two.prompts_per_step * two.rollout.n == bridge.prompts_per_step * bridge.rollout.n == 128
+    assert replace(vote, rollout=two.rollout) == vote and replace(vote, reward="sample") == two
+    vote.validate()
+    assert eval_config(cfg, "bridge_majority", 0).widths == list(cfg.eval.widths)
+    assert TITLES["bridge_2groups"] and TITLES["bridge_majority"]
+
+    loaded, trained = [], []
+    monkeypatch.setattr(stages, "load_model", lambda path: ("model", path))
+    monkeypatch.setattr(stages, "load_blocks", lambda model, path: loaded.append(path))
+    monkeypatch.setattr(bridgelm.train.rl, "train_rl", lambda model, tok, task, cfg, out: trained.append((cfg, out)))
+    monkeypatch.setattr(stages, "rl_numbers", lambda result: {})
+    ctx = stages.Context(out=tmp_path, cfg=cfg, base_dir=tmp_path / "base", tokenizer=None, train=None, test=None)
+    stages.stage_rl(ctx, "bridge_majority", 1)
+    assert loaded == [tmp_path / "sft_bridge_s1" / "blocks.safetensors"]
+    assert trained == [(rl_config(cfg, "bridge_majority", 1), tmp_path / "rl_bridge_majority_s1")]
+    after = {stage.name: stage.after for stage in demo_stages(ctx)}
+    assert after["rl bridge_2groups seed 2"] == after["rl bridge seed 2"] == ("sft bridge seed 2",)
+    assert after["eval bridge_majority seed 0"] == ("rl bridge_majority seed 0",)
+
+
+def test_report_table_shows_the_app_c_arms_beside_the_independent_ones():
+    """Each arm's row has its majority vote, so the set-level arms read against RLVR's independent samples."""
+    from bridgelm.demo.config import DemoConfig
+    from bridgelm.demo.report import accuracy_table
+
+    def arm(acc, width):
+        cell = {"width": width, "accuracy": {"mean": acc, "low": acc - 0.1, "high": acc + 0.1}}
+        cell.update(coverage={"mean": 0.9}, gpass={4: 0.5, 8: 0.3}, majority_vote={"mean": acc + 0.05})
+        return {"seeds": {0: cell}, "accuracy_mean": acc, "accuracy_sd": 0.0}
+
+    arms = {"base": arm(0.3, 1), "rlvr": arm(0.4, 1), "bridge_majority": arm(0.5, 8), "bridge_2groups": arm(0.45, 8)}
+    lines = accuracy_table(arms, DemoConfig()).splitlines()
+    rows = [line.split("|")[1].strip() for line in lines[2:]]
+    assert rows == ["Base", "RLVR only", "Bridge, 2 groups per prompt (w=8)", "Bridge, group-majority reward (w=8)"]
+    assert "| 55.0 |" in lines[-1]  # its majority vote
