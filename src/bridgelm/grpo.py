@@ -1,7 +1,8 @@
 """GRPO's objective as pure tensor math (paper Sec. 3.3, eq. 3, with DAPO's token-level normalisation).
 
 - `group_advantages`: A_i = (r_i - mean) / (std + eps) over the G rollouts of a prompt (std with Bessel's
-  correction, as TRL and verl compute it); exactly 0 in a group whose rewards are all equal.
+  correction, as TRL and verl compute it); exactly 0 in a group whose rewards are all equal. A prompt sampled as
+  several Bridge groups (G = k x w) is normalised over all its G rollouts, across its groups (App. C).
 - `policy_loss`: -J. Per token, min(R A, clip(R, 1 - eps, 1 + eps_high) A) - beta * KL_k3(pi || pi_ref), summed
   over unmasked tokens and divided by the token count of the whole mini-batch. A mini-batch split into
   micro-batches (or over ranks) passes that global count as `num_tokens`, so the pieces add up to the loss of

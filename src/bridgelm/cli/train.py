@@ -25,6 +25,7 @@ from bridgelm.errors import UserError
 from bridgelm.engine import SamplingConfig
 from bridgelm.train import warmup_data
 from bridgelm.train.rl_config import RLConfig
+from bridgelm.train.set_rewards import REWARDS
 from bridgelm.train.sft import SFTConfig
 
 
@@ -163,7 +164,7 @@ def _cmd_rl(args) -> None:
 # rl --help shows RLConfig's flags in these groups.
 RL_GROUPS = {
     "run": ["steps", "prompts_per_step", "chat", "seed"],
-    "rollouts (sampling)": ["rollout", "rollout_dtype"],
+    "rollouts (sampling)": ["rollout", "rollout_dtype", "reward"],
     "update (optimiser)": [
         "steps_per_rollout",
         "epochs_per_rollout",
@@ -259,6 +260,7 @@ def add_commands(sub) -> None:
     p.add_argument("--val-data")
     p.add_argument("--val-split", default="test")
     p.add_argument("--out", required=True, help="run directory: metrics.jsonl, checkpoints/, best/")
-    add_groups(p, RLConfig, RL_GROUPS, rollout=ROLLOUT_FLAGS, validation=VALIDATION_FLAGS)
+    reward = Flag(choices=REWARDS)
+    add_groups(p, RLConfig, RL_GROUPS, rollout=ROLLOUT_FLAGS, validation=VALIDATION_FLAGS, reward=reward)
     add_fields(p.add_argument_group("distributed (torchrun)"), DistConfig)
     p.set_defaults(func=_cmd_rl)

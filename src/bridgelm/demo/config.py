@@ -14,7 +14,8 @@ from bridgelm.tasks import anysum
 from bridgelm.train.rl_config import RLConfig, default_rollout
 from bridgelm.train.sft import SFTConfig
 
-RL_ARMS = ("rlvr", "pmatch", "bridge")  # the paper's arms; optional: "bridge_cold", "bridge_attn"
+RL_ARMS = ("rlvr", "pmatch", "bridge")  # the paper's arms; optional: "bridge_cold", "bridge_attn" and App. C's
+TWO_GROUP_ARMS = ("bridge_2groups", "bridge_majority")  # App. C: 2 Bridge groups per prompt, from Bridge's SFT blocks
 TRACE_SEED = 0  # the Bridge run whose checkpoints the trace stage follows
 MAX_NEW_TOKENS = 56  # the longest worked solution (5 numbers) is 49 tokens with its EOS
 
@@ -89,6 +90,10 @@ class DemoConfig:
     foreign_control: bool = True  # control (b): Bridge at eval.width with groups of samples of different problems
     cold_start: bool = False  # optional arm: Bridge RL from fresh blocks, no SFT (paper Table 4)
     attn_placement: bool = False  # optional arm: Bridge blocks after attention, SFT + RL (paper App. D)
+    multi_group: bool = False  # optional arm "bridge_2groups": 2 Bridge groups per prompt, advantages across them
+    # (paper App. C), at the Bridge arm's rollouts per step (half its prompts)
+    set_reward: bool = False  # optional arm "bridge_majority": as bridge_2groups, each group rewarded by its majority
+    # vote's correctness (`bridgelm rl --reward majority`)
     threads: int = 0  # torch threads (0 = torch's default); each of the workers gets threads // workers, at least 1
     workers: int = 2  # stages that do not wait on each other run in this many processes at once (1: one by one)
 
@@ -126,7 +131,16 @@ class DemoConfig:
 
 def rl_arms(cfg: DemoConfig) -> tuple[str, ...]:
     """The RL arms of this run: the paper's three, then the optional ones asked for."""
-    return RL_ARMS + (("bridge_cold",) if cfg.cold_start else ()) + (("bridge_attn",) if cfg.attn_placement else ())
+    asked = (cfg.cold_start, cfg.attn_placement, cfg.multi_group, cfg.set_reward)
+    optional = ("bridge_cold", "bridge_attn", *TWO_GROUP_ARMS)
+    return RL_ARMS + tuple(arm for arm, on in zip(optional, asked, strict=True) if on)
+
+
+def sft_of(arm: str) -> str | None:
+    """The SFT block set an RL arm starts from; None: none (RLVR has no blocks, the cold start fresh ones)."""
+    if arm in ("rlvr", "bridge_cold"):
+        return None
+    return "bridge" if arm in TWO_GROUP_ARMS else arm
 
 
 def eval_arms(cfg: DemoConfig, seed: int) -> tuple[str, ...]:
@@ -167,9 +181,16 @@ def sft_config(cfg: DemoConfig, kind: str, seed: int) -> SFTConfig:
 
 
 def rl_config(cfg: DemoConfig, arm: str, seed: int) -> RLConfig:
-    """GRPO of one arm and seed: every arm shares the prompts, budget, settings and seed."""
+    """GRPO of one arm and seed: every arm shares the prompts, budget, settings and seed. App. C's arms sample
+    2 x width rollouts per prompt, for as many prompts as keep the rollouts per step (whole prompts, at least 1)."""
+    rl = cfg.rl
+    if arm in TWO_GROUP_ARMS:
+        G = 2 * rl.rollout.width
+        prompts = max(1, rl.prompts_per_step * rl.rollout.n // G)
+        reward = "majority" if arm == "bridge_majority" else rl.reward
+        rl = replace(rl, prompts_per_step=prompts, rollout=replace(rl.rollout, n=G), reward=reward)
     return replace(
-        cfg.rl,
+        rl,
         rollout_dtype="bfloat16" if cfg.bf16 else None,
         bf16=cfg.bf16,
         seed=seed,

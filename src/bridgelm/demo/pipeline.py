@@ -34,7 +34,7 @@ import torch
 
 from bridgelm.demo import stages as st
 from bridgelm.demo.base import PRETRAIN_FILE, make_problems, make_task, pretrain
-from bridgelm.demo.config import TRACE_SEED, DemoConfig, eval_arms, rl_arms, sft_kinds, sft_seed_of, sft_seeds
+from bridgelm.demo.config import TRACE_SEED, DemoConfig, eval_arms, rl_arms, sft_kinds, sft_of, sft_seed_of, sft_seeds
 from bridgelm.demo.report import write_demo_report
 from bridgelm.demo.results import RunDirs
 from bridgelm.errors import UserError, show_data_warnings
@@ -273,7 +273,7 @@ def demo_stages(ctx: st.Context) -> list[Stage]:
         for arm in rl_arms(cfg):
             done = ctx.rl_dir(arm, seed) / "done.json"
             fn = partial(st.recorded, done, st.stage_rl, ctx, arm, seed)
-            after = () if arm in ("rlvr", "bridge_cold") else (f"sft {arm} seed {sft_seed_of(cfg, seed)}",)
+            after = () if sft_of(arm) is None else (f"sft {sft_of(arm)} seed {sft_seed_of(cfg, seed)}",)
             stages.append(Stage(f"rl {arm} seed {seed}", done, fn, st.rl_summary, after))
     for seed in range(cfg.seeds):
         for arm in eval_arms(cfg, seed):

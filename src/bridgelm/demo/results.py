@@ -22,7 +22,7 @@ from bridgelm.eval_folder import read_samples
 from bridgelm.jsonl import read_records, write_json
 from bridgelm.metrics import paired_difference
 
-ARMS = ("base", "rlvr", "pmatch", "bridge", "bridge_cold", "bridge_attn")
+ARMS = ("base", "rlvr", "pmatch", "bridge", "bridge_cold", "bridge_attn", "bridge_2groups", "bridge_majority")
 TITLES = {
     "base": "Base",
     "rlvr": "RLVR only",
@@ -30,6 +30,8 @@ TITLES = {
     "bridge": "Bridge",
     "bridge_cold": "Bridge, cold start",
     "bridge_attn": "Bridge after attention",
+    "bridge_2groups": "Bridge, 2 groups per prompt",
+    "bridge_majority": "Bridge, group-majority reward",
 }
 
 

@@ -14,7 +14,7 @@ import torch
 
 from bridgelm.attach import add_seeded_blocks
 from bridgelm.blockfile import load_blocks
-from bridgelm.demo.config import DemoConfig, eval_config, rl_config, sft_config, sft_seed_of, trace_sampling
+from bridgelm.demo.config import DemoConfig, eval_config, rl_config, sft_config, sft_of, sft_seed_of, trace_sampling
 from bridgelm.demo.results import TITLES
 from bridgelm.jsonl import read_records, write_json
 from bridgelm.models import load_model
@@ -111,8 +111,8 @@ def stage_rl(ctx: Context, arm: str, seed: int) -> dict:
     model = load_model(str(ctx.base_dir))
     if arm == "bridge_cold":  # paper Table 4: fresh Bridge blocks (zero output), no SFT
         with_blocks(model, "bridge", ctx.cfg, seed=seed)
-    elif arm != "rlvr":
-        load_blocks(model, ctx.sft_dir(arm, sft_seed_of(ctx.cfg, seed)) / "blocks.safetensors")
+    elif sft_of(arm) is not None:
+        load_blocks(model, ctx.sft_dir(sft_of(arm), sft_seed_of(ctx.cfg, seed)) / "blocks.safetensors")
     result = train_rl(model, ctx.tokenizer, ctx.train, rl_config(ctx.cfg, arm, seed), ctx.rl_dir(arm, seed))
     return rl_numbers(result)
 

@@ -83,6 +83,9 @@ class Task:
     # True when `reward` is a graded score in [0, 1] (ROUGE) rather than correct (1) / incorrect (0): eval runs
     # then report the mean score and its per-prompt variance instead of pass@k, G-Pass and majority vote.
     continuous: ClassVar[bool] = False
+    # True when a problem has several correct answers that `extract` tells apart (Countdown's expressions): what
+    # `bridgelm rl --reward distinct` (coverage of distinct correct answers) needs.
+    several_answers: ClassVar[bool] = False
 
     def __len__(self) -> int:
         return len(self.examples)

@@ -39,6 +39,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import ClassVar
 
 from bridgelm.tasks.answers import last_boxed
 from bridgelm.tasks.base import Task, read_rows, resolve_local
@@ -151,6 +152,7 @@ def extract_expression(completion: str) -> str | None:
 class Countdown(Task):
     """Countdown problems with exact, eval-free grading."""
 
+    several_answers: ClassVar[bool] = True  # many expressions reach a target
     use_all: bool = True  # every given number must be used exactly once (else: at most once)
     prompt_style: str = "tinyzero"  # "tinyzero": TinyZero's <answer> prompt; "boxed": \boxed{} (R1 style)
 

@@ -32,11 +32,11 @@ from bridgelm.engine import eos_ids, pad_id
 from bridgelm.evaluate import accuracy
 from bridgelm.jsonl import write_json
 from bridgelm.runs import latest_checkpoint, local_source, model_fingerprint
-from bridgelm.tasks.base import is_correct
 from bridgelm.train.loop import Run, control_of, settings_of
 from bridgelm.train.optim import gradient_parts, make_optimizer, make_scheduler
 from bridgelm.train.rl_config import FREE_FIELDS, RLConfig, validation_sampling
 from bridgelm.train.rollouts import RolloutPolicy, Rollouts, collect_rollouts, step_examples
+from bridgelm.train.set_rewards import check_reward_task
 from bridgelm.train.update import Learner, update_policy
 from bridgelm.train.weights import load_checkpoint, save_model, write_on_main
 
@@ -142,6 +142,7 @@ def train_rl(model, tokenizer, task, cfg: RLConfig, out_dir: str | os.PathLike, 
         raise ValueError(f"eval_every={cfg.eval_every} needs a val_task (--val-task): the problems to validate on")
     if not task.examples:
         raise ValueError(f"task {task.name!r} has no examples to train on")
+    check_reward_task(cfg.reward, task)
     identity = _identity(model, task, cfg, val_task, dist.world)
     run = Run(out_dir, "rl", identity, control_of(cfg), dist, best_accuracy=None, best_step=None)
     learner = _learner(model, tokenizer, cfg, run, dist)
@@ -188,7 +189,7 @@ def _record(step, rollouts: Rollouts, sums: dict, cfg: RLConfig, lr, t0, t1, dis
     lengths = [len(row.response) for row in rollouts.rows]
     local = [
         float(r.sum()),
-        float(sum(is_correct(x) for x in r.tolist())),
+        float(rollouts.correct.sum()),
         float(r.numel()),
         float((per_prompt == per_prompt[:, :1]).all(-1).sum()),
         float(per_prompt.shape[0]),

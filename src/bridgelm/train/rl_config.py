@@ -9,6 +9,7 @@ from bridgelm.engine import SamplingConfig, check_sampling
 from bridgelm.errors import check_int, check_number
 from bridgelm.evaluate import EvalConfig
 from bridgelm.rng import derive_seed
+from bridgelm.train.set_rewards import REWARDS
 
 ROLLOUT_DTYPES = ("bfloat16", "float16", "float32")
 
@@ -36,6 +37,9 @@ class RLConfig:
     # (w divides G); log-probs are at logits / temperature; its seed is drawn from `seed` each step
     rollout_dtype: str | None = None  # sample from a copy of the policy in this dtype ("bfloat16"), refreshed before
     # each step (1.3-1.5x faster sampling on CPU); the update recomputes every log-prob. None: the policy itself
+    reward: str = "sample"  # "sample": each rollout's correctness (paper); "majority": a Bridge group's majority vote
+    # correct, for all its rollouts (needs rollouts >= 2 x width); "distinct": its distinct correct answers, shared
+    # by their holders (countdown). Advantages compare all G rollouts of a prompt, across its groups (paper App. C)
 
     steps_per_rollout: int = 8  # K: optimiser steps per rollout batch, on K mini-batches of whole groups
     epochs_per_rollout: int = 1  # passes over the rollout batch (K steps each)
@@ -97,6 +101,13 @@ class RLConfig:
         why = " (GRPO's log-probs are at logits / T)"  # no greedy rollouts
         check_sampling(self.rollout.temperature, self.rollout.top_p, greedy=False, why=why)
         self.rollout.validate()
+        if self.reward not in REWARDS:
+            raise ValueError(f"reward={self.reward!r}: expected one of {', '.join(REWARDS)}")
+        if self.reward == "majority" and G == w:
+            raise ValueError(
+                f"reward='majority' gives a Bridge group's rollouts one reward, so with one group per prompt "
+                f"(rollouts={G}, width={w}) every advantage is 0: expected rollouts >= 2 x width"
+            )
         if self.rollout_dtype is not None:
             if self.rollout_dtype not in ROLLOUT_DTYPES:
                 raise ValueError(f"rollout_dtype={self.rollout_dtype!r}: expected one of {', '.join(ROLLOUT_DTYPES)}")

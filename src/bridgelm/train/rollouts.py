@@ -3,10 +3,12 @@
 A step takes P prompts of an epoch-wise shuffled stream (sharded over ranks; a prompt's G rollouts never leave its
 rank) and samples G rollouts per prompt with the engine, in Bridge groups of width w (w divides G), from the policy
 or, with `rollout_dtype`, from a copy of it in that dtype refreshed before the step. The rollouts are graded
-(reward = correctness) and their advantages computed over the G rollouts of a prompt. The sampling seed derives
-from (seed, step, rank), the data order from (seed, epoch): a resumed run draws what an uninterrupted one would.
+(reward = correctness, or with `reward` a set-level reward of each Bridge group: train/set_rewards.py) and their
+advantages computed over the G rollouts of a prompt: with G = k x w, across its k groups (paper App. C). The
+sampling seed derives from (seed, step, rank), the data order from (seed, epoch): a resumed run draws what an
+uninterrupted one would.
 
-Used by bridgelm.train.rl; tested by tests/test_rl.py.
+Used by bridgelm.train.rl; tested by tests/test_rl.py and tests/test_set_rewards.py.
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from bridgelm.dist import Dist, unsharded
 from bridgelm.grpo import group_advantages
 from bridgelm.rng import derive_seed, generator
 from bridgelm.engine import encode_prompts, eos_ids, generate_ids, pad_id
-from bridgelm.tasks.base import check_rewards
+from bridgelm.tasks.base import check_rewards, is_correct
 from bridgelm.train.batches import Row
+from bridgelm.train.set_rewards import set_rewards
 
 if TYPE_CHECKING:
     from bridgelm.train.rl_config import RLConfig
@@ -39,6 +42,8 @@ class Rollouts:
     advantages: torch.Tensor  # [R]
     finished: list[bool]  # [R]: ended with EOS
     sample_seconds: float  # time spent sampling
+    correct: torch.Tensor | None = None  # [R] bool: each rollout's own correctness, what accuracy counts (set by
+    # collect_rollouts; with a set-level reward it differs from `rewards`)
 
     @property
     def n_groups(self) -> int:
@@ -108,6 +113,9 @@ def collect_rollouts(model, tokenizer, task, examples: list[dict], cfg: RLConfig
             text = tokenizer.decode(s.token_ids, skip_special_tokens=True)
             pairs.append((task.graded_text(text, s.finished), examples[p]))
             finished.append(s.finished)
-    rewards = torch.tensor(check_rewards(task.reward_many(pairs), f"task {task.name!r}, step {step + 1}"))
-    advantages = group_advantages(rewards.view(len(examples), G)).view(-1)
-    return Rollouts(rows, w, rewards, advantages, finished, seconds)
+    scores = torch.tensor(check_rewards(task.reward_many(pairs), f"task {task.name!r}, step {step + 1}"))  # [R]
+    answers = [task.extract(text) for text, _ in pairs] if cfg.reward != "sample" else []
+    rewards = set_rewards(cfg.reward, scores, answers, w)  # [R]
+    advantages = group_advantages(rewards.view(len(examples), G)).view(-1)  # over a prompt's G rollouts, all groups
+    correct = torch.tensor([is_correct(x) for x in scores.tolist()], dtype=torch.bool)
+    return Rollouts(rows, w, rewards, advantages, finished, seconds, correct)
