@@ -45,6 +45,14 @@ def test_quick_demo_runs_every_stage_and_resumes(tmp_path, capsys):
     assert set(results["power"]) == set(results["diffs"]) and all(p > 0 for p in results["power"].values())
     assert set(results["rlvr_gain"]) == {"mean", "low", "high"}
     assert "foreign siblings" in text and "Departures from the paper" in text
+    # The positive control ran at every seed: its paired differences, accuracies and power (issue 39's keys).
+    pc = results["positive_control"]
+    assert pc["seeds"] == 2 and set(pc["power"]) == {"w8-w1", "foreign-w1"}
+    for key in ("w8-w1", "foreign-w1"):
+        assert pc[key]["low"] <= pc[key]["mean"] <= pc[key]["high"]
+        assert pc["shown"][key] is (pc[key]["low"] > 0 if key == "w8-w1" else pc[key]["high"] < 0)
+    assert all(0.0 <= pc["accuracy"][k] <= 1.0 for k in ("w1", "w8", "foreign"))
+    assert "## Positive control" in text and "[control foreign siblings seed 1] done" in printed
     assert results["matmul_peak"]["fp32_tflops"] > 0
     peak = results["matmul_peak"]  # the precision follows the measured peaks, and the report says which and why
     from bridgelm.demo.pipeline import BF16_MARGIN
@@ -99,7 +107,13 @@ def test_quick_demo_runs_every_stage_and_resumes(tmp_path, capsys):
     shutil.copytree(out / "base", alone / "base")
     main(["demo", "--quick", "--seeds", "1", "--workers", "1", "--out", str(alone)])
     assert "started (output in" not in capsys.readouterr().out
-    for rel in ("eval_bridge_s0/samples.jsonl", "eval_rlvr_s0/samples.jsonl", "eval_bridge_foreign_s0/samples.jsonl"):
+    for rel in (
+        "eval_bridge_s0/samples.jsonl",
+        "eval_rlvr_s0/samples.jsonl",
+        "eval_bridge_foreign_s0/samples.jsonl",
+        "control/eval_s0/samples.jsonl",
+        "control/foreign_s0/samples.jsonl",
+    ):
         assert (alone / rel).read_bytes() == (out / rel).read_bytes(), rel
     assert (alone / "trace.json").read_bytes() == (out / "trace.json").read_bytes()
     # a second run finds every output and redoes nothing
@@ -241,7 +255,7 @@ def test_rl_seed_starts_from_its_sft_run(tmp_path, monkeypatch, per_seed):
     monkeypatch.setattr(stages, "load_blocks", lambda model, path: loaded.append(Path(path)))
     monkeypatch.setattr(bridgelm.train.rl, "train_rl", lambda model, tok, task, cfg, out: trained.append((cfg, out)))
     monkeypatch.setattr(stages, "rl_numbers", lambda result: {})
-    cfg = DemoConfig(sft_per_seed=per_seed, bf16=False)
+    cfg = DemoConfig(sft_per_seed=per_seed, bf16=False, seeds=3)
     ctx = stages.Context(out=tmp_path, cfg=cfg, base_dir=tmp_path / "base", tokenizer=None, train=None, test=None)
     for seed in range(cfg.seeds):
         for arm in ("rlvr", "pmatch", "bridge"):

@@ -17,7 +17,7 @@ def _cmd_demo(args) -> None:
     from bridgelm.demo.pipeline import run_demo
 
     cfg = build(DemoConfig, args, base=DemoConfig.quick() if args.quick else DemoConfig())
-    if cfg.seeds < 1:
+    if cfg.seeds is not None and cfg.seeds < 1:
         raise ValueError(f"--seeds {cfg.seeds} must be >= 1")
     if cfg.workers < 1:
         raise ValueError(f"--workers {cfg.workers} must be >= 1")

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 
 from bridgelm.blocks import BlockConfig
 from bridgelm.demo.base import BaseConfig
+from bridgelm.demo.control import ControlConfig
 from bridgelm.engine import SamplingConfig
 from bridgelm.evaluate import EvalConfig
 from bridgelm.tasks import anysum
@@ -85,9 +86,13 @@ class DemoConfig:
     # faster on a CPU with AVX-512 BF16), and sampling (warm-up data, RL rollouts, evaluation) with bf16 weights
     # (1.3-1.5x faster); None: as the folder's earlier stages, else bf16 where its matmul is at least BF16_MARGIN
     # times as fast as fp32's (measured at the start: on CPUs without AVX-512 it is about 100x slower), else fp32
-    seeds: int = 3  # RL seeds per arm (the arms share each seed)
+    seeds: int | None = None  # RL seeds per arm (the arms share each seed); None: 3 where the forwards run in bf16, 1
+    # in fp32 (a CPU without bf16 instructions runs the stages ~2.5x slower: 1 seed keeps make demo near 20 minutes)
     sft_per_seed: bool = True  # RL seed s of P-Match and Bridge starts from SFT seed s (off: all from SFT seed 0)
     foreign_control: bool = True  # control (b): Bridge at eval.width with groups of samples of different problems
+    positive_control: bool = True  # the positive control (demo/control.py): a task where siblings carry the answer,
+    # blocks-only GRPO, w=8 against w=1 and foreign siblings, over `seeds` seeds
+    control: ControlConfig = field(default_factory=ControlConfig)  # the positive control's model, GRPO and evaluation
     cold_start: bool = False  # optional arm: Bridge RL from fresh blocks, no SFT (paper Table 4)
     attn_placement: bool = False  # optional arm: Bridge blocks after attention, SFT + RL (paper App. D)
     multi_group: bool = False  # optional arm "bridge_2groups": 2 Bridge groups per prompt, advantages across them
@@ -125,8 +130,20 @@ class DemoConfig:
             ),
             eval=replace(full.eval, n=8, width=4, widths=[1, 2, 4, 8], max_new_tokens=tokens),
             eval_problems=12,
+            control=quick_control(),
             seeds=1,
         )
+
+
+def quick_control() -> ControlConfig:
+    """The positive control at toy sizes (too short to learn anything: it runs the stages)."""
+    full = ControlConfig()
+    return replace(
+        full,
+        base=replace(full.base, steps=60, schedule_steps=60, check_from=60),
+        rl=replace(full.rl, steps=3, prompts_per_step=4),
+        problems=16,
+    )
 
 
 def rl_arms(cfg: DemoConfig) -> tuple[str, ...]:

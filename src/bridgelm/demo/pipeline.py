@@ -34,6 +34,7 @@ import torch
 
 from bridgelm.demo import stages as st
 from bridgelm.demo.base import PRETRAIN_FILE, make_problems, make_task, pretrain
+from bridgelm.demo.control import ControlDirs
 from bridgelm.demo.config import TRACE_SEED, DemoConfig, eval_arms, rl_arms, sft_kinds, sft_of, sft_seed_of, sft_seeds
 from bridgelm.demo.report import write_demo_report
 from bridgelm.demo.results import RunDirs
@@ -196,6 +197,8 @@ def run_demo(out: str | Path, cfg: DemoConfig, quick: bool = False, log=print) -
     return report
 
 
+DEFAULT_SEEDS = {True: 3, False: 1}  # RL seeds without --seeds, by precision (bf16: fast enough for 3 in 20 minutes)
+
 # Settings that a re-run of a folder may change: more seeds add runs; threads and workers change only the speed. The
 # precision has its own check (choose_bf16), the base model's settings too (demo.base.pretrain).
 RERUN_MAY_CHANGE = ("seeds", "threads", "workers", "bf16", "precision", "base")
@@ -212,6 +215,9 @@ def _start(out: Path, cfg: DemoConfig, quick: bool, log) -> tuple[DemoConfig, Ti
     log(f"this machine now: fp32 matmul {peaks['fp32_tflops']} TFLOP/s, bf16 {peaks['bf16_tflops']} TFLOP/s")
     bf16, why = choose_bf16(cfg, peaks, out)
     cfg = replace(cfg, bf16=bf16, base=replace(cfg.base, bf16=bf16))
+    if cfg.seeds is None:
+        cfg = replace(cfg, seeds=DEFAULT_SEEDS[bf16])
+        log(f"seeds: {cfg.seeds} ({'bf16' if bf16 else 'fp32'}'s default; --seeds N for more, added to this folder)")
     log(f"precision: {'bf16 forwards (fp32 weights in training)' if bf16 else 'fp32'}, {why}")
     if bf16 and bf16_is_slow(peaks["bf16_tflops"], peaks["fp32_tflops"]):
         log(
@@ -263,7 +269,8 @@ def demo_stages(ctx: st.Context) -> list[Stage]:
     reads."""
     cfg, out = ctx.cfg, ctx.out
     warmup = partial(st.recorded, out / "warmup.done", st.stage_warmup, ctx)
-    stages = [Stage("warmup", out / "warmup.done", warmup, json.dumps)]
+    stages = control_stages(cfg, control_dirs(out)) if cfg.positive_control else []  # first: beside the others
+    stages.append(Stage("warmup", out / "warmup.done", warmup, json.dumps))
     for seed in sft_seeds(cfg):
         for kind in sft_kinds(cfg):
             done = ctx.sft_dir(kind, seed) / "done.json"  # blocks.safetensors appears at the first epoch's end
@@ -292,6 +299,30 @@ def demo_stages(ctx: st.Context) -> list[Stage]:
     return stages
 
 
+def control_dirs(out: Path) -> ControlDirs:
+    return ControlDirs(out / "control")
+
+
+def control_stages(cfg: DemoConfig, dirs: ControlDirs) -> list[Stage]:
+    """The positive control: its base model, then per seed blocks-only GRPO, evaluation at w = 1 and w = 8, and with
+    foreign siblings."""
+    from bridgelm.demo import control
+
+    base = partial(control.stage_base, cfg.control, dirs, cfg.bf16)
+    stages = [Stage("control base", dirs.base / PRETRAIN_FILE, base)]
+    for seed in range(cfg.seeds):
+        done = dirs.rl(seed) / "done.json"
+        rl = partial(st.recorded, done, control.stage_rl, cfg, dirs, seed)
+        stages.append(Stage(f"control rl seed {seed}", done, rl, st.rl_summary, ("control base",)))
+        for foreign in (False, True):
+            fn = partial(control.stage_eval, cfg.control, dirs, seed, foreign, cfg.bf16)
+            name = f"control {'foreign siblings' if foreign else 'eval'} seed {seed}"
+            summary = partial(st.eval_summary, arm="positive control")
+            output = dirs.eval(seed, foreign) / "metrics.json"
+            stages.append(Stage(name, output, fn, summary, (f"control rl seed {seed}",)))
+    return stages
+
+
 def run_dirs(ctx: st.Context) -> RunDirs:
     """The run folders the report reads."""
     cfg, seeds = ctx.cfg, range(ctx.cfg.seeds)
@@ -299,6 +330,7 @@ def run_dirs(ctx: st.Context) -> RunDirs:
         eval={(arm, seed): ctx.eval_dir(arm, seed) for seed in seeds for arm in eval_arms(cfg, seed)},
         rl={(arm, seed): ctx.rl_dir(arm, seed) for seed in seeds for arm in rl_arms(cfg)},
         foreign={seed: ctx.foreign_dir(seed) for seed in seeds} if cfg.foreign_control else {},
+        control=control_dirs(ctx.out) if cfg.positive_control else None,
     )
 
 

@@ -119,6 +119,35 @@ def controls_table(ctl: dict, cfg) -> str:
     return "\n".join(lines)
 
 
+def control_section(pc: dict | None) -> list[str]:
+    """The positive control (demo/control.py) as report lines: can this pipeline produce and detect a sibling gain
+    where one exists? None until its runs are done."""
+    if not pc:
+        return []
+    acc = pc["accuracy"]
+    ok = pc["shown"]["w8-w1"] and pc["shown"]["foreign-w1"]
+    verdict = (
+        "**shown**: the pipeline produces and detects a sibling gain where one exists"
+        if ok
+        else "**not shown**: the pipeline does not show sibling use even where siblings carry the answer, so a null "
+        "result on the main task says nothing about Bridge"
+    )
+    rows = [
+        ["Bridge w=8 − Bridge w=1 (same weights, same draws)", _diff_text(pc["w8-w1"]), f"{pc['power']['w8-w1']:.1f}"],
+        ["Bridge w=8 with foreign siblings − w=1", _diff_text(pc["foreign-w1"]), f"{pc['power']['foreign-w1']:.1f}"],
+    ]
+    return [
+        "## Positive control: noisy clues, where the siblings carry the answer",
+        "",
+        f"Fresh Bridge blocks trained by GRPO with the base frozen ({pc['seeds']} seed(s)); accuracy w=1 "
+        f"{_pct(acc['w1'])}%, w=8 {_pct(acc['w8'])}%, foreign siblings {_pct(acc['foreign'])}%; the majority vote "
+        f"of w=1's samples (the independent ceiling) {_pct(pc['majority_vote_w1'])}%. Sibling use {verdict}.",
+        "",
+        markdown_table(["Paired difference (seeds and problems)", "Mean and 95% interval", "Detects (points)"], rows),
+        "",
+    ]
+
+
 def trace_section(trace: dict | None) -> list[str]:
     """The interaction over the course of RL (the demo's trace stage), as report lines; none without a trace."""
     if not trace:
@@ -346,6 +375,7 @@ def _tables(cfg, results: dict) -> list[str]:
         "",
         controls_table(results, cfg),
         "",
+        *control_section(results.get("positive_control")),
         *trace_section(results["trace"]),
     ]
 

@@ -42,6 +42,7 @@ class RunDirs:
     eval: dict[tuple[str, int], Path]  # (arm, seed) -> evaluation run: metrics.json, scores.jsonl, samples
     rl: dict[tuple[str, int], Path]  # (arm, seed) -> RL run: metrics.jsonl
     foreign: dict[int, Path]  # seed -> control (b)'s evaluation run (empty without the control)
+    control: object = None  # demo.control.ControlDirs of the positive control (None: not run)
 
 
 # The paper's average accuracy (points) over its math benchmarks. Table 1: original model, RLVR only, P-Match and
@@ -252,6 +253,12 @@ def diverged_from_width_1(run_dir: Path) -> dict[int, float]:
     return out
 
 
+def _positive_control(cfg, dirs: RunDirs) -> dict | None:
+    from bridgelm.demo.control import control_results
+
+    return None if dirs.control is None else control_results(cfg.control, dirs.control, cfg.seeds)
+
+
 def departures(cfg) -> list[str]:
     """Where the miniature departs from the paper's settings (Appendix A), one line each."""
     lines = [
@@ -290,6 +297,7 @@ def demo_results(out: Path, cfg, dirs: RunDirs, timings: dict, quick: bool, peak
     settings = json.loads((out / "demo.json").read_text()) if (out / "demo.json").exists() else {}
     results = {
         **controls(arms, dirs.eval, dirs.foreign, cfg),  # seeds, interaction, foreign_siblings, diffs, rlvr_gain, ...
+        "positive_control": _positive_control(cfg, dirs),
         "departures": departures(cfg),
         "matmul_peak": peaks[0] if peaks else {},  # measured by the invocation that ran the first stages
         "matmul_peaks": peaks,  # one per invocation that ran stages (more than one: an interrupted, resumed run)
