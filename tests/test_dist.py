@@ -126,3 +126,14 @@ def test_a_dist_timeout_that_cannot_work_is_refused_before_the_model_loads(tmp_p
         main([*args, *model, "--dist-timeout", value])
     assert err.value.code == 2
     assert f"dist_timeout={float(value)}: expected a finite number > 0 (minutes)" in capsys.readouterr().err
+
+
+def test_rollouts_under_fsdp_sample_from_a_bf16_replica_and_a_fp32_one_is_refused():
+    from bridgelm.train.rl_config import RLConfig
+
+    assert RLConfig(fsdp=True, bf16=True).replica_dtype() == "bfloat16"  # the default under --fsdp --bf16
+    assert RLConfig(fsdp=True).replica_dtype() is None  # the gathered fp32 policy samples
+    assert RLConfig(bf16=True).replica_dtype() is None  # without FSDP: only as asked
+    RLConfig(fsdp=True, rollout_dtype="bfloat16").validate(2)
+    with pytest.raises(ValueError, match=r"rollout_dtype='float32' with fsdp .*\(4 bytes a parameter\)"):
+        RLConfig(fsdp=True, rollout_dtype="float32").validate(2)

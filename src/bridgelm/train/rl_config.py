@@ -36,6 +36,7 @@ class RLConfig:
     # (w divides G); log-probs are at logits / temperature; its seed is drawn from `seed` each step
     rollout_dtype: str | None = None  # sample from a copy of the policy in this dtype ("bfloat16"), refreshed before
     # each step (1.3-1.5x faster sampling on CPU); the update recomputes every log-prob. None: the policy itself
+    # (under fsdp with bf16: a bfloat16 copy, gathered once a step)
 
     steps_per_rollout: int = 8  # K: optimiser steps per rollout batch, on K mini-batches of whole groups
     epochs_per_rollout: int = 1  # passes over the rollout batch (K steps each)
@@ -100,8 +101,16 @@ class RLConfig:
         if self.rollout_dtype is not None:
             if self.rollout_dtype not in ROLLOUT_DTYPES:
                 raise ValueError(f"rollout_dtype={self.rollout_dtype!r}: expected one of {', '.join(ROLLOUT_DTYPES)}")
-            if self.fsdp:
-                raise ValueError("rollout_dtype needs fsdp=False: the copy would hold the whole model on every rank")
+            if self.fsdp and self.rollout_dtype == "float32":
+                raise ValueError(
+                    "rollout_dtype='float32' with fsdp would keep a whole fp32 copy (4 bytes a parameter) on every "
+                    "rank beside its shard: expected bfloat16 or float16 (2 bytes a parameter)"
+                )
+
+    def replica_dtype(self) -> str | None:
+        """The dtype of the copy the rollouts sample from (rollouts.RolloutPolicy): rollout_dtype, or bfloat16 under
+        fsdp with bf16; None: the policy itself samples."""
+        return self.rollout_dtype or ("bfloat16" if self.fsdp and self.bf16 else None)
 
     def _check_update(self) -> None:
         for name in ("steps_per_rollout", "epochs_per_rollout", "micro_batch_groups"):
