@@ -115,10 +115,11 @@ class RolloutPolicy:
 
 
 def _meta_replica(model, dtype: torch.dtype):
-    """A copy of `model` in `dtype` whose parameters are on the meta device (none allocated; tied ones stay tied),
-    its buffers copied and cast as `model.to(dtype)` casts them."""
+    """A copy of `model` whose parameters are in `dtype` on the meta device (none allocated; tied ones stay tied).
+    Its buffers are copied in their own dtype, as transformers keeps them when it loads a model in bf16 and as FSDP's
+    mixed precision leaves them: a bf16 rotary inv_freq would turn the angles at position 4096 by up to 5 radians."""
     memo = {id(p): torch.nn.Parameter(torch.empty_like(p, device="meta", dtype=dtype)) for p in model.parameters()}
-    return copy.deepcopy(model, memo).to(dtype).requires_grad_(False)
+    return copy.deepcopy(model, memo).requires_grad_(False)
 
 
 def _allocate(replica, model) -> None:
