@@ -8,6 +8,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+import bridgelm.train.rl  # noqa: F401  imported before a test patches dist.setup_distributed, which
+import bridgelm.train.sft  # noqa: F401  these modules bind by name when first imported
 from bridgelm import dist, models
 from bridgelm.cli.common import load_model_of
 

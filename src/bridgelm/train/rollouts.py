@@ -82,12 +82,14 @@ class RolloutPolicy:
     replica is kept between steps: its parameters keep their addresses, so the compiled step (and its CUDA graphs)
     is made once.
 
-    Memory per GPU, DS-Qwen-7B (P = 7.62e9 parameters) on W = 8 GPUs under --fsdp --bf16 (a bfloat16 replica):
+    Memory per GPU, DS-Qwen-7B (P = 7.62e9 parameters, blocks aside) on W = 8 GPUs under --fsdp --bf16:
       replica            2 bytes x P                                  = 15.2 GB, held throughout
       training state     (4 weights + 4 gradients + 8 AdamW) x P / W  = 15.2 GB; reference 4 x P / W = 3.8 GB
       KV cache           28 layers x 2 x 4 kv heads x 128 x 2 bytes = 57 KB a token; 56 rows x 4608 = 14.8 GB
       while gathering    one parameter in bf16 (the largest, the embedding: 152064 x 3584 x 2 bytes = 1.1 GB)
-    against 30.5 GB (4 bytes x P) for a full fp32 copy, which the gathered policy (FSDP without bf16) is.
+    against 30.5 GB (4 bytes x P) for a full fp32 copy, which the gathered policy (FSDP without bf16) is. Freeing
+    the replica during the update would give its 15.2 GB back there, at the price of new addresses each step
+    (re-recorded CUDA graphs); `bridgelm plan` counts it as held (its "rollout replica" row).
     """
 
     def __init__(self, model, dtype: str | None):
@@ -103,8 +105,7 @@ class RolloutPolicy:
         with torch.no_grad():
             if self.pairs is None:
                 _allocate(self.replica, self.model)
-                named = zip(self.replica.named_parameters(), self.model.named_parameters(), strict=True)
-                everything = [(dst, src) for (a, dst), (b, src) in named if _same_name(a, b)]
+                everything = _pairs(self.replica, self.model)
                 for dst, src in everything:
                     gather_into(dst, src)
                 self.pairs = [(dst, src) for dst, src in everything if src.requires_grad]
@@ -118,6 +119,10 @@ def _meta_replica(model, dtype: torch.dtype):
     """A copy of `model` whose parameters are in `dtype` on the meta device (none allocated; tied ones stay tied).
     Its buffers are copied in their own dtype, as transformers keeps them when it loads a model in bf16 and as FSDP's
     mixed precision leaves them: a bf16 rotary inv_freq would turn the angles at position 4096 by up to 5 radians."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if any(isinstance(m, FSDPModule) for m in model.modules()):
+        raise ValueError("a rollout replica is made from the policy before it is sharded (FSDP), not after")
     memo = {id(p): torch.nn.Parameter(torch.empty_like(p, device="meta", dtype=dtype)) for p in model.parameters()}
     return copy.deepcopy(model, memo).requires_grad_(False)
 
@@ -134,10 +139,14 @@ def _allocate(replica, model) -> None:
     replica.to(device)  # the buffers
 
 
-def _same_name(a: str, b: str) -> bool:
-    if a != b:
-        raise RuntimeError(f"the rollout replica's parameter {a!r} faces the policy's {b!r}: expected the same layout")
-    return True
+def _pairs(replica, model) -> list[tuple[torch.nn.Parameter, torch.nn.Parameter]]:
+    """(replica parameter, policy parameter) of every parameter, in the same order on every rank."""
+    out = []
+    for (a, dst), (b, src) in zip(replica.named_parameters(), model.named_parameters(), strict=True):
+        if a != b:
+            raise RuntimeError(f"the rollout replica's parameter {a!r} faces the policy's {b!r}: expected one layout")
+        out.append((dst, src))
+    return out
 
 
 def collect_rollouts(model, tokenizer, task, examples: list[dict], cfg: RLConfig, step: int, dist: Dist) -> Rollouts:
