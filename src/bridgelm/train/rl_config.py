@@ -36,7 +36,6 @@ class RLConfig:
     # (w divides G); log-probs are at logits / temperature; its seed is drawn from `seed` each step
     rollout_dtype: str | None = None  # sample from a copy of the policy in this dtype ("bfloat16"), refreshed before
     # each step (1.3-1.5x faster sampling on CPU); the update recomputes every log-prob. None: the policy itself
-    # (under fsdp with bf16: a bfloat16 copy, gathered once a step)
 
     steps_per_rollout: int = 8  # K: optimiser steps per rollout batch, on K mini-batches of whole groups
     epochs_per_rollout: int = 1  # passes over the rollout batch (K steps each)
@@ -53,7 +52,7 @@ class RLConfig:
     beta: float = 1e-3  # weight of the k3 KL to the reference (0: no reference model)
     freeze_base: bool = False  # train only the added blocks
     bf16: bool = False  # bf16 autocast of the training forwards; with fsdp, mixed precision (bf16 compute, fp32
-    # master weights and reductions) where the device has bf16
+    # master weights and reductions) where the device has bf16, and rollouts from a bf16 copy (rollout_dtype's default)
     gradient_checkpointing: bool = False  # recompute layer activations in the backward
     fsdp: bool = False  # shard parameters, gradients and optimiser state with FSDP2 (torchrun only)
 
