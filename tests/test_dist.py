@@ -2,11 +2,14 @@
 
 import json
 from datetime import timedelta
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
 import torch
 
+import bridgelm.train.rl  # noqa: F401  imported before a test patches dist.setup_distributed, which
+import bridgelm.train.sft  # noqa: F401  these modules bind by name when first imported
 from bridgelm import dist, models
 from bridgelm.cli.common import load_model_of
 
@@ -126,3 +129,72 @@ def test_a_dist_timeout_that_cannot_work_is_refused_before_the_model_loads(tmp_p
         main([*args, *model, "--dist-timeout", value])
     assert err.value.code == 2
     assert f"dist_timeout={float(value)}: expected a finite number > 0 (minutes)" in capsys.readouterr().err
+
+
+def test_rollouts_under_fsdp_sample_from_a_bf16_replica_and_a_fp32_one_is_refused():
+    from bridgelm.train.rl_config import RLConfig
+
+    assert RLConfig(fsdp=True, bf16=True).replica_dtype() == "bfloat16"  # the default under --fsdp --bf16
+    assert RLConfig(fsdp=True).replica_dtype() is None  # the gathered fp32 policy samples
+    assert RLConfig(bf16=True).replica_dtype() is None  # without FSDP: only as asked
+    RLConfig(fsdp=True, rollout_dtype="bfloat16").validate(2)
+    with pytest.raises(ValueError, match=r"rollout_dtype='float32' with fsdp .*\(4 bytes a parameter\)"):
+        RLConfig(fsdp=True, rollout_dtype="float32").validate(2)
+
+
+def test_a_rollout_replica_is_the_policy_in_bf16_with_its_buffers_in_fp32():
+    """One process: the replica made before the first refresh holds no storage (meta); after it, every parameter is
+    the policy's cast to bf16 (tied ones tied), the rotary buffers stay fp32 (as transformers loads a bf16 model);
+    a later refresh copies the trained parameters alone."""
+    from conftest import tiny_model
+
+    from bridgelm.train.rollouts import RolloutPolicy
+
+    model = tiny_model(tie_word_embeddings=True)
+    sampler = RolloutPolicy(model, "bfloat16")
+    assert {p.device.type for p in sampler.replica.parameters()} == {"meta"}
+    model.model.norm.requires_grad_(False)
+    replica = sampler.current()
+    assert replica.lm_head.weight is replica.model.embed_tokens.weight
+    for (name, got), want in zip(replica.named_parameters(), model.parameters(), strict=True):
+        assert got.dtype == torch.bfloat16 and not got.requires_grad and torch.equal(got, want.to(torch.bfloat16)), name
+    assert {b.dtype for b in replica.buffers()} == {torch.float32}
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.5)
+    sampler.current()
+    assert torch.equal(replica.model.norm.weight, (model.model.norm.weight - 0.5).to(torch.bfloat16))  # frozen
+    assert torch.equal(replica.lm_head.weight, model.lm_head.weight.to(torch.bfloat16))
+
+
+@pytest.mark.slow
+def test_the_compiled_step_samples_the_refreshed_replica_without_compiling_again():
+    """The replica is a plain module: the engine compiles it (no reason to refuse), and a refresh between rollout
+    phases (weights copied in place, same storage) adds no graph, while the samples follow the new weights."""
+    import torch._dynamo.utils as dynamo_utils
+    from conftest import randomize_blocks, tiny_model
+
+    import bridgelm
+    from bridgelm.engine import SamplingConfig, generate_ids
+    from bridgelm.engine.step import uncompiled_reason
+    from bridgelm.train.rollouts import RolloutPolicy
+
+    model = randomize_blocks(bridgelm.add_bridge(tiny_model()), std=0.2)
+    sampler = RolloutPolicy(model, "bfloat16")
+    cfg = SamplingConfig(n=4, width=2, max_new_tokens=6, temperature=1.0, top_p=1.0, seed=1, compile=True)
+    prompts = [[7, 8, 9, 10], [11, 12, 13]]
+
+    def ids(samples):
+        return [s.token_ids for r in samples for s in r]
+
+    replica = sampler.current()
+    assert uncompiled_reason(replica) is None
+    first = generate_ids(replica, prompts, cfg, [], 0)
+    graphs = dict(dynamo_utils.counters["stats"]).get("unique_graphs")
+    with torch.no_grad():
+        model.lm_head.weight.mul_(-3.0)  # a step of training, in effect
+    assert sampler.current() is replica
+    got = generate_ids(replica, prompts, cfg, [], 0)
+    assert dict(dynamo_utils.counters["stats"]).get("unique_graphs") == graphs  # compiled once
+    assert ids(got) != ids(first)
+    assert ids(got) == ids(generate_ids(replica, prompts, replace(cfg, compile=False), [], 0))

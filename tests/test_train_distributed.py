@@ -94,6 +94,40 @@ def test_fsdp_bf16_is_mixed_precision(two_procs):
     assert got["param_dtypes"] == ["torch.float32"]
     assert got["seen"] == [["torch.bfloat16", "torch.bfloat16"]]
     assert len(got["history"]) == 1 and math.isfinite(got["history"][0]["loss"])
+    # and the rollouts were sampled from a plain bf16 replica, not from the sharded policy
+    assert [(s["dtype"], s["sharded"]) for s in got["sampled"]] == [("torch.bfloat16", False)]
+
+
+def test_the_rollout_replica_holds_the_gathered_weights_in_bf16(two_procs):
+    """Each rank's replica equals the policy gathered to rank 0 (full_state_dict) cast to bf16, at the first refresh
+    and after the trained parameters moved (the frozen ones copied once); it holds no FSDP module."""
+    ranks = [torch.load(two_procs / f"replica_rank{r}.pt", weights_only=True) for r in range(2)]
+    gathered = [refresh["gathered"] for refresh in ranks[0]["refreshes"]]
+    assert gathered[0].keys() and not torch.equal(gathered[0]["lm_head.weight"], gathered[1]["lm_head.weight"])
+    frozen = "model.layers.0.mlp.up_proj.weight"
+    assert torch.equal(gathered[0][frozen], gathered[1][frozen])
+    for got in ranks:
+        assert got["fsdp_modules"] == 0
+        for refresh, full in zip(got["refreshes"], gathered, strict=True):
+            replica = refresh["replica"]
+            assert {k for k, v in replica.items() if v.is_floating_point()} >= full.keys()
+            for k, want in full.items():
+                assert replica[k].dtype == torch.bfloat16 and torch.equal(replica[k], want.to(torch.bfloat16)), k
+
+
+def test_fsdp_rollouts_from_the_bf16_replica_are_those_of_the_unsharded_bf16_copy(two_procs):
+    """Same seed, rollout_dtype bfloat16, with and without FSDP: every step samples the same token ids on each
+    rank. Step 1 samples from the same bf16 weights by construction; later steps sample from weights that FSDP's and
+    data parallel's updates agree on to ~1e-7 (test_training_runs_data_parallel_and_fsdp_alike), which round to the
+    same bf16 values here (a weight on a bf16 rounding boundary could flip one: then only step 1 would hold)."""
+    for r in range(2):
+        plain = json.loads((two_procs / f"bf16_copy_plain_rank{r}.json").read_text())
+        fsdp = json.loads((two_procs / f"bf16_copy_fsdp_rank{r}.json").read_text())
+        assert len(plain["steps"]) == len(fsdp["steps"]) == 2
+        for a, b in zip(plain["steps"], fsdp["steps"]):
+            assert (a["dtype"], a["sharded"]) == (b["dtype"], b["sharded"]) == ("torch.bfloat16", False)
+            assert a["ids"] == b["ids"] and len(a["ids"]) == 2 * 4  # 2 prompts x 4 rollouts on this rank
+        assert [h["reward"] for h in plain["history"]] == [h["reward"] for h in fsdp["history"]]
 
 
 MICRO = Path(__file__).parent / "dist_scripts" / "fsdp_micro.py"

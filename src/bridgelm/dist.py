@@ -13,7 +13,8 @@ Design notes:
   `fsdp=True` each decoder layer (holding its Bridge block) and then the root are `fully_shard`-ed; FSDP sums the
   gradients itself (divide factor 1); with bf16 in mixed precision (fp32 master weights and reductions, bf16
   compute, `MixedPrecisionPolicy`). Generation under FSDP runs on unsharded parameters (`unsharded`), because
-  ranks decode different numbers of steps and must not meet in collectives there.
+  ranks decode different numbers of steps and must not meet in collectives there; or (rl's rollouts in bf16) on a
+  plain replica filled parameter by parameter (`gather_into`: cast, then all-gathered).
 - Checkpoints under FSDP: each rank writes and reads its own shards of model and optimiser (`save_shards`,
   `load_model_shards`, `load_optimizer_shards`: torch.distributed.checkpoint); only a model folder
   (save_pretrained) gathers the weights to rank 0 (`full_state_dict`).
@@ -240,6 +241,16 @@ def unsharded(model: torch.nn.Module, dist: Dist) -> Iterator[None]:
         for m in modules:
             m.reshard()
             m.set_reshard_after_forward(m is not model, recurse=False)
+
+
+def gather_into(dst: torch.Tensor, src: torch.Tensor) -> None:
+    """Copy the whole of parameter `src` into `dst` (a plain tensor of its full shape), in dst's dtype. Under FSDP
+    (`src` a sharded DTensor) each rank's shard is cast to that dtype first, then all-gathered: the whole tensor
+    exists only in dst's dtype. A collective then: every rank calls it, for the same parameters in the same order."""
+    with torch.no_grad():
+        if hasattr(src, "full_tensor"):
+            src = src.detach().to(dst.dtype).full_tensor()
+        dst.copy_(src)
 
 
 def prepare_model(model: torch.nn.Module, dist: Dist, fsdp: bool, bf16: bool = False) -> torch.nn.Module:

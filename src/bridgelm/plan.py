@@ -1,31 +1,37 @@
-"""Per-GPU memory of a GRPO run before it starts: pure arithmetic on the model's shapes and the run's settings.
+"""Per-GPU memory of a GRPO (or SFT) run before it starts: pure arithmetic on the model's shapes and the run's settings.
 
 The model is built on the meta device from its config.json (nothing else is read or downloaded); one function per
 row, each in bytes on one GPU (W ranks, b bytes per weight of --dtype, P parameters, T of them trained, h hidden
 size, i intermediate size, n layers, V vocabulary, L = prompt tokens + max_new_tokens a row):
 
-- weights       P x b, / W under FSDP (each rank holds a shard)
-- gradients     T x b, / W under FSDP (freed by the optimiser step: held during the update only)
-- optimiser     AdamW's two moments, T x b each (fp32 with the default --dtype float32), / W under FSDP
-- reference     beta > 0: a frozen copy of the policy, P x b, / W under FSDP
-- rollout model what sampling adds to the weights: under FSDP the whole model is gathered on every rank
-                (P x b x (W - 1) / W; with --bf16, mixed precision, in bf16 beside the fp32 shard: P x 2); with
-                rollout_dtype a copy of it in that dtype (P x its bytes)
-- KV cache      n x 2 x kv_heads x head_dim x rows x L x bytes of the sampling dtype (bf16 under FSDP with --bf16),
-                rows = a rank's rollouts (prompts_per_step / W x G) bounded by max_batch_sequences and
-                max_batch_tokens / L (whole groups)
-- activations   of one micro-batch of m rows (micro_batch_groups x w, bounded by a mini-batch's groups and by
-                micro_batch_tokens / L, whole groups, at least one): m x L x a x (n x (10 h + 4 i)) values kept for
-                the backward, or with gradient checkpointing m x L x a x (n x h + 10 h + 4 i) (every layer's input,
-                one layer recomputed), a the bytes of the compute dtype (2 under --bf16); plus the response tokens'
-                logits in fp32 and their log-softmax: m x max_new_tokens x V x 4 x 2. (10 h + 4 i: the layer's
-                norms, q/k/v, attention output, projections and residuals, and the SwiGLU's gate, up, activation and
-                product; attention scores are not kept by sdpa.)
+- weights         P x b, / W under FSDP (each rank holds a shard)
+- gradients       T x b, / W under FSDP (freed by the optimiser step: held during the update only)
+- optimiser       AdamW's two moments, T x b each (fp32 with the default --dtype float32), / W under FSDP
+- reference       beta > 0: a frozen copy of the policy, P x b, / W under FSDP
+- rollout replica the copy the rollouts sample from (RLConfig.replica_dtype: rollout_dtype, or bf16 under --fsdp
+                  --bf16), P x its bytes, kept between steps (rollouts.RolloutPolicy; with or without FSDP)
+- rollout model   without a replica under FSDP, what sampling gathers: the rest of the model in fp32,
+                  P x b x (W - 1) / W, during the rollout phase only
+- KV cache        n x 2 x kv_heads x head_dim x rows x L x bytes of the sampling dtype (the replica's, else b),
+                  rows = a rank's rollouts (prompts_per_step / W x G) bounded by max_batch_sequences and
+                  max_batch_tokens / L (whole groups)
+- activations     of one micro-batch of m rows (micro_batch_groups x w, bounded by a mini-batch's groups and by
+                  micro_batch_tokens / L, whole groups, at least one): m x L x a x (n x (10 h + 4 i)) values kept for
+                  the backward, or with gradient checkpointing m x L x a x (n x h + 10 h + 4 i) (every layer's
+                  input, one layer recomputed), a the bytes of the compute dtype (2 under --bf16); plus the response
+                  tokens' logits in fp32 and their log-softmax: m x max_new_tokens x V x 4 x 2. (10 h + 4 i: the
+                  layer's norms, q/k/v, attention output, projections and residuals, and the SwiGLU's gate, up,
+                  activation and product; attention scores are not kept by sdpa.)
 
-The run holds weights, optimiser and reference throughout, and at a time either the rollout phase (rollout model and
-KV cache) or the update phase (gradients and activations): per GPU = weights + optimiser + reference + max(rollout
-model + KV cache, gradients + activations). Decode-step logits, the allocator's fragmentation and CUDA's own context
-(~0.5 GiB) are not counted.
+The run holds weights, optimiser, reference and rollout replica throughout, and at a time either the rollout phase
+(rollout model and KV cache) or the update phase (gradients and activations): per GPU = weights + optimiser +
+reference + rollout replica + max(rollout model + KV cache, gradients + activations). Decode-step logits, the
+allocator's fragmentation and CUDA's own context (~0.5 GiB) are not counted.
+
+SFT (`SFTSetup`: every rank holds the whole model, no FSDP) trains the blocks alone (T = the blocks' parameters,
+B): weights P x b, gradients B x b, optimiser 2 x B x b, no reference, replica or rollouts; activations as above
+for m = micro-batch groups (micro_batch_groups, bounded by a rank's share of batch_groups) x max_width rows of
+L = max_length tokens, with the logits of max_length tokens a row (its response is shorter).
 
     bridgelm plan --model M --world-size 8 --fsdp --gpu-memory-gib 80 --json
 """
@@ -41,6 +47,7 @@ from bridgelm.attach import added_parameters
 
 if TYPE_CHECKING:
     from bridgelm.train.rl_config import RLConfig
+    from bridgelm.train.sft import SFTConfig
 
 GIB = 2**30
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -97,6 +104,20 @@ class Setup:
     def row_tokens(self) -> int:
         return self.prompt_tokens + self.cfg.rollout.max_new_tokens
 
+    advice = (
+        "lower --max-new-tokens, --max-batch-tokens or --micro-batch-groups, or add --micro-batch-tokens, "
+        "--gradient-checkpointing, --bf16, --fsdp or GPUs"
+    )
+
+    def rows(self) -> dict[str, float]:
+        """Each row's bytes on one GPU."""
+        return {name: fn(self) for name, fn in ROWS.items()}
+
+    def head(self) -> str:
+        where = f"{self.world} GPU(s), {'FSDP' if self.cfg.fsdp else 'replicated'}, {self.dtype}"
+        head = f"{self.shape.params / 1e9:.2f}B parameters on {where}; waves of {rollout_rows(self)} rows"
+        return head + f" x {self.row_tokens} tokens, micro-batches of {micro_rows(self)} rows"
+
 
 def weights(setup: Setup) -> float:
     return setup.shape.params * setup.bytes / setup.shards
@@ -114,19 +135,15 @@ def reference(setup: Setup) -> float:
     return weights(setup) if setup.cfg.beta > 0 else 0.0
 
 
-def mixed_precision(setup: Setup) -> bool:
-    """FSDP with --bf16 shards in mixed precision (dist.shard_model): layers are gathered in bf16, so sampling too
-    runs in bf16 (a GPU with bf16 assumed)."""
-    return setup.cfg.fsdp and setup.cfg.bf16
+def rollout_replica(setup: Setup) -> float:
+    dtype = setup.cfg.replica_dtype()
+    return setup.shape.params * DTYPE_BYTES[dtype] if dtype else 0.0
 
 
 def rollout_model(setup: Setup) -> float:
-    if mixed_precision(setup):
-        gathered = setup.shape.params * 2  # the whole model in bf16, beside the fp32 shard
-    else:
-        gathered = setup.shape.params * setup.bytes * (setup.world - 1) / setup.world if setup.cfg.fsdp else 0.0
-    copy = setup.shape.params * DTYPE_BYTES[setup.cfg.rollout_dtype] if setup.cfg.rollout_dtype else 0
-    return gathered + copy
+    if setup.cfg.replica_dtype() or not setup.cfg.fsdp:
+        return 0.0  # the replica, or the policy itself, samples
+    return setup.shape.params * setup.bytes * (setup.world - 1) / setup.world
 
 
 def rollout_rows(setup: Setup) -> int:
@@ -139,8 +156,7 @@ def rollout_rows(setup: Setup) -> int:
 
 def kv_cache(setup: Setup) -> float:
     s = setup.shape
-    sampling = "bfloat16" if mixed_precision(setup) else setup.dtype
-    cache_bytes = DTYPE_BYTES[setup.cfg.rollout_dtype or sampling]
+    cache_bytes = DTYPE_BYTES[setup.cfg.replica_dtype() or setup.dtype]
     return s.layers * 2 * s.kv_heads * s.head_dim * rollout_rows(setup) * setup.row_tokens * cache_bytes
 
 
@@ -156,12 +172,19 @@ def micro_rows(setup: Setup) -> int:
 
 
 def activations(setup: Setup) -> float:
-    s, m = setup.shape, micro_rows(setup)
-    layer = 10 * s.hidden + 4 * s.intermediate  # values a token keeps in one layer
-    per_token = s.layers * s.hidden + layer if setup.cfg.gradient_checkpointing else s.layers * layer
     compute_bytes = 2 if setup.cfg.bf16 else setup.bytes
-    logits = m * setup.cfg.rollout.max_new_tokens * s.vocab * 4 * 2
-    return m * setup.row_tokens * per_token * compute_bytes + logits
+    checkpointing = setup.cfg.gradient_checkpointing
+    tokens, scored = setup.row_tokens, setup.cfg.rollout.max_new_tokens
+    return activation_bytes(setup.shape, micro_rows(setup), tokens, scored, checkpointing, compute_bytes)
+
+
+def activation_bytes(s: Shape, m: int, tokens: int, scored: int, checkpointing: bool, compute_bytes: int) -> float:
+    """What a micro-batch of m rows of `tokens` tokens keeps for its backward, with the fp32 logits (and their
+    log-softmax) of `scored` tokens a row."""
+    layer = 10 * s.hidden + 4 * s.intermediate  # values a token keeps in one layer
+    per_token = s.layers * s.hidden + layer if checkpointing else s.layers * layer
+    logits = m * scored * s.vocab * 4 * 2
+    return m * tokens * per_token * compute_bytes + logits
 
 
 ROWS = {  # row name -> its function, in the table's order
@@ -169,44 +192,72 @@ ROWS = {  # row name -> its function, in the table's order
     "gradients": gradients,
     "optimiser": optimiser,
     "reference": reference,
+    "rollout replica": rollout_replica,
     "rollout model": rollout_model,
     "KV cache": kv_cache,
     "activations": activations,
 }
 
 
-def plan_rows(setup: Setup) -> dict[str, float]:
+@dataclass
+class SFTSetup:
+    """The settings of an SFT run that decide its memory (no FSDP: every rank holds the whole model)."""
+
+    shape: Shape  # with the blocks the run trains
+    cfg: SFTConfig  # micro-batches, group widths, max_length, bf16, checkpointing
+    world: int  # W, processes (GPUs): each takes its share of a batch's groups
+    dtype: str  # the weights' dtype (--dtype)
+
+    advice = "lower --max-length or --micro-batch-groups, or add --gradient-checkpointing or --bf16"
+
+    def micro_rows(self) -> int:
+        """Rows of the largest micro-batch: micro_batch_groups groups of max_width, bounded by a rank's groups."""
+        share = -(-self.cfg.batch_groups // self.world)  # ceil
+        return min(self.cfg.micro_batch_groups, share) * self.cfg.max_width
+
+    def rows(self) -> dict[str, float]:
+        s, cfg, b = self.shape, self.cfg, DTYPE_BYTES[self.dtype]
+        compute_bytes = 2 if cfg.bf16 else b
+        acts = activation_bytes(s, self.micro_rows(), cfg.max_length, cfg.max_length, cfg.gradient_checkpointing,
+                                compute_bytes)  # fmt: skip
+        trained = {"weights": s.params * b, "gradients": s.blocks * b, "optimiser": 2 * s.blocks * b}
+        return {**dict.fromkeys(ROWS, 0.0), **trained, "activations": acts}
+
+    def head(self) -> str:
+        where = f"{self.world} GPU(s), each the whole model, {self.dtype}"
+        head = f"{self.shape.params / 1e9:.2f}B parameters ({self.shape.blocks / 1e6:.2f}M trained: the blocks) on "
+        return head + f"{where}; micro-batches of {self.micro_rows()} rows x {self.cfg.max_length} tokens"
+
+
+def plan_rows(setup: Setup | SFTSetup) -> dict[str, float]:
     """Each row's bytes on one GPU."""
-    return {name: fn(setup) for name, fn in ROWS.items()}
+    return setup.rows()
 
 
 def per_gpu(rows: dict[str, float]) -> float:
     """The peak on one GPU: what is always held, plus the larger of the rollout and the update phase."""
-    held = rows["weights"] + rows["optimiser"] + rows["reference"]
+    held = rows["weights"] + rows["optimiser"] + rows["reference"] + rows["rollout replica"]
     return held + max(rows["rollout model"] + rows["KV cache"], rows["gradients"] + rows["activations"])
 
 
-def table(setup: Setup, rows: dict[str, float], budget_gib: float | None) -> str:
+def table(setup: Setup | SFTSetup, rows: dict[str, float], budget_gib: float | None) -> str:
     """The plan as a markdown table in GiB, with the total and the verdict against `budget_gib`."""
     lines = ["| per GPU | GiB |", "|---|---|"]
     lines += [f"| {name} | {value / GIB:.2f} |" for name, value in rows.items()]
     total = per_gpu(rows) / GIB
     verdict = "" if budget_gib is None else f" of {budget_gib:g} ({'fits' if total <= budget_gib else 'does not fit'})"
     lines.append(f"| **peak** (held + larger phase) | **{total:.2f}**{verdict} |")
-    where = f"{setup.world} GPU(s), {'FSDP' if setup.cfg.fsdp else 'replicated'}, {setup.dtype}"
-    head = f"{setup.shape.params / 1e9:.2f}B parameters on {where}; waves of {rollout_rows(setup)} rows"
-    head += f" x {setup.row_tokens} tokens, micro-batches of {micro_rows(setup)} rows"
-    return head + "\n" + "\n".join(lines)
+    return setup.head() + "\n" + "\n".join(lines)
 
 
 def device_memory_gib(device: str | torch.device = "cuda:0") -> float | None:
-    """A CUDA device's memory (None without CUDA)."""
-    if not torch.cuda.is_available():
+    """A CUDA device's memory (None for another device, or without CUDA)."""
+    if torch.device(device).type != "cuda" or not torch.cuda.is_available():
         return None
     return torch.cuda.get_device_properties(torch.device(device)).total_memory / GIB
 
 
-def check_fits(setup: Setup, budget_gib: float) -> str:
+def check_fits(setup: Setup | SFTSetup, budget_gib: float) -> str:
     """The plan's table; UserError, with the numbers, when the run's peak passes `budget_gib` (one GPU's memory)."""
     from bridgelm.errors import UserError
 
@@ -216,7 +267,6 @@ def check_fits(setup: Setup, budget_gib: float) -> str:
         parts = ", ".join(f"{name} {value / GIB:.1f}" for name, value in rows.items())
         raise UserError(
             f"this run needs about {need:.1f} GiB per GPU ({parts}), more than the {budget_gib:.1f} GiB a GPU has: "
-            "lower --max-new-tokens, --max-batch-tokens or --micro-batch-groups, or add --micro-batch-tokens, "
-            "--gradient-checkpointing, --bf16, --fsdp or GPUs (see bridgelm plan)"
+            f"{setup.advice} (see bridgelm plan)"
         )
     return table(setup, rows, budget_gib)

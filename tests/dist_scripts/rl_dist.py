@@ -4,6 +4,8 @@
   of its prompts (4 of them with 2 processes), normalisation uses the global token count.
 - `train(out, fsdp)`: a 2-step GRPO run (checkpoint, validation, best model) under torchrun, data parallel and FSDP;
   then an FSDP run interrupted by Ctrl-C and resumed; then an FSDP run in mixed precision (bf16).
+- `replica_against_gathered`: a bf16 rollout replica of an FSDP policy against the policy gathered to rank 0;
+  `train_with_bf16_copy(fsdp)`: 2-step runs sampling from a bf16 copy, sharded and not, with their rollouts.
 
     torchrun --nproc_per_node 2 tests/dist_scripts/rl_dist.py OUT_DIR
 """
@@ -11,6 +13,7 @@
 import json
 import os
 import sys
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -130,9 +133,66 @@ def train_mixed_precision(dist: Dist, out: Path) -> dict:
 
     model.model.layers[0].self_attn.q_proj.register_forward_pre_hook(look)
     cfg = replace(CFG, steps=1, prompts_per_step=4, fsdp=True, bf16=True)
-    res = rl.train_rl(model, tok, TASK, cfg, out)
+    with rollouts_seen() as sampled:
+        res = rl.train_rl(model, tok, TASK, cfg, out)
     dtypes = sorted({str(p.dtype) for p in model.parameters()})
-    return {"seen": sorted(seen), "param_dtypes": dtypes, "history": res.history}
+    return {"seen": sorted(seen), "param_dtypes": dtypes, "history": res.history, "sampled": sampled}
+
+
+def replica_against_gathered(dist: Dist) -> dict:
+    """A bf16 rollout replica of an FSDP policy (fp32 shards), refreshed twice (the second time after the trained
+    parameters moved): each time with this rank's replica and the policy gathered to rank 0 (full_state_dict)."""
+    from bridgelm.dist import full_state_dict
+    from bridgelm.train.rollouts import RolloutPolicy
+
+    model, _ = model_and_tokenizer()
+    sampler = RolloutPolicy(model, "bfloat16")  # before the policy is sharded, as train_rl makes it
+    prepare_model(model, dist, fsdp=True)
+    model.model.layers[0].mlp.requires_grad_(False)  # frozen: copied once, at the first refresh
+    out = []
+    for _ in range(2):
+        replica = sampler.current()
+        mine = {k: v.detach().clone() for k, v in replica.state_dict().items()}
+        out.append({"replica": mine, "gathered": full_state_dict(model, dist)})
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.requires_grad:
+                    p.to_local().add_(0.01)
+    return {"refreshes": out, "fsdp_modules": sum(type(m).__name__.startswith("FSDP") for m in replica.modules())}
+
+
+def train_with_bf16_copy(dist: Dist, out: Path, fsdp: bool) -> dict:
+    """A 2-step run sampling from a bf16 copy (rollout_dtype), sharded or not: each step's rollouts on this rank
+    (token ids), and the dtype of the model that sampled them."""
+    from test_rl import CFG, TASK
+
+    model, tok = model_and_tokenizer()
+    cfg = replace(CFG, steps=2, prompts_per_step=4, fsdp=fsdp, rollout_dtype="bfloat16", save_every=0)
+    with rollouts_seen() as seen:
+        res = rl.train_rl(model, tok, TASK, cfg, out)
+    return {"steps": seen, "history": res.history}
+
+
+@contextmanager
+def rollouts_seen():
+    """While inside: each rollout phase of train_rl on this rank appends the dtype of the model that sampled, whether
+    it was FSDP-sharded, and the rollouts' token ids to the list yielded."""
+    from torch.distributed.fsdp import FSDPModule
+
+    seen, original = [], rl.collect_rollouts
+
+    def recording(sampler, *args, **kwargs):
+        rollouts = original(sampler, *args, **kwargs)
+        sharded = any(isinstance(m, FSDPModule) for m in sampler.modules())
+        ids = [list(r.response) for r in rollouts.rows]
+        seen.append({"dtype": str(next(sampler.parameters()).dtype), "sharded": sharded, "ids": ids})
+        return rollouts
+
+    rl.collect_rollouts = recording
+    try:
+        yield seen
+    finally:
+        rl.collect_rollouts = original
 
 
 def main(out: str) -> None:
@@ -151,6 +211,12 @@ def main(out: str) -> None:
     result = train_interrupted_then_resumed(dist, out / "train_fsdp_resumed")
     if dist.is_main:
         (out / "train_fsdp_resumed.json").write_text(json.dumps(result))
+    result = replica_against_gathered(dist)
+    torch.save(result, out / f"replica_rank{dist.rank}.pt")
+    for fsdp in (False, True):
+        name = f"bf16_copy_{'fsdp' if fsdp else 'plain'}"
+        result = train_with_bf16_copy(dist, out / name, fsdp)
+        (out / f"{name}_rank{dist.rank}.json").write_text(json.dumps(result))
     result = train_mixed_precision(dist, out / "train_fsdp_bf16")
     if dist.is_main:
         (out / "train_fsdp_bf16.json").write_text(json.dumps(result))

@@ -82,8 +82,9 @@ def _join(model, launch: DistConfig) -> None:
 
 
 def _cmd_sft(args) -> None:
-    from bridgelm.dist import teardown_distributed
-    from bridgelm.train.sft import read_warmup, train_sft
+    from bridgelm import plan
+    from bridgelm.dist import Dist, teardown_distributed
+    from bridgelm.train.sft import ensure_blocks, read_warmup, train_sft
 
     cfg, launch = build(SFTConfig, args), build(DistConfig, args)
     cfg.validate()
@@ -91,8 +92,10 @@ def _cmd_sft(args) -> None:
     check_out(args.out, "dir")
     warn_slow_bf16(cfg.bf16, args.device, "--bf16")
     read_warmup(args.data)  # a bad file is refused before the model loads (train_sft reads it again, with the model)
-    model = load_model_of(args, None)  # its blocks are added by train_sft (--add)
+    model = ensure_blocks(load_model_of(args, None), cfg)  # --add's blocks (train_sft keeps them), for the plan
     tokenizer = load_tokenizer(args.model)
+    device = next(model.parameters()).device
+    _plan_or_refuse(device, "sft", lambda: plan.SFTSetup(plan.shape_of(model), cfg, Dist.from_env().world, args.dtype))
     try:
         _join(model, launch)
         res = train_sft(model, tokenizer, args.data, cfg, args.out)
@@ -105,22 +108,27 @@ def _cmd_sft(args) -> None:
         teardown_distributed()
 
 
-def _plan_or_refuse(model, tokenizer, task, cfg: RLConfig, dtype: str, device) -> None:
-    """On a CUDA device: the run's per-GPU memory plan (rank 0 prints it), and a run that cannot fit refused before
-    it starts. Its prompts' length is the task's longest prompt."""
-    import torch
+def _plan_or_refuse(device, command: str, make_setup) -> None:
+    """On a CUDA device: the run's per-GPU memory plan (`make_setup()`, a bridgelm.plan setup; rank 0 prints it), and
+    a run that cannot fit refused, with the numbers, before it starts."""
+    from bridgelm import plan
 
+    budget = plan.device_memory_gib(device)
+    if budget is None:  # not a GPU: nothing to plan against
+        return
+    text = plan.check_fits(make_setup(), budget)
+    if _main_process():
+        print(f"bridgelm {command}: memory per GPU (bridgelm plan)\n{text}")
+
+
+def _rl_setup(model, tokenizer, task, cfg: RLConfig, dtype: str):
+    """The plan's setup of an rl run; its prompts' length is the task's longest prompt."""
     from bridgelm import plan
     from bridgelm.dist import Dist
     from bridgelm.engine import encode_prompts
 
-    if torch.device(device).type != "cuda":
-        return
     prompts = encode_prompts(tokenizer, [task.prompt(ex) for ex in task.examples], cfg.chat)
-    setup = plan.Setup(plan.shape_of(model), cfg, Dist.from_env().world, dtype, max(map(len, prompts)))
-    text = plan.check_fits(setup, plan.device_memory_gib(device))
-    if _main_process():
-        print(f"bridgelm rl: memory per GPU (bridgelm plan)\n{text}")
+    return plan.Setup(plan.shape_of(model), cfg, Dist.from_env().world, dtype, max(map(len, prompts)))
 
 
 def _cmd_rl(args) -> None:
@@ -147,7 +155,8 @@ def _cmd_rl(args) -> None:
         raise ValueError(f"--no-blocks, but {args.model} holds {have.kind} blocks; load a model without blocks")
     if args.add:  # the same blocks on every rank and on every --resume
         add_seeded_blocks(model, args.add, derive_seed(args.seed, "rl-blocks"), num_heads=args.num_heads)
-    _plan_or_refuse(model, tokenizer, task, cfg, args.dtype, next(model.parameters()).device)
+    device = next(model.parameters()).device
+    _plan_or_refuse(device, "rl", lambda: _rl_setup(model, tokenizer, task, cfg, args.dtype))
     try:
         _join(model, launch)
         res = train_rl(model, tokenizer, task, cfg, args.out, val_task=val_task)

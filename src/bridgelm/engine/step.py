@@ -115,7 +115,10 @@ def uncompiled_reason(model) -> str | None:
     from torch.distributed.fsdp import FSDPModule
 
     if any(isinstance(m, FSDPModule) for m in model.modules()):
-        return "the model is sharded by FSDP, whose hooks around every layer break the compiled graph"
+        return (
+            "the model is sharded by FSDP, whose hooks around every layer break the compiled graph (rl samples from a "
+            "plain, compiled bf16 replica under --fsdp --bf16 or --rollout-dtype bfloat16)"
+        )
     if not _static_mask_ok(model):
         return "its layers need masks of their own (sliding-window layers, or an attention backend other than sdpa)"
     return None

@@ -145,10 +145,10 @@ def train_rl(model, tokenizer, task, cfg: RLConfig, out_dir: str | os.PathLike, 
     check_reward_task(cfg.reward, task)
     identity = _identity(model, task, cfg, val_task, dist.world)
     run = Run(out_dir, "rl", identity, control_of(cfg), dist, best_accuracy=None, best_step=None)
+    sampler = RolloutPolicy(model, cfg.replica_dtype())  # made before the policy is sharded
     learner = _learner(model, tokenizer, cfg, run, dist)
     run.say(_banner(model, cfg, dist, out_dir))
     pad = pad_id(tokenizer, eos_ids(model, tokenizer))
-    sampler = RolloutPolicy(model, cfg.rollout_dtype)
     was_training = model.training
     try:
         with run.running(cfg.steps, "GRPO"):

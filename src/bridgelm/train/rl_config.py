@@ -56,7 +56,7 @@ class RLConfig:
     beta: float = 1e-3  # weight of the k3 KL to the reference (0: no reference model)
     freeze_base: bool = False  # train only the added blocks
     bf16: bool = False  # bf16 autocast of the training forwards; with fsdp, mixed precision (bf16 compute, fp32
-    # master weights and reductions) where the device has bf16
+    # master weights and reductions) where the device has bf16, and rollouts from a bf16 copy (rollout_dtype's default)
     gradient_checkpointing: bool = False  # recompute layer activations in the backward
     fsdp: bool = False  # shard parameters, gradients and optimiser state with FSDP2 (torchrun only)
 
@@ -111,8 +111,16 @@ class RLConfig:
         if self.rollout_dtype is not None:
             if self.rollout_dtype not in ROLLOUT_DTYPES:
                 raise ValueError(f"rollout_dtype={self.rollout_dtype!r}: expected one of {', '.join(ROLLOUT_DTYPES)}")
-            if self.fsdp:
-                raise ValueError("rollout_dtype needs fsdp=False: the copy would hold the whole model on every rank")
+            if self.fsdp and self.rollout_dtype == "float32":
+                raise ValueError(
+                    "rollout_dtype='float32' with fsdp would keep a whole fp32 copy (4 bytes a parameter) on every "
+                    "rank beside its shard: expected bfloat16 or float16 (2 bytes a parameter)"
+                )
+
+    def replica_dtype(self) -> str | None:
+        """The dtype of the copy the rollouts sample from (rollouts.RolloutPolicy): rollout_dtype, or bfloat16 under
+        fsdp with bf16; None: the policy itself samples."""
+        return self.rollout_dtype or ("bfloat16" if self.fsdp and self.bf16 else None)
 
     def _check_update(self) -> None:
         for name in ("steps_per_rollout", "epochs_per_rollout", "micro_batch_groups"):
