@@ -371,3 +371,28 @@ def test_paper_effects_are_scaled_by_this_runs_rlvr_gain_and_placed_against_the_
     assert "The paper's effect, +1.89 points" in width  # Table 3 has one model
     assert "paper's" not in next(x for x in lines if "foreign" in x)
     assert "**not reproduced**" in next(x for x in lines if "more consistently" in x)  # G-Pass tied: not "more"
+
+
+def test_blocks_only_arm_takes_its_lr_from_validation_problems(tmp_path, capsys):
+    """--blocks-only: seed 0 runs at every candidate block lr, each is scored on validation problems (never the test
+    split), the best is recorded and the arm's runs use it with the base frozen; results.json says which and why."""
+    from bridgelm.demo import blocks_only
+    from bridgelm.tasks import anysum
+
+    out = tmp_path / "demo"
+    main(["demo", "--quick", "--seeds", "1", "--blocks-only", "--out", str(out)])
+    text = (out / "report.md").read_text()
+    results = json.loads((out / "results.json").read_text())
+    choice = json.loads((out / blocks_only.CHOICE).read_text())
+    acc = {float(lr): a for lr, a in choice["validation_accuracy"].items()}
+    assert set(acc) == {1e-3, 3e-3} and choice["lr"] == max(sorted(acc), key=lambda lr: (acc[lr], -lr))
+    val = [json.loads(x)["prompt"] for x in (blocks_only.validation_dir(out, choice["lr"]) / "samples.jsonl").open()]
+    assert val and all(anysum.split_of(p.rstrip("=")) == "validation" for p in val)
+    bo = results["blocks_only"]
+    assert bo["lr"] == choice["lr"] and set(bo["power"]) == {"w4-w1", "blocks-bridge"}
+    assert bo["w4-w1"]["low"] <= bo["w4-w1"]["mean"] <= bo["w4-w1"]["high"]
+    done = json.loads((out / "rl_bridge_blocks_s0" / "done.json").read_text())
+    assert done == json.loads((blocks_only.candidate_dir(out, choice["lr"]) / "done.json").read_text())
+    trained = json.loads((blocks_only.candidate_dir(out, 3e-3) / "run.json").read_text())["identity"]
+    assert trained["lr"] == 3e-3 and trained["freeze_base"] is True
+    assert "## Bridge, blocks only" in text and "bridge_blocks" in results["arms"]

@@ -95,6 +95,9 @@ class DemoConfig:
     control: ControlConfig = field(default_factory=ControlConfig)  # the positive control's model, GRPO and evaluation
     cold_start: bool = False  # optional arm: Bridge RL from fresh blocks, no SFT (paper Table 4)
     attn_placement: bool = False  # optional arm: Bridge blocks after attention, SFT + RL (paper App. D)
+    blocks_only: bool = False  # optional arm "bridge_blocks": Bridge RL with the base frozen, from the Bridge SFT
+    # blocks, at the block lr of blocks_lrs that does best on validation problems (demo/blocks_only.py)
+    blocks_lrs: list[float] = field(default_factory=lambda: [1e-3, 3e-3])  # candidate block lrs of bridge_blocks
     multi_group: bool = False  # optional arm "bridge_2groups": 2 Bridge groups per prompt, advantages across them
     # (paper App. C), at the Bridge arm's rollouts per step (half its prompts)
     set_reward: bool = False  # optional arm "bridge_majority": as bridge_2groups, each group rewarded by its majority
@@ -148,8 +151,8 @@ def quick_control() -> ControlConfig:
 
 def rl_arms(cfg: DemoConfig) -> tuple[str, ...]:
     """The RL arms of this run: the paper's three, then the optional ones asked for."""
-    asked = (cfg.cold_start, cfg.attn_placement, cfg.multi_group, cfg.set_reward)
-    optional = ("bridge_cold", "bridge_attn", *TWO_GROUP_ARMS)
+    asked = (cfg.cold_start, cfg.attn_placement, cfg.blocks_only, cfg.multi_group, cfg.set_reward)
+    optional = ("bridge_cold", "bridge_attn", "bridge_blocks", *TWO_GROUP_ARMS)
     return RL_ARMS + tuple(arm for arm, on in zip(optional, asked, strict=True) if on)
 
 
@@ -157,7 +160,7 @@ def sft_of(arm: str) -> str | None:
     """The SFT block set an RL arm starts from; None: none (RLVR has no blocks, the cold start fresh ones)."""
     if arm in ("rlvr", "bridge_cold"):
         return None
-    return "bridge" if arm in TWO_GROUP_ARMS else arm
+    return "bridge" if arm in TWO_GROUP_ARMS or arm == "bridge_blocks" else arm
 
 
 def eval_arms(cfg: DemoConfig, seed: int) -> tuple[str, ...]:
@@ -206,6 +209,8 @@ def rl_config(cfg: DemoConfig, arm: str, seed: int) -> RLConfig:
         prompts = max(1, rl.prompts_per_step * rl.rollout.n // G)
         reward = "majority" if arm == "bridge_majority" else rl.reward
         rl = replace(rl, prompts_per_step=prompts, rollout=replace(rl.rollout, n=G), reward=reward)
+    if arm == "bridge_blocks":  # its lr: the candidate of blocks_lrs chosen on validation (demo/blocks_only.py)
+        rl = replace(rl, freeze_base=True)
     return replace(
         rl,
         rollout_dtype="bfloat16" if cfg.bf16 else None,

@@ -32,6 +32,7 @@ from pathlib import Path
 
 import torch
 
+from bridgelm.demo import blocks_only
 from bridgelm.demo import stages as st
 from bridgelm.demo.base import PRETRAIN_FILE, make_problems, make_task, pretrain
 from bridgelm.demo.control import ControlDirs
@@ -276,11 +277,15 @@ def demo_stages(ctx: st.Context) -> list[Stage]:
             done = ctx.sft_dir(kind, seed) / "done.json"  # blocks.safetensors appears at the first epoch's end
             fn = partial(st.recorded, done, st.stage_sft, ctx, kind, seed)
             stages.append(Stage(f"sft {kind} seed {seed}", done, fn, st.sft_summary, ("warmup",)))
+    if cfg.blocks_only:
+        stages += lr_choice_stages(ctx)
     for seed in range(cfg.seeds):
         for arm in rl_arms(cfg):
             done = ctx.rl_dir(arm, seed) / "done.json"
             fn = partial(st.recorded, done, st.stage_rl, ctx, arm, seed)
             after = () if sft_of(arm) is None else (f"sft {sft_of(arm)} seed {sft_seed_of(cfg, seed)}",)
+            if arm == blocks_only.ARM:
+                fn, after = partial(st.recorded, done, blocks_only.stage_rl, ctx, seed), after + ("choose blocks lr",)
             stages.append(Stage(f"rl {arm} seed {seed}", done, fn, st.rl_summary, after))
     for seed in range(cfg.seeds):
         for arm in eval_arms(cfg, seed):
@@ -296,6 +301,25 @@ def demo_stages(ctx: st.Context) -> list[Stage]:
             stages.append(Stage(name, ctx.foreign_dir(seed) / "metrics.json", fn, summary, after))
     trace = partial(st.recorded, out / "trace.json", st.stage_trace, ctx, TRACE_SEED)
     stages.append(Stage("trace", out / "trace.json", trace, st.trace_summary, (f"rl bridge seed {TRACE_SEED}",)))
+    return stages
+
+
+def lr_choice_stages(ctx: st.Context) -> list[Stage]:
+    """The blocks-only arm's rate, chosen on validation problems: seed 0's run at every candidate rate, each
+    evaluated on validation problems, then the choice (DIR/blocks_lr.json)."""
+    stages, out, cfg = [], ctx.out, ctx.cfg
+    sft = f"sft bridge seed {sft_seed_of(cfg, blocks_only.TUNE_SEED)}"
+    for lr in cfg.blocks_lrs:
+        done = blocks_only.candidate_dir(out, lr) / "done.json"
+        fn = partial(st.recorded, done, blocks_only.stage_candidate, ctx, lr)
+        stages.append(Stage(f"rl bridge_blocks lr {lr:g}", done, fn, st.rl_summary, (sft,)))
+        val = partial(blocks_only.stage_validate, ctx, lr)
+        output = blocks_only.validation_dir(out, lr) / "metrics.json"
+        summary = partial(st.eval_summary, arm=f"validation, lr {lr:g}")
+        stages.append(Stage(f"validate bridge_blocks lr {lr:g}", output, val, summary, (f"rl bridge_blocks lr {lr:g}",)))
+    choose = partial(st.recorded, out / blocks_only.CHOICE, blocks_only.stage_choose, ctx)
+    after = tuple(f"validate bridge_blocks lr {lr:g}" for lr in cfg.blocks_lrs)
+    stages.append(Stage("choose blocks lr", out / blocks_only.CHOICE, choose, json.dumps, after))
     return stages
 
 

@@ -148,6 +148,24 @@ def control_section(pc: dict | None) -> list[str]:
     ]
 
 
+def blocks_only_section(bo: dict | None, cfg) -> list[str]:
+    """The blocks-only arm (demo/blocks_only.py): its rate chosen on validation problems, and its paired differences."""
+    if not bo:
+        return []
+    w = cfg.eval.width
+    names = {f"w{w}-w1": f"Blocks only, w={w} − w=1 (same weights)", "blocks-bridge": f"Blocks only − Bridge (w={w})"}
+    rows = [[names[k], _diff_text(bo[k]), f"{bo['power'][k]:.1f}"] for k in names if k in bo]
+    val = ", ".join(f"lr {lr}: {_pct(acc)}%" for lr, acc in bo["validation_accuracy"].items())
+    return [
+        "## Bridge, blocks only (base frozen)",
+        "",
+        f"Block lr {bo['lr']:g}, chosen on validation problems at w={w} ({val}; seed 0); {bo['seeds']} seed(s).",
+        "",
+        markdown_table(["Paired difference (seeds and problems)", "Mean and 95% interval", "Detects (points)"], rows),
+        "",
+    ]
+
+
 def trace_section(trace: dict | None) -> list[str]:
     """The interaction over the course of RL (the demo's trace stage), as report lines; none without a trace."""
     if not trace:
@@ -376,6 +394,7 @@ def _tables(cfg, results: dict) -> list[str]:
         controls_table(results, cfg),
         "",
         *control_section(results.get("positive_control")),
+        *blocks_only_section(results.get("blocks_only"), cfg),
         *trace_section(results["trace"]),
     ]
 

@@ -22,7 +22,7 @@ from bridgelm.eval_folder import read_samples
 from bridgelm.jsonl import read_records, write_json
 from bridgelm.metrics import paired_difference
 
-ARMS = ("base", "rlvr", "pmatch", "bridge", "bridge_cold", "bridge_attn", "bridge_2groups", "bridge_majority")
+ARMS = ("base", "rlvr", "pmatch", "bridge", "bridge_cold", "bridge_attn", "bridge_blocks", "bridge_2groups", "bridge_majority")
 TITLES = {
     "base": "Base",
     "rlvr": "RLVR only",
@@ -30,6 +30,7 @@ TITLES = {
     "bridge": "Bridge",
     "bridge_cold": "Bridge, cold start",
     "bridge_attn": "Bridge after attention",
+    "bridge_blocks": "Bridge, blocks only",
     "bridge_2groups": "Bridge, 2 groups per prompt",
     "bridge_majority": "Bridge, group-majority reward",
 }
@@ -259,6 +260,12 @@ def _positive_control(cfg, dirs: RunDirs) -> dict | None:
     return None if dirs.control is None else control_results(cfg.control, dirs.control, cfg.seeds)
 
 
+def _blocks_only(out: Path, cfg, dirs: RunDirs) -> dict | None:
+    from bridgelm.demo import blocks_only
+
+    return blocks_only.results(out, dirs.eval, cfg)
+
+
 def departures(cfg) -> list[str]:
     """Where the miniature departs from the paper's settings (Appendix A), one line each."""
     lines = [
@@ -298,6 +305,7 @@ def demo_results(out: Path, cfg, dirs: RunDirs, timings: dict, quick: bool, peak
     results = {
         **controls(arms, dirs.eval, dirs.foreign, cfg),  # seeds, interaction, foreign_siblings, diffs, rlvr_gain, ...
         "positive_control": _positive_control(cfg, dirs),
+        "blocks_only": _blocks_only(out, cfg, dirs) if cfg.blocks_only else None,
         "departures": departures(cfg),
         "matmul_peak": peaks[0] if peaks else {},  # measured by the invocation that ran the first stages
         "matmul_peaks": peaks,  # one per invocation that ran stages (more than one: an interrupted, resumed run)
