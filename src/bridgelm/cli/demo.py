@@ -9,7 +9,7 @@ from bridgelm.cli.fields import Flag, add_fields, build, field_comments
 from bridgelm.demo.config import DemoConfig
 
 # The sizes a user may set; every other one is the preset's (DemoConfig(), or DemoConfig.quick() with --quick).
-SETTABLE = ("seeds", "sft_per_seed", "bf16", "blocks_only", "threads", "workers")
+SETTABLE = ("seeds", "sft_per_seed", "bf16", "blocks_only", "multi_group", "set_reward", "threads", "workers")
 MAX_THREADS = 4096  # torch.set_num_threads overflows a C int far above any machine's core count
 
 
