@@ -145,10 +145,12 @@ def test_lighteval_custom_command_line(setup, tmp_path):
 def test_bad_model_arguments_are_refused(setup):
     from lighteval.tasks.requests import Doc
 
-    with pytest.raises(UserError, match="unknown widht"):
+    with pytest.raises(UserError, match=r"unknown model argument\(s\) widht: expected pretrained, blocks, width"):
         make_model(f"pretrained={setup / 'model'},widht=4")
-    with pytest.raises(UserError, match="pretrained missing"):
+    with pytest.raises(UserError, match="'width=4' name no model: expected pretrained=DIR"):
         make_model("width=4")
+    with pytest.raises(UserError, match="chat='yes': expected 0 or 1"):
+        make_model(f"pretrained={setup / 'model'},chat=yes")
     with pytest.raises(UserError, match="'width4': expected key=value"):
         make_model(f"pretrained={setup / 'model'},width4")
     model = make_model(model_name(setup))

@@ -44,10 +44,12 @@ def parse_model_args(text: str) -> dict[str, str]:
             raise UserError(f"{OWNER}: model argument {part!r}: expected key=value (e.g. pretrained=DIR,width=4)")
         args[key.strip()] = value.strip()
     unknown = sorted(set(args) - set(ARGUMENTS))
-    if unknown or "pretrained" not in args:
-        raise UserError(f"{OWNER}: model arguments {text!r}: unknown {', '.join(unknown) or 'none'}, pretrained "
-                        f"{'given' if 'pretrained' in args else 'missing'}; expected pretrained=DIR and any of "
-                        f"{', '.join(ARGUMENTS[1:])}")
+    if unknown:
+        raise UserError(f"{OWNER}: unknown model argument(s) {', '.join(unknown)}: expected {', '.join(ARGUMENTS)}")
+    if "pretrained" not in args:
+        raise UserError(f"{OWNER}: model arguments {text!r} name no model: expected pretrained=DIR (or a hub id)")
+    if args.get("chat", "0") not in ("0", "1"):
+        raise UserError(f"{OWNER}: chat={args['chat']!r}: expected 0 or 1")
     return args
 
 
@@ -69,7 +71,7 @@ class BridgeLightevalModel(LightevalModel):
         self.max_new_tokens = positive_int(OWNER, "max_new_tokens", args.get("max_new_tokens", 256))
         self.temperature = float(args["temperature"]) if "temperature" in args else None
         self.top_p, self.top_k = float(args.get("top_p", 1.0)), int(args.get("top_k", 0))
-        self.chat = args.get("chat", "0") not in ("0", "false", "False", "")
+        self.chat = args.get("chat", "0") == "1"
         self.model, self._tokenizer, _ = load_bridge_model(
             OWNER, args["pretrained"], args.get("blocks"), self.width, args.get("dtype", "float32"),
             args.get("device", "cpu"),
