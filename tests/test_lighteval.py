@@ -13,6 +13,8 @@ pytest.importorskip(
     "lighteval", reason="lighteval is not installed (it pins latex2sympy2_extended against math-verify: docs/tasks.md)"
 )
 
+import torch  # noqa: E402
+
 import bridgelm  # noqa: E402
 from bridgelm.errors import UserError  # noqa: E402
 from bridgelm.integrations import lighteval as backend  # noqa: E402
@@ -51,6 +53,15 @@ def custom_tasks_only(custom_tasks=None, load_multilingual=False):
 
 Registry.load_all_task_configs = staticmethod(custom_tasks_only)
 """
+
+
+@pytest.fixture(autouse=True)
+def grad_mode_kept():
+    """Importing lighteval's pipeline turns autograd off for the whole process (lighteval/models/transformers/
+    transformers_model.py calls torch.set_grad_enabled(False) at import); the tests after these ones train."""
+    enabled = torch.is_grad_enabled()
+    yield
+    torch.set_grad_enabled(enabled)
 
 
 @pytest.fixture(scope="module")
