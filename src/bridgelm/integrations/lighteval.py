@@ -53,6 +53,15 @@ def parse_model_args(text: str) -> dict[str, str]:
     return args
 
 
+def _number(args: dict, name: str, default, kind=float):
+    """args[name] (or `default`) as a `kind`, or a UserError that names it."""
+    try:
+        return kind(args.get(name, default))
+    except ValueError:
+        expected = "an integer" if kind is int else "a number"
+        raise UserError(f"{OWNER}: {name}={args[name]!r}: expected {expected}") from None
+
+
 class _NoCache:
     """lighteval's pipeline hands a model's sample cache the task registry; this model keeps no cache."""
 
@@ -67,10 +76,10 @@ class BridgeLightevalModel(LightevalModel):
         self.config = config  # lighteval's CustomModelConfig; its model_name holds the model arguments
         args = parse_model_args(config.model_name)
         self.width = positive_int(OWNER, "width", args.get("width", 1))
-        self.seed = int(args.get("seed", 0))
+        self.seed = _number(args, "seed", 0, int)
         self.max_new_tokens = positive_int(OWNER, "max_new_tokens", args.get("max_new_tokens", 256))
-        self.temperature = float(args["temperature"]) if "temperature" in args else None
-        self.top_p, self.top_k = float(args.get("top_p", 1.0)), int(args.get("top_k", 0))
+        self.temperature = _number(args, "temperature", None) if "temperature" in args else None
+        self.top_p, self.top_k = _number(args, "top_p", 1.0), _number(args, "top_k", 0, int)
         self.chat = args.get("chat", "0") == "1"
         self.model, self._tokenizer, _ = load_bridge_model(
             OWNER, args["pretrained"], args.get("blocks"), self.width, args.get("dtype", "float32"),
