@@ -43,13 +43,13 @@ def length_reward(completions, **kwargs):
     return [float(len(c) % 3) for c in completions]
 
 
-def trainer(tmp_path, blocks: bool = True, bridge_width=None, **overrides) -> BridgeGRPOTrainer:
+def trainer(tmp_path, blocks: bool = True, bridge_width=None, reward=length_reward, **overrides) -> BridgeGRPOTrainer:
     model, tok = tiny_policy(blocks)
     if overrides.get("beta"):  # TRL loads its reference from the policy's folder (without the blocks)
         model.save_pretrained(tmp_path / "model")
         model.config._name_or_path = str(tmp_path / "model")
     return BridgeGRPOTrainer(
-        model=model, reward_funcs=length_reward, args=config(tmp_path, **overrides),
+        model=model, reward_funcs=reward, args=config(tmp_path, **overrides),
         train_dataset=Dataset.from_list([{"prompt": p} for p in PROMPTS * 2]), processing_class=tok,
         bridge_width=bridge_width,
     )
@@ -152,6 +152,52 @@ def test_loss_equals_bridgelm_grpo_on_the_same_rollouts(tmp_path):
     assert any(bool(g.abs().sum() > 0) for g in grads)
     alone = torch.autograd.grad(bridgelm_loss(torch.arange(8)), list(blocks.values()))  # rows without groups differ
     assert not all(torch.allclose(a, g, atol=1e-6) for a, g in zip(alone, grads))
+
+
+def test_step_equals_bridgelm_rls_update_on_the_same_rollouts(tmp_path):
+    """The same rollouts (prompts, completions, rewards) through TRL's step and through `bridgelm rl`'s update
+    (`update.minibatch_backward`, one mini-batch, K = 1): equal advantages, loss and block gradients. Settings
+    that match: beta 0, clip eps 0.2 both sides, token-level normalisation over the whole batch (TRL "dapo"), one
+    iteration (ratio 1), temperature 1; prompts of one length, as TRL left-pads them and bridgelm does not."""
+    from dataclasses import replace
+
+    from bridgelm.dist import Dist
+    from bridgelm.grpo import group_advantages
+    from bridgelm.train.batches import Row
+    from bridgelm.train.rl_config import RLConfig
+    from bridgelm.train.rollouts import Rollouts
+    from bridgelm.train.update import minibatch_backward
+
+    rewards = []
+
+    def recorded_reward(completions, **kwargs):
+        rewards.extend(out := length_reward(completions))
+        return out
+
+    t = trainer(tmp_path, reward=recorded_reward, steps_per_generation=1, epsilon=0.2)
+    t.model.train()
+    t.current_gradient_accumulation_steps = 1  # set by Trainer.train()
+    inputs = t._generate_and_score_completions([{"prompt": p} for p in PROMPTS[:2] for _ in range(4)])
+    loss = t.compute_loss(t.model, inputs)
+    blocks = list(bridgelm.added_parameters(t.model).values())
+    grads = torch.autograd.grad(loss, blocks)
+
+    keep = inputs["prompt_mask"].bool(), inputs["completion_mask"].bool()  # [B, P], [B, T]
+    rows = [Row(inputs["prompt_ids"][i][keep[0][i]].tolist(), inputs["completion_ids"][i][keep[1][i]].tolist(), i // 4)
+            for i in range(8)]
+    rewards = torch.tensor(rewards)  # [8]
+    advantages = group_advantages(rewards.view(2, 4)).flatten()  # [8]
+    assert torch.allclose(advantages, inputs["advantages"], atol=1e-6)  # rewards and advantages as TRL has them
+    rollouts = Rollouts(rows, width=4, rewards=rewards, advantages=advantages, finished=[True] * 8, sample_seconds=0.0)
+    cfg = RLConfig(rollout=replace(RLConfig().rollout, n=4, width=4, temperature=1.0), steps_per_rollout=1,
+                   micro_batch_groups=2, beta=0.0, clip_eps=0.2)
+    t.model.zero_grad(set_to_none=True)
+    stats = minibatch_backward(t.model, rollouts, [0, 1], None, None, cfg, t.processing_class.pad_token_id, Dist())
+    assert stats.loss == pytest.approx(float(loss.detach()), abs=1e-6)
+    assert stats.tokens == float(inputs["completion_mask"].sum())
+    for got, p in zip(grads, blocks):
+        assert torch.allclose(got, p.grad, atol=1e-6)
+    assert any(bool(g.abs().sum() > 0) for g in grads)
 
 
 def ranks_run(out: str) -> None:

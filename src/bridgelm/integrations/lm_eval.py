@@ -21,30 +21,21 @@ max_gen_toks), chat is lm-eval's own `--apply_chat_template`.
 from __future__ import annotations
 
 import itertools
-import warnings
 from collections.abc import Sequence
 
-import torch
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
 import bridgelm
-from bridgelm.models import load_model
-from bridgelm.errors import DataWarning, UserError
-from bridgelm.tokenizer import load_tokenizer
+from bridgelm.errors import UserError
+from bridgelm.integrations.loading import continuation_logprob, cut_at_stop, load_bridge_model, positive_int
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+OWNER = "bridgelm backend"  # how errors name this backend
 IGNORED = ("batch_size", "max_batch_size")  # lm-eval passes these to every backend; the engine sizes its own batches
 
 
 def _positive(name: str, value) -> int:
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        number = 0
-    if number < 1:
-        raise UserError(f"bridgelm backend: {name}={value!r}: expected a positive integer")
-    return number
+    return positive_int(OWNER, name, value)
 
 
 def request_runs(requests: Sequence) -> list[tuple[int, int]]:
@@ -75,12 +66,6 @@ def sampling_settings(gen_kwargs: dict, default_max_new_tokens: int) -> dict:
     }
 
 
-def cut_at_stop(text: str, stops: Sequence[str]) -> str:
-    """`text` up to the first of `stops` (lm-eval's continuations end before their stop sequence)."""
-    ends = [i for i in (text.find(s) for s in stops) if i >= 0]
-    return text[: min(ends)] if ends else text
-
-
 @register_model("bridgelm")
 class BridgeLM(LM):
     """lm-eval's view of a Bridge model: text in, text out, each request's repeats drawn as Bridge groups."""
@@ -94,22 +79,11 @@ class BridgeLM(LM):
                 f"bridgelm backend: unknown model argument(s) {', '.join(unknown)}: expected pretrained, blocks, "
                 "width, seed, dtype, device, max_new_tokens"
             )
-        if dtype not in DTYPES:
-            raise UserError(f"bridgelm backend: dtype={dtype!r}: expected one of {', '.join(DTYPES)}")
         self.width, self.seed = _positive("width", width), int(seed)
         self.max_new_tokens = _positive("max_new_tokens", max_new_tokens)
-        if str(device).startswith("cuda") and not torch.cuda.is_available():
-            warnings.warn(f"bridgelm backend: device {device} asked for (lm-eval's default), but there is no CUDA GPU: "
-                          "running on the CPU", DataWarning, stacklevel=2)
-            device = "cpu"  # as lm-eval's hf backend does
-        self._device = torch.device(device)
-        self.model = load_model(pretrained, blocks=blocks or None, dtype=DTYPES[dtype], device=device).eval()
-        if self.width > 1 and bridgelm.block_config(self.model) is None:
-            raise UserError(
-                f"bridgelm backend: width={self.width} needs a model with Bridge blocks, and {pretrained} has none: "
-                "give blocks=FILE, or width=1"
-            )
-        self.tokenizer = load_tokenizer(pretrained)
+        self.model, self.tokenizer, self._device = load_bridge_model(
+            OWNER, pretrained, blocks, self.width, dtype, device
+        )
         self.pretrained = pretrained
 
     @property
@@ -145,22 +119,8 @@ class BridgeLM(LM):
                     out[start + j] = cut_at_stop(sample.text, kwargs["stop_strings"])
         return out
 
-    @torch.no_grad()
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
-        results = []
-        for request in requests:
-            context, continuation = request.args
-            ctx = self.tokenizer(context, add_special_tokens=False)["input_ids"] if context else []
-            whole = self.tokenizer(context + continuation, add_special_tokens=False)["input_ids"]
-            cont = whole[len(ctx):] if whole[: len(ctx)] == ctx else self.tokenizer(
-                continuation, add_special_tokens=False)["input_ids"]
-            ctx = whole[: len(whole) - len(cont)] or [self.tokenizer.eos_token_id]
-            ids = torch.tensor([ctx + cont], device=self._device)
-            logprobs = torch.log_softmax(self.model(ids).logits[0, len(ctx) - 1 : -1].float(), dim=-1)  # [C, V]
-            target = ids[0, len(ctx):]
-            picked = logprobs.gather(-1, target[:, None])[:, 0]
-            results.append((float(picked.sum()), bool((logprobs.argmax(-1) == target).all())))
-        return results
+        return [continuation_logprob(self.model, self.tokenizer, *request.args) for request in requests]
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         raise UserError(

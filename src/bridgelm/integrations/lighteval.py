@@ -1,0 +1,148 @@
+"""Bridge as a lighteval custom model: each document's `num_samples` are drawn as Bridge groups.
+
+lighteval's `custom` command loads the first LightevalModel subclass of a Python file, and hands it only a model
+name; the model arguments ride in that name. A one-line file does (`bridge_model.py`):
+
+    from bridgelm.integrations.lighteval import BridgeLightevalModel
+
+    lighteval custom "pretrained=DIR,blocks=FILE,width=4" bridge_model.py "custom|mytask|0" --custom-tasks tasks.py
+
+A task's sampling metrics (pass@k, G-Pass@k, mG-Pass with n samples) set each document's `num_samples`; those n
+samples are drawn together by the engine in Bridge groups of `width` (which must divide n), so that siblings read
+each other as in `bridgelm eval`. Documents with equal settings are sampled in one engine call. `loglikelihood`
+scores each choice alone (a group of one: what Bridge changes is sampling); perplexity is not offered. Responses
+are not cached by lighteval: a folder may hold new weights under the same name.
+
+Model arguments: pretrained (folder or hub id), blocks (a block file; a folder saved with its blocks needs none),
+width (default 1), seed, dtype (float32, bfloat16, float16), device, max_new_tokens (when a task gives no
+generation size), temperature (default: 0, greedy, for a document of one sample; 1.0 for several), top_p, top_k,
+chat (1: the tokenizer's chat template), system_prompt.
+"""
+
+from __future__ import annotations
+
+from lighteval.models.abstract_model import LightevalModel
+from lighteval.models.model_output import ModelResponse
+from lighteval.tasks.prompt_manager import PromptManager
+from lighteval.tasks.requests import Doc
+
+import bridgelm
+from bridgelm.errors import UserError
+from bridgelm.integrations.loading import continuation_logprob, cut_at_stop, load_bridge_model, positive_int
+
+OWNER = "bridgelm lighteval model"  # how errors name this model
+ARGUMENTS = ("pretrained", "blocks", "width", "seed", "dtype", "device", "max_new_tokens", "temperature", "top_p",
+             "top_k", "chat", "system_prompt")
+
+
+def parse_model_args(text: str) -> dict[str, str]:
+    """"pretrained=DIR,width=4" -> {"pretrained": "DIR", "width": "4"}; unknown keys are refused, naming them."""
+    args = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, eq, value = part.partition("=")
+        if not eq:
+            raise UserError(f"{OWNER}: model argument {part!r}: expected key=value (e.g. pretrained=DIR,width=4)")
+        args[key.strip()] = value.strip()
+    unknown = sorted(set(args) - set(ARGUMENTS))
+    if unknown:
+        raise UserError(f"{OWNER}: unknown model argument(s) {', '.join(unknown)}: expected {', '.join(ARGUMENTS)}")
+    if "pretrained" not in args:
+        raise UserError(f"{OWNER}: model arguments {text!r} name no model: expected pretrained=DIR (or a hub id)")
+    if args.get("chat", "0") not in ("0", "1"):
+        raise UserError(f"{OWNER}: chat={args['chat']!r}: expected 0 or 1")
+    return args
+
+
+def _number(args: dict, name: str, default, kind=float):
+    """args[name] (or `default`) as a `kind`, or a UserError that names it."""
+    try:
+        return kind(args.get(name, default))
+    except ValueError:
+        expected = "an integer" if kind is int else "a number"
+        raise UserError(f"{OWNER}: {name}={args[name]!r}: expected {expected}") from None
+
+
+class _NoCache:
+    """lighteval's pipeline hands a model's sample cache the task registry; this model keeps no cache."""
+
+    def _init_registry(self, registry) -> None:
+        pass
+
+
+class BridgeLightevalModel(LightevalModel):
+    """lighteval's view of a Bridge model: a document's `num_samples` drawn as Bridge groups of `width`."""
+
+    def __init__(self, config):
+        self.config = config  # lighteval's CustomModelConfig; its model_name holds the model arguments
+        args = parse_model_args(config.model_name)
+        self.width = positive_int(OWNER, "width", args.get("width", 1))
+        self.seed = _number(args, "seed", 0, int)
+        self.max_new_tokens = positive_int(OWNER, "max_new_tokens", args.get("max_new_tokens", 256))
+        self.temperature = _number(args, "temperature", None) if "temperature" in args else None
+        self.top_p, self.top_k = _number(args, "top_p", 1.0), _number(args, "top_k", 0, int)
+        self.chat = args.get("chat", "0") == "1"
+        self.model, self._tokenizer, _ = load_bridge_model(
+            OWNER, args["pretrained"], args.get("blocks"), self.width, args.get("dtype", "float32"),
+            args.get("device", "cpu"),
+        )
+        self.prompts = PromptManager(self.chat, self._tokenizer, args.get("system_prompt"))
+        self._cache = _NoCache()
+
+    @property
+    def tokenizer(self):
+        return self._tokenizer
+
+    @property
+    def add_special_tokens(self) -> bool:
+        return False  # prompts are tokenized by the engine, as `bridgelm eval` tokenizes them
+
+    @property
+    def max_length(self) -> int:
+        return int(getattr(self.model.config, "max_position_embeddings", 2048))
+
+    def settings(self, doc: Doc) -> dict:
+        """bridgelm.generate's settings for `doc` (its sample count, generation size and stop sequences)."""
+        n = doc.num_samples
+        if n % self.width:
+            raise UserError(
+                f"{OWNER}: width={self.width} does not divide the {n} sample(s) of {doc.task_name or 'a task'}'s "
+                "documents: expected num_samples (the n of its sampling metrics) that is a multiple of the width"
+            )
+        temperature = self.temperature if self.temperature is not None else (0.0 if n == 1 else 1.0)
+        stops = () if self.chat else tuple(s for s in doc.stop_sequences or () if s)  # chat: EOS ends a turn
+        return {"n": n, "max_new_tokens": doc.generation_size or self.max_new_tokens, "stop_strings": stops,
+                "temperature": temperature, "top_p": self.top_p, "top_k": self.top_k}
+
+    def greedy_until(self, docs: list[Doc]) -> list[ModelResponse]:
+        """Each document's num_samples samples, drawn in Bridge groups; one engine call per distinct settings."""
+        calls: dict[tuple, list[int]] = {}  # settings -> the documents sampled in one engine call
+        for i, doc in enumerate(docs):
+            calls.setdefault(tuple(sorted(self.settings(doc).items())), []).append(i)
+        out: list[ModelResponse | None] = [None] * len(docs)
+        for settings, indices in calls.items():
+            kwargs = dict(settings)
+            prompts = [self.prompts.prepare_prompt(docs[i]) for i in indices]
+            drawn = bridgelm.generate(self.model, self._tokenizer, prompts, width=self.width, seed=self.seed, **kwargs)
+            for i, prompt, samples in zip(indices, prompts, drawn):
+                out[i] = ModelResponse(
+                    input=prompt,
+                    text=[cut_at_stop(s.text, kwargs["stop_strings"]) for s in samples],
+                    output_tokens=[list(s.token_ids) for s in samples],
+                )
+        return out
+
+    def loglikelihood(self, docs: list[Doc]) -> list[ModelResponse]:
+        """log p(choice | prompt) of each choice of each document, each scored alone."""
+        out = []
+        for doc in docs:
+            context = self.prompts.prepare_prompt(doc)
+            scores = [continuation_logprob(self.model, self._tokenizer, context, choice) for choice in doc.choices]
+            out.append(ModelResponse(input=context, logprobs=[lp for lp, _ in scores],
+                                     argmax_logits_eq_gold=[greedy for _, greedy in scores]))
+        return out
+
+    def loglikelihood_rolling(self, docs: list[Doc]) -> list[ModelResponse]:
+        raise UserError(
+            f"{OWNER}: loglikelihood_rolling (perplexity tasks) is not offered: Bridge changes how samples are drawn, "
+            "not how one text is scored; use lighteval's transformers backend for perplexity"
+        )

@@ -1,0 +1,190 @@
+"""The lighteval custom model: each document's num_samples are drawn as one engine call in Bridge groups, offline,
+through lighteval's own Pipeline and through `lighteval custom` with a local task file."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip(
+    "lighteval", reason="lighteval is not installed (it pins latex2sympy2_extended against math-verify: docs/tasks.md)"
+)
+
+import torch  # noqa: E402
+
+import bridgelm  # noqa: E402
+from bridgelm.errors import UserError  # noqa: E402
+from bridgelm.integrations import lighteval as backend  # noqa: E402
+from bridgelm.integrations.loading import cut_at_stop  # noqa: E402
+from conftest import save_tiny_model_dir  # noqa: E402
+
+PROBLEMS = [("1+2=", "3"), ("2+2=", ""), ("3+1=", "")]  # an empty gold: a sample that ends at once
+SAMPLES, WIDTH, TOKENS = 4, 4, 6
+TASK = f"""
+from lighteval.metrics.metrics import Metrics
+from lighteval.tasks.lighteval_task import LightevalTaskConfig
+from lighteval.tasks.requests import Doc
+
+
+def prompt(line, task_name=None):
+    return Doc(task_name=task_name, query=line["q"], choices=[line["a"]], gold_index=0)
+
+
+TASKS_TABLE = [
+    LightevalTaskConfig(
+        name="tiny_bridge", prompt_function=prompt, hf_repo=DATA, hf_subset="default", hf_avail_splits=["test"],
+        evaluation_splits=["test"], generation_size={TOKENS}, stop_sequence=["\\n"],
+        metrics=[Metrics.pass_at_k(sample_params={{"k": 1, "n": {SAMPLES}}})],
+    )
+]
+"""
+# lighteval 0.13 imports every built-in task module to build its registry, and tiny_benchmarks.py downloads a file
+# from GitHub when imported, which fails offline: these runs read the task configs of the custom file alone.
+OFFLINE = """
+from lighteval.tasks.registry import Registry
+
+
+def custom_tasks_only(custom_tasks=None, load_multilingual=False):
+    return Registry._extract_configs(Registry.create_custom_tasks_module(custom_tasks))
+
+
+Registry.load_all_task_configs = staticmethod(custom_tasks_only)
+"""
+
+
+@pytest.fixture(autouse=True)
+def grad_mode_kept():
+    """Importing lighteval's pipeline turns autograd off for the whole process (lighteval/models/transformers/
+    transformers_model.py calls torch.set_grad_enabled(False) at import); the tests after these ones train."""
+    enabled = torch.is_grad_enabled()
+    yield
+    torch.set_grad_enabled(enabled)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """A tiny model with random (non-zero) Bridge blocks, a local data folder, and a lighteval task file whose
+    pass@k metric asks for SAMPLES samples per document."""
+    os.environ["HF_DATASETS_OFFLINE"] = "1"
+    root = tmp_path_factory.mktemp("lighteval")
+    save_tiny_model_dir(root / "model", blocks="bridge")
+    (root / "data").mkdir()
+    (root / "data" / "test.jsonl").write_text("".join(json.dumps({"q": q, "a": a}) + "\n" for q, a in PROBLEMS))
+    (root / "tiny_task.py").write_text(f"DATA = {str(root / 'data')!r}\n" + TASK)
+    (root / "bridge_model.py").write_text("from bridgelm.integrations.lighteval import BridgeLightevalModel\n")
+    (root / "lighteval_cli.py").write_text(OFFLINE + "from lighteval.__main__ import app\n\napp()\n")
+    return root
+
+
+def model_name(setup, width=WIDTH, extra="") -> str:
+    return f"pretrained={setup / 'model'},width={width}{extra}"
+
+
+def make_model(name: str):
+    from lighteval.models.custom.custom_model import CustomModelConfig
+
+    return backend.BridgeLightevalModel(CustomModelConfig(model_name=name, model_definition_file_path="unused.py"))
+
+
+def _direct(model_dir: Path, prompts: list[str], width: int) -> list[list[str]]:
+    """The same samples straight from the engine: each prompt's SAMPLES samples in groups of `width`."""
+    from bridgelm.models import load_model
+    from bridgelm.tokenizer import load_tokenizer
+
+    model, tok = load_model(str(model_dir)), load_tokenizer(str(model_dir))
+    drawn = bridgelm.generate(model, tok, prompts, n=SAMPLES, width=width, seed=0, max_new_tokens=TOKENS,
+                              temperature=1.0, top_p=1.0, stop_strings=("\n",))
+    return [[cut_at_stop(s.text, ["\n"]) for s in samples] for samples in drawn]
+
+
+def test_pipeline_draws_each_documents_samples_as_bridge_groups(setup, tmp_path, monkeypatch):
+    from lighteval.logging.evaluation_tracker import EvaluationTracker
+    from lighteval.pipeline import ParallelismManager, Pipeline, PipelineParameters
+
+    calls = []
+    real = bridgelm.generate
+
+    def spy(model, tokenizer, prompts, **kwargs):
+        calls.append((list(prompts), kwargs["n"], kwargs["width"]))
+        return real(model, tokenizer, prompts, **kwargs)
+
+    monkeypatch.setattr(bridgelm, "generate", spy)
+    from lighteval.tasks.registry import Registry
+
+    monkeypatch.setattr(Registry, "load_all_task_configs", Registry.load_all_task_configs)  # restored afterwards
+    exec(OFFLINE, {})
+    pipeline = Pipeline(
+        tasks="tiny_bridge|0",
+        pipeline_parameters=PipelineParameters(launcher_type=ParallelismManager.CUSTOM,
+                                               custom_tasks_directory=str(setup / "tiny_task.py")),
+        evaluation_tracker=EvaluationTracker(output_dir=str(tmp_path), save_details=False),
+        model=make_model(model_name(setup)),
+    )
+    pipeline.evaluate()
+    # one engine call: every document once, its SAMPLES samples drawn together in groups of WIDTH
+    assert len(calls) == 1 and sorted(calls[0][0]) == sorted(q for q, _ in PROBLEMS)
+    assert calls[0][1:] == (SAMPLES, WIDTH)
+    details = pipeline.evaluation_tracker.details_logger.details["tiny_bridge|0"]
+    got = {d.doc.query: d.model_response.text for d in details}
+    prompts = calls[0][0]  # in lighteval's order (it sorts documents by length)
+    want = _direct(setup / "model", prompts, WIDTH)
+    assert [got[q] for q in prompts] == want
+    assert want != _direct(setup / "model", prompts, 1)  # the siblings matter: drawn alone, the samples differ
+    # lighteval scored these samples: pass@1 = the mean share of samples equal to the gold (the random model often
+    # ends at once, so an empty gold is met)
+    golds = dict(PROBLEMS)
+    share = [sum(t.strip() == golds[q] for t in texts) / SAMPLES for q, texts in zip(prompts, want)]
+    results = pipeline.get_results()["results"]["tiny_bridge:0"]
+    assert results["pass@k:k=1&n=4"] == pytest.approx(sum(share) / len(share)) and sum(share) > 0
+
+
+def test_lighteval_custom_command_line(setup, tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    proc = subprocess.run(
+        [sys.executable, str(setup / "lighteval_cli.py"), "custom", model_name(setup), str(setup / "bridge_model.py"),
+         "tiny_bridge|0", "--custom-tasks", str(setup / "tiny_task.py"), "--output-dir", str(tmp_path / "out")],
+        capture_output=True, text=True, env=env, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    (result,) = list((tmp_path / "out").rglob("results_*.json"))
+    assert "pass@k:k=1&n=4" in json.loads(result.read_text())["results"]["tiny_bridge|0"]
+
+
+def test_bad_model_arguments_are_refused(setup):
+    from lighteval.tasks.requests import Doc
+
+    with pytest.raises(UserError, match=r"unknown model argument\(s\) widht: expected pretrained, blocks, width"):
+        make_model(f"pretrained={setup / 'model'},widht=4")
+    with pytest.raises(UserError, match="'width=4' name no model: expected pretrained=DIR"):
+        make_model("width=4")
+    with pytest.raises(UserError, match="chat='yes': expected 0 or 1"):
+        make_model(f"pretrained={setup / 'model'},chat=yes")
+    with pytest.raises(UserError, match="top_k='1.5': expected an integer"):
+        make_model(f"pretrained={setup / 'model'},top_k=1.5")
+    with pytest.raises(UserError, match="'width4': expected key=value"):
+        make_model(f"pretrained={setup / 'model'},width4")
+    model = make_model(model_name(setup))
+    doc = Doc(query="1+2=", choices=["3"], gold_index=0, num_samples=3, task_name="t")
+    with pytest.raises(UserError, match="width=4 does not divide the 3 sample"):
+        model.greedy_until([doc])
+
+
+def test_width_needs_bridge_blocks(tmp_path):
+    save_tiny_model_dir(tmp_path / "plain")
+    with pytest.raises(UserError, match="width=2 needs a model with Bridge blocks"):
+        make_model(f"pretrained={tmp_path / 'plain'},width=2")
+
+
+def test_one_sample_is_greedy_and_choices_are_scored(setup):
+    from lighteval.tasks.requests import Doc
+
+    model = make_model(model_name(setup, width=1))
+    doc = Doc(query="1+2=", choices=["3", "45"], gold_index=0, num_samples=1, generation_size=3)
+    (response,) = model.greedy_until([doc])
+    greedy = bridgelm.generate(model.model, model.tokenizer, ["1+2="], n=1, max_new_tokens=3, temperature=0.0)[0][0]
+    assert response.text == [greedy.text]
+    (scored,) = model.loglikelihood([doc])
+    assert len(scored.logprobs) == 2 and all(lp < 0 for lp in scored.logprobs)
