@@ -360,14 +360,16 @@ def test_paper_effects_are_scaled_by_this_runs_rlvr_gain_and_placed_against_the_
 
     lines = verdict(arms, ctl, DemoConfig()).splitlines()  # G-Pass@8 at w = 8
     line = next(x for x in lines if "more than RLVR alone" in x)
-    assert "smallest effect over its 3 models, +1.65 points on an RLVR gain of +4.20 points (DS-Qwen-7B" in line
-    assert "+7.9 points [+7.1, +8.6], above the interval, which would exclude" in line
-    assert "(this project's assumption, not the paper's)" in line  # the scaling is said to be an assumption
+    # the paper's own effect first, in its points; then the scaled one, said to be this project's assumption
+    unscaled = "smallest effect over its 3 models, +1.65 points (DS-Qwen-7B, Table 1), is inside the interval"
+    scaled = "Scaled by RLVR's gain (this project's assumption, not the paper's: +4.20 points there), it would be "
+    assert unscaled in line and scaled + "+7.9 points [+7.1, +8.6] here, above the interval" in line
+    assert line.index(unscaled) < line.index(scaled)
     assert f"the smallest difference these seeds detect: {smallest['bridge-rlvr']:.1f} points" in line
-    assert "(unscaled, it is inside the interval)" in line
-    assert "neither shown nor excluded" in next(x for x in lines if "P-Match" in x)
+    pmatch = next(x for x in lines if "P-Match" in x)  # +1.09 points under [3, 9]; scaled [5.8, 7.1]: overlapping
+    assert "is below the interval: the effect here is larger" in pmatch and "here, inside the interval" in pmatch
     width = next(x for x in lines if "w=8 beats" in x)
-    assert "the effect here is larger" in width and "unscaled" not in width  # 1.89 points: below [15, 25] too
+    assert "the effect here is larger" in width  # 1.89 points: below [15, 25], and scaled too
     assert "The paper's effect, +1.89 points" in width  # Table 3 has one model
     assert "paper's" not in next(x for x in lines if "foreign" in x)
     assert "**not reproduced**" in next(x for x in lines if "more consistently" in x)  # G-Pass tied: not "more"

@@ -27,25 +27,26 @@ def test_problems_hold_the_answer_in_copies_places_and_distinct_other_digits():
         assert all(c == 1 for d, c in counts.items() if d != row["answer"])
 
 
-def test_worked_solutions_read_a_uniform_place_and_box_a_digit_right_as_often_either_way():
-    """The hint copies the digit of its place; half the solutions box it, half box the digit of a place drawn again:
-    a boxed digit is right copies/digits of the time either way, so following the hint alone gains nothing."""
+def test_worked_solutions_read_uniform_places_and_box_one_of_their_digits():
+    """Each solution reads `reads` places drawn uniformly (their digits copied exactly) and boxes the digit of one of
+    them, drawn uniformly: a boxed digit is right copies/digits of the time, and which read to box is a coin flip."""
     spec = HintSpec()
     rows = make_problems(4000, "train", 0, spec, distinct=False)
-    places, follows, right = Counter(), [], []
+    places, right = Counter(), []
     for row in rows:
-        text = row["solution"]
-        assert len(text) == len("h3=1\n\\boxed{1}")  # one layout: siblings stay aligned step by step
-        place, hint, boxed = int(text[1]), text[3], text[-2]
-        assert row["problem"][place - 1] == hint
-        places[place] += 1
-        follows.append(boxed == hint)
-        right.append(boxed == row["answer"])
-    assert set(places) == set(range(1, spec.digits + 1)) and min(places.values()) > 0.8 * len(rows) / spec.digits
-    rate = spec.copies / spec.digits  # a uniform place holds the answer this often
-    same = rate * rate + (1 - rate) / spec.digits  # a place drawn again holds the hint's digit this often
-    assert abs(sum(follows) / len(rows) - (spec.follow + (1 - spec.follow) * same)) < 0.03
-    assert abs(sum(right) / len(rows) - rate) < 0.03
+        *reads, boxed = row["solution"].split("\n")
+        assert len(reads) == spec.reads and len(boxed) == len("\\boxed{1}")  # one layout: siblings stay aligned
+        digits = []
+        for read in reads:
+            place, digit = int(read[1]), read[3]
+            assert read == f"h{place}={digit}" and row["problem"][place - 1] == digit
+            places[place] += 1
+            digits.append(digit)
+        assert boxed[-2] in digits
+        right.append(boxed[-2] == row["answer"])
+    assert set(places) == set(range(1, spec.digits + 1))
+    assert min(places.values()) > 0.8 * spec.reads * len(rows) / spec.digits
+    assert abs(sum(right) / len(rows) - spec.copies / spec.digits) < 0.03
 
 
 def test_reward_and_a_data_file():

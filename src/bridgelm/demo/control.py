@@ -3,8 +3,8 @@
 On the `hint` task (tasks/hint.py) each sample draws a hint that is right 30% of the time and boxes it: alone a
 sample is right about 30% of the time, while the majority of its group's hints is right far more often. A small base
 model is pre-trained on it, then fresh Bridge blocks (zero output: at first they change nothing) are trained by GRPO
-with the base frozen, at a block learning rate fixed in advance (2e-3: a toy pilot of this recipe learned to pool the
-siblings' hints at 1e-3 to 3e-3, and nothing at 1e-4). Each seed's blocks are then evaluated on held-out problems at
+with the base frozen, at a block learning rate of 3e-3 (an outside pilot learned to pool siblings' hints at 1e-3 to
+3e-3 and nothing at 1e-4; this module's own pilot fixed 3e-3, 100 steps, K = 2). Each seed's blocks are then evaluated on held-out problems at
 w = 1 and w = 8 with the same random draws, and with foreign siblings (groups made of samples of 8 different
 problems).
 
@@ -27,7 +27,8 @@ from bridgelm.metrics import paired_difference
 from bridgelm.tasks.hint import HintSpec
 from bridgelm.train.rl_config import RLConfig, default_rollout
 
-HINT_TOKENS = 10  # `h3=1\n\boxed{1}` and EOS: 9 tokens
+TEST_SEED = 1  # the draw of held-out problems (seed 0's scored the pilot that chose the GRPO settings)
+HINT_TOKENS = 16  # two reads `h3=1\nh6=4\n` and `\boxed{1}` and EOS: 14 tokens
 
 
 def control_base() -> BaseConfig:
@@ -49,15 +50,16 @@ def control_base() -> BaseConfig:
 
 
 def control_rl() -> RLConfig:
-    """GRPO of fresh Bridge blocks, base frozen: 60 steps of 16 prompts x 8 rollouts in one group of 8, at
-    temperature 1 (the hints' own randomness), block lr 2e-3, no KL term (the base is frozen)."""
+    """GRPO of fresh Bridge blocks, base frozen: 100 steps of 16 prompts x 8 rollouts in one group of 8, K = 2, at
+    temperature 1 (the hints' own randomness), block lr 3e-3, no KL term (the base is frozen). Set by a one-seed pilot
+    (docs/demo.md): 60 steps at 2e-3 with K = 1 did not show the effect in 2 of 3 seeds."""
     return RLConfig(
-        steps=60,
+        steps=100,
         prompts_per_step=16,
         rollout=replace(default_rollout(), n=8, width=8, max_new_tokens=HINT_TOKENS, temperature=1.0, top_p=1.0),
-        steps_per_rollout=1,
+        steps_per_rollout=2,
         micro_batch_groups=16,
-        lr=2e-3,
+        lr=3e-3,
         beta=0.0,
         freeze_base=True,
         save_every=20,
@@ -103,7 +105,8 @@ def tasks(cfg: ControlConfig, rl_steps: int | None = None):
     spec = cfg.base.task
     steps = cfg.rl.steps if rl_steps is None else rl_steps
     train = make_task(spec, make_problems(spec, steps * cfg.rl.prompts_per_step, "train", 1, distinct=False))
-    return train, make_task(spec, make_problems(spec, cfg.problems, "test", 0))
+    # test problems drawn with seed 1: the pilot that fixed the settings above was scored on seed 0's
+    return train, make_task(spec, make_problems(spec, cfg.problems, "test", TEST_SEED))
 
 
 def stage_base(cfg: ControlConfig, dirs: ControlDirs, bf16: bool) -> dict:

@@ -1,23 +1,24 @@
 """Noisy clues: the demo's positive control, a task where siblings carry the answer and no sample reaches it alone.
 
-A problem is 8 digits, e.g. `73179427`, in which one digit (the answer, here 7) appears 3 times and no other digit
-more than twice. A worked solution picks one of the 8 places at random, writes its index and its digit as the hint,
-and boxes that digit:
+A problem is 8 digits, e.g. `73779477`, in which one digit (the answer, here 7) fills 4 places and the other places
+hold distinct other digits. A worked solution reads two places drawn at random, a line each (the place and its
+digit), and boxes the digit of one of them, drawn at random:
 
-    h3=1
-    \\boxed{1}
+    h3=7
+    h6=9
+    \\boxed{9}
 
-The base model is pre-trained on such solutions, with the place drawn uniformly, so it learns to draw a place at
-random and copy its digit: alone, a sample is right 3 times in 8 (37.5%). Together, the 8 hints of a group hold the
-answer: the right digit is the most frequent hint (37.5% against at most 25% for any other digit), so the majority of
-8 hints is right most of the time. Every sample has the same layout and length, so at the step where a sample boxes
-its answer, each sibling's state has just written its own hint digit: a Bridge block that averages its siblings can
-read the vote. A sample alone cannot do the same without counting the digits of the prompt, which the frozen base
-model never learned, and which nothing in a single sample's draw makes easier (its place is uniform, whatever the
-digits). Nothing is split across samples: each draws its own evidence from its own randomness.
+The base model is pre-trained on such solutions, so it learns to read two random places exactly and to box one of
+their digits at random: alone, a sample is right half the time (4 places in 8), and when its two reads differ it has
+nothing that says which one to trust. Together, the 16 reads of a group of 8 hold the answer: the right digit is by
+far the most frequent (half of the reads, against 1 in 8 for each other digit), so the majority of a group's reads is
+right almost always. Every sample has the same layout and length, so at the step where a sample boxes its answer,
+each sibling's state holds its own two reads: a Bridge block that averages its siblings can read the vote. A sample
+alone could only do the same by counting the digits of the prompt, which the frozen base model never learned to do.
+Nothing is split across samples: each draws its own evidence from its own randomness.
 
 Bridge w=8 − Bridge w=1 with the same weights is the effect to detect; foreign siblings (groups made of samples of
-different problems) must hurt, since their hints vote for other digits. If the demo cannot show both, it cannot
+different problems) must hurt, since their reads vote for other digits. If the demo cannot show both, it cannot
 detect sibling use at all.
 
 The split of a problem is decided by a hash of its digits (test 10%, validation 10%, train 80%). The reward is 1
@@ -46,8 +47,8 @@ class HintSpec:
 
     digits: int = 8  # places in a problem (at most 9: a hint's index is one digit)
     copies: int = 4  # places holding the answer; the other places hold distinct other digits
-    follow: float = 0.5  # share of worked solutions that box the hint's digit; the others box the digit of a place
-    # drawn again, uniformly (so a boxed digit is right as often either way: nothing to gain by following alone)
+    reads: int = 2  # places a worked solution reads (each drawn uniformly); it boxes the digit of one of them, drawn
+    # uniformly: which read to trust is a coin flip for a sample alone
 
 
 def answer_of(problem: str) -> str:
@@ -61,10 +62,11 @@ def answer_of(problem: str) -> str:
     return counts[0][0]
 
 
-def solution_text(problem: str, place: int, boxed: str) -> str:
-    """The worked solution that reads place `place` (1-based) of `problem` (its index and digit), then boxes
+def solution_text(problem: str, places: list[int], boxed: str) -> str:
+    """The worked solution that reads `places` (1-based) of `problem`, a line each (its index and digit), then boxes
     `boxed`."""
-    return f"h{place}={problem[place - 1]}\n\\boxed{{{boxed}}}"
+    reads = "".join(f"h{p}={problem[p - 1]}\n" for p in places)
+    return f"{reads}\\boxed{{{boxed}}}"
 
 
 def _draw(rng: random.Random, spec: HintSpec) -> str:
@@ -82,15 +84,14 @@ def make_problems(
 ) -> list[dict]:
     """`size` problems of `split` (distinct unless `distinct=False`), drawn by a generator seeded with (seed, split),
     each with a worked solution that reads a place drawn uniformly by the same generator."""
-    if not 2 <= spec.copies < spec.digits <= 9 or not 0 <= spec.follow <= 1:
-        raise ValueError(f"{spec}: expected 2 <= copies < digits <= 9 and 0 <= follow <= 1")
+    if not 2 <= spec.copies < spec.digits <= 9 or spec.reads < 1:
+        raise ValueError(f"{spec}: expected 2 <= copies < digits <= 9 and reads >= 1")
     rng = random.Random(f"hint-{seed}-{split}")
     rows = []
     for problem in arith.accepted_draws(rng, size, split, spec, _draw, str, arith.split_of, distinct):
-        place = rng.randint(1, spec.digits)
-        hint = problem[place - 1]
-        boxed = hint if rng.random() < spec.follow else problem[rng.randrange(spec.digits)]
-        rows.append({"problem": problem, "answer": answer_of(problem), "solution": solution_text(problem, place, boxed)})
+        places = [rng.randint(1, spec.digits) for _ in range(spec.reads)]
+        boxed = problem[rng.choice(places) - 1]
+        rows.append({"problem": problem, "answer": answer_of(problem), "solution": solution_text(problem, places, boxed)})
     return rows
 
 
