@@ -33,7 +33,8 @@ COMMANDS = {
     "demo": (
         DemoConfig,
         [],
-        {f.name for f in dataclasses.fields(DemoConfig)} - {"seeds", "sft_per_seed", "bf16", "threads", "workers"},
+        {f.name for f in dataclasses.fields(DemoConfig)}
+        - {"seeds", "sft_per_seed", "bf16", "blocks_only", "multi_group", "set_reward", "threads", "workers"},
     ),
 }
 

@@ -398,3 +398,21 @@ def test_blocks_only_arm_takes_its_lr_from_validation_problems(tmp_path, capsys)
     trained = json.loads((blocks_only.candidate_dir(out, 3e-3) / "run.json").read_text())["identity"]
     assert trained["lr"] == 3e-3 and trained["freeze_base"] is True
     assert "## Bridge, blocks only" in text and "bridge_blocks" in results["arms"]
+
+
+def test_seeds_default_by_precision(tmp_path, monkeypatch):
+    """Without --seeds: 3 seeds where the forwards run in bf16, 1 in fp32 (a CPU without bf16 is ~2.5x slower), said
+    in the log and recorded in demo.json; an explicit --seeds wins."""
+    import bridgelm.hardware
+    from bridgelm.demo.config import DemoConfig
+    from bridgelm.demo.pipeline import _start
+
+    for peaks, seeds in (({"fp32_tflops": 0.2, "bf16_tflops": 0.6}, 3), ({"fp32_tflops": 0.2, "bf16_tflops": 0.001}, 1)):
+        monkeypatch.setattr(bridgelm.hardware, "matmul_peaks", lambda peaks=peaks: peaks)
+        out, said = tmp_path / str(seeds), []
+        out.mkdir()
+        cfg, _ = _start(out, DemoConfig(), False, said.append)
+        assert cfg.seeds == seeds and json.loads((out / "demo.json").read_text())["seeds"] == seeds
+        assert any(line.startswith(f"seeds: {seeds} (") for line in said)
+    cfg, _ = _start(tmp_path / "mine", DemoConfig(seeds=5), False, said.append)
+    assert cfg.seeds == 5

@@ -156,7 +156,7 @@ def test_demo_arms_of_app_c(tmp_path, monkeypatch):
     from bridgelm.demo.results import TITLES
 
     assert rl_arms(DemoConfig()) == ("rlvr", "pmatch", "bridge")
-    cfg = DemoConfig(multi_group=True, set_reward=True, bf16=False)
+    cfg = DemoConfig(multi_group=True, set_reward=True, bf16=False, seeds=3)
     assert rl_arms(cfg) == ("rlvr", "pmatch", "bridge", "bridge_2groups", "bridge_majority")
     bridge, two, vote = (rl_config(cfg, arm, 0) for arm in ("bridge", "bridge_2groups", "bridge_majority"))
     assert (bridge.rollout.n, bridge.rollout.width, bridge.reward) == (8, 8, "sample")

@@ -321,7 +321,7 @@ def test_hub_fallback_errors_are_clear(monkeypatch):
 
 
 def test_unknown_task_lists_known_names():
-    with pytest.raises(ValueError, match="unknown task 'gsm9k'.*countdown, gpqa, gsm8k, math"):
+    with pytest.raises(ValueError, match="unknown task 'gsm9k'.*countdown, gpqa, gsm8k, hint, math"):
         tasks.load("gsm9k")
 
 
