@@ -1,12 +1,12 @@
 """The demo's positive control: can this pipeline produce, and detect, a sibling gain where one exists?
 
-On the `hint` task (tasks/hint.py) each sample draws a hint that is right 30% of the time and boxes it: alone a
-sample is right about 30% of the time, while the majority of its group's hints is right far more often. A small base
-model is pre-trained on it, then fresh Bridge blocks (zero output: at first they change nothing) are trained by GRPO
-with the base frozen, at a block learning rate of 3e-3 (an outside pilot learned to pool siblings' hints at 1e-3 to
-3e-3 and nothing at 1e-4; this module's own pilot fixed 3e-3, 100 steps, K = 2). Each seed's blocks are then evaluated on held-out problems at
-w = 1 and w = 8 with the same random draws, and with foreign siblings (groups made of samples of 8 different
-problems).
+On the `hint` task (tasks/hint.py) each sample reads two random places of the problem and boxes one of their digits:
+alone a sample is right half the time and cannot tell which read to trust, while the majority of its group's reads is
+right almost always. A small base model is pre-trained on it, then fresh Bridge blocks (zero output: at first they
+change nothing) are trained by GRPO with the base frozen, at a block learning rate of 3e-3 (an outside pilot learned
+to pool siblings' hints at 1e-3 to 3e-3 and nothing at 1e-4; this module's pilots fixed 3e-3, 100 steps, K = 2).
+Each seed's blocks are then evaluated on held-out problems at w = 1 and w = 8 with the same random draws, and with
+foreign siblings (groups made of samples of 8 different problems).
 
 What the control must show (`control_results`, `results.json` "positive_control"): w=8 − w=1 > 0 and foreign − w=1 <
 0, each with a paired interval over seeds and problems that excludes 0. If it cannot, the pipeline cannot detect
@@ -32,7 +32,7 @@ HINT_TOKENS = 16  # two reads `h3=1\nh6=4\n` and `\boxed{1}` and EOS: 14 tokens
 
 
 def control_base() -> BaseConfig:
-    """A 0.1M-parameter Qwen2 pre-trained on noisy hints for a fixed 2000 steps (no accuracy target: its accuracy is
+    """A 0.1M-parameter Qwen2 pre-trained on noisy clues for a fixed 2000 steps (no accuracy target: its accuracy is
     the hint rate by design)."""
     return BaseConfig(
         task=HintSpec(),
