@@ -107,3 +107,19 @@ def interrupt_on_call(monkeypatch, module, name: str, call: int):
 
     monkeypatch.setattr(module, name, interrupted)
     return original
+
+
+@pytest.fixture
+def generate_calls(monkeypatch):
+    """Every call of `bridgelm.generate` as (prompts, n, width), the calls still going through."""
+    import bridgelm
+
+    calls = []
+    real = bridgelm.generate
+
+    def spy(model, tokenizer, prompts, **kwargs):
+        calls.append((list(prompts), kwargs["n"], kwargs["width"]))
+        return real(model, tokenizer, prompts, **kwargs)
+
+    monkeypatch.setattr(bridgelm, "generate", spy)
+    return calls

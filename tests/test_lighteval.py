@@ -100,18 +100,11 @@ def _direct(model_dir: Path, prompts: list[str], width: int) -> list[list[str]]:
     return [[cut_at_stop(s.text, ["\n"]) for s in samples] for samples in drawn]
 
 
-def test_pipeline_draws_each_documents_samples_as_bridge_groups(setup, tmp_path, monkeypatch):
+def test_pipeline_draws_each_documents_samples_as_bridge_groups(setup, tmp_path, monkeypatch, generate_calls):
     from lighteval.logging.evaluation_tracker import EvaluationTracker
     from lighteval.pipeline import ParallelismManager, Pipeline, PipelineParameters
 
-    calls = []
-    real = bridgelm.generate
-
-    def spy(model, tokenizer, prompts, **kwargs):
-        calls.append((list(prompts), kwargs["n"], kwargs["width"]))
-        return real(model, tokenizer, prompts, **kwargs)
-
-    monkeypatch.setattr(bridgelm, "generate", spy)
+    calls = generate_calls
     from lighteval.tasks.registry import Registry
 
     monkeypatch.setattr(Registry, "load_all_task_configs", Registry.load_all_task_configs)  # restored afterwards

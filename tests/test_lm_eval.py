@@ -50,18 +50,11 @@ def _direct(model_dir, width):
     return [[backend.cut_at_stop(s.text, ["\n"]) for s in samples] for samples in drawn]
 
 
-def test_simple_evaluate_draws_each_requests_repeats_as_bridge_groups(setup, monkeypatch):
+def test_simple_evaluate_draws_each_requests_repeats_as_bridge_groups(setup, generate_calls):
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    calls = []
-    real = bridgelm.generate
-
-    def spy(model, tokenizer, prompts, **kwargs):
-        calls.append((list(prompts), kwargs["n"], kwargs["width"]))
-        return real(model, tokenizer, prompts, **kwargs)
-
-    monkeypatch.setattr(bridgelm, "generate", spy)
+    calls = generate_calls
     results = lm_eval.simple_evaluate(
         model="bridgelm", model_args=f"pretrained={setup / 'model'},width={WIDTH}", tasks=["tiny_repeat"],
         task_manager=TaskManager(include_path=str(setup / "tasks")), log_samples=True,

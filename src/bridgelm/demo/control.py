@@ -100,13 +100,15 @@ class ControlDirs:
         return self.root / (f"foreign_s{seed}" if foreign else f"eval_s{seed}")
 
 
-def tasks(cfg: ControlConfig, rl_steps: int | None = None):
-    """The control's training prompts and held-out test problems (seeded, so every process draws the same)."""
+def train_task(cfg: ControlConfig):
+    """The control's training prompts, one per prompt slot of its GRPO run (seeded: every process draws the same)."""
     spec = cfg.base.task
-    steps = cfg.rl.steps if rl_steps is None else rl_steps
-    train = make_task(spec, make_problems(spec, steps * cfg.rl.prompts_per_step, "train", 1, distinct=False))
-    # test problems drawn with seed 1: the pilot that fixed the settings above was scored on seed 0's
-    return train, make_task(spec, make_problems(spec, cfg.problems, "test", TEST_SEED))
+    return make_task(spec, make_problems(spec, cfg.rl.steps * cfg.rl.prompts_per_step, "train", 1, distinct=False))
+
+
+def test_task(cfg: ControlConfig):
+    """The control's held-out test problems, drawn with TEST_SEED."""
+    return make_task(cfg.base.task, make_problems(cfg.base.task, cfg.problems, "test", TEST_SEED))
 
 
 def stage_base(cfg: ControlConfig, dirs: ControlDirs, bf16: bool) -> dict:
@@ -130,7 +132,7 @@ def stage_rl(demo, dirs: ControlDirs, seed: int) -> dict:
     cfg = demo.control
     model = with_blocks(load_model(str(dirs.base)), "bridge", demo, seed=seed)
     rl_cfg = replace(cfg.rl, seed=seed, bf16=demo.bf16)
-    result = train_rl(model, load_tokenizer(dirs.base), tasks(cfg)[0], rl_cfg, dirs.rl(seed))
+    result = train_rl(model, load_tokenizer(dirs.base), train_task(cfg), rl_cfg, dirs.rl(seed))
     return rl_numbers(result)
 
 
@@ -148,7 +150,7 @@ def stage_eval(cfg: ControlConfig, dirs: ControlDirs, seed: int, foreign: bool, 
     final = json.loads((dirs.rl(seed) / "done.json").read_text())["final_dir"]
     model = load_model(final, dtype=torch.bfloat16 if bf16 else torch.float32)
     ecfg = replace(cfg.eval, seed=seed, widths=[cfg.eval.width] if foreign else cfg.eval.widths, foreign_groups=foreign)
-    test = tasks(cfg)[1]
+    test = test_task(cfg)
     run_eval(model, load_tokenizer(dirs.base), test, None, ecfg, dirs.eval(seed, foreign), model_id=final)
     return score_run(dirs.eval(seed, foreign), task=test)
 
