@@ -464,3 +464,30 @@ def test_correct_means_the_full_reward():
     assert check_rewards([1, 0.5], "t") == [1.0, 0.5]
     with pytest.raises(ValueError, match=r"t: reward of response 1 is inf"):
         check_rewards([0.0, float("inf")], "t")
+
+
+# ---------------------------------------------------------------------------------------------- numeric
+
+
+def test_numeric_asks_as_written_and_grades_the_number(tmp_path):
+    path = tmp_path / "q.jsonl"
+    path.write_text('{"question": "What is 7 + 5? Answer with the number only.", "answer": "12"}\n')
+    task = tasks.load("numeric", str(path))
+    ex = task.examples[0]
+    assert task.prompt(ex) == "What is 7 + 5? Answer with the number only."  # no instruction added
+    assert task.reward("12", ex) == 1.0
+    assert task.reward("The answer is 12.", ex) == 1.0
+    assert task.reward("7 + 5 = 12", ex) == 1.0  # the last number of a finished completion
+    assert task.reward("13", ex) == 0.0
+    assert task.reward("\\boxed{12} but 13", ex) == 1.0  # a box wins over a later number
+    assert task.graded_text("7 + 5 = 12", finished=False) == ""  # cut before an explicit answer
+    assert task.graded_text("the answer is 12", finished=False) == "the answer is 12"
+
+
+def test_numeric_rows_are_checked(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "What is 7 + 5?", "answer": "twelve"}\n')
+    with pytest.raises(ValueError, match="bad.jsonl:1: field 'answer' is 'twelve': expected a single number"):
+        tasks.load("numeric", str(bad))
+    with pytest.raises(ValueError, match="no default data"):
+        tasks.load("numeric")

@@ -22,6 +22,7 @@ REGISTRY = {
     "anysum": "bridgelm.tasks.anysum",
     "pairsum": "bridgelm.tasks.pairsum",
     "hint": "bridgelm.tasks.hint",
+    "numeric": "bridgelm.tasks.numeric",
     "xsum": "bridgelm.tasks.summarize:load_xsum",
     "cnn_dailymail": "bridgelm.tasks.summarize:load_cnn_dailymail",
     "gpqa": "bridgelm.tasks.gpqa",
