@@ -243,18 +243,15 @@ def _interval_claim(text: str, key: str, ctl: dict, sign: int = 1) -> list[str]:
     line += f"; the smallest difference these seeds detect: {smallest:.1f} points)" if smallest is not None else ")"
     effect = ctl["paper_effects"].get(key)
     if effect is not None:
-        where = {
-            "above": "above the interval",
-            "inside": "inside the interval: neither shown nor excluded",
-            "below": "below the interval: the effect here is larger",
-        }
+        meaning = {"above": "", "inside": ": neither shown nor excluded", "below": ": the effect here is larger"}
+        unscaled = effect["position_unscaled"]
         sc, n = effect["scaled"], effect["of_models"]
         which = f"smallest effect over its {n} models" if n > 1 else "effect"
         line += (
             f". The paper's {which}, {effect['paper_points']:+.2f} points ({effect['source']}), is "
-            f"{where[effect['position_unscaled']]}. Scaled by RLVR's gain (this project's assumption, not the paper's: "
+            f"{unscaled} the interval{meaning[unscaled]}. Scaled by RLVR's gain (this project's assumption, not the paper's: "
             f"{effect['paper_rlvr_gain']:+.2f} points there), it would be {100 * sc['mean']:+.1f} points "
-            f"[{100 * sc['low']:+.1f}, {100 * sc['high']:+.1f}] here, {where[effect['position']].split(':')[0]}"
+            f"[{100 * sc['low']:+.1f}, {100 * sc['high']:+.1f}] here, {effect['position']} the interval"
         )
     return [line + "."]
 

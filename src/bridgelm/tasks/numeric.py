@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bridgelm.tasks.answers import canonical_number, extract_number_answer
-from bridgelm.tasks.base import Task, load_rows, require_text
-from bridgelm.tasks.gsm8k import numbers_match
+from bridgelm.tasks.answers import canonical_number
+from bridgelm.tasks.base import load_rows, require_text
+from bridgelm.tasks.gsm8k import GSM8K
 
 # Fields every row must have.
 FIELDS = ("question", "answer")
@@ -30,23 +30,14 @@ def check_row(row: dict) -> None:
 
 
 @dataclass
-class Numeric(Task):
-    """Questions asked as written, graded by the number the completion gives."""
+class Numeric(GSM8K):
+    """Questions asked as written, graded by the number the completion gives (GSM8K's extraction and matching)."""
 
     def prompt(self, example: dict) -> str:
         return example["question"]
 
     def answer(self, example: dict) -> str:
         return canonical_number(str(example["answer"]))
-
-    def extract(self, completion: str) -> str | None:
-        return extract_number_answer(completion)
-
-    def answered(self, completion: str) -> bool:
-        return extract_number_answer(completion, fallback=False) is not None
-
-    def reward(self, completion: str, example: dict) -> float:
-        return 1.0 if numbers_match(self.extract(completion), self.answer(example)) else 0.0
 
 
 def load(path: str | None = None, split: str = "test") -> Numeric:
