@@ -8,12 +8,12 @@ import torch
 from test_rl import CFG, TASK, TOK, AddTask, policy, rollout
 
 from bridgelm import runs
-from bridgelm.grpo import group_advantages
+from bridgelm.grpo import advantages_of, between_group_advantages, group_advantages
 from bridgelm.tasks.countdown import Countdown
 from bridgelm.tasks.summarize import Summarization
 from bridgelm.train import rl
 from bridgelm.train.rl import train_rl
-from bridgelm.train.set_rewards import check_reward_task, distinct_rewards, majority_rewards, set_rewards
+from bridgelm.train.set_rewards import check_reward_task, distinct_rewards, majority_rewards, set_rewards, sibling_rewards
 
 
 def test_majority_rewards_every_rollout_of_a_group_by_its_vote():
@@ -56,7 +56,7 @@ def test_set_rewards_work_group_by_group():
 
 
 def test_reward_settings_are_checked():
-    with pytest.raises(ValueError, match=r"^reward='best': expected one of sample, majority, distinct$"):
+    with pytest.raises(ValueError, match=r"^reward='best': expected one of sample, majority, distinct, sibling$"):
         replace(CFG, reward="best").validate()
     with pytest.raises(ValueError, match=r"one group per prompt \(rollouts=4, width=4\).*rollouts >= 2 x width"):
         replace(rollout(CFG, width=4), reward="majority", prompts_per_step=4).validate()
@@ -196,3 +196,90 @@ def test_report_table_shows_the_app_c_arms_beside_the_independent_ones():
     rows = [line.split("|")[1].strip() for line in lines[2:]]
     assert rows == ["Base", "RLVR only", "Bridge, 2 groups per prompt (w=8)", "Bridge, group-majority reward (w=8)"]
     assert "| 55.0 |" in lines[-1]  # its majority vote
+
+
+def _between_groups_loop(rewards: list[list[float]], width: int, eps: float = 1e-4) -> list[list[float]]:
+    """App. C as a plain loop: each rollout against the mean of the other groups' rewards, over the prompt's std."""
+    out = []
+    for row in rewards:
+        groups = [row[i : i + width] for i in range(0, len(row), width)]
+        mean = sum(row) / len(row)
+        std = (sum((r - mean) ** 2 for r in row) / (len(row) - 1)) ** 0.5
+        adv = []
+        for g, group in enumerate(groups):
+            others = [r for h, other in enumerate(groups) if h != g for r in other]
+            base = sum(others) / len(others)
+            adv += [0.0 if len(set(row)) == 1 else (r - base) / (std + eps) for r in group]
+        out.append(adv)
+    return out
+
+
+def test_between_group_advantages_match_a_loop_and_leave_the_own_group_out():
+    rewards = [[1.0, 0.0, 1.0, 1.0, 0.0, 0.0], [1.0, 1.0, 1.0, 1.0, 1.0, 1.0], [0.0, 0.5, 1.0, 0.0, 0.2, 0.3]]
+    got = between_group_advantages(torch.tensor(rewards), 2)
+    assert torch.allclose(got, torch.tensor(_between_groups_loop(rewards, 2)))
+    assert (got[1] == 0).all()  # all equal: nothing to learn
+    # a rollout's own group never enters its baseline: raising a sibling's reward leaves its advantage's numerator
+    up = [row[:] for row in rewards]
+    up[0][1] = 1.0
+    num = between_group_advantages(torch.tensor(up), 2) * torch.tensor(up)[0].std()
+    old = got * torch.tensor(rewards)[0].std()
+    assert num[0, 0] == pytest.approx(float(old[0, 0]), abs=1e-3)
+    assert not torch.allclose(got, group_advantages(torch.tensor(rewards)))  # not the prompt-wide one
+    assert torch.equal(advantages_of("prompt", torch.tensor(rewards), 2), group_advantages(torch.tensor(rewards)))
+    with pytest.raises(ValueError, match=r">= 2 Bridge groups of width 4 per prompt; got 4 rollouts"):
+        between_group_advantages(torch.ones(2, 4), 4)
+    with pytest.raises(ValueError, match=r"advantage='x': expected one of prompt, between-groups"):
+        advantages_of("x", torch.ones(2, 4), 2)
+
+
+def test_sibling_rewards_pay_a_rollout_for_its_siblings():
+    scores = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 1.0])  # groups of 3
+    got = sibling_rewards(scores, 3, 0.5)
+    assert torch.allclose(got, torch.tensor([1.0, 0.25, 0.25, 0.5, 1.25, 1.25]))
+    whole = sibling_rewards(scores, 3, 2.0)  # L = w - 1: every rollout gets its group's total
+    assert torch.allclose(whole, torch.tensor([1.0, 1.0, 1.0, 2.0, 2.0, 2.0]))
+    assert torch.equal(set_rewards("sibling", scores, [], 3, 0.5), got)
+    # one group per prompt: the sibling term is shared and cancels in the prompt-wide advantage
+    one = group_advantages(got[:3].view(1, 3))
+    assert torch.allclose(one, group_advantages(scores[:3].view(1, 3)), atol=1e-3)  # but for eps
+    # two groups per prompt, compared between groups: it does not
+    two = between_group_advantages(whole.view(1, 6), 3)
+    assert not torch.allclose(two, between_group_advantages(scores.view(1, 6), 3))
+    with pytest.raises(ValueError, match=r"groups of width >= 2"):
+        sibling_rewards(scores, 1, 1.0)
+
+
+def test_credit_settings_are_checked():
+    two = replace(CFG, reward="sibling")  # G = 4 = 2 x w
+    two.validate()
+    replace(two, sibling_weight=1.0, advantage="between-groups").validate()
+    one = replace(rollout(CFG, width=4), prompts_per_step=4)
+    with pytest.raises(ValueError, match=r"reward='sibling' with one Bridge group per prompt \(rollouts=4, width=4\)"):
+        replace(one, reward="sibling").validate()
+    with pytest.raises(ValueError, match=r"reward='sibling' .*width=1 has none"):
+        replace(rollout(CFG, width=1), reward="sibling").validate()
+    for bad in (float("nan"), float("inf"), -1.0):
+        with pytest.raises(ValueError, match=r"sibling_weight=.*expected a finite number >= 0"):
+            replace(two, sibling_weight=bad).validate()
+    with pytest.raises(ValueError, match=r"sibling_weight=2.0 is read only by reward='sibling', not 'sample'"):
+        replace(CFG, sibling_weight=2.0).validate()
+    with pytest.raises(ValueError, match=r"advantage='between-groups' .*rollouts=4 at width=4 make one group"):
+        replace(one, advantage="between-groups").validate()
+    with pytest.raises(ValueError, match=r"advantage='x'"):
+        replace(CFG, advantage="x").validate()
+
+
+def test_rl_with_sibling_credit_between_groups(tmp_path, monkeypatch):
+    """The rollouts the update receives carry the sibling rewards and App. C's between-group advantages."""
+    seen = _captured(monkeypatch)
+    cfg = replace(CFG, steps=2, reward="sibling", sibling_weight=1.0, advantage="between-groups")
+    res = train_rl(policy(), TOK, TASK, cfg, tmp_path)
+    for roll in seen:
+        scores = roll.correct.float()
+        assert torch.allclose(roll.rewards, sibling_rewards(scores, 2, 1.0))
+        expected = between_group_advantages(roll.rewards.view(-1, cfg.rollout.n), 2).view(-1)
+        assert torch.allclose(roll.advantages, expected)
+    assert len(res.history) == 2
+    identity = runs.read_info(runs.latest_checkpoint(tmp_path))["identity"]
+    assert (identity["reward"], identity["sibling_weight"], identity["advantage"]) == ("sibling", 1.0, "between-groups")

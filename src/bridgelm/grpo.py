@@ -2,7 +2,10 @@
 
 - `group_advantages`: A_i = (r_i - mean) / (std + eps) over the G rollouts of a prompt (std with Bessel's
   correction, as TRL and verl compute it); exactly 0 in a group whose rewards are all equal. A prompt sampled as
-  several Bridge groups (G = k x w) is normalised over all its G rollouts, across its groups (App. C).
+  several Bridge groups (G = k x w) is normalised over all its G rollouts, across its groups.
+- `between_group_advantages`: App. C as written, advantages *between* a prompt's Bridge groups. A rollout's baseline
+  is the mean reward of the prompt's *other* groups (leave-own-group-out), scaled by the std of all G rewards: the
+  baseline is independent of the rollout's own group, so no sibling's reward enters it. Needs >= 2 groups a prompt.
 - `policy_loss`: -J. Per token, min(R A, clip(R, 1 - eps, 1 + eps_high) A) - beta * KL_k3(pi || pi_ref), summed
   over unmasked tokens and divided by the token count of the whole mini-batch. A mini-batch split into
   micro-batches (or over ranks) passes that global count as `num_tokens`, so the pieces add up to the loss of
@@ -24,13 +27,17 @@ from typing import NamedTuple
 import torch
 
 
-def group_advantages(rewards: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
-    """Advantages of rewards [P, G] (P prompts, G rollouts each) -> [P, G]."""
+def _check_rewards(rewards: torch.Tensor) -> None:
     if rewards.dim() != 2:
         raise ValueError(f"rewards must be [P, G] (prompts x rollouts), got shape {tuple(rewards.shape)}")
     if not bool(torch.isfinite(rewards).all()):
         bad = rewards[~torch.isfinite(rewards)][0].item()
         raise ValueError(f"rewards hold a non-finite value ({bad}): expected finite numbers")
+
+
+def group_advantages(rewards: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
+    """Advantages of rewards [P, G] (P prompts, G rollouts each) -> [P, G]."""
+    _check_rewards(rewards)
     rewards = rewards.float()
     mean = rewards.mean(-1, keepdim=True)  # [P, 1]
     if rewards.shape[1] < 2:
@@ -39,6 +46,36 @@ def group_advantages(rewards: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
     adv = (rewards - mean) / (std + eps)  # [P, G]
     all_equal = (rewards == rewards[:, :1]).all(-1, keepdim=True)  # [P, 1]
     return torch.where(all_equal, torch.zeros_like(adv), adv)
+
+
+def between_group_advantages(rewards: torch.Tensor, width: int, eps: float = 1e-4) -> torch.Tensor:
+    """Advantages of rewards [P, G] in Bridge groups of `width` consecutive rollouts, each against the mean of the
+    prompt's other groups -> [P, G]. Exactly 0 in a prompt whose rewards are all equal."""
+    _check_rewards(rewards)
+    P, G = rewards.shape
+    if width < 1 or G % width or G // width < 2:
+        raise ValueError(f"between-group advantages need >= 2 Bridge groups of width {width} per prompt; got {G} rollouts")
+    rewards = rewards.float()
+    k = G // width
+    sums = rewards.view(P, k, width).sum(-1, keepdim=True)  # [P, k, 1]
+    others = (sums.sum(1, keepdim=True) - sums) / (width * (k - 1))  # [P, k, 1]: mean of the other groups' rewards
+    std = rewards.std(-1, keepdim=True)  # [P, 1]
+    adv = (rewards.view(P, k, width) - others).view(P, G) / (std + eps)
+    all_equal = (rewards == rewards[:, :1]).all(-1, keepdim=True)
+    return torch.where(all_equal, torch.zeros_like(adv), adv)
+
+
+ADVANTAGES = ("prompt", "between-groups")
+
+
+def advantages_of(kind: str, rewards: torch.Tensor, width: int) -> torch.Tensor:
+    """The advantages [P, G] of `kind`: "prompt" (over all G rollouts of a prompt, the paper's) or "between-groups"
+    (App. C: each rollout against the prompt's other Bridge groups)."""
+    if kind == "prompt":
+        return group_advantages(rewards)
+    if kind == "between-groups":
+        return between_group_advantages(rewards, width)
+    raise ValueError(f"advantage={kind!r}: expected one of {', '.join(ADVANTAGES)}")
 
 
 def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:

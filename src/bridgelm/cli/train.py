@@ -23,6 +23,7 @@ from bridgelm.cli.fields import Flag, Nested, add_fields, add_groups, build
 from bridgelm.dist import DistConfig
 from bridgelm.errors import UserError
 from bridgelm.engine import SamplingConfig
+from bridgelm.grpo import ADVANTAGES
 from bridgelm.train import warmup_data
 from bridgelm.train.rl_config import RLConfig
 from bridgelm.train.set_rewards import REWARDS
@@ -173,7 +174,7 @@ def _cmd_rl(args) -> None:
 # rl --help shows RLConfig's flags in these groups.
 RL_GROUPS = {
     "run": ["steps", "prompts_per_step", "chat", "seed"],
-    "rollouts (sampling)": ["rollout", "rollout_dtype", "reward"],
+    "rollouts (sampling)": ["rollout", "rollout_dtype", "reward", "sibling_weight", "advantage"],
     "update (optimiser)": [
         "steps_per_rollout",
         "epochs_per_rollout",
@@ -269,7 +270,8 @@ def add_commands(sub) -> None:
     p.add_argument("--val-data")
     p.add_argument("--val-split", default="test")
     p.add_argument("--out", required=True, help="run directory: metrics.jsonl, checkpoints/, best/")
-    reward = Flag(choices=REWARDS)
-    add_groups(p, RLConfig, RL_GROUPS, rollout=ROLLOUT_FLAGS, validation=VALIDATION_FLAGS, reward=reward)
+    reward, advantage = Flag(choices=REWARDS), Flag(choices=ADVANTAGES)
+    groups = dict(rollout=ROLLOUT_FLAGS, validation=VALIDATION_FLAGS, reward=reward, advantage=advantage)
+    add_groups(p, RLConfig, RL_GROUPS, **groups)
     add_fields(p.add_argument_group("distributed (torchrun)"), DistConfig)
     p.set_defaults(func=_cmd_rl)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from bridgelm.engine import SamplingConfig, check_sampling
 from bridgelm.errors import check_int, check_number
 from bridgelm.evaluate import EvalConfig
+from bridgelm.grpo import ADVANTAGES
 from bridgelm.rng import derive_seed
 from bridgelm.train.set_rewards import REWARDS
 
@@ -39,7 +40,12 @@ class RLConfig:
     # each step (1.3-1.5x faster sampling on CPU); the update recomputes every log-prob. None: the policy itself
     reward: str = "sample"  # "sample": each rollout's correctness (paper); "majority": a Bridge group's majority vote
     # correct, for all its rollouts (needs rollouts >= 2 x width); "distinct": its distinct correct answers, shared
-    # by their holders (countdown). Advantages compare all G rollouts of a prompt, across its groups (paper App. C)
+    # by their holders (countdown); "sibling": r_i + sibling_weight x the mean of its group's other rewards (needs
+    # rollouts >= 2 x width)
+    sibling_weight: float | None = None  # L of reward "sibling" (None: 1.0; L = width - 1 credits each rollout with
+    # its whole group's reward, the exact policy gradient of a group's summed reward)
+    advantage: str = "prompt"  # "prompt": over all G rollouts of a prompt, across its groups (the paper's);
+    # "between-groups": each rollout against the mean of its prompt's other Bridge groups (App. C; rollouts >= 2 x width)
 
     steps_per_rollout: int = 8  # K: optimiser steps per rollout batch, on K mini-batches of whole groups
     epochs_per_rollout: int = 1  # passes over the rollout batch (K steps each)
@@ -108,6 +114,7 @@ class RLConfig:
                 f"reward='majority' gives a Bridge group's rollouts one reward, so with one group per prompt "
                 f"(rollouts={G}, width={w}) every advantage is 0: expected rollouts >= 2 x width"
             )
+        self._check_credit()
         if self.rollout_dtype is not None:
             if self.rollout_dtype not in ROLLOUT_DTYPES:
                 raise ValueError(f"rollout_dtype={self.rollout_dtype!r}: expected one of {', '.join(ROLLOUT_DTYPES)}")
@@ -116,6 +123,30 @@ class RLConfig:
                     "rollout_dtype='float32' with fsdp would keep a whole fp32 copy (4 bytes a parameter) on every "
                     "rank beside its shard: expected bfloat16 or float16 (2 bytes a parameter)"
                 )
+
+    def _check_credit(self) -> None:
+        """The advantage and sibling credit: each needs several Bridge groups per prompt, as it compares groups."""
+        G, w = self.rollout.n, self.rollout.width
+        if self.advantage not in ADVANTAGES:
+            raise ValueError(f"advantage={self.advantage!r}: expected one of {', '.join(ADVANTAGES)}")
+        if self.advantage == "between-groups" and G < 2 * w:
+            raise ValueError(
+                f"advantage='between-groups' compares a prompt's Bridge groups, but rollouts={G} at width={w} make one "
+                "group: expected rollouts >= 2 x width"
+            )
+        if self.reward != "sibling":
+            if self.sibling_weight is not None:
+                raise ValueError(f"sibling_weight={self.sibling_weight} is read only by reward='sibling', not {self.reward!r}")
+            return
+        if w < 2:
+            raise ValueError("reward='sibling' credits a rollout with its Bridge group's other rewards: width=1 has none")
+        if G == w:
+            raise ValueError(
+                f"reward='sibling' with one Bridge group per prompt (rollouts={G}, width={w}): the siblings' term is "
+                "shared by every rollout the advantage compares and cancels; expected rollouts >= 2 x width"
+            )
+        if self.sibling_weight is not None:
+            check_number("sibling_weight", self.sibling_weight, 0)
 
     def replica_dtype(self) -> str | None:
         """The dtype of the copy the rollouts sample from (rollouts.RolloutPolicy): rollout_dtype, or bfloat16 under

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from bridgelm.dist import Dist, gather_into, unsharded
-from bridgelm.grpo import group_advantages
+from bridgelm.grpo import advantages_of
 from bridgelm.rng import derive_seed, generator
 from bridgelm.engine import encode_prompts, eos_ids, generate_ids, pad_id
 from bridgelm.tasks.base import check_rewards, is_correct
@@ -173,7 +173,8 @@ def collect_rollouts(model, tokenizer, task, examples: list[dict], cfg: RLConfig
             finished.append(s.finished)
     scores = torch.tensor(check_rewards(task.reward_many(pairs), f"task {task.name!r}, step {step + 1}"))  # [R]
     answers = [task.extract(text) for text, _ in pairs] if cfg.reward != "sample" else []
-    rewards = set_rewards(cfg.reward, scores, answers, w)  # [R]
-    advantages = group_advantages(rewards.view(len(examples), G)).view(-1)  # over a prompt's G rollouts, all groups
+    weight = 1.0 if cfg.sibling_weight is None else cfg.sibling_weight
+    rewards = set_rewards(cfg.reward, scores, answers, w, weight)  # [R]
+    advantages = advantages_of(cfg.advantage, rewards.view(len(examples), G), w).view(-1)  # [R]
     correct = torch.tensor([is_correct(x) for x in scores.tolist()], dtype=torch.bool)
     return Rollouts(rows, w, rewards, advantages, finished, seconds, correct)

@@ -11,6 +11,12 @@ paper defines none, so these are this project's:
   self-consistency vote (bridgelm.metrics.majority_vote: the most common canonical answer wins, the first seen among
   equals, an answer that does not parse never wins). It needs >= 2 groups per prompt: with one, every rollout of a
   prompt gets the same reward and every advantage is 0 (RLConfig refuses it).
+- "sibling": sibling credit, r_i + L x the mean of the other rewards of i's group (L: `sibling_weight`), so that a
+  rollout is paid for what its siblings achieve. Under Bridge a rollout's tokens shape its siblings' samples, and the
+  exact policy gradient of a group's summed reward credits each rollout with the whole group's reward (L = w - 1),
+  where per-sample GRPO keeps only its own. With one group per prompt the siblings' term is shared by the rollouts it
+  compares and cancels in the advantage, so it needs >= 2 groups per prompt and advantages between the groups
+  (RLConfig refuses it otherwise).
 - "distinct": coverage, where duplicate samples waste the budget, for tasks whose problems have several correct
   answers that the task's `extract` tells apart (`Task.several_answers`: Countdown's expressions). A correct rollout
   gets 1/k, k the number of correct rollouts of its group with the same canonical answer; a wrong one 0. A group's
@@ -31,13 +37,13 @@ import torch
 from bridgelm.metrics import canonical_answer, majority_vote
 from bridgelm.tasks.base import is_correct
 
-REWARDS = ("sample", "majority", "distinct")
+REWARDS = ("sample", "majority", "distinct", "sibling")
 
 
 def check_reward_task(reward: str, task) -> None:
     """A ValueError when `task` cannot grade `reward`: a set-level reward of a graded score (ROUGE), or "distinct" on
     a task whose problems have one correct answer."""
-    if reward == "sample":
+    if reward in ("sample", "sibling"):
         return
     if task.continuous:
         raise ValueError(f"reward={reward!r} needs a task graded correct or not; task {task.name!r} gives a score")
@@ -48,11 +54,15 @@ def check_reward_task(reward: str, task) -> None:
         )
 
 
-def set_rewards(reward: str, scores: torch.Tensor, answers: Sequence[str | None], width: int) -> torch.Tensor:
-    """The rewards [R] of `reward` from the task's rewards `scores` [R] and extracted `answers` (R of them), in
-    groups of `width` consecutive rollouts."""
+def set_rewards(
+    reward: str, scores: torch.Tensor, answers: Sequence[str | None], width: int, sibling_weight: float = 1.0
+) -> torch.Tensor:
+    """The rewards [R] of `reward` from the task's rewards `scores` [R] and extracted `answers` (R of them; not read by
+    "sample" and "sibling"), in groups of `width` consecutive rollouts."""
     if reward == "sample":
         return scores
+    if reward == "sibling":
+        return sibling_rewards(scores, width, sibling_weight)
     if len(answers) != scores.numel() or scores.numel() % width:
         raise ValueError(f"{len(answers)} answers and {scores.numel()} rewards must be as many, in groups of {width}")
     of_group = {"majority": majority_rewards, "distinct": distinct_rewards}[reward]
@@ -73,3 +83,12 @@ def distinct_rewards(answers: Sequence[str | None], correct: Sequence[bool]) -> 
     canon = [canonical_answer(a) for a in answers]
     holders = Counter(a for a, ok in zip(canon, correct) if ok)
     return [1 / holders[a] if ok else 0.0 for a, ok in zip(canon, correct)]
+
+
+def sibling_rewards(scores: torch.Tensor, width: int, weight: float) -> torch.Tensor:
+    """r_i + weight x (mean of the other rewards of i's group), in groups of `width` consecutive rollouts -> [R]."""
+    if width < 2 or scores.numel() % width:
+        raise ValueError(f"sibling rewards need groups of width >= 2 that divide {scores.numel()} rewards; got {width}")
+    groups = scores.float().view(-1, width)  # [groups, w]
+    others = (groups.sum(-1, keepdim=True) - groups) / (width - 1)
+    return (groups + weight * others).view(-1)
