@@ -43,7 +43,7 @@ def test_quick_demo_runs_every_stage_and_resumes(tmp_path, capsys):
 
     assert results["paper_effects"] == paper_effects(results["diffs"], results["rlvr_gain"])
     assert set(results["power"]) == set(results["diffs"]) and all(p > 0 for p in results["power"].values())
-    assert set(results["rlvr_gain"]) == {"mean", "low", "high"}
+    assert set(results["rlvr_gain"]) == {"mean", "low", "high", "interval"}
     assert "foreign siblings" in text and "Departures from the paper" in text
     # The positive control ran at every seed: its paired differences, accuracies and power (issue 39's keys).
     pc = results["positive_control"]

@@ -305,12 +305,12 @@ def test_scoring_real_math_rows(tmp_path, model_tok, shared_data):
     for w in ("1", "2"):
         m = result["benchmarks"]["math500"][w]
         assert m["metrics"]["accuracy"]["mean"] == pytest.approx(0.5)  # (3/4 + 1/4) / 2
-        assert m["metrics"]["coverage"]["mean"] == pytest.approx(1.0)
+        assert m["metrics"]["coverage@n"]["mean"] == pytest.approx(1.0)
         assert m["metrics"]["majority_vote"]["mean"] == pytest.approx(0.5)  # 5555 outvotes the right answer
         assert m["mean_length"] == pytest.approx(21 / 8) and m["finished"] == pytest.approx(7 / 8)
         # at budget L only samples that finished within L tokens count
-        assert m["budgets"]["1"]["accuracy"] == pytest.approx(0.125) and m["budgets"]["1"]["coverage"] == 0.5
-        assert m["budgets"]["2"]["accuracy"] == pytest.approx(0.25) and m["budgets"]["2"]["coverage"] == 1.0
+        assert m["budgets"]["1"]["accuracy"] == pytest.approx(0.125) and m["budgets"]["1"]["coverage@n"] == 0.5
+        assert m["budgets"]["2"]["accuracy"] == pytest.approx(0.25) and m["budgets"]["2"]["coverage@n"] == 1.0
         assert m["budgets"]["8"]["accuracy"] == pytest.approx(0.375)
         assert result["benchmarks"]["aime24"][w]["metrics"]["accuracy"]["mean"] == 0.0
         assert result["avg"][w]["metrics"]["accuracy"]["mean"] == pytest.approx(0.25)

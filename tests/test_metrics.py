@@ -195,7 +195,7 @@ def test_summarize():
     assert out["problems"] == 4 and out["samples"] == 8
     m = out["metrics"]
     assert m["accuracy"]["mean"] == pytest.approx((1 + 0.5 + 0.125 + 0) / 4)
-    assert m["coverage"]["mean"] == pytest.approx(0.75)
+    assert m["coverage@n"]["mean"] == pytest.approx(0.75)
     assert m["pass@8"]["mean"] == pytest.approx(0.75)
     assert m["pass@1"]["mean"] == pytest.approx(m["accuracy"]["mean"])
     assert {"pass@1", "pass@2", "pass@4", "pass@8"} <= set(m)
@@ -235,8 +235,16 @@ def test_paired_difference_against_a_loop_reference():
         problems = ref_rng.integers(0, 40, size=40)
         means.append(sum(a[s, p] - b[s, p] for s in seeds for p in problems) / (3 * 40))
     assert got["mean"] == pytest.approx(float((a - b).mean()))
-    assert got["low"] == pytest.approx(float(np.quantile(means, 0.025)))
-    assert got["high"] == pytest.approx(float(np.quantile(means, 0.975)))
+    boot = float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
+    # 3 seeds: the wider of the bootstrap and a t-interval over the 3 seed means (written out here)
+    seed_means = (a - b).mean(axis=1)
+    half = 4.303 * seed_means.std(ddof=1) / 3**0.5
+    t = seed_means.mean() - half, seed_means.mean() + half
+    wider = t if t[1] - t[0] > boot[1] - boot[0] else boot
+    assert (got["low"], got["high"]) == pytest.approx(wider)
+    assert got["interval"] == ("t over 3 seeds" if wider == t else "bootstrap")
+    many = metrics.paired_difference(np.tile(a, (4, 1)), np.tile(b, (4, 1)), n_boot=50)  # 12 seeds: bootstrap alone
+    assert many["interval"] == "bootstrap"
     assert 0 < got["low"] < 0.1 < got["high"] < 0.2  # the true shift 0.1 is inside, 0 is outside
     # Pairing matters: a shared per-problem difficulty cancels, so the interval is narrow.
     hard = rng.random(40)[None, :] * np.ones((3, 1))
@@ -247,3 +255,46 @@ def test_paired_difference_against_a_loop_reference():
 def test_paired_difference_refuses_mismatched_shapes():
     with pytest.raises(ValueError, match="one shape"):
         metrics.paired_difference([[1.0, 0.0]], [[1.0]])
+
+
+def test_group_metrics_measure_each_bridge_group_not_random_subsets():
+    """The issue's case: one group of 8 all right, one with 2 right. Half the groups are all right, while the pooled
+    G-Pass@8 at tau = 1 (8 drawn from all 16) is C(10, 8) / C(16, 8) = 0.0035."""
+    from bridgelm.metrics import benchmark_metrics, group_columns
+
+    correct = [True] * 8 + [True, True] + [False] * 6
+    answers = ["5"] * 8 + ["5", "5", "3", "3", "3", "1", "1", "1"]
+    score = {"n": 16, "c": 10, "correct": correct, "answers": answers, "majority_correct": True, "lengths": [4] * 16,
+             "finished": [True] * 16}
+    cols = group_columns([score], 8)
+    assert cols["group_all_correct"] == [0.5] and cols["pass@w"] == [1.0]
+    assert cols["group_majority"] == [0.5]  # group 2's vote is "3" (3 against 2 and 3: "3" seen first), wrong
+    assert cols["group_g_pass@w_tau0.25"] == [1.0] and cols["group_g_pass@w_tau0.5"] == [0.5]
+    m = benchmark_metrics([score], gpass_k=8, max_new_tokens=4, group_width=8)
+    assert m["group_size"] == 8 and m["metrics"]["group_all_correct"]["mean"] == 0.5
+    assert m["metrics"]["g_pass@8_tau1"]["mean"] == pytest.approx(45 / 12870)  # the pooled one: groups mixed
+    assert m["metrics"]["coverage@n"]["mean"] == 1.0 and "coverage" not in m["metrics"]
+    # at n = 16 with one correct sample: coverage@16 is 1, the paper's coverage at w = 8 is 0.5
+    one = dict(score, c=1, correct=[True] + [False] * 15, answers=["5"] + ["3"] * 15, majority_correct=False)
+    m = benchmark_metrics([one], gpass_k=8, max_new_tokens=4, group_width=8)
+    assert m["metrics"]["coverage@n"]["mean"] == 1.0 and m["metrics"]["pass@w"]["mean"] == 0.5
+    assert "pass@w" not in benchmark_metrics([one], gpass_k=8, max_new_tokens=4)["metrics"]  # width 1: no groups
+    with pytest.raises(ValueError, match=r"16 samples: expected groups of width 5"):
+        group_columns([score], 5)
+
+
+def test_t_quantiles_match_scipy():
+    from scipy import stats
+
+    for df, q in enumerate(metrics.T_975, start=1):
+        assert q == pytest.approx(stats.t.ppf(0.975, df), abs=1e-3)
+
+
+def test_a_few_seeds_that_disagree_widen_the_interval():
+    """3 seeds whose effects differ much more than problems do: the bootstrap's interval is narrow, the t-interval
+    over seed means is the one reported."""
+    rng = np.random.default_rng(0)
+    shift = np.array([0.0, 0.1, 0.2])[:, None]
+    a = rng.random((3, 200)) * 0.01 + shift
+    got = metrics.paired_difference(a, np.zeros_like(a), n_boot=200)
+    assert got["interval"] == "t over 3 seeds" and got["low"] < 0 < 0.2 < got["high"]

@@ -70,7 +70,7 @@ def test_report_of_two_runs(tmp_path, model_tok, capsys):
     assert "## Coverage" in table and "## Majority vote" in table and "| bridge (w=1) |" in table
     report = json.loads((out / "report.json").read_text())
     assert report["accuracy"]["rows"]["bridge"]["delta"] == pytest.approx(avg["bridge"] - avg["base"])
-    assert report["coverage"]["rows"]["base"]["avg"] == pytest.approx(0.75)  # aime24 1 of 2, amc23 2 of 2
+    assert report["coverage@n"]["rows"]["base"]["avg"] == pytest.approx(0.75)  # aime24 1 of 2, amc23 2 of 2
     assert report["gpass"]["bridge"]["k"] == 4 and set(report["width"]) == {"bridge"}
     for name in ("gpass.png", "width.png", "length.png"):
         assert (out / name).read_bytes()[:8] == PNG_MAGIC

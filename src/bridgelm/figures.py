@@ -24,7 +24,7 @@ from bridgelm.jsonl import write_atomic
 # Panels of the width and length plots: metric key in the curves -> axis title.
 CURVE_PANELS = {
     "accuracy": "accuracy",
-    "coverage": "coverage",
+    "coverage@n": "coverage@n",
     "g_pass_tau0.5": "G-Pass@k_0.5",
     "g_pass_tau1": "G-Pass@k_1",
 }
@@ -80,7 +80,7 @@ def _panel_values(metrics: dict[str, float], k: int) -> dict[str, float]:
     """The CURVE_PANELS numbers out of a flat {metric: value} dict."""
     return {
         "accuracy": metrics["accuracy"],
-        "coverage": metrics["coverage"],
+        "coverage@n": metrics["coverage@n"],
         "g_pass_tau0.5": metrics[f"g_pass@{k}_tau0.5"],
         "g_pass_tau1": metrics[f"g_pass@{k}_tau1"],
     }

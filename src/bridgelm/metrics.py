@@ -198,7 +198,9 @@ def paired_difference(
     `a[s][p]` and `b[s][p]` are per-problem scores (e.g. accuracy over the samples of problem p) of two methods
     trained or sampled with the same seed s on the same problems. Each replicate resamples seeds with
     replacement, then problems with replacement, and keeps every pair (s, p) together, so the interval holds
-    the variation between training seeds as well as between problems. Returns {"mean", "low", "high"}.
+    the variation between training seeds as well as between problems. With 2 to 9 seeds the interval is the wider of
+    that and a t-interval over the seeds' means (`T_SEEDS`). Returns {"mean", "low", "high", "interval"} ("interval":
+    "bootstrap" or "t over S seeds", whichever was used).
     """
     x = np.asarray(a, dtype=np.float64)
     y = np.asarray(b, dtype=np.float64)
@@ -217,7 +219,26 @@ def paired_difference(
         problems = rng.integers(0, P, size=P)
         means[i] = d[np.ix_(seeds, problems)].mean()
     low, high = np.quantile(means, [alpha / 2.0, 1.0 - alpha / 2.0])
-    return {"mean": float(d.mean()), "low": float(low), "high": float(high)}
+    out = {"mean": float(d.mean()), "low": float(low), "high": float(high), "interval": "bootstrap"}
+    if 2 <= S < T_SEEDS and alpha == 0.05:
+        t_low, t_high = seed_t_interval(d.mean(axis=1))
+        if t_high - t_low > high - low:
+            out.update(low=t_low, high=t_high, interval=f"t over {S} seeds")
+    return out
+
+
+# Below this many seeds the two-way bootstrap's interval is too narrow when seeds vary more than problems (it covers
+# ~75% at 3 seeds in simulation): `paired_difference` then takes the wider of it and a t-interval over seed means.
+T_SEEDS = 10
+# Two-sided 95% quantiles of Student's t with 1..9 degrees of freedom (tests/test_metrics.py checks them with scipy).
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262)
+
+
+def seed_t_interval(seed_means: np.ndarray) -> tuple[float, float]:
+    """The 95% t-interval of the mean of 2..10 per-seed means: mean +- t(S - 1) x sd / sqrt(S)."""
+    S = len(seed_means)
+    half = T_975[S - 2] * float(np.std(seed_means, ddof=1)) / np.sqrt(S)
+    return float(np.mean(seed_means) - half), float(np.mean(seed_means) + half)
 
 
 def _tau_key(tau: float) -> str:
@@ -235,7 +256,7 @@ def summarize(
     """Benchmark summary from per-problem records {"n": samples, "c": correct[, "majority_correct"]}.
 
     Returns {"problems": P, "samples": n, "metrics": {name: {"mean", "low", "high"}}} where the
-    metrics are accuracy (mean c/n), coverage (c > 0), pass@k for k = 1, 2, 4, ... <= n,
+    metrics are accuracy (mean c/n), coverage@n (c > 0), pass@k for k = 1, 2, 4, ... <= n,
     G-Pass@k_tau with k = min(gpass_k, n) for tau = 0 ("cov"), 0.25, 0.5, 0.75, 1 and for every
     count threshold m = 1..k ("atleast{m}", the paper's tau*k axis), mG-Pass@k and, when the
     records carry it, majority-vote accuracy. Every interval resamples the same problems (same seed).
@@ -256,7 +277,7 @@ def summarize(
 
     columns: dict[str, list[float]] = {
         "accuracy": [c / n for n, c in zip(ns, cs)],
-        "coverage": [float(c > 0) for c in cs],
+        "coverage@n": [float(c > 0) for c in cs],  # at least one of all n right (pooled; the paper's is pass@w)
     }
     k = 1
     while k <= n_min:
@@ -276,11 +297,42 @@ def summarize(
     if with_vote:
         columns["majority_vote"] = [float(bool(rec["majority_correct"])) for rec in per_problem]
 
+    metrics = with_intervals(columns, n_boot=n_boot, alpha=alpha, seed=seed)
+    return {"problems": len(per_problem), "samples": n_min, "metrics": metrics}
+
+
+def with_intervals(columns: dict[str, list[float]], n_boot: int = 1000, alpha: float = 0.05, seed: int = 0) -> dict:
+    """{name: per-problem values} -> {name: {"mean", "low", "high"}}, each interval resampling the same problems."""
     metrics = {}
     for name, values in columns.items():
         low, high = bootstrap_ci(values, n_boot=n_boot, alpha=alpha, seed=seed)
         metrics[name] = {"mean": float(np.mean(values)), "low": low, "high": high}
-    return {"problems": len(per_problem), "samples": n_min, "metrics": metrics}
+    return metrics
+
+
+def group_columns(scores: Sequence[dict], width: int) -> dict[str, list[float]]:
+    """Set metrics of the Bridge groups themselves: per problem, the mean over its groups (`width` consecutive
+    samples of its "correct" and "answers") of Pass@w (at least one right: the paper's coverage at the group size),
+    all right, the group's majority vote right, and G-Pass@w_tau (at least ceil(tau x w) right) at every summary tau.
+    Unlike the pooled G-Pass@k, which draws k of all n samples and so mixes groups, each number is of a real group."""
+    names = ["pass@w", "group_all_correct", "group_majority"] + [f"group_g_pass@w_tau{_tau_key(t)}" for t in _SUMMARY_TAUS]
+    columns: dict[str, list[float]] = {name: [] for name in names}
+    for s in scores:
+        correct, answers = list(s["correct"]), list(s["answers"])
+        if len(correct) % width:
+            raise ValueError(f"problem {s.get('index')} has {len(correct)} samples: expected groups of width {width}")
+        groups = [range(i, i + width) for i in range(0, len(correct), width)]
+        counts = [sum(bool(correct[j]) for j in g) for g in groups]
+        cells = {
+            "pass@w": [float(c > 0) for c in counts],
+            "group_all_correct": [float(c == width) for c in counts],
+            "group_majority": [float(majority_vote([answers[j] for j in g], [correct[j] for j in g])) for g in groups],
+        }
+        for t in _SUMMARY_TAUS:
+            cells[f"group_g_pass@w_tau{_tau_key(t)}"] = [float(c >= tau_threshold(t, width)) for c in counts]
+        for name, values in cells.items():
+            columns[name].append(float(np.mean(values)))
+    return columns
 
 
 def summarize_scores(
@@ -340,7 +392,7 @@ def budget_metrics(scores: Sequence[dict], budget: int, gpass_k: int) -> dict[st
     k = min(gpass_k, min(ns))
     out = {
         "accuracy": float(np.mean([c / n for n, c in zip(ns, cs)])),
-        "coverage": float(np.mean([c > 0 for c in cs])),
+        "coverage@n": float(np.mean([c > 0 for c in cs])),
     }
     for name, tau in _gpass_names(k).items():
         out[name] = float(np.mean([g_pass_at_k(n, c, k, tau) for n, c in zip(ns, cs)]))
@@ -367,8 +419,12 @@ def continuous_metrics(scores: Sequence[dict], max_new_tokens: int) -> dict[str,
     return summary
 
 
-def benchmark_metrics(scores: Sequence[dict], gpass_k: int, max_new_tokens: int) -> dict[str, Any]:
-    """`summarize` of one (benchmark, width), plus response length, finished fraction and budgets.
+def benchmark_metrics(
+    scores: Sequence[dict], gpass_k: int, max_new_tokens: int, group_width: int = 1
+) -> dict[str, Any]:
+    """`summarize` of one (benchmark, width), plus response length, finished fraction and budgets; with
+    `group_width` > 1 (samples drawn in Bridge groups of that width) also the groups' own set metrics
+    (`group_columns`) and "group_size".
 
     Problems of a continuous task (score lines with "scores") get `continuous_metrics` instead.
     """
@@ -382,6 +438,9 @@ def benchmark_metrics(scores: Sequence[dict], gpass_k: int, max_new_tokens: int)
     summary["mean_length"] = float(np.mean(lengths))
     summary["finished"] = float(np.mean(finished))
     summary["budgets"] = {str(L): budget_metrics(scores, L, gpass_k) for L in budgets(max_new_tokens)}
+    if group_width > 1:
+        summary["metrics"].update(with_intervals(group_columns(scores, group_width)))
+        summary["group_size"] = group_width
     return summary
 
 

@@ -214,8 +214,10 @@ def build_report(
         "base": base,
         "setting_differences": setting_differences(rows),
         "accuracy": table_numbers(metric_cells(rows, "accuracy"), base),
-        "coverage": table_numbers(metric_cells(rows, "coverage"), base),
+        "coverage@n": table_numbers(metric_cells(rows, "coverage@n"), base),
         "majority_vote": table_numbers(metric_cells(rows, "majority_vote"), base),
+        "pass@w": table_numbers(metric_cells(rows, "pass@w"), base),
+        "group_all_correct": table_numbers(metric_cells(rows, "group_all_correct"), base),
         "accuracy_by_width": table_numbers(widths, width_base) if len(widths) > len(rows) else None,
         "nonmath": nonmath_table(rows),
         "stability": stability_table(rows),
@@ -285,7 +287,7 @@ def _run_lines(report: dict[str, Any]) -> list[str]:
 
 
 def _metric_sections(report: dict[str, Any]) -> list[str]:
-    """The sections of the Table-1 style tables (accuracy, coverage, majority vote, by width), Table 2 and Table 5."""
+    """The sections of the Table-1 style tables (accuracy, coverage@n, pass@w, group all-correct, majority vote, by width), Table 2 and Table 5."""
     base = report["base"]
     note = (
         "Percent; 95% bootstrap intervals over problems in brackets. Avg: unweighted mean over the benchmark "
@@ -293,7 +295,9 @@ def _metric_sections(report: dict[str, Any]) -> list[str]:
     )
     sections = [
         ("Accuracy (Pass@1, paper Table 1)", report["accuracy"], base),
-        ("Coverage (at least one correct response of n)", report["coverage"], base),
+        ("Coverage@n (at least one correct response of all n, pooled over groups)", report["coverage@n"], base),
+        ("Pass@w (at least one correct response in a Bridge group: the paper's coverage)", report["pass@w"], base),
+        ("All of a Bridge group correct (G-Pass@w at τ = 1, per group)", report["group_all_correct"], base),
         ("Majority vote (self-consistency, paper Appendix E)", report["majority_vote"], base),
     ]
     if report["accuracy_by_width"] is not None:

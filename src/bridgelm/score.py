@@ -142,7 +142,8 @@ def _score_locked(run_dir: Path, task: Task | None, allow_partial: bool, progres
         for w in widths:
             mine = [s for s in scores if s["benchmark"] == b.name and s["width"] == w]
             if mine:
-                entry = _named(M.benchmark_metrics(mine, gpass_k, int(run["max_new_tokens"])), b.task)
+                group = 1 if run.get("foreign_groups") else w  # foreign groups: a problem's samples are in 8 groups
+                entry = _named(M.benchmark_metrics(mine, gpass_k, int(run["max_new_tokens"]), group), b.task)
                 result["benchmarks"].setdefault(b.name, {})[str(w)] = {**entry, "missing": missing[(b.name, w)]}
     for w in widths:
         entries = {b: per[str(w)] for b, per in result["benchmarks"].items() if str(w) in per}
@@ -234,7 +235,7 @@ def summary_line(result: dict[str, Any], width: int | None = None) -> str:
             f"mean {CONTINUOUS} (ROUGE-1 F1) {100 * m[CONTINUOUS]['mean']:.2f}, per-prompt {CONTINUOUS} variance "
             f"{variance:.2f} (points²), mean length {avg['mean_length']:.0f} tokens"
         )
-    parts = [f"accuracy {100 * m['accuracy']['mean']:.2f}%", f"coverage {100 * m['coverage']['mean']:.2f}%"]
+    parts = [f"accuracy {100 * m['accuracy']['mean']:.2f}%", f"coverage@n {100 * m['coverage@n']['mean']:.2f}%"]
     if "majority_vote" in m:
         parts.append(f"majority vote {100 * m['majority_vote']['mean']:.2f}%")
     parts.append(f"mean length {avg['mean_length']:.0f} tokens")

@@ -138,7 +138,8 @@ def _numbers(entry: dict, k: int) -> dict:
     m = entry["metrics"]
     out = {
         "accuracy": m["accuracy"],
-        "coverage": m["coverage"],
+        "coverage@n": m["coverage@n"],
+        "sets": set_numbers(entry, k),
         "mg_pass": m.get(f"mg_pass@{k}", {}).get("mean"),
         "gpass": {j: m[f"g_pass@{k}_atleast{j}"]["mean"] for j in range(1, k + 1) if f"g_pass@{k}_atleast{j}" in m},
         "mean_length": entry.get("mean_length"),
@@ -148,6 +149,36 @@ def _numbers(entry: dict, k: int) -> dict:
     if "majority_vote" in m:
         out["majority_vote"] = m["majority_vote"]
     return out
+
+
+def set_numbers(entry: dict, k: int) -> dict:
+    """A cell's sets of k samples: its Bridge groups' own Pass@w, all-correct and majority (group metrics) where it
+    was sampled in groups of k; else, for independent samples, Pass@k and G-Pass@k at tau = 1 over random k-subsets
+    (the same quantities: a set of k independent samples is any k of them)."""
+    m, size = entry["metrics"], entry.get("group_size", 1)
+    if size == k:
+        return {"size": k, "pass": m["pass@w"]["mean"], "all_correct": m["group_all_correct"]["mean"],
+                "majority": m["group_majority"]["mean"], "of": "Bridge groups"}
+    if size == 1 and f"pass@{k}" in m:
+        return {"size": k, "pass": m[f"pass@{k}"]["mean"], "all_correct": m[f"g_pass@{k}_tau1"]["mean"],
+                "majority": None, "of": "independent samples"}
+    return {}
+
+
+def per_problem_sets(run_dir: Path, width: int, k: int, tau: float) -> list[float]:
+    """Per problem (in problem order) of a run's samples at `width`: the share of its sets of k samples with at least
+    ceil(tau x k) correct (tau 1: all; tau 0: at least one). With width k the sets are its Bridge groups; with width 1,
+    any k of its n independent samples (G-Pass@k_tau, Pass@k at tau 0)."""
+    from bridgelm.metrics import g_pass_at_k, tau_threshold
+
+    scores = [r for r in read_records(run_dir / "scores.jsonl", repair=False) if int(r["width"]) == width]
+    scores.sort(key=lambda r: (r["benchmark"], int(r["index"])))
+    if width == 1:
+        return [g_pass_at_k(r["n"], r["c"], k, tau) for r in scores]
+    if width != k:
+        raise ValueError(f"sets of {k} are Bridge groups only at width {k}, not {width}")
+    need = tau_threshold(tau, k)
+    return [statistics.fmean(sum(r["correct"][i : i + k]) >= need for i in range(0, r["n"], k)) for r in scores]
 
 
 def collect(eval_dirs: dict[tuple[str, int], Path], cfg) -> dict:
@@ -199,6 +230,12 @@ def controls(arms: dict, eval_dirs: dict[tuple[str, int], Path], foreign: dict[i
             diffs[f"bridge-{other}"] = paired_difference(bridge_w, theirs)
     if bridge_1 is not None:
         diffs[f"w{w}-w1"] = paired_difference(bridge_w, bridge_1)
+    k = cfg.eval.gpass_k
+    if k == w and all(("rlvr", s) in eval_dirs for s in seeds):  # sets of k: Bridge's groups against k of RLVR's samples
+        for name, tau in (("all", 1.0), ("any", 0.0)):
+            mine = [per_problem_sets(eval_dirs[("bridge", s)], w, k, tau) for s in seeds]
+            theirs = [per_problem_sets(eval_dirs[("rlvr", s)], 1, k, tau) for s in seeds]
+            diffs[f"sets-{name} bridge-rlvr"] = paired_difference(mine, theirs)
     foreign_acc = None
     if bridge_1 is not None and all(s in foreign and (foreign[s] / "scores.jsonl").exists() for s in seeds):
         strangers = [per_problem(foreign[s], w) for s in seeds]
