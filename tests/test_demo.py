@@ -130,7 +130,7 @@ def test_quick_demo_runs_every_stage_and_resumes(tmp_path, capsys):
 def test_stage_times_keep_the_speed_of_the_invocation_that_took_them(tmp_path):
     """An invocation that dies after a stage still leaves its matmul peak beside that stage's time; the resumed one
     adds its own entry for the stages it runs, and the report names both."""
-    from bridgelm.demo.pipeline import Stage, Timings, run_stages
+    from bridgelm.demo.runner import Stage, Timings, run_stages
     from bridgelm.demo.report import _peaks_text
 
     def quiet(*_):
@@ -162,7 +162,7 @@ def test_stage_times_keep_the_speed_of_the_invocation_that_took_them(tmp_path):
 def test_stages_run_side_by_side_after_their_inputs(tmp_path):
     """run_stages in worker processes: a stage starts once the stages it reads are done; an unknown dependency is
     refused before anything runs; a failing stage ends the run with its own error and what waits on it never starts."""
-    from bridgelm.demo.pipeline import Stage, Timings, run_stages
+    from bridgelm.demo.runner import Stage, Timings, run_stages
     from bridgelm.jsonl import write_json
 
     timings = Timings(tmp_path, peaks={})
@@ -279,7 +279,7 @@ def test_worker_prints_data_warnings_as_one_line(capfd):
     import signal
     import warnings
 
-    from bridgelm.demo.pipeline import _worker_start
+    from bridgelm.demo.runner import _worker_start
     from bridgelm.errors import DataWarning
 
     show, handler, threads = warnings.showwarning, signal.getsignal(signal.SIGINT), torch.get_num_threads()
@@ -372,32 +372,49 @@ def test_paper_effects_are_scaled_by_this_runs_rlvr_gain_and_placed_against_the_
     assert "the effect here is larger" in width  # 1.89 points: below [15, 25], and scaled too
     assert "The paper's effect, +1.89 points" in width  # Table 3 has one model
     assert "paper's" not in next(x for x in lines if "foreign" in x)
-    assert "**not reproduced**" in next(x for x in lines if "more consistently" in x)  # G-Pass tied: not "more"
+    assert not any("more consistently" in x for x in lines)  # no paired sets difference: no claim at all
+    assert line.startswith("- (primary) ") and pmatch.startswith("- (secondary) ")
+    sets = {"mean": 0.002, "low": 0.0001, "high": 0.004}  # excludes 0, but far below the paper's effect
+    ctl["diffs"]["sets-all bridge-rlvr"] = sets
+    consistent = next(x for x in verdict(arms, ctl, DemoConfig()).splitlines() if "more consistently" in x)
+    assert "**reproduced**" in consistent and "(secondary)" in consistent
+    small = dict(ctl, diffs={**diffs, "bridge-rlvr": {"mean": 0.01, "low": 0.0001, "high": 0.012}})
+    small["paper_effects"] = paper_effects(small["diffs"], gain)
+    line = next(x for x in verdict(arms, small, DemoConfig()).splitlines() if "more than RLVR alone" in x)
+    assert "**shown, but smaller than the paper's effect, which lies above the interval**" in line
 
 
 def test_blocks_only_arm_takes_its_lr_from_validation_problems(tmp_path, capsys):
-    """--blocks-only: seed 0 runs at every candidate block lr, each is scored on validation problems (never the test
-    split), the best is recorded and the arm's runs use it with the base frozen; results.json says which and why."""
-    from bridgelm.demo import blocks_only
+    """--arms bridge_blocks: seed 0 runs at every candidate block lr, each is scored on validation problems (never the
+    test split), the best is recorded and the arm's runs use it with the base frozen; results.json says which and
+    why, and the arm's recipe runs on the control task at that rate."""
+    from bridgelm.demo import lr_search
     from bridgelm.tasks import anysum
 
     out = tmp_path / "demo"
-    main(["demo", "--quick", "--seeds", "1", "--blocks-only", "--out", str(out)])
+    main(["demo", "--quick", "--seeds", "1", "--arms", "bridge_blocks", "--out", str(out)])
     text = (out / "report.md").read_text()
     results = json.loads((out / "results.json").read_text())
-    choice = json.loads((out / blocks_only.CHOICE).read_text())
-    acc = {float(lr): a for lr, a in choice["validation_accuracy"].items()}
-    assert set(acc) == {1e-3, 3e-3} and choice["lr"] == max(sorted(acc), key=lambda lr: (acc[lr], -lr))
-    val = [json.loads(x)["prompt"] for x in (blocks_only.validation_dir(out, choice["lr"]) / "samples.jsonl").open()]
+    choice = json.loads(lr_search.choice_file(out, "bridge_blocks").read_text())
+    acc = {name: a for name, a in choice["validation_accuracy"].items()}
+    assert set(acc) == {"lr0.001", "lr0.003"} and choice["block_lr"] is None
+    best = max((1e-3, 3e-3), key=lambda lr: (acc[f"lr{lr:g}"], -lr))
+    assert choice["lr"] == best
+    lrs = (best, None)
+    val = [json.loads(x)["prompt"] for x in (lr_search.validation_dir(out, "bridge_blocks", lrs) / "samples.jsonl").open()]
     assert val and all(anysum.split_of(p.rstrip("=")) == "validation" for p in val)
-    bo = results["blocks_only"]
-    assert bo["lr"] == choice["lr"] and set(bo["power"]) == {"w4-w1", "blocks-bridge"}
+    assert results["lr_search"]["bridge_blocks"]["lr"] == best
+    bo = results["extra_arms"]["bridge_blocks"]
+    assert set(bo["power"]) == {"w4-w1", "bridge_blocks-bridge"}
     assert bo["w4-w1"]["low"] <= bo["w4-w1"]["mean"] <= bo["w4-w1"]["high"]
     done = json.loads((out / "rl_bridge_blocks_s0" / "done.json").read_text())
-    assert done == json.loads((blocks_only.candidate_dir(out, choice["lr"]) / "done.json").read_text())
-    trained = json.loads((blocks_only.candidate_dir(out, 3e-3) / "run.json").read_text())["identity"]
-    assert trained["lr"] == 3e-3 and trained["freeze_base"] is True
-    assert "## Bridge, blocks only" in text and "bridge_blocks" in results["arms"]
+    assert done == json.loads((lr_search.candidate_dir(out, "bridge_blocks", lrs) / "done.json").read_text())
+    trained = json.loads((lr_search.candidate_dir(out, "bridge_blocks", (3e-3, None)) / "run.json").read_text())
+    assert trained["identity"]["lr"] == 3e-3 and trained["identity"]["freeze_base"] is True
+    recipe = json.loads((out / "control" / "recipe" / "rl_bridge_blocks_s0" / "run.json").read_text())["identity"]
+    assert recipe["lr"] == best and recipe["freeze_base"] is True and recipe["beta"] == trained["identity"]["beta"]
+    assert set(results["recipe_control"]) == {"bridge", "bridge_blocks"}
+    assert "## The other arms" in text and "chosen on validation problems" in text and "bridge_blocks" in results["arms"]
 
 
 def test_seeds_default_by_precision(tmp_path, monkeypatch):

@@ -152,20 +152,26 @@ def test_demo_arms_of_app_c(tmp_path, monkeypatch):
     import bridgelm.train.rl
     from bridgelm.demo import stages
     from bridgelm.demo.config import DemoConfig, eval_config, rl_arms, rl_config
-    from bridgelm.demo.pipeline import demo_stages
-    from bridgelm.demo.results import TITLES
+    from bridgelm.demo.arms import TITLES
+    from bridgelm.demo.graph import demo_stages
 
     assert rl_arms(DemoConfig()) == ("rlvr", "pmatch", "bridge")
-    cfg = DemoConfig(multi_group=True, set_reward=True, bf16=False, seeds=3)
-    assert rl_arms(cfg) == ("rlvr", "pmatch", "bridge", "bridge_2groups", "bridge_majority")
+    cfg = DemoConfig(arms=["bridge_majority", "bridge_2groups", "bridge_appc", "bridge_sibling"], bf16=False, seeds=3)
+    assert rl_arms(cfg) == ("rlvr", "pmatch", "bridge", "bridge_2groups", "bridge_majority", "bridge_appc", "bridge_sibling")
     bridge, two, vote = (rl_config(cfg, arm, 0) for arm in ("bridge", "bridge_2groups", "bridge_majority"))
     assert (bridge.rollout.n, bridge.rollout.width, bridge.reward) == (8, 8, "sample")
     assert (two.rollout.n, two.rollout.width, two.reward, vote.reward) == (16, 8, "sample", "majority")
     assert two.prompts_per_step * two.rollout.n == bridge.prompts_per_step * bridge.rollout.n == 128
     assert replace(vote, rollout=two.rollout) == vote and replace(vote, reward="sample") == two
     vote.validate()
+    # App. C as written and sibling credit: at the Bridge arm's prompts per step (so twice its rollouts)
+    appc, sib = rl_config(cfg, "bridge_appc", 0), rl_config(cfg, "bridge_sibling", 0)
+    assert (appc.prompts_per_step, appc.rollout.n, appc.advantage, appc.reward) == (16, 16, "between-groups", "sample")
+    assert (sib.prompts_per_step, sib.reward, sib.sibling_weight, sib.advantage) == (16, "sibling", 7.0, "between-groups")
+    appc.validate()
+    sib.validate()
     assert eval_config(cfg, "bridge_majority", 0).widths == list(cfg.eval.widths)
-    assert TITLES["bridge_2groups"] and TITLES["bridge_majority"]
+    assert TITLES["bridge_2groups"] and TITLES["bridge_majority"] and TITLES["bridge_sibling"]
 
     loaded, trained = [], []
     monkeypatch.setattr(stages, "load_model", lambda path: ("model", path))
@@ -179,6 +185,8 @@ def test_demo_arms_of_app_c(tmp_path, monkeypatch):
     after = {stage.name: stage.after for stage in demo_stages(ctx)}
     assert after["rl bridge_2groups seed 2"] == after["rl bridge seed 2"] == ("sft bridge seed 2",)
     assert after["eval bridge_majority seed 0"] == ("rl bridge_majority seed 0",)
+    assert after["recipe rl bridge_sibling seed 1"] == ("recipe sft bridge seed 1",)
+    assert after["recipe foreign siblings bridge_sibling seed 1"] == ("recipe rl bridge_sibling seed 1",)
 
 
 def test_report_table_shows_the_app_c_arms_beside_the_independent_ones():
@@ -188,7 +196,7 @@ def test_report_table_shows_the_app_c_arms_beside_the_independent_ones():
 
     def arm(acc, width):
         cell = {"width": width, "accuracy": {"mean": acc, "low": acc - 0.1, "high": acc + 0.1}}
-        cell.update(coverage={"mean": 0.9}, gpass={4: 0.5, 8: 0.3}, majority_vote={"mean": acc + 0.05})
+        cell.update({"coverage@n": {"mean": 0.9}}, gpass={4: 0.5, 8: 0.3}, majority_vote={"mean": acc + 0.05})
         return {"seeds": {0: cell}, "accuracy_mean": acc, "accuracy_sd": 0.0}
 
     arms = {"base": arm(0.3, 1), "rlvr": arm(0.4, 1), "bridge_majority": arm(0.5, 8), "bridge_2groups": arm(0.45, 8)}

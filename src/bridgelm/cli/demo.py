@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
 from bridgelm.cli.common import check_out
 from bridgelm.cli.fields import Flag, add_fields, build, field_comments
+from bridgelm.demo.arms import ARMS, check_arms
 from bridgelm.demo.config import DemoConfig
 
 # The sizes a user may set; every other one is the preset's (DemoConfig(), or DemoConfig.quick() with --quick).
-SETTABLE = ("seeds", "sft_per_seed", "bf16", "blocks_only", "multi_group", "set_reward", "threads", "workers")
+SETTABLE = ("seeds", "sft_per_seed", "bf16", "arms", "recipe_control", "threads", "workers")
 MAX_THREADS = 4096  # torch.set_num_threads overflows a C int far above any machine's core count
 
 
@@ -17,6 +19,8 @@ def _cmd_demo(args) -> None:
     from bridgelm.demo.pipeline import run_demo
 
     cfg = build(DemoConfig, args, base=DemoConfig.quick() if args.quick else DemoConfig())
+    cfg = replace(cfg, arms=[a for entry in cfg.arms for a in entry.split(",") if a])  # --arms a,b or --arms a --arms b
+    check_arms(cfg.arms)
     if cfg.seeds is not None and cfg.seeds < 1:
         raise ValueError(f"--seeds {cfg.seeds} must be >= 1")
     if cfg.workers < 1:
@@ -51,6 +55,11 @@ def add_commands(sub) -> None:
         help="bf16 forwards (autocast in training, bf16 weights in sampling), or fp32 with --no-bf16 (default: as the "
         "folder's earlier stages, else bf16 where this machine's bf16 matmul, measured at the start, is at least 1.2x "
         "as fast as fp32)",
+    )
+    preset["arms"] = Flag(
+        default=argparse.SUPPRESS,
+        help=f"RL arms beside RLVR only, P-Match and Bridge, comma-separated: {', '.join(list(ARMS)[3:])} "
+        "(demo/arms.py; a re-run may add arms to a folder)",
     )
     add_fields(p, DemoConfig, only=SETTABLE, **preset)
     p.set_defaults(func=_cmd_demo)

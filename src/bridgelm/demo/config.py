@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from bridgelm.blocks import BlockConfig
+from bridgelm.demo import arms as registry
 from bridgelm.demo.base import BaseConfig
 from bridgelm.demo.control import ControlConfig
 from bridgelm.engine import SamplingConfig
@@ -15,8 +16,6 @@ from bridgelm.tasks import anysum
 from bridgelm.train.rl_config import RLConfig, default_rollout
 from bridgelm.train.sft import SFTConfig
 
-RL_ARMS = ("rlvr", "pmatch", "bridge")  # the paper's arms; optional: "bridge_cold", "bridge_attn" and App. C's
-TWO_GROUP_ARMS = ("bridge_2groups", "bridge_majority")  # App. C: 2 Bridge groups per prompt, from Bridge's SFT blocks
 TRACE_SEED = 0  # the Bridge run whose checkpoints the trace stage follows
 MAX_NEW_TOKENS = 56  # the longest worked solution (5 numbers) is 49 tokens with its EOS
 
@@ -93,15 +92,13 @@ class DemoConfig:
     positive_control: bool = True  # the positive control (demo/control.py): a task where siblings carry the answer,
     # blocks-only GRPO, w=8 against w=1 and foreign siblings, over `seeds` seeds
     control: ControlConfig = field(default_factory=ControlConfig)  # the positive control's model, GRPO and evaluation
-    cold_start: bool = False  # optional arm: Bridge RL from fresh blocks, no SFT (paper Table 4)
-    attn_placement: bool = False  # optional arm: Bridge blocks after attention, SFT + RL (paper App. D)
-    blocks_only: bool = False  # optional arm "bridge_blocks": Bridge RL with the base frozen, from the Bridge SFT
-    # blocks, at the block lr of blocks_lrs that does best on validation problems (demo/blocks_only.py)
+    arms: list[str] = field(default_factory=list)  # RL arms beside RLVR only, P-Match and Bridge (demo/arms.py):
+    # bridge_cold, bridge_attn, bridge_blocks, bridge_2groups, bridge_majority, bridge_appc, bridge_sibling,
+    # bridge_tuned, pmatch_tuned
     blocks_lrs: list[float] = field(default_factory=lambda: [1e-3, 3e-3])  # candidate block lrs of bridge_blocks
-    multi_group: bool = False  # optional arm "bridge_2groups": 2 Bridge groups per prompt, advantages across them
-    # (paper App. C), at the Bridge arm's rollouts per step (half its prompts)
-    set_reward: bool = False  # optional arm "bridge_majority": as bridge_2groups, each group rewarded by its majority
-    # vote's correctness (`bridgelm rl --reward majority`)
+    lr_grid: list[float] = field(default_factory=lambda: [1e-4, 1e-3, 3e-3])  # candidate block lrs of the tuned
+    # arms, each at base lr rl.lr and at rl.lr x 3 (6 candidates), chosen on validation problems
+    recipe_control: bool = True  # every Bridge arm's recipe run on the positive control's task (demo/recipe_control.py)
     threads: int = 0  # torch threads (0 = torch's default); each of the workers gets threads // workers, at least 1
     workers: int = 2  # stages that do not wait on each other run in this many processes at once (1: one by one)
 
@@ -150,27 +147,23 @@ def quick_control() -> ControlConfig:
 
 
 def rl_arms(cfg: DemoConfig) -> tuple[str, ...]:
-    """The RL arms of this run: the paper's three, then the optional ones asked for."""
-    asked = (cfg.cold_start, cfg.attn_placement, cfg.blocks_only, cfg.multi_group, cfg.set_reward)
-    optional = ("bridge_cold", "bridge_attn", "bridge_blocks", *TWO_GROUP_ARMS)
-    return RL_ARMS + tuple(arm for arm, on in zip(optional, asked, strict=True) if on)
+    """The RL arms of this run: the paper's three, then the others asked for."""
+    return registry.rl_arms(cfg.arms)
 
 
 def sft_of(arm: str) -> str | None:
     """The SFT block set an RL arm starts from; None: none (RLVR has no blocks, the cold start fresh ones)."""
-    if arm in ("rlvr", "bridge_cold"):
-        return None
-    return "bridge" if arm in TWO_GROUP_ARMS or arm == "bridge_blocks" else arm
+    return registry.ARMS[arm].sft
 
 
 def eval_arms(cfg: DemoConfig, seed: int) -> tuple[str, ...]:
     """The arms evaluated at RL seed `seed`: every RL arm, and the base model once (at seed 0)."""
-    return ("base",) + rl_arms(cfg) if seed == 0 else rl_arms(cfg)
+    return (registry.BASE,) + rl_arms(cfg) if seed == 0 else rl_arms(cfg)
 
 
 def sft_kinds(cfg: DemoConfig) -> tuple[str, ...]:
-    """Block sets warmed up by SFT: Bridge and P-Match, and Bridge after attention when that arm is asked for."""
-    return ("bridge", "pmatch") + (("bridge_attn",) if cfg.attn_placement else ())
+    """Block sets warmed up by SFT: those the arms start from."""
+    return registry.sft_kinds(rl_arms(cfg))
 
 
 def sft_seeds(cfg: DemoConfig) -> tuple[int, ...]:
@@ -181,6 +174,16 @@ def sft_seeds(cfg: DemoConfig) -> tuple[int, ...]:
 def sft_seed_of(cfg: DemoConfig, seed: int) -> int:
     """The SFT run that RL seed `seed` starts from."""
     return seed if cfg.sft_per_seed else 0
+
+
+def lr_candidates(cfg: DemoConfig, arm: str) -> list[tuple[float, float | None]]:
+    """The (lr, block_lr) pairs an arm's search compares (block_lr None: lr for every weight); [] without one."""
+    search = registry.ARMS[arm].search
+    if search == "block_lr":  # base frozen: the rate is the blocks'
+        return [(lr, None) for lr in cfg.blocks_lrs]
+    if search == "lrs":
+        return [(base, blocks) for base in (cfg.rl.lr, 3 * cfg.rl.lr) for blocks in cfg.lr_grid]
+    return []
 
 
 def trace_sampling(cfg: DemoConfig, width: int, seed: int) -> SamplingConfig:
@@ -200,17 +203,21 @@ def sft_config(cfg: DemoConfig, kind: str, seed: int) -> SFTConfig:
     )
 
 
-def rl_config(cfg: DemoConfig, arm: str, seed: int) -> RLConfig:
-    """GRPO of one arm and seed: every arm shares the prompts, budget, settings and seed. App. C's arms sample
-    2 x width rollouts per prompt, for as many prompts as keep the rollouts per step (whole prompts, at least 1)."""
-    rl = cfg.rl
-    if arm in TWO_GROUP_ARMS:
-        G = 2 * rl.rollout.width
-        prompts = max(1, rl.prompts_per_step * rl.rollout.n // G)
-        reward = "majority" if arm == "bridge_majority" else rl.reward
-        rl = replace(rl, prompts_per_step=prompts, rollout=replace(rl.rollout, n=G), reward=reward)
-    if arm == "bridge_blocks":  # its lr: the candidate of blocks_lrs chosen on validation (demo/blocks_only.py)
-        rl = replace(rl, freeze_base=True)
+def rl_config(cfg: DemoConfig, arm: str, seed: int, lrs: tuple[float, float | None] | None = None) -> RLConfig:
+    """GRPO of one arm and seed: every arm shares the prompts, budget, settings and seed, but for what its registry
+    entry changes. An arm of k groups per prompt samples k x width rollouts per prompt, for as many prompts as keep
+    the Bridge arm's rollouts per step (whole prompts, at least 1) or, with equal="prompts", its prompts. `lrs`: the
+    (lr, block_lr) of a searched arm (demo/lr_search.py)."""
+    spec, rl = registry.ARMS[arm], cfg.rl
+    if spec.groups > 1:
+        G = spec.groups * rl.rollout.width
+        prompts = rl.prompts_per_step if spec.equal == "prompts" else max(1, rl.prompts_per_step * rl.rollout.n // G)
+        rl = replace(rl, prompts_per_step=prompts, rollout=replace(rl.rollout, n=G))
+    rl = replace(rl, **spec.rl)
+    if rl.reward == "sibling":  # L = w - 1: each rollout is paid its group's total reward
+        rl = replace(rl, sibling_weight=float(rl.rollout.width - 1))
+    if lrs is not None:
+        rl = replace(rl, lr=lrs[0], block_lr=lrs[1])
     return replace(
         rl,
         rollout_dtype="bfloat16" if cfg.bf16 else None,
@@ -224,7 +231,7 @@ def rl_config(cfg: DemoConfig, arm: str, seed: int) -> RLConfig:
 def eval_config(cfg: DemoConfig, arm: str, seed: int, foreign: bool = False) -> EvalConfig:
     """Held-out evaluation of one arm: n samples per problem, every width for Bridge arms; `foreign`: control (b),
     Bridge at the main width with groups made of samples of different problems."""
-    bridge_like = arm.startswith("bridge")
+    bridge_like = arm != registry.BASE and registry.ARMS[arm].bridge
     return replace(
         cfg.eval,
         width=cfg.eval.width if bridge_like else 1,

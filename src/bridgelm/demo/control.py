@@ -22,8 +22,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from bridgelm.demo.base import BaseConfig, make_problems, make_task, pretrain
+from bridgelm.demo.numbers import per_problem_accuracy
 from bridgelm.evaluate import EvalConfig
-from bridgelm.metrics import paired_difference
 from bridgelm.tasks.hint import HintSpec
 from bridgelm.train.rl_config import RLConfig, default_rollout
 
@@ -138,6 +138,12 @@ def stage_rl(demo, dirs: ControlDirs, seed: int) -> dict:
 
 def stage_eval(cfg: ControlConfig, dirs: ControlDirs, seed: int, foreign: bool, bf16: bool) -> dict:
     """The trained blocks on held-out problems: at w = 1 and w = 8, or (foreign) at w = 8 with foreign siblings."""
+    return evaluate(cfg, dirs.base, dirs.rl(seed), dirs.eval(seed, foreign), seed, foreign, bf16)
+
+
+def evaluate(cfg: ControlConfig, base: Path, rl_dir: Path, out: Path, seed: int, foreign: bool, bf16: bool) -> dict:
+    """The final model of the RL run in `rl_dir` on the control's test problems, into `out`: at w = 1 and w = 8, or
+    (foreign) at w = 8 with foreign siblings."""
     import json
 
     import torch
@@ -147,39 +153,46 @@ def stage_eval(cfg: ControlConfig, dirs: ControlDirs, seed: int, foreign: bool, 
     from bridgelm.score import score_run
     from bridgelm.tokenizer import load_tokenizer
 
-    final = json.loads((dirs.rl(seed) / "done.json").read_text())["final_dir"]
+    final = json.loads((rl_dir / "done.json").read_text())["final_dir"]
     model = load_model(final, dtype=torch.bfloat16 if bf16 else torch.float32)
     ecfg = replace(cfg.eval, seed=seed, widths=[cfg.eval.width] if foreign else cfg.eval.widths, foreign_groups=foreign)
     test = test_task(cfg)
-    run_eval(model, load_tokenizer(dirs.base), test, None, ecfg, dirs.eval(seed, foreign), model_id=final)
-    return score_run(dirs.eval(seed, foreign), task=test)
+    run_eval(model, load_tokenizer(base), test, None, ecfg, out, model_id=final)
+    return score_run(out, task=test)
+
+
+def sibling_results(cfg: ControlConfig, runs: list[tuple[Path, Path]]) -> dict | None:
+    """What runs on the control's task show, from their (evaluation, foreign-sibling evaluation) folders, one pair a
+    seed: accuracy at w = 1, w = 8 and with foreign siblings (means over seeds), the majority vote of w = 1's samples
+    (the independent ceiling) and the headroom it leaves (majority − w = 1: what pooling siblings could gain), and the
+    paired differences "w8-w1" and "foreign-w1" ({"mean", "low", "high"}) over seeds and problems with their power.
+    None until a seed's two evaluations are both there."""
+    from bridgelm.demo.numbers import entry, mean_of, sibling_test
+
+    done = [(e, f) for e, f in runs if (e / "scores.jsonl").exists()]
+    if not done or any(not (f / "scores.jsonl").exists() for _, f in done):
+        return None
+    w = cfg.eval.width
+    one = [per_problem_accuracy(e, 1) for e, _ in done]
+    wide = [per_problem_accuracy(e, w) for e, _ in done]
+    foreign = [per_problem_accuracy(f, w) for _, f in done]
+    majority = [entry(e, 1)["metrics"].get("majority_vote", {}).get("mean") for e, _ in done]
+    vote = None if None in majority else sum(majority) / len(majority)
+    return {
+        **sibling_test(one, wide, foreign, w),
+        "seeds": len(done),
+        "accuracy": {"w1": mean_of(one), f"w{w}": mean_of(wide), "foreign": mean_of(foreign)},
+        "majority_vote_w1": vote,
+        "headroom": None if vote is None else vote - mean_of(one),
+    }
 
 
 def control_results(cfg: ControlConfig, dirs: ControlDirs, seeds: int) -> dict | None:
-    """`positive_control` of results.json: accuracy at w = 1, w = 8 and with foreign siblings (mean over seeds), the
-    majority vote of w = 1's samples (the independent ceiling), and the paired differences "w8-w1" and "foreign-w1"
-    ({"mean", "low", "high"}) over seeds and problems, with whether each shows what it must. None until every seed's
-    evaluations are there."""
-    from bridgelm.demo.results import _entry, per_problem_accuracy, power
-
-    w = cfg.eval.width
-    done = [s for s in range(seeds) if (dirs.eval(s) / "scores.jsonl").exists()]
-    if not done or any(not (dirs.eval(s, True) / "scores.jsonl").exists() for s in done):
+    """`positive_control` of results.json: `sibling_results` of the control's own runs, with whether each
+    difference shows what it must ("shown": w8 − w1 above 0 and foreign − w1 below 0, each interval excluding 0)."""
+    out = sibling_results(cfg, [(dirs.eval(s), dirs.eval(s, True)) for s in range(seeds)])
+    if out is None:
         return None
-    one = [per_problem_accuracy(dirs.eval(s), 1) for s in done]
-    wide = [per_problem_accuracy(dirs.eval(s), w) for s in done]
-    foreign = [per_problem_accuracy(dirs.eval(s, True), w) for s in done]
-    diffs = {f"w{w}-w1": paired_difference(wide, one), "foreign-w1": paired_difference(foreign, one)}
-
-    def mean(rows):
-        return sum(map(sum, rows)) / sum(map(len, rows))
-
-    majority = [_entry(dirs.eval(s), 1)["metrics"].get("majority_vote", {}).get("mean") for s in done]
-    return {
-        **diffs,
-        "seeds": len(done),
-        "accuracy": {"w1": mean(one), f"w{w}": mean(wide), "foreign": mean(foreign)},
-        "majority_vote_w1": None if None in majority else sum(majority) / len(majority),
-        "shown": {f"w{w}-w1": diffs[f"w{w}-w1"]["low"] > 0, "foreign-w1": diffs["foreign-w1"]["high"] < 0},
-        "power": power(diffs),
-    }
+    w = cfg.eval.width
+    out["shown"] = {f"w{w}-w1": out[f"w{w}-w1"]["low"] > 0, "foreign-w1": out["foreign-w1"]["high"] < 0}
+    return out

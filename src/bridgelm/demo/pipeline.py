@@ -9,178 +9,36 @@ Stages, each with the project's own functions, each writing under DIR and skippe
              every width: the share of samples that change is the interaction), and control (b), foreign
              siblings: the Bridge model with groups made of samples of different problems
   trace      the interaction over the course of RL (Bridge, seed 0)
+  control    the positive control, on its own and through each Bridge arm's recipe (demo/control.py,
+             demo/recipe_control.py); lr searches on validation problems for the arms that ask (demo/lr_search.py)
   report     DIR/report.md, DIR/results.json and PNG figures (demo/report.py)
 
-The stages are in demo/stages.py, their settings in demo/config.py; this module runs them: the base model first, then
-every other stage as soon as the stages it reads are done, in `workers` processes (`concurrent.futures`; each one's
-output in DIR/logs/<stage>.log). How the demo runs, resumes and times itself: docs/demo.md.
+The stages are in demo/stages.py, their settings in demo/config.py and demo/arms.py, the list of them in
+demo/graph.py; demo/runner.py runs them: the base model first, then every other stage as soon as the stages it reads
+are done, in `workers` processes (each one's output in DIR/logs/<stage>.log). How the demo runs, resumes and times
+itself: docs/demo.md.
 """
 
 from __future__ import annotations
 
 import json
-import multiprocessing
-import os
-import signal
-import sys
-import time
-from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from dataclasses import asdict, dataclass, replace
-from functools import partial
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
 
-from bridgelm.demo import blocks_only
 from bridgelm.demo import stages as st
 from bridgelm.demo.base import PRETRAIN_FILE, make_problems, make_task, pretrain
-from bridgelm.demo.control import ControlDirs
-from bridgelm.demo.config import TRACE_SEED, DemoConfig, eval_arms, rl_arms, sft_kinds, sft_of, sft_seed_of, sft_seeds
+from bridgelm.demo.config import DemoConfig
+from bridgelm.demo.graph import arm_results, demo_stages, run_dirs
 from bridgelm.demo.report import write_demo_report
-from bridgelm.demo.results import RunDirs
-from bridgelm.errors import UserError, show_data_warnings
+from bridgelm.demo.runner import Timings, run_stages
+from bridgelm.errors import UserError
 from bridgelm.jsonl import write_atomic, write_json
 from bridgelm.runs import check_settings, jsonable
 from bridgelm.train.loop import dotted
 
-__all__ = ["DemoConfig", "Stage", "Timings", "choose_bf16", "record_settings", "run_demo", "run_stages"]
-
-
-def _no_summary(result) -> str:
-    return ""
-
-
-@dataclass
-class Stage:
-    """One stage for `run_stages`."""
-
-    name: str  # the stage's name in the terminal, timings.json and the report
-    output: Path  # its output: the stage is skipped when this exists
-    fn: Callable[[], object]  # runs it (picklable, e.g. a partial of a module-level function, to run in a worker)
-    summary: Callable[[object], str] = _no_summary  # one line about fn's result, for the terminal
-    after: tuple[str, ...] = ()  # stages that must be done first
-
-
-class Timings:
-    """OUT/timings.json: seconds per stage, kept across invocations (a re-run that skips a stage still reports its
-    time). OUT/peaks.json: the machine's speed the times were taken at, one entry per invocation that ran stages
-    (its matmul `peaks`, workers, the stages it ran and its wall time), written as soon as it runs one."""
-
-    def __init__(self, out: Path, peaks: dict):
-        self.files = out / "timings.json", out / "peaks.json"
-        self.seconds: dict[str, float] = json.loads(self.files[0].read_text()) if self.files[0].exists() else {}
-        self.peaks: list[dict] = json.loads(self.files[1].read_text()) if self.files[1].exists() else []
-        self.mine = {**peaks, "stages": []}  # this invocation's entry of `peaks`, added when it runs a stage
-        self.start = time.perf_counter()
-
-    def add(self, name: str, seconds: float, ran: bool = True) -> None:
-        """A stage's time; `ran`: this invocation ran it (else it was timed before, e.g. the cached base model)."""
-        self.seconds[name] = round(seconds, 1)
-        write_json(self.files[0], self.seconds)
-        if ran:
-            if not self.mine["stages"]:
-                self.peaks.append(self.mine)
-            self.mine["stages"].append(name)
-            self.mine["wall_s"] = round(time.perf_counter() - self.start, 1)
-            write_json(self.files[1], self.peaks)
-
-
-def run_stages(stages: list[Stage], timings: Timings, log=print, workers: int = 1, threads: int = 1, logs=None):
-    """Run `stages` (each listed after the stages it waits on), skipping those whose output exists. One by one in
-    this process with `workers` 1; else each as soon as its stages are done and a worker is free, in `workers`
-    spawned processes of `threads` torch threads each, its output in LOGS/<stage>.log. A failing stage ends the run
-    with its error once the stages running beside it are done; Ctrl-C interrupts them (they save a checkpoint)."""
-    unknown = sorted({a for s in stages for a in s.after} - {s.name for s in stages})
-    if unknown:
-        raise RuntimeError(f"stages wait on stages that are not in the list: {unknown}")
-    todo = [s for s in stages if not _skipped(s, log)]
-    timings.mine["workers"] = workers
-    if workers <= 1:
-        for s in todo:
-            t0 = time.perf_counter()
-            _finish(s, s.fn(), time.perf_counter() - t0, timings, log)
-        return
-    logs = Path(logs or "logs")
-    done = {s.name for s in stages} - {s.name for s in todo}
-    context = multiprocessing.get_context("spawn")  # not fork: torch's thread pools do not survive a fork
-    pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_worker_start, initargs=(threads,))
-    running: dict = {}  # future -> its stage
-    try:
-        while todo or running:
-            for s in [s for s in todo if done.issuperset(s.after)][: workers - len(running)]:
-                todo.remove(s)  # submitted only when a worker is free: it starts now
-                log(f"[{s.name}] started (output in {_log_file(logs, s)})")
-                running[pool.submit(_in_worker, s.fn, _log_file(logs, s))] = s
-            if not running:
-                raise RuntimeError(f"stages wait on each other: {[s.name for s in todo]}")
-            finished, _ = wait(running, return_when=FIRST_COMPLETED)
-            for future in finished:
-                s = running.pop(future)
-                if future.exception() is not None:
-                    log(f"[{s.name}] failed (its output: {_log_file(logs, s)}); waiting for the stages still running")
-                    raise future.exception()
-                _finish(s, *future.result(), timings, log)
-                done.add(s.name)
-    except KeyboardInterrupt:
-        names = ", ".join(s.name for s in running.values())
-        log(f"interrupted: the stages running ({names}) keep their checkpoints; a re-run resumes them")
-        raise
-    finally:
-        pool.shutdown(wait=True, cancel_futures=True)
-        for future, s in running.items():  # those that finished meanwhile: their times are kept too
-            if not future.cancelled() and future.exception() is None:
-                _finish(s, *future.result(), timings, log)
-
-
-def _skipped(stage: Stage, log) -> bool:
-    if stage.output.exists():
-        log(f"[{stage.name}] already done: {stage.output}")
-    return stage.output.exists()
-
-
-def _finish(stage: Stage, result, seconds: float, timings: Timings, log) -> None:
-    timings.add(stage.name, seconds)
-    text = stage.summary(result)
-    log(f"[{stage.name}] done in {timings.seconds[stage.name]:.0f}s{': ' + text if text else ''} -> {stage.output}")
-
-
-def _log_file(logs: Path, stage: Stage) -> Path:
-    return logs / f"{stage.name.replace(' ', '_')}.log"
-
-
-def _worker_start(threads: int) -> None:
-    """A worker process's setup: its torch threads, and Ctrl-C ignored between stages (an idle worker killed by it
-    would break the pool, which then kills the workers still saving their checkpoints); data warnings printed to the
-    stage logs as one line, as the command line prints them."""
-    show_data_warnings("bridgelm demo")
-    torch.set_num_threads(threads)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def _in_worker(fn, log: Path):
-    """In a worker process: fn() with this process's stdout and stderr (file descriptors 1 and 2, so C code and
-    progress bars too) appended to `log`, and Ctrl-C raising KeyboardInterrupt (the trainers save a checkpoint on
-    it); returns (result, seconds)."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = [os.dup(1), os.dup(2)]
-    with open(log, "a") as f:
-        os.dup2(f.fileno(), 1)
-        os.dup2(f.fileno(), 2)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        try:
-            t0 = time.perf_counter()
-            result = fn()
-            return result, time.perf_counter() - t0
-        finally:
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
-            sys.stdout.flush()
-            sys.stderr.flush()
-            for fd, copy in zip((1, 2), saved):
-                os.dup2(copy, fd)
-                os.close(copy)
+__all__ = ["DemoConfig", "choose_bf16", "record_settings", "run_demo"]
 
 
 def run_demo(out: str | Path, cfg: DemoConfig, quick: bool = False, log=print) -> Path:
@@ -193,16 +51,16 @@ def run_demo(out: str | Path, cfg: DemoConfig, quick: bool = False, log=print) -
     workers = max(1, min(cfg.workers, len(stages)))
     threads = max(1, torch.get_num_threads() // workers)
     run_stages(stages, timings, log, workers, threads, logs=out / "logs")
-    report = write_demo_report(out, cfg, run_dirs(ctx), timings.seconds, quick, timings.peaks)
+    report = write_demo_report(out, cfg, run_dirs(ctx), arm_results(ctx), timings.seconds, quick, timings.peaks)
     log(f"[report] {report}")
     return report
 
 
 DEFAULT_SEEDS = {True: 3, False: 1}  # RL seeds without --seeds, by precision (bf16: fast enough for 3 in 20 minutes)
 
-# Settings that a re-run of a folder may change: more seeds add runs; threads and workers change only the speed. The
+# Settings that a re-run of a folder may change: more seeds or arms add runs; threads and workers change only the speed. The
 # precision has its own check (choose_bf16), the base model's settings too (demo.base.pretrain).
-RERUN_MAY_CHANGE = ("seeds", "threads", "workers", "bf16", "precision", "base")
+RERUN_MAY_CHANGE = ("seeds", "arms", "recipe_control", "threads", "workers", "bf16", "precision", "base")
 
 
 def _start(out: Path, cfg: DemoConfig, quick: bool, log) -> tuple[DemoConfig, Timings]:
@@ -263,99 +121,6 @@ def _base_and_tasks(out: Path, cfg: DemoConfig, quick: bool, timings: Timings, l
         rows = "".join(json.dumps(row) + "\n" for row in task.examples)
         write_atomic(out / "data" / task.name / f"{split}.jsonl", rows)
     return ctx
-
-
-def demo_stages(ctx: st.Context) -> list[Stage]:
-    """Warm-up data, SFT, RL, evaluation (then control (b), foreign siblings) and the trace, each after the stages it
-    reads."""
-    cfg, out = ctx.cfg, ctx.out
-    warmup = partial(st.recorded, out / "warmup.done", st.stage_warmup, ctx)
-    stages = control_stages(cfg, control_dirs(out)) if cfg.positive_control else []  # first: beside the others
-    stages.append(Stage("warmup", out / "warmup.done", warmup, json.dumps))
-    for seed in sft_seeds(cfg):
-        for kind in sft_kinds(cfg):
-            done = ctx.sft_dir(kind, seed) / "done.json"  # blocks.safetensors appears at the first epoch's end
-            fn = partial(st.recorded, done, st.stage_sft, ctx, kind, seed)
-            stages.append(Stage(f"sft {kind} seed {seed}", done, fn, st.sft_summary, ("warmup",)))
-    if cfg.blocks_only:
-        stages += lr_choice_stages(ctx)
-    for seed in range(cfg.seeds):
-        for arm in rl_arms(cfg):
-            done = ctx.rl_dir(arm, seed) / "done.json"
-            fn = partial(st.recorded, done, st.stage_rl, ctx, arm, seed)
-            after = () if sft_of(arm) is None else (f"sft {sft_of(arm)} seed {sft_seed_of(cfg, seed)}",)
-            if arm == blocks_only.ARM:
-                fn, after = partial(st.recorded, done, blocks_only.stage_rl, ctx, seed), after + ("choose blocks lr",)
-            stages.append(Stage(f"rl {arm} seed {seed}", done, fn, st.rl_summary, after))
-    for seed in range(cfg.seeds):
-        for arm in eval_arms(cfg, seed):
-            fn = partial(st.stage_eval, ctx, arm, seed)
-            after = () if arm == "base" else (f"rl {arm} seed {seed}",)
-            summary = partial(st.eval_summary, arm=arm)
-            output = ctx.eval_dir(arm, seed) / "metrics.json"
-            stages.append(Stage(f"eval {arm} seed {seed}", output, fn, summary, after))
-        if cfg.foreign_control:
-            fn = partial(st.stage_eval, ctx, "bridge", seed, foreign=True)
-            summary, after = partial(st.eval_summary, arm="bridge"), (f"rl bridge seed {seed}",)
-            name = f"eval foreign siblings seed {seed}"
-            stages.append(Stage(name, ctx.foreign_dir(seed) / "metrics.json", fn, summary, after))
-    trace = partial(st.recorded, out / "trace.json", st.stage_trace, ctx, TRACE_SEED)
-    stages.append(Stage("trace", out / "trace.json", trace, st.trace_summary, (f"rl bridge seed {TRACE_SEED}",)))
-    return stages
-
-
-def lr_choice_stages(ctx: st.Context) -> list[Stage]:
-    """The blocks-only arm's rate, chosen on validation problems: seed 0's run at every candidate rate, each
-    evaluated on validation problems, then the choice (DIR/blocks_lr.json)."""
-    stages, out, cfg = [], ctx.out, ctx.cfg
-    sft = f"sft bridge seed {sft_seed_of(cfg, blocks_only.TUNE_SEED)}"
-    for lr in cfg.blocks_lrs:
-        done = blocks_only.candidate_dir(out, lr) / "done.json"
-        fn = partial(st.recorded, done, blocks_only.stage_candidate, ctx, lr)
-        stages.append(Stage(f"rl bridge_blocks lr {lr:g}", done, fn, st.rl_summary, (sft,)))
-        val = partial(blocks_only.stage_validate, ctx, lr)
-        output = blocks_only.validation_dir(out, lr) / "metrics.json"
-        summary = partial(st.eval_summary, arm=f"validation, lr {lr:g}")
-        stages.append(Stage(f"validate bridge_blocks lr {lr:g}", output, val, summary, (f"rl bridge_blocks lr {lr:g}",)))
-    choose = partial(st.recorded, out / blocks_only.CHOICE, blocks_only.stage_choose, ctx)
-    after = tuple(f"validate bridge_blocks lr {lr:g}" for lr in cfg.blocks_lrs)
-    stages.append(Stage("choose blocks lr", out / blocks_only.CHOICE, choose, json.dumps, after))
-    return stages
-
-
-def control_dirs(out: Path) -> ControlDirs:
-    return ControlDirs(out / "control")
-
-
-def control_stages(cfg: DemoConfig, dirs: ControlDirs) -> list[Stage]:
-    """The positive control: its base model, then per seed blocks-only GRPO, evaluation at w = 1 and w = 8, and with
-    foreign siblings."""
-    from bridgelm.demo import control
-
-    base = partial(control.stage_base, cfg.control, dirs, cfg.bf16)
-    stages = [Stage("control base", dirs.base / PRETRAIN_FILE, base)]
-    for seed in range(cfg.seeds):
-        done = dirs.rl(seed) / "done.json"
-        rl = partial(st.recorded, done, control.stage_rl, cfg, dirs, seed)
-        stages.append(Stage(f"control rl seed {seed}", done, rl, st.rl_summary, ("control base",)))
-        for foreign in (False, True):
-            fn = partial(control.stage_eval, cfg.control, dirs, seed, foreign, cfg.bf16)
-            name = f"control {'foreign siblings' if foreign else 'eval'} seed {seed}"
-            summary = partial(st.eval_summary, arm="positive control")
-            output = dirs.eval(seed, foreign) / "metrics.json"
-            stages.append(Stage(name, output, fn, summary, (f"control rl seed {seed}",)))
-    return stages
-
-
-def run_dirs(ctx: st.Context) -> RunDirs:
-    """The run folders the report reads."""
-    cfg, seeds = ctx.cfg, range(ctx.cfg.seeds)
-    return RunDirs(
-        eval={(arm, seed): ctx.eval_dir(arm, seed) for seed in seeds for arm in eval_arms(cfg, seed)},
-        rl={(arm, seed): ctx.rl_dir(arm, seed) for seed in seeds for arm in rl_arms(cfg)},
-        foreign={seed: ctx.foreign_dir(seed) for seed in seeds} if cfg.foreign_control else {},
-        control=control_dirs(ctx.out) if cfg.positive_control else None,
-    )
 
 
 BF16_MARGIN = 1.2  # bf16 is chosen where its matmul peak is at least this many times fp32's: near 1x fp32 is as fast

@@ -13,7 +13,9 @@ import statistics
 from pathlib import Path
 
 from bridgelm.demo.base import task_name
-from bridgelm.demo.results import ARMS, TITLES, RunDirs, demo_results
+from bridgelm.demo.arms import ARMS, ORDER, TITLES
+from bridgelm.demo.results import RunDirs, demo_results
+from bridgelm.demo.sections import control_section, diff_text, extra_arms_section, recipe_section, trace_section
 from bridgelm.jsonl import write_atomic
 from bridgelm.figures import new_figure, plot_gpass, plot_width, save_png
 from bridgelm.tables import markdown_table, pct, table_numbers
@@ -45,13 +47,13 @@ def accuracy_table(arms: dict, cfg) -> str:
         "Avg",
         "↑Δ",
     ]
-    shown = [arm for arm in ARMS if arm in arms]
+    shown = [arm for arm in ORDER if arm in arms]
     table = table_numbers({arm: {"accuracy": {"mean": arms[arm]["accuracy_mean"]}} for arm in shown}, base="base")
     rows = []
     for arm in shown:
         data, numbers = arms[arm], table["rows"][arm]
         first = data["seeds"][min(data["seeds"])]
-        title = TITLES[arm] + (f" (w={first['width']})" if arm.startswith("bridge") else "")
+        title = TITLES[arm] + (f" (w={first['width']})" if arm in ARMS and ARMS[arm].bridge else "")
         acc = _pct(data["accuracy_mean"])
         if seeds > 1 and len(data["seeds"]) > 1:
             acc += f" ± {100 * data['accuracy_sd']:.1f}"
@@ -96,10 +98,6 @@ def width_table(arms: dict, cfg) -> str:
     return markdown_table(head, rows)
 
 
-def _diff_text(d: dict) -> str:
-    return f"{100 * d['mean']:+.1f} points [{100 * d['low']:+.1f}, {100 * d['high']:+.1f}]"
-
-
 def controls_table(ctl: dict, cfg) -> str:
     """Paired differences (same problems, same seeds), and the controls."""
     w = cfg.eval.width
@@ -111,7 +109,7 @@ def controls_table(ctl: dict, cfg) -> str:
     }
     runs = "its own SFT and RL runs" if cfg.sft_per_seed else "its own RL run, one shared SFT run"
     head = [f"Paired difference of accuracy, over {ctl['seeds']} seed(s) (each: {runs})", "Mean and 95% interval"]
-    lines = [markdown_table(head, [[names[k], _diff_text(d)] for k, d in ctl["diffs"].items() if k in names])]
+    lines = [markdown_table(head, [[names[k], diff_text(d)] for k, d in ctl["diffs"].items() if k in names])]
     if ctl["interaction"]:
         shares = [f"{100 * v:.1f}" for v in ctl["interaction"].values()]
         lines += [
@@ -121,70 +119,6 @@ def controls_table(ctl: dict, cfg) -> str:
             ),
         ]
     return "\n".join(lines)
-
-
-def control_section(pc: dict | None) -> list[str]:
-    """The positive control (demo/control.py) as report lines: can this pipeline produce and detect a sibling gain
-    where one exists? None until its runs are done."""
-    if not pc:
-        return []
-    acc = pc["accuracy"]
-    ok = pc["shown"]["w8-w1"] and pc["shown"]["foreign-w1"]
-    verdict = (
-        "**shown**: the pipeline produces and detects a sibling gain where one exists"
-        if ok
-        else "**not shown**: the pipeline does not show sibling use even where siblings carry the answer, so a null "
-        "result on the main task says nothing about Bridge"
-    )
-    rows = [
-        ["Bridge w=8 − Bridge w=1 (same weights, same draws)", _diff_text(pc["w8-w1"]), f"{pc['power']['w8-w1']:.1f}"],
-        ["Bridge w=8 with foreign siblings − w=1", _diff_text(pc["foreign-w1"]), f"{pc['power']['foreign-w1']:.1f}"],
-    ]
-    return [
-        "## Positive control: noisy clues, where the siblings carry the answer",
-        "",
-        f"Fresh Bridge blocks trained by GRPO with the base frozen ({pc['seeds']} seed(s)); accuracy w=1 "
-        f"{_pct(acc['w1'])}%, w=8 {_pct(acc['w8'])}%, foreign siblings {_pct(acc['foreign'])}%; the majority vote "
-        f"of w=1's samples (the independent ceiling) {_pct(pc['majority_vote_w1'])}%. Sibling use {verdict}.",
-        "",
-        markdown_table(["Paired difference (seeds and problems)", "Mean and 95% interval", "Detects (points)"], rows),
-        "",
-    ]
-
-
-def blocks_only_section(bo: dict | None, cfg) -> list[str]:
-    """The blocks-only arm (demo/blocks_only.py): its rate chosen on validation problems, and its paired differences."""
-    if not bo:
-        return []
-    w = cfg.eval.width
-    names = {f"w{w}-w1": f"Blocks only, w={w} − w=1 (same weights)", "blocks-bridge": f"Blocks only − Bridge (w={w})"}
-    rows = [[names[k], _diff_text(bo[k]), f"{bo['power'][k]:.1f}"] for k in names if k in bo]
-    val = ", ".join(f"lr {lr}: {_pct(acc)}%" for lr, acc in bo["validation_accuracy"].items())
-    return [
-        "## Bridge, blocks only (base frozen)",
-        "",
-        f"Block lr {bo['lr']:g}, chosen on validation problems at w={w} ({val}; seed 0); {bo['seeds']} seed(s).",
-        "",
-        markdown_table(["Paired difference (seeds and problems)", "Mean and 95% interval", "Detects (points)"], rows),
-        "",
-    ]
-
-
-def trace_section(trace: dict | None) -> list[str]:
-    """The interaction over the course of RL (the demo's trace stage), as report lines; none without a trace."""
-    if not trace:
-        return []
-    w = trace["width"]
-    rows = [
-        [str(p["step"]), _pct(p["w1"]), _pct(p[f"w{w}"]), _pct(p[f"w{w}"] - p["w1"]), _pct(p["interaction"])]
-        for p in trace["points"]
-    ]
-    return [
-        f"## The interaction over the course of RL (Bridge, seed {trace['seed']}; step 0: the SFT blocks)",
-        "",
-        markdown_table(["RL step", "w=1", f"w={w}", f"w={w} - w=1", f"samples that differ at w={w}"], rows),
-        "",
-    ]
 
 
 def task_text(cfg) -> str:
@@ -246,7 +180,7 @@ def _interval_claim(text: str, key: str, ctl: dict, sign: int = 1) -> list[str]:
     if low > 0 and effect is not None and effect["position_unscaled"] == "above":
         word = "shown, but smaller than the paper's effect, which lies above the interval"
     role = "primary" if key == PRIMARY else "secondary"
-    line = f"- ({role}) {text}: **{word}** ({_diff_text(d)}, {d.get('interval', 'bootstrap')} interval paired over "
+    line = f"- ({role}) {text}: **{word}** ({diff_text(d)}, {d.get('interval', 'bootstrap')} interval paired over "
     line += f"{ctl['seeds']} seed(s) and problems"
     smallest = ctl.get("power", {}).get(key)
     line += f"; the smallest difference these seeds detect: {smallest:.1f} points)" if smallest is not None else ")"
@@ -264,10 +198,28 @@ def _interval_claim(text: str, key: str, ctl: dict, sign: int = 1) -> list[str]:
     return [line + "."]
 
 
+def _recipe_claims(recipe: dict | None, cfg) -> list[str]:
+    """First, per Bridge arm: can its recipe learn a sibling channel where one is worth having?"""
+    if not recipe:
+        return []
+    w, lines = cfg.control.eval.width, []
+    for arm, r in recipe.items():
+        room = "" if r["headroom"] is None else f"; the majority's headroom: {100 * r['headroom']:.1f} points"
+        can = "**can**" if r["learns"] else "**cannot** (on this evidence)"
+        lines.append(
+            f"- The {TITLES[arm]} arm's recipe {can} learn a sibling channel on the control task (w={w} − w=1 "
+            f"{diff_text(r[f'w{w}-w1'])}, foreign − w=1 {diff_text(r['foreign-w1'])}{room}). "
+            + ("" if r["learns"] else "A null on the main task from this recipe does not show that Bridge leaves its "
+               "siblings unused.")
+        )
+    return lines
+
+
 def verdict(arms: dict, ctl: dict, cfg) -> str:
     """Which of the paper's claims the miniature reproduces, read off the paired intervals."""
     k, w = cfg.eval.gpass_k, cfg.eval.width
-    lines = [
+    lines = [*_recipe_claims(ctl.get("recipe_control"), cfg)]
+    lines += [
         *_interval_claim("Bridge improves accuracy after RLVR more than RLVR alone", "bridge-rlvr", ctl),
         *_interval_claim("Bridge beats P-Match, the parameter-matched control", "bridge-pmatch", ctl),
         *_interval_claim(f"Bridge at w={w} beats independent generation (w=1) with the same weights", f"w{w}-w1", ctl),
@@ -287,7 +239,7 @@ def verdict(arms: dict, ctl: dict, cfg) -> str:
         )
     gain = ctl.get("rlvr_gain")
     if gain is not None:
-        lines.append(_claim("RLVR improves on the base model", gain["low"] > 0, _diff_text(gain)))
+        lines.append(_claim("RLVR improves on the base model", gain["low"] > 0, diff_text(gain)))
     lines += _interval_claim(
         f"Bridge answers more consistently: a Bridge group of {k} is all right more often than {k} of RLVR's "
         "independent samples", "sets-all bridge-rlvr", ctl)
@@ -301,7 +253,7 @@ def gpass_curves(arms: dict) -> dict[str, dict[int, float]]:
     """G-Pass@k at every tau*k of each arm's seed 0, by the arm's title."""
     return {
         TITLES[a] + (f" (w={arms[a]['seeds'][0]['width']})" if a == "bridge" else ""): arms[a]["seeds"][0]["gpass"]
-        for a in ARMS
+        for a in ORDER
         if a in arms
     }
 
@@ -340,11 +292,13 @@ def draw_figures(out: Path, cfg, results: dict) -> list[str]:
     return figures + (["training.png"] if plot_training(results["training_rewards"], out / "training.png") else [])
 
 
-def write_demo_report(out: Path, cfg, dirs: RunDirs, timings: dict, quick: bool, peaks: list[dict]) -> Path:
+def write_demo_report(
+    out: Path, cfg, dirs: RunDirs, found: dict, timings: dict, quick: bool, peaks: list[dict]
+) -> Path:
     """OUT/report.md, OUT/results.json and the figures from the runs in `dirs`; returns the report's path.
 
     `peaks`: the matmul peaks measured by each invocation that ran stages, with the stages it ran."""
-    results = demo_results(out, cfg, dirs, timings, quick, peaks)
+    results = demo_results(out, cfg, dirs, found, timings, quick, peaks)
     figures = draw_figures(out, cfg, results)
     text = [*_opening(cfg, results), *_tables(cfg, results), *_closing(cfg, results, figures)]
     return write_atomic(out / "report.md", "\n".join(text))
@@ -383,8 +337,9 @@ def _tables(cfg, results: dict) -> list[str]:
         "",
         controls_table(results, cfg),
         "",
+        *recipe_section(results.get("recipe_control"), cfg),
         *control_section(results.get("positive_control")),
-        *blocks_only_section(results.get("blocks_only"), cfg),
+        *extra_arms_section(results["extra_arms"], results.get("lr_search", {}), cfg),
         *trace_section(results["trace"]),
     ]
 

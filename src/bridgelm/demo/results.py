@@ -18,22 +18,13 @@ import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from bridgelm.demo.arms import ARMS, ORDER, PAPER_ARMS, TITLES
+from bridgelm.demo.numbers import entry, per_problem_accuracy, per_problem_sets, power
 from bridgelm.eval_folder import read_samples
 from bridgelm.jsonl import read_records, write_json
 from bridgelm.metrics import paired_difference
 
-ARMS = ("base", "rlvr", "pmatch", "bridge", "bridge_cold", "bridge_attn", "bridge_blocks", "bridge_2groups", "bridge_majority")
-TITLES = {
-    "base": "Base",
-    "rlvr": "RLVR only",
-    "pmatch": "P-Match",
-    "bridge": "Bridge",
-    "bridge_cold": "Bridge, cold start",
-    "bridge_attn": "Bridge after attention",
-    "bridge_blocks": "Bridge, blocks only",
-    "bridge_2groups": "Bridge, 2 groups per prompt",
-    "bridge_majority": "Bridge, group-majority reward",
-}
+__all__ = ["ORDER", "TITLES", "RunDirs", "demo_results", "paper_contrasts", "paper_effects", "power"]
 
 
 @dataclass
@@ -43,7 +34,6 @@ class RunDirs:
     eval: dict[tuple[str, int], Path]  # (arm, seed) -> evaluation run: metrics.json, scores.jsonl, samples
     rl: dict[tuple[str, int], Path]  # (arm, seed) -> RL run: metrics.jsonl
     foreign: dict[int, Path]  # seed -> control (b)'s evaluation run (empty without the control)
-    control: object = None  # demo.control.ControlDirs of the positive control (None: not run)
 
 
 # The paper's average accuracy (points) over its math benchmarks. Table 1: original model, RLVR only, P-Match and
@@ -127,12 +117,6 @@ def _position(low: float, high: float, d: dict) -> str:
     return "above" if low > d["high"] else "below" if high < d["low"] else "inside"
 
 
-def _entry(run_dir: Path, width: int) -> dict:
-    metrics = json.loads((run_dir / "metrics.json").read_text())
-    bench = next(iter(metrics["benchmarks"].values()))
-    return bench[str(width)]
-
-
 def _numbers(entry: dict, k: int) -> dict:
     """The numbers of one (arm, width) cell: accuracy with interval, coverage, G-Pass@k at every tau*k, majority."""
     m = entry["metrics"]
@@ -165,46 +149,24 @@ def set_numbers(entry: dict, k: int) -> dict:
     return {}
 
 
-def per_problem_sets(run_dir: Path, width: int, k: int, tau: float) -> list[float]:
-    """Per problem (in problem order) of a run's samples at `width`: the share of its sets of k samples with at least
-    ceil(tau x k) correct (tau 1: all; tau 0: at least one). With width k the sets are its Bridge groups; with width 1,
-    any k of its n independent samples (G-Pass@k_tau, Pass@k at tau 0)."""
-    from bridgelm.metrics import g_pass_at_k, tau_threshold
-
-    scores = [r for r in read_records(run_dir / "scores.jsonl", repair=False) if int(r["width"]) == width]
-    scores.sort(key=lambda r: (r["benchmark"], int(r["index"])))
-    if width == 1:
-        return [g_pass_at_k(r["n"], r["c"], k, tau) for r in scores]
-    if width != k:
-        raise ValueError(f"sets of {k} are Bridge groups only at width {k}, not {width}")
-    need = tau_threshold(tau, k)
-    return [statistics.fmean(sum(r["correct"][i : i + k]) >= need for i in range(0, r["n"], k)) for r in scores]
-
-
 def collect(eval_dirs: dict[tuple[str, int], Path], cfg) -> dict:
     """Per arm (and seed): the main-width numbers; for Bridge also every width."""
     k = cfg.eval.gpass_k
     arms: dict[str, dict] = {}
     for (arm, seed), run_dir in sorted(eval_dirs.items()):
-        width = cfg.eval.width if arm.startswith("bridge") else 1
-        cell = _numbers(_entry(run_dir, width), k)
+        bridge = arm in ARMS and ARMS[arm].bridge
+        width = cfg.eval.width if bridge else 1
+        cell = _numbers(entry(run_dir, width), k)
         cell["width"] = width
         arms.setdefault(arm, {"seeds": {}})["seeds"][seed] = cell
-        if arm.startswith("bridge"):
-            arms[arm].setdefault("widths", {})[seed] = {w: _numbers(_entry(run_dir, w), k) for w in cfg.eval.widths}
+        if bridge:
+            arms[arm].setdefault("widths", {})[seed] = {w: _numbers(entry(run_dir, w), k) for w in cfg.eval.widths}
             arms[arm].setdefault("diverged_by_seed", {})[seed] = diverged_from_width_1(run_dir)
     for data in arms.values():
         accs = [c["accuracy"]["mean"] for c in data["seeds"].values()]
         data["accuracy_mean"] = statistics.fmean(accs)
         data["accuracy_sd"] = statistics.stdev(accs) if len(accs) > 1 else 0.0
     return arms
-
-
-def per_problem_accuracy(run_dir: Path, width: int) -> list[float]:
-    """Accuracy (c / n) of every problem sampled at `width`, in problem order, from RUN_DIR/scores.jsonl."""
-    scores = [r for r in read_records(run_dir / "scores.jsonl", repair=False) if int(r["width"]) == width]
-    scores.sort(key=lambda r: (r["benchmark"], int(r["index"])))
-    return [r["c"] / r["n"] for r in scores]
 
 
 def controls(arms: dict, eval_dirs: dict[tuple[str, int], Path], foreign: dict[int, Path], cfg) -> dict:
@@ -257,20 +219,6 @@ def controls(arms: dict, eval_dirs: dict[tuple[str, int], Path], foreign: dict[i
     }
 
 
-# z-scores of a two-sided 5% test and of 80% power: a difference of (Z_TEST + Z_POWER) standard errors is detected
-# 80% of the time
-Z_TEST, Z_POWER = 1.96, 0.84
-
-
-def power(diffs: dict) -> dict[str, float]:
-    """The smallest difference each paired comparison detects (80% power, two-sided 5%), in points: its standard error
-    read off its 95% bootstrap interval (width / (2 x 1.96)), times 2.8. The same seeds and problems detect nothing
-    smaller; a claim below this size is not tested by the run, whatever its interval says."""
-    return {
-        key: round(100 * (Z_TEST + Z_POWER) * (d["high"] - d["low"]) / (2 * Z_TEST), 2) for key, d in diffs.items()
-    }
-
-
 def diverged_from_width_1(run_dir: Path) -> dict[int, float]:
     """Per width w > 1, the share of samples whose tokens differ from the same sample drawn at w = 1.
 
@@ -291,18 +239,6 @@ def diverged_from_width_1(run_dir: Path) -> dict[int, float]:
     return out
 
 
-def _positive_control(cfg, dirs: RunDirs) -> dict | None:
-    from bridgelm.demo.control import control_results
-
-    return None if dirs.control is None else control_results(cfg.control, dirs.control, cfg.seeds)
-
-
-def _blocks_only(out: Path, cfg, dirs: RunDirs) -> dict | None:
-    from bridgelm.demo import blocks_only
-
-    return blocks_only.results(out, dirs.eval, cfg)
-
-
 def departures(cfg) -> list[str]:
     """Where the miniature departs from the paper's settings (Appendix A), one line each."""
     lines = [
@@ -320,7 +256,7 @@ def departures(cfg) -> list[str]:
 def training_rewards(rl_dirs: dict[tuple[str, int], Path]) -> dict[str, list[float]]:
     """Reward per step of every RL run (its metrics.jsonl), by "<arm title> s<seed>"."""
     curves: dict[str, list[float]] = {}
-    for (arm, seed), run_dir in sorted(rl_dirs.items(), key=lambda kv: (kv[0][1], ARMS.index(kv[0][0]))):
+    for (arm, seed), run_dir in sorted(rl_dirs.items(), key=lambda kv: (kv[0][1], ORDER.index(kv[0][0]))):
         path = run_dir / "metrics.jsonl"
         if path.exists():
             recs = [r for r in read_records(path, repair=False) if r.get("reward") is not None]
@@ -333,20 +269,45 @@ def machine() -> str:
     return f"{platform.machine()}, {cpus} CPU cores, Python {platform.python_version()}"
 
 
-def demo_results(out: Path, cfg, dirs: RunDirs, timings: dict, quick: bool, peaks: list[dict]) -> dict:
+def extra_arms(eval_dirs: dict[tuple[str, int], Path], cfg) -> dict:
+    """Each arm beyond the paper's three, paired over the seeds it shares with its reference: "<arm>-bridge" (or
+    "<arm>-pmatch" for a P-Match arm) at the main widths, "w{w}-w1" for a Bridge arm (same weights), and their
+    power; plus "bridge_tuned-pmatch_tuned" when both tuned arms ran."""
+    w, out = cfg.eval.width, {}
+    for arm in {a for a, _ in eval_dirs} - set(PAPER_ARMS) - {"base"}:
+        spec = ARMS[arm]
+        ref = "bridge" if spec.bridge else "pmatch"
+        seeds = sorted(s for (a, s) in eval_dirs if a == arm and (ref, s) in eval_dirs)
+        mine = [per_problem_accuracy(eval_dirs[(arm, s)], w if spec.bridge else 1) for s in seeds]
+        theirs = [per_problem_accuracy(eval_dirs[(ref, s)], w if ARMS[ref].bridge else 1) for s in seeds]
+        diffs = {f"{arm}-{ref}": paired_difference(mine, theirs)}
+        if spec.bridge:
+            diffs[f"w{w}-w1"] = paired_difference(mine, [per_problem_accuracy(eval_dirs[(arm, s)], 1) for s in seeds])
+        out[arm] = {**diffs, "seeds": len(seeds), "power": power(diffs)}
+    pair = [s for (a, s) in eval_dirs if a == "bridge_tuned" and ("pmatch_tuned", s) in eval_dirs]
+    if pair:
+        mine = [per_problem_accuracy(eval_dirs[("bridge_tuned", s)], w) for s in sorted(pair)]
+        theirs = [per_problem_accuracy(eval_dirs[("pmatch_tuned", s)], 1) for s in sorted(pair)]
+        d = {"bridge_tuned-pmatch_tuned": paired_difference(mine, theirs)}
+        out["bridge_tuned"].update(d, power={**out["bridge_tuned"]["power"], **power(d)})
+    return out
+
+
+def demo_results(out: Path, cfg, dirs: RunDirs, found: dict, timings: dict, quick: bool, peaks: list[dict]) -> dict:
     """Every number of the report, written to OUT/results.json and returned (with int keys where JSON has strings).
 
-    `peaks`: the matmul peaks measured by each invocation that ran stages, with the stages it ran."""
+    `found`: what the controls and searches found (demo/graph.py arm_results: "positive_control", "recipe_control",
+    "lr_search"); `peaks`: the matmul peaks measured by each invocation that ran stages, with the stages it ran."""
     arms = collect(dirs.eval, cfg)
     settings = json.loads((out / "demo.json").read_text()) if (out / "demo.json").exists() else {}
     results = {
         **controls(arms, dirs.eval, dirs.foreign, cfg),  # seeds, interaction, foreign_siblings, diffs, rlvr_gain, ...
-        "positive_control": _positive_control(cfg, dirs),
-        "blocks_only": _blocks_only(out, cfg, dirs) if cfg.blocks_only else None,
+        **found,
+        "extra_arms": extra_arms(dirs.eval, cfg),
         "departures": departures(cfg),
         "matmul_peak": peaks[0] if peaks else {},  # measured by the invocation that ran the first stages
         "matmul_peaks": peaks,  # one per invocation that ran stages (more than one: an interrupted, resumed run)
-        "arms": {a: arms[a] for a in ARMS if a in arms},
+        "arms": {a: arms[a] for a in ORDER if a in arms},
         "bridge_widths": {str(w): c for w, c in arms["bridge"]["widths"][0].items()},
         "gpass": {a: arms[a]["seeds"][0]["gpass"] for a in arms},
         "training_rewards": training_rewards(dirs.rl),

@@ -14,8 +14,8 @@ import torch
 
 from bridgelm.attach import add_seeded_blocks
 from bridgelm.blockfile import load_blocks
-from bridgelm.demo.config import DemoConfig, eval_config, rl_config, sft_config, sft_of, sft_seed_of, trace_sampling
-from bridgelm.demo.results import TITLES
+from bridgelm.demo.config import DemoConfig, eval_config, rl_config, sft_config, sft_seed_of, trace_sampling
+from bridgelm.demo.arms import ARMS, TITLES
 from bridgelm.jsonl import read_records, write_json
 from bridgelm.models import load_model
 from bridgelm.rng import derive_seed
@@ -106,14 +106,20 @@ def stage_sft(ctx: Context, kind: str, seed: int) -> dict:
 
 def stage_rl(ctx: Context, arm: str, seed: int) -> dict:
     """GRPO of one arm and seed; every arm shares the prompts, budget, settings and seed."""
+    return train_arm(ctx, arm, seed, ctx.rl_dir(arm, seed))
+
+
+def train_arm(ctx: Context, arm: str, seed: int, out_dir: Path, lrs: tuple | None = None) -> dict:
+    """GRPO of `arm` from the base model with the blocks its registry entry names: its SFT blocks of the seed's SFT
+    run, fresh ones drawn from the seed (the cold start), or none (RLVR); `lrs`: a searched arm's (lr, block_lr)."""
     from bridgelm.train.rl import train_rl
 
-    model = load_model(str(ctx.base_dir))
-    if arm == "bridge_cold":  # paper Table 4: fresh Bridge blocks (zero output), no SFT
-        with_blocks(model, "bridge", ctx.cfg, seed=seed)
-    elif sft_of(arm) is not None:
-        load_blocks(model, ctx.sft_dir(sft_of(arm), sft_seed_of(ctx.cfg, seed)) / "blocks.safetensors")
-    result = train_rl(model, ctx.tokenizer, ctx.train, rl_config(ctx.cfg, arm, seed), ctx.rl_dir(arm, seed))
+    spec, model = ARMS[arm], load_model(str(ctx.base_dir))
+    if spec.sft is not None:
+        load_blocks(model, ctx.sft_dir(spec.sft, sft_seed_of(ctx.cfg, seed)) / "blocks.safetensors")
+    elif spec.blocks is not None:  # paper Table 4: fresh blocks (zero output), no SFT
+        with_blocks(model, spec.blocks, ctx.cfg, spec.placement, seed=seed)
+    result = train_rl(model, ctx.tokenizer, ctx.train, rl_config(ctx.cfg, arm, seed, lrs), out_dir)
     return rl_numbers(result)
 
 
