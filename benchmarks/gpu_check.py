@@ -8,7 +8,8 @@ H100 from a cold compile cache, never more than --budget 470 s):
 Each row runs in a child process of its own, with a timeout, and is appended to DIR/gpu_check.jsonl (one JSON object
 a line, flushed and synced) the moment it ends: a run cut off keeps every row before. A row that times out, crashes
 or does not fit in what is left of --budget is a row too (status "timeout", "error" or "skipped", with the last line
-its child wrote). The table follows at the end; --json adds one object of every row as the last line.
+its child wrote; wall_s is each child's whole time). The table follows at the end; --json adds one object of
+every row as the last line.
 
   row              estimate / timeout on one H100, cold (s)  what it reports
   env              5 / 30     Python, torch, transformers and bridgelm versions, the GPU
@@ -111,7 +112,7 @@ def run_row(row: Row, dry: bool, timeout: float) -> list[dict]:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         stdout, stderr = proc.communicate()
-        return [{"row": row.name, "status": "timeout", "timeout_s": timeout, "seconds": _since(start),
+        return [{"row": row.name, "status": "timeout", "timeout_s": timeout, "wall_s": _since(start),
                  "last_output": last_line(stderr) or last_line(stdout)}]
     seconds = _since(start)
     failed = proc.returncode != 0 and not (row.name == "cuda_tests" and proc.returncode == 1)  # 1: some tests failed
@@ -121,10 +122,10 @@ def run_row(row: Row, dry: bool, timeout: float) -> list[dict]:
         except (ValueError, KeyError, IndexError) as e:
             records, failed, stderr = [], True, f"unreadable output ({type(e).__name__}: {e}); {last_line(stdout)}"
     if failed or not records:
-        return [{"row": row.name, "status": "error", "exit": proc.returncode, "seconds": seconds,
+        return [{"row": row.name, "status": "error", "exit": proc.returncode, "wall_s": seconds,
                  "last_output": last_line(stderr) or last_line(stdout)}]
     status = {"status": "ok"} if proc.returncode == 0 else {"status": "failed", "exit": proc.returncode}
-    return [{"row": r["row"], **status, "seconds": seconds, **{k: v for k, v in r.items() if k != "row"}}
+    return [{"row": r["row"], **status, "wall_s": seconds, **{k: v for k, v in r.items() if k != "row"}}
             for r in records]
 
 

@@ -29,7 +29,7 @@ def test_gpu_check_dry_run_reports_every_check(tmp_path):
     assert {r["row"]: {k: v for k, v in r.items() if k != "row"} for r in on_disk[1:]} == out  # every row, as printed
     assert [r["row"] for r in on_disk[1:]] == ["env", "engine_eager", "engine_compiled", "host_syncs", "decode",
                                                "memory", "fsdp_rollout", "cuda_tests", "grpo_step"]
-    assert all(r["status"] == "ok" and r["seconds"] > 0 for r in out.values())
+    assert all(r["status"] == "ok" and r["wall_s"] > 0 for r in out.values())
     assert out["env"]["device"] == "cpu" and out["env"]["torch"].startswith(tuple("0123456789"))
     assert "skipped" in out["cuda_tests"]["summary"]  # no CUDA here: test_cuda.py skips, with its reason
     for step in ("engine_eager", "engine_compiled"):  # the engine's log-probs are the teacher-forced ones
@@ -54,7 +54,7 @@ def test_a_timed_out_child_is_a_row_and_the_rows_before_it_stay(tmp_path):
     rows = rows_of(tmp_path)
     assert [r["row"] for r in rows] == ["earlier run", "run", "env", "engine_eager"]
     assert rows[2]["status"] == "ok" and rows[2]["python"].startswith("3.")
-    assert rows[3]["status"] == "timeout" and rows[3]["timeout_s"] == 0.5 and rows[3]["seconds"] < 60
+    assert rows[3]["status"] == "timeout" and rows[3]["timeout_s"] == 0.5 and rows[3]["wall_s"] < 60
 
 
 def test_a_budget_too_small_skips_rows_in_one_line_each(tmp_path):
