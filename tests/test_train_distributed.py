@@ -153,3 +153,40 @@ def test_fsdp_micro_batches_by_tokens_agree_across_ranks(tmp_path, world):
         for k in whole:
             assert torch.allclose(whole[k], cut[k], atol=1e-5), k  # AdamW magnifies rounding: as test_rl.py
         assert any((whole[k] - initial[k]).abs().max() > 1e-4 for k in whole)  # trained
+
+
+AGREE = Path(__file__).parent / "dist_scripts" / "agree_dist.py"
+
+
+@pytest.fixture(scope="module")
+def agreed(tmp_path_factory):
+    out = tmp_path_factory.mktemp("agree")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", str(AGREE), str(out)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, proc.stderr
+
+
+@pytest.mark.parametrize("case,step", [("fsdp_sigint_rank1", 1), ("plain_sigterm_rank0", 2)])
+def test_a_signal_to_one_rank_stops_every_rank_at_the_same_saved_step(agreed, case, step):
+    """One rank is signalled while still sampling (the other waits in the update's all-reduce): both finish the
+    step, save it (under FSDP each its own shards), stop in order (exit 0 from the command), and resume from it."""
+    out, stderr = agreed
+    ranks = [json.loads((out / f"{case}_rank{r}.json").read_text()) for r in range(2)]
+    name = f"step-{step:08d}"
+    for got in ranks:
+        assert got["stopped"] == "StoppedTogether" and got["saved"] is True
+        assert got["checkpoints"] == [name]  # save_every=0: the only checkpoint is the agreed one
+        assert got["resumed_steps"] == list(range(1, 4)) and got["final"] == 3
+    if case.startswith("fsdp"):
+        assert {f"checkpoints/{name}/shards/__0_0.distcp", f"checkpoints/{name}/shards/__1_0.distcp"} <= set(
+            ranks[0]["files"])
+    assert ("SIGINT" if "sigint" in case else "SIGTERM") + ": every rank stops after this step" in stderr
+
+
+def test_every_rank_refuses_to_resume_from_a_checkpoint_one_rank_lacks(agreed):
+    out, _ = agreed
+    for r in range(2):
+        error = json.loads((out / f"missing_rank{r}.json").read_text())["error"]
+        assert error.startswith("rank 1 cannot resume from step-00000003 (rank 0's newest checkpoint") and "\n" not in error

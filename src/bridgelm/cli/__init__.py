@@ -69,9 +69,9 @@ def main(argv: list[str] | None = None) -> None:
     show = show_data_warnings(prog)
     try:
         args.func(args)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:
         print(f"{prog}: interrupted", file=sys.stderr)  # the trainers and the demo say what they saved
-        sys.exit(130)
+        sys.exit(0 if getattr(err, "saved", False) else 130)  # 0: every rank stopped at one step, saved (train.agree)
     except Exception as err:
         message = user_message(err)
         if message is None:

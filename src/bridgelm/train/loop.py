@@ -25,7 +25,8 @@ Design notes:
   training into the same folder is refused at once (already when its Run is made), instead of both writing it.
 - A step's update is atomic for Ctrl-C: the first Ctrl-C lets it finish and then saves a checkpoint of it; a second
   stops at once, and nothing is saved (the weights may be half updated); a Ctrl-C outside an update saves the last
-  finished step. A resumed run restores optimiser, schedule, global RNG, step and the trainer's extras
+  finished step. With several ranks Ctrl-C and SIGTERM are a flag that all ranks read once a step (train.agree):
+  all save the same step and stop, and all resume from rank 0's newest checkpoint. A resumed run restores optimiser, schedule, global RNG, step and the trainer's extras
   (`run.state`), drops metrics records after the checkpoint, and continues bit for bit.
 
 Used by bridgelm.train.sft, bridgelm.train.rl and bridgelm.demo.base; tested through their tests
@@ -49,6 +50,7 @@ from typing import Any
 from bridgelm.dist import Dist, load_optimizer_shards
 from bridgelm.jsonl import append_record, check_free, exclusive, read_records, write_atomic, write_json
 from bridgelm.rng import set_rng_state
+from bridgelm.train.agree import StopSignals, StoppedTogether, agreed_resume_point
 from bridgelm.runs import (
     CHECKPOINTS,
     METRICS,
@@ -66,7 +68,6 @@ from bridgelm.runs import (
     load_trainer_state,
     prune_checkpoints,
     read_info,
-    resume_point,
     run_kind,
     save_trainer_state,
 )
@@ -147,13 +148,14 @@ class Run:
         _refuse_other_run(self.out_dir, kind)
         if dist.is_main:  # a second process on this folder is refused now, before the model is placed
             check_free(self.out_dir, folder=True)
-        self.resume_from = resume_point(self.out_dir, control.resume)
+        self.resume_from = agreed_resume_point(self.out_dir, control.resume, dist)  # rank 0's, on every rank
         if self.resume_from is not None:
             saved = read_info(self.resume_from).get("identity", {})
             check_settings(self.resume_from, saved, identity, fix="use another --out, or the settings of that run")
         self.state: dict[str, Any] = {"step": 0, **state}  # steps done, and the trainer's extras
         self.saved_at = 0  # step of the last checkpoint
         self.in_update = False  # inside `update()`: a KeyboardInterrupt there leaves nothing to save
+        self.signals = StopSignals(dist)  # several ranks: Ctrl-C / SIGTERM as a flag read at `save_if_due`
         self.metrics: MetricsLog | None = None
         self.bar = None
         self._tracked: tuple | None = None
@@ -201,7 +203,7 @@ class Run:
         `total` steps. On the way out: a checkpoint of the last step when it has none; on Ctrl-C, one of the last
         finished step (unless stopped inside an update); then KeyboardInterrupt goes on up. The run folder is locked
         meanwhile (one writer)."""
-        with self._writer():
+        with self._writer(), self.signals:
             yield from self._running(total, desc)
 
     def _running(self, total: int, desc: str) -> Iterator[Run]:
@@ -219,10 +221,11 @@ class Run:
             yield self
             if self.saved_at != self.step or latest_checkpoint(self.out_dir) is None:
                 self.save()
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as err:
             name = f"bridgelm {self.kind}"
-            if self.in_update:
-                self.say(f"\n{name}: stopped inside step {self.step + 1}'s update; not saved (last: {self.saved_at})")
+            if self.in_update or (self.dist.world > 1 and not isinstance(err, StoppedTogether)):  # ranks apart
+                where = "inside step {}'s update" if self.in_update else "at once in step {}"
+                self.say(f"\n{name}: stopped {where.format(self.step + 1)}; not saved (last: {self.saved_at})")
             else:
                 if self.step != self.saved_at:
                     self.save()
@@ -241,7 +244,7 @@ class Run:
     @contextmanager
     def update(self) -> Iterator[None]:
         """The part of a step that changes what a checkpoint holds: Ctrl-C is held back until it ends."""
-        with DeferInterrupt():
+        with DeferInterrupt() if self.dist.world == 1 else contextlib.nullcontext():  # several: self.signals
             self.in_update = True
             yield
             self.in_update = False
@@ -259,10 +262,14 @@ class Run:
         return self.metrics.records
 
     def save_if_due(self, now: bool = False) -> None:
-        """A checkpoint when `now` or every `save_every` steps."""
+        """A checkpoint when `now`, every `save_every` steps, or when any rank was signalled (then every rank stops
+        here, having saved the same step: StoppedTogether). Every rank calls it once a step, after the update."""
         every = self.control.save_every
-        if now or (every and self.step % every == 0):
+        stop = self.signals.agreed()
+        if now or stop or (every and self.step % every == 0):
             self.save()
+        if stop and self.step < self.total:
+            raise StoppedTogether
 
     def save(self) -> None:
         """A resumable checkpoint OUT/checkpoints/step-N (all ranks call; rank 0 writes, and under FSDP each rank its

@@ -1,0 +1,58 @@
+"""The library's requirements are ranges (pyproject.toml); the reproducible environment of `make venv`, CI and the
+demo is exact (constraints.txt). Every requirement, extras included, has a pin there that satisfies its range."""
+
+import tomllib
+from pathlib import Path
+
+from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _requirements() -> list[Requirement]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    lines = list(project["dependencies"])
+    for extra in project["optional-dependencies"].values():
+        lines += extra
+    return [Requirement(line) for line in lines]
+
+
+def _pins() -> dict[str, Version]:
+    pins = {}
+    for line in (ROOT / "constraints.txt").read_text().splitlines():
+        line = line.split("#")[0].strip()
+        if not line:
+            continue
+        req = Requirement(line)
+        (spec,) = req.specifier  # exactly one clause, ==X
+        assert spec.operator == "==", f"constraints.txt: {line!r} is not an exact pin"
+        assert canonicalize_name(req.name) not in pins, f"constraints.txt pins {req.name} twice"
+        pins[canonicalize_name(req.name)] = Version(spec.version)
+    return pins
+
+
+def test_requirements_are_ranges_not_pins():
+    for req in _requirements():
+        assert not any(s.operator in ("==", "===") for s in req.specifier), f"{req} pins the library's users"
+        assert any(s.operator == ">=" for s in req.specifier), f"{req} states no oldest version"
+
+
+def test_every_requirement_is_pinned_within_its_range():
+    pins = _pins()
+    for req in _requirements():
+        name = canonicalize_name(req.name)
+        assert name in pins, f"{req.name} has no pin in constraints.txt"
+        assert req.specifier.contains(pins[name], prereleases=True), f"{req.name}=={pins[name]} is outside {req}"
+
+
+def test_python_range_and_the_makefile_torch():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    python = SpecifierSet(project["requires-python"])
+    assert all(v in python for v in ("3.11.0", "3.12.4", "3.13.1")) and "3.14.0" not in python
+    makefile = (ROOT / "Makefile").read_text()
+    torch_pin = f"torch=={_pins()['torch']}"
+    assert torch_pin in makefile, f"the Makefile installs a torch other than constraints.txt's {torch_pin}"
+    assert makefile.count("-c constraints.txt") >= 3  # torch, the project, the GGUF weights
