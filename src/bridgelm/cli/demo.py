@@ -11,7 +11,7 @@ from bridgelm.demo.arms import ARMS, check_arms
 from bridgelm.demo.config import DemoConfig
 
 # The sizes a user may set; every other one is the preset's (DemoConfig(), or DemoConfig.quick() with --quick).
-SETTABLE = ("seeds", "sft_per_seed", "bf16", "arms", "recipe_control", "threads", "workers")
+SETTABLE = ("seeds", "sft_per_seed", "bf16", "arms", "primary", "recipe_control", "threads", "workers")
 MAX_THREADS = 4096  # torch.set_num_threads overflows a C int far above any machine's core count
 
 

@@ -98,6 +98,8 @@ class DemoConfig:
     blocks_lrs: list[float] = field(default_factory=lambda: [1e-3, 3e-3])  # candidate block lrs of bridge_blocks
     lr_grid: list[float] = field(default_factory=lambda: [1e-4, 1e-3, 3e-3])  # candidate block lrs of the tuned
     # arms, each at base lr rl.lr and at rl.lr x 3 (6 candidates), chosen on validation problems
+    primary: str = "bridge-rlvr"  # the one primary comparison of the report, named before the run (the others are
+    # secondary): a key of results.json "diffs" or of an extra arm's differences ("bridge_tuned-rlvr")
     recipe_control: bool = True  # every Bridge arm's recipe run on the positive control's task (demo/recipe_control.py)
     threads: int = 0  # torch threads (0 = torch's default); each of the workers gets threads // workers, at least 1
     workers: int = 2  # stages that do not wait on each other run in this many processes at once (1: one by one)

@@ -271,8 +271,8 @@ def machine() -> str:
 
 def extra_arms(eval_dirs: dict[tuple[str, int], Path], cfg) -> dict:
     """Each arm beyond the paper's three, paired over the seeds it shares with its reference: "<arm>-bridge" (or
-    "<arm>-pmatch" for a P-Match arm) at the main widths, "w{w}-w1" for a Bridge arm (same weights), and their
-    power; plus "bridge_tuned-pmatch_tuned" when both tuned arms ran."""
+    "<arm>-pmatch" for a P-Match arm) and "<arm>-rlvr" at the main widths, "w{w}-w1" for a Bridge arm (same
+    weights), and their power; plus "bridge_tuned-pmatch_tuned" when both tuned arms ran."""
     w, out = cfg.eval.width, {}
     for arm in {a for a, _ in eval_dirs} - set(PAPER_ARMS) - {"base"}:
         spec = ARMS[arm]
@@ -281,6 +281,9 @@ def extra_arms(eval_dirs: dict[tuple[str, int], Path], cfg) -> dict:
         mine = [per_problem_accuracy(eval_dirs[(arm, s)], w if spec.bridge else 1) for s in seeds]
         theirs = [per_problem_accuracy(eval_dirs[(ref, s)], w if ARMS[ref].bridge else 1) for s in seeds]
         diffs = {f"{arm}-{ref}": paired_difference(mine, theirs)}
+        if all(("rlvr", s) in eval_dirs for s in seeds):
+            rlvr = [per_problem_accuracy(eval_dirs[("rlvr", s)], 1) for s in seeds]
+            diffs[f"{arm}-rlvr"] = paired_difference(mine, rlvr)
         if spec.bridge:
             diffs[f"w{w}-w1"] = paired_difference(mine, [per_problem_accuracy(eval_dirs[(arm, s)], 1) for s in seeds])
         out[arm] = {**diffs, "seeds": len(seeds), "power": power(diffs)}
@@ -304,6 +307,9 @@ def demo_results(out: Path, cfg, dirs: RunDirs, found: dict, timings: dict, quic
         **controls(arms, dirs.eval, dirs.foreign, cfg),  # seeds, interaction, foreign_siblings, diffs, rlvr_gain, ...
         **found,
         "extra_arms": extra_arms(dirs.eval, cfg),
+        # the one primary comparison, named before the run; every other is secondary (about 8 to 20 of them,
+        # uncorrected for multiplicity: one interval in 20 excludes 0 by chance)
+        "primary": cfg.primary,
         "departures": departures(cfg),
         "matmul_peak": peaks[0] if peaks else {},  # measured by the invocation that ran the first stages
         "matmul_peaks": peaks,  # one per invocation that ran stages (more than one: an interrupted, resumed run)

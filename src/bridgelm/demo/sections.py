@@ -79,7 +79,8 @@ def extra_arms_section(extra: dict, searched: dict, cfg) -> list[str]:
     for arm, d in extra.items():
         for key, diff in d.items():
             if isinstance(diff, dict) and "mean" in diff:
-                rows.append([f"{TITLES[arm]}: {key}", diff_text(diff), f"{d['power'][key]:.1f}", str(d["seeds"])])
+                role = "primary" if key == cfg.primary else "secondary"
+                rows.append([f"{TITLES[arm]}: {key} ({role})", diff_text(diff), f"{d['power'][key]:.1f}", str(d["seeds"])])
     lines = ["## The other arms", "", markdown_table(
         ["Paired difference (seeds and problems)", "Mean and 95% interval", "Detects (points)", "Seeds"], rows), ""]
     for arm, choice in searched.items():
