@@ -334,18 +334,26 @@ def load_trainer_state(folder: str | os.PathLike) -> dict:
 def checkpoint_damage(folder: str | os.PathLike) -> str | None:
     """What is wrong with a checkpoint's files (cut, damaged, missing), or None when they read back whole.
 
-    Checks trainer.json, the headers and sizes of the *.safetensors files and the checksums of trainer_state.pt;
+    Checks trainer.json, the shards of an FSDP checkpoint (`bridgelm.shards.shards_damage`: index and file sizes;
+    an index that is not DCP's is refused, not passed over), the headers and sizes of the *.safetensors files and
+    the checksums of trainer_state.pt;
     the data of a safetensors file carries no checksum, so a flipped bit there goes unnoticed.
     """
     from safetensors import safe_open
 
     folder = Path(folder)
     try:
-        json.loads((folder / TRAINER_INFO).read_bytes().decode("utf-8"))
+        info = json.loads((folder / TRAINER_INFO).read_bytes().decode("utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         return f"{TRAINER_INFO}: {err}"
-    if (folder / SHARDS).is_dir() and not (folder / SHARDS / ".metadata").is_file():
-        return f"{SHARDS}/.metadata is missing"
+    if not isinstance(info, dict):
+        return f"{TRAINER_INFO}: holds a JSON {type(info).__name__}, not an object"
+    if (folder / SHARDS).is_dir() or info.get("layout") == LAYOUTS[True]:
+        from bridgelm.shards import shards_damage  # an index that is not DCP's is refused (UserError), not skipped
+
+        damage = shards_damage(folder / SHARDS)
+        if damage is not None:
+            return damage
     for weights in sorted(folder.glob("*.safetensors")):
         try:
             with safe_open(str(weights), framework="pt"):
