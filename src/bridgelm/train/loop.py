@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import signal
 import sys
@@ -47,6 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from bridgelm.dist import Dist, load_optimizer_shards
+from bridgelm.errors import UserError
 from bridgelm.jsonl import append_record, check_free, exclusive, read_records, write_atomic, write_json
 from bridgelm.rng import set_rng_state
 from bridgelm.runs import (
@@ -70,6 +72,7 @@ from bridgelm.runs import (
     run_kind,
     save_trainer_state,
 )
+from bridgelm.train.optim import Diverged
 from bridgelm.train.weights import write_checkpoint
 
 
@@ -234,9 +237,21 @@ class Run:
                     f"continues from it){note}"
                 )
             raise
+        except Diverged as err:  # nothing of the step written: no record, no checkpoint
+            raise UserError(self._diverged(err)) from None
         finally:
             self.bar.close()
             self.metrics.close()
+
+    def _diverged(self, err: Diverged) -> str:
+        """The one line of a run stopped by a non-finite loss, gradient norm or weight."""
+        last = latest_checkpoint(self.out_dir)
+        good = f"the last good checkpoint is {last}" if last else "no checkpoint was written"
+        step = err.step if err.step is not None else self.step + 1
+        return (
+            f"bridgelm {self.kind}: step {step} diverged ({err}); stopped, and nothing of that step was written: "
+            f"{good}; expected finite weights: start again with a lower --lr"
+        )
 
     @contextmanager
     def update(self) -> Iterator[None]:
@@ -248,7 +263,11 @@ class Run:
 
     def log(self, record: dict, **postfix: Any) -> None:
         """Append the step's record to metrics.jsonl and move the progress bar (showing `postfix`, see
-        `progress_fields`)."""
+        `progress_fields`). A non-finite loss or gradient norm stops the run (`Diverged`) before it is written."""
+        for key in ("loss", "grad_norm"):
+            value = record.get(key)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise Diverged(f"its {key} is {value}", step=record.get("step"))
         self.metrics.log(record)
         self.bar.update(1)
         self.bar.set_postfix(**progress_fields(**postfix))
