@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from bridgelm.errors import DataWarning, UserError
+from bridgelm.jsonl import read_json_object
 from bridgelm.rng import rng_state
 
 RUN_FILE = "run.json"  # the settings of a run folder (eval and training runs)
@@ -64,6 +65,23 @@ def format_of(kind: str) -> dict[str, Any]:
 def run_kind(recorded: Any) -> str | None:
     """The kind a parsed run.json (or a samples line's settings) records ("eval", "sft", ...), or None."""
     return recorded.get("kind") if isinstance(recorded, dict) else None
+
+
+def refuse_run_folder(folder: str | os.PathLike, command: str) -> None:
+    """UserError when `folder` holds the run.json of a run (eval, sft, rl, ...): `command` writes folders of another
+    layout (the demo's), and would mix its outputs into that run's."""
+    path = Path(folder) / RUN_FILE
+    if not path.is_file():
+        return
+    try:
+        found = run_kind(json.loads(path.read_bytes().decode("utf-8")))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        found = None
+    what = f"a bridgelm {found} run" if found else "a run.json of something else"
+    raise UserError(
+        f"{folder} already holds {what} ({path}): expected a new folder, or one of `bridgelm {command}` to run again; "
+        "use another --out"
+    )
 
 
 def check_format(where: str | os.PathLike, recorded: Any, kind: str, expected: str) -> None:
@@ -384,7 +402,7 @@ def check_layout(folder: str | os.PathLike, sharded: bool) -> None:
 
 
 def read_info(folder: str | os.PathLike) -> dict:
-    return json.loads((Path(folder) / TRAINER_INFO).read_text())
+    return read_json_object(Path(folder) / TRAINER_INFO, "a checkpoint's trainer.json written by bridgelm")
 
 
 def resume_point(out_dir: Path, resume: bool) -> Path | None:

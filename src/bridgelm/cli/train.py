@@ -141,6 +141,8 @@ def _cmd_rl(args) -> None:
     cfg, launch = build(RLConfig, args), build(DistConfig, args)
     cfg.validate()
     launch.validate()
+    if args.no_blocks and cfg.block_lr is not None:
+        raise UserError(f"--block-lr {cfg.block_lr} with --no-blocks: there are no blocks to train at that rate")
     if args.blocks and (args.no_blocks or args.add):
         flag = "--no-blocks" if args.no_blocks else f"--add {args.add}"
         raise UserError(f"--blocks {args.blocks} and {flag} contradict each other: expected one of them")
