@@ -231,3 +231,193 @@ def test_a_non_finite_loss_is_never_logged(tmp_path):
     metrics = tmp_path / "run" / runs.METRICS
     assert not metrics.exists() or metrics.read_text() == ""
     assert runs.list_checkpoints(tmp_path / "run") == []
+
+
+# ---------------------------------------------------------------------------------------------- one boundary for input
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from conftest import save_tiny_model_dir
+
+    root = tmp_path_factory.mktemp("models")
+    save_tiny_model_dir(root / "m")
+    return root / "m"
+
+
+def _variant(model_dir, tmp_path, name, config=None):
+    import shutil
+
+    folder = tmp_path / name
+    shutil.copytree(model_dir, folder)
+    if config is not None:
+        (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.mark.parametrize(
+    "change, expected",
+    [
+        (None, "config.json holds a JSON null: expected a model config (a JSON object)"),
+        ({"num_attention_heads": 0}, "config.json has num_attention_heads=0: expected a positive integer"),
+        ({"vocab_size": 0}, "config.json has vocab_size=0: expected a positive integer"),
+        ({"num_key_value_heads": 3}, "num_attention_heads=4 and num_key_value_heads=3: expected a number of key/value"),
+        ({"hidden_size": 30}, "hidden_size=30 and num_attention_heads=4: expected a hidden size that the heads divide"),
+    ],
+)
+def test_plan_and_params_share_the_model_config_checks(model_dir, tmp_path, capsys, change, expected):
+    config = None if change is None else {**json.loads((model_dir / "config.json").read_text()), **change}
+    folder = _variant(model_dir, tmp_path, "bad")
+    (folder / "config.json").write_text(json.dumps(config))
+    for argv in (["plan", "--model", folder, "--gpu-memory-gib", "80"], ["params", "--model", folder]):
+        assert expected in _fails(capsys, argv)  # "a bug in bridgelm" (TypeError, ZeroDivisionError) or "fits"
+
+
+def test_state_files_that_are_json_but_not_objects(tmp_path, capsys, monkeypatch):
+    from bridgelm.demo import pipeline
+
+    monkeypatch.setattr("bridgelm.hardware.matmul_peaks", lambda: {"fp32_tflops": 1.0, "bf16_tflops": 1.0})
+    demo = tmp_path / "demo"
+    demo.mkdir()
+    (demo / "demo.json").write_text("[1, 2]")
+    with pytest.raises(UserError, match=r"demo.json holds a JSON array: expected the settings of a demo folder"):
+        pipeline.run_demo(demo, pipeline.DemoConfig(), quick=True, log=lambda *_: None)
+    assert (demo / "demo.json").read_text() == "[1, 2]"
+    run = tmp_path / "run"
+    first, second = _sharded_checkpoint(run, 1), _sharded_checkpoint(run, 2)
+    (second / runs.TRAINER_INFO).write_text("null")  # damaged: passed over
+    with pytest.warns(DataWarning, match="trainer.json: holds a JSON null, not an object"):
+        assert runs.resume_point(run, True) == first
+    with pytest.raises(UserError, match="trainer.json holds a JSON array"):
+        (first / runs.TRAINER_INFO).write_text("[]")
+        runs.read_info(first)
+
+
+def test_the_demo_refuses_the_folder_of_another_run(tmp_path, capsys):
+    out = tmp_path / "evalrun"
+    out.mkdir()
+    (out / "run.json").write_text(json.dumps({"kind": "eval", "format": 2}))
+    line = _fails(capsys, ["demo", "--quick", "--out", out])
+    assert f"{out} already holds a bridgelm eval run" in line
+    assert sorted(p.name for p in out.iterdir()) == ["run.json"]
+
+
+def test_a_data_line_nested_too_deep_is_one_line(model_dir, tmp_path, capsys):
+    data = tmp_path / "deep.jsonl"
+    data.write_text("[" * 200_000 + "]" * 200_000 + "\n")
+    line = _fails(capsys, ["eval", "--model", model_dir, "--task", "arith", "--data", data, "--out", tmp_path / "e"])
+    assert f"{data}:1: nests deeper than JSON is read here" in line
+    line = _fails(capsys, ["generate", "--model", model_dir, "--prompts", data, "--out", tmp_path / "s.jsonl"])
+    assert f"{data}, line 1: nests deeper than JSON is read here" in line
+
+
+def test_a_sharded_index_naming_a_missing_shard_is_one_line(model_dir, tmp_path, capsys):
+    from safetensors.torch import load_file, save_file
+
+    folder = _variant(model_dir, tmp_path, "sharded")
+    weights = load_file(str(folder / "model.safetensors"))
+    (folder / "model.safetensors").unlink()
+    names = sorted(weights)
+    shard = {k: f"model-0000{1 + (i >= len(names) // 2)}-of-00002.safetensors" for i, k in enumerate(names)}
+    save_file({k: weights[k] for k in names[: len(names) // 2]}, str(folder / "model-00001-of-00002.safetensors"))
+    (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": shard}))
+    line = _fails(capsys, ["generate", "--model", folder, "--prompt", "1+1=", "--out", tmp_path / "s.jsonl"])
+    assert "names the weights file 'model-00002-of-00002.safetensors', which is not in" in line
+
+
+def test_a_tokenizer_larger_than_the_vocabulary_is_refused_naming_both(model_dir, tmp_path, capsys):
+    from bridgelm.tokenizer import char_tokenizer
+
+    folder = _variant(model_dir, tmp_path, "bigtok")
+    char_tokenizer("0123456789+-=() abcdefghijklmnopqrstuvwxyz\n").save_pretrained(folder)
+    line = _fails(capsys, ["generate", "--model", folder, "--prompt", "1+1=", "--out", tmp_path / "s.jsonl"])
+    assert "its tokenizer has 48 tokens but the model's vocabulary only 25" in line
+
+
+def test_html_in_run_names_is_inert_in_table_md():
+    from bridgelm.report import _run_lines
+    from bridgelm.tables import markdown_table
+
+    name = "runs/<img src=x onerror=alert(1)>"
+    table = markdown_table(["Model", "x"], [[name, "1.00"]])
+    assert "<img" not in table and "&lt;img src=x onerror=alert(1)&gt;" in table
+    report = {"runs": {name: {"dirs": [name + "/eval"], "widths": {"arith": 1}}}}
+    assert not any("<img" in line for line in _run_lines(report))
+
+
+@pytest.mark.parametrize(
+    "flags, expected",
+    [
+        (["--dist-timeout", "1e300"], "dist_timeout=1e+300: expected a finite number in (0, 525600.0] (minutes)"),
+        (["--data", ""], "--data '': expected a path, not an empty string"),
+        (["--no-blocks", "--block-lr", "1e-3"], "--block-lr 0.001 with --no-blocks: there are no blocks to train"),
+    ],
+)
+def test_rl_flags_that_cannot_work(model_dir, tmp_path, capsys, flags, expected):
+    out = tmp_path / "out"
+    assert expected in _fails(capsys, ["rl", "--model", model_dir, "--task", "arith", *flags, "--out", out])
+    assert not out.exists()
+
+
+def test_train_rl_refuses_a_block_lr_without_blocks(tmp_path):
+    from dataclasses import replace
+
+    from test_rl import CFG, TASK, TOK, policy
+
+    from bridgelm.train.rl import train_rl
+
+    with pytest.raises(ValueError, match="block_lr=0.001, but the model has no added blocks"):
+        train_rl(policy(blocks=False), TOK, TASK, replace(CFG, block_lr=1e-3), tmp_path / "rl")
+    assert not (tmp_path / "rl").exists()
+
+
+def test_a_huge_prompt_is_refused_by_characters_before_tokenizing(model_dir, tmp_path, capsys, monkeypatch):
+    import bridgelm.engine.text as text
+
+    def never(*args, **kwargs):
+        raise AssertionError("tokenized")
+
+    monkeypatch.setattr(text, "encode_prompts", never)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt": "1+1=" * 2_500_000}) + "\n")  # 10 MB
+    argv = ["generate", "--model", model_dir, "--prompts", prompts, "--max-new-tokens", "8", "--out", tmp_path / "s"]
+    line = _fails(capsys, argv)
+    assert "prompt 0 has 10000000 characters: more than the" in line and "248 tokens" in line
+
+
+def _block_file(tmp_path, arch="qwen2", **meta_changes):
+    import bridgelm
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    from bridgelm.blockfile import save_blocks
+
+    path = save_blocks(bridgelm.add_bridge(tiny_model(arch)), tmp_path / f"{arch}.safetensors")
+    with safe_open(str(path), framework="pt") as f:
+        meta, tensors = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
+    meta = {k: v for k, v in {**meta, **meta_changes}.items() if v is not None}
+    dtype = meta_changes.get("_dtype")
+    if dtype is not None:
+        tensors = {k: (v * 100).to(dtype) for k, v in tensors.items()}
+    save_file(tensors, str(path), metadata={k: v for k, v in meta.items() if not k.startswith("_")})
+    return path
+
+
+@pytest.mark.parametrize(
+    "arch, changes, expected",
+    [
+        ("qwen2", {"kind": None}, "has no kind in its metadata"),
+        ("qwen2", {"num_heads": "four"}, "its metadata does not describe blocks"),
+        ("llama", {}, "holds blocks trained in a llama model"),  # same shapes, another architecture
+        ("qwen2", {"_dtype": torch.int64}, r"is I64 \(and 5 more\): expected floating-point weights"),
+    ],
+)
+def test_block_files_that_do_not_belong_to_this_model(tmp_path, arch, changes, expected):
+    import bridgelm
+
+    path = _block_file(tmp_path, arch, **changes)
+    model = tiny_model("qwen2")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(UserError, match=expected):
+        bridgelm.load_blocks(model, path)
+    assert bridgelm.block_config(model) is None and model.state_dict().keys() == before.keys()

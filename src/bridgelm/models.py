@@ -155,11 +155,17 @@ def _safetensors_files(folder: Path) -> list[Path]:
     if index.is_file():
         try:
             names = json.loads(index.read_bytes().decode("utf-8"))["weight_map"].values()
-        except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as err:
+        except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError, RecursionError) as err:
             raise UserError(
                 f"{index} is unreadable ({err!r}): expected the weight_map written by save_pretrained"
             ) from err
-        return [folder / name for name in sorted(set(names)) if (folder / name).is_file()]
+        for name in sorted(set(names)):
+            if not isinstance(name, str) or Path(name).name != name or not (folder / name).is_file():
+                raise UserError(
+                    f"{index} names the weights file {name!r}, which is not in {folder}: expected every shard its "
+                    "weight_map names beside it (a download that stopped early?)"
+                )
+        return [folder / name for name in sorted(set(names))]
     single = folder / "model.safetensors"
     return [single] if single.is_file() else []
 

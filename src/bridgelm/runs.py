@@ -38,7 +38,7 @@ from typing import Any
 import torch
 
 from bridgelm.errors import DataWarning, UserError
-from bridgelm.jsonl import read_json_object
+from bridgelm.jsonl import json_kind, read_json_object
 from bridgelm.rng import rng_state
 
 RUN_FILE = "run.json"  # the settings of a run folder (eval and training runs)
@@ -67,20 +67,24 @@ def run_kind(recorded: Any) -> str | None:
     return recorded.get("kind") if isinstance(recorded, dict) else None
 
 
-def refuse_run_folder(folder: str | os.PathLike, command: str) -> None:
-    """UserError when `folder` holds the run.json of a run (eval, sft, rl, ...): `command` writes folders of another
-    layout (the demo's), and would mix its outputs into that run's."""
+def refuse_run_folder(folder: str | os.PathLike, command: str, resumable: bool = False) -> Any:
+    """UserError when `folder` holds the run.json of a run other than `command`'s own (with `resumable`: a run of
+    kind `command`, continued; else none: the demo's folders are of another layout): its outputs would mix with
+    that run's. Returns the parsed run.json (None: none there)."""
     path = Path(folder) / RUN_FILE
     if not path.is_file():
-        return
+        return None
     try:
-        found = run_kind(json.loads(path.read_bytes().decode("utf-8")))
+        run = json.loads(path.read_bytes().decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-        found = None
+        run = None
+    found = run_kind(run)
+    if resumable and found == command:
+        return run
     what = f"a bridgelm {found} run" if found else "a run.json of something else"
     raise UserError(
-        f"{folder} already holds {what} ({path}): expected a new folder, or one of `bridgelm {command}` to run again; "
-        "use another --out"
+        f"{folder} already holds {what} ({path}): expected a new folder, or one of `bridgelm {command}` to "
+        f"{'resume' if resumable else 'run again'}; use another --out"
     )
 
 
@@ -365,7 +369,7 @@ def checkpoint_damage(folder: str | os.PathLike) -> str | None:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         return f"{TRAINER_INFO}: {err}"
     if not isinstance(info, dict):
-        return f"{TRAINER_INFO}: holds a JSON {type(info).__name__}, not an object"
+        return f"{TRAINER_INFO}: holds a JSON {json_kind(info)}, not an object"
     if (folder / SHARDS).is_dir() or info.get("layout") == LAYOUTS[True]:
         from bridgelm.shards import shards_damage  # an index that is not DCP's is refused (UserError), not skipped
 

@@ -68,8 +68,8 @@ from bridgelm.runs import (
     load_trainer_state,
     prune_checkpoints,
     read_info,
+    refuse_run_folder,
     resume_point,
-    run_kind,
     save_trainer_state,
 )
 from bridgelm.train.optim import Diverged
@@ -116,21 +116,9 @@ def dotted(settings: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def _refuse_other_run(out_dir: Path, kind: str) -> None:
     """Refuse, resumed or not, a folder whose run.json records another kind of run (an eval run, an SFT run for RL):
     this run would write its own run.json over it."""
-    path = out_dir / RUN_FILE
-    if not path.is_file():
-        return
-    try:
-        run = json.loads(path.read_bytes().decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        run = None
-    found = run_kind(run)
-    if found != kind:
-        what = f"a bridgelm {found} run" if found else "a run.json of something else"
-        raise ValueError(
-            f"{out_dir} already holds {what} ({path}): expected a new folder, or one of `bridgelm {kind}` to "
-            "resume; use another --out"
-        )
-    check_format(out_dir, run, kind, expected=f"a folder of bridgelm {kind}")  # an older version of this kind
+    run = refuse_run_folder(out_dir, kind, resumable=True)
+    if run is not None:
+        check_format(out_dir, run, kind, expected=f"a folder of bridgelm {kind}")  # an older version of this kind
 
 
 class Run:
@@ -238,20 +226,10 @@ class Run:
                 )
             raise
         except Diverged as err:  # nothing of the step written: no record, no checkpoint
-            raise UserError(self._diverged(err)) from None
+            raise UserError(err.explain(self.kind, self.step + 1, latest_checkpoint(self.out_dir))) from None
         finally:
             self.bar.close()
             self.metrics.close()
-
-    def _diverged(self, err: Diverged) -> str:
-        """The one line of a run stopped by a non-finite loss, gradient norm or weight."""
-        last = latest_checkpoint(self.out_dir)
-        good = f"the last good checkpoint is {last}" if last else "no checkpoint was written"
-        step = err.step if err.step is not None else self.step + 1
-        return (
-            f"bridgelm {self.kind}: step {step} diverged ({err}); stopped, and nothing of that step was written: "
-            f"{good}; expected finite weights: start again with a lower --lr"
-        )
 
     @contextmanager
     def update(self) -> Iterator[None]:

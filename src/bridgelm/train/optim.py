@@ -46,6 +46,14 @@ class Diverged(UserError):
         super().__init__(what)
         self.step = step
 
+    def explain(self, kind: str, step: int, last) -> str:
+        """The one line of a `kind` run stopped at `step` (unless known), `last` its last checkpoint (None: none)."""
+        good = f"the last good checkpoint is {last}" if last else "no checkpoint was written"
+        return (
+            f"bridgelm {kind}: step {self.step or step} diverged ({self}); stopped, and nothing of that step was "
+            f"written: {good}; expected finite weights: start again with a lower --lr"
+        )
+
 
 def parameters_finite(params: Sequence[torch.nn.Parameter], dist: Dist) -> bool:
     """Whether every parameter is finite: one sum over them (a NaN or an infinity makes it non-finite), summed over
