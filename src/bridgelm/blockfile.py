@@ -46,6 +46,7 @@ def save_blocks(model: nn.Module, path: str | os.PathLike) -> Path:
         **{k: str(v) for k, v in asdict(cfg).items()},
         "format": FORMAT,
         "base_model": _base_name(model),
+        "model_type": str(model.config.model_type),
         "hidden_size": str(text_cfg.hidden_size),
         "num_layers": str(len(decoder_layers(model))),
     }
@@ -70,10 +71,25 @@ def read_block_settings(path: str | os.PathLike) -> tuple[BlockConfig, dict[str,
         raise ValueError(f"{path} is not a safetensors block file: {err}") from err
     if meta.get("format") != FORMAT:
         raise ValueError(f"{path} is not a bridgelm block file (format {meta.get('format')!r}, expected {FORMAT!r})")
-    cfg = BlockConfig(
-        kind=meta["kind"], num_heads=int(meta["num_heads"]), head_dim=int(meta["head_dim"]), placement=meta["placement"]
-    )
+    missing = [key for key in _SETTINGS if key not in meta]
+    if missing:
+        raise UserError(
+            f"{path} has no {', '.join(missing)} in its metadata (written by an older bridgelm, or edited): expected "
+            "a block file written by save_blocks"
+        )
+    try:
+        cfg = BlockConfig(
+            kind=meta["kind"], num_heads=int(meta["num_heads"]), head_dim=int(meta["head_dim"]),
+            placement=meta["placement"],
+        )  # fmt: skip
+    except ValueError as err:
+        raise UserError(f"{path}: its metadata does not describe blocks ({err}): expected save_blocks' settings") from None
     return cfg, meta
+
+
+# What a block file's metadata records: the blocks' settings and the architecture they were trained in.
+_SETTINGS = ("kind", "num_heads", "head_dim", "placement", "model_type", "hidden_size", "num_layers")
+_FLOATS = ("F64", "F32", "F16", "BF16")  # safetensors' names of the dtypes a block's weights may have
 
 
 def load_blocks(model: nn.Module, path: str | os.PathLike) -> nn.Module:
@@ -83,6 +99,11 @@ def load_blocks(model: nn.Module, path: str | os.PathLike) -> nn.Module:
     and every tensor's name and shape against what the model's blocks would hold.
     """
     cfg, meta = read_block_settings(path)
+    if meta["model_type"] != str(model.config.model_type):
+        raise UserError(
+            f"{path} holds blocks trained in a {meta['model_type']} model ({meta.get('base_model')!r}), and this model "
+            f"is a {model.config.model_type}: expected blocks of this architecture"
+        )
     existing = block_config(model)
     if existing is not None and existing != cfg:
         raise ValueError(
@@ -100,6 +121,14 @@ def load_blocks(model: nn.Module, path: str | os.PathLike) -> nn.Module:
     }
     with safe_open(str(path), framework="pt") as f:
         got = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+        dtypes = {k: f.get_slice(k).get_dtype() for k in f.keys()}
+    not_float = sorted(k for k, dtype in dtypes.items() if dtype not in _FLOATS)
+    if not_float:
+        first = not_float[0]
+        raise UserError(
+            f"{path}: tensor {first} is {dtypes[first]}{f' (and {len(not_float) - 1} more)' if len(not_float) > 1 else ''}: "
+            "expected floating-point weights (F32, BF16, F16)"
+        )
     missing = sorted(set(expected) - set(got))
     unexpected = sorted(set(got) - set(expected))
     wrong = sorted(k for k in set(got) & set(expected) if got[k] != expected[k])

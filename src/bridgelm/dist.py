@@ -16,7 +16,8 @@ Design notes:
   ranks decode different numbers of steps and must not meet in collectives there; or (rl's rollouts in bf16) on a
   plain replica filled parameter by parameter (`gather_into`: cast, then all-gathered).
 - Checkpoints under FSDP: each rank writes and reads its own shards of model and optimiser (`save_shards`,
-  `load_model_shards`, `load_optimizer_shards`: torch.distributed.checkpoint); only a model folder
+  `load_model_shards`, `load_optimizer_shards`: torch.distributed.checkpoint, read through bridgelm.shards, which
+  unpickles nothing freely); only a model folder
   (save_pretrained) gathers the weights to rank 0 (`full_state_dict`).
 
 Used by bridgelm.evaluate and bridgelm.train; tested by tests/test_train_distributed.py (torchrun, gloo, CPU).
@@ -36,6 +37,9 @@ import torch.distributed as torch_dist
 from bridgelm.errors import check_number
 
 
+MAX_TIMEOUT = 365 * 24 * 60.0  # minutes: the longest --dist-timeout
+
+
 @dataclass
 class DistConfig:
     """How the processes of a torchrun launch wait for each other (no trained weight depends on it)."""
@@ -43,8 +47,8 @@ class DistConfig:
     dist_timeout: float = 60.0  # minutes a collective waits for the slowest rank before the run fails (uneven long
     # rollouts, rank 0 gathering a large checkpoint); torch's own default is 10
 
-    def validate(self) -> None:
-        check_number("dist_timeout", self.dist_timeout, 0, open_low=True, note=" (minutes)")
+    def validate(self) -> None:  # at most a year: torch keeps the timeout in milliseconds of a C++ int
+        check_number("dist_timeout", self.dist_timeout, 0, MAX_TIMEOUT, open_low=True, note=" (minutes)")
 
 
 @dataclass
@@ -286,19 +290,21 @@ def save_shards(model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder
 
 def load_model_shards(model: torch.nn.Module, folder: str | os.PathLike) -> None:
     """Under FSDP: each rank reads its own shards of the model's weights from `folder` (written by `save_shards`)."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
+    from bridgelm.shards import load_shards
+
     state = {"model": get_model_state_dict(model)}
-    dcp.load(state, checkpoint_id=str(folder))
+    load_shards(state, folder)  # nothing in the folder unpickled freely
     set_model_state_dict(model, state["model"])
 
 
 def load_optimizer_shards(model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: str | os.PathLike) -> None:
     """Under FSDP: each rank reads its own shards of the optimiser state from `folder` (written by `save_shards`)."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict, set_optimizer_state_dict
 
+    from bridgelm.shards import load_shards
+
     state = {"optimizer": get_optimizer_state_dict(model, optimizer)}  # the layout to fill (AdamW's zero state)
-    dcp.load(state, checkpoint_id=str(folder))
+    load_shards(state, folder)
     set_optimizer_state_dict(model, optimizer, optim_state_dict=state["optimizer"])

@@ -144,6 +144,9 @@ def read_records(path: str | os.PathLike, repair: bool = True, allow_cut: bool =
             unterminated = number == len(lines)
             try:
                 record = json.loads(line.decode("utf-8"))
+            except RecursionError:
+                raise UserError(f"{path}, line {number}: nests deeper than JSON is read here: expected one JSON "
+                                "object per line") from None
             except (UnicodeDecodeError, json.JSONDecodeError) as err:
                 if allow_cut and unterminated and line.lstrip().startswith(b"{"):
                     if repair:
@@ -173,6 +176,28 @@ def check_text(record: Any, where: str) -> None:
         raise UserError(
             f"{where}: a string holds {bad}, half of a surrogate pair: expected text (UTF-8)"
         ) from None
+
+
+def json_kind(value: Any) -> str:
+    """What JSON calls the type of a parsed value: object, array, string, number, true/false, null."""
+    kinds = {dict: "object", list: "array", str: "string", bool: "boolean", type(None): "null"}
+    return kinds.get(type(value), "number")
+
+
+def read_json_object(path: str | os.PathLike, expected: str) -> dict[str, Any]:
+    """A JSON file that must hold an object (a run's state file: trainer.json, demo.json), read whole; anything
+    else (not UTF-8, malformed, nested past the parser's depth, an array or null) is a UserError naming the file
+    and `expected` ("a demo folder's settings")."""
+    path = Path(path)
+    try:
+        value = json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise UserError(f"{path} is {_not_json(err)}: expected {expected} (a JSON object)") from None
+    except RecursionError:
+        raise UserError(f"{path} nests deeper than JSON is read here: expected {expected} (a JSON object)") from None
+    if not isinstance(value, dict):
+        raise UserError(f"{path} holds a JSON {json_kind(value)}: expected {expected} (a JSON object)")
+    return value
 
 
 def _not_json(err: Exception) -> str:

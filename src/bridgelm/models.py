@@ -18,6 +18,7 @@ from bridgelm.attach import attach_blocks
 from bridgelm.blockfile import check_finite, load_blocks
 from bridgelm.blocks import BlockConfig
 from bridgelm.errors import UserError
+from bridgelm.jsonl import json_kind
 
 # Every load says it: a model folder's own code (auto_map) is never run, and transformers never asks whether to.
 NO_REMOTE_CODE = {"trust_remote_code": False}
@@ -90,7 +91,7 @@ def load_config(name_or_path: str, weights: bool = False, **kwargs):
 
     check_model_folder(name_or_path, weights)
     try:
-        return AutoConfig.from_pretrained(name_or_path, **{**NO_REMOTE_CODE, **kwargs})
+        config = AutoConfig.from_pretrained(name_or_path, **{**NO_REMOTE_CODE, **kwargs})
     except StrictDataclassError as err:  # a field of the wrong type or value ("hidden_size": "64", 0 layers)
         detail = str(err).splitlines()[-1].strip()
         raise UserError(f"model {name_or_path!r}: its config.json does not describe a valid model: {detail}") from err
@@ -112,6 +113,35 @@ def load_config(name_or_path: str, weights: bool = False, **kwargs):
             f"model {name_or_path!r}: transformers {transformers.__version__} cannot read its config: "
             f"{str(err).splitlines()[0]}"
         ) from err
+    check_model_config(config, name_or_path)
+    return config
+
+
+# The sizes of a decoder's config that must be positive integers (those the config has).
+_SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+          "intermediate_size", "head_dim")  # fmt: skip
+
+
+def check_model_config(config, name: str | os.PathLike) -> None:
+    """UserError in one line unless the config's sizes can make a model: each a positive integer, the hidden size
+    split evenly into heads (unless head_dim is given), the heads into key/value groups. The one check of
+    load_model, plan and params (transformers accepts 0 heads, or 14 heads in groups of 3, until a forward fails)."""
+    sizes = {key: getattr(config, key, None) for key in _SIZES}
+    for key, value in sizes.items():
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            raise UserError(f"model {name}: config.json has {key}={value!r}: expected a positive integer")
+    heads, kv = sizes["num_attention_heads"], sizes["num_key_value_heads"]
+    hidden, head_dim = sizes["hidden_size"], sizes["head_dim"]
+    if heads and hidden and head_dim is None and hidden % heads:
+        raise UserError(
+            f"model {name}: config.json has hidden_size={hidden} and num_attention_heads={heads}: expected a hidden "
+            "size that the heads divide"
+        )
+    if heads and kv and heads % kv:
+        raise UserError(
+            f"model {name}: config.json has num_attention_heads={heads} and num_key_value_heads={kv}: expected a "
+            "number of key/value heads that divides the heads"
+        )
 
 
 # What from_pretrained reads weights from (one of them, or the shards an index names).
@@ -125,11 +155,17 @@ def _safetensors_files(folder: Path) -> list[Path]:
     if index.is_file():
         try:
             names = json.loads(index.read_bytes().decode("utf-8"))["weight_map"].values()
-        except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as err:
+        except (UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, AttributeError, RecursionError) as err:
             raise UserError(
                 f"{index} is unreadable ({err!r}): expected the weight_map written by save_pretrained"
             ) from err
-        return [folder / name for name in sorted(set(names)) if (folder / name).is_file()]
+        for name in sorted(set(names)):
+            if not isinstance(name, str) or Path(name).name != name or not (folder / name).is_file():
+                raise UserError(
+                    f"{index} names the weights file {name!r}, which is not in {folder}: expected every shard its "
+                    "weight_map names beside it (a download that stopped early?)"
+                )
+        return [folder / name for name in sorted(set(names))]
     single = folder / "model.safetensors"
     return [single] if single.is_file() else []
 
@@ -150,10 +186,12 @@ def check_model_folder(name_or_path: str | os.PathLike, weights: bool = False) -
     if not config.is_file():
         raise UserError(f"model folder {name} has no config.json: expected a folder written by save_pretrained")
     try:
-        json.loads(config.read_bytes().decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        parsed = json.loads(config.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
         where = f" (line {err.lineno}, column {err.colno}: {err.msg})" if isinstance(err, json.JSONDecodeError) else ""
         raise UserError(f"{config} is not valid JSON{where}: a cut or damaged file? expected a model config") from err
+    if not isinstance(parsed, dict):
+        raise UserError(f"{config} holds a JSON {json_kind(parsed)}: expected a model config (a JSON object)")
     for file in _safetensors_files(folder):  # what from_pretrained will read
         try:
             with safe_open(str(file), framework="pt"):

@@ -30,6 +30,7 @@ from bridgelm.tables import (
     benchmark_table,
     gpass_table,
     markdown_table,
+    md_text,
     nonmath_table,
     stability_table,
     table_2,
@@ -245,7 +246,7 @@ def render_markdown(report: dict[str, Any], figures: Sequence[str] = ()) -> str:
         out += ["", "## G-Pass@k_τ against τ·k, mean over benchmarks (paper Figure 4)", ""]
         out.append(gpass_table(report["gpass"]))
         used = {name: ", ".join(c["benchmarks"]) for name, c in report["gpass"].items()}
-        out.append("Benchmarks averaged: " + "; ".join(f"{n}: {b}" for n, b in used.items()))
+        out.append("Benchmarks averaged: " + md_text("; ".join(f"{n}: {b}" for n, b in used.items())))
     responses = [
         [name, b, f"{length:.1f}", f"{100 * run['finished'][b]:.1f}"]
         for name, run in report["runs"].items()
@@ -275,14 +276,14 @@ def _run_lines(report: dict[str, Any]) -> list[str]:
         partial = "; ".join(f"{b}: {n} problem{'s' if n != 1 else ''} not sampled" for b, n in missing.items())
         foreign = " (**foreign groups**: each group holds samples of different problems, a control)"
         out.append(
-            f"- **{name}**: {', '.join(run['dirs'])} ({widths})"
+            f"- **{md_text(name)}**: {md_text(', '.join(run['dirs']))} ({md_text(widths)})"
             + (foreign if run.get("foreign_groups") else "")
             + (f" (**partial run**: {partial})" if partial else "")
         )
     differences = report.get("setting_differences") or []
     if differences:
         out += ["", "**Not like for like**: settings that change what the numbers mean differ between rows:", ""]
-        out += [f"- {line}" for line in differences]
+        out += [f"- {md_text(line)}" for line in differences]
     return out
 
 
@@ -291,7 +292,7 @@ def _metric_sections(report: dict[str, Any]) -> list[str]:
     base = report["base"]
     note = (
         "Percent; 95% bootstrap intervals over problems in brackets. Avg: unweighted mean over the benchmark "
-        f"columns. ↑Δ: Avg minus the Avg of **{base}**, in points."
+        f"columns. ↑Δ: Avg minus the Avg of **{md_text(base)}**, in points."
     )
     sections = [
         ("Accuracy (Pass@1, paper Table 1)", report["accuracy"], base),

@@ -38,6 +38,7 @@ from typing import Any
 import torch
 
 from bridgelm.errors import DataWarning, UserError
+from bridgelm.jsonl import json_kind, read_json_object
 from bridgelm.rng import rng_state
 
 RUN_FILE = "run.json"  # the settings of a run folder (eval and training runs)
@@ -64,6 +65,27 @@ def format_of(kind: str) -> dict[str, Any]:
 def run_kind(recorded: Any) -> str | None:
     """The kind a parsed run.json (or a samples line's settings) records ("eval", "sft", ...), or None."""
     return recorded.get("kind") if isinstance(recorded, dict) else None
+
+
+def refuse_run_folder(folder: str | os.PathLike, command: str, resumable: bool = False) -> Any:
+    """UserError when `folder` holds the run.json of a run other than `command`'s own (with `resumable`: a run of
+    kind `command`, continued; else none: the demo's folders are of another layout): its outputs would mix with
+    that run's. Returns the parsed run.json (None: none there)."""
+    path = Path(folder) / RUN_FILE
+    if not path.is_file():
+        return None
+    try:
+        run = json.loads(path.read_bytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        run = None
+    found = run_kind(run)
+    if resumable and found == command:
+        return run
+    what = f"a bridgelm {found} run" if found else "a run.json of something else"
+    raise UserError(
+        f"{folder} already holds {what} ({path}): expected a new folder, or one of `bridgelm {command}` to "
+        f"{'resume' if resumable else 'run again'}; use another --out"
+    )
 
 
 def check_format(where: str | os.PathLike, recorded: Any, kind: str, expected: str) -> None:
@@ -334,18 +356,26 @@ def load_trainer_state(folder: str | os.PathLike) -> dict:
 def checkpoint_damage(folder: str | os.PathLike) -> str | None:
     """What is wrong with a checkpoint's files (cut, damaged, missing), or None when they read back whole.
 
-    Checks trainer.json, the headers and sizes of the *.safetensors files and the checksums of trainer_state.pt;
+    Checks trainer.json, the shards of an FSDP checkpoint (`bridgelm.shards.shards_damage`: index and file sizes;
+    an index that is not DCP's is refused, not passed over), the headers and sizes of the *.safetensors files and
+    the checksums of trainer_state.pt;
     the data of a safetensors file carries no checksum, so a flipped bit there goes unnoticed.
     """
     from safetensors import safe_open
 
     folder = Path(folder)
     try:
-        json.loads((folder / TRAINER_INFO).read_bytes().decode("utf-8"))
+        info = json.loads((folder / TRAINER_INFO).read_bytes().decode("utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
         return f"{TRAINER_INFO}: {err}"
-    if (folder / SHARDS).is_dir() and not (folder / SHARDS / ".metadata").is_file():
-        return f"{SHARDS}/.metadata is missing"
+    if not isinstance(info, dict):
+        return f"{TRAINER_INFO}: holds a JSON {json_kind(info)}, not an object"
+    if (folder / SHARDS).is_dir() or info.get("layout") == LAYOUTS[True]:
+        from bridgelm.shards import shards_damage  # an index that is not DCP's is refused (UserError), not skipped
+
+        damage = shards_damage(folder / SHARDS)
+        if damage is not None:
+            return damage
     for weights in sorted(folder.glob("*.safetensors")):
         try:
             with safe_open(str(weights), framework="pt"):
@@ -376,7 +406,7 @@ def check_layout(folder: str | os.PathLike, sharded: bool) -> None:
 
 
 def read_info(folder: str | os.PathLike) -> dict:
-    return json.loads((Path(folder) / TRAINER_INFO).read_text())
+    return read_json_object(Path(folder) / TRAINER_INFO, "a checkpoint's trainer.json written by bridgelm")
 
 
 def resume_point(out_dir: Path, resume: bool) -> Path | None:

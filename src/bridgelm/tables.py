@@ -16,6 +16,7 @@ Used by bridgelm.report and bridgelm.demo.results.
 
 from __future__ import annotations
 
+import html
 import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -78,15 +79,26 @@ def table_numbers(rows: dict[str, dict[str, dict]], base: str | None = None) -> 
 def markdown_table(head: Sequence[str], rows: Iterable[Sequence[str]], labels: int = 1) -> str:
     """A markdown table (no final newline): the first `labels` columns name things and are left-aligned, the
     others hold numbers and are right-aligned. Every table of the reports, the demo's included, is made here. A
-    cell's `|` is escaped and its line breaks become spaces, so that a name (a run folder's) cannot shift columns."""
+    cell's `|` is escaped and its line breaks become spaces, so that a name (a run folder's) cannot shift columns;
+    its HTML is escaped, so that it cannot add markup."""
     lines = [_row(head), "|" + "---|" * labels + "---:|" * (len(head) - labels)]
     lines += [_row(row) for row in rows]
     return "\n".join(lines)
 
 
 def _row(cells: Sequence[str]) -> str:
-    """One line of a markdown table, each cell escaped (`\\|`, line breaks as spaces)."""
-    return "| " + " | ".join(" ".join(str(c).replace("|", "\\|").splitlines()) for c in cells) + " |"
+    """One line of a markdown table, each cell escaped (`\\|`, line breaks as spaces, `<`, `>` and `&` as HTML
+    entities: markdown renders raw HTML, so a run folder named `<img onerror=...>` would run in a viewer)."""
+    return "| " + " | ".join(" ".join(_escape(c).replace("|", "\\|").splitlines()) for c in cells) + " |"
+
+
+def _escape(cell) -> str:
+    return html.escape(str(cell), quote=False)
+
+
+def md_text(text) -> str:
+    """Text of a report outside its tables (a run's name or folder) made inert: HTML escaped, one line."""
+    return " ".join(_escape(text).splitlines())
 
 
 def pct(x: float | None, digits: int = 2) -> str:

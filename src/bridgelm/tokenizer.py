@@ -10,7 +10,6 @@ fast tokenizer, as these are, loads as exactly that: see its docstring).
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -19,6 +18,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, 
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from bridgelm.errors import UserError
+from bridgelm.jsonl import read_json_object
 
 PAD, BOS, EOS = "<pad>", "<s>", "</s>"
 USER, ASSISTANT = "<|user|>", "<|assistant|>"
@@ -103,6 +103,17 @@ def unknown_characters(tokenizer, text: str, ids: Sequence[int] | None = None) -
     return found
 
 
+def check_vocab(model, tokenizer, name: str | os.PathLike) -> None:
+    """UserError naming both sizes when the tokenizer has more tokens than the model has embedding rows: its larger
+    ids would index past the embedding (an IndexError mid-run). A model with more rows than tokens is fine (padded)."""
+    rows = model.get_input_embeddings().num_embeddings
+    if len(tokenizer) > rows:
+        raise UserError(
+            f"model {name}: its tokenizer has {len(tokenizer)} tokens but the model's vocabulary only {rows} "
+            "(vocab_size): expected a tokenizer that fits the model (the one saved with it)"
+        )
+
+
 def load_tokenizer(name_or_path: str | os.PathLike, **kwargs):
     """The tokenizer of a model folder or hub id, as `AutoTokenizer.from_pretrained` gives it, except for a local
     folder (or its `subfolder=`) whose `tokenizer_config.json` names a generic class: that one loads as
@@ -119,7 +130,7 @@ def load_tokenizer(name_or_path: str | os.PathLike, **kwargs):
         )
     config = folder / "tokenizer_config.json"
     if config.is_file() and (folder / "tokenizer.json").is_file():
-        if json.loads(config.read_text(encoding="utf-8")).get("tokenizer_class") in GENERIC_CLASSES:
+        if read_json_object(config, "a tokenizer config").get("tokenizer_class") in GENERIC_CLASSES:
             return PreTrainedTokenizerFast.from_pretrained(name_or_path, **kwargs)
     # a tokenizer folder's own code (auto_map) is never run, and transformers never asks whether to
     return AutoTokenizer.from_pretrained(name_or_path, **{"trust_remote_code": False, **kwargs})

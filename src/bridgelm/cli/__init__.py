@@ -57,6 +57,20 @@ def expand_home(args: argparse.Namespace) -> None:
             setattr(args, name, [os.path.expanduser(v) if isinstance(v, str) else v for v in value])
 
 
+# Flags whose values are paths: an empty one would be the current folder (`--data ''` read ./train.jsonl).
+PATH_ARGS = ("data", "val_data", "model", "blocks", "prompts", "out")
+
+
+def refuse_empty_paths(args: argparse.Namespace) -> None:
+    """Exit 2 in one line when a path flag is given as '' (a shell variable that was not set)."""
+    for name in PATH_ARGS:
+        value = getattr(args, name, None)
+        if value == "" or (isinstance(value, list) and "" in value):
+            flag = "--" + name.replace("_", "-")
+            print(f"bridgelm {args.command}: error: {flag} '': expected a path, not an empty string", file=sys.stderr)
+            sys.exit(2)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run one command. Bad input ends it with `bridgelm <command>: error: ...` and exit code 2 (see
     bridgelm.errors); any other exception is a bug: it is announced as one and raised with its traceback."""
@@ -65,6 +79,7 @@ def main(argv: list[str] | None = None) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     args = build_parser().parse_args(argv)
     expand_home(args)
+    refuse_empty_paths(args)
     prog = " ".join(["bridgelm", args.command, *([args.analysis] if getattr(args, "analysis", None) else [])])
     show = show_data_warnings(prog)
     try:

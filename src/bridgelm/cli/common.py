@@ -54,7 +54,11 @@ def load_tokenizer(name: str):
 
 def load_model_and_tokenizer(args):
     """Model (with --blocks) and tokenizer from --model, on --device in --dtype."""
-    return load_model_of(args, args.blocks), load_tokenizer(args.model)
+    from bridgelm.tokenizer import check_vocab
+
+    model, tokenizer = load_model_of(args, args.blocks), load_tokenizer(args.model)
+    check_vocab(model, tokenizer, args.model)
+    return model, tokenizer
 
 
 def load_model_of(args, blocks: str | None):

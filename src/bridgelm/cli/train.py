@@ -85,6 +85,7 @@ def _join(model, launch: DistConfig) -> None:
 def _cmd_sft(args) -> None:
     from bridgelm import plan
     from bridgelm.dist import Dist, teardown_distributed
+    from bridgelm.tokenizer import check_vocab
     from bridgelm.train.sft import ensure_blocks, read_warmup, train_sft
 
     cfg, launch = build(SFTConfig, args), build(DistConfig, args)
@@ -95,6 +96,7 @@ def _cmd_sft(args) -> None:
     read_warmup(args.data)  # a bad file is refused before the model loads (train_sft reads it again, with the model)
     model = ensure_blocks(load_model_of(args, None), cfg)  # --add's blocks (train_sft keeps them), for the plan
     tokenizer = load_tokenizer(args.model)
+    check_vocab(model, tokenizer, args.model)
     device = next(model.parameters()).device
     _plan_or_refuse(device, "sft", lambda: plan.SFTSetup(plan.shape_of(model), cfg, Dist.from_env().world, args.dtype))
     try:
@@ -142,6 +144,8 @@ def _cmd_rl(args) -> None:
     cfg, launch = build(RLConfig, args), build(DistConfig, args)
     cfg.validate()
     launch.validate()
+    if args.no_blocks and cfg.block_lr is not None:
+        raise UserError(f"--block-lr {cfg.block_lr} with --no-blocks: there are no blocks to train at that rate")
     if args.blocks and (args.no_blocks or args.add):
         flag = "--no-blocks" if args.no_blocks else f"--add {args.add}"
         raise UserError(f"--blocks {args.blocks} and {flag} contradict each other: expected one of them")

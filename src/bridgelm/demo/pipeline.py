@@ -34,8 +34,8 @@ from bridgelm.demo.graph import arm_results, demo_stages, run_dirs
 from bridgelm.demo.report import write_demo_report
 from bridgelm.demo.runner import Timings, run_stages
 from bridgelm.errors import UserError
-from bridgelm.jsonl import write_atomic, write_json
-from bridgelm.runs import check_settings, jsonable
+from bridgelm.jsonl import read_json_object, write_atomic, write_json
+from bridgelm.runs import check_settings, jsonable, refuse_run_folder
 from bridgelm.train.loop import dotted
 
 __all__ = ["DemoConfig", "choose_bf16", "record_settings", "run_demo"]
@@ -44,6 +44,7 @@ __all__ = ["DemoConfig", "choose_bf16", "record_settings", "run_demo"]
 def run_demo(out: str | Path, cfg: DemoConfig, quick: bool = False, log=print) -> Path:
     """Every stage of the miniature pipeline into `out`; returns the path of report.md."""
     out = Path(out)
+    refuse_run_folder(out, "demo")  # an eval or training run's folder: its files and the demo's would mix
     out.mkdir(parents=True, exist_ok=True)
     cfg, timings = _start(out, cfg, quick, log)
     ctx = _base_and_tasks(out, cfg, quick, timings, log)
@@ -60,6 +61,7 @@ DEFAULT_SEEDS = {True: 3, False: 1}  # RL seeds without --seeds, by precision (b
 
 # Settings that a re-run of a folder may change: more seeds or arms add runs; threads and workers change only the speed. The
 # precision has its own check (choose_bf16), the base model's settings too (demo.base.pretrain).
+DEMO_JSON = "the settings of a demo folder, written by bridgelm demo"  # what demo.json is expected to be
 RERUN_MAY_CHANGE = ("seeds", "arms", "recipe_control", "threads", "workers", "bf16", "precision", "base")
 
 
@@ -92,7 +94,7 @@ def record_settings(out: Path, settings: dict) -> None:
     RERUN_MAY_CHANGE), so that a re-run does not mix its runs with another setting's under one label."""
     settings, record = jsonable(settings), out / "demo.json"
     if record.is_file():  # nested configs compared by dotted key, so that a difference is named (rl.lr)
-        now, saved = dotted(settings), dotted(json.loads(record.read_text()))
+        now, saved = dotted(settings), dotted(read_json_object(record, DEMO_JSON))
         keys = [k for k in now if k.split(".")[0] not in RERUN_MAY_CHANGE]
         check_settings(record, saved, now, keys, fix="use another --out")
     write_json(record, settings)
@@ -135,7 +137,7 @@ def choose_bf16(cfg: DemoConfig, peaks: dict, out: Path) -> tuple[bool, str]:
     began); else as asked; else bf16 where this machine's bf16 matmul peak, measured at the start, is at least
     BF16_MARGIN times its fp32 one (CPUs without AVX-512 run bf16 matmuls ~100x slower than fp32 ones)."""
     marker, saved = out / "base" / PRETRAIN_FILE, out / "demo.json"
-    record = json.loads(saved.read_text()) if saved.is_file() else {}  # the settings of the folder's first stages
+    record = read_json_object(saved, DEMO_JSON) if saved.is_file() else {}  # the settings of its first stages
     made = None
     if marker.is_file():
         made = json.loads(marker.read_text())["config"]["bf16"]

@@ -13,6 +13,7 @@ from bridgelm.engine.loop import GeneratedIds, generate_ids, stream_ids
 from bridgelm.engine.step import compile_wins
 from bridgelm.engine.text import (
     Sample,
+    check_prompt_chars,
     check_stop_strings,
     encode_prompts,
     eos_ids,
@@ -31,6 +32,7 @@ __all__ = [
     "stream_ids",
     "compile_wins",
     "Sample",
+    "check_prompt_chars",
     "check_stop_strings",
     "encode_prompts",
     "eos_ids",

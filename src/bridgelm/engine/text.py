@@ -41,6 +41,26 @@ def eos_ids(model, tokenizer=None, override: int | Sequence[int] | None = None) 
     return [ids] if isinstance(ids, int) else list(ids)
 
 
+def check_prompt_chars(model, tokenizer, texts: Sequence[str], max_new_tokens: int) -> None:
+    """ValueError for a prompt with more characters than the model's context can hold as tokens, found before any
+    prompt is tokenized (a 10 MB line took minutes to tokenize, only to be refused). No token stands for more
+    characters than the vocabulary's longest entry, so a prompt of more than (context - max_new_tokens) x that many
+    characters has more tokens than fit."""
+    context = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+    room = None if context is None else int(context) - int(max_new_tokens)
+    if room is None or room <= 0:  # no known context, or none left (check_prompts says so, by tokens)
+        return
+    widest = max((len(entry) for entry in tokenizer.get_vocab()), default=1)
+    limit = room * max(widest, 1)
+    for i, text in enumerate(texts):
+        if isinstance(text, str) and len(text) > limit:
+            raise ValueError(
+                f"prompt {i} has {len(text)} characters: more than the {limit} that fit in {room} tokens (the model's "
+                f"context of {context} positions less max_new_tokens={max_new_tokens}; this tokenizer's longest "
+                f"token is {widest} characters): expected a shorter prompt"
+            )
+
+
 def pad_id(tokenizer, eos: Sequence[int]) -> int:
     """The id that fills finished rows and padding: the tokenizer's pad, else the first EOS, else 0."""
     if tokenizer.pad_token_id is not None:
@@ -126,6 +146,7 @@ def stream_text(
     cfg.validate()
     if len(texts) == 0:
         raise ValueError("prompts is empty: expected at least one prompt")
+    check_prompt_chars(model, tokenizer, texts, cfg.max_new_tokens)  # before tokenizing a line of megabytes
     ids = encode_prompts(tokenizer, texts, chat)
     eos = eos_ids(model, tokenizer, eos_token_id)
     bar = None

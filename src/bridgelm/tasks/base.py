@@ -204,6 +204,8 @@ def _read_jsonl(path: Path, required_fields: Sequence[str], check: RowCheck | No
             row = json.loads(line, parse_float=finite_float, parse_constant=_no_constant)
         except json.JSONDecodeError as exc:
             raise UserError(f"{path}:{lineno}: malformed JSON line ({exc.msg})") from exc
+        except RecursionError:
+            raise UserError(f"{path}:{lineno}: nests deeper than JSON is read here: expected a row object") from None
         except ValueError as exc:
             raise UserError(f"{path}:{lineno}: {exc}") from exc
         if "\\ud" in line.lower():  # an escaped surrogate: text only in a pair (JSON escapes are its one source)
@@ -219,6 +221,8 @@ def _read_json(path: Path, required_fields: Sequence[str], check: RowCheck | Non
         data = json.loads(text, parse_float=finite_float, parse_constant=_no_constant)
     except json.JSONDecodeError as exc:
         raise UserError(f"{path}:{exc.lineno}: malformed JSON ({exc.msg})") from exc
+    except RecursionError:
+        raise UserError(f"{path}: nests deeper than JSON is read here: expected a list of row objects") from None
     except ValueError as exc:
         raise UserError(f"{path}: {exc}") from exc
     if "\\ud" in text.lower():  # an escaped surrogate: text only in a pair

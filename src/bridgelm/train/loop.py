@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import signal
 import sys
@@ -48,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from bridgelm.dist import Dist, load_optimizer_shards
+from bridgelm.errors import UserError
 from bridgelm.jsonl import append_record, check_free, exclusive, read_records, write_atomic, write_json
 from bridgelm.rng import set_rng_state
 from bridgelm.train.agree import StopSignals, StoppedTogether, agreed_resume_point
@@ -68,9 +70,10 @@ from bridgelm.runs import (
     load_trainer_state,
     prune_checkpoints,
     read_info,
-    run_kind,
+    refuse_run_folder,
     save_trainer_state,
 )
+from bridgelm.train.optim import Diverged
 from bridgelm.train.weights import write_checkpoint
 
 
@@ -114,21 +117,9 @@ def dotted(settings: dict[str, Any], prefix: str = "") -> dict[str, Any]:
 def _refuse_other_run(out_dir: Path, kind: str) -> None:
     """Refuse, resumed or not, a folder whose run.json records another kind of run (an eval run, an SFT run for RL):
     this run would write its own run.json over it."""
-    path = out_dir / RUN_FILE
-    if not path.is_file():
-        return
-    try:
-        run = json.loads(path.read_bytes().decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        run = None
-    found = run_kind(run)
-    if found != kind:
-        what = f"a bridgelm {found} run" if found else "a run.json of something else"
-        raise ValueError(
-            f"{out_dir} already holds {what} ({path}): expected a new folder, or one of `bridgelm {kind}` to "
-            "resume; use another --out"
-        )
-    check_format(out_dir, run, kind, expected=f"a folder of bridgelm {kind}")  # an older version of this kind
+    run = refuse_run_folder(out_dir, kind, resumable=True)
+    if run is not None:
+        check_format(out_dir, run, kind, expected=f"a folder of bridgelm {kind}")  # an older version of this kind
 
 
 class Run:
@@ -237,6 +228,8 @@ class Run:
                     f"continues from it){note}"
                 )
             raise
+        except Diverged as err:  # nothing of the step written: no record, no checkpoint
+            raise UserError(err.explain(self.kind, self.step + 1, latest_checkpoint(self.out_dir))) from None
         finally:
             self.bar.close()
             self.metrics.close()
@@ -251,7 +244,11 @@ class Run:
 
     def log(self, record: dict, **postfix: Any) -> None:
         """Append the step's record to metrics.jsonl and move the progress bar (showing `postfix`, see
-        `progress_fields`)."""
+        `progress_fields`). A non-finite loss or gradient norm stops the run (`Diverged`) before it is written."""
+        for key in ("loss", "grad_norm"):
+            value = record.get(key)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise Diverged(f"its {key} is {value}", step=record.get("step"))
         self.metrics.log(record)
         self.bar.update(1)
         self.bar.set_postfix(**progress_fields(**postfix))

@@ -5,7 +5,10 @@
   then cosine for the demo's pre-training) behind a LambdaLR, so that the scheduler's state is saved with a
   checkpoint and a resumed run takes exactly the same rates.
 - `optimizer_step` sums gradients over ranks, logs the gradient norm of each part of the new blocks (a diagnostic of
-  what they learn), clips, steps and zeroes; a non-finite norm skips the update.
+  what they learn), clips, steps and zeroes. A non-finite gradient norm, or parameters that the step made non-finite
+  (checked by one sum per step), raise `Diverged`: the run stops there and writes nothing of that step
+  (bridgelm.train.loop.Run names the step and the last good checkpoint). `check_lr` refuses up front a rate whose
+  step would overflow (above MAX_LR: AdamW moves each parameter by about lr a step).
 
 Used by bridgelm.train.sft, bridgelm.train.rl and bridgelm.demo.base; tested by tests/test_train_common.py.
 """
@@ -18,7 +21,49 @@ from dataclasses import dataclass
 
 import torch
 
-from bridgelm.dist import Dist, reduce_gradients
+from bridgelm.dist import Dist, all_reduce_sum, reduce_gradients
+from bridgelm.errors import UserError, check_number
+
+# The largest learning rate accepted: AdamW moves each parameter by about lr per step, so a larger rate only
+# diverges, and one near the largest float makes its step overflow (inf x 0 = NaN weights).
+MAX_LR = 1.0
+
+
+def check_lr(name: str, value) -> None:
+    """ValueError naming `name` unless `value` is a finite learning rate in (0, MAX_LR]."""
+    check_number(name, value, 0, open_low=True)
+    if value > MAX_LR:
+        raise ValueError(
+            f"{name}={value!r}: expected at most {MAX_LR} (AdamW moves each weight by about lr per step, so a larger "
+            "rate only diverges)"
+        )
+
+
+class Diverged(UserError):
+    """A non-finite loss, gradient norm or parameter: the run stops at `step` (None: the step in progress)."""
+
+    def __init__(self, what: str, step: int | None = None):
+        super().__init__(what)
+        self.step = step
+
+    def explain(self, kind: str, step: int, last) -> str:
+        """The one line of a `kind` run stopped at `step` (unless known), `last` its last checkpoint (None: none)."""
+        good = f"the last good checkpoint is {last}" if last else "no checkpoint was written"
+        return (
+            f"bridgelm {kind}: step {self.step or step} diverged ({self}); stopped, and nothing of that step was "
+            f"written: {good}; expected finite weights: start again with a lower --lr"
+        )
+
+
+def parameters_finite(params: Sequence[torch.nn.Parameter], dist: Dist) -> bool:
+    """Whether every parameter is finite: one sum over them (a NaN or an infinity makes it non-finite), summed over
+    ranks under FSDP (each rank holds its own shards)."""
+    local = [p.to_local() if hasattr(p, "to_local") else p for p in params]
+    sums = [t.detach().sum(dtype=torch.float32) for t in local if t.numel()]
+    total = float(torch.stack(sums).sum()) if sums else 0.0
+    if dist.fsdp:
+        total = all_reduce_sum([total], dist)[0]
+    return math.isfinite(total)
 
 
 @dataclass
@@ -141,7 +186,7 @@ def optimizer_step(
 ) -> float:
     """Sum gradients over ranks, clip, step, advance the schedule, zero the gradients; returns the gradient norm.
 
-    A non-finite norm skips the update (the schedule still advances) and is returned as is. With `parts` (from
+    A non-finite norm, or parameters the step made non-finite, raise `Diverged` (the run stops). With `parts` (from
     `gradient_parts`), the norm of each part is added into the dict `norms` (summed over calls).
     """
     params = list(params)
@@ -153,8 +198,12 @@ def optimizer_step(
     if hasattr(norm, "full_tensor"):
         norm = norm.full_tensor()
     norm = float(norm)
-    if math.isfinite(norm):
-        optimizer.step()
+    if not math.isfinite(norm):
+        raise Diverged(f"the gradient norm is {norm}")
+    optimizer.step()
+    if not parameters_finite(params, dist):
+        lrs = sorted({group["lr"] for group in optimizer.param_groups})
+        raise Diverged(f"the update at lr {', '.join(f'{lr:g}' for lr in lrs)} made the weights non-finite")
     scheduler.step()
     optimizer.zero_grad(set_to_none=True)
     return norm

@@ -143,6 +143,8 @@ def train_rl(model, tokenizer, task, cfg: RLConfig, out_dir: str | os.PathLike, 
     if not task.examples:
         raise ValueError(f"task {task.name!r} has no examples to train on")
     check_reward_task(cfg.reward, task)
+    if cfg.block_lr is not None and not added_parameters(model):
+        raise ValueError(f"block_lr={cfg.block_lr}, but the model has no added blocks to train at that rate")
     identity = _identity(model, task, cfg, val_task, dist.world)
     run = Run(out_dir, "rl", identity, control_of(cfg), dist, best_accuracy=None, best_step=None)
     sampler = RolloutPolicy(model, cfg.replica_dtype())  # made before the policy is sharded

@@ -10,6 +10,7 @@ from bridgelm.errors import check_int, check_number
 from bridgelm.evaluate import EvalConfig
 from bridgelm.grpo import ADVANTAGES
 from bridgelm.rng import derive_seed
+from bridgelm.train.optim import check_lr
 from bridgelm.train.set_rewards import REWARDS
 
 ROLLOUT_DTYPES = ("bfloat16", "float16", "float32")
@@ -159,9 +160,9 @@ class RLConfig:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
         if self.micro_batch_tokens is not None and self.micro_batch_tokens < 1:
             raise ValueError(f"micro_batch_tokens={self.micro_batch_tokens} must be >= 1 (or None)")
-        check_number("lr", self.lr, 0, open_low=True)
+        check_lr("lr", self.lr)
         if self.block_lr is not None:
-            check_number("block_lr", self.block_lr, 0, open_low=True)
+            check_lr("block_lr", self.block_lr)
         check_number("warmup_fraction", self.warmup_fraction, 0, 1, open_high=True)
         check_number("weight_decay", self.weight_decay, 0)
         check_number("max_grad_norm", self.max_grad_norm, note=" (<= 0: no clipping)")

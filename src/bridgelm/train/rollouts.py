@@ -23,7 +23,7 @@ import torch
 from bridgelm.dist import Dist, gather_into, unsharded
 from bridgelm.grpo import advantages_of
 from bridgelm.rng import derive_seed, generator
-from bridgelm.engine import encode_prompts, eos_ids, generate_ids, pad_id
+from bridgelm.engine import check_prompt_chars, encode_prompts, eos_ids, generate_ids, pad_id
 from bridgelm.tasks.base import check_rewards, is_correct
 from bridgelm.train.batches import Row
 from bridgelm.train.set_rewards import set_rewards
@@ -157,7 +157,9 @@ def _pairs(replica, model) -> list[tuple[torch.nn.Parameter, torch.nn.Parameter]
 def collect_rollouts(model, tokenizer, task, examples: list[dict], cfg: RLConfig, step: int, dist: Dist) -> Rollouts:
     """Sample G rollouts per example in Bridge groups of width w, grade them, and compute advantages."""
     G, w = cfg.rollout.n, cfg.rollout.width
-    prompt_ids = encode_prompts(tokenizer, [task.prompt(ex) for ex in examples], cfg.chat)
+    texts = [task.prompt(ex) for ex in examples]
+    check_prompt_chars(model, tokenizer, texts, cfg.rollout.max_new_tokens)  # before tokenizing a line of megabytes
+    prompt_ids = encode_prompts(tokenizer, texts, cfg.chat)
     sampling = replace(cfg.rollout, seed=derive_seed(cfg.seed, "rollouts", step, dist.rank))
     eos = eos_ids(model, tokenizer)
     t0 = time.perf_counter()

@@ -34,7 +34,7 @@ from bridgelm.jsonl import read_records, write_json
 from bridgelm.rng import derive_seed, generator
 from bridgelm.runs import fingerprint, local_source, model_fingerprint
 from bridgelm.train.batches import Row, autocast, chunks, pack_rows, response_logprobs
-from bridgelm.train.optim import gradient_parts, make_optimizer, make_scheduler, optimizer_step
+from bridgelm.train.optim import check_lr, gradient_parts, make_optimizer, make_scheduler, optimizer_step
 from bridgelm.train.loop import Run, control_of, settings_of
 
 BLOCKS_FILE = "blocks.safetensors"  # the best blocks of the run (by validation perplexity)
@@ -78,7 +78,7 @@ class SFTConfig:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
         if not 0.0 <= self.val_fraction < 1.0:
             raise ValueError(f"val_fraction={self.val_fraction} must be in [0, 1)")
-        check_number("lr", self.lr, 0, open_low=True)
+        check_lr("lr", self.lr)
         check_number("warmup_fraction", self.warmup_fraction, 0, 1, open_high=True)
         check_number("weight_decay", self.weight_decay, 0)
         check_number("max_grad_norm", self.max_grad_norm, note=" (<= 0: no clipping)")
