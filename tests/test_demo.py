@@ -392,7 +392,7 @@ def test_blocks_only_arm_takes_its_lr_from_validation_problems(tmp_path, capsys)
     from bridgelm.tasks import anysum
 
     out = tmp_path / "demo"
-    main(["demo", "--quick", "--seeds", "1", "--arms", "bridge_blocks", "--out", str(out)])
+    main(["demo", "--quick", "--seeds", "1", "--arms", "bridge_blocks", "--misalignment", "0,3", "--out", str(out)])
     text = (out / "report.md").read_text()
     results = json.loads((out / "results.json").read_text())
     choice = json.loads(lr_search.choice_file(out, "bridge_blocks").read_text())
@@ -415,6 +415,12 @@ def test_blocks_only_arm_takes_its_lr_from_validation_problems(tmp_path, capsys)
     assert recipe["lr"] == best and recipe["freeze_base"] is True and recipe["beta"] == trained["identity"]["beta"]
     assert set(results["recipe_control"]) == {"bridge", "bridge_blocks"}
     assert "## The other arms" in text and "chosen on validation problems" in text and "bridge_blocks" in results["arms"]
+    # the misalignment dose-response: preamble 0 is the control itself, preamble 3 its own base model and runs
+    assert set(results["misalignment"]) == {"0", "3"}
+    assert results["misalignment"]["0"] == results["positive_control"]
+    solutions = [json.loads(x)["prompt"] for x in (out / "control" / "misalign_p3" / "eval_s0" / "samples.jsonl").open()]
+    assert solutions and (out / "control" / "misalign_p3" / "base").is_dir()
+    assert "## The positive control under misalignment" in text
 
 
 def test_seeds_default_by_precision(tmp_path, monkeypatch):

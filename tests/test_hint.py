@@ -65,3 +65,36 @@ def test_a_data_file_with_a_wrong_answer_is_refused(tmp_path):
     path.write_text(json.dumps({"problem": "73179477", "answer": "3"}) + "\n")
     with pytest.raises(Exception, match="not the most frequent digit"):
         load("hint", path=str(path))
+
+
+def test_a_preamble_misaligns_solutions_and_keeps_the_problems():
+    """Preamble p: each worked solution starts with 0..p filler dots, drawn from a stream of its own, so the problems
+    and the reads are those of preamble 0 and only the positions move."""
+    plain = make_problems(400, "train", 1, HintSpec(), distinct=False)
+    padded = make_problems(400, "train", 1, HintSpec(preamble=4), distinct=False)
+    assert [r["problem"] for r in plain] == [r["problem"] for r in padded]
+    lengths = Counter()
+    for a, b in zip(plain, padded):
+        dots = len(b["solution"]) - len(b["solution"].lstrip("."))
+        assert b["solution"][dots:] == a["solution"]
+        lengths[dots] += 1
+    assert set(lengths) == {0, 1, 2, 3, 4} and min(lengths.values()) > 40  # uniform over 0..4
+    with pytest.raises(ValueError, match="preamble >= 0"):
+        make_problems(4, "train", 1, HintSpec(preamble=-1))
+
+
+def test_misalignment_settings_and_refusals():
+    from bridgelm.demo.config import DemoConfig
+    from bridgelm.demo.control import HINT_TOKENS, ControlDirs
+    from bridgelm.demo.misalign import MAX_PREAMBLE, check_preambles, control_at, dirs_at
+
+    base = DemoConfig().control
+    at = control_at(base, 16)
+    assert at.base.task.preamble == 16 and at.rl.rollout.max_new_tokens == at.eval.max_new_tokens == HINT_TOKENS + 16
+    assert control_at(base, 0) == base
+    root = ControlDirs(__import__("pathlib").Path("x"))
+    assert dirs_at(root, 0) is root and dirs_at(root, 4).root.name == "misalign_p4"
+    check_preambles([0, 4, MAX_PREAMBLE])
+    for bad in (-1, MAX_PREAMBLE + 1):
+        with pytest.raises(ValueError, match=rf"--misalignment {bad}: expected preambles of 0 to {MAX_PREAMBLE}"):
+            check_preambles([bad])

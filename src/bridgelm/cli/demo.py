@@ -9,9 +9,10 @@ from bridgelm.cli.common import check_out
 from bridgelm.cli.fields import Flag, add_fields, build, field_comments
 from bridgelm.demo.arms import ARMS, check_arms
 from bridgelm.demo.config import DemoConfig
+from bridgelm.demo.misalign import check_preambles
 
 # The sizes a user may set; every other one is the preset's (DemoConfig(), or DemoConfig.quick() with --quick).
-SETTABLE = ("seeds", "sft_per_seed", "bf16", "arms", "primary", "recipe_control", "threads", "workers")
+SETTABLE = ("seeds", "sft_per_seed", "bf16", "arms", "primary", "recipe_control", "misalignment", "threads", "workers")
 MAX_THREADS = 4096  # torch.set_num_threads overflows a C int far above any machine's core count
 
 
@@ -21,6 +22,7 @@ def _cmd_demo(args) -> None:
     cfg = build(DemoConfig, args, base=DemoConfig.quick() if args.quick else DemoConfig())
     cfg = replace(cfg, arms=[a for entry in cfg.arms for a in entry.split(",") if a])  # --arms a,b or --arms a --arms b
     check_arms(cfg.arms)
+    check_preambles(cfg.misalignment)
     if cfg.seeds is not None and cfg.seeds < 1:
         raise ValueError(f"--seeds {cfg.seeds} must be >= 1")
     if cfg.workers < 1:

@@ -98,6 +98,9 @@ class DemoConfig:
     blocks_lrs: list[float] = field(default_factory=lambda: [1e-3, 3e-3])  # candidate block lrs of bridge_blocks
     lr_grid: list[float] = field(default_factory=lambda: [1e-4, 1e-3, 3e-3])  # candidate block lrs of the tuned
     # arms, each at base lr rl.lr and at rl.lr x 3 (6 candidates), chosen on validation problems
+    misalignment: list[int] = field(default_factory=list)  # preambles p of the positive control's misalignment
+    # dose-response (demo/misalign.py): solutions start with 0..p filler dots, so siblings' reads are misaligned;
+    # e.g. 0,4,16 ([]: not run)
     primary: str = "bridge-rlvr"  # the one primary comparison of the report, named before the run (the others are
     # secondary): a key of results.json "diffs" or of an extra arm's differences ("bridge_tuned-rlvr")
     recipe_control: bool = True  # every Bridge arm's recipe run on the positive control's task (demo/recipe_control.py)

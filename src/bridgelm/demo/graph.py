@@ -4,9 +4,10 @@ report reads of them (`run_dirs`, `arm_results`)."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from functools import partial
 
-from bridgelm.demo import lr_search
+from bridgelm.demo import lr_search, misalign
 from bridgelm.demo import recipe_control as rc
 from bridgelm.demo import stages as st
 from bridgelm.demo.arms import ARMS
@@ -45,6 +46,10 @@ def demo_stages(ctx: st.Context) -> list[Stage]:
     stages.append(Stage("trace", out / "trace.json", trace, st.trace_summary, (f"rl bridge seed {TRACE_SEED}",)))
     if cfg.positive_control and cfg.recipe_control:
         stages += recipe_stages(ctx)
+    for p in cfg.misalignment if cfg.positive_control else ():
+        if p:  # preamble 0 is the control itself
+            variant = replace(cfg, control=misalign.control_at(cfg.control, p))
+            stages += control_stages(variant, misalign.dirs_at(control_dirs(out), p), f"misaligned {p} ")
     return stages
 
 
@@ -109,23 +114,23 @@ def control_dirs(out) -> ControlDirs:
     return ControlDirs(out / "control")
 
 
-def control_stages(cfg, dirs: ControlDirs) -> list[Stage]:
-    """The positive control: its base model, then per seed blocks-only GRPO, evaluation at w = 1 and w = 8, and with
-    foreign siblings."""
+def control_stages(cfg, dirs: ControlDirs, prefix: str = "") -> list[Stage]:
+    """The positive control (`cfg.control`): its base model, then per seed blocks-only GRPO, evaluation at w = 1 and
+    w = 8, and with foreign siblings; `prefix` names a variant's stages ("misaligned 4 ")."""
     from bridgelm.demo import control
 
     base = partial(control.stage_base, cfg.control, dirs, cfg.bf16)
-    stages = [Stage("control base", dirs.base / PRETRAIN_FILE, base)]
+    stages = [Stage(f"{prefix}control base", dirs.base / PRETRAIN_FILE, base)]
     for seed in range(cfg.seeds):
         done = dirs.rl(seed) / "done.json"
         rl = partial(st.recorded, done, control.stage_rl, cfg, dirs, seed)
-        stages.append(Stage(f"control rl seed {seed}", done, rl, st.rl_summary, ("control base",)))
+        stages.append(Stage(f"{prefix}control rl seed {seed}", done, rl, st.rl_summary, (f"{prefix}control base",)))
         for foreign in (False, True):
             fn = partial(control.stage_eval, cfg.control, dirs, seed, foreign, cfg.bf16)
-            name = f"control {'foreign siblings' if foreign else 'eval'} seed {seed}"
-            summary = partial(st.eval_summary, arm="positive control")
+            name = f"{prefix}control {'foreign siblings' if foreign else 'eval'} seed {seed}"
+            summary = partial(st.eval_summary, arm=f"{prefix}positive control")
             output = dirs.eval(seed, foreign) / "metrics.json"
-            stages.append(Stage(name, output, fn, summary, (f"control rl seed {seed}",)))
+            stages.append(Stage(name, output, fn, summary, (f"{prefix}control rl seed {seed}",)))
     return stages
 
 
@@ -182,8 +187,9 @@ def run_dirs(ctx: st.Context) -> RunDirs:
 
 
 def arm_results(ctx: st.Context) -> dict:
-    """What the controls and searches found, for results.json: "positive_control", "recipe_control" and
-    "lr_search" ({arm: chosen rates and every candidate's validation accuracy})."""
+    """What the controls and searches found, for results.json: "positive_control", "recipe_control", "lr_search"
+    ({arm: chosen rates and every candidate's validation accuracy}) and "misalignment" ({preamble: the control's
+    numbers})."""
     from bridgelm.demo.control import control_results
 
     cfg, dirs = ctx.cfg, control_dirs(ctx.out)
@@ -192,4 +198,5 @@ def arm_results(ctx: st.Context) -> dict:
         "positive_control": control_results(cfg.control, dirs, cfg.seeds) if on else None,
         "recipe_control": rc.results(cfg, rc.RecipeDirs(dirs), rl_arms(cfg)) if on and cfg.recipe_control else None,
         "lr_search": {a: lr_search.results(ctx.out, a) for a in rl_arms(cfg) if ARMS[a].search},
+        "misalignment": misalign.results(cfg, dirs) if on and cfg.misalignment else None,
     }

@@ -62,7 +62,7 @@ DEFAULT_SEEDS = {True: 3, False: 1}  # RL seeds without --seeds, by precision (b
 # Settings that a re-run of a folder may change: more seeds or arms add runs; threads and workers change only the speed. The
 # precision has its own check (choose_bf16), the base model's settings too (demo.base.pretrain).
 DEMO_JSON = "the settings of a demo folder, written by bridgelm demo"  # what demo.json is expected to be
-RERUN_MAY_CHANGE = ("seeds", "arms", "recipe_control", "threads", "workers", "bf16", "precision", "base")
+RERUN_MAY_CHANGE = ("seeds", "arms", "recipe_control", "misalignment", "threads", "workers", "bf16", "precision", "base")
 
 
 def _start(out: Path, cfg: DemoConfig, quick: bool, log) -> tuple[DemoConfig, Timings]:

@@ -15,7 +15,14 @@ from pathlib import Path
 from bridgelm.demo.base import task_name
 from bridgelm.demo.arms import ARMS, ORDER, TITLES
 from bridgelm.demo.results import RunDirs, demo_results
-from bridgelm.demo.sections import control_section, diff_text, extra_arms_section, recipe_section, trace_section
+from bridgelm.demo.sections import (
+    control_section,
+    diff_text,
+    extra_arms_section,
+    misalignment_section,
+    recipe_section,
+    trace_section,
+)
 from bridgelm.jsonl import write_atomic
 from bridgelm.figures import new_figure, plot_gpass, plot_width, save_png
 from bridgelm.tables import markdown_table, pct, table_numbers
@@ -348,6 +355,7 @@ def _tables(cfg, results: dict) -> list[str]:
         "",
         *recipe_section(results.get("recipe_control"), cfg),
         *control_section(results.get("positive_control")),
+        *misalignment_section(results.get("misalignment")),
         *extra_arms_section(results["extra_arms"], results.get("lr_search", {}), cfg),
         *trace_section(results["trace"]),
     ]

@@ -49,6 +49,9 @@ class HintSpec:
     copies: int = 4  # places holding the answer; the other places hold distinct other digits
     reads: int = 2  # places a worked solution reads (each drawn uniformly); it boxes the digit of one of them, drawn
     # uniformly: which read to trust is a coin flip for a sample alone
+    preamble: int = 0  # a worked solution starts with 0..preamble filler dots (drawn uniformly), so that siblings
+    # reach their reads at different positions: Bridge reads a sibling only at the same position (the misalignment
+    # dose-response of the positive control)
 
 
 def answer_of(problem: str) -> str:
@@ -62,11 +65,11 @@ def answer_of(problem: str) -> str:
     return counts[0][0]
 
 
-def solution_text(problem: str, places: list[int], boxed: str) -> str:
+def solution_text(problem: str, places: list[int], boxed: str, filler: int = 0) -> str:
     """The worked solution that reads `places` (1-based) of `problem`, a line each (its index and digit), then boxes
-    `boxed`."""
+    `boxed`, after `filler` dots."""
     reads = "".join(f"h{p}={problem[p - 1]}\n" for p in places)
-    return f"{reads}\\boxed{{{boxed}}}"
+    return f"{'.' * filler}{reads}\\boxed{{{boxed}}}"
 
 
 def _draw(rng: random.Random, spec: HintSpec) -> str:
@@ -84,14 +87,17 @@ def make_problems(
 ) -> list[dict]:
     """`size` problems of `split` (distinct unless `distinct=False`), drawn by a generator seeded with (seed, split),
     each with a worked solution that reads a place drawn uniformly by the same generator."""
-    if not 2 <= spec.copies < spec.digits <= 9 or spec.reads < 1:
-        raise ValueError(f"{spec}: expected 2 <= copies < digits <= 9 and reads >= 1")
+    if not 2 <= spec.copies < spec.digits <= 9 or spec.reads < 1 or spec.preamble < 0:
+        raise ValueError(f"{spec}: expected 2 <= copies < digits <= 9, reads >= 1 and preamble >= 0")
     rng = random.Random(f"hint-{seed}-{split}")
+    fillers = random.Random(f"hint-preamble-{seed}-{split}")  # its own stream: the same problems at every preamble
     rows = []
     for problem in arith.accepted_draws(rng, size, split, spec, _draw, str, arith.split_of, distinct):
         places = [rng.randint(1, spec.digits) for _ in range(spec.reads)]
         boxed = problem[rng.choice(places) - 1]
-        rows.append({"problem": problem, "answer": answer_of(problem), "solution": solution_text(problem, places, boxed)})
+        filler = fillers.randint(0, spec.preamble)
+        solution = solution_text(problem, places, boxed, filler)
+        rows.append({"problem": problem, "answer": answer_of(problem), "solution": solution})
     return rows
 
 
