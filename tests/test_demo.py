@@ -405,7 +405,7 @@ def test_blocks_only_arm_takes_its_lr_from_validation_problems(tmp_path, capsys)
     assert val and all(anysum.split_of(p.rstrip("=")) == "validation" for p in val)
     assert results["lr_search"]["bridge_blocks"]["lr"] == best
     bo = results["extra_arms"]["bridge_blocks"]
-    assert set(bo["power"]) == {"w4-w1", "bridge_blocks-bridge"}
+    assert set(bo["power"]) == {"w4-w1", "bridge_blocks-bridge", "bridge_blocks-rlvr"}
     assert bo["w4-w1"]["low"] <= bo["w4-w1"]["mean"] <= bo["w4-w1"]["high"]
     done = json.loads((out / "rl_bridge_blocks_s0" / "done.json").read_text())
     assert done == json.loads((lr_search.candidate_dir(out, "bridge_blocks", lrs) / "done.json").read_text())
