@@ -93,6 +93,10 @@ def test_run_writes_metrics_checkpoints_and_best(tmp_path):
     # a checkpoint is a model directory that load_model rebuilds, blocks included
     loaded = bridgelm.load_model(str(res.final_dir))
     assert bridgelm.block_config(loaded).kind == "bridge"
+    # and so does transformers' AutoModelForCausalLM (a "bridgelm" model type; without bridgelm it is refused)
+    from transformers import AutoModelForCausalLM
+
+    assert bridgelm.block_config(AutoModelForCausalLM.from_pretrained(res.best_dir)).kind == "bridge"
     assert (res.final_dir / "tokenizer.json").is_file() and (res.best_dir / "best.json").is_file()
 
 
