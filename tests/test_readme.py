@@ -58,7 +58,8 @@ def test_the_first_python_example_runs_as_pasted(tiny, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "sampling: 100%" in proc.stderr  # the progress bar it asks for
     assert (tmp_path / "blocks.safetensors").is_file()
-    check = "import bridgelm, transformers as t; print(bridgelm.block_config(t.AutoModelForCausalLM.from_pretrained('bridge-model')).kind)"
+    check = "import bridgelm, transformers as t; m = t.AutoModelForCausalLM.from_pretrained('bridge-model')\n"
+    check += "print(bridgelm.block_config(m).kind)"
     assert run_python(check, tmp_path).stdout.strip() == "bridge"  # what it saves loads with its blocks
 
 
