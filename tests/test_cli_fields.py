@@ -160,7 +160,7 @@ def test_kept_spellings_mean_the_same_fields():
             "compact_fraction=2.0",
         ),
         (["demo", "--threads", "-1", "--out", "never-made"], "--threads -1 must be in [0, 4096] (0: torch's default)"),
-        (["rl", "--model", "m", "--task", "t", "--out", "o", "--rollouts", "1", "--width", "1"], "rollouts=1 must"),
+        (["rl", "--model", "m", "--task", "t", "--out", "o", "--rollouts", "1", "--width", "1"], "--rollouts 1 must"),
     ],
 )
 def test_a_bad_value_is_one_line_and_exit_code_2(capsys, argv, expected):

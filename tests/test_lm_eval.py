@@ -126,3 +126,66 @@ def test_loglikelihood_equals_the_engines_log_probs(setup):
     assert plain > 0
     text = lm.tokenizer.decode(greedy.token_ids[:plain])
     assert lm.loglikelihood([SimpleNamespace(args=("1+2=", text))])[0][1] is True
+
+
+@pytest.mark.parametrize("args, words", [
+    ({"width": 1.5}, "width=1.5: expected a positive integer"),
+    ({"width": "1.5"}, "width='1.5': expected a positive integer"),
+    ({"device": "meta"}, "device='meta': the meta device holds no weights"),
+    ({"seed": "abc"}, "seed='abc': expected an integer"),
+    ({"pretrained": None}, "pretrained=None: expected a model folder or hub id"),
+    ({"batch_size": 16}, "batch_size=16: the engine sizes its own waves"),
+    ({"max_length": 0}, "max_length=0: expected a positive integer"),
+])
+def test_model_arguments_are_checked_in_one_line(setup, args, words):
+    with pytest.raises(UserError) as err:
+        backend.BridgeLM(**{"pretrained": str(setup / "model"), **args})
+    assert words in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("gen_kwargs, words", [
+    ({"temperature": "abc"}, "temperature='abc': expected a finite number"),
+    ({"num_beams": 4}, "num_beams=4 is not one bridgelm's engine takes"),
+    ({"repetition_penalty": 1.3}, "repetition_penalty=1.3 is not one"),
+])
+def test_generation_settings_the_engine_cannot_honour_are_refused(gen_kwargs, words):
+    with pytest.raises(UserError, match=words):
+        backend.sampling_settings(gen_kwargs, 8)
+    assert backend.sampling_settings({"num_beams": 1, "repetition_penalty": 1.0}, 8)["max_new_tokens"] == 8  # no-ops
+
+
+def test_a_tokenizer_of_its_own_and_the_revision_are_taken(setup, tmp_path):
+    from bridgelm.models import load_model
+
+    load_model(str(setup / "model")).save_pretrained(tmp_path / "weights-only")  # no tokenizer in this folder
+    with pytest.raises(Exception):  # noqa: B017  (whatever transformers raises for a folder without a tokenizer)
+        backend.BridgeLM(pretrained=str(tmp_path / "weights-only"))
+    lm = backend.BridgeLM(pretrained=str(tmp_path / "weights-only"), tokenizer=str(setup / "model"), revision="main")
+    assert lm.tokenizer("1+2")["input_ids"] and bridgelm.block_config(lm.model) is not None
+
+
+def test_an_overlong_context_loses_its_first_tokens_as_in_the_hf_backend(setup):
+    lm, whole = (backend.BridgeLM(pretrained=str(setup / "model"), max_length=m) for m in (6, None))
+    assert whole.max_length == 256  # the model's positions by default
+    (cut,) = lm.loglikelihood([SimpleNamespace(args=("1+2+3+4+5=", "15"))])
+    (kept,) = whole.loglikelihood([SimpleNamespace(args=("4+5=", "15"))])  # the last 6 - 2 = 4 context tokens
+    (full,) = whole.loglikelihood([SimpleNamespace(args=("1+2+3+4+5=", "15"))])
+    assert cut == kept and cut[0] != full[0]
+    with pytest.raises(UserError, match="continuation of 6 tokens does not fit max_length=6"):
+        lm.loglikelihood([SimpleNamespace(args=("1+", "123456"))])
+
+
+def test_generation_shows_progress_unless_lm_eval_disables_it(setup, capsys):
+    lm = backend.BridgeLM(pretrained=str(setup / "model"))
+    lm.generate_until(_requests("1+2=", 1))
+    assert "sampling: 100%" in capsys.readouterr().err
+    lm.generate_until(_requests("1+2=", 1), disable_tqdm=True)
+    assert "sampling" not in capsys.readouterr().err
+
+
+def test_bridgelm_lm_eval_help_is_lm_evals_help(capsys):
+    from bridgelm.cli import main
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["lm-eval", "--help"])
+    assert exit_.value.code in (0, None) and "Language Model Evaluation Harness" in capsys.readouterr().out

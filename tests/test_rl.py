@@ -93,6 +93,10 @@ def test_run_writes_metrics_checkpoints_and_best(tmp_path):
     # a checkpoint is a model directory that load_model rebuilds, blocks included
     loaded = bridgelm.load_model(str(res.final_dir))
     assert bridgelm.block_config(loaded).kind == "bridge"
+    # and so does transformers' AutoModelForCausalLM (a "bridgelm" model type; without bridgelm it is refused)
+    from transformers import AutoModelForCausalLM
+
+    assert bridgelm.block_config(AutoModelForCausalLM.from_pretrained(res.best_dir)).kind == "bridge"
     assert (res.final_dir / "tokenizer.json").is_file() and (res.best_dir / "best.json").is_file()
 
 
@@ -531,7 +535,32 @@ def test_cli_rl_runs_and_reports_bad_input(tmp_path, capsys):
     assert "(width 2; no blocks: plain GRPO (RLVR only))" in capsys.readouterr().out
     with pytest.raises(SystemExit) as err:
         main([*common_args, str(tmp_path / "bad"), *small, "--width", "3"])
-    assert err.value.code == 2 and "width=3 must divide rollouts=4" in capsys.readouterr().err
+    assert err.value.code == 2 and "--width 3 must divide --rollouts 4" in capsys.readouterr().err
+
+
+def test_cli_rl_fits_the_mini_batches_to_a_small_run(tmp_path, capsys):
+    """Without --steps-per-rollout a first small run works (K cut to the Bridge groups a rank holds, said out loud);
+    given explicitly, a K that cannot fit is refused naming the flag."""
+    import json
+
+    from conftest import save_tiny_model_dir
+
+    from bridgelm.cli import main
+
+    save_tiny_model_dir(tmp_path / "m")
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"question": f"{a}+{a}", "answer": f"#### {2 * a}"}) + "\n" for a in range(6)))
+    args = ["rl", "--model", str(tmp_path / "m"), "--task", "gsm8k", "--data", str(data), "--add", "bridge",
+            "--steps", "1", "--prompts-per-step", "2", "--rollouts", "4", "--width", "2", "--max-new-tokens", "4"]
+    main([*args, "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert "bridgelm rl: --steps-per-rollout 4 (a rank holds 2 prompts x 2 Bridge groups = 4" in err
+    assert json.loads((tmp_path / "run" / "run.json").read_text())["identity"]["steps_per_rollout"] == 4
+    with pytest.raises(SystemExit) as exit_:
+        main([*args, "--steps-per-rollout", "8", "--out", str(tmp_path / "bad")])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "--steps-per-rollout 8 mini-batches need at least one Bridge group" in err
+    assert "steps_per_rollout=" not in err and not (tmp_path / "bad").exists()
 
 
 def test_progress_bar_shows_no_empty_fields(tmp_path, capsys):

@@ -9,12 +9,11 @@ pytest.importorskip("trl", reason="TRL is not installed (pip install 'bridgelm[t
 
 import torch  # noqa: E402
 from datasets import Dataset  # noqa: E402
-from trl import GRPOConfig  # noqa: E402
 
 import bridgelm  # noqa: E402
 from bridgelm.errors import UserError  # noqa: E402
 from bridgelm.grouped import KWARG  # noqa: E402
-from bridgelm.integrations.trl import BridgeGRPOTrainer, group_shuffle  # noqa: E402
+from bridgelm.integrations.trl import BridgeGRPOConfig, BridgeGRPOTrainer, group_shuffle  # noqa: E402
 from bridgelm.tokenizer import char_tokenizer  # noqa: E402
 from conftest import randomize_blocks, tiny_model  # noqa: E402
 
@@ -29,29 +28,28 @@ def tiny_policy(blocks: bool = True):
     return model, tok
 
 
-def config(tmp_path, **overrides) -> GRPOConfig:
+def config(tmp_path, **overrides) -> BridgeGRPOConfig:
     settings = dict(
         output_dir=str(tmp_path), num_generations=4, per_device_train_batch_size=8, steps_per_generation=2,
         max_completion_length=5, temperature=1.0, top_p=1.0, beta=0.0, loss_type="dapo", learning_rate=1e-3,
         max_steps=2, use_cpu=True, bf16=False, report_to="none", save_strategy="no", logging_strategy="no",
         disable_tqdm=True, seed=0, gradient_checkpointing=False,
     )
-    return GRPOConfig(**{**settings, **overrides})
+    return BridgeGRPOConfig(**{**settings, **overrides})
 
 
 def length_reward(completions, **kwargs):
     return [float(len(c) % 3) for c in completions]
 
 
-def trainer(tmp_path, blocks: bool = True, bridge_width=None, reward=length_reward, **overrides) -> BridgeGRPOTrainer:
+def trainer(tmp_path, blocks: bool = True, reward=length_reward, saved: bool = False, **overrides) -> BridgeGRPOTrainer:
     model, tok = tiny_policy(blocks)
-    if overrides.get("beta"):  # TRL loads its reference from the policy's folder (without the blocks)
+    if saved:  # a policy with a folder of its own (TRL would reload its reference from there)
         model.save_pretrained(tmp_path / "model")
         model.config._name_or_path = str(tmp_path / "model")
     return BridgeGRPOTrainer(
         model=model, reward_funcs=reward, args=config(tmp_path, **overrides),
         train_dataset=Dataset.from_list([{"prompt": p} for p in PROMPTS * 2]), processing_class=tok,
-        bridge_width=bridge_width,
     )
 
 
@@ -65,6 +63,9 @@ def trainer(tmp_path, blocks: bool = True, bridge_width=None, reward=length_rewa
          ["num_generations_eval=2", "width 4"]),
         ({"blocks": False}, ["bridge_width=4", "Bridge blocks"]),
         ({"repetition_penalty": 1.1}, ["repetition_penalty=1.1"]),
+        ({"temperature": 0.0}, ["temperature=0.0", "> 0"]),
+        ({"use_vllm": True}, ["use_vllm=True"]),
+        ({"bridge_width": 0}, ["bridge_width=0", "positive integer"]),
     ],
 )
 def test_refuses_settings_that_split_groups(tmp_path, kwargs, words):
@@ -72,6 +73,44 @@ def test_refuses_settings_that_split_groups(tmp_path, kwargs, words):
         trainer(tmp_path, **kwargs)
     message = str(err.value)
     assert "\n" not in message and all(w in message for w in words), message
+
+
+@pytest.mark.parametrize("width", [2.7, "two", True, -2])
+def test_width_must_be_a_positive_integer(tmp_path, width):
+    """Not rounded (2.7 would have become 2), not a bare ValueError: one line naming the field, at construction."""
+    with pytest.raises(UserError, match=r"^BridgeGRPOConfig: bridge_width=.*positive integer") as err:
+        config(tmp_path, bridge_width=width)
+    assert "\n" not in str(err.value)
+
+
+def test_sharded_training_is_refused(tmp_path, monkeypatch):
+    """Under accelerate's FSDP (or DeepSpeed ZeRO-3) the engine would decode on shards: refused before TRL loads
+    anything, naming what works instead."""
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    with pytest.raises(UserError, match="fsdp is not supported.*bridgelm rl --fsdp") as err:
+        trainer(tmp_path)
+    monkeypatch.delenv("ACCELERATE_USE_FSDP")
+    args, (model, tok) = config(tmp_path), tiny_policy()  # made first: TrainingArguments would import deepspeed
+    monkeypatch.setenv("ACCELERATE_USE_DEEPSPEED", "true")  # as `accelerate launch` with a ZeRO-3 config sets it
+    monkeypatch.setenv("ACCELERATE_DEEPSPEED_ZERO_STAGE", "3")
+    with pytest.raises(UserError, match="DeepSpeed ZeRO-3 is not supported") as err:
+        BridgeGRPOTrainer(model=model, reward_funcs=length_reward, args=args, processing_class=tok,
+                          train_dataset=Dataset.from_list([{"prompt": p} for p in PROMPTS]))
+    assert "\n" not in str(err.value)
+
+
+def test_the_config_records_and_parses_the_width(tmp_path):
+    """`bridge_width` is a config field: TrlParser sets it from a YAML file, and the run's saved args record it."""
+    import json
+
+    from trl import TrlParser
+
+    path = tmp_path / "run.yaml"
+    path.write_text(f"output_dir: {tmp_path}\nnum_generations: 4\nbridge_width: 2\nuse_cpu: true\n")
+    (parsed,) = TrlParser((BridgeGRPOConfig,)).parse_args_and_config(["--config", str(path)])
+    assert parsed.bridge_width == 2
+    assert json.loads(parsed.to_json_string())["bridge_width"] == 2
+    assert trainer(tmp_path, bridge_width=2).bridge_width == 2
 
 
 def test_width_one_needs_no_blocks(tmp_path):
@@ -100,9 +139,11 @@ def spy_forwards(model) -> list:
     return seen
 
 
-@pytest.mark.parametrize("width, beta", [(4, 0.0), (2, 0.04)])
-def test_every_forward_sees_whole_groups(tmp_path, width, beta):
-    t = trainer(tmp_path, bridge_width=width, beta=beta)
+@pytest.mark.parametrize("width, beta, saved", [(4, 0.0, False), (2, 0.04, True), (2, 0.04, False)])
+def test_every_forward_sees_whole_groups(tmp_path, width, beta, saved):
+    """With beta > 0 the reference is a frozen copy of the starting policy, whether or not the policy has a folder
+    TRL could reload (in memory only: TRL's reload would fail on a hub lookup)."""
+    t = trainer(tmp_path, bridge_width=width, beta=beta, saved=saved)
     seen = spy_forwards(t.model)
     seen_ref = spy_forwards(t.ref_model) if beta else []
     if beta:  # the reference is the starting policy, its Bridge blocks included (TRL's reload would drop them)

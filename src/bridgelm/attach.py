@@ -10,8 +10,12 @@ The model keeps its whole interface (`model(...)`, `generate`, `save_pretrained`
 the subclass is checkpointed like the original layer, and the group layout arrives as the keyword argument
 `bridge_groups` that Hugging Face decoders pass down to their layers (see grouped.py).
 
-The settings are recorded in `model.config.bridgelm`, so `save_pretrained` writes them into config.json
-and `load_model` rebuilds the blocks from such a checkpoint.
+The settings are recorded in `model.config.bridgelm`, and the config becomes a subclass of its own class that
+`save_pretrained` writes with `"model_type": "bridgelm"` (the base's type kept as `base_model_type`). Importing
+bridgelm registers that type with transformers' AutoConfig and AutoModelForCausalLM, so such a folder loads with its
+blocks through `AutoModelForCausalLM.from_pretrained` (and so through every tool that loads models that way); without
+bridgelm imported, transformers refuses the unknown model type instead of returning the base model without its
+blocks. No code from the folder runs: the classes are bridgelm's own.
 """
 
 from __future__ import annotations
@@ -163,6 +167,7 @@ def attach_blocks(model: nn.Module, cfg: BlockConfig) -> nn.Module:
         if cfg.placement == "attn":
             attention_branch(layer).register_forward_hook(_add_block_after_attn)
     _own_config(model)
+    model.config.__class__ = bridge_config_class(type(model.config))
     model.config.bridgelm = {**asdict(cfg), "format": FORMAT}
     return model
 
@@ -205,3 +210,113 @@ def added_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
         return {}
     marker = f".{cfg.kind}."
     return {name: p for name, p in model.named_parameters() if marker in name}
+
+
+# --- The "bridgelm" model type: what a model with blocks saves as, and what transformers loads it with -------------
+
+MODEL_TYPE = "bridgelm"
+
+
+class _BridgeConfig:
+    """Mixin of the config classes of models with blocks (`bridge_config_class`): the config keeps behaving as its
+    base class (`model_type` included) and serialises as the "bridgelm" model type, its base type recorded."""
+
+    def to_dict(self) -> dict:
+        out = super().to_dict()
+        out["base_model_type"] = out["model_type"]
+        out["model_type"] = MODEL_TYPE
+        return out
+
+    def __reduce__(self):  # the class is made at run time: pickle names its base class instead
+        base = next(c for c in type(self).__mro__[1:] if not issubclass(c, _BridgeConfig))
+        return _unpickle_config, (base, self.__dict__)
+
+
+def _unpickle_config(base: type, state: dict):
+    config = object.__new__(bridge_config_class(base))
+    config.__dict__.update(state)
+    return config
+
+
+_CONFIG_CLASSES: dict[type, type] = {}
+
+
+def has_block_type(config) -> bool:
+    """Whether `config` is of a "bridgelm" model type (a config of a model with blocks)."""
+    return isinstance(config, _BridgeConfig)
+
+
+def bridge_config_class(base: type) -> type:
+    """The subclass of config class `base` that saves as the "bridgelm" model type, registered with
+    AutoModelForCausalLM (when `base` has a causal LM) so that `from_pretrained`/`from_config` build the blocks."""
+    if issubclass(base, _BridgeConfig):
+        return base
+    if base not in _CONFIG_CLASSES:
+        from transformers import AutoModelForCausalLM
+        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+        cls = type(f"Bridge{base.__name__}", (_BridgeConfig, base), {"__module__": __name__})
+        _CONFIG_CLASSES[base] = cls
+        if base in MODEL_FOR_CAUSAL_LM_MAPPING:
+            AutoModelForCausalLM.register(cls, _bridge_model_class(MODEL_FOR_CAUSAL_LM_MAPPING[base], cls))
+    return _CONFIG_CLASSES[base]
+
+
+def _recorded(config) -> BlockConfig:
+    recorded = getattr(config, "bridgelm", None)
+    if not isinstance(recorded, dict) or recorded.get("format") != FORMAT:
+        raise ValueError(
+            f"config.json of model type {MODEL_TYPE!r} records blocks {recorded!r}: expected a 'bridgelm' entry of "
+            f"format {FORMAT!r} (kind, num_heads, head_dim, placement), as bridgelm writes it"
+        )
+    try:
+        return BlockConfig(**{k: v for k, v in recorded.items() if k in BlockConfig.__dataclass_fields__})
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"config.json records blocks {recorded!r} that bridgelm cannot build: {err}") from err
+
+
+def _bridge_model_class(base: type, config_class: type) -> type:
+    """A subclass of causal LM class `base` whose instances are built with the blocks their config records, so that
+    `from_pretrained` loads the block tensors with the rest (and reports them missing like any other weight)."""
+
+    def __init__(self, config, *args, **kwargs):
+        base.__init__(self, config, *args, **kwargs)
+        attach_blocks(self, _recorded(config))
+
+    return type(
+        f"Bridge{base.__name__}", (base,), {"__init__": __init__, "config_class": config_class, "__module__": __name__}
+    )
+
+
+def _base_config_class(config_dict: dict) -> type:
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    base = config_dict.get("base_model_type")
+    if not isinstance(base, str) or base not in CONFIG_MAPPING or base == MODEL_TYPE:
+        raise ValueError(
+            f"config.json of model type {MODEL_TYPE!r} names base_model_type {base!r}: expected the model type of "
+            "the model the blocks were added to, one this transformers knows (qwen2, llama, ...)"
+        )
+    return CONFIG_MAPPING[base]
+
+
+def _register() -> None:
+    """Register the "bridgelm" model type with AutoConfig: a config.json of that type loads as its base model type's
+    config class with blocks (`bridge_config_class`), so every field keeps its meaning."""
+    from transformers import AutoConfig, PretrainedConfig
+
+    class BridgeLMConfig(PretrainedConfig):
+        model_type = MODEL_TYPE
+
+        @classmethod
+        def from_dict(cls, config_dict, **kwargs):
+            base = _base_config_class(config_dict)
+            fields = {k: v for k, v in config_dict.items() if k not in ("model_type", "base_model_type")}
+            config = bridge_config_class(base).from_dict(fields, **kwargs)
+            _recorded(config[0] if isinstance(config, tuple) else config)
+            return config
+
+    AutoConfig.register(MODEL_TYPE, BridgeLMConfig, exist_ok=True)
+
+
+_register()

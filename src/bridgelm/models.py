@@ -14,9 +14,8 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from bridgelm.attach import attach_blocks
+from bridgelm.attach import MODEL_TYPE, has_block_type
 from bridgelm.blockfile import check_finite, load_blocks
-from bridgelm.blocks import BlockConfig
 from bridgelm.errors import UserError
 from bridgelm.jsonl import json_kind
 
@@ -33,31 +32,18 @@ def load_model(name_or_path: str, blocks: str | os.PathLike | None = None, dtype
     check_device(device)
     config = load_config(name_or_path, weights=True, **kwargs)
     recorded = getattr(config, "bridgelm", None)
+    if recorded is not None and not has_block_type(config):
+        raise UserError(
+            f"model {name_or_path} records blocks in a config.json of model type {config.model_type!r} (written by an "
+            f"older bridgelm, which this one does not read): expected model type {MODEL_TYPE!r}"
+        )
     if recorded and blocks is not None:
         raise UserError(
             f"model {name_or_path} has {recorded.get('kind')} blocks of its own (recorded in its config.json), which "
             f"blocks={str(blocks)!r} would replace: load that file into the model without blocks, or leave it out"
         )
-    if not recorded:
-        model = _from_pretrained(name_or_path, config, dtype, kwargs).to(device)
-    else:
-        # The block tensors are loaded below, once the blocks exist: tell the loader they are expected extras.
-        from transformers import AutoModelForCausalLM
-
-        cls = AutoModelForCausalLM._model_mapping[type(config)]
-        saved = cls.__dict__.get("_keys_to_ignore_on_load_unexpected")
-        cls._keys_to_ignore_on_load_unexpected = [*(saved or []), rf"\.{recorded['kind']}\."]
-        try:
-            model = _from_pretrained(name_or_path, config, dtype, kwargs).to(device)
-        finally:
-            if saved is None:
-                del cls._keys_to_ignore_on_load_unexpected
-            else:
-                cls._keys_to_ignore_on_load_unexpected = saved
-    if recorded:
-        cfg = BlockConfig(**{k: v for k, v in recorded.items() if k in BlockConfig.__dataclass_fields__})
-        attach_blocks(model, cfg)
-        _load_recorded_blocks(model, Path(name_or_path), cfg)
+    # A config with blocks is a "bridgelm" model type: AutoModelForCausalLM builds them and loads their tensors.
+    model = _from_pretrained(name_or_path, config, dtype, kwargs).to(device)
     if blocks is not None:
         load_blocks(model, blocks)
     for name, tensor in model.state_dict().items():  # everything loaded: base, recorded blocks, a block file
@@ -258,23 +244,3 @@ def _shape_mismatches(folder: Path, config) -> list[str]:
                     found.append(f"{file.name}: {key} is {got}, config.json makes it {shapes[key]}")
     return found
 
-
-def _load_recorded_blocks(model: nn.Module, folder: Path, cfg: BlockConfig) -> None:
-    """Copy the block tensors that `save_pretrained` wrote into the model's safetensors shards."""
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise ValueError(f"{folder} records {cfg.kind} blocks in config.json but holds no safetensors weights")
-    params = dict(model.named_parameters())
-    params.update(dict(model.named_buffers()))
-    loaded = 0
-    marker = f".{cfg.kind}."
-    for file in files:
-        with safe_open(str(file), framework="pt") as f:
-            for key in f.keys():
-                if marker in key and key in params:
-                    with torch.no_grad():
-                        params[key].copy_(f.get_tensor(key))
-                    loaded += 1
-    wanted = sum(1 for k in params if marker in k)
-    if loaded != wanted:
-        raise ValueError(f"{folder}: found {loaded} of the {wanted} {cfg.kind} tensors that config.json records")

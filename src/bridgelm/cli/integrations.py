@@ -16,7 +16,7 @@ def _cmd_lm_eval(args) -> None:
         raise UserError(
             f"bridgelm lm-eval needs lm-evaluation-harness ({err}): pip install 'bridgelm[lm-eval]'"
         ) from err
-    sys.argv = ["lm-eval", *args.lm_eval_args]
+    sys.argv = ["lm-eval", *(["--help"] if args.lm_eval_help else []), *args.lm_eval_args]
     cli_evaluate()
 
 
@@ -27,5 +27,7 @@ def add_commands(sub) -> None:
         help="lm-evaluation-harness with the `bridgelm` backend: bridgelm lm-eval run --model bridgelm "
         "--model_args pretrained=DIR,blocks=FILE,width=8 --tasks ...",
     )
+    # `bridgelm lm-eval --help` is lm-eval's --help (argparse's remainder takes no option-like first argument)
+    p.add_argument("-h", "--help", dest="lm_eval_help", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("lm_eval_args", nargs=argparse.REMAINDER)
     p.set_defaults(func=_cmd_lm_eval)

@@ -8,6 +8,7 @@ torchrun --nproc_per_node 2 -m bridgelm rl ...   (data parallel; add --fsdp to s
 
 from __future__ import annotations
 
+import argparse
 import os
 
 from bridgelm.blocks import KINDS, PLACEMENTS, BlockConfig
@@ -20,6 +21,7 @@ from bridgelm.cli.common import (
     warn_slow_bf16,
 )
 from bridgelm.cli.fields import Flag, Nested, add_fields, add_groups, build
+from bridgelm.cli.fit import fit_steps_per_rollout, flag_names, in_flags
 from bridgelm.dist import DistConfig
 from bridgelm.errors import UserError
 from bridgelm.engine import SamplingConfig
@@ -137,12 +139,16 @@ def _rl_setup(model, tokenizer, task, cfg: RLConfig, dtype: str):
 def _cmd_rl(args) -> None:
     import bridgelm
     from bridgelm.attach import add_seeded_blocks
-    from bridgelm.dist import teardown_distributed
+    from bridgelm.dist import Dist, teardown_distributed
     from bridgelm.rng import derive_seed
     from bridgelm.train.rl import train_rl
 
     cfg, launch = build(RLConfig, args), build(DistConfig, args)
-    cfg.validate()
+    cfg = fit_steps_per_rollout(cfg, args, Dist.from_env().world, say=_main_process())
+    try:
+        cfg.validate()
+    except ValueError as err:
+        raise in_flags(err, args.flags) from err
     launch.validate()
     if args.no_blocks and cfg.block_lr is not None:
         raise UserError(f"--block-lr {cfg.block_lr} with --no-blocks: there are no blocks to train at that rate")
@@ -275,7 +281,9 @@ def add_commands(sub) -> None:
     p.add_argument("--val-split", default="test")
     p.add_argument("--out", required=True, help="run directory: metrics.jsonl, checkpoints/, best/")
     reward, advantage = Flag(choices=REWARDS), Flag(choices=ADVANTAGES)
+    steps = Flag(default=argparse.SUPPRESS, help=f"K: optimiser steps per rollout batch, on K mini-batches of whole "
+                 f"groups (default: {RLConfig.steps_per_rollout}, or the Bridge groups a rank holds when fewer)")
     groups = dict(rollout=ROLLOUT_FLAGS, validation=VALIDATION_FLAGS, reward=reward, advantage=advantage)
-    add_groups(p, RLConfig, RL_GROUPS, **groups)
+    add_groups(p, RLConfig, RL_GROUPS, steps_per_rollout=steps, **groups)
     add_fields(p.add_argument_group("distributed (torchrun)"), DistConfig)
-    p.set_defaults(func=_cmd_rl)
+    p.set_defaults(func=_cmd_rl, flags=flag_names(p))

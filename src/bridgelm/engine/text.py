@@ -7,6 +7,7 @@ their files. `generate` is the same, with keyword settings, collected in a list 
 
 from __future__ import annotations
 
+import sys
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -181,12 +182,12 @@ def generate(
     eos_token_id: int | Sequence[int] | None = None,
     max_batch_sequences: int = 256,
     max_batch_tokens: int = 262_144,
-    progress: bool = False,
+    progress: bool | None = None,
 ) -> list[list[Sample]]:
     """Sample `n` responses per prompt; samples j*width .. (j+1)*width-1 of a prompt form one Bridge group.
 
     Returns, per prompt, a list of n `Sample` (`stream_text`, collected). Works with and without Bridge blocks
-    (width 1 = independent).
+    (width 1 = independent). `progress`: a progress bar on stderr; None (default): when stderr is a terminal.
     """
     cfg = SamplingConfig(
         n=n,
@@ -199,6 +200,8 @@ def generate(
         max_batch_sequences=max_batch_sequences,
         max_batch_tokens=max_batch_tokens,
     )
+    if progress is None:
+        progress = sys.stderr.isatty()
     title = "sampling" if progress else None
     stream = stream_text(model, tokenizer, prompts, cfg, None, chat, stop_strings, eos_token_id, title)
     return [samples for _, samples in stream]

@@ -15,7 +15,11 @@ group of one: what Bridge changes is sampling); `loglikelihood_rolling` (perplex
 
 Model arguments: pretrained (folder or hub id), blocks (a block file; a folder saved with its blocks needs none),
 width (default 1), seed, dtype (float32, bfloat16, float16), device, max_new_tokens (when a task gives no
-max_gen_toks), chat is lm-eval's own `--apply_chat_template`.
+max_gen_toks), revision (of a hub id), tokenizer (another folder or id for it), max_length (the positions
+loglikelihood scores: longer contexts lose their first tokens, as in the hf backend; default the model's), and
+batch_size 1 or auto (the engine sizes its own waves: another value is refused); chat is lm-eval's own
+`--apply_chat_template`. Generation settings a task gives that the engine does not take (num_beams > 1,
+repetition_penalty != 1, ...) are refused, not ignored.
 """
 
 from __future__ import annotations
@@ -28,10 +32,20 @@ from lm_eval.api.registry import register_model
 
 import bridgelm
 from bridgelm.errors import UserError
-from bridgelm.integrations.loading import continuation_logprob, cut_at_stop, load_bridge_model, positive_int
+from bridgelm.integrations.loading import (
+    continuation_logprob,
+    cut_at_stop,
+    integer,
+    load_bridge_model,
+    number,
+    positive_int,
+)
 
 OWNER = "bridgelm backend"  # how errors name this backend
-IGNORED = ("batch_size", "max_batch_size")  # lm-eval passes these to every backend; the engine sizes its own batches
+IGNORED = ("max_batch_size",)  # lm-eval passes it to every backend with batch_size; the engine sizes its own waves
+# generation_kwargs the engine honours, and those it takes only at the value that changes nothing
+SAMPLING_KEYS = ("until", "max_gen_toks", "do_sample", "temperature", "top_p", "top_k")
+NO_OPS = {"num_beams": 1, "repetition_penalty": 1.0, "min_p": 0.0, "num_return_sequences": 1}
 
 
 def _positive(name: str, value) -> int:
@@ -54,15 +68,22 @@ def sampling_settings(gen_kwargs: dict, default_max_new_tokens: int) -> dict:
     """bridgelm.generate's settings from a task's generation_kwargs (until, max_gen_toks, do_sample, temperature,
     top_p, top_k); do_sample false (or temperature 0) is greedy."""
     kwargs = dict(gen_kwargs or {})
+    for key, value in kwargs.items():
+        if key not in SAMPLING_KEYS and not (key in NO_OPS and value == NO_OPS[key]):
+            raise UserError(
+                f"{OWNER}: the task's generation setting {key}={value!r} is not one bridgelm's engine takes: expected "
+                f"only {', '.join(SAMPLING_KEYS)}" + (f" ({key}={NO_OPS[key]!r} at most)" if key in NO_OPS else "")
+            )
     until = kwargs.pop("until", None) or []
     until = [until] if isinstance(until, str) else list(until)
-    greedy = kwargs.get("do_sample") is False or float(kwargs.get("temperature", 1.0)) == 0.0
+    temperature = number(OWNER, "temperature", kwargs.get("temperature", 1.0))
+    greedy = kwargs.get("do_sample") is False or temperature == 0.0
     return {
         "stop_strings": tuple(s for s in until if s),
         "max_new_tokens": _positive("max_gen_toks", kwargs.get("max_gen_toks", default_max_new_tokens)),
-        "temperature": 0.0 if greedy else float(kwargs.get("temperature", 1.0)),
-        "top_p": float(kwargs.get("top_p", 1.0)),
-        "top_k": int(kwargs.get("top_k", 0) or 0),
+        "temperature": 0.0 if greedy else temperature,
+        "top_p": number(OWNER, "top_p", kwargs.get("top_p", 1.0)),
+        "top_k": integer(OWNER, "top_k", kwargs.get("top_k", 0) or 0),
     }
 
 
@@ -70,20 +91,27 @@ def sampling_settings(gen_kwargs: dict, default_max_new_tokens: int) -> dict:
 class BridgeLM(LM):
     """lm-eval's view of a Bridge model: text in, text out, each request's repeats drawn as Bridge groups."""
 
-    def __init__(self, pretrained: str, blocks: str | None = None, width: int = 1, seed: int = 0,
-                 dtype: str = "float32", device: str = "cpu", max_new_tokens: int = 256, **kwargs):
+    def __init__(self, pretrained: str | None = None, blocks: str | None = None, width: int = 1, seed: int = 0,
+                 dtype: str = "float32", device: str = "cpu", max_new_tokens: int = 256, revision: str | None = None,
+                 tokenizer: str | None = None, max_length: int | None = None, batch_size=1, **kwargs):
         super().__init__()
         unknown = sorted(k for k in kwargs if k not in IGNORED)
         if unknown:
             raise UserError(
                 f"bridgelm backend: unknown model argument(s) {', '.join(unknown)}: expected pretrained, blocks, "
-                "width, seed, dtype, device, max_new_tokens"
+                "width, seed, dtype, device, max_new_tokens, revision, tokenizer, max_length, batch_size"
             )
-        self.width, self.seed = _positive("width", width), int(seed)
+        if str(batch_size) not in ("1", "auto") and not str(batch_size).startswith("auto:"):
+            raise UserError(f"bridgelm backend: batch_size={batch_size!r}: the engine sizes its own waves of rows "
+                            "(Bridge groups kept whole): expected batch_size 1 or auto")
+        self.width, self.seed = _positive("width", width), integer(OWNER, "seed", seed)
         self.max_new_tokens = _positive("max_new_tokens", max_new_tokens)
+        self.max_length = None if max_length is None else _positive("max_length", max_length)
         self.model, self.tokenizer, self._device = load_bridge_model(
-            OWNER, pretrained, blocks, self.width, dtype, device
+            OWNER, pretrained, blocks, self.width, dtype, device, revision=revision, tokenizer=tokenizer
         )
+        if self.max_length is None:
+            self.max_length = getattr(self.model.config, "max_position_embeddings", None)
         self.pretrained = pretrained
 
     @property
@@ -112,7 +140,8 @@ class BridgeLM(LM):
             prompts = [requests[start].args[0] for start, _ in runs]
             kwargs = dict(settings)
             samples = bridgelm.generate(
-                self.model, self.tokenizer, prompts, n=count, width=self.width, seed=self.seed, **kwargs
+                self.model, self.tokenizer, prompts, n=count, width=self.width, seed=self.seed,
+                progress=not disable_tqdm, **kwargs
             )
             for (start, _), drawn in zip(runs, samples):
                 for j, sample in enumerate(drawn):
@@ -120,7 +149,10 @@ class BridgeLM(LM):
         return out
 
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
-        return [continuation_logprob(self.model, self.tokenizer, *request.args) for request in requests]
+        from tqdm.auto import tqdm
+
+        scored = tqdm(requests, desc="loglikelihood", disable=disable_tqdm)
+        return [continuation_logprob(self.model, self.tokenizer, *r.args, max_length=self.max_length) for r in scored]
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         raise UserError(

@@ -18,44 +18,78 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def positive_int(owner: str, name: str, value) -> int:
-    """`value` as an integer >= 1, or a UserError that names it (`owner`: who asks, e.g. "bridgelm backend")."""
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        number = 0
+    """`value` as an integer >= 1 (an int, or its digits as text), or a UserError that names it (`owner`: who asks,
+    e.g. "bridgelm backend"); 1.5 is refused, not truncated."""
+    number = integer(owner, name, value, "a positive integer")
     if number < 1:
         raise UserError(f"{owner}: {name}={value!r}: expected a positive integer")
     return number
 
 
-def load_bridge_model(owner: str, pretrained: str, blocks: str | None, width: int, dtype: str, device: str):
+def integer(owner: str, name: str, value, expected: str = "an integer") -> int:
+    """`value` as an int (an int, an integral float from a parsed argument string, or its digits as text)."""
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if isinstance(value, str) and value.strip().lstrip("+-").isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise UserError(f"{owner}: {name}={value!r}: expected {expected}")
+    return value
+
+
+def number(owner: str, name: str, value) -> float:
+    """`value` as a finite float, or a UserError naming it."""
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        out = float("nan")
+    if isinstance(value, bool) or out != out or out in (float("inf"), float("-inf")):
+        raise UserError(f"{owner}: {name}={value!r}: expected a finite number")
+    return out
+
+
+def load_bridge_model(owner: str, pretrained: str, blocks: str | None, width: int, dtype: str, device: str,
+                      revision: str | None = None, tokenizer: str | None = None):
     """(model in eval mode, tokenizer, device) for sampling in Bridge groups of `width`: refused before loading
     when dtype is unknown, and after when width > 1 but the model has no Bridge blocks. A CUDA device without a
     GPU falls back to the CPU with a warning (as lm-eval's hf backend does)."""
+    if not pretrained:
+        raise UserError(f"{owner}: pretrained={pretrained!r}: expected a model folder or hub id (pretrained=DIR)")
     if dtype not in DTYPES:
         raise UserError(f"{owner}: dtype={dtype!r}: expected one of {', '.join(DTYPES)}")
+    if str(device).startswith("meta"):
+        raise UserError(f"{owner}: device={device!r}: the meta device holds no weights to sample from; expected cpu "
+                        "or cuda")
     if str(device).startswith("cuda") and not torch.cuda.is_available():
         warnings.warn(f"{owner}: device {device} asked for, but there is no CUDA GPU: running on the CPU",
                       DataWarning, stacklevel=3)
         device = "cpu"
-    model = load_model(pretrained, blocks=blocks or None, dtype=DTYPES[dtype], device=device).eval()
+    at = {"revision": revision} if revision else {}  # a hub id's branch, tag or commit (model and tokenizer)
+    model = load_model(pretrained, blocks=blocks or None, dtype=DTYPES[dtype], device=device, **at).eval()
     if width > 1 and bridgelm.block_config(model) is None:
         raise UserError(
             f"{owner}: width={width} needs a model with Bridge blocks, and {pretrained} has none: "
             "give blocks=FILE, or width=1"
         )
-    return model, load_tokenizer(pretrained), torch.device(device)
+    return model, load_tokenizer(tokenizer or pretrained, **at), torch.device(device)
 
 
 @torch.no_grad()
-def continuation_logprob(model, tokenizer, context: str, continuation: str) -> tuple[float, bool]:
+def continuation_logprob(model, tokenizer, context: str, continuation: str, max_length: int | None = None
+                         ) -> tuple[float, bool]:
     """log p(continuation | context) under `model` alone (a group of one), and whether every continuation token is
-    the greedy one. The pair is tokenized whole and cut where the context's tokens end, when they are a prefix."""
+    the greedy one. The pair is tokenized whole and cut where the context's tokens end, when they are a prefix.
+    A pair longer than `max_length` tokens loses its context's first tokens (left truncation, as lm-eval's hf
+    backend does); a continuation alone longer than that is refused."""
     ctx = tokenizer(context, add_special_tokens=False)["input_ids"] if context else []
     whole = tokenizer(context + continuation, add_special_tokens=False)["input_ids"]
     cont = whole[len(ctx):] if whole[: len(ctx)] == ctx else tokenizer(continuation, add_special_tokens=False)[
         "input_ids"]
     ctx = whole[: len(whole) - len(cont)] or [tokenizer.eos_token_id]
+    if max_length is not None and len(ctx) + len(cont) > max_length:
+        if len(cont) >= max_length:
+            raise UserError(f"a continuation of {len(cont)} tokens does not fit max_length={max_length} positions")
+        ctx = ctx[len(ctx) + len(cont) - max_length :]
     ids = torch.tensor([ctx + cont], device=model.device)  # [1, S]
     logprobs = torch.log_softmax(model(ids).logits[0, len(ctx) - 1 : -1].float(), dim=-1)  # [C, V]
     target = ids[0, len(ctx):]  # [C]

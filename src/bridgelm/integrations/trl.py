@@ -2,21 +2,24 @@
 `num_generations` rollouts as Bridge groups and keeps those groups whole through every step TRL takes.
 
     from datasets import Dataset
-    from trl import GRPOConfig
     import bridgelm
-    from bridgelm.integrations.trl import BridgeGRPOTrainer
+    from bridgelm.integrations.trl import BridgeGRPOConfig, BridgeGRPOTrainer
 
     model = bridgelm.load_model("HuggingFaceTB/SmolLM2-135M-Instruct", blocks="blocks.safetensors")
-    args = GRPOConfig(output_dir="out", num_generations=8, per_device_train_batch_size=16,
-                      max_completion_length=256, temperature=0.6, loss_type="dapo")
+    args = BridgeGRPOConfig(output_dir="out", num_generations=8, per_device_train_batch_size=16,
+                            max_completion_length=256, temperature=0.6, loss_type="dapo",
+                            bridge_width=4)  # groups of 4 (default: num_generations); must divide it
 
-    def reward(completions, **kwargs):
-        return [float("42" in c) for c in completions]
+    def reward(completions, **kwargs):  # conversational prompts: each completion is a list of messages
+        return [float("42" in c[0]["content"]) for c in completions]
 
-    dataset = Dataset.from_list([{"prompt": "What is 6 x 7?"}] * 64)
-    trainer = BridgeGRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=dataset,
-                                bridge_width=4)  # groups of 4 (default: num_generations); must divide it
+    dataset = Dataset.from_list([{"prompt": [{"role": "user", "content": "What is 6 x 7?"}]}] * 64)
+    trainer = BridgeGRPOTrainer(model=model, reward_funcs=reward, args=args, train_dataset=dataset)
     trainer.train()
+
+examples/trl_grpo.py is this, complete and runnable (`--toy` for a tiny random model). `bridge_width` is a field of
+`BridgeGRPOConfig` (GRPOConfig's subclass), so TrlParser and YAML configs set it and the run records it; a plain
+GRPOConfig gives groups of `num_generations`.
 
 What changes against GRPOTrainer, and nothing else (rewards, advantages and the loss are TRL's own):
 - rollouts come from bridgelm's engine (`generate_ids`): each run of `width` consecutive rows (copies of one
@@ -26,18 +29,26 @@ What changes against GRPOTrainer, and nothing else (rewards, advantages and the 
   `grouped.Groups` of consecutive runs of `width`), through a forward pre-hook held only for that call;
 - with beta > 0 the reference is a frozen copy of the starting policy, blocks included (TRL would reload the
   model's folder, which drops blocks attached in memory).
-Batch settings that would split a group are refused before training, in one line naming the numbers. Text prompts
-only; vLLM, continuous batching and `rollout_func` are refused (their rollouts would not be Bridge groups), and so
-are sampling settings the engine does not take (min_p, repetition_penalty, generation_kwargs).
+- with beta > 0 and an in-memory model, the reference is always that frozen copy (TRL would reload the model's
+  folder, and an in-memory model may have none).
+Settings it cannot honour are refused at construction, in one line naming the setting: batch settings that would
+split a group, a width that is not a positive integer, temperature 0, FSDP and DeepSpeed ZeRO-3 (rollouts would
+decode on sharded weights), vLLM, continuous batching and `rollout_func` (their rollouts would not be Bridge groups),
+and sampling settings the engine does not take (min_p, repetition_penalty, generation_kwargs). Text prompts,
+plain or conversational; no images. TRL's private methods are wrapped with their arguments forwarded as given.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
+import os
+from dataclasses import dataclass, field
 
 import torch
-from trl import GRPOTrainer
+from trl import GRPOConfig, GRPOTrainer
+from trl.trainer.callbacks import SyncRefModelCallback
 from trl.trainer.utils import split_tensor_dict
 
 from bridgelm.attach import block_config
@@ -47,9 +58,55 @@ from bridgelm.grouped import KWARG, Groups
 from bridgelm.rng import derive_seed
 
 
+@dataclass
+class BridgeGRPOConfig(GRPOConfig):
+    """TRL's GRPOConfig with the Bridge width: `bridge_width` rows of one prompt sample as one Bridge group."""
+
+    bridge_width: int | None = field(
+        default=None,
+        metadata={"help": "Rows of one prompt sampled as one Bridge group (default: num_generations); must divide "
+                          "num_generations and the per-device batch sizes; 1: independent rollouts, no blocks needed."},
+    )
+
+    def __post_init__(self):
+        check_width(self.bridge_width, "BridgeGRPOConfig")
+        super().__post_init__()
+
+
+def check_width(width, name: str) -> None:
+    """UserError unless `width` is None or a positive integer (2.7, "two", True and 0 are refused, not rounded)."""
+    if width is not None and (isinstance(width, bool) or not isinstance(width, int) or width < 1):
+        raise UserError(f"{name}: bridge_width={width!r}: expected a positive integer (rows per Bridge group)")
+
+
+def bridge_width_of(args) -> int:
+    """The Bridge width of TRL config `args`: its `bridge_width` field, else `num_generations`."""
+    width = getattr(args, "bridge_width", None)
+    check_width(width, "BridgeGRPOTrainer")
+    return args.num_generations if width is None else width
+
+
+def check_sharding(args) -> None:
+    """Refuse FSDP and DeepSpeed ZeRO-3: the engine decodes on the module's own weights, which are shards there."""
+    deepspeed = getattr(args, "hf_deepspeed_config", None)
+    zero3 = (deepspeed is not None and deepspeed.is_zero3()) or (
+        os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() in ("1", "true")
+        and os.environ.get("ACCELERATE_DEEPSPEED_ZERO_STAGE") == "3"
+    )
+    fsdp = bool(getattr(args, "fsdp", None)) or os.environ.get("ACCELERATE_USE_FSDP", "").lower() in ("1", "true")
+    if fsdp or zero3:
+        what = "fsdp" if fsdp else "DeepSpeed ZeRO-3"
+        raise UserError(
+            f"BridgeGRPOTrainer: {what} is not supported (rollouts would decode on sharded weights): use DDP or "
+            "DeepSpeed ZeRO-1/2 here, or `bridgelm rl --fsdp`, which samples from a gathered copy"
+        )
+
+
 def check_group_settings(args, width: int) -> None:
     """Refuse TRL settings that cannot keep Bridge groups of `width` whole (one line, naming the numbers)."""
     name = "BridgeGRPOTrainer"
+    if args.temperature is None or not args.temperature > 0:
+        raise UserError(f"{name}: temperature={args.temperature!r}: expected a temperature > 0 (GRPO samples)")
     if width < 1 or args.num_generations % width:
         raise UserError(f"{name}: bridge_width={width} does not divide num_generations={args.num_generations}")
     if args.per_device_train_batch_size % width:
@@ -87,35 +144,46 @@ def group_shuffle(batch: dict, width: int) -> dict:
 
 
 class BridgeGRPOTrainer(GRPOTrainer):
-    """TRL's GRPOTrainer with Bridge groups of `bridge_width` (default `num_generations`) rows of one prompt."""
+    """TRL's GRPOTrainer with Bridge groups of `args.bridge_width` (default `num_generations`) rows of one prompt."""
 
-    def __init__(self, *args, bridge_width: int | None = None, **kwargs):
-        config = kwargs.get("args") if "args" in kwargs else (args[2] if len(args) > 2 else None)
-        if config is not None:  # checked before TRL loads anything; TRL's default config after
-            check_group_settings(config, config.num_generations if bridge_width is None else int(bridge_width))
+    def __init__(self, model, reward_funcs, args: GRPOConfig | None = None, *rest, **kwargs):
+        if args is not None:  # checked before TRL loads anything; TRL's default config after
+            check_sharding(args)
+            check_group_settings(args, bridge_width_of(args))
         if kwargs.get("rollout_func") is not None:
             raise UserError("BridgeGRPOTrainer: rollout_func is not supported: rollouts come from bridgelm's engine")
-        super().__init__(*args, **kwargs)
-        self.bridge_width = self.args.num_generations if bridge_width is None else int(bridge_width)
+        own_reference = isinstance(model, torch.nn.Module) and args is not None and args.beta != 0.0
+        if own_reference:  # TRL would reload the model's folder for a reference: it gets a frozen copy instead
+            beta, sync = args.beta, args.sync_ref_model
+            args.beta, args.sync_ref_model = 0.0, False
+        try:
+            super().__init__(model, reward_funcs, args, *rest, **kwargs)
+        finally:
+            if own_reference:
+                args.beta, args.sync_ref_model = beta, sync
+        check_sharding(self.args)
+        self.bridge_width = bridge_width_of(self.args)
         check_group_settings(self.args, self.bridge_width)
-        has_blocks = block_config(self.accelerator.unwrap_model(self.model)) is not None
+        policy = self.accelerator.unwrap_model(self.model)
+        has_blocks = block_config(policy) is not None
         if self.bridge_width > 1 and not has_blocks:
             raise UserError(
                 f"BridgeGRPOTrainer: bridge_width={self.bridge_width} needs a model with Bridge blocks, and this one "
                 "has none: attach them (bridgelm.add_bridge, or load_model(..., blocks=FILE)), or bridge_width=1"
             )
-        reference = None if self.ref_model is None else self.accelerator.unwrap_model(self.ref_model)
-        if has_blocks and reference is not None and block_config(reference) is None:
-            # TRL reloads the reference from the model's folder, without the blocks attached in memory: use a
-            # frozen copy of the starting policy, blocks included
-            reference = copy.deepcopy(self.accelerator.unwrap_model(self.model)).eval().requires_grad_(False)
+        if own_reference:
+            self.beta = beta
+            reference = copy.deepcopy(policy).eval().requires_grad_(False)
             self.ref_model = self.accelerator.prepare_model(reference, evaluation_mode=True)
+            if sync:
+                self.add_callback(SyncRefModelCallback(ref_model=self.ref_model, accelerator=self.accelerator))
 
-    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+    def _generate_single_turn(self, prompt_ids, *args, **kwargs):
         """Completion ids of each row of `prompt_ids` (each prompt repeated in runs of the width), one Bridge group
-        per run; log-probs None, as TRL's own transformers path returns."""
+        per run; log-probs None, as TRL's own transformers path returns. TRL's other arguments are read by name."""
+        given = inspect.signature(super()._generate_single_turn).bind(prompt_ids, *args, **kwargs).arguments
         width = self.bridge_width
-        if images is not None or multimodal_fields or len(prompt_ids) % width:
+        if given.get("images") is not None or given.get("multimodal_fields") or len(prompt_ids) % width:
             raise UserError(f"BridgeGRPOTrainer: {len(prompt_ids)} text prompt rows expected in runs of {width}")
         firsts = prompt_ids[::width]  # one prompt per group
         if any(prompt_ids[i] != firsts[i // width] for i in range(len(prompt_ids))):
@@ -147,39 +215,18 @@ class BridgeGRPOTrainer(GRPOTrainer):
             self._buffered_inputs = split_tensor_dict(batch, steps)
         return self._buffered_inputs[self._step % steps]
 
-    def _get_per_token_logps_and_entropies(
-        self,
-        model,
-        input_ids,
-        attention_mask,
-        logits_to_keep,
-        batch_size=None,
-        compute_entropy=False,
-        compute_aux_loss=False,
-        pixel_values=None,
-        image_grid_thw=None,
-        num_images=None,
-        pixel_attention_mask=None,
-        spatial_shapes=None,
-        num_tiles=None,
-        image_sizes=None,
-        token_type_ids=None,
-        mm_token_type_ids=None,
-        image_position_ids=None,
-    ):
-        """TRL's per-token log-probs, each forward given the Bridge groups of its rows (runs of the width)."""
-        rows = batch_size or input_ids.size(0)
+    def _get_per_token_logps_and_entropies(self, model, input_ids, *args, **kwargs):
+        """TRL's per-token log-probs, each forward given the Bridge groups of its rows (runs of the width); TRL's
+        arguments forwarded as given (its chunk size read by name)."""
+        given = inspect.signature(super()._get_per_token_logps_and_entropies).bind(model, input_ids, *args, **kwargs)
+        rows = given.arguments.get("batch_size") or input_ids.size(0)
         if rows % self.bridge_width or input_ids.size(0) % self.bridge_width:
             raise ValueError(
                 f"BridgeGRPOTrainer: log-probs of {input_ids.size(0)} rows in chunks of {rows} would split groups of "
                 f"{self.bridge_width}"
             )
         with grouped_forwards(self.accelerator.unwrap_model(model), self.bridge_width):
-            return super()._get_per_token_logps_and_entropies(
-                model, input_ids, attention_mask, logits_to_keep, batch_size, compute_entropy, compute_aux_loss,
-                pixel_values, image_grid_thw, num_images, pixel_attention_mask, spatial_shapes, num_tiles,
-                image_sizes, token_type_ids, mm_token_type_ids, image_position_ids,
-            )
+            return super()._get_per_token_logps_and_entropies(model, input_ids, *args, **kwargs)
 
 
 @contextlib.contextmanager

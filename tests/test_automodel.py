@@ -1,0 +1,117 @@
+"""A model saved with blocks is a "bridgelm" model type: it loads with its blocks through transformers' Auto classes
+once bridgelm is imported, and without bridgelm transformers refuses it instead of returning the base model."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+import bridgelm
+from bridgelm.errors import UserError
+from bridgelm.grouped import Groups
+from conftest import randomize_blocks, save_tiny_model_dir, tiny_model
+
+
+def _logits(model, ids):
+    groups = Groups.contiguous_width(ids.shape[0], 2, torch.ones(ids.shape, dtype=torch.bool))
+    return model(input_ids=ids, bridge_groups=groups).logits
+
+
+@pytest.mark.parametrize("arch, kind, placement", [("qwen2", "bridge", "ffn"), ("llama", "pmatch", "attn"),
+                                                   ("gemma2", "bridge", "attn")])
+def test_auto_classes_load_the_blocks(tmp_path, arch, kind, placement):
+    model = tiny_model(arch)
+    randomize_blocks(bridgelm.add_bridge(model, placement=placement) if kind == "bridge"
+                     else bridgelm.add_pmatch(model, placement=placement))
+    model.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["model_type"] == "bridgelm" and saved["base_model_type"] == arch
+    assert AutoConfig.from_pretrained(tmp_path).model_type == arch  # the base's config class, every field kept
+
+    auto = AutoModelForCausalLM.from_pretrained(tmp_path)
+    loaded = bridgelm.load_model(str(tmp_path))
+    assert bridgelm.block_config(auto) == bridgelm.block_config(model) == bridgelm.block_config(loaded)
+    ids = torch.randint(3, 97, (4, 6))
+    want = _logits(model.eval(), ids)
+    assert torch.equal(_logits(auto.eval(), ids), want) and torch.equal(_logits(loaded, ids), want)
+    assert not torch.allclose(_logits(tiny_model(arch), ids), want, atol=1e-3)  # the blocks matter
+
+    auto.save_pretrained(tmp_path / "again")  # and it stays one: a second round trip keeps the blocks
+    again = AutoModelForCausalLM.from_pretrained(tmp_path / "again")
+    assert torch.equal(_logits(again.eval(), ids), want)
+    fresh = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tmp_path))  # from_config builds them too
+    assert bridgelm.block_config(fresh) == bridgelm.block_config(model)
+
+
+def test_without_bridgelm_transformers_refuses_the_folder(tmp_path):
+    """No silent base model: a process that never imports bridgelm gets transformers' unknown-model-type error."""
+    save_tiny_model_dir(tmp_path, blocks="bridge")
+    code = "import sys; import transformers as t; t.AutoModelForCausalLM.from_pretrained(sys.argv[1])"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": ""}
+    proc = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert proc.returncode != 0 and "model type `bridgelm`" in proc.stderr, proc.stderr[-2000:]
+    src = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "src")
+    with_import = "import bridgelm; " + code + ".get_decoder().layers[0].bridge"  # importing bridgelm is enough
+    proc = subprocess.run([sys.executable, "-c", with_import, str(tmp_path)], capture_output=True, text=True,
+                          env={**env, "PYTHONPATH": src}, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_lm_evals_hf_backend_loads_the_blocks(tmp_path):
+    pytest.importorskip("lm_eval", reason="lm-evaluation-harness is not installed")
+    from lm_eval.models.huggingface import HFLM
+
+    model, _ = save_tiny_model_dir(tmp_path, blocks="bridge")
+    lm = HFLM(pretrained=str(tmp_path), device="cpu", batch_size=1)
+    assert bridgelm.block_config(lm.model) == bridgelm.block_config(model)
+    ids = torch.randint(3, 20, (2, 5))
+    assert torch.equal(lm.model(input_ids=ids).logits, model.eval()(input_ids=ids).logits)
+
+
+def test_a_folder_of_an_older_layout_is_refused_in_one_line(tmp_path):
+    save_tiny_model_dir(tmp_path, blocks="bridge")
+    config = json.loads((tmp_path / "config.json").read_text())
+    config["model_type"] = config.pop("base_model_type")  # blocks recorded in a plain qwen2 config (older bridgelm)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UserError, match="older bridgelm.*expected model type 'bridgelm'") as err:
+        bridgelm.load_model(str(tmp_path))
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"base_model_type": "no_such_type"}, "base_model_type 'no_such_type'"),
+    ({"base_model_type": None}, "base_model_type None"),
+    ({"bridgelm": None}, "records blocks None"),
+    ({"bridgelm": {"format": "bridgelm-blocks-1", "kind": "nope", "num_heads": 4, "head_dim": 16,
+                   "placement": "ffn"}}, "cannot build"),
+])
+def test_a_damaged_bridgelm_config_is_one_line(tmp_path, change, words):
+    save_tiny_model_dir(tmp_path, blocks="bridge")
+    config = {**json.loads((tmp_path / "config.json").read_text()), **change}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UserError, match=words) as err:
+        bridgelm.load_model(str(tmp_path))
+    assert "\n" not in str(err.value)
+
+
+def test_missing_block_tensors_are_refused(tmp_path):
+    """Weights without the blocks the config records: refused, not filled with random blocks."""
+    save_tiny_model_dir(tmp_path / "plain")
+    save_tiny_model_dir(tmp_path / "blocks", blocks="bridge")
+    (tmp_path / "plain" / "config.json").write_text((tmp_path / "blocks" / "config.json").read_text())
+    with pytest.raises(UserError, match=r"lack \d+ tensor.*bridge"):
+        bridgelm.load_model(str(tmp_path / "plain"))
+
+
+def test_a_config_with_blocks_pickles_and_copies():
+    import copy
+    import pickle
+
+    config = bridgelm.add_bridge(tiny_model()).config
+    for other in (pickle.loads(pickle.dumps(config)), copy.deepcopy(config)):
+        assert type(other) is type(config) and other.to_dict() == config.to_dict() and other.bridgelm == config.bridgelm

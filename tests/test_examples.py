@@ -1,0 +1,26 @@
+"""The scripts in examples/ run as a user runs them, at toy size."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_trl_grpo_example_trains_and_saves_a_model_with_blocks(tmp_path):
+    pytest.importorskip("trl", reason="TRL is not installed (pip install 'bridgelm[trl]')")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "trl_grpo.py"), "--toy", "--output-dir",
+                           str(tmp_path)], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"saved the trained model (Bridge blocks included) to {tmp_path}" in proc.stdout
+
+    from transformers import AutoModelForCausalLM
+
+    import bridgelm
+
+    model = AutoModelForCausalLM.from_pretrained(tmp_path)  # the saved folder loads with its blocks
+    assert bridgelm.block_config(model).kind == "bridge"
