@@ -10,9 +10,9 @@ import random
 import numpy as np
 import pytest
 
-from bridgelm import metrics
+from bridgelm import intervals
+from bridgelm.intervals import bootstrap_ci
 from bridgelm.metrics import (
-    bootstrap_ci,
     canonical_answer,
     coverage,
     g_pass_at_k,
@@ -226,7 +226,7 @@ def test_paired_difference_against_a_loop_reference():
     rng = np.random.default_rng(1)
     a = rng.random((3, 40))
     b = a - 0.1 + 0.05 * rng.standard_normal((3, 40))
-    got = metrics.paired_difference(a, b, n_boot=300, seed=7)
+    got = intervals.paired_difference(a, b, n_boot=300, seed=7)
     # Slow reference: the same resampling, written as loops.
     ref_rng = np.random.default_rng(7)
     means = []
@@ -243,18 +243,18 @@ def test_paired_difference_against_a_loop_reference():
     wider = t if t[1] - t[0] > boot[1] - boot[0] else boot
     assert (got["low"], got["high"]) == pytest.approx(wider)
     assert got["interval"] == ("t over 3 seeds" if wider == t else "bootstrap")
-    many = metrics.paired_difference(np.tile(a, (4, 1)), np.tile(b, (4, 1)), n_boot=50)  # 12 seeds: bootstrap alone
+    many = intervals.paired_difference(np.tile(a, (4, 1)), np.tile(b, (4, 1)), n_boot=50)  # 12 seeds: bootstrap alone
     assert many["interval"] == "bootstrap"
     assert 0 < got["low"] < 0.1 < got["high"] < 0.2  # the true shift 0.1 is inside, 0 is outside
     # Pairing matters: a shared per-problem difficulty cancels, so the interval is narrow.
     hard = rng.random(40)[None, :] * np.ones((3, 1))
-    paired = metrics.paired_difference(hard + 0.01, hard, n_boot=200)
+    paired = intervals.paired_difference(hard + 0.01, hard, n_boot=200)
     assert paired["high"] - paired["low"] < 1e-9
 
 
 def test_paired_difference_refuses_mismatched_shapes():
     with pytest.raises(ValueError, match="one shape"):
-        metrics.paired_difference([[1.0, 0.0]], [[1.0]])
+        intervals.paired_difference([[1.0, 0.0]], [[1.0]])
 
 
 def test_group_metrics_measure_each_bridge_group_not_random_subsets():
@@ -286,7 +286,7 @@ def test_group_metrics_measure_each_bridge_group_not_random_subsets():
 def test_t_quantiles_match_scipy():
     from scipy import stats
 
-    for df, q in enumerate(metrics.T_975, start=1):
+    for df, q in enumerate(intervals.T_975, start=1):
         assert q == pytest.approx(stats.t.ppf(0.975, df), abs=1e-3)
 
 
@@ -296,5 +296,5 @@ def test_a_few_seeds_that_disagree_widen_the_interval():
     rng = np.random.default_rng(0)
     shift = np.array([0.0, 0.1, 0.2])[:, None]
     a = rng.random((3, 200)) * 0.01 + shift
-    got = metrics.paired_difference(a, np.zeros_like(a), n_boot=200)
+    got = intervals.paired_difference(a, np.zeros_like(a), n_boot=200)
     assert got["interval"] == "t over 3 seeds" and got["low"] < 0 < 0.2 < got["high"]

@@ -41,7 +41,7 @@ from bridgelm.attach import block_config, decoder_layers
 from bridgelm.eval_folder import read_samples
 from bridgelm.grouped import KWARG, Groups
 from bridgelm.jsonl import write_atomic, write_json
-from bridgelm.metrics import bootstrap_ci
+from bridgelm.intervals import bootstrap_ci
 from bridgelm.train.batches import Row, pack_rows, response_logprobs
 
 # Similarity measures of `set_similarity`, each an F1 from rouge-score.

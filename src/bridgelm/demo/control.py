@@ -124,7 +124,7 @@ def stage_base(cfg: ControlConfig, dirs: ControlDirs, bf16: bool) -> dict:
 def stage_rl(demo, dirs: ControlDirs, seed: int) -> dict:
     """Blocks-only GRPO of fresh Bridge blocks of the demo's size (drawn from `seed`) on the hint model; `demo`: the
     DemoConfig."""
-    from bridgelm.demo.stages import rl_numbers, with_blocks
+    from bridgelm.demo.training import rl_numbers, with_blocks
     from bridgelm.models import load_model
     from bridgelm.tokenizer import load_tokenizer
     from bridgelm.train.rl import train_rl

@@ -9,7 +9,8 @@ import statistics
 from pathlib import Path
 
 from bridgelm.jsonl import read_records
-from bridgelm.metrics import g_pass_at_k, paired_difference, tau_threshold
+from bridgelm.intervals import paired_difference
+from bridgelm.metrics import g_pass_at_k, tau_threshold
 
 # z-scores of a two-sided 5% test and of 80% power: a difference of (Z_TEST + Z_POWER) standard errors is detected
 # 80% of the time

@@ -90,7 +90,7 @@ def stage_warmup(demo, dirs: RecipeDirs) -> dict:
 def stage_sft(demo, dirs: RecipeDirs, kind: str, seed: int) -> dict:
     """The SFT warm-up of block set `kind` from `seed` on the control's warm-up data, as the demo's (sft_config)."""
     from bridgelm.demo.config import sft_config
-    from bridgelm.demo.stages import with_blocks
+    from bridgelm.demo.training import with_blocks
     from bridgelm.models import load_model
     from bridgelm.tokenizer import load_tokenizer
     from bridgelm.train.sft import train_sft
@@ -105,7 +105,7 @@ def stage_rl(demo, dirs: RecipeDirs, arm: str, seed: int, lrs=None) -> dict:
     """The arm's GRPO recipe on the control's task and model, from its SFT blocks (or fresh ones)."""
     from bridgelm.blockfile import load_blocks
     from bridgelm.demo.config import sft_seed_of
-    from bridgelm.demo.stages import rl_numbers, with_blocks
+    from bridgelm.demo.training import rl_numbers, with_blocks
     from bridgelm.models import load_model
     from bridgelm.tokenizer import load_tokenizer
     from bridgelm.train.rl import train_rl

@@ -22,7 +22,7 @@ from bridgelm.demo.arms import ARMS, ORDER, PAPER_ARMS, TITLES
 from bridgelm.demo.numbers import entry, per_problem_accuracy, per_problem_sets, power
 from bridgelm.eval_folder import read_samples
 from bridgelm.jsonl import read_records, write_json
-from bridgelm.metrics import paired_difference
+from bridgelm.intervals import paired_difference
 
 __all__ = ["ORDER", "TITLES", "RunDirs", "demo_results", "paper_contrasts", "paper_effects", "power"]
 

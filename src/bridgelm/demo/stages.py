@@ -12,13 +12,12 @@ from pathlib import Path
 
 import torch
 
-from bridgelm.attach import add_seeded_blocks
 from bridgelm.blockfile import load_blocks
 from bridgelm.demo.config import DemoConfig, eval_config, rl_config, sft_config, sft_seed_of, trace_sampling
 from bridgelm.demo.arms import ARMS, TITLES
+from bridgelm.demo.training import rl_numbers, with_blocks
 from bridgelm.jsonl import read_records, write_json
 from bridgelm.models import load_model
-from bridgelm.rng import derive_seed
 from bridgelm.runs import list_checkpoints
 
 
@@ -60,19 +59,6 @@ def recorded(path: Path, stage, *args, **kwargs):
     payload = stage(*args, **kwargs)
     write_json(path, payload)
     return payload
-
-
-def with_blocks(model, kind: str, cfg: DemoConfig, placement: str = "ffn", seed: int = 0):
-    """Fresh blocks of the demo's size, drawn from `seed` (not from the global generator, whose state depends on
-    what this process ran before)."""
-    return add_seeded_blocks(
-        model,
-        kind,
-        derive_seed(seed, "demo-blocks", kind, placement),
-        num_heads=cfg.blocks.num_heads,
-        head_dim=cfg.blocks.head_dim,
-        placement=placement,
-    )
 
 
 def stage_warmup(ctx: Context) -> dict:
@@ -168,19 +154,6 @@ def stage_trace(ctx: Context, seed: int) -> dict:
         differ = sum(a != b for a, b in zip(drawn[1], drawn[cfg.eval.width])) / len(drawn[1])
         rows.append({"step": step, "w1": acc[1], f"w{cfg.eval.width}": acc[cfg.eval.width], "interaction": differ})
     return {"seed": seed, "width": cfg.eval.width, "points": rows}
-
-
-def rl_numbers(result) -> dict:
-    """What the RL stage records of its run (done.json): the final model and the reward of its first and last tenth."""
-    rewards = [h.get("reward") for h in result.history if h.get("reward") is not None]
-    head = rewards[: max(1, len(rewards) // 10)]
-    tail = rewards[-max(1, len(rewards) // 10) :]
-    return {
-        "final_dir": str(result.final_dir),
-        "steps": result.steps,
-        "first_reward": sum(head) / max(1, len(head)),
-        "last_reward": sum(tail) / max(1, len(tail)),
-    }
 
 
 def sft_summary(result: dict) -> str:
