@@ -31,6 +31,7 @@ from bridgelm.dist import Dist, all_reduce_sum, prepare_model, setup_distributed
 from bridgelm.engine import eos_ids, pad_id
 from bridgelm.evaluate import accuracy
 from bridgelm.jsonl import write_json
+from bridgelm.models import enable_checkpointing
 from bridgelm.runs import latest_checkpoint, local_source, model_fingerprint
 from bridgelm.train.loop import Run, control_of, settings_of
 from bridgelm.train.optim import gradient_parts, make_optimizer, make_scheduler
@@ -104,7 +105,7 @@ def _learner(model, tokenizer, cfg: RLConfig, run: Run, dist: Dist) -> Learner:
     model.to(dist.device)  # the rank's own device (dist.rank_device) before the reference is copied from it
     ref_model = _make_reference(model, cfg, dist)
     if cfg.gradient_checkpointing:
-        model.activation_checkpointing_enable()
+        enable_checkpointing(model)
     prepare_model(model, dist, cfg.fsdp, cfg.bf16)
     if run.resume_from is not None:
         load_checkpoint(model, run.resume_from, dist)  # under FSDP each rank reads its own shards
