@@ -20,7 +20,7 @@ from bridgelm.cli.common import (
     warn_slow_bf16,
 )
 from bridgelm.cli.fields import Flag, Nested, add_fields, add_groups, build
-from bridgelm.dist import DistConfig
+from bridgelm.dist import Dist, DistConfig
 from bridgelm.errors import UserError
 from bridgelm.engine import SamplingConfig
 from bridgelm.grpo import ADVANTAGES
@@ -42,7 +42,6 @@ def _load_task(name: str, path: str | None, split: str):
 
 
 def _cmd_warmup_data(args) -> None:
-    from bridgelm.dist import Dist
     from bridgelm.runs import local_source
     from bridgelm.train.warmup_data import make_warmup_data
 
@@ -84,7 +83,7 @@ def _join(model, launch: DistConfig) -> None:
 
 def _cmd_sft(args) -> None:
     from bridgelm import plan
-    from bridgelm.dist import Dist, teardown_distributed
+    from bridgelm.dist import teardown_distributed
     from bridgelm.train.sft import ensure_blocks, read_warmup, train_sft
 
     cfg, launch = build(SFTConfig, args), build(DistConfig, args)
@@ -125,7 +124,6 @@ def _plan_or_refuse(device, command: str, make_setup) -> None:
 def _rl_setup(model, tokenizer, task, cfg: RLConfig, dtype: str):
     """The plan's setup of an rl run; its prompts' length is the task's longest prompt."""
     from bridgelm import plan
-    from bridgelm.dist import Dist
     from bridgelm.engine import encode_prompts
 
     prompts = encode_prompts(tokenizer, [task.prompt(ex) for ex in task.examples], cfg.chat)
@@ -140,7 +138,7 @@ def _cmd_rl(args) -> None:
     from bridgelm.train.rl import train_rl
 
     cfg, launch = build(RLConfig, args), build(DistConfig, args)
-    cfg.validate()
+    cfg.validate(Dist.from_env().world)  # the launch's processes: refused before any model loads
     launch.validate()
     if args.blocks and (args.no_blocks or args.add):
         flag = "--no-blocks" if args.no_blocks else f"--add {args.add}"
