@@ -388,9 +388,13 @@ def check_fits(setup: Setup | SFTSetup, budget_gib: float) -> str:
     rows = plan_rows(setup)
     need = per_gpu(rows) / GIB
     if need > budget_gib:
-        parts = ", ".join(f"{name} {value / GIB:.1f}" for name, value in rows.items())
+        phase = max(phases(rows).items(), key=lambda kv: kv[1])[0]
+        held = ("weights", "optimiser", "reference", "rollout replica")
+        names = ("start-up",) if phase == "startup" else [n for n in rows if n in held or n in PHASES[phase]]
+        parts = ", ".join(f"{name} {rows[name] / GIB:.1f}" for name in names)
         raise UserError(
-            f"this run needs about {need:.1f} GiB per GPU ({parts}), more than the {budget_gib:.1f} GiB a GPU has: "
-            f"{setup.advice} (see bridgelm plan)"
+            f"this run needs about {need:.1f} GiB per GPU ({phase} phase: {parts}; overhead "
+            f"{rows['overhead'] / GIB:.1f}), more than the {budget_gib:.1f} GiB a GPU has: {setup.advice} "
+            "(see bridgelm plan)"
         )
     return table(setup, rows, budget_gib)

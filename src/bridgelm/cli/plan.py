@@ -108,7 +108,8 @@ def _command(args, cfg: RLConfig) -> list[str]:
         launch = ["torchrun", "--nproc_per_node", str(args.world_size), "-m", "bridgelm", "rl"]
     words = [*launch, "--model", args.model or "MODEL"]
     if args.add:
-        words += ["--add", args.add] + (["--num-heads", str(args.num_heads)] if args.num_heads != BlockConfig.num_heads else [])
+        words += ["--add", args.add]
+        words += ["--num-heads", str(args.num_heads)] if args.num_heads != BlockConfig.num_heads else []
     if args.dtype != "float32":
         words += ["--dtype", args.dtype]
     parser = argparse.ArgumentParser(add_help=False)
