@@ -9,6 +9,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import bridgelm
 from bridgelm import attention, packed
 from bridgelm.attention import fast_attention, matmul_attention
+from bridgelm.models import enable_checkpointing
 from bridgelm.train.batches import Row, forward_logits, pack_rows
 
 
@@ -109,7 +110,7 @@ def test_switch_is_used_for_bf16_on_cpu_and_restored(monkeypatch):
     with pytest.raises(RuntimeError), fast_attention(model):
         raise RuntimeError("boom")
     assert model.config._attn_implementation == "sdpa"
-    model.activation_checkpointing_enable()  # the backward's recomputation would run outside the context
+    enable_checkpointing(model)  # the backward's recomputation would run outside the context
     model.train()
     with fast_attention(model):
         assert model.config._attn_implementation == "sdpa"
@@ -145,7 +146,7 @@ def test_gradient_checkpointing_keeps_the_engines_decode_attention(monkeypatch):
     cfg = SamplingConfig(n=2, width=2, max_new_tokens=4, temperature=1.0, seed=3, pack_weights=False)
     model = bridgelm.add_bridge(tiny_model(dtype=torch.bfloat16))
     want = generate_ids(model, [[7, 8, 9]], cfg, [], 0)
-    model.activation_checkpointing_enable()
+    enable_checkpointing(model)
     model.train()
     queries.clear()
     got = generate_ids(model, [[7, 8, 9]], cfg, [], 0)

@@ -35,7 +35,8 @@ def by_hand(name: str) -> dict[str, float]:
     rows = min(64 // W * 8, 256, 262_144 // L) // 4 * 4  # a rank's 64 rollouts; 262144 tokens hold 56 rows
     assert rows == 56
     m = 1 * 4  # one group of 4 (a mini-batch holds 8 x 2 / 8 = 2 groups)
-    return {
+    buffers = 2 * (2**26 // V) * V * 4  # token_logprobs' two float32 chunk buffers (2^26 // V rows each)
+    rows_ = {
         "weights": P * 4 / W,
         "gradients": P * 4 / W,
         "optimiser": 2 * P * 4 / W,
@@ -43,8 +44,15 @@ def by_hand(name: str) -> dict[str, float]:
         "rollout replica": P * 2,  # the plain bf16 copy rollouts sample from (--fsdp --bf16), kept between steps
         "rollout model": 0,  # nothing gathered beside it
         "KV cache": n * 2 * kv * 128 * rows * L * 2,  # sampled in bf16
-        "activations": m * L * (n * h + 10 * h + 4 * i) * 2 + m * 4096 * V * 4 * 2,
+        # bf16 activations kept with checkpointing, and the bf16 logits of the 4096 response positions a row
+        "activations": m * L * (n * h + 10 * h + 4 * i) * 2 + m * 4096 * V * 2 + buffers,
+        "validation model": 0,  # validation samples from the bf16 copy too
+        "validation KV cache": n * 2 * kv * 128 * rows * L * 2,  # no --eval-limit: a full wave of 56 rows
+        "start-up": P * 4,  # the whole fp32 policy on each GPU before it is sharded
     }
+    held = rows_["weights"] + rows_["optimiser"] + rows_["reference"] + rows_["rollout replica"]
+    largest = held + max(rows_["KV cache"], rows_["gradients"] + rows_["activations"])
+    return {**rows_, "overhead": 1.5 * GIB + 0.05 * largest}
 
 
 @pytest.mark.parametrize("name", list(SHAPES))
@@ -55,10 +63,19 @@ def test_plan_matches_the_hand_calculation(name, capsys):
     want = by_hand(name)
     assert got["rows_gib"] == pytest.approx({k: v / GIB for k, v in want.items()}, rel=1e-12)
     held = want["weights"] + want["optimiser"] + want["reference"] + want["rollout replica"]
-    peak = held + max(want["KV cache"], want["gradients"] + want["activations"])
-    assert got["per_gpu_gib"] == pytest.approx(peak / GIB, rel=1e-12)
-    assert got["fits"] == (peak / GIB <= 80)
+    phases = {
+        "rollout": held + want["KV cache"],
+        "update": held + want["gradients"] + want["activations"],
+        "validation": held + want["validation KV cache"],
+        "startup": want["start-up"],
+    }
+    phases = {k: (v + want["overhead"]) / GIB for k, v in phases.items()}
+    assert got["phases_gib"] == pytest.approx(phases, rel=1e-12)
+    peak = max(phases.values())
+    assert got["per_gpu_gib"] == pytest.approx(peak, rel=1e-12)
+    assert got["fits"] == (peak <= 80)
     assert "| KV cache |" in "\n".join(out) and "waves of 56 rows x 4608 tokens" in out[0]
+    assert "| *validation* phase |" in "\n".join(out) and "| overhead |" in "\n".join(out)
 
 
 def test_the_paper_7b_fits_80_gib_only_with_care(capsys):
@@ -100,9 +117,9 @@ def test_blocks_are_counted_and_a_model_folder_is_read_for_its_config_only(tmp_p
 
     save_tiny_model_dir(tmp_path / "m")
     (tmp_path / "m" / "model.safetensors").unlink()  # only config.json is read
-    main(["plan", "--model", str(tmp_path / "m"), "--gpu-memory-gib", "1", "--json"])
+    main(["plan", "--model", str(tmp_path / "m"), "--gpu-memory-gib", "2", "--json"])  # 1.5 GiB of it the overhead
     plain = json.loads(capsys.readouterr().out.splitlines()[-1])
-    main(["plan", "--model", str(tmp_path / "m"), "--add", "bridge", "--gpu-memory-gib", "1", "--json"])
+    main(["plan", "--model", str(tmp_path / "m"), "--add", "bridge", "--gpu-memory-gib", "2", "--json"])
     added = json.loads(capsys.readouterr().out.splitlines()[-1])
     assert added["rows_gib"]["weights"] > plain["rows_gib"]["weights"] and plain["fits"]
 
@@ -116,6 +133,17 @@ def test_blocks_are_counted_and_a_model_folder_is_read_for_its_config_only(tmp_p
         (["--preset", "ds-qwen-7b", "--gpu-memory-gib", "-1"], "'-1' is not a positive number of GiB"),
         (["--preset", "nope", "--gpu-memory-gib", "80"], "--preset nope: expected one of ds-qwen-1.5b"),
         (["--gpu-memory-gib", "80"], "give one of --model and --preset"),
+        (["--preset", "ds-qwen-7b", "--fsdp", "--gpu-memory-gib", "80"], "fsdp=True shards the model over several "
+         "processes, but this run has 1: launch with torchrun --nproc_per_node N (N >= 2)"),  # fmt: skip
+        (["--preset", "ds-qwen-7b", "--max-batch-tokens", "2000", "--gpu-memory-gib", "80"],
+         "max_batch_tokens=2000 cannot hold one Bridge group of width=4 rows of max_new_tokens=512 tokens and a "
+         "prompt: expected at least 2052 (4 x (512 + 1))"),  # fmt: skip
+        (["--preset", "ds-qwen-7b", "--eval-width", "8", "--eval-n", "8", "--max-batch-tokens", "4000",
+          "--gpu-memory-gib", "80"], "cannot hold one Bridge group of eval_width=8 rows of eval_max_new_tokens=512"),
+        (["--preset", "ds-qwen-7b", "--max-batch-tokens", "9000", "--prompt-tokens", "3000",
+          "--gpu-memory-gib", "80"],
+         "rollouts: max_batch_tokens=9000 holds 2 rows of 3512 tokens, less than one Bridge group of 4: expected at "
+         "least 14048"),  # fmt: skip
     ],
 )
 def test_bad_input_is_one_line(monkeypatch, capsys, args, message):
@@ -148,7 +176,8 @@ def test_rl_on_cuda_prints_the_plan_and_refuses_a_run_that_cannot_fit(monkeypatc
     assert asked == ["cuda:3"] and "bridgelm rl: memory per GPU" in out and "of 80 (fits)" in out
     assert "x 10 tokens" in out  # the longest prompt ("5+3=": 4 tokens) + 6 new tokens
     monkeypatch.setattr(plan, "device_memory_gib", lambda device: 1e-6)
-    with pytest.raises(UserError, match=r"this run needs about 0.0 GiB per GPU \(weights 0.0, .*a GPU has"):
+    refused = r"needs about 1.5 GiB per GPU \(\w+ phase: weights 0.0, .*; overhead 1.5\), .*a GPU has"
+    with pytest.raises(UserError, match=refused):
         _plan_or_refuse("cuda:0", "rl", setup)
 
 
@@ -166,10 +195,13 @@ def test_sft_plan_matches_the_hand_calculation():
     cfg = SFTConfig(batch_groups=8, micro_batch_groups=2, max_width=4, max_length=2048, bf16=True)
     rows = plan.SFTSetup(plan.shape_of(model), cfg, world=8, dtype="float32").rows()
     m = 1 * 4  # a rank's share of 8 groups over 8 GPUs is one group (micro_batch_groups 2 bounded by it), 4 rows
-    acts = m * 2048 * n * (10 * h + 4 * i) * 2 + m * 2048 * V * 4 * 2  # bf16 activations, fp32 logits + log-softmax
-    want = {"weights": P * 4, "gradients": B * 4, "optimiser": 2 * B * 4, "activations": acts}
-    assert rows == pytest.approx({name: want.get(name, 0) for name in plan.ROWS}, rel=1e-12)
-    assert plan.per_gpu(rows) == pytest.approx(P * 4 + 2 * B * 4 + B * 4 + acts, rel=1e-12)
+    buffers = 2 * (2**26 // V) * V * 4  # token_logprobs' two float32 chunk buffers
+    acts = m * 2048 * n * (10 * h + 4 * i) * 2 + m * 2048 * V * 2 + buffers  # bf16 activations and logits
+    want = {"weights": P * 4, "gradients": B * 4, "optimiser": 2 * B * 4, "activations": acts, "start-up": P * 4}
+    peak = P * 4 + 2 * B * 4 + B * 4 + acts
+    want["overhead"] = 1.5 * GIB + 0.05 * peak
+    assert rows == pytest.approx({name: want.get(name, 0) for name in [*plan.ROWS, "overhead"]}, rel=1e-12)
+    assert plan.per_gpu(rows) == pytest.approx(peak + want["overhead"], rel=1e-12)
     text = plan.table(plan.SFTSetup(plan.shape_of(model), cfg, 8, "float32"), rows, 80)
     assert "micro-batches of 4 rows x 2048 tokens" in text and "(205.62M trained: the blocks)" in text
 
@@ -187,8 +219,8 @@ def test_sft_refuses_a_run_that_cannot_fit_before_training(tmp_path, monkeypatch
     said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("bridgelm sft")]
     assert err.value.code == 2 and len(said) == 1  # one line (besides transformers' loading bar)
     message = said[0]
-    head = r"bridgelm sft: error: this run needs about \d+\.\d GiB per GPU \(weights \d+\.\d, gradients \d+\.\d, "
-    assert re.match(head + r"optimiser .* activations \d+\.\d\)", message)
+    head = r"bridgelm sft: error: this run needs about \d+\.\d GiB per GPU \(update phase: weights \d+\.\d, "
+    assert re.match(head + r"gradients \d+\.\d, optimiser .* activations \d+\.\d; overhead \d+\.\d\)", message)
     assert "more than the 0.0 GiB a GPU has: lower --max-length or --micro-batch-groups" in message
     assert not (tmp_path / "sft" / "metrics.jsonl").exists()  # refused before any training
     monkeypatch.setattr(plan, "device_memory_gib", lambda device: 80.0)
@@ -196,3 +228,79 @@ def test_sft_refuses_a_run_that_cannot_fit_before_training(tmp_path, monkeypatch
     out = capsys.readouterr().out
     assert "bridgelm sft: memory per GPU (bridgelm plan)" in out and "of 80 (fits)" in out
     assert (tmp_path / "sft2" / "blocks.safetensors").is_file()
+
+
+def test_plan_recommends_the_bound_that_fills_one_wave_a_rank(capsys):
+    """The paper's 7B setting: a rank's 8 prompts x 8 rollouts are 64 rows, which the default bound (262144 tokens)
+    cuts into a wave of 56 and a tail of 8; the plan recommends 64 x 4608 = 294912 tokens, one wave, and the rl
+    command with it, whose own plan fits."""
+    main(["plan", "--preset", "ds-qwen-7b", *ARGS.split(), "--gpu-memory-gib", "80", "--json"])
+    out = capsys.readouterr().out.splitlines()
+    got = json.loads(out[-1])["recommended"]
+    assert got["waves"] == 1 and got["rows"] == 64 and got["max_batch_tokens"] == 64 * 4608
+    assert "one wave a rank: 64 rows x 4608 tokens, --max-batch-tokens 294912" in "\n".join(out)
+    command = got["command"].split()
+    assert command[:6] == ["torchrun", "--nproc_per_node", "8", "-m", "bridgelm", "rl"]
+    assert "--max-batch-tokens 294912" in got["command"] and f"recommended: {got['command']}" in out
+    again = [w for w in command[6:] if w not in ("--model", "MODEL", "--task", "TASK", "--out", "OUT")]
+    main(["plan", "--preset", "ds-qwen-7b", "--world-size", "8", "--prompt-tokens", "512", *again,
+          "--gpu-memory-gib", "80", "--json"])  # fmt: skip
+    planned = json.loads(capsys.readouterr().out.splitlines()[-1])
+    assert planned["fits"] and planned["per_gpu_gib"] == pytest.approx(got["per_gpu_gib"], rel=1e-12)
+    assert "waves" not in planned["recommended"] or planned["recommended"]["rows"] == 64
+
+
+def test_plan_recommends_bf16_rollouts_and_equal_waves_when_one_does_not_fit(capsys):
+    """One GPU sampling from its fp32 policy: the command adds --rollout-dtype bfloat16; when a rank's whole batch
+    does not fit, the fewest waves of whole prompts that fit."""
+    args = ["plan", "--preset", "ds-qwen-1.5b", "--prompts-per-step", "8", "--rollouts", "8", "--max-new-tokens",
+            "4096", "--beta", "0", "--bf16", "--gradient-checkpointing", "--micro-batch-groups", "1",
+            "--json"]  # fmt: skip
+    main([*args, "--gpu-memory-gib", "80"])
+    one = json.loads(capsys.readouterr().out.splitlines()[-1])["recommended"]
+    assert one["waves"] == 1 and one["rows"] == 64 and one["command"].startswith("bridgelm rl --model MODEL")
+    assert "--rollout-dtype bfloat16" in one["command"] and "--max-batch-tokens 294912" in one["command"]
+    from bridgelm.params import meta_model
+    from bridgelm.train.rl_config import RLConfig
+
+    cfg = RLConfig(prompts_per_step=8, beta=0, bf16=True, gradient_checkpointing=True, micro_batch_groups=1)
+    cfg.rollout.max_new_tokens = 4096
+    setup = plan.Setup(plan.shape_of(meta_model(preset="ds-qwen-1.5b")), cfg, 1, "float32", 512)
+    whole = plan.filled_waves(setup, 1e9)
+    assert whole.waves == 1 and whole.peak_gib == pytest.approx(one["per_gpu_gib"], rel=1e-12)
+    # 16 prompts and only blocks trained (the rollout phase the largest), a GPU just short of one wave's peak: two
+    # waves of 8 prompts x 8 rollouts
+    cfg.freeze_base, cfg.prompts_per_step = True, 16
+    whole = plan.filled_waves(setup, 1e9)
+    half = plan.filled_waves(setup, whole.peak_gib - 1e-6)
+    assert (whole.waves, whole.rows) == (1, 128)
+    assert (half.waves, half.rows, half.setup.cfg.rollout.max_batch_tokens) == (2, 64, 64 * 4608)
+    assert half.setup.cfg.rollout.max_batch_sequences == 64 and half.peak_gib < whole.peak_gib
+    assert plan.filled_waves(setup, 1.0) is None
+
+
+def test_validation_rows_follow_eval_limit_and_the_rollouts_bounds(capsys):
+    """Validation: a rank's share of --eval-limit problems x --eval-n rows, of prompt + --eval-max-new-tokens tokens,
+    under the rollouts' batch bounds; sampled from the bf16 copy when there is one, else gathered as the rollouts."""
+    V, h, i, n, kv = SHAPES["ds-qwen-1.5b"]
+    base = ["plan", "--preset", "ds-qwen-1.5b", "--world-size", "2", "--fsdp", "--gpu-memory-gib", "80", "--json"]
+    main([*base, "--eval-limit", "5", "--eval-n", "8", "--eval-width", "4", "--eval-max-new-tokens", "1024"])
+    rows = json.loads(capsys.readouterr().out.splitlines()[-1])["rows_gib"]
+    P = PUBLISHED["ds-qwen-1.5b"]
+    assert rows["validation model"] == pytest.approx(P * 4 / 2 / GIB)  # fp32 policy gathered: no bf16 copy
+    assert rows["validation KV cache"] == pytest.approx(n * 2 * kv * 128 * 24 * (512 + 1024) * 4 / GIB)  # 3 x 8 rows
+    main([*base, "--eval-max-new-tokens", "1024", "--max-batch-tokens", "20000", "--rollout-dtype", "bfloat16"])
+    rows = json.loads(capsys.readouterr().out.splitlines()[-1])["rows_gib"]
+    assert rows["validation model"] == 0  # the bf16 copy samples
+    assert rows["validation KV cache"] == pytest.approx(n * 2 * kv * 128 * 12 * 1536 * 2 / GIB)  # 20000 // 1536 = 13
+
+
+def test_rl_refuses_a_world_size_that_does_not_divide_before_the_model_loads(monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    with pytest.raises(SystemExit) as err:
+        main(["rl", "--model", str(tmp_path / "no-such-model"), "--task", "gsm8k", "--out", str(tmp_path / "o")])
+    said = capsys.readouterr().err.strip().splitlines()
+    assert err.value.code == 2 and len(said) == 1
+    assert "prompts_per_step=8 must be divisible by the 3 processes" in said[0]  # not the missing model folder

@@ -156,8 +156,8 @@ def test_first_minibatch_needs_no_old_logprob_pass(tmp_path, monkeypatch):
         return real_logprobs(model, rollouts, micro, cfg, pad_id, dist, with_entropy)
 
     ref_of = []
-    real_make = rl._make_reference
-    monkeypatch.setattr(rl, "_make_reference", lambda *a: ref_of.append(real_make(*a)) or ref_of[-1])
+    real_make = rl.make_reference
+    monkeypatch.setattr(rl, "make_reference", lambda *a: ref_of.append(real_make(*a)) or ref_of[-1])
     monkeypatch.setattr(update, "rollout_logprobs", every_group)
     slow = policy()
     train_rl(slow, TOK, TASK, cfg, tmp_path / "slow")
@@ -418,7 +418,7 @@ def test_freeze_base_trains_only_blocks(tmp_path):
 def test_plain_model_without_reference(tmp_path, monkeypatch):
     """No blocks and beta = 0: plain GRPO, no reference copy; one update per rollout batch."""
     copies = []
-    monkeypatch.setattr(rl, "copy", SimpleNamespace(deepcopy=lambda m: copies.append(m) or m))
+    monkeypatch.setattr(rl, "skeleton", lambda m: copies.append(m) or m)
     model = policy(blocks=False)
     before = _params(model)
     res = train_rl(model, TOK, TASK, replace(CFG, steps=2, beta=0.0, steps_per_rollout=1), tmp_path)

@@ -211,6 +211,34 @@ def test_response_logprobs_match_grouped_logits(arch, temperature):
         assert torch.allclose(got.entropy[b, :n], ent, atol=1e-5)
 
 
+def test_forward_logits_runs_the_head_on_response_positions_only():
+    """The head reads only the [N, H] hidden states of `batch.predict` (in every transformers 5 release, 5.17's models
+    refusing a 2D logits_to_keep), giving exactly what the 2D boolean logits_to_keep gives where transformers has it;
+    the hook is gone afterwards, also after an error."""
+    import transformers.modeling_utils as mu
+
+    model = randomize_blocks(bridgelm.add_bridge(tiny_model()))
+    batch = batches.pack_rows(_rows(), pad_id=0)
+    seen = []
+    head = model.get_output_embeddings()
+    head.register_forward_hook(lambda m, args, out: seen.append(tuple(args[0].shape)))
+    got = batches.forward_logits(model, batch)
+    assert seen == [(batch.tokens, model.config.hidden_size)] and got.shape == (batch.tokens, 97)
+    full = bridgelm.grouped_logits(model, batch.input_ids, batch.attention_mask, batch.group_ids)
+    assert torch.allclose(got, full[batch.predict], atol=1e-5)
+    if hasattr(mu, "slice_logits_to_keep"):  # transformers >= 5.23: its own 2D boolean form
+        with torch.no_grad():
+            groups = bridgelm.grouped.Groups.build(batch.group_ids, batch.attention_mask)
+            kept = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False,
+                         logits_to_keep=batch.predict, **{bridgelm.grouped.KWARG: groups}).logits
+        assert torch.equal(got.detach(), kept)
+    with pytest.raises(RuntimeError, match="boom"), batches._head_sees_only(model, batch.predict):
+        raise RuntimeError("boom")
+    seen.clear()
+    model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
+    assert seen == [(5, 10, model.config.hidden_size)]  # the whole sequence again: no hook left behind
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("temperature", [1.0, 0.6])
 @pytest.mark.parametrize("with_entropy", [True, False])

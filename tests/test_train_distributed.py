@@ -130,6 +130,19 @@ def test_fsdp_rollouts_from_the_bf16_replica_are_those_of_the_unsharded_bf16_cop
         assert [h["reward"] for h in plain["history"]] == [h["reward"] for h in fsdp["history"]]
 
 
+def test_validation_samples_from_the_bf16_copy_and_the_reference_is_resharded(two_procs):
+    """With a rollout copy, validation samples from it (under FSDP no gathered fp32 policy beside it), sharded or
+    not, and accuracy is the same; under FSDP the reference's root, which FSDP2 leaves gathered after a forward
+    (reshard_after_forward=False, and it runs no backward), is sharded again after every update."""
+    for r in range(2):
+        plain = json.loads((two_procs / f"bf16_copy_plain_rank{r}.json").read_text())
+        fsdp = json.loads((two_procs / f"bf16_copy_fsdp_rank{r}.json").read_text())
+        for run in (plain, fsdp):
+            assert run["validated"] == [{"dtype": "torch.bfloat16", "policy": False}]
+        assert plain["history"][-1]["val_accuracy"] == fsdp["history"][-1]["val_accuracy"]
+        assert fsdp["ref_gathered"] == [0, 0]  # no parameter of the reference left unsharded
+
+
 MICRO = Path(__file__).parent / "dist_scripts" / "fsdp_micro.py"
 
 

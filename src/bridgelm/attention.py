@@ -124,7 +124,10 @@ def wins(model) -> bool:
     config = getattr(model, "config", None)
     if config is None or getattr(config, "_attn_implementation", None) != "sdpa":
         return False
-    if getattr(model, "is_activation_checkpointing", False) and model.training and torch.is_grad_enabled():
+    # the layers' own flag, which transformers 5.17 (is_gradient_checkpointing) and 5.23 (is_activation_checkpointing)
+    # both read
+    checkpointing = any(getattr(m, "gradient_checkpointing", False) for m in model.modules())
+    if checkpointing and model.training and torch.is_grad_enabled():
         return False
     param = next(model.parameters(), None)
     if param is not None and param.device.type == "cuda":

@@ -51,6 +51,14 @@ def load_model(name_or_path: str, blocks: str | os.PathLike | None = None, dtype
     return model
 
 
+def enable_checkpointing(model: nn.Module) -> None:
+    """Recompute each decoder layer in the backward (non-reentrant activation checkpointing). transformers 5.23 calls
+    it `activation_checkpointing_enable` (`gradient_checkpointing_enable` a deprecated alias); 5.17 has only the
+    latter. Chosen by which the model has, not by a version string."""
+    enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+    enable({"use_reentrant": False})
+
+
 def check_device(device: str | torch.device) -> None:
     """UserError unless `device` names a device of this machine (cpu, cuda:i with i < the GPU count, mps, meta)."""
     try:

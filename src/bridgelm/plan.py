@@ -7,7 +7,8 @@ size, i intermediate size, n layers, V vocabulary, L = prompt tokens + max_new_t
 - weights         P x b, / W under FSDP (each rank holds a shard)
 - gradients       T x b, / W under FSDP (freed by the optimiser step: held during the update only)
 - optimiser       AdamW's two moments, T x b each (fp32 with the default --dtype float32), / W under FSDP
-- reference       beta > 0: a frozen copy of the policy, P x b, / W under FSDP
+- reference       beta > 0: a frozen copy of the policy, P x b, / W under FSDP (copied shard by shard after the
+                  policy is sharded, train/reference.py; its root resharded after each pass)
 - rollout replica the copy the rollouts sample from (RLConfig.replica_dtype: rollout_dtype, or bf16 under --fsdp
                   --bf16), P x its bytes, kept between steps (rollouts.RolloutPolicy; with or without FSDP)
 - rollout model   without a replica under FSDP, what sampling gathers: the rest of the model in fp32,
@@ -18,15 +19,28 @@ size, i intermediate size, n layers, V vocabulary, L = prompt tokens + max_new_t
 - activations     of one micro-batch of m rows (micro_batch_groups x w, bounded by a mini-batch's groups and by
                   micro_batch_tokens / L, whole groups, at least one): m x L x a x (n x (10 h + 4 i)) values kept for
                   the backward, or with gradient checkpointing m x L x a x (n x h + 10 h + 4 i) (every layer's
-                  input, one layer recomputed), a the bytes of the compute dtype (2 under --bf16); plus the response
-                  tokens' logits in fp32 and their log-softmax: m x max_new_tokens x V x 4 x 2. (10 h + 4 i: the
-                  layer's norms, q/k/v, attention output, projections and residuals, and the SwiGLU's gate, up,
-                  activation and product; attention scores are not kept by sdpa.)
+                  input, one layer recomputed), a the bytes of the compute dtype (2 under --bf16); plus the logits
+                  of the response positions only, as train/batches.py keeps them: m x max_new_tokens x V x a (their
+                  gradient is written over them), and two float32 chunk buffers of 2^26 values (batches.chunk_rows)
+                  at most. (10 h + 4 i: the layer's norms, q/k/v, attention output, projections and residuals, and
+                  the SwiGLU's gate, up, activation and product; attention scores are not kept by sdpa.)
+- validation model   what validation samples with beside what is held: the rollout replica when there is one
+                  (nothing more), else as the rollout model (rl._validate samples as the rollouts are)
+- validation KV cache  as the KV cache, for a wave of validation rows (eval_n per problem, a rank's share of
+                  eval_limit problems when given) of prompt tokens + the validation's max_new_tokens, under the
+                  rollouts' batch bounds (rl_config.validation_sampling)
+- start-up        the whole policy on each GPU before it is sharded, P x b (without FSDP with its reference: the
+                  weights and reference rows again; the optimiser's state comes at the first step)
+- overhead        stated margin for what no tensor of ours holds: 1.5 GiB (CUDA context with its kernels and
+                  cuBLAS workspaces, NCCL buffers, the compiled decode's CUDA graphs) plus 5% of the largest phase
+                  (the allocator's fragmentation)
 
-The run holds weights, optimiser, reference and rollout replica throughout, and at a time either the rollout phase
-(rollout model and KV cache) or the update phase (gradients and activations): per GPU = weights + optimiser +
-reference + rollout replica + max(rollout model + KV cache, gradients + activations). Decode-step logits, the
-allocator's fragmentation and CUDA's own context (~0.5 GiB) are not counted.
+The run holds weights, optimiser, reference and rollout replica throughout, and at a time one phase:
+  rollout    = held + rollout model + KV cache
+  update     = held + gradients + activations
+  validation = held + validation model + validation KV cache
+  startup    = start-up
+each plus the overhead; per GPU = the largest phase. Decode-step logits are not counted.
 
 SFT (`SFTSetup`: every rank holds the whole model, no FSDP) trains the blocks alone (T = the blocks' parameters,
 B): weights P x b, gradients B x b, optimiser 2 x B x b, no reference, replica or rollouts; activations as above
@@ -51,6 +65,9 @@ if TYPE_CHECKING:
 
 GIB = 2**30
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+OVERHEAD_BYTES = 1.5 * GIB  # CUDA context, NCCL buffers, CUDA graphs (the docstring's "overhead")
+FRAGMENTATION = 0.05  # of the largest phase
+CHUNK_VALUES = 2**26  # float32 values of one of token_logprobs' chunk buffers on an accelerator (batches.chunk_rows)
 
 
 @dataclass
@@ -110,8 +127,8 @@ class Setup:
     )
 
     def rows(self) -> dict[str, float]:
-        """Each row's bytes on one GPU."""
-        return {name: fn(self) for name, fn in ROWS.items()}
+        """Each row's bytes on one GPU, the overhead last."""
+        return with_overhead({name: fn(self) for name, fn in ROWS.items()})
 
     def head(self) -> str:
         where = f"{self.world} GPU(s), {'FSDP' if self.cfg.fsdp else 'replicated'}, {self.dtype}"
@@ -146,18 +163,62 @@ def rollout_model(setup: Setup) -> float:
     return setup.shape.params * setup.bytes * (setup.world - 1) / setup.world
 
 
+def wave_rows(total: int | None, s, row_tokens: int, what: str) -> int:
+    """Rows of the largest wave of `total` rows (None: unbounded) under SamplingConfig `s`'s batch bounds, in whole
+    groups of s.width; ValueError, with the numbers, when a wave cannot hold one group."""
+    fit = min(s.max_batch_sequences, s.max_batch_tokens // row_tokens)
+    if fit < s.width:
+        raise ValueError(
+            f"{what}: max_batch_tokens={s.max_batch_tokens} holds {fit} rows of {row_tokens} tokens, less than one "
+            f"Bridge group of {s.width}: expected at least {s.width * row_tokens}"
+        )
+    rows = fit if total is None else min(total, fit)
+    return rows // s.width * s.width
+
+
+def rank_rollouts(setup: Setup) -> int:
+    """A rank's rollouts a step: its prompts x G."""
+    return setup.cfg.prompts_per_step // setup.world * setup.cfg.rollout.n
+
+
 def rollout_rows(setup: Setup) -> int:
     """Rows of the largest wave a rank decodes: its rollouts, bounded by the batch bounds, in whole groups."""
-    s, w = setup.cfg.rollout, setup.cfg.rollout.width
-    rollouts = setup.cfg.prompts_per_step // setup.world * s.n
-    rows = min(rollouts, s.max_batch_sequences, s.max_batch_tokens // setup.row_tokens)
-    return max(w, rows // w * w)
+    return wave_rows(rank_rollouts(setup), setup.cfg.rollout, setup.row_tokens, "rollouts")
+
+
+def _cache(setup: Setup, rows: int, tokens: int) -> float:
+    s = setup.shape
+    cache_bytes = DTYPE_BYTES[setup.cfg.replica_dtype() or setup.dtype]
+    return s.layers * 2 * s.kv_heads * s.head_dim * rows * tokens * cache_bytes
 
 
 def kv_cache(setup: Setup) -> float:
-    s = setup.shape
-    cache_bytes = DTYPE_BYTES[setup.cfg.replica_dtype() or setup.dtype]
-    return s.layers * 2 * s.kv_heads * s.head_dim * rollout_rows(setup) * setup.row_tokens * cache_bytes
+    return _cache(setup, rollout_rows(setup), setup.row_tokens)
+
+
+def _validation(setup: Setup):
+    """The validation's SamplingConfig and its row tokens."""
+    v = setup.cfg.validation_sampling()
+    return v.sampling(v.width), setup.prompt_tokens + v.max_new_tokens, v.limit
+
+
+def validation_rows(setup: Setup) -> int:
+    s, tokens, limit = _validation(setup)
+    total = None if limit is None else -(-limit // setup.world) * s.n  # a rank's share of the problems
+    return wave_rows(total, s, tokens, "validation")
+
+
+def validation_model(setup: Setup) -> float:
+    return rollout_model(setup)  # validation samples as the rollouts do (rl._validate)
+
+
+def validation_kv_cache(setup: Setup) -> float:
+    return _cache(setup, validation_rows(setup), _validation(setup)[1])
+
+
+def startup(setup: Setup) -> float:
+    whole = setup.shape.params * setup.bytes  # the policy before it is sharded
+    return whole if setup.cfg.fsdp else whole + reference(setup)
 
 
 def micro_rows(setup: Setup) -> int:
@@ -179,12 +240,13 @@ def activations(setup: Setup) -> float:
 
 
 def activation_bytes(s: Shape, m: int, tokens: int, scored: int, checkpointing: bool, compute_bytes: int) -> float:
-    """What a micro-batch of m rows of `tokens` tokens keeps for its backward, with the fp32 logits (and their
-    log-softmax) of `scored` tokens a row."""
+    """What a micro-batch of m rows of `tokens` tokens keeps for its backward, with the logits of `scored` tokens a
+    row in the compute dtype and two float32 chunk buffers of token_logprobs (at most the logits' rows each)."""
     layer = 10 * s.hidden + 4 * s.intermediate  # values a token keeps in one layer
     per_token = s.layers * s.hidden + layer if checkpointing else s.layers * layer
-    logits = m * scored * s.vocab * 4 * 2
-    return m * tokens * per_token * compute_bytes + logits
+    logits = m * scored * s.vocab * compute_bytes
+    buffers = 2 * min(max(1, CHUNK_VALUES // s.vocab), m * scored) * s.vocab * 4
+    return m * tokens * per_token * compute_bytes + logits + buffers
 
 
 ROWS = {  # row name -> its function, in the table's order
@@ -196,6 +258,14 @@ ROWS = {  # row name -> its function, in the table's order
     "rollout model": rollout_model,
     "KV cache": kv_cache,
     "activations": activations,
+    "validation model": validation_model,
+    "validation KV cache": validation_kv_cache,
+    "start-up": startup,
+}
+PHASES = {  # phase -> its rows besides what is held throughout (weights, optimiser, reference, rollout replica)
+    "rollout": ("rollout model", "KV cache"),
+    "update": ("gradients", "activations"),
+    "validation": ("validation model", "validation KV cache"),
 }
 
 
@@ -221,7 +291,7 @@ class SFTSetup:
         acts = activation_bytes(s, self.micro_rows(), cfg.max_length, cfg.max_length, cfg.gradient_checkpointing,
                                 compute_bytes)  # fmt: skip
         trained = {"weights": s.params * b, "gradients": s.blocks * b, "optimiser": 2 * s.blocks * b}
-        return {**dict.fromkeys(ROWS, 0.0), **trained, "activations": acts}
+        return with_overhead({**dict.fromkeys(ROWS, 0.0), **trained, "activations": acts, "start-up": s.params * b})
 
     def head(self) -> str:
         where = f"{self.world} GPU(s), each the whole model, {self.dtype}"
@@ -234,20 +304,74 @@ def plan_rows(setup: Setup | SFTSetup) -> dict[str, float]:
     return setup.rows()
 
 
-def per_gpu(rows: dict[str, float]) -> float:
-    """The peak on one GPU: what is always held, plus the larger of the rollout and the update phase."""
+def _tensor_phases(rows: dict[str, float]) -> dict[str, float]:
     held = rows["weights"] + rows["optimiser"] + rows["reference"] + rows["rollout replica"]
-    return held + max(rows["rollout model"] + rows["KV cache"], rows["gradients"] + rows["activations"])
+    out = {name: held + sum(rows[r] for r in parts) for name, parts in PHASES.items()}
+    return {**out, "startup": rows["start-up"]}
+
+
+def with_overhead(rows: dict[str, float]) -> dict[str, float]:
+    """`rows` and the overhead row: the stated margin plus the allocator's share of the largest phase."""
+    return {**rows, "overhead": OVERHEAD_BYTES + FRAGMENTATION * max(_tensor_phases(rows).values())}
+
+
+def phases(rows: dict[str, float]) -> dict[str, float]:
+    """Bytes on one GPU in each phase (rollout, update, validation, startup), the overhead included."""
+    return {name: value + rows["overhead"] for name, value in _tensor_phases(rows).items()}
+
+
+def per_gpu(rows: dict[str, float]) -> float:
+    """The peak on one GPU: the largest phase."""
+    return max(phases(rows).values())
 
 
 def table(setup: Setup | SFTSetup, rows: dict[str, float], budget_gib: float | None) -> str:
-    """The plan as a markdown table in GiB, with the total and the verdict against `budget_gib`."""
+    """The plan as a markdown table in GiB: the rows, each phase, and the peak with the verdict against
+    `budget_gib`."""
     lines = ["| per GPU | GiB |", "|---|---|"]
     lines += [f"| {name} | {value / GIB:.2f} |" for name, value in rows.items()]
+    lines += [f"| *{name}* phase | {value / GIB:.2f} |" for name, value in phases(rows).items()]
     total = per_gpu(rows) / GIB
     verdict = "" if budget_gib is None else f" of {budget_gib:g} ({'fits' if total <= budget_gib else 'does not fit'})"
-    lines.append(f"| **peak** (held + larger phase) | **{total:.2f}**{verdict} |")
+    lines.append(f"| **peak** (the largest phase) | **{total:.2f}**{verdict} |")
     return setup.head() + "\n" + "\n".join(lines)
+
+
+@dataclass
+class Waves:
+    """Batch bounds under which each rank decodes its rollouts in `waves` waves of `rows` rows (whole prompts)."""
+
+    waves: int  # waves a rank decodes a step (1: its whole rollout batch at once)
+    rows: int  # rows of each (the last may hold fewer prompts)
+    setup: Setup  # the run with these bounds (max_batch_sequences >= rows, max_batch_tokens = rows x L)
+
+    @property
+    def peak_gib(self) -> float:
+        return per_gpu(self.setup.rows()) / GIB
+
+
+def filled_waves(setup: Setup, budget_gib: float) -> Waves | None:
+    """The batch bounds that fill a rank's waves: one wave of all its rollouts when that fits `budget_gib`, else the
+    fewest waves of as many whole prompts each that fit (no tail wave of a few rows decoding alone). Rollouts are
+    sampled from a bf16 copy unless the run names another (rollout_dtype). None: not even a wave of one prompt fits."""
+    from dataclasses import replace
+
+    cfg = setup.cfg
+    cfg = replace(cfg, rollout_dtype=cfg.rollout_dtype or ("bfloat16" if cfg.replica_dtype() is None else None))
+    prompts = cfg.prompts_per_step // setup.world
+    tried = set()
+    for waves in range(1, prompts + 1):
+        rows = -(-prompts // waves) * cfg.rollout.n  # ceil: whole prompts a wave
+        if rows in tried:
+            continue
+        tried.add(rows)
+        bounds = {"max_batch_sequences": max(rows, cfg.rollout.max_batch_sequences) if waves == 1 else rows,
+                  "max_batch_tokens": rows * setup.row_tokens}  # fmt: skip
+        candidate = replace(setup, cfg=replace(cfg, rollout=replace(cfg.rollout, **bounds)))
+        found = Waves(-(-prompts // (rows // cfg.rollout.n)), rows, candidate)
+        if found.peak_gib <= budget_gib:
+            return found
+    return None
 
 
 def device_memory_gib(device: str | torch.device = "cuda:0") -> float | None:
@@ -264,9 +388,13 @@ def check_fits(setup: Setup | SFTSetup, budget_gib: float) -> str:
     rows = plan_rows(setup)
     need = per_gpu(rows) / GIB
     if need > budget_gib:
-        parts = ", ".join(f"{name} {value / GIB:.1f}" for name, value in rows.items())
+        phase = max(phases(rows).items(), key=lambda kv: kv[1])[0]
+        held = ("weights", "optimiser", "reference", "rollout replica")
+        names = ("start-up",) if phase == "startup" else [n for n in rows if n in held or n in PHASES[phase]]
+        parts = ", ".join(f"{name} {rows[name] / GIB:.1f}" for name in names)
         raise UserError(
-            f"this run needs about {need:.1f} GiB per GPU ({parts}), more than the {budget_gib:.1f} GiB a GPU has: "
-            f"{setup.advice} (see bridgelm plan)"
+            f"this run needs about {need:.1f} GiB per GPU ({phase} phase: {parts}; overhead "
+            f"{rows['overhead'] / GIB:.1f}), more than the {budget_gib:.1f} GiB a GPU has: {setup.advice} "
+            "(see bridgelm plan)"
         )
     return table(setup, rows, budget_gib)

@@ -9,7 +9,6 @@ rank 0, OUT/{name}.pt: the gathered weights after 2 rollout batches of 2 mini-ba
     torchrun --nproc_per_node 4 tests/dist_scripts/fsdp_micro.py OUT_DIR
 """
 
-import copy
 import json
 import os
 import sys
@@ -24,7 +23,7 @@ import torch  # noqa: E402
 from rl_dist import model_and_tokenizer  # noqa: E402
 
 from bridgelm.dist import Dist, full_state_dict, prepare_model, setup_distributed, teardown_distributed  # noqa: E402
-from bridgelm.train import batches, rl_config, update  # noqa: E402
+from bridgelm.train import batches, reference, rl_config, update  # noqa: E402
 from bridgelm.train.optim import make_optimizer, make_scheduler  # noqa: E402
 from bridgelm.train.rollouts import Rollouts  # noqa: E402
 
@@ -52,10 +51,10 @@ def rollouts_of(dist: Dist, tok) -> Rollouts:
 
 def learner(cfg: rl_config.RLConfig, dist: Dist) -> update.Learner:
     model, _ = model_and_tokenizer()
-    ref = copy.deepcopy(model).requires_grad_(False) if cfg.beta > 0 else None
+    ref = reference.skeleton(model) if cfg.beta > 0 else None  # as train_rl makes it
     prepare_model(model, dist, fsdp=True)
     if ref is not None:
-        prepare_model(ref, replace(dist), fsdp=True)
+        ref = reference.make_reference(ref, model, dist, cfg.bf16)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = make_optimizer(params, cfg.lr)
     return update.Learner(model, ref, params, optimizer, make_scheduler(optimizer, 4, 0.0, "constant"), {})

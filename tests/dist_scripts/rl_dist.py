@@ -162,15 +162,35 @@ def replica_against_gathered(dist: Dist) -> dict:
 
 
 def train_with_bf16_copy(dist: Dist, out: Path, fsdp: bool) -> dict:
-    """A 2-step run sampling from a bf16 copy (rollout_dtype), sharded or not: each step's rollouts on this rank
-    (token ids), and the dtype of the model that sampled them."""
+    """A 2-step run sampling from a bf16 copy (rollout_dtype), sharded or not, validated after the last step: each
+    step's rollouts on this rank (token ids), and the dtype of the model that sampled them; the model validation
+    sampled with; and after each update whether the reference held a gathered (not sharded) parameter."""
     from test_rl import CFG, TASK
+    from torch.distributed.tensor import DTensor
 
     model, tok = model_and_tokenizer()
+    limit4 = replace(CFG.validation, limit=4)
     cfg = replace(CFG, steps=2, prompts_per_step=4, fsdp=fsdp, rollout_dtype="bfloat16", save_every=0)
-    with rollouts_seen() as seen:
-        res = rl.train_rl(model, tok, TASK, cfg, out)
-    return {"steps": seen, "history": res.history}
+    cfg = replace(cfg, validation=limit4)
+    validated, gathered = [], []
+    real_accuracy, real_update = rl.accuracy, rl.update_policy
+
+    def accuracy(sampler, *args):
+        validated.append({"dtype": str(next(sampler.parameters()).dtype), "policy": sampler is model})
+        return real_accuracy(sampler, *args)
+
+    def update_policy(learner, *args):
+        sums = real_update(learner, *args)
+        gathered.append(sum(not isinstance(p, DTensor) for p in learner.ref_model.parameters()))
+        return sums
+
+    rl.accuracy, rl.update_policy = accuracy, update_policy
+    try:
+        with rollouts_seen() as seen:
+            res = rl.train_rl(model, tok, TASK, cfg, out, val_task=TASK)
+    finally:
+        rl.accuracy, rl.update_policy = real_accuracy, real_update
+    return {"steps": seen, "history": res.history, "validated": validated, "ref_gathered": gathered}
 
 
 @contextmanager

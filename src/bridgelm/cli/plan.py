@@ -1,4 +1,5 @@
-"""bridgelm plan: per-GPU memory of a GRPO run before it starts (the arithmetic is bridgelm.plan's).
+"""bridgelm plan: per-GPU memory of a GRPO run before it starts (the arithmetic is bridgelm.plan's), and the batch
+bound that fills a rank's waves, with the `bridgelm rl` command that uses it.
 
     bridgelm plan --model M --world-size 8 --fsdp --gpu-memory-gib 80 --json
     bridgelm plan --preset ds-qwen-7b --world-size 8 --fsdp --max-new-tokens 4096 --gpu-memory-gib 80
@@ -12,7 +13,7 @@ import json
 from bridgelm.blocks import KINDS, BlockConfig
 from bridgelm.cli.common import positive_int
 from bridgelm.cli.fields import add_fields, build
-from bridgelm.cli.train import ROLLOUT_FLAGS
+from bridgelm.cli.train import ROLLOUT_FLAGS, VALIDATION_FLAGS
 from bridgelm.errors import UserError
 from bridgelm.train.rl_config import RLConfig
 
@@ -29,6 +30,7 @@ PLAN_FIELDS = [
     "bf16",
     "gradient_checkpointing",
     "fsdp",
+    "validation",
 ]
 
 
@@ -70,9 +72,59 @@ def _cmd_plan(args) -> None:
     rows = plan.plan_rows(setup)
     total = plan.per_gpu(rows) / plan.GIB
     print(plan.table(setup, rows, budget))
+    waves = plan.filled_waves(setup, budget)
+    print(_recommendation(args, waves, budget))
     if args.json:
         gib = {name: value / plan.GIB for name, value in rows.items()}
-        print(json.dumps({"per_gpu_gib": total, "fits": total <= budget, "gpu_memory_gib": budget, "rows_gib": gib}))
+        phases = {name: value / plan.GIB for name, value in plan.phases(rows).items()}
+        out = {"per_gpu_gib": total, "fits": total <= budget, "gpu_memory_gib": budget, "phases_gib": phases}
+        print(json.dumps({**out, "rows_gib": gib, "recommended": _recommended_json(args, waves)}))
+
+
+def _recommendation(args, waves, budget: float) -> str:
+    """The batch bound that fills a rank's waves, in words, and the command that uses it."""
+    if waves is None:
+        return f"no batch bound fits {budget:g} GiB, not even with one prompt's rollouts a wave"
+    s = waves.setup
+    what = "one wave a rank" if waves.waves == 1 else f"{waves.waves} waves a rank, of whole prompts"
+    line = f"{what}: {waves.rows} rows x {s.row_tokens} tokens, --max-batch-tokens {s.cfg.rollout.max_batch_tokens}"
+    line += f" (peak {waves.peak_gib:.2f} GiB of {budget:g})"
+    return line + "\nrecommended: " + " ".join(_command(args, s.cfg))
+
+
+def _recommended_json(args, waves) -> dict | None:
+    if waves is None:
+        return None
+    r = waves.setup.cfg.rollout
+    bounds = {"max_batch_tokens": r.max_batch_tokens, "max_batch_sequences": r.max_batch_sequences}
+    command = " ".join(_command(args, waves.setup.cfg))
+    return {"waves": waves.waves, "rows": waves.rows, **bounds, "per_gpu_gib": waves.peak_gib, "command": command}
+
+
+def _command(args, cfg: RLConfig) -> list[str]:
+    """`bridgelm rl` with `cfg`'s memory settings that differ from rl's defaults (flags as rl spells them)."""
+    launch = ["bridgelm", "rl"]
+    if args.world_size > 1:
+        launch = ["torchrun", "--nproc_per_node", str(args.world_size), "-m", "bridgelm", "rl"]
+    words = [*launch, "--model", args.model or "MODEL"]
+    if args.add:
+        words += ["--add", args.add]
+        words += ["--num-heads", str(args.num_heads)] if args.num_heads != BlockConfig.num_heads else []
+    if args.dtype != "float32":
+        words += ["--dtype", args.dtype]
+    parser = argparse.ArgumentParser(add_help=False)
+    add_fields(parser, RLConfig, only=PLAN_FIELDS, rollout=ROLLOUT_FLAGS, validation=VALIDATION_FLAGS)
+    for action in parser._actions:
+        value = cfg
+        for part in action.dest.split("."):
+            value = getattr(value, part)
+        if value == action.default:
+            continue
+        if isinstance(action, argparse.BooleanOptionalAction):
+            words.append(action.option_strings[0 if value else 1])
+        else:
+            words += [action.option_strings[0], str(value)]
+    return words + ["--task", "TASK", "--out", "OUT"]
 
 
 def add_commands(sub) -> None:
@@ -86,5 +138,5 @@ def add_commands(sub) -> None:
     p.add_argument("--prompt-tokens", type=positive_int, default=512, help="the longest prompt's tokens (default: 512)")
     p.add_argument("--gpu-memory-gib", type=_gib, help="memory of one GPU (default: this machine's first GPU's)")
     p.add_argument("--json", action="store_true", help="also one JSON object on the last line")
-    add_fields(p, RLConfig, only=PLAN_FIELDS, rollout=ROLLOUT_FLAGS)
+    add_fields(p, RLConfig, only=PLAN_FIELDS, rollout=ROLLOUT_FLAGS, validation=VALIDATION_FLAGS)
     p.set_defaults(func=_cmd_plan)

@@ -22,7 +22,7 @@ from bridgelm.cli.common import (
 )
 from bridgelm.cli.fields import Flag, Nested, add_fields, add_groups, build
 from bridgelm.cli.fit import fit_steps_per_rollout, flag_names, in_flags
-from bridgelm.dist import DistConfig
+from bridgelm.dist import Dist, DistConfig
 from bridgelm.errors import UserError
 from bridgelm.engine import SamplingConfig
 from bridgelm.grpo import ADVANTAGES
@@ -44,7 +44,6 @@ def _load_task(name: str, path: str | None, split: str):
 
 
 def _cmd_warmup_data(args) -> None:
-    from bridgelm.dist import Dist
     from bridgelm.runs import local_source
     from bridgelm.train.warmup_data import make_warmup_data
 
@@ -86,7 +85,7 @@ def _join(model, launch: DistConfig) -> None:
 
 def _cmd_sft(args) -> None:
     from bridgelm import plan
-    from bridgelm.dist import Dist, teardown_distributed
+    from bridgelm.dist import teardown_distributed
     from bridgelm.tokenizer import check_vocab
     from bridgelm.train.sft import ensure_blocks, read_warmup, train_sft
 
@@ -129,7 +128,6 @@ def _plan_or_refuse(device, command: str, make_setup) -> None:
 def _rl_setup(model, tokenizer, task, cfg: RLConfig, dtype: str):
     """The plan's setup of an rl run; its prompts' length is the task's longest prompt."""
     from bridgelm import plan
-    from bridgelm.dist import Dist
     from bridgelm.engine import encode_prompts
 
     prompts = encode_prompts(tokenizer, [task.prompt(ex) for ex in task.examples], cfg.chat)
@@ -139,14 +137,15 @@ def _rl_setup(model, tokenizer, task, cfg: RLConfig, dtype: str):
 def _cmd_rl(args) -> None:
     import bridgelm
     from bridgelm.attach import add_seeded_blocks
-    from bridgelm.dist import Dist, teardown_distributed
+    from bridgelm.dist import teardown_distributed
     from bridgelm.rng import derive_seed
     from bridgelm.train.rl import train_rl
 
     cfg, launch = build(RLConfig, args), build(DistConfig, args)
-    cfg = fit_steps_per_rollout(cfg, args, Dist.from_env().world, say=_main_process())
+    world = Dist.from_env().world
+    cfg = fit_steps_per_rollout(cfg, args, world, say=_main_process())
     try:
-        cfg.validate()
+        cfg.validate(world)  # the launch's processes: refused before any model loads
     except ValueError as err:
         raise in_flags(err, args.flags) from err
     launch.validate()

@@ -1,10 +1,10 @@
 """Grouped token batches and their teacher-forced log-probs, shared by the trainers.
 
 A grouped batch (`TokenBatch`) holds prompt + response rows, right-padded; logits are computed only where the next
-token is a response token (`logits_to_keep` as a [B, S] mask), never on the prompt or the padding. The rows of a
-Bridge group sit next to each other and share their prompt, so one forward lets them see each other. Log-probs and
-entropies are taken from those logits a chunk of rows at a time (`token_logprobs`), forward and backward, so that
-no float32 copy of the [tokens, vocabulary] logits is made.
+token is a response token (the head reads the positions of a [B, S] mask), never on the prompt or the padding. The
+rows of a Bridge group sit next to each other and share their prompt, so one forward lets them see each other.
+Log-probs and entropies are taken from those logits a chunk of rows at a time (`token_logprobs`), forward and
+backward, so that no float32 copy of the [tokens, vocabulary] logits is made.
 
 Used by bridgelm.train.sft and bridgelm.train.rl; tested by tests/test_train_common.py.
 """
@@ -12,6 +12,7 @@ Used by bridgelm.train.sft and bridgelm.train.rl; tested by tests/test_train_com
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -77,18 +78,32 @@ def pack_rows(rows: Sequence[Row], pad_id: int, device: torch.device | str = "cp
 def forward_logits(model, batch: TokenBatch) -> torch.Tensor:
     """The grouped teacher-forced forward, logits only where `batch.predict`: -> [N, V], N = response tokens.
 
-    Same forward as `bridgelm.grouped_logits` (same groups, mask and positions), restricted by `logits_to_keep`.
+    Same forward as `bridgelm.grouped_logits` (same groups, mask and positions), the head restricted to `batch.predict`.
     """
     groups = Groups.build(batch.group_ids, batch.attention_mask)
-    with fast_attention(model):  # short half-precision rows on CPU: two matmuls beat the fused kernel
+    # short half-precision rows on CPU: two matmuls beat the fused kernel
+    with fast_attention(model), _head_sees_only(model, batch.predict):
         out = model(
             input_ids=batch.input_ids,
             attention_mask=batch.attention_mask,
             use_cache=False,
-            logits_to_keep=batch.predict,
+            logits_to_keep=0,  # every position reaches the head, which keeps `batch.predict`'s
             **{KWARG: groups},
         )
     return out.logits
+
+
+@contextmanager
+def _head_sees_only(model, predict: torch.Tensor) -> Iterator[None]:
+    """The output head (lm_head) reads the hidden states at `predict` only ([B, S, H] -> [N, H]), so logits are made
+    there only: what a 2D boolean `logits_to_keep` does in transformers 5.23 (`hidden[mask]`, then the head), in a form
+    every transformers 5 release runs (5.17's models index `hidden[:, logits_to_keep]`, which refuses a 2D mask)."""
+    head = model.get_output_embeddings()
+    handle = head.register_forward_pre_hook(lambda module, args: (args[0][predict], *args[1:]))
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 class LogProbs(NamedTuple):

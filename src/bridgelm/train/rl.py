@@ -18,10 +18,9 @@ validation accuracy), run.json.
 
 from __future__ import annotations
 
-import copy
 import os
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -31,9 +30,11 @@ from bridgelm.dist import Dist, all_reduce_sum, prepare_model, setup_distributed
 from bridgelm.engine import eos_ids, pad_id
 from bridgelm.evaluate import accuracy
 from bridgelm.jsonl import write_json
+from bridgelm.models import enable_checkpointing
 from bridgelm.runs import latest_checkpoint, local_source, model_fingerprint
 from bridgelm.train.loop import Run, control_of, settings_of
 from bridgelm.train.optim import gradient_parts, make_optimizer, make_scheduler
+from bridgelm.train.reference import make_reference, skeleton
 from bridgelm.train.rl_config import FREE_FIELDS, RLConfig, validation_sampling
 from bridgelm.train.rollouts import RolloutPolicy, Rollouts, collect_rollouts, step_examples
 from bridgelm.train.set_rewards import check_reward_task
@@ -88,28 +89,19 @@ def _set_trainable(model, cfg: RLConfig) -> None:
         model.requires_grad_(True)
 
 
-def _make_reference(model, cfg: RLConfig, dist: Dist):
-    """A frozen copy of the policy at the start of RL (blocks included), on the policy's device, only when beta > 0."""
-    if cfg.beta == 0:
-        return None
-    ref = copy.deepcopy(model)
-    ref.requires_grad_(False)
-    return ref
-
-
 def _learner(model, tokenizer, cfg: RLConfig, run: Run, dist: Dist) -> Learner:
     """The policy (its resumed weights loaded, placed on the ranks), its reference, optimiser and schedule, tracked
     by `run` (restored when resuming)."""
     _set_trainable(model, cfg)
-    model.to(dist.device)  # the rank's own device (dist.rank_device) before the reference is copied from it
-    ref_model = _make_reference(model, cfg, dist)
+    model.to(dist.device)  # the rank's own device (dist.rank_device)
+    ref_model = skeleton(model) if cfg.beta > 0 else None  # the reference (beta > 0): allocated once sharded
     if cfg.gradient_checkpointing:
-        model.activation_checkpointing_enable()
+        enable_checkpointing(model)
     prepare_model(model, dist, cfg.fsdp, cfg.bf16)
+    if ref_model is not None:  # the policy at the start of RL: copied before resumed weights are loaded
+        ref_model = make_reference(ref_model, model, dist, cfg.bf16)
     if run.resume_from is not None:
         load_checkpoint(model, run.resume_from, dist)  # under FSDP each rank reads its own shards
-    if ref_model is not None:
-        prepare_model(ref_model, replace(dist), cfg.fsdp, cfg.bf16)
     params = [p for p in model.parameters() if p.requires_grad]
     lr_of = None
     if cfg.block_lr is not None:
@@ -166,7 +158,7 @@ def train_rl(model, tokenizer, task, cfg: RLConfig, out_dir: str | os.PathLike, 
                     record = _record(step, rollouts, sums, cfg, lr, t0, t1, dist)
                     due = step + 1 == cfg.steps or (cfg.eval_every and (step + 1) % cfg.eval_every == 0)
                     if val_task is not None and due:
-                        record.update(_validate(model, tokenizer, val_task, cfg, run.state, out_dir, dist))
+                        record.update(_validate(model, sampler, tokenizer, val_task, cfg, run.state, out_dir, dist))
                     val = record.get("val_accuracy", "")
                     run.log(record, reward=f"{record['reward']:.3f}", kl=record["kl"], val=val)
                 run.save_if_due()
@@ -237,10 +229,11 @@ def _record(step, rollouts: Rollouts, sums: dict, cfg: RLConfig, lr, t0, t1, dis
     }
 
 
-def _validate(model, tokenizer, val_task, cfg: RLConfig, state: dict, out_dir: Path, dist: Dist) -> dict:
-    """Validation accuracy; OUT/best holds the model of the best one so far."""
+def _validate(model, sampler, tokenizer, val_task, cfg: RLConfig, state: dict, out_dir: Path, dist: Dist) -> dict:
+    """Validation accuracy, sampled as the rollouts are (from the rollout copy when there is one: under FSDP no
+    gathered policy beside it); OUT/best holds the model of the best one so far."""
     t0 = time.perf_counter()
-    acc = accuracy(model, tokenizer, val_task, validation_sampling(cfg), dist)
+    acc = accuracy(sampler.current(), tokenizer, val_task, validation_sampling(cfg), dist)
     is_best = state["best_accuracy"] is None or acc > state["best_accuracy"]
     if is_best:
         state["best_accuracy"], state["best_step"] = acc, state["step"]

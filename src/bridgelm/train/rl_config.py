@@ -81,6 +81,11 @@ class RLConfig:
         self._check_rollouts(world)
         self._check_update()
         self._check_validation()
+        if self.fsdp and world == 1:
+            raise ValueError(
+                "fsdp=True shards the model over several processes, but this run has 1: launch with torchrun "
+                "--nproc_per_node N (N >= 2), or leave --fsdp out"
+            )
 
     def _check_rollouts(self, world: int) -> None:
         G, w = self.rollout.n, self.rollout.width
@@ -108,6 +113,7 @@ class RLConfig:
         why = " (GRPO's log-probs are at logits / T)"  # no greedy rollouts
         check_sampling(self.rollout.temperature, self.rollout.top_p, greedy=False, why=why)
         self.rollout.validate()
+        check_one_group("", self.rollout)
         if self.reward not in REWARDS:
             raise ValueError(f"reward={self.reward!r}: expected one of {', '.join(REWARDS)}")
         if self.reward == "majority" and G == w:
@@ -154,6 +160,10 @@ class RLConfig:
         fsdp with bf16; None: the policy itself samples."""
         return self.rollout_dtype or ("bfloat16" if self.fsdp and self.bf16 else None)
 
+    def validation_sampling(self) -> EvalConfig:
+        """How the val_task is sampled (`validation_sampling`)."""
+        return validation_sampling(self)
+
     def _check_update(self) -> None:
         for name in ("steps_per_rollout", "epochs_per_rollout", "micro_batch_groups"):
             if getattr(self, name) < 1:
@@ -185,15 +195,31 @@ class RLConfig:
             raise ValueError(f"eval_every={self.eval_every} must be >= 0 (0: only after the last step)")
         if v.n % v.width:
             raise ValueError(f"eval_width={v.width} must divide eval_n={v.n}")
-        validation_sampling(self).validate()
+        sampling = validation_sampling(self)
+        sampling.validate()
+        check_one_group("eval_", sampling.sampling(sampling.width))
+
+
+def check_one_group(prefix: str, s: SamplingConfig) -> None:
+    """A wave of at most max_batch_tokens (rows x (prompt + max_new_tokens)) holds a Bridge group of `width` rows of
+    at least a one-token prompt: else no wave can be made, whatever the prompts."""
+    need = s.width * (1 + s.max_new_tokens)
+    if s.max_batch_tokens < need:
+        raise ValueError(
+            f"max_batch_tokens={s.max_batch_tokens} cannot hold one Bridge group of {prefix}width={s.width} rows of "
+            f"{prefix}max_new_tokens={s.max_new_tokens} tokens and a prompt: expected at least {need} "
+            f"({s.width} x ({s.max_new_tokens} + 1))"
+        )
 
 
 def validation_sampling(cfg: RLConfig) -> EvalConfig:
-    """How the val_task is sampled: `cfg.validation` seeded from the run's seed, with the rollouts' chat template and,
-    when its max_new_tokens is None, their max_new_tokens."""
-    v = cfg.validation
-    max_new_tokens = v.max_new_tokens or cfg.rollout.max_new_tokens
-    return replace(v, max_new_tokens=max_new_tokens, seed=derive_seed(cfg.seed, "eval"), chat=cfg.chat)
+    """How the val_task is sampled: `cfg.validation` seeded from the run's seed, with the rollouts' chat template and
+    batch bounds (max_batch_sequences, max_batch_tokens: what the plan fits in memory; the samples do not depend on
+    them), and when its max_new_tokens is None, their max_new_tokens."""
+    v, r = cfg.validation, cfg.rollout
+    max_new_tokens = v.max_new_tokens or r.max_new_tokens
+    bounds = {"max_batch_sequences": r.max_batch_sequences, "max_batch_tokens": r.max_batch_tokens}
+    return replace(v, max_new_tokens=max_new_tokens, seed=derive_seed(cfg.seed, "eval"), chat=cfg.chat, **bounds)
 
 
 # Settings that do not change the trained weights besides the run-control ones (train.loop.RUN_FIELDS).

@@ -31,6 +31,7 @@ from bridgelm.blockfile import load_blocks, save_blocks
 from bridgelm.dist import Dist, all_reduce_sum, barrier, prepare_model, setup_distributed
 from bridgelm.errors import check_number
 from bridgelm.jsonl import read_records, write_json
+from bridgelm.models import enable_checkpointing
 from bridgelm.rng import derive_seed, generator
 from bridgelm.runs import fingerprint, local_source, model_fingerprint
 from bridgelm.train.batches import Row, autocast, chunks, pack_rows, response_logprobs
@@ -361,7 +362,7 @@ def _trainable_blocks(model, cfg: SFTConfig, run: Run, dist: Dist) -> list[torch
         load_blocks(model, run.resume_from / BLOCKS_FILE)
     prepare_model(model, dist, fsdp=False)
     if cfg.gradient_checkpointing:
-        model.activation_checkpointing_enable()
+        enable_checkpointing(model)
     return [p for p in model.parameters() if p.requires_grad]
 
 

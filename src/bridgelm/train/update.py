@@ -43,6 +43,7 @@ from bridgelm.grpo import policy_loss, policy_stats
 from bridgelm.rng import generator
 from bridgelm.train.batches import autocast, chunks, pack_rows, response_logprobs, rows_tensor
 from bridgelm.train.optim import optimizer_step
+from bridgelm.train.reference import reshard
 from bridgelm.train.rollouts import Rollouts
 
 if TYPE_CHECKING:
@@ -228,6 +229,7 @@ def update_policy(learner: Learner, rollouts: Rollouts, cfg: RLConfig, step: int
     if ref_model is not None:  # beta > 0: nothing skipped, every group once as the first pass trains it
         first_pass = [m for mbs in micro_of[: cfg.steps_per_rollout] for m in mbs]
         ref, _ = rollout_logprobs(ref_model, rollouts, first_pass, cfg, pad_id, dist, with_entropy=False)
+        reshard(ref_model)  # its root, left gathered by its forwards (it runs no backward)
     t2 = time.perf_counter()
     sums = {
         "loss": 0.0,
