@@ -50,7 +50,14 @@ def demo_stages(ctx: st.Context) -> list[Stage]:
         if p:  # preamble 0 is the control itself
             variant = replace(cfg, control=misalign.control_at(cfg.control, p))
             stages += control_stages(variant, misalign.dirs_at(control_dirs(out), p), f"misaligned {p} ")
-    return stages
+    return sorted(stages, key=_seed_of)  # seed by seed: a long run interrupted early has whole seeds to report
+
+
+def _seed_of(stage: Stage) -> int:
+    """The seed a stage belongs to ("... seed 3"); the stages of no seed (base models, warm-up data, searches) go
+    with seed 0's. The runner starts ready stages in list order, so seed s is done before seed s + 1 starts."""
+    last = stage.name.rsplit(" ", 2)
+    return int(last[2]) if len(last) == 3 and last[1] == "seed" and last[2].isdigit() else 0
 
 
 def _after_sft(cfg, arm: str, seed: int) -> tuple[str, ...]:
