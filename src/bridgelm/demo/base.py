@@ -181,7 +181,7 @@ def pretrain(cfg: BaseConfig, out: str | Path, progress: bool = True, log=print)
     with run.running(last, f"pre-training {n_params / 1e6:.1f}M model"):
         for step in range(run.step, last):
             batch = task.examples[step * cfg.batch_size : (step + 1) * cfg.batch_size]
-            loss, tokens = _loss(model, tokenizer, task, batch, cfg.bf16, run.dist)
+            loss, tokens = _loss(model, tokenizer, task, batch, cfg.bf16, run.dist.device)
             loss.backward()
             with run.update():
                 lr = scheduler.get_last_lr()[0]
@@ -209,10 +209,10 @@ def _build(cfg: BaseConfig):
     return task, tokenizer, build_model(cfg, tokenizer).train()
 
 
-def _loss(model, tokenizer, task, batch: list[dict], bf16: bool, dist) -> tuple[torch.Tensor, int]:
+def _loss(model, tokenizer, task, batch: list[dict], bf16: bool, device) -> tuple[torch.Tensor, int]:
     """The mean cross-entropy of the solution tokens (and EOS) of `batch`, and how many there are."""
     ids, mask = encode_examples(tokenizer, task, batch)  # [B, S] each
-    with autocast(dist, bf16), fast_attention(model):
+    with autocast(device, bf16), fast_attention(model):
         logits = model(input_ids=ids, attention_mask=(ids != tokenizer.pad_token_id).long()).logits  # [B, S, V]
     target_mask = mask[:, 1:].bool()  # [B, S - 1]: position s predicts a solution token
     loss = torch.nn.functional.cross_entropy(logits[:, :-1][target_mask].float(), ids[:, 1:][target_mask])

@@ -233,7 +233,7 @@ def batch_backward(model, groups: list[list[Row]], cfg: SFTConfig, pad_id: int, 
     loss_sum = 0.0
     for micro in chunks(mine, cfg.micro_batch_groups):
         batch = pack_rows([r for g in micro for r in g], pad_id, dist.device)
-        with autocast(dist, cfg.bf16):
+        with autocast(dist.device, cfg.bf16):
             lp = response_logprobs(model, batch).logprobs  # [B, T]
         loss = -(lp * batch.response_mask).sum() / max(total, 1.0)
         loss.backward()
@@ -249,7 +249,7 @@ def validation_loss(model, groups: list[list[Row]], cfg: SFTConfig, pad_id: int,
     nll, tokens = 0.0, 0
     for micro in chunks(groups[dist.rank :: dist.world], cfg.micro_batch_groups):
         batch = pack_rows([r for g in micro for r in g], pad_id, dist.device)
-        with autocast(dist, cfg.bf16):
+        with autocast(dist.device, cfg.bf16):
             lp = response_logprobs(model, batch).logprobs
         nll -= float((lp * batch.response_mask).sum())
         tokens += batch.tokens
