@@ -36,6 +36,7 @@ import torch
 import torch.distributed as torch_dist
 
 from bridgelm.errors import check_number
+from bridgelm.setting import setting
 
 
 Bundle = TypeVar("Bundle")
@@ -46,8 +47,9 @@ MAX_TIMEOUT = 365 * 24 * 60.0  # minutes: the longest --dist-timeout
 class DistConfig:
     """How the processes of a torchrun launch wait for each other (no trained weight depends on it)."""
 
-    dist_timeout: float = 60.0  # minutes a collective waits for the slowest rank before the run fails (uneven long
-    # rollouts, rank 0 gathering a large checkpoint); torch's own default is 10
+    dist_timeout: float = setting(60.0, "minutes a collective waits for the slowest rank before "
+                                        "the run fails (uneven long rollouts, rank 0 gathering "
+                                        "a large checkpoint); torch's own default is 10")
 
     def validate(self) -> None:  # at most a year: torch keeps the timeout in milliseconds of a C++ int
         check_number("dist_timeout", self.dist_timeout, 0, MAX_TIMEOUT, open_low=True, note=" (minutes)")
