@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from bridgelm.grpo import group_advantages, k3_kl, policy_loss, policy_stats
+from bridgelm.grpo import group_advantages, k3_kl, policy_loss
 
 
 def reference_advantages(rewards, eps=1e-4):
@@ -69,7 +69,7 @@ def _inputs(seed=0, B=4, T=7, spread=0.8):
 @pytest.mark.parametrize("beta", [0.0, 0.04])
 def test_policy_loss_matches_token_loop(eps_high, beta):
     lp, old, ref, adv, mask = _inputs()
-    got = policy_loss(lp, old, ref if beta else None, adv, mask, clip_eps=0.2, clip_eps_high=eps_high, beta=beta)
+    got = policy_loss(lp, old, ref if beta else None, adv, mask, clip_eps=0.2, clip_eps_high=eps_high, beta=beta).loss
     want = reference_loss(
         lp.tolist(), old.tolist(), ref.tolist(), adv.tolist(), mask.tolist(), 0.2, eps_high or 0.2, beta
     )
@@ -83,13 +83,14 @@ def test_policy_loss_matches_token_loop(eps_high, beta):
 def test_masked_positions_never_matter():
     lp, old, ref, adv, mask = _inputs(seed=1)
     lp = lp.clone().requires_grad_(True)
-    base = policy_loss(lp, old, ref, adv, mask, beta=0.1)
+    base, base_stats = policy_loss(lp, old, ref, adv, mask, beta=0.1)
     junk = [t.clone() for t in (lp.detach(), old, ref)]
     for t in junk:
         t[~mask] = float("nan")
     lp2 = junk[0].requires_grad_(True)
-    got = policy_loss(lp2, junk[1], junk[2], adv, mask, beta=0.1)
+    got, stats = policy_loss(lp2, junk[1], junk[2], adv, mask, beta=0.1)
     assert got.item() == base.item()
+    assert stats == base_stats and all(map(math.isfinite, stats))  # the stats ignore them too
     got.backward()
     base.backward()
     assert torch.isfinite(lp2.grad).all()
@@ -100,10 +101,11 @@ def test_masked_positions_never_matter():
 def test_token_normalisation_over_microbatches():
     """Two halves with the global count add up to the whole batch's loss (DAPO over a mini-batch)."""
     lp, old, ref, adv, mask = _inputs(seed=2)
-    whole = policy_loss(lp, old, ref, adv, mask, beta=0.01)
+    whole = policy_loss(lp, old, ref, adv, mask, beta=0.01).loss
     n = mask.sum()
     halves = sum(
-        policy_loss(lp[s], old[s], ref[s], adv[s], mask[s], beta=0.01, num_tokens=n) for s in (slice(0, 2), slice(2, 4))
+        policy_loss(lp[s], old[s], ref[s], adv[s], mask[s], beta=0.01, num_tokens=n).loss
+        for s in (slice(0, 2), slice(2, 4))
     )
     assert halves.item() == pytest.approx(whole.item(), rel=1e-6)
 
@@ -112,12 +114,11 @@ def test_first_step_ratio_is_one():
     """With old = current log-probs, the loss is -mean(A) over tokens and the gradient is the plain policy gradient."""
     lp, _, _, adv, mask = _inputs(seed=3)
     lp = lp.clone().requires_grad_(True)
-    loss = policy_loss(lp, lp.detach(), None, adv, mask, beta=0.0)
+    loss, stats = policy_loss(lp, lp.detach(), None, adv, mask, beta=0.0)
     n = mask.sum()
     assert loss.item() == pytest.approx(-(adv[:, None] * mask).sum().item() / n.item(), rel=1e-6)
     loss.backward()
     assert torch.allclose(lp.grad, -(adv[:, None] * mask) / n)
-    stats = policy_stats(lp.detach(), lp.detach(), None, adv, mask)
     assert stats.clipped == 0 and stats.ratio == stats.tokens == n.item()
 
 
@@ -126,7 +127,7 @@ def test_k3_kl_and_stats():
     kl = k3_kl(lp, ref)
     assert bool((kl >= 0).all())
     assert torch.equal(k3_kl(lp, lp), torch.zeros_like(lp))
-    s = policy_stats(lp, old, ref, adv, mask, clip_eps=0.2)
+    s = policy_loss(lp, old, ref, adv, mask, clip_eps=0.2, beta=0.0).stats  # the KL is summed whatever beta
     ratio = (lp - old).exp()
     want_clipped = sum(
         1

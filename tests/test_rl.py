@@ -149,11 +149,11 @@ def test_first_minibatch_needs_no_old_logprob_pass(tmp_path, monkeypatch):
     real_plan, real_logprobs = update.minibatch_plan, update.rollout_logprobs
     monkeypatch.setattr(update, "minibatch_plan", lambda *a: plans.append(real_plan(*a)) or plans[-1])
 
-    def every_group(model, rollouts, micro, cfg, pad_id, dist, with_entropy=True):
+    def every_group(model, rollouts, micro, cfg, pad_id, device, with_entropy=True):
         first = batches.chunks(plans[-1][0], cfg.micro_batch_groups)
         if model is not ref_of[0] and micro[: len(first)] != first:  # the policy's pass: add the first mini-batch
             micro = first + micro
-        return real_logprobs(model, rollouts, micro, cfg, pad_id, dist, with_entropy)
+        return real_logprobs(model, rollouts, micro, cfg, pad_id, device, with_entropy)
 
     ref_of = []
     real_make = rl.make_reference
@@ -211,9 +211,9 @@ def test_groups_with_zero_advantages_skip_work_and_train_the_same_weights(tmp_pa
         calls.extend((rollouts.flat_groups(), set(m), "ref" if model is not fast else "old") for m in micro)
         return real_old(model, rollouts, micro, *a, **k)
 
-    def train(model, rollouts, groups, old, ref, cfg, pad, dist, micro):
-        calls.extend((rollouts.flat_groups(), set(m), "train") for m in micro)
-        return real_train(model, rollouts, groups, old, ref, cfg, pad, dist, micro)
+    def train(model, rollouts, mb, cfg, pad, dist):
+        calls.extend((rollouts.flat_groups(), set(m), "train") for m in mb.micro)
+        return real_train(model, rollouts, mb, cfg, pad, dist)
 
     monkeypatch.setattr(update, "rollout_logprobs", old_pass)
     monkeypatch.setattr(update, "minibatch_backward", train)
@@ -257,11 +257,11 @@ def test_old_logprobs_come_from_the_trained_micro_batches(tmp_path, monkeypatch,
             old_cut.setdefault(id(rollouts), []).extend(list(m) for m in micro)
         return real_old(model, rollouts, micro, *a, **k)
 
-    def train(model, rollouts, groups, old, ref, cfg, pad, dist, micro):
+    def train(model, rollouts, mb, cfg, pad, dist):
         kept.append(rollouts)
         flat_of[id(rollouts)] = rollouts.flat_groups()
-        train_cut.setdefault(id(rollouts), []).append([list(m) for m in micro])
-        return real_train(model, rollouts, groups, old, ref, cfg, pad, dist, micro)
+        train_cut.setdefault(id(rollouts), []).append([list(m) for m in mb.micro])
+        return real_train(model, rollouts, mb, cfg, pad, dist)
 
     def frozen_step(params, *a):  # the weights never move: the old policy stays the current one
         for p in params:

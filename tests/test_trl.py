@@ -184,7 +184,8 @@ def test_loss_equals_bridgelm_grpo_on_the_same_rollouts(tmp_path):
         logits = bridgelm.grouped_logits(t.model, ids, mask, group_ids)  # [B, S, V]
         logprobs = torch.log_softmax(logits[:, cut - 1 : -1].float() / t.temperature, -1)  # [B, T, V]
         logprobs = logprobs.gather(-1, inputs["completion_ids"][..., None])[..., 0]  # [B, T]
-        return policy_loss(logprobs, logprobs.detach(), None, inputs["advantages"], inputs["completion_mask"], beta=0.0)
+        adv, keep = inputs["advantages"], inputs["completion_mask"]
+        return policy_loss(logprobs, logprobs.detach(), None, adv, keep, beta=0.0).loss
 
     ours = bridgelm_loss(torch.arange(8) // 4)
     assert torch.allclose(loss, ours, atol=1e-6), (loss, ours)
@@ -207,7 +208,7 @@ def test_step_equals_bridgelm_rls_update_on_the_same_rollouts(tmp_path):
     from bridgelm.train.batches import Row
     from bridgelm.train.rl_config import RLConfig
     from bridgelm.train.rollouts import Rollouts
-    from bridgelm.train.update import minibatch_backward
+    from bridgelm.train.update import Minibatch, minibatch_backward
 
     rewards = []
 
@@ -233,7 +234,7 @@ def test_step_equals_bridgelm_rls_update_on_the_same_rollouts(tmp_path):
     cfg = RLConfig(rollout=replace(RLConfig().rollout, n=4, width=4, temperature=1.0), steps_per_rollout=1,
                    micro_batch_groups=2, beta=0.0, clip_eps=0.2)
     t.model.zero_grad(set_to_none=True)
-    stats = minibatch_backward(t.model, rollouts, [0, 1], None, None, cfg, t.processing_class.pad_token_id, Dist())
+    stats = minibatch_backward(t.model, rollouts, Minibatch([0, 1]), cfg, t.processing_class.pad_token_id, Dist())
     assert stats.loss == pytest.approx(float(loss.detach()), abs=1e-6)
     assert stats.tokens == float(inputs["completion_mask"].sum())
     for got, p in zip(grads, blocks):

@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bridgelm.setting import setting
+
 if TYPE_CHECKING:  # the layout object is built one level up, in grouped.py
     from bridgelm.grouped import Groups
 
@@ -32,10 +34,10 @@ PLACEMENTS = ("ffn", "attn")
 class BlockConfig:
     """Settings of the blocks added to a model (saved next to their weights)."""
 
-    kind: str  # "bridge" or "pmatch"
-    num_heads: int = 4  # H, attention heads of a Bridge block (P-Match uses 2*H*Dh hidden units)
-    head_dim: int = 0  # Dh; 0 until resolved to the host model's head dimension
-    placement: str = "ffn"  # "ffn": after each feed-forward block (paper default); "attn": after attention
+    kind: str = setting(help='"bridge" or "pmatch"')
+    num_heads: int = setting(4, "H, attention heads of a Bridge block (P-Match uses 2*H*Dh hidden units)")
+    head_dim: int = setting(0, "Dh; 0 until resolved to the host model's head dimension")
+    placement: str = setting("ffn", '"ffn": after each feed-forward block (paper default); "attn": after attention')
 
     def __post_init__(self):
         if self.kind not in KINDS:

@@ -28,15 +28,18 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from datetime import timedelta
+from typing import TypeVar
 
 import torch
 import torch.distributed as torch_dist
 
 from bridgelm.errors import check_number
+from bridgelm.setting import setting
 
 
+Bundle = TypeVar("Bundle")
 MAX_TIMEOUT = 365 * 24 * 60.0  # minutes: the longest --dist-timeout
 
 
@@ -44,8 +47,9 @@ MAX_TIMEOUT = 365 * 24 * 60.0  # minutes: the longest --dist-timeout
 class DistConfig:
     """How the processes of a torchrun launch wait for each other (no trained weight depends on it)."""
 
-    dist_timeout: float = 60.0  # minutes a collective waits for the slowest rank before the run fails (uneven long
-    # rollouts, rank 0 gathering a large checkpoint); torch's own default is 10
+    dist_timeout: float = setting(60.0, "minutes a collective waits for the slowest rank before "
+                                        "the run fails (uneven long rollouts, rank 0 gathering "
+                                        "a large checkpoint); torch's own default is 10")
 
     def validate(self) -> None:  # at most a year: torch keeps the timeout in milliseconds of a C++ int
         check_number("dist_timeout", self.dist_timeout, 0, MAX_TIMEOUT, open_low=True, note=" (minutes)")
@@ -152,6 +156,13 @@ def all_reduce_sum(values: Sequence[float], dist: Dist) -> list[float]:
     t = torch.tensor([float(v) for v in values], dtype=torch.float64, device=dist.device)
     torch_dist.all_reduce(t)
     return t.tolist()
+
+
+def all_reduce_fields(bundle: Bundle, dist: Dist) -> Bundle:
+    """A copy of the dataclass `bundle` (number fields only) with each field summed over ranks, in one collective."""
+    names = [f.name for f in fields(bundle)]
+    sums = all_reduce_sum([getattr(bundle, name) for name in names], dist)
+    return replace(bundle, **dict(zip(names, sums, strict=True)))
 
 
 def all_reduce_max(values: Sequence[int], dist: Dist) -> list[int]:

@@ -31,7 +31,7 @@ import contextlib
 import json
 import os
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -42,6 +42,7 @@ from bridgelm.engine import Sample, SamplingConfig, check_stop_strings, encode_p
 from bridgelm.eval_folder import check_same_run, done_keys, read_eval_run, shard_file_name, shard_files, wait_for
 from bridgelm.jsonl import append_record, exclusive, write_json
 from bridgelm.runs import RUN_FILE, SAMPLED_WITH, format_of, local_source, source_digests
+from bridgelm.setting import setting
 from bridgelm.tasks import Task
 from bridgelm.tasks.base import check_rewards, is_correct
 
@@ -56,21 +57,22 @@ BARRIER_TIMEOUT = timedelta(days=3)
 class EvalConfig:
     """How to sample and score an evaluation run (the task and data files are arguments of `run_eval`)."""
 
-    n: int = 32  # samples per problem
-    width: int = 8  # Bridge group width that tables report (when `widths` leave it out: the widest of them)
-    widths: list[int] | None = None  # widths to sample, each dividing n; None = [width]
-    max_new_tokens: int = 4096  # generated tokens per sample, at most
-    temperature: float = 0.6  # 0 = greedy
-    top_p: float = 0.95  # nucleus mass in (0, 1]
-    top_k: int = 0  # 0 = off
-    seed: int = 0  # seeds the sampler of every (benchmark, width)
-    chat: bool = False  # wrap prompts with the tokenizer's chat template
-    stop: list[str] = field(default_factory=list)  # stop strings that end a sample early
-    limit: int | None = None  # only the first `limit` problems of each benchmark (smoke runs); None = all
-    max_batch_sequences: int = 256  # rows decoded together, at most (does not change what is measured)
-    max_batch_tokens: int = 262_144  # rows x (prompt + max_new_tokens) of a batch, at most
-    gpass_k: int = 8  # k of G-Pass@k_tau (capped at n)
-    foreign_groups: bool = False  # control: groups of sample j of `width` different problems (see bridgelm.engine)
+    n: int = setting(32, "samples per problem")
+    width: int = setting(8, "Bridge group width that tables report (when `widths` leave it out: the widest of them)")
+    widths: list[int] | None = setting(None, "widths to sample, each dividing n; None = [width]")
+    max_new_tokens: int = setting(4096, "generated tokens per sample, at most")
+    temperature: float = setting(0.6, "0 = greedy")
+    top_p: float = setting(0.95, "nucleus mass in (0, 1]")
+    top_k: int = setting(0, "0 = off")
+    seed: int = setting(0, "seeds the sampler of every (benchmark, width)")
+    chat: bool = setting(False, "wrap prompts with the tokenizer's chat template")
+    stop: list[str] = setting(default_factory=list, help="stop strings that end a sample early")
+    limit: int | None = setting(None, "only the first `limit` problems of each benchmark (smoke runs); None = all")
+    max_batch_sequences: int = setting(256, "rows decoded together, at most (does not change what is measured)")
+    max_batch_tokens: int = setting(262_144, "rows x (prompt + max_new_tokens) of a batch, at most")
+    gpass_k: int = setting(8, "k of G-Pass@k_tau (capped at n)")
+    foreign_groups: bool = setting(False, "control: groups of sample j of `width` "
+                                          "different problems (see bridgelm.engine)")
 
     def all_widths(self) -> list[int]:
         """The widths to sample, in order."""

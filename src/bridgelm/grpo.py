@@ -10,8 +10,8 @@
   over unmasked tokens and divided by the token count of the whole mini-batch. A mini-batch split into
   micro-batches (or over ranks) passes that global count as `num_tokens`, so the pieces add up to the loss of
   the whole mini-batch.
-- `policy_stats`: token sums for logging (clipped tokens, KL), apart from the loss so the loss stays a scalar
-  function; sums add over micro-batches and ranks.
+  It returns the loss with its token sums for logging (`PolicyStats`: clipped tokens, KL, ratios), computed from the
+  same ratio and KL; sums add over micro-batches and ranks.
 
 With Bridge the G rollouts of a prompt are generated interdependently, so the log-probs of a group come from one
 grouped forward and the ratios, KL terms and gradients of its rollouts are coupled; the formula itself does not
@@ -99,6 +99,22 @@ def _clipped_surrogate(ratio, adv, clip_eps, clip_eps_high):
     return torch.minimum(ratio * adv, ratio.clamp(1 - clip_eps, 1 + high) * adv)
 
 
+class PolicyStats(NamedTuple):
+    """Token sums of one `policy_loss` call (add them over micro-batches and ranks, then divide by `tokens`)."""
+
+    tokens: float  # unmasked tokens
+    clipped: float  # tokens whose clipped term is the active one (ratio outside the range, in the advantage's sign)
+    kl: float  # sum of the k3 KL to the reference (0 without one)
+    ratio: float  # sum of the ratios
+
+
+class PolicyLoss(NamedTuple):
+    """What `policy_loss` returns: the loss to backpropagate and its token sums for logging."""
+
+    loss: torch.Tensor  # scalar, -J
+    stats: PolicyStats
+
+
 def policy_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -109,11 +125,13 @@ def policy_loss(
     clip_eps_high: float | None = None,
     beta: float = 1e-3,
     num_tokens: float | torch.Tensor | None = None,
-) -> torch.Tensor:
-    """-J of eq. 3: logprobs, old_logprobs, ref_logprobs [B, T]; advantages [B]; mask [B, T] -> scalar.
+) -> PolicyLoss:
+    """-J of eq. 3 and its token sums: logprobs, old_logprobs, ref_logprobs [B, T]; advantages [B]; mask [B, T] ->
+    (scalar loss, PolicyStats). The ratio and the KL are computed once, for both.
 
     `num_tokens` is the normaliser (default: the unmasked tokens of this call). Masked positions may hold
-    anything, even non-finite values: they never reach the loss or its gradient.
+    anything, even non-finite values: they never reach the loss, its gradient or the stats. The KL is summed in the
+    stats whenever `ref_logprobs` is given, and enters the loss only when beta != 0.
     """
     _check(logprobs, old_logprobs, advantages, mask)
     if beta != 0 and ref_logprobs is None:
@@ -122,46 +140,23 @@ def policy_loss(
     zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
     logprobs = torch.where(keep, logprobs, zero)  # padding -> 0, so nothing non-finite enters the graph
     ratio = torch.exp(logprobs - torch.where(keep, old_logprobs, zero))  # [B, T]
-    per_token = _clipped_surrogate(ratio, advantages[:, None].to(ratio.dtype), clip_eps, clip_eps_high)  # [B, T]
+    adv = advantages[:, None].to(ratio.dtype)  # [B, 1]
+    per_token = _clipped_surrogate(ratio, adv, clip_eps, clip_eps_high)  # [B, T]
+    kl = None if ref_logprobs is None else k3_kl(logprobs, torch.where(keep, ref_logprobs, zero))  # [B, T]
     if beta != 0:
-        per_token = per_token - beta * k3_kl(logprobs, torch.where(keep, ref_logprobs, zero))
+        per_token = per_token - beta * kl
     count = keep.sum() if num_tokens is None else num_tokens
     count = torch.as_tensor(count, dtype=per_token.dtype, device=per_token.device).clamp(min=1)
-    return -torch.where(keep, per_token, zero).sum() / count
+    loss = -torch.where(keep, per_token, zero).sum() / count
+    with torch.no_grad():
+        stats = _stats(ratio, kl, adv, keep, clip_eps, clip_eps_high)
+    return PolicyLoss(loss, stats)
 
 
-class PolicyStats(NamedTuple):
-    """Token sums of one call (add them over micro-batches and ranks, then divide by `tokens`)."""
-
-    tokens: float  # unmasked tokens
-    clipped: float  # tokens whose clipped term is the active one (ratio outside the range, in the advantage's sign)
-    kl: float  # sum of the k3 KL to the reference (0 without one)
-    ratio: float  # sum of the ratios
-
-
-@torch.no_grad()
-def policy_stats(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    ref_logprobs: torch.Tensor | None,
-    advantages: torch.Tensor,
-    mask: torch.Tensor,
-    clip_eps: float = 0.2,
-    clip_eps_high: float | None = None,
-) -> PolicyStats:
-    """Clip count, KL and ratio sums over the unmasked tokens (same arguments as `policy_loss`)."""
-    _check(logprobs, old_logprobs, advantages, mask)
-    keep = mask.bool()
+def _stats(ratio, kl, adv, keep, clip_eps, clip_eps_high) -> PolicyStats:
+    """The token sums of ratio and kl [B, T] over `keep` [B, T], fetched from the device at once."""
     high = clip_eps if clip_eps_high is None else clip_eps_high
-    ratio = torch.exp(torch.where(keep, logprobs - old_logprobs, torch.zeros_like(logprobs)))  # [B, T]
-    adv = advantages[:, None]
     clipped = ((ratio < 1 - clip_eps) & (adv < 0)) | ((ratio > 1 + high) & (adv > 0))  # [B, T]
-    kl = 0.0
-    if ref_logprobs is not None:
-        kl = float(k3_kl(logprobs, torch.where(keep, ref_logprobs, logprobs))[keep].sum())
-    return PolicyStats(
-        tokens=float(keep.sum()),
-        clipped=float((clipped & keep).sum()),
-        kl=kl,
-        ratio=float(ratio[keep].sum()),
-    )
+    kl_sum = torch.zeros((), device=ratio.device) if kl is None else kl[keep].sum()
+    sums = [keep.sum(), (clipped & keep).sum(), kl_sum, ratio[keep].sum()]
+    return PolicyStats(*torch.stack([s.double() for s in sums]).tolist())

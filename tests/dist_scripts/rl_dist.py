@@ -64,14 +64,14 @@ def minibatch_grads(dist: Dist, fsdp: bool) -> dict:
     cfg = replace(cfg, rollout=replace(cfg.rollout, temperature=0.8))
     rollouts, index = rollouts_of(dist.rank, dist.world, tok)
     groups = list(range(rollouts.n_groups))
-    current, _ = update.rollout_logprobs(model, rollouts, [groups], cfg, 0, dist)
+    current, _ = update.rollout_logprobs(model, rollouts, [groups], cfg, 0, dist.device)
     old, ref = {}, {}
     for r, gi in enumerate(index):  # perturbations fixed by the global row index
         noise = torch.Generator().manual_seed(100 + gi)
         n = len(current[r])
         old[r] = current[r] + 0.2 * torch.randn(n, generator=noise).to(current[r].device)
         ref[r] = current[r] + 0.3 * torch.randn(n, generator=noise).to(current[r].device)
-    stats = update.minibatch_backward(model, rollouts, groups, old, ref, cfg, 0, dist)
+    stats = update.minibatch_backward(model, rollouts, update.Minibatch(groups, old=old, ref=ref), cfg, 0, dist)
     params = [p for p in model.parameters() if p.requires_grad]
     reduce_gradients(params, dist)
     grads = {}

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
+from dataclasses import fields, replace
 
 from bridgelm.cli.common import check_out
-from bridgelm.cli.fields import Flag, add_fields, build, field_comments
+from bridgelm.cli.fields import Flag, add_fields, build
 from bridgelm.demo.arms import ARMS, check_arms
 from bridgelm.demo.config import DemoConfig
 from bridgelm.demo.misalign import check_preambles
+from bridgelm.setting import help_of
 
 # The sizes a user may set; every other one is the preset's (DemoConfig(), or DemoConfig.quick() with --quick).
 SETTABLE = ("seeds", "sft_per_seed", "bf16", "arms", "primary", "recipe_control", "misalignment", "threads", "workers")
@@ -44,11 +45,11 @@ def add_commands(sub) -> None:
         action="store_true",
         help="toy sizes (~20 s on 2 quiet CPU cores): proves the pipeline, numbers mean nothing",
     )
-    full, quick, comments = DemoConfig(), DemoConfig.quick(), field_comments(DemoConfig)
+    full, quick, helps = DemoConfig(), DemoConfig.quick(), {f.name: help_of(f) for f in fields(DemoConfig)}
     preset = {
         name: Flag(
             default=argparse.SUPPRESS,  # not given: the preset's
-            help=f"{comments[name]} (default {getattr(full, name)}; {getattr(quick, name)} with --quick)",
+            help=f"{helps[name]} (default {getattr(full, name)}; {getattr(quick, name)} with --quick)",
         )
         for name in SETTABLE
     }

@@ -1,8 +1,8 @@
 """Command-line flags made from the fields of a config dataclass, so that each default lives in one place.
 
-A field `max_new_tokens: int = 256  # generated tokens per sample, at most` becomes `--max-new-tokens` with the
-annotation's type, the dataclass's default and the field's comment as help; `build` makes the dataclass back from
-the parsed arguments (each flag's dest is its field's name). By annotation:
+A field `max_new_tokens: int = setting(256, "generated tokens per sample, at most")` becomes `--max-new-tokens` with
+the annotation's type, the dataclass's default and the field's help text as help; `build` makes the dataclass back
+from the parsed arguments (each flag's dest is its field's name). By annotation:
 
 - `int`, `float`, `str`: one value; `X | None`: an X, and None (the field's own meaning of it) when not given
 - `bool`, `bool | None`: `--x` / `--no-x`
@@ -18,25 +18,19 @@ its fields becomes a flag of its own, named after it with a prefix (`Nested(pref
 as defaults; the flag's dest is the dotted path ("validation.n"), and `build` makes the nested dataclass back.
 `add_groups` shows a config's flags in titled groups in --help.
 
-Help texts are the fields' trailing comments, read from the class's source (`tokenize` finds the comments, `ast`
-the line each field ends on). The house style already gives every config field such a comment, so the
-dataclasses stay plain, one line a field, instead of carrying the same text again in `field(metadata=...)`.
+Help texts are data, each field's `metadata["help"]` (`bridgelm.setting.setting`), so --help needs no source files.
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
 import dataclasses
-import functools
-import inspect
-import io
-import textwrap
-import tokenize
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+from bridgelm.setting import help_of
 
 NUMBERS = (int, float)
 FIELD_DEFAULT = object()  # Flag.default that keeps the dataclass's default
@@ -48,7 +42,7 @@ class Flag:
 
     name: str | None = None  # the flag, e.g. "--add"; None: "--" + the field's name with dashes
     default: Any = FIELD_DEFAULT  # the command's own default, where it deliberately differs from the dataclass's
-    help: str | None = None  # None: the field's comment
+    help: str | None = None  # None: the field's help text
     choices: Sequence | None = None  # the values allowed, when the annotation does not say
     type: Callable[[str], Any] | None = None  # parses one value; None: by the annotation
 
@@ -61,35 +55,6 @@ class Nested:
     only: Sequence[str] | None = None  # its fields that get a flag (None: all but `skip`)
     skip: Sequence[str] = ()  # its fields without a flag: they keep the default config's values
     flags: Mapping[str, Flag] = dataclasses.field(default_factory=dict)  # by field: how its flag departs
-
-
-@functools.cache  # every command's parser is built at each start; parse each config's source once
-def field_comments(cls: type) -> dict[str, str]:
-    """The trailing `# comment` of each field of dataclass `cls` (and of its dataclass bases), by field name, with
-    the comment-only lines right below it that continue it (shared: do not modify)."""
-    out: dict[str, str] = {}
-    for klass in reversed(cls.__mro__):
-        if not dataclasses.is_dataclass(klass):
-            continue
-        try:
-            source = textwrap.dedent(inspect.getsource(klass))
-        except (OSError, TypeError):  # no source (frozen or interactive): flags without help
-            continue
-        comments, alone = {}, set()  # line -> comment text; lines that hold nothing but a comment
-        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
-            if tok.type == tokenize.COMMENT:
-                comments[tok.start[0]] = tok.string.lstrip("#").strip()
-                if tok.line.lstrip().startswith("#"):
-                    alone.add(tok.start[0])
-        for node in ast.parse(source).body[0].body:
-            line = node.end_lineno
-            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and line in comments:
-                parts = [comments[line]]
-                while line + 1 in alone:
-                    line += 1
-                    parts.append(comments[line])
-                out[node.target.id] = " ".join(parts)
-    return out
 
 
 def add_fields(
@@ -129,7 +94,6 @@ def _add_fields(parser, cls: type, defaults: Any, dests: str, flags: str, only, 
     if unknown:
         raise TypeError(f"{cls.__name__} has no fields {unknown}")
     hints = typing.get_type_hints(cls)
-    comments = field_comments(cls)
     for f in dataclasses.fields(cls):
         if f.name not in names or f.name in skip or (only is not None and f.name not in only):
             continue
@@ -143,7 +107,7 @@ def _add_fields(parser, cls: type, defaults: Any, dests: str, flags: str, only, 
             continue
         if change.default is not FIELD_DEFAULT:
             default = change.default
-        text = (change.help or comments.get(f.name, "")).replace("%", "%%")  # argparse %-formats help
+        text = (change.help or help_of(f)).replace("%", "%%")  # argparse %-formats help
         kwargs = dict(dest=dests + f.name, default=default, help=text, **_parsing(cls, f.name, hints[f.name], change))
         if change.choices is not None:
             kwargs["choices"] = change.choices

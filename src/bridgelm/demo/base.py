@@ -25,6 +25,7 @@ from bridgelm.attention import fast_attention
 from bridgelm.dist import Dist
 from bridgelm.jsonl import write_json
 from bridgelm.runs import METRICS, check_settings, jsonable
+from bridgelm.setting import setting
 from bridgelm.tasks import anysum, arith, hint, pairsum
 from bridgelm.tokenizer import BOS, CHAT_TEMPLATE, EOS, PAD
 from bridgelm.train.batches import autocast
@@ -46,25 +47,26 @@ class BaseConfig:
         default_factory=anysum.AnySumSpec
     )
 
-    hidden_size: int = 192  # D
+    hidden_size: int = setting(192, "D")
     num_layers: int = 4
-    num_heads: int = 4  # attention heads (head dim D / heads)
+    num_heads: int = setting(4, "attention heads (head dim D / heads)")
     num_kv_heads: int = 2
-    intermediate_size: int = 512  # feed-forward width
-    steps: int = 1500  # optimiser steps of pre-training, at most (pinned by count and seed, not by time)
-    schedule_steps: int = 1000  # horizon of the lr schedule (warm-up 5%, cosine to 10% at this step)
-    target_accuracy: float = 0.4  # stop at the first check whose validation accuracy reaches this (RL needs room)
-    check_every: int = 25  # steps between validation checks (from check_from on)
-    check_from: int = 300  # first step checked
-    check_problems: int = 100  # validation problems per check (4 samples each, temperature 0.6)
-    batch_size: int = 64  # problems per step
-    lr: float = 2e-3  # AdamW peak learning rate (1e-3 reaches 40% sooner, but RL from that model barely learns:
-    # docs/demo.md)
+    intermediate_size: int = setting(512, "feed-forward width")
+    steps: int = setting(1500, "optimiser steps of pre-training, at most (pinned by count and seed, not by time)")
+    schedule_steps: int = setting(1000, "horizon of the lr schedule (warm-up 5%, cosine to 10% at this step)")
+    target_accuracy: float = setting(0.4, "stop at the first check whose validation "
+                                          "accuracy reaches this (RL needs room)")
+    check_every: int = setting(25, "steps between validation checks (from check_from on)")
+    check_from: int = setting(300, "first step checked")
+    check_problems: int = setting(100, "validation problems per check (4 samples each, temperature 0.6)")
+    batch_size: int = setting(64, "problems per step")
+    lr: float = setting(2e-3, "AdamW peak learning rate (1e-3 reaches 40% sooner, "
+                              "but RL from that model barely learns: docs/demo.md)")
     weight_decay: float = 0.01
-    bf16: bool = True  # bf16 autocast of the forward (weights, optimiser and loss in fp32); 1.6x faster on CPU
-    seed: int = 0  # model init, data order
-    distinct: bool = True  # every training problem seen once (False for toy problem spaces)
-    threads: int = 0  # torch threads (0 = leave as is)
+    bf16: bool = setting(True, "bf16 autocast of the forward (weights, optimiser and loss in fp32); 1.6x faster on CPU")
+    seed: int = setting(0, "model init, data order")
+    distinct: bool = setting(True, "every training problem seen once (False for toy problem spaces)")
+    threads: int = setting(0, "torch threads (0 = leave as is)")
 
 
 # The demo's tasks, by the type of their spec: (registry name, module with make_problems(), task class, new tokens per
@@ -181,7 +183,7 @@ def pretrain(cfg: BaseConfig, out: str | Path, progress: bool = True, log=print)
     with run.running(last, f"pre-training {n_params / 1e6:.1f}M model"):
         for step in range(run.step, last):
             batch = task.examples[step * cfg.batch_size : (step + 1) * cfg.batch_size]
-            loss, tokens = _loss(model, tokenizer, task, batch, cfg.bf16, run.dist)
+            loss, tokens = _loss(model, tokenizer, task, batch, cfg.bf16, run.dist.device)
             loss.backward()
             with run.update():
                 lr = scheduler.get_last_lr()[0]
@@ -209,10 +211,10 @@ def _build(cfg: BaseConfig):
     return task, tokenizer, build_model(cfg, tokenizer).train()
 
 
-def _loss(model, tokenizer, task, batch: list[dict], bf16: bool, dist) -> tuple[torch.Tensor, int]:
+def _loss(model, tokenizer, task, batch: list[dict], bf16: bool, device) -> tuple[torch.Tensor, int]:
     """The mean cross-entropy of the solution tokens (and EOS) of `batch`, and how many there are."""
     ids, mask = encode_examples(tokenizer, task, batch)  # [B, S] each
-    with autocast(dist, bf16), fast_attention(model):
+    with autocast(device, bf16), fast_attention(model):
         logits = model(input_ids=ids, attention_mask=(ids != tokenizer.pad_token_id).long()).logits  # [B, S, V]
     target_mask = mask[:, 1:].bool()  # [B, S - 1]: position s predicts a solution token
     loss = torch.nn.functional.cross_entropy(logits[:, :-1][target_mask].float(), ids[:, 1:][target_mask])

@@ -4,7 +4,7 @@ from the nested one in one function here (`sft_config`, `rl_config`, `eval_confi
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from bridgelm.blocks import BlockConfig
 from bridgelm.demo import arms as registry
@@ -12,6 +12,7 @@ from bridgelm.demo.base import BaseConfig
 from bridgelm.demo.control import ControlConfig
 from bridgelm.engine import SamplingConfig
 from bridgelm.evaluate import EvalConfig
+from bridgelm.setting import setting
 from bridgelm.tasks import anysum
 from bridgelm.train.rl_config import RLConfig, default_rollout
 from bridgelm.train.sft import SFTConfig
@@ -71,41 +72,63 @@ class DemoConfig:
     """The demo: the configs of the runs it makes (each run sets its own seed, blocks and precision from them), and
     the sizes of its own; `quick()` shrinks them to toy sizes."""
 
-    base: BaseConfig = field(default_factory=BaseConfig)  # the base model and its pre-training
-    blocks: BlockConfig = field(default_factory=demo_blocks)  # the added blocks' size (kind, placement: each run's)
-    warmup: SamplingConfig = field(default_factory=demo_warmup)  # how the base model answers for the warm-up data
-    warmup_problems: int = 400  # training problems the base model answers for the warm-up data
-    sft: SFTConfig = field(default_factory=demo_sft)  # the SFT warm-up of each block set
-    rl: RLConfig = field(default_factory=demo_rl)  # GRPO of each arm: the same prompts, budget and settings
-    eval: EvalConfig = field(default_factory=demo_eval)  # held-out evaluation of each arm
-    eval_problems: int = 240  # held-out test problems (a multiple of eval.width, for the foreign-siblings control)
-    trace_problems: int = 120  # test problems of the trace (interaction over the course of RL, Bridge seed 0)
-    trace_n: int = 8  # samples per problem in the trace (a multiple of eval.width), sampled as the evaluation
-    bf16: bool | None = None  # bf16 autocast of pre-training, SFT and RL forwards (fp32 weights and optimiser; 1.6x
-    # faster on a CPU with AVX-512 BF16), and sampling (warm-up data, RL rollouts, evaluation) with bf16 weights
-    # (1.3-1.5x faster); None: as the folder's earlier stages, else bf16 where its matmul is at least BF16_MARGIN
-    # times as fast as fp32's (measured at the start: on CPUs without AVX-512 it is about 100x slower), else fp32
-    seeds: int | None = None  # RL seeds per arm (the arms share each seed); None: 3 where the forwards run in bf16, 1
-    # in fp32 (a CPU without bf16 instructions runs the stages ~2.5x slower: 1 seed keeps make demo near 20 minutes)
-    sft_per_seed: bool = True  # RL seed s of P-Match and Bridge starts from SFT seed s (off: all from SFT seed 0)
-    foreign_control: bool = True  # control (b): Bridge at eval.width with groups of samples of different problems
-    positive_control: bool = True  # the positive control (demo/control.py): a task where siblings carry the answer,
-    # blocks-only GRPO, w=8 against w=1 and foreign siblings, over `seeds` seeds
-    control: ControlConfig = field(default_factory=ControlConfig)  # the positive control's model, GRPO and evaluation
-    arms: list[str] = field(default_factory=list)  # RL arms beside RLVR only, P-Match and Bridge (demo/arms.py):
-    # bridge_cold, bridge_attn, bridge_blocks, bridge_2groups, bridge_majority, bridge_appc, bridge_sibling,
-    # bridge_tuned, pmatch_tuned
-    blocks_lrs: list[float] = field(default_factory=lambda: [1e-3, 3e-3])  # candidate block lrs of bridge_blocks
-    lr_grid: list[float] = field(default_factory=lambda: [1e-4, 1e-3, 3e-3])  # candidate block lrs of the tuned
-    # arms, each at base lr rl.lr and at rl.lr x 3 (6 candidates), chosen on validation problems
-    misalignment: list[int] = field(default_factory=list)  # preambles p of the positive control's misalignment
-    # dose-response (demo/misalign.py): solutions start with 0..p filler dots, so siblings' reads are misaligned;
-    # e.g. 0,4,16 ([]: not run)
-    primary: str = "bridge-rlvr"  # the one primary comparison of the report, named before the run (the others are
-    # secondary): a key of results.json "diffs" or of an extra arm's differences ("bridge_tuned-rlvr")
-    recipe_control: bool = True  # every Bridge arm's recipe run on the positive control's task (demo/recipe_control.py)
-    threads: int = 0  # torch threads (0 = torch's default); each of the workers gets threads // workers, at least 1
-    workers: int = 2  # stages that do not wait on each other run in this many processes at once (1: one by one)
+    base: BaseConfig = setting(default_factory=BaseConfig, help="the base model and its pre-training")
+    blocks: BlockConfig = setting(default_factory=demo_blocks, help="the added blocks' size (kind, "
+                                                                    "placement: each run's)")
+    warmup: SamplingConfig = setting(default_factory=demo_warmup, help="how the base model answers "
+                                                                       "for the warm-up data")
+    warmup_problems: int = setting(400, "training problems the base model answers for the warm-up data")
+    sft: SFTConfig = setting(default_factory=demo_sft, help="the SFT warm-up of each block set")
+    rl: RLConfig = setting(default_factory=demo_rl, help="GRPO of each arm: the same prompts, budget and settings")
+    eval: EvalConfig = setting(default_factory=demo_eval, help="held-out evaluation of each arm")
+    eval_problems: int = setting(240, "held-out test problems (a multiple of "
+                                      "eval.width, for the foreign-siblings control)")
+    trace_problems: int = setting(120, "test problems of the trace (interaction over the course of RL, Bridge seed 0)")
+    trace_n: int = setting(8, "samples per problem in the trace (a multiple of eval.width), sampled as the evaluation")
+    bf16: bool | None = setting(None, "bf16 autocast of pre-training, SFT and RL forwards (fp32 weights and "
+                                      "optimiser; 1.6x faster on a CPU with AVX-512 BF16), and sampling "
+                                      "(warm-up data, RL rollouts, evaluation) with bf16 weights (1.3-1.5x "
+                                      "faster); None: as the folder's earlier stages, else bf16 where its "
+                                      "matmul is at least BF16_MARGIN times as fast as fp32's (measured at "
+                                      "the start: on CPUs without AVX-512 it is about 100x slower), else fp32")
+    seeds: int | None = setting(None, "RL seeds per arm (the arms share each seed); None: 3 where the "
+                                      "forwards run in bf16, 1 in fp32 (a CPU without bf16 instructions runs "
+                                      "the stages ~2.5x slower: 1 seed keeps make demo near 20 minutes)")
+    sft_per_seed: bool = setting(True, "RL seed s of P-Match and Bridge starts "
+                                       "from SFT seed s (off: all from SFT seed 0)")
+    foreign_control: bool = setting(True, "control (b): Bridge at eval.width with "
+                                          "groups of samples of different problems")
+    positive_control: bool = setting(True, "the positive control (demo/control.py): a task where "
+                                           "siblings carry the answer, blocks-only GRPO, w=8 "
+                                           "against w=1 and foreign siblings, over `seeds` seeds")
+    control: ControlConfig = setting(
+        default_factory=ControlConfig,
+        help="the positive control's model, GRPO and evaluation",
+    )
+    arms: list[str] = setting(default_factory=list, help="RL arms beside RLVR only, P-Match and Bridge "
+                                                         "(demo/arms.py): bridge_cold, bridge_attn, "
+                                                         "bridge_blocks, bridge_2groups, bridge_majority, "
+                                                         "bridge_appc, bridge_sibling, bridge_tuned, pmatch_tuned")
+    blocks_lrs: list[float] = setting(default_factory=lambda: [1e-3, 3e-3], help="candidate block lrs of bridge_blocks")
+    lr_grid: list[float] = setting(
+        default_factory=lambda: [1e-4, 1e-3, 3e-3],
+        help="candidate block lrs of the tuned arms, each at base lr rl.lr "
+             "and at rl.lr x 3 (6 candidates), chosen on validation problems",
+    )
+    misalignment: list[int] = setting(
+        default_factory=list,
+        help="preambles p of the positive control's misalignment dose-response (demo/misalign.py): solutions start "
+        "with 0..p filler dots, so siblings' reads are misaligned; e.g. 0,4,16 ([]: not run)",
+    )
+    primary: str = setting("bridge-rlvr", "the one primary comparison of the report, named before the run "
+                                          "(the others are secondary): a key of results.json \"diffs\" or "
+                                          "of an extra arm's differences (\"bridge_tuned-rlvr\")")
+    recipe_control: bool = setting(True, "every Bridge arm's recipe run on the positive "
+                                         "control's task (demo/recipe_control.py)")
+    threads: int = setting(0, "torch threads (0 = torch's default); each of "
+                              "the workers gets threads // workers, at least 1")
+    workers: int = setting(2, "stages that do not wait on each other run in "
+                              "this many processes at once (1: one by one)")
 
     @staticmethod
     def quick() -> DemoConfig:

@@ -18,12 +18,13 @@ Outputs, under DIR/control/: base/ (the model), rl_s<seed>/ (its GRPO run), eval
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bridgelm.demo.base import BaseConfig, make_problems, make_task, pretrain
 from bridgelm.demo.numbers import per_problem_accuracy
 from bridgelm.evaluate import EvalConfig
+from bridgelm.setting import setting
 from bridgelm.tasks.hint import HintSpec
 from bridgelm.train.rl_config import RLConfig, default_rollout
 
@@ -77,10 +78,10 @@ def control_eval() -> EvalConfig:
 class ControlConfig:
     """The positive control's base model, its blocks' GRPO and its evaluation."""
 
-    base: BaseConfig = field(default_factory=control_base)  # the hint model
-    rl: RLConfig = field(default_factory=control_rl)  # blocks-only GRPO of fresh Bridge blocks
-    eval: EvalConfig = field(default_factory=control_eval)  # held-out evaluation at w = 1 and w = eval.width
-    problems: int = 240  # held-out test problems (a multiple of eval.width, for the foreign groups)
+    base: BaseConfig = setting(default_factory=control_base, help="the hint model")
+    rl: RLConfig = setting(default_factory=control_rl, help="blocks-only GRPO of fresh Bridge blocks")
+    eval: EvalConfig = setting(default_factory=control_eval, help="held-out evaluation at w = 1 and w = eval.width")
+    problems: int = setting(240, "held-out test problems (a multiple of eval.width, for the foreign groups)")
 
 
 @dataclass

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bridgelm.errors import check_int, check_number
+from bridgelm.setting import setting
 
 # The smallest temperature above 0. Sampling is greedy in all but name long before it; far below it logits /
 # temperature overflow float32 (1e-45 gave inf logits, NaN log-probs and one repeated token).
@@ -31,19 +32,21 @@ def check_sampling(temperature: float, top_p: float, prefix: str = "", greedy: b
 class SamplingConfig:
     """How to sample; every field has the paper's evaluation default where it has one."""
 
-    n: int = 8  # samples per prompt
-    width: int = 1  # Bridge group width w (w divides n); 1 = independent samples
-    max_new_tokens: int = 256  # generated tokens per sample, at most
-    temperature: float = 0.6  # 0 = greedy
-    top_p: float = 0.95  # nucleus mass in (0, 1]
-    top_k: int = 0  # 0 = off
-    seed: int = 0  # seeds the torch.Generator of the whole run
-    max_batch_sequences: int = 256  # rows decoded together, at most
-    max_batch_tokens: int = 262_144  # rows x (longest prompt + max_new_tokens) of a wave, at most
-    compact_fraction: float = 0.125  # drop finished groups once they are this fraction of the batch (0: each one)
-    foreign_groups: bool = False  # control: group sample j of `width` different prompts (see docs/engine.md)
-    compile: bool | None = None  # torch.compile the decode step; None: where it wins (CUDA), see compile_wins
-    pack_weights: bool = True  # eager CPU decoding packs linear weights for oneDNN once per wave (bridgelm.packed)
+    n: int = setting(8, "samples per prompt")
+    width: int = setting(1, "Bridge group width w (w divides n); 1 = independent samples")
+    max_new_tokens: int = setting(256, "generated tokens per sample, at most")
+    temperature: float = setting(0.6, "0 = greedy")
+    top_p: float = setting(0.95, "nucleus mass in (0, 1]")
+    top_k: int = setting(0, "0 = off")
+    seed: int = setting(0, "seeds the torch.Generator of the whole run")
+    max_batch_sequences: int = setting(256, "rows decoded together, at most")
+    max_batch_tokens: int = setting(262_144, "rows x (longest prompt + max_new_tokens) of a wave, at most")
+    compact_fraction: float = setting(0.125, "drop finished groups once they are this "
+                                             "fraction of the batch (0: each one)")
+    foreign_groups: bool = setting(False, "control: group sample j of `width` different prompts (see docs/engine.md)")
+    compile: bool | None = setting(None, "torch.compile the decode step; None: where it wins (CUDA), see compile_wins")
+    pack_weights: bool = setting(True, "eager CPU decoding packs linear weights "
+                                       "for oneDNN once per wave (bridgelm.packed)")
 
     def validate(self) -> None:
         if not isinstance(self.n, int) or self.n < 1:

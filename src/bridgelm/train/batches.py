@@ -19,7 +19,6 @@ from typing import NamedTuple
 import torch
 
 from bridgelm.attention import fast_attention
-from bridgelm.dist import Dist
 from bridgelm.grouped import KWARG, Groups
 
 
@@ -235,6 +234,6 @@ def chunks(items: Sequence, size: int) -> list[list]:
     return [list(items[i : i + size]) for i in range(0, len(items), size)]
 
 
-def autocast(dist: Dist, bf16: bool):
-    """bf16 autocast on this rank's device when asked (a no-op context otherwise)."""
-    return torch.autocast(device_type=dist.device.type, dtype=torch.bfloat16, enabled=bf16)
+def autocast(device: torch.device, bf16: bool):
+    """bf16 autocast on `device` when asked (a no-op context otherwise)."""
+    return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16, enabled=bf16)

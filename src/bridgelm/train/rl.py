@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from bridgelm.attach import added_parameters, block_config
-from bridgelm.dist import Dist, all_reduce_sum, prepare_model, setup_distributed
+from bridgelm.dist import Dist, prepare_model, setup_distributed
 from bridgelm.engine import eos_ids, pad_id
 from bridgelm.evaluate import accuracy
 from bridgelm.jsonl import write_json
@@ -36,7 +36,8 @@ from bridgelm.train.loop import Run, control_of, settings_of
 from bridgelm.train.optim import gradient_parts, make_optimizer, make_scheduler
 from bridgelm.train.reference import make_reference, skeleton
 from bridgelm.train.rl_config import FREE_FIELDS, RLConfig, validation_sampling
-from bridgelm.train.rollouts import RolloutPolicy, Rollouts, collect_rollouts, step_examples
+from bridgelm.train.rl_metrics import step_record
+from bridgelm.train.rollouts import RolloutPolicy, collect_rollouts, step_examples
 from bridgelm.train.set_rewards import check_reward_task
 from bridgelm.train.update import Learner, update_policy
 from bridgelm.train.weights import load_checkpoint, save_model, write_on_main
@@ -153,9 +154,9 @@ def train_rl(model, tokenizer, task, cfg: RLConfig, out_dir: str | os.PathLike, 
                 with run.update():
                     lr = learner.scheduler.get_last_lr()[0]
                     t1 = time.perf_counter()
-                    sums = update_policy(learner, rollouts, cfg, step, pad, dist)
+                    stats = update_policy(learner, rollouts, cfg, step, pad, dist)
                     run.state["step"] = step + 1
-                    record = _record(step, rollouts, sums, cfg, lr, t0, t1, dist)
+                    record = step_record(step, rollouts, stats, cfg, lr, t0, t1, dist)
                     due = step + 1 == cfg.steps or (cfg.eval_every and (step + 1) % cfg.eval_every == 0)
                     if val_task is not None and due:
                         record.update(_validate(model, sampler, tokenizer, val_task, cfg, run.state, out_dir, dist))
@@ -174,59 +175,6 @@ def train_rl(model, tokenizer, task, cfg: RLConfig, out_dir: str | os.PathLike, 
         steps=run.step,
         out_dir=out_dir,
     )
-
-
-def _record(step, rollouts: Rollouts, sums: dict, cfg: RLConfig, lr, t0, t1, dist: Dist) -> dict:
-    """The step's metrics, summed over ranks."""
-    r = rollouts.rewards
-    per_prompt = r.view(-1, cfg.rollout.n)
-    lengths = [len(row.response) for row in rollouts.rows]
-    local = [
-        float(r.sum()),
-        float(rollouts.correct.sum()),
-        float(r.numel()),
-        float((per_prompt == per_prompt[:, :1]).all(-1).sum()),
-        float(per_prompt.shape[0]),
-        float(sum(lengths)),
-        float(sum(not f for f in rollouts.finished)),
-        sums["clipped"],
-        sums["kl"],
-        sums["entropy"],
-        sums["entropy_tokens"],
-        rollouts.sample_seconds,
-    ]
-    (reward, correct, n, flat, prompts, length, truncated, clipped, kl, entropy, entropy_tokens, sample_s) = (
-        all_reduce_sum(local, dist)
-    )
-    passes = cfg.epochs_per_rollout
-    trained = max(sums["tokens"], 1.0)  # tokens over all ranks and mini-batches (each pass)
-    now = time.perf_counter()
-    n_opt = cfg.steps_per_rollout * passes
-    return {
-        "step": step + 1,
-        "optimizer_steps": (step + 1) * n_opt,
-        "lr": lr,
-        "reward": reward / n,
-        "accuracy": correct / n,
-        "zero_advantage_prompts": flat / prompts,
-        "loss": sums["loss"] / n_opt,
-        "kl": kl / trained if cfg.beta > 0 else None,
-        "clip_fraction": clipped / trained,
-        # over the response tokens that had a forward (None: none had, every prompt's rewards equal and beta = 0)
-        "entropy": entropy / entropy_tokens if entropy_tokens else None,
-        "response_length": length / n,
-        "truncated": truncated / n,
-        "grad_norm": sums["grad_norm"] / n_opt,
-        **{f"grad_norm_{k}": v / n_opt for k, v in sums["parts"].items()},
-        "tokens_per_s": length / max(now - t0, 1e-9),
-        "sample_tokens_per_s": length / max(sample_s / dist.world, 1e-9),
-        "sample_seconds": t1 - t0,
-        "update_seconds": now - t1,
-        "old_logprob_seconds": sums["old_seconds"],  # the update's no_grad passes
-        "reference_seconds": sums["ref_seconds"],
-        "seconds": now - t0,
-        "passes": passes,
-    }
 
 
 def _validate(model, sampler, tokenizer, val_task, cfg: RLConfig, state: dict, out_dir: Path, dist: Dist) -> dict:

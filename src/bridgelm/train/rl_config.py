@@ -3,13 +3,14 @@ EvalConfig; read by the loop (rl.py), the rollout phase (rollouts.py), the updat
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from bridgelm.engine import SamplingConfig, check_sampling
 from bridgelm.errors import check_int, check_number
 from bridgelm.evaluate import EvalConfig
 from bridgelm.grpo import ADVANTAGES
 from bridgelm.rng import derive_seed
+from bridgelm.setting import setting
 from bridgelm.train.optim import check_lr
 from bridgelm.train.set_rewards import REWARDS
 
@@ -30,52 +31,64 @@ def default_validation() -> EvalConfig:
 class RLConfig:
     """GRPO settings; defaults follow the paper's Appendix A where it gives one (per-device sizes are smaller)."""
 
-    steps: int = 100  # rollout steps; each samples P x G rollouts, then takes K optimiser steps
-    prompts_per_step: int = 8  # P, over all ranks (divisible by the number of processes)
-    chat: bool = False  # wrap prompts in the tokenizer's chat template
-    seed: int = 0  # seeds data order, sampling and mini-batch shuffles (with the step)
+    steps: int = setting(100, "rollout steps; each samples P x G rollouts, then takes K optimiser steps")
+    prompts_per_step: int = setting(8, "P, over all ranks (divisible by the number of processes)")
+    chat: bool = setting(False, "wrap prompts in the tokenizer's chat template")
+    seed: int = setting(0, "seeds data order, sampling and mini-batch shuffles (with the step)")
 
-    rollout: SamplingConfig = field(default_factory=default_rollout)  # G = n rollouts per prompt in groups of width w
-    # (w divides G); log-probs are at logits / temperature; its seed is drawn from `seed` each step
-    rollout_dtype: str | None = None  # sample from a copy of the policy in this dtype ("bfloat16"), refreshed before
-    # each step (1.3-1.5x faster sampling on CPU); the update recomputes every log-prob. None: the policy itself
-    reward: str = "sample"  # "sample": each rollout's correctness (paper); "majority": a Bridge group's majority vote
-    # correct, for all its rollouts (needs rollouts >= 2 x width); "distinct": its distinct correct answers, shared
-    # by their holders (countdown); "sibling": r_i + sibling_weight x the mean of its group's other rewards (needs
-    # rollouts >= 2 x width)
-    sibling_weight: float | None = None  # L of reward "sibling" (None: 1.0; L = width - 1 credits each rollout with
-    # its whole group's reward, the exact policy gradient of a group's summed reward)
-    advantage: str = "prompt"  # "prompt": over all G rollouts of a prompt, across its groups (the paper's);
-    # "between-groups": each rollout against the mean of its prompt's other Bridge groups (App. C; rollouts >= 2 x width)
+    rollout: SamplingConfig = setting(
+        default_factory=default_rollout,
+        help="G = n rollouts per prompt in groups of width w (w divides G); log-probs "
+             "are at logits / temperature; its seed is drawn from `seed` each step",
+    )
+    rollout_dtype: str | None = setting(None, 'sample from a copy of the policy in this dtype ("bfloat16"), '
+                                              'refreshed before each step (1.3-1.5x faster sampling on CPU); '
+                                              'the update recomputes every log-prob. None: the policy itself')
+    reward: str = setting("sample", "\"sample\": each rollout's correctness (paper); \"majority\": a Bridge "
+                                    "group's majority vote correct, for all its rollouts (needs rollouts >= "
+                                    "2 x width); \"distinct\": its distinct correct answers, shared by "
+                                    "their holders (countdown); \"sibling\": r_i + sibling_weight x the "
+                                    "mean of its group's other rewards (needs rollouts >= 2 x width)")
+    sibling_weight: float | None = setting(None, "L of reward \"sibling\" (None: 1.0; L = width - 1 "
+                                                 "credits each rollout with its whole group's reward, "
+                                                 "the exact policy gradient of a group's summed reward)")
+    advantage: str = setting("prompt", "\"prompt\": over all G rollouts of a prompt, across its groups (the "
+                                       "paper's); \"between-groups\": each rollout against the mean of its "
+                                       "prompt's other Bridge groups (App. C; rollouts >= 2 x width)")
 
-    steps_per_rollout: int = 8  # K: optimiser steps per rollout batch, on K mini-batches of whole groups
-    epochs_per_rollout: int = 1  # passes over the rollout batch (K steps each)
-    micro_batch_groups: int = 4  # Bridge groups per forward/backward (gradient accumulation in a mini-batch)
-    micro_batch_tokens: int | None = None  # also cut micro-batches, groups sorted by length, at this many padded
-    # tokens (rows x longest row); None: micro_batch_groups groups each, in mini-batch order
-    lr: float = 1e-6  # AdamW learning rate after warm-up (constant)
-    block_lr: float | None = None  # learning rate of the added blocks (None: lr, as in the paper)
-    warmup_fraction: float = 0.1  # share of the optimiser steps spent warming the lr up linearly
-    weight_decay: float = 0.0  # AdamW weight decay
-    max_grad_norm: float = 1.0  # gradient clipping (<= 0: off)
-    clip_eps: float = 0.2  # ratio clip range below 1 (and above, unless clip_eps_high is set)
-    clip_eps_high: float | None = None  # ratio clip range above 1 (DAPO's clip-higher), None = clip_eps
-    beta: float = 1e-3  # weight of the k3 KL to the reference (0: no reference model)
-    freeze_base: bool = False  # train only the added blocks
-    bf16: bool = False  # bf16 autocast of the training forwards; with fsdp, mixed precision (bf16 compute, fp32
-    # master weights and reductions) where the device has bf16, and rollouts from a bf16 copy (rollout_dtype's default)
-    gradient_checkpointing: bool = False  # recompute layer activations in the backward
-    fsdp: bool = False  # shard parameters, gradients and optimiser state with FSDP2 (torchrun only)
+    steps_per_rollout: int = setting(8, "K: optimiser steps per rollout batch, on K mini-batches of whole groups")
+    epochs_per_rollout: int = setting(1, "passes over the rollout batch (K steps each)")
+    micro_batch_groups: int = setting(4, "Bridge groups per forward/backward (gradient accumulation in a mini-batch)")
+    micro_batch_tokens: int | None = setting(None, "also cut micro-batches, groups sorted by length, at "
+                                                   "this many padded tokens (rows x longest row); None: "
+                                                   "micro_batch_groups groups each, in mini-batch order")
+    lr: float = setting(1e-6, "AdamW learning rate after warm-up (constant)")
+    block_lr: float | None = setting(None, "learning rate of the added blocks (None: lr, as in the paper)")
+    warmup_fraction: float = setting(0.1, "share of the optimiser steps spent warming the lr up linearly")
+    weight_decay: float = setting(0.0, "AdamW weight decay")
+    max_grad_norm: float = setting(1.0, "gradient clipping (<= 0: off)")
+    clip_eps: float = setting(0.2, "ratio clip range below 1 (and above, unless clip_eps_high is set)")
+    clip_eps_high: float | None = setting(None, "ratio clip range above 1 (DAPO's clip-higher), None = clip_eps")
+    beta: float = setting(1e-3, "weight of the k3 KL to the reference (0: no reference model)")
+    freeze_base: bool = setting(False, "train only the added blocks")
+    bf16: bool = setting(False, "bf16 autocast of the training forwards; with fsdp, mixed precision "
+                                "(bf16 compute, fp32 master weights and reductions) where the device "
+                                "has bf16, and rollouts from a bf16 copy (rollout_dtype's default)")
+    gradient_checkpointing: bool = setting(False, "recompute layer activations in the backward")
+    fsdp: bool = setting(False, "shard parameters, gradients and optimiser state with FSDP2 (torchrun only)")
 
-    eval_every: int = 0  # steps between validations (0: only after the last step); needs a val_task
-    validation: EvalConfig = field(default_factory=default_validation)  # how the val_task is sampled: n, width,
-    # limit (None: all problems), max_new_tokens (None: the rollouts'); its seed is drawn from `seed`, chat is `chat`
+    eval_every: int = setting(0, "steps between validations (0: only after the last step); needs a val_task")
+    validation: EvalConfig = setting(
+        default_factory=default_validation,
+        help="how the val_task is sampled: n, width, limit (None: all problems), max_new_tokens "
+             "(None: the rollouts'); its seed is drawn from `seed`, chat is `chat`",
+    )
 
-    save_every: int = 50  # steps between checkpoints (0: only at the end and on Ctrl-C)
-    keep_last: int = 2  # checkpoints kept (best/ is kept apart)
-    resume: bool = False  # continue the run found in the output directory
-    progress: bool = True  # show a progress bar
-    tensorboard: bool = False  # also log to OUT/tensorboard (when tensorboard is installed)
+    save_every: int = setting(50, "steps between checkpoints (0: only at the end and on Ctrl-C)")
+    keep_last: int = setting(2, "checkpoints kept (best/ is kept apart)")
+    resume: bool = setting(False, "continue the run found in the output directory")
+    progress: bool = setting(True, "show a progress bar")
+    tensorboard: bool = setting(False, "also log to OUT/tensorboard (when tensorboard is installed)")
 
     def validate(self, world: int = 1) -> None:
         self._check_rollouts(world)

@@ -34,6 +34,7 @@ from bridgelm.jsonl import read_records, write_json
 from bridgelm.models import enable_checkpointing
 from bridgelm.rng import derive_seed, generator
 from bridgelm.runs import fingerprint, local_source, model_fingerprint
+from bridgelm.setting import setting
 from bridgelm.train.batches import Row, autocast, chunks, pack_rows, response_logprobs
 from bridgelm.train.optim import check_lr, gradient_parts, make_optimizer, make_scheduler, optimizer_step
 from bridgelm.train.loop import Run, control_of, settings_of
@@ -45,29 +46,29 @@ BLOCKS_FILE = "blocks.safetensors"  # the best blocks of the run (by validation 
 class SFTConfig:
     """SFT warm-up settings; defaults follow the paper's Appendix A where it gives one."""
 
-    blocks: str = "bridge"  # kind of blocks to add when the model has none: "bridge" or "pmatch"
-    num_heads: int = 4  # heads of the added blocks (head dim = the host's)
-    placement: str = "ffn"  # where the blocks sit: "ffn" (paper) or "attn"
-    epochs: int = 5  # passes over the training problems
-    lr: float = 2e-5  # peak learning rate of AdamW
-    warmup_fraction: float = 0.1  # share of the optimiser steps spent warming the lr up linearly
-    weight_decay: float = 0.0  # AdamW weight decay
-    batch_groups: int = 8  # groups per optimiser step, over all ranks (paper: 32 responses)
-    micro_batch_groups: int = 8  # groups per forward/backward on a rank (gradient accumulation)
-    min_width: int = 2  # smallest group
-    max_width: int = 4  # largest group
-    max_length: int = 2048  # prompt + response tokens per row; longer responses are cut
-    val_fraction: float = 0.1  # share of the problems held out for validation perplexity
-    val_count: int | None = None  # held-out problems; overrides val_fraction (paper: 500)
-    max_grad_norm: float = 1.0  # gradient clipping (<= 0: off)
-    bf16: bool = False  # bf16 autocast of forwards
-    gradient_checkpointing: bool = False  # recompute layer activations in the backward
-    seed: int = 0  # seeds the block initialisation, the split, the groups and the batch order
-    save_every: int = 0  # optimiser steps between resumable checkpoints (0: at the end of each epoch)
-    keep_last: int = 2  # resumable checkpoints kept
-    resume: bool = False  # continue the run found in the output directory
-    progress: bool = True  # show a progress bar
-    tensorboard: bool = False  # also log to OUT/tensorboard (when tensorboard is installed)
+    blocks: str = setting("bridge", 'kind of blocks to add when the model has none: "bridge" or "pmatch"')
+    num_heads: int = setting(4, "heads of the added blocks (head dim = the host's)")
+    placement: str = setting("ffn", 'where the blocks sit: "ffn" (paper) or "attn"')
+    epochs: int = setting(5, "passes over the training problems")
+    lr: float = setting(2e-5, "peak learning rate of AdamW")
+    warmup_fraction: float = setting(0.1, "share of the optimiser steps spent warming the lr up linearly")
+    weight_decay: float = setting(0.0, "AdamW weight decay")
+    batch_groups: int = setting(8, "groups per optimiser step, over all ranks (paper: 32 responses)")
+    micro_batch_groups: int = setting(8, "groups per forward/backward on a rank (gradient accumulation)")
+    min_width: int = setting(2, "smallest group")
+    max_width: int = setting(4, "largest group")
+    max_length: int = setting(2048, "prompt + response tokens per row; longer responses are cut")
+    val_fraction: float = setting(0.1, "share of the problems held out for validation perplexity")
+    val_count: int | None = setting(None, "held-out problems; overrides val_fraction (paper: 500)")
+    max_grad_norm: float = setting(1.0, "gradient clipping (<= 0: off)")
+    bf16: bool = setting(False, "bf16 autocast of forwards")
+    gradient_checkpointing: bool = setting(False, "recompute layer activations in the backward")
+    seed: int = setting(0, "seeds the block initialisation, the split, the groups and the batch order")
+    save_every: int = setting(0, "optimiser steps between resumable checkpoints (0: at the end of each epoch)")
+    keep_last: int = setting(2, "resumable checkpoints kept")
+    resume: bool = setting(False, "continue the run found in the output directory")
+    progress: bool = setting(True, "show a progress bar")
+    tensorboard: bool = setting(False, "also log to OUT/tensorboard (when tensorboard is installed)")
 
     def validate(self) -> None:
         if self.blocks not in ("bridge", "pmatch"):
@@ -234,7 +235,7 @@ def batch_backward(model, groups: list[list[Row]], cfg: SFTConfig, pad_id: int, 
     loss_sum = 0.0
     for micro in chunks(mine, cfg.micro_batch_groups):
         batch = pack_rows([r for g in micro for r in g], pad_id, dist.device)
-        with autocast(dist, cfg.bf16):
+        with autocast(dist.device, cfg.bf16):
             lp = response_logprobs(model, batch).logprobs  # [B, T]
         loss = -(lp * batch.response_mask).sum() / max(total, 1.0)
         loss.backward()
@@ -250,7 +251,7 @@ def validation_loss(model, groups: list[list[Row]], cfg: SFTConfig, pad_id: int,
     nll, tokens = 0.0, 0
     for micro in chunks(groups[dist.rank :: dist.world], cfg.micro_batch_groups):
         batch = pack_rows([r for g in micro for r in g], pad_id, dist.device)
-        with autocast(dist, cfg.bf16):
+        with autocast(dist.device, cfg.bf16):
             lp = response_logprobs(model, batch).logprobs
         nll -= float((lp * batch.response_mask).sum())
         tokens += batch.tokens

@@ -33,13 +33,13 @@ Used by bridgelm.train.rl; tested by tests/test_rl.py and tests/test_train_distr
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING
 
 import torch
 
 from bridgelm.dist import Dist, all_reduce_max, all_reduce_sum
-from bridgelm.grpo import policy_loss, policy_stats
+from bridgelm.grpo import policy_loss
 from bridgelm.rng import generator
 from bridgelm.train.batches import autocast, chunks, pack_rows, response_logprobs, rows_tensor
 from bridgelm.train.optim import optimizer_step
@@ -127,17 +127,50 @@ def minibatch_plan(n_groups: int, cfg: RLConfig, step: int) -> list[list[int]]:
 
 @dataclass
 class MinibatchStats:
-    loss: float  # the mini-batch's loss over all ranks
-    tokens: float  # response tokens of the mini-batch over all ranks
+    """The sums of one mini-batch, or of an update's mini-batches (`add`)."""
+
+    loss: float = 0.0  # the loss over all ranks
+    tokens: float = 0.0  # response tokens over all ranks
     clipped: float = 0.0  # this rank's token sums (see grpo.PolicyStats)
     kl: float = 0.0
     entropy: float = 0.0
     entropy_tokens: float = 0.0  # this rank's response tokens whose entropy is in `entropy`
 
+    def add(self, other: MinibatchStats) -> None:
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+
+@dataclass
+class UpdateStats:
+    """What one update (`update_policy`) gives the step's record."""
+
+    sums: MinibatchStats  # over its mini-batches; entropy: each fresh micro-batch's, then the no_grad pass's
+    grad_norm: float = 0.0  # summed over optimiser steps
+    old_seconds: float = 0.0  # the no_grad passes: old log-probs ...
+    ref_seconds: float = 0.0  # ... and the reference's
+    parts: dict[str, float] = field(default_factory=dict)  # gradient norm by part (optim.gradient_parts), summed
+
+
+@dataclass
+class Minibatch:
+    """This rank's share of one mini-batch, and the log-probs its loss compares against."""
+
+    groups: list[int]  # its groups
+    micro: list[list[int]] | None = None  # its cut into micro-batches, as the old log-probs were (None: micro_batches)
+    old: dict[int, torch.Tensor] | None = None  # old log-probs by row (None: every micro-batch fresh)
+    ref: dict[int, torch.Tensor] | None = None  # reference log-probs by row (beta > 0)
+
 
 @torch.no_grad()
 def rollout_logprobs(
-    model, rollouts: Rollouts, micro: list[list[int]], cfg: RLConfig, pad_id: int, dist, with_entropy: bool = True
+    model,
+    rollouts: Rollouts,
+    micro: list[list[int]],
+    cfg: RLConfig,
+    pad_id: int,
+    device: torch.device,
+    with_entropy: bool = True,
 ):
     """Log-probs of `model` for each row ({row: [len]}) over the micro-batches `micro` (lists of groups), and the
     entropy summed over all response tokens (0.0 without `with_entropy`)."""
@@ -145,8 +178,8 @@ def rollout_logprobs(
     entropy = 0.0
     for groups in micro:
         rows = rollouts.group_rows(groups)
-        batch = pack_rows([rollouts.rows[r] for r in rows], pad_id, dist.device)
-        with autocast(dist, cfg.bf16):
+        batch = pack_rows([rollouts.rows[r] for r in rows], pad_id, device)
+        with autocast(device, cfg.bf16):
             lp, ent = response_logprobs(model, batch, cfg.rollout.temperature, with_entropy=with_entropy)
         if ent is not None:
             entropy += float(ent[batch.response_mask].sum())
@@ -156,36 +189,28 @@ def rollout_logprobs(
 
 
 def minibatch_backward(
-    model,
-    rollouts: Rollouts,
-    groups: list[int],
-    old: dict[int, torch.Tensor] | None,
-    ref: dict[int, torch.Tensor] | None,
-    cfg: RLConfig,
-    pad_id: int,
-    dist: Dist,
-    micro: list[list[int]] | None = None,
+    model, rollouts: Rollouts, mb: Minibatch, cfg: RLConfig, pad_id: int, dist: Dist
 ) -> MinibatchStats:
-    """Forward/backward of one mini-batch (this rank's `groups`), micro-batch by micro-batch (`micro`: its cut into
-    micro-batches, the one the old log-probs were computed on; default `micro_batches`).
+    """Forward/backward of one mini-batch (this rank's `mb.groups`), micro-batch by micro-batch (`mb.micro`).
 
-    A micro-batch whose rows are missing from `old` (None: all rows) is fresh: it is trained before any optimiser
+    A micro-batch whose rows are missing from `mb.old` (None: all rows) is fresh: it is trained before any optimiser
     step of this rollout batch, or its groups' advantages are all 0 (the no_grad pass left it out, see the module
     docstring). Its current log-probs, detached, serve as its old ones; they are added to `old` (when given) for
     later epochs, and its entropy is counted. The loss is normalised by the mini-batch's token count over all ranks;
     gradients accumulate in .grad.
     """
-    local = sum(len(rollouts.rows[r].response) for r in rollouts.group_rows(groups))
+    old, ref = mb.old, mb.ref
+    local = sum(len(rollouts.rows[r].response) for r in rollouts.group_rows(mb.groups))
     total = all_reduce_sum([local], dist)[0]
     out = MinibatchStats(loss=0.0, tokens=total)
-    for part in micro if micro is not None else micro_batches(rollouts, groups, cfg):
+    for part in mb.micro if mb.micro is not None else micro_batches(rollouts, mb.groups, cfg):
         rows = rollouts.group_rows(part)
         batch = pack_rows([rollouts.rows[r] for r in rows], pad_id, dist.device)
         mask = batch.response_mask  # [B, T]
         # The no_grad pass runs on whole trained micro-batches, and after the first pass every row is in `old`:
         # a micro-batch is fresh entirely or not at all.
         fresh = old is None or rows[0] not in old
-        with autocast(dist, cfg.bf16):
+        with autocast(dist.device, cfg.bf16):
             lp, ent = response_logprobs(model, batch, cfg.rollout.temperature, with_entropy=fresh)
         if fresh:
             old_lp = lp.detach()  # [B, T]
@@ -195,9 +220,8 @@ def minibatch_backward(
             old_lp = rows_tensor([old[r] for r in rows], mask)  # [B, T]
         ref_lp = None if ref is None else rows_tensor([ref[r] for r in rows], mask)  # [B, T]
         adv = rollouts.advantages[rows].to(lp.device)  # [B]
-        loss = policy_loss(lp, old_lp, ref_lp, adv, mask, cfg.clip_eps, cfg.clip_eps_high, cfg.beta, num_tokens=total)
+        loss, s = policy_loss(lp, old_lp, ref_lp, adv, mask, cfg.clip_eps, cfg.clip_eps_high, cfg.beta, total)
         loss.backward()
-        s = policy_stats(lp.detach(), old_lp, ref_lp, adv, mask, cfg.clip_eps, cfg.clip_eps_high)
         out.loss += float(loss.detach())
         out.clipped += s.clipped
         out.kl += s.kl
@@ -208,7 +232,9 @@ def minibatch_backward(
     return out
 
 
-def update_policy(learner: Learner, rollouts: Rollouts, cfg: RLConfig, step: int, pad_id: int, dist: Dist) -> dict:
+def update_policy(
+    learner: Learner, rollouts: Rollouts, cfg: RLConfig, step: int, pad_id: int, dist: Dist
+) -> UpdateStats:
     """K (x epochs) optimiser steps on this rollout batch; returns token-level sums and means for logging."""
     model, ref_model, params = learner.model, learner.ref_model, learner.params
     plan = minibatch_plan(rollouts.n_groups, cfg, step)
@@ -223,43 +249,24 @@ def update_policy(learner: Learner, rollouts: Rollouts, cfg: RLConfig, step: int
     t0 = time.perf_counter()
     if len(plan) > 1:  # later mini-batches need the old policy's log-probs; the first one makes its own
         later = [m for mbs in micro_of[1 : cfg.steps_per_rollout] for m in mbs if not flat.issuperset(m)]
-        old, entropy = rollout_logprobs(model, rollouts, later, cfg, pad_id, dist)
+        old, entropy = rollout_logprobs(model, rollouts, later, cfg, pad_id, dist.device)
         entropy_tokens = sum(v.numel() for v in old.values())  # the pass's entropy is over these
     t1 = time.perf_counter()
     if ref_model is not None:  # beta > 0: nothing skipped, every group once as the first pass trains it
         first_pass = [m for mbs in micro_of[: cfg.steps_per_rollout] for m in mbs]
-        ref, _ = rollout_logprobs(ref_model, rollouts, first_pass, cfg, pad_id, dist, with_entropy=False)
+        ref, _ = rollout_logprobs(ref_model, rollouts, first_pass, cfg, pad_id, dist.device, with_entropy=False)
         reshard(ref_model)  # its root, left gathered by its forwards (it runs no backward)
     t2 = time.perf_counter()
-    sums = {
-        "loss": 0.0,
-        "clipped": 0.0,
-        "kl": 0.0,
-        "tokens": 0.0,
-        "entropy": 0.0,  # each fresh micro-batch's, then the no_grad pass's: every row with a forward once
-        "entropy_tokens": entropy_tokens,
-        "grad_norm": 0.0,
-        "old_seconds": t1 - t0,  # the no_grad passes (old log-probs, reference)
-        "ref_seconds": t2 - t1,
-        "parts": {},  # gradient norm of each part (see optim.gradient_parts), summed over optimiser steps
-    }
-    for mb, micro in zip(plan, micro_of):
-        s = minibatch_backward(model, rollouts, mb, old, ref, cfg, pad_id, dist, micro)
+    out = UpdateStats(MinibatchStats(entropy_tokens=entropy_tokens), old_seconds=t1 - t0, ref_seconds=t2 - t1)
+    for groups, micro in zip(plan, micro_of):
+        out.sums.add(minibatch_backward(model, rollouts, Minibatch(groups, micro, old, ref), cfg, pad_id, dist))
         if not micro:
             # Every group skipped: the full computation's gradients are zeros, which AdamW's moments still act on.
             # (On several ranks reduce_gradients fills them in; so would it for a parameter no loss reaches.)
             for p in params:
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
-        norm = optimizer_step(
-            params, learner.optimizer, learner.scheduler, cfg.max_grad_norm, dist, learner.parts, sums["parts"]
-        )
-        sums["loss"] += s.loss
-        sums["clipped"] += s.clipped
-        sums["kl"] += s.kl
-        sums["entropy"] += s.entropy
-        sums["entropy_tokens"] += s.entropy_tokens
-        sums["tokens"] += s.tokens
-        sums["grad_norm"] += norm
-    sums["entropy"] += entropy
-    return sums
+        opt = learner.optimizer, learner.scheduler
+        out.grad_norm += optimizer_step(params, *opt, cfg.max_grad_norm, dist, learner.parts, out.parts)
+    out.sums.entropy += entropy  # the no_grad pass's entropy, after the mini-batches' own
+    return out
