@@ -18,7 +18,7 @@ How the figures are made to hold from run to run:
 - the engine's compiled decode step (`--compile`, default: where it wins, see bridgelm.engine) is compiled
   before timing; its compile time is reported apart (`compile_seconds`).
 
-Top-level JSON keys (the first --dtypes entry: bf16 by default, fp32 where bf16 matmuls are slow):
+Top-level JSON keys (the first --dtypes entry: bf16 by default, fp32 on a CPU whose flags show no bf16 instructions):
 bridge_over_plain, plain_over_hf, plain_over_roofline (medians) and *_iqr beside each; per dtype and per model under
 "random_30m" and "smollm2".
 
@@ -386,7 +386,7 @@ def main() -> None:
         "--dtypes",
         default=None,
         help="comma-separated; the first gives the top-level keys (default: bfloat16,float32; float32 alone where "
-        "bf16 matmuls are slow)",
+        "the CPU has no bf16 instructions, by its flags)",
     )
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--prompt-len", type=int, default=64)
