@@ -39,7 +39,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -367,60 +366,6 @@ def measure_peaks(peaks: dict, size: int, device, sizes: dict[str, int] | None =
     return sizes
 
 
-def vllm_section(args, dtype_name: str, layers: int, smollm2: bool) -> dict:
-    """bridgelm's plain and Bridge engines against vLLM (its own python: --vllm-python) at each of --vllm-rows, on
-    SmolLM2 (GSM8K questions) or the random 30M model (saved to a folder vLLM loads), in `dtype_name`, at this
-    run's threads pinned to the same cores in both processes. -> {rows: comparison} (vllm_compare)."""
-    from vllm_compare import VllmChild, compare_with_vllm, pinned_cores
-
-    from bridgelm.pretrained import load_smollm2, smollm2_dir
-
-    dtype = getattr(torch, dtype_name)
-    rows = [int(r) for r in args.vllm_rows.split(",") if r.strip()]
-    counts = [max(1, r // args.n) for r in rows]  # prompts per comparison
-    with tempfile.TemporaryDirectory() as tmp:
-        if smollm2:
-            (plain, tok), folder = load_smollm2(dtype), str(smollm2_dir())
-            bridged, pad = with_random_bridge(load_smollm2(dtype)[0]), tok.pad_token_id
-            pool = encode_prompts(tok, gsm8k_questions(max(counts)), chat=True)
-        else:
-            plain, folder, pad = bench_model(dtype, layers=layers), tmp, 0
-            plain.save_pretrained(folder)
-            bridged = with_random_bridge(bench_model(dtype, layers=layers))
-            g = torch.Generator().manual_seed(2)
-            pool = torch.randint(5, 24000, (max(counts), args.prompt_len), generator=g).tolist()
-        cores = pinned_cores(torch.get_num_threads())
-        before = os.sched_getaffinity(0)
-        os.sched_setaffinity(0, cores)
-        setup = {
-            "model": folder, "dtype": dtype_name, "threads": len(cores), "cores": cores, "seed": 0,
-            "max_num_seqs": max(rows), "max_model_len": max(map(len, pool)) + args.new_tokens + 8,
-            "kv_gib": args.vllm_kv_gib,
-        }  # fmt: skip
-        child = VllmChild(args.vllm_python, setup)
-        print(f"  vLLM {child.version}: started in {child.startup_seconds:.1f} s, {len(cores)} threads on cores {cores}")
-        e = dict(temperature=args.temperature, top_p=args.top_p, pad_id=pad, compile=args.compile, pack=args.pack)
-        out = {}
-        try:
-            for r, count in zip(rows, counts):
-                ids = pool[:count]
-                engines = {
-                    "engine_plain": lambda ids=ids: run_engine(plain, ids, args.n, 1, args.new_tokens, **e),
-                    "engine_bridge": lambda ids=ids: run_engine(bridged, ids, args.n, args.width, args.new_tokens, **e),
-                }
-                out[str(r)] = res = compare_with_vllm(child, engines, ids, args, timed)
-                res["model"] = "SmolLM2-135M-Instruct" if smollm2 else "random 30M"
-                print(
-                    f"  vs vLLM at {res['rows']} rows ({dtype_name}): plain_over_vllm {res['plain_over_vllm']}, "
-                    f"bridge_over_vllm {res['bridge_over_vllm']}",
-                    flush=True,
-                )
-        finally:
-            child.close()
-            os.sched_setaffinity(0, before)
-    return out
-
-
 def gsm8k_questions(count: int) -> list[str]:
     """`count` GSM8K test prompts (the task's own prompt text), repeated when there are fewer."""
     if GSM8K_TEST.is_file():
@@ -470,7 +415,7 @@ def main() -> None:
     ap.add_argument(
         "--threads", type=int, default=0, help="torch threads (0: as many as the machine's idle cores, at least 1)"
     )
-    ap.add_argument("--vllm-python", help="the python of a venv with vLLM: its engine side by side (docs/benchmarks.md)")
+    ap.add_argument("--vllm-python", help="the python of a venv with vLLM, to run it side by side (docs/benchmarks.md)")
     ap.add_argument("--vllm-rows", default="16,128", help="rows (prompts x n) of the vLLM comparison, comma-separated")
     ap.add_argument("--vllm-kv-gib", type=float, default=4, help="vLLM's CPU KV cache (VLLM_CPU_KVCACHE_SPACE)")
     ap.add_argument("--quick", action="store_true", help="tiny sizes (2 layers, 2 prompts, 8 tokens, 2 repeats)")
@@ -578,7 +523,9 @@ def main() -> None:
             print(f"  Bridge width {w:2d} (n={args.scaling_n}, {dtypes[0]}): {scaling[str(w)]} tok/s", flush=True)
         results["width_scaling"] = scaling
     if args.vllm_python:
-        results["vllm"] = vllm_section(args, dtypes[0], layers, use_smollm2 and not args.quick)
+        from vllm_compare import section
+
+        results["vllm"] = section(args, dtypes[0], layers, use_smollm2 and not args.quick)
     measure_peaks(peaks, args.matmul_size, device, sizes)
     results["peaks_tflops"] = {k: [round(v / 1e12, 4) for v in vs] for k, vs in peaks.items()}  # before, after
     results["peak_matmul_sizes"] = sizes  # the side of the square matmul each dtype's peak was timed at

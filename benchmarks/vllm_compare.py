@@ -114,3 +114,59 @@ def compare_with_vllm(child: VllmChild, engines: dict, prompts, args, timed) -> 
         ratio = f"{name.removeprefix('engine_')}_over_vllm"
         out[ratio] = spread([a / b for a, b in zip(tps[name], tps["vllm"])])
     return out
+
+
+def section(args, dtype_name: str, layers: int, smollm2: bool) -> dict:
+    """bridgelm's plain and Bridge engines against vLLM (its own python: --vllm-python) at each of --vllm-rows, on
+    SmolLM2 (GSM8K questions) or the random 30M model (saved to a folder vLLM loads), in `dtype_name`, at this
+    run's threads pinned to the same cores in both processes. -> {rows: comparison} (vllm_compare)."""
+    import torch
+    from generate import bench_model, encode_prompts, gsm8k_questions, run_engine, timed, with_random_bridge
+
+    from bridgelm.pretrained import load_smollm2, smollm2_dir
+
+    dtype = getattr(torch, dtype_name)
+    rows = [int(r) for r in args.vllm_rows.split(",") if r.strip()]
+    counts = [max(1, r // args.n) for r in rows]  # prompts per comparison
+    with tempfile.TemporaryDirectory() as tmp:
+        if smollm2:
+            (plain, tok), folder = load_smollm2(dtype), str(smollm2_dir())
+            bridged, pad = with_random_bridge(load_smollm2(dtype)[0]), tok.pad_token_id
+            pool = encode_prompts(tok, gsm8k_questions(max(counts)), chat=True)
+        else:
+            plain, folder, pad = bench_model(dtype, layers=layers), tmp, 0
+            plain.save_pretrained(folder)
+            bridged = with_random_bridge(bench_model(dtype, layers=layers))
+            g = torch.Generator().manual_seed(2)
+            pool = torch.randint(5, 24000, (max(counts), args.prompt_len), generator=g).tolist()
+        cores = pinned_cores(torch.get_num_threads())
+        before = os.sched_getaffinity(0)
+        os.sched_setaffinity(0, cores)
+        setup = {
+            "model": folder, "dtype": dtype_name, "threads": len(cores), "cores": cores, "seed": 0,
+            "max_num_seqs": max(rows), "max_model_len": max(map(len, pool)) + args.new_tokens + 8,
+            "kv_gib": args.vllm_kv_gib,
+        }  # fmt: skip
+        child = VllmChild(args.vllm_python, setup)
+        print(f"  vLLM {child.version}: started in {child.startup_seconds:.1f} s; {len(cores)} threads, cores {cores}")
+        e = dict(temperature=args.temperature, top_p=args.top_p, pad_id=pad, compile=args.compile, pack=args.pack)
+        out = {}
+        try:
+            for r, count in zip(rows, counts):
+                ids = pool[:count]
+                n, w, T = args.n, args.width, args.new_tokens
+                engines = {
+                    "engine_plain": lambda ids=ids: run_engine(plain, ids, n, 1, T, **e),
+                    "engine_bridge": lambda ids=ids: run_engine(bridged, ids, n, w, T, **e),
+                }
+                out[str(r)] = res = compare_with_vllm(child, engines, ids, args, timed)
+                res["model"] = "SmolLM2-135M-Instruct" if smollm2 else "random 30M"
+                print(
+                    f"  vs vLLM at {res['rows']} rows ({dtype_name}): plain_over_vllm {res['plain_over_vllm']}, "
+                    f"bridge_over_vllm {res['bridge_over_vllm']}",
+                    flush=True,
+                )
+        finally:
+            child.close()
+            os.sched_setaffinity(0, before)
+    return out

@@ -37,15 +37,13 @@ def test_the_comparison_runs_vllm_on_the_same_work(tmp_path, monkeypatch):
     engines' tok/s over vLLM's, repeat by repeat; vLLM's start-up is reported apart."""
     import torch
 
-    import generate
-
     log = tmp_path / "vllm.jsonl"
     monkeypatch.setenv("FAKE_VLLM_LOG", str(log))
     args = settings(vllm_python=str(fake_python(tmp_path)))
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        out = generate.vllm_section(args, "float32", layers=1, smollm2=False)
+        out = vllm_compare.section(args, "float32", layers=1, smollm2=False)
     finally:
         torch.set_num_threads(threads)
     res = out["4"]
