@@ -38,7 +38,8 @@ def _environment(setup: dict) -> None:
     if hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, cores)
     os.environ["OMP_NUM_THREADS"] = str(setup["threads"])
-    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cores))
+    contiguous = cores == list(range(cores[0], cores[0] + len(cores)))  # vLLM's documented form: "0-31"
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = f"{cores[0]}-{cores[-1]}" if contiguous else ",".join(map(str, cores))
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(setup.get("kv_gib", 4)))
 
 

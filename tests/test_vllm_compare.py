@@ -51,7 +51,8 @@ def test_the_comparison_runs_vllm_on_the_same_work(tmp_path, monkeypatch):
     init, runs = calls[0], calls[1:]
     assert init["kind"] == "init" and init["kwargs"]["dtype"] == "float32" and init["kwargs"]["skip_tokenizer_init"]
     assert init["env"]["OMP_NUM_THREADS"] == "1" and init["env"]["VLLM_CPU_KVCACHE_SPACE"] == "1.0"
-    assert init["cores"] == [int(c) for c in init["env"]["VLLM_CPU_OMP_THREADS_BIND"].split(",")]
+    first, last = init["env"]["VLLM_CPU_OMP_THREADS_BIND"].split("-")  # one core: "c-c"
+    assert init["cores"] == list(range(int(first), int(last) + 1))
     assert len(init["cores"]) == 1 and Path(init["kwargs"]["model"]).name  # a saved model folder
     assert len(runs) == 1 + args.repeats  # a warm-up, then one per repeat
     for run in runs:
