@@ -18,7 +18,7 @@ How the figures are made to hold from run to run:
 - the engine's compiled decode step (`--compile`, default: where it wins, see bridgelm.engine) is compiled
   before timing; its compile time is reported apart (`compile_seconds`).
 
-Top-level JSON keys (the first --dtypes entry: bf16 by default, fp32 where bf16 matmuls are slow):
+Top-level JSON keys (the first --dtypes entry: bf16 by default, fp32 on a CPU whose flags show no bf16 instructions):
 bridge_over_plain, plain_over_hf, plain_over_roofline (medians) and *_iqr beside each; per dtype and per model under
 "random_30m" and "smollm2".
 
@@ -52,7 +52,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
 import bridgelm  # noqa: E402
 from bridgelm import packed  # noqa: E402
-from bridgelm.hardware import bf16_is_slow, copy_bandwidth, matmul_flops, matmul_size  # noqa: E402
+from bridgelm.hardware import bf16_choice, copy_bandwidth, default_threads, matmul_flops, matmul_size  # noqa: E402
 from bridgelm.params import PRESETS  # noqa: E402
 from bridgelm.engine import SamplingConfig, compile_wins, encode_prompts, generate_ids  # noqa: E402
 
@@ -386,7 +386,7 @@ def main() -> None:
         "--dtypes",
         default=None,
         help="comma-separated; the first gives the top-level keys (default: bfloat16,float32; float32 alone where "
-        "bf16 matmuls are slow)",
+        "the CPU has no bf16 instructions, by its flags)",
     )
     ap.add_argument("--prompts", type=int, default=8)
     ap.add_argument("--prompt-len", type=int, default=64)
@@ -412,7 +412,12 @@ def main() -> None:
         help=f"also random models of these shapes, comma-separated: {[k for k in SHAPES if k != '30m']}",
     )
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    ap.add_argument(
+        "--threads", type=int, default=0, help="torch threads (0: as many as the machine's idle cores, at least 1)"
+    )
+    ap.add_argument("--vllm-python", help="the python of a venv with vLLM, to run it side by side (docs/benchmarks.md)")
+    ap.add_argument("--vllm-rows", default="16,128", help="rows (prompts x n) of the vLLM comparison, comma-separated")
+    ap.add_argument("--vllm-kv-gib", type=float, default=4, help="vLLM's CPU KV cache (VLLM_CPU_KVCACHE_SPACE)")
     ap.add_argument("--quick", action="store_true", help="tiny sizes (2 layers, 2 prompts, 8 tokens, 2 repeats)")
     ap.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     args = ap.parse_args()
@@ -426,8 +431,10 @@ def main() -> None:
     extra = [k for k in SHAPES if k != "30m"]  # the 30M model always runs
     if unknown := [x for x in shapes if x not in extra]:
         sys.exit(f"--shapes: unknown shape(s) {unknown}: expected some of {extra}")
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    threads_why = "--threads"
+    if not args.threads:
+        args.threads, threads_why = default_threads()
+    torch.set_num_threads(args.threads)
     transformers.utils.logging.disable_progress_bar()
     device = torch.device(args.device)
     from bridgelm.pretrained import load_smollm2, smollm2_missing
@@ -438,22 +445,21 @@ def main() -> None:
     use_smollm2 = args.smollm2 is not False and missing is None
     peaks: dict[str, list[float]] = {}
     sizes = measure_peaks(peaks, args.matmul_size, device)
-    slow = bf16_is_slow(peaks["bfloat16"][0], peaks["float32"][0])
-    speeds = (
-        f"this machine's bf16 matmul runs at {peaks['bfloat16'][0] / 1e12:.4f} TFLOP/s (n={sizes['bfloat16']}) against "
-        f"fp32's {peaks['float32'][0] / 1e12:.4f} (n={sizes['float32']}), a CPU without bf16 instructions"
-    )
+    bf16, why = bf16_choice(peaks["bfloat16"][0], peaks["float32"][0], device)  # the flags decide, not the timing
+    print(f"precision: {why} (bf16 matmul timed at n={sizes['bfloat16']})", flush=True)
     if args.dtypes is None:
-        args.dtypes = "float32" if slow else "bfloat16,float32"
-        if slow:
-            print(f"{speeds}: float32 only (--dtypes bfloat16,float32 asks for both)", flush=True)
-    elif slow and "bfloat16" in args.dtypes:
-        print(f"warning: {speeds}: the bfloat16 runs will be slow; --dtypes float32 leaves them out", flush=True)
+        args.dtypes = "bfloat16,float32" if bf16 else "float32"
+        if not bf16:
+            print("float32 only (--dtypes bfloat16,float32 asks for both)", flush=True)
+    elif not bf16 and "bfloat16" in args.dtypes:
+        print("warning: the bfloat16 runs will be slow; --dtypes float32 leaves them out", flush=True)
     dtypes = [d.strip() for d in args.dtypes.split(",") if d.strip()]
     bandwidth = copy_bandwidth(device, mib=64 if args.quick else 1024)
     results = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({os.cpu_count()} cores)",
         "threads": torch.get_num_threads(),
+        "threads_chosen_by": threads_why,
+        "precision_chosen_by": why,
         "torch": torch.__version__,
         "setting": {
             k: getattr(args, k)
@@ -516,6 +522,10 @@ def main() -> None:
         for w in widths:
             print(f"  Bridge width {w:2d} (n={args.scaling_n}, {dtypes[0]}): {scaling[str(w)]} tok/s", flush=True)
         results["width_scaling"] = scaling
+    if args.vllm_python:
+        from vllm_compare import section
+
+        results["vllm"] = section(args, dtypes[0], layers, use_smollm2 and not args.quick)
     measure_peaks(peaks, args.matmul_size, device, sizes)
     results["peaks_tflops"] = {k: [round(v / 1e12, 4) for v in vs] for k, vs in peaks.items()}  # before, after
     results["peak_matmul_sizes"] = sizes  # the side of the square matmul each dtype's peak was timed at

@@ -36,7 +36,7 @@ import torch  # noqa: E402
 from generate import bench_model, with_random_bridge  # noqa: E402
 
 import bridgelm  # noqa: E402
-from bridgelm.hardware import matmul_flops  # noqa: E402
+from bridgelm.hardware import bf16_by_flags, default_threads, matmul_flops  # noqa: E402
 from bridgelm.packed import half_instructions  # noqa: E402
 from bridgelm.tasks.base import Task  # noqa: E402
 from bridgelm.tokenizer import load_tokenizer  # noqa: E402
@@ -268,7 +268,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2, help="timed steps after one warm-up step")
     ap.add_argument("--sft-problems", type=int, default=40)
     ap.add_argument("--matmul-size", type=int, default=4096)
-    ap.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
+    ap.add_argument(
+        "--threads", type=int, default=0, help="torch threads (0: as many as the machine's idle cores, at least 1)"
+    )
     ap.add_argument("--gradient-checkpointing", action="store_true", help="in both trainers (default: off in both)")
     ap.add_argument("--skip-trl", action="store_true")
     ap.add_argument("--quick", action="store_true", help="tiny settings (2 layers, 2 prompts, 8 tokens)")
@@ -280,10 +282,13 @@ def main() -> None:
         args.prompts, args.rollouts, args.width, args.new_tokens, args.prompt_len = 2, 4, 2, 8, 8
         args.repeats, args.sft_problems, args.matmul_size = 1, 16, 512
         layers = 2
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    threads_why = "--threads"
+    if not args.threads:
+        args.threads, threads_why = default_threads()
+    torch.set_num_threads(args.threads)
     if args.dtype is None:
-        slow = args.device == "cpu" and not half_instructions(torch.bfloat16)
+        flags = bf16_by_flags()  # the CPU's flags; oneDNN's own check where they are unknown
+        slow = args.device == "cpu" and not (half_instructions(torch.bfloat16) if flags is None else flags)
         args.dtype = "float32" if slow else "bfloat16"
         if slow:
             print(
@@ -295,6 +300,7 @@ def main() -> None:
         "device": torch.cuda.get_device_name(args.device) if args.device.startswith("cuda") else "cpu",
         "dtype": args.dtype,
         "threads": torch.get_num_threads(),
+        "threads_chosen_by": threads_why,
         "setting": {k: getattr(args, k) for k in ("prompts", "rollouts", "width", "k", "new_tokens", "prompt_len")},
     }
     with tempfile.TemporaryDirectory() as tmp:

@@ -59,3 +59,45 @@ def test_a_slow_dtype_peak_is_timed_at_a_smaller_size(monkeypatch):
     assert sides[-1] == 512
     rate["flops"] = 1e11  # fast: the full size
     assert hardware.matmul_size(torch.float32, 1024, max_seconds=2.0) == 1024
+
+
+def test_bf16_is_chosen_by_the_flags_and_a_slow_timing_does_not_switch_it(monkeypatch):
+    """A CPU with bf16 instructions keeps bf16 when a timing on a loaded machine reads it at a tenth of fp32 (issue
+    50: 0.026 against 0.2 TFLOP/s), saying so; one without them runs fp32 however the timing reads; unknown flags
+    leave the choice to the measurement."""
+    monkeypatch.setattr(hardware, "bf16_by_flags", lambda: True)
+    use, why = hardware.bf16_choice(0.026e12, 0.2e12)
+    assert use and "loaded" in why and "0.0260" in why
+    assert hardware.bf16_choice(0.4e12, 0.2e12) == (True, hardware.bf16_choice(0.4e12, 0.2e12)[1])
+    assert "confirmed" in hardware.bf16_choice(0.4e12, 0.2e12)[1]
+    monkeypatch.setattr(hardware, "bf16_by_flags", lambda: False)
+    use, why = hardware.bf16_choice(0.4e12, 0.2e12)
+    assert not use and "no bf16 instructions" in why
+    monkeypatch.setattr(hardware, "bf16_by_flags", lambda: None)
+    assert not hardware.bf16_choice(0.026e12, 0.2e12)[0] and hardware.bf16_choice(0.4e12, 0.2e12)[0]
+
+
+def test_the_bf16_flags_are_the_cpus():
+    """bf16_by_flags reads what /proc/cpuinfo says (where there is one)."""
+    try:
+        text = open("/proc/cpuinfo").read()
+    except OSError:
+        pytest.skip("no /proc/cpuinfo")
+    words = set(" ".join(line.split(":", 1)[1] for line in text.splitlines() if line.startswith("flags")).split())
+    if words:
+        assert hardware.bf16_by_flags() == bool(words & {"avx512_bf16", "amx_bf16"})
+
+
+def test_default_threads_leave_busy_cores_alone(monkeypatch):
+    """The default thread count: the cores the other processes leave idle (at least 1, at most torch's default),
+    OMP_NUM_THREADS where set."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(hardware, "usable_cores", lambda: 2)
+    monkeypatch.setattr(hardware, "_TORCH_DEFAULT_THREADS", 2)
+    for load, want in ((6.7, 1), (1.2, 1), (0.4, 2), (0.0, 2)):
+        monkeypatch.setattr(hardware.os, "getloadavg", lambda load=load: (load, load, load))
+        assert hardware.default_threads()[0] == want, load
+    monkeypatch.setattr(hardware, "_TORCH_DEFAULT_THREADS", 1)  # torch's default (physical cores) caps it
+    assert hardware.default_threads()[0] == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert hardware.default_threads() == (3, "OMP_NUM_THREADS=3")

@@ -73,6 +73,7 @@ def load_model_of(args, blocks: str | None):
             f"--device {args.device}: the meta device holds no values to compute with; expected cpu or cuda"
         )
     warn_slow_bf16(args.dtype == "bfloat16", args.device)
+    set_threads(getattr(args, "threads", 0))
     device = rank_device(args.device)
     return load_model(args.model, blocks=blocks, dtype=dtype_of(args.dtype), device=device)
 
@@ -149,8 +150,44 @@ def stop_string(text: str) -> str:
     return text
 
 
+MAX_THREADS = 4096  # torch.set_num_threads overflows a C int far above any machine's core count
+
+
+def thread_count(text: str) -> int:
+    """argparse type of --threads: 0 (the default: `hardware.default_threads`) to MAX_THREADS."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if not 0 <= value <= MAX_THREADS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a thread count in [0, {MAX_THREADS}] (0: the idle cores)")
+    return value
+
+
+def add_threads_arg(p) -> None:
+    p.add_argument(
+        "--threads",
+        type=thread_count,
+        default=0,
+        help="torch threads (default 0: OMP_NUM_THREADS where set, else the cores other processes leave idle)",
+    )
+
+
+def set_threads(threads: int) -> None:
+    """torch's threads for a command: `threads`, or 0 for `hardware.default_threads` (no oversubscription of a
+    loaded machine: there a step took 10x longer with 2 threads on 2 busy cores than with 1)."""
+    import torch
+
+    from bridgelm.hardware import default_threads
+
+    threads = threads or default_threads()[0]
+    if threads != torch.get_num_threads():
+        torch.set_num_threads(threads)
+
+
 def add_model_args(p) -> None:
     p.add_argument("--model", required=True, help="model directory or hub id")
     p.add_argument("--blocks", help="a block file written by save_blocks / bridgelm sft")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default="cpu")
+    add_threads_arg(p)

@@ -14,6 +14,7 @@ import os
 from bridgelm.blocks import KINDS, PLACEMENTS, BlockConfig
 from bridgelm.cli.common import (
     add_model_args,
+    add_threads_arg,
     check_out,
     load_model_and_tokenizer,
     load_model_of,
@@ -255,6 +256,7 @@ def add_commands(sub) -> None:
     p.add_argument("--model", required=True, help="base model directory or hub id")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default="cpu")
+    add_threads_arg(p)
     p.add_argument("--data", required=True, help="warm-up JSONL from bridgelm warmup-data")
     add_fields(
         p,

@@ -1,15 +1,38 @@
-"""The engine's key/value cache: preallocated once per wave, written in place, its rows repeated or dropped.
+"""The engine's key/value cache: a slab per layer, written in place, its rows repeated or dropped.
 
 A wave prefills each distinct prompt once into a `SlabCache` of capacity (longest prompt + max_new_tokens), then
 `select_rows` copies each prompt's row to its samples and later drops the rows of finished groups. Decoding writes
-one position per step into the slab, with no concatenation. `make_static` fixes every shape for the compiled step:
-each layer then writes at one slot and returns its whole capacity, which the attention mask covers.
+one position per step into the slab, with no concatenation.
+
+Reads in place (`whole_reads`, set where the decode step hands the model a ready mask): the slab holds the live
+positions rounded up to a multiple of READ_STEP, grown by that much when they reach its end (a copy of the cache
+every READ_STEP steps), and a decode step reads the whole slab under the mask: a dense tensor, which the
+attention's matmuls take as it is, where a slice [:, :, :live] of a larger slab is strided and was copied whole at
+every step and layer (7.8% of a SmolLM2 decode step, issue 50). `make_static` fixes every shape for the compiled
+step: the slab then holds its whole capacity (a `bucket`), each layer writes at one slot and returns the live
+positions rounded up to a `bucket` (`set_read`), which the attention mask covers: a few shapes, each compiled once.
 """
 
 from __future__ import annotations
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
+
+READ_STEP = 64  # the slab grows by this many positions (eager), and the compiled step's buckets start here
+
+
+def bucket(n: int) -> int:
+    """The smallest of READ_STEP x 2^k and 1.5 x READ_STEP x 2^k (64, 96, 128, 192, 256, ...) at least n: the
+    compiled step's capacities and reads, a few shapes (two per doubling), at most 1.5x what they hold."""
+    b = READ_STEP
+    while b < n:
+        b = b * 3 // 2 if b & (b - 1) == 0 else b * 4 // 3
+    return b
+
+
+def rounded(n: int) -> int:
+    """n positions rounded up to a multiple of READ_STEP."""
+    return -(-n // READ_STEP) * READ_STEP
 
 
 class SlabLayer(CacheLayerMixin):
@@ -18,38 +41,57 @@ class SlabLayer(CacheLayerMixin):
     is_compileable = False
     is_sliding = False
 
-    def __init__(self, capacity: int):
+    def __init__(self, capacity: int, whole_reads: bool = False):
         super().__init__()
         self.capacity = capacity
         self.length = 0
+        self.whole_reads = whole_reads  # decode steps read the whole slab (see the module's docstring)
         self.slot: torch.Tensor | None = None  # [1] long: static mode's write position (see SlabCache.make_static)
+        self.read = capacity  # static mode: the positions a step reads (SlabCache.set_read)
 
     def lazy_initialization(self, key_states, value_states) -> None:
-        B, H, _, Dk = key_states.shape
-        self.keys = key_states.new_zeros(B, H, self.capacity, Dk)
-        self.values = value_states.new_zeros(B, H, self.capacity, value_states.shape[-1])
+        B, H, q, Dk = key_states.shape
+        size = min(self.capacity, rounded(q)) if self.whole_reads else self.capacity
+        self.keys = key_states.new_zeros(B, H, size, Dk)
+        self.values = value_states.new_zeros(B, H, size, value_states.shape[-1])
         self.dtype, self.device = key_states.dtype, key_states.device
         self.is_initialized = True
+
+    def grow(self, size: int) -> None:
+        """A slab of `size` positions holding the written ones (the rest zeros, never attended)."""
+        if self.is_initialized and self.keys.shape[2] < size:
+            for name in ("keys", "values"):
+                old = getattr(self, name)
+                new = old.new_zeros(*old.shape[:2], size, old.shape[3])
+                new[:, :, : self.length] = old[:, :, : self.length]
+                setattr(self, name, new)
 
     def update(self, key_states, value_states, *args, **kwargs):
         if self.slot is not None:  # static: one position per row at `slot`; the mask hides unwritten positions
             self.keys.index_copy_(2, self.slot, key_states)
             self.values.index_copy_(2, self.slot, value_states)
-            return self.keys, self.values
+            if self.read == self.capacity:
+                return self.keys, self.values
+            return self.keys[:, :, : self.read], self.values[:, :, : self.read]
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         q = key_states.shape[-2]
         end = self.length + q
         if end > self.capacity:
             raise RuntimeError(f"cache capacity {self.capacity} exceeded ({end} positions)")
+        if end > self.keys.shape[2]:
+            self.grow(min(self.capacity, rounded(end)))
         self.keys[:, :, self.length : end] = key_states
         self.values[:, :, self.length : end] = value_states
+        decode = q == 1 and end > 1  # a step after the prefill (whose mask transformers builds to `end`)
         self.length = end
+        if self.whole_reads and decode:  # the whole slab, dense, under the caller's mask
+            return self.keys, self.values
         return self.keys[:, :, :end], self.values[:, :, :end]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         if self.slot is not None:
-            return self.capacity, 0
+            return self.read, 0
         return self.length + query_length, 0
 
     def get_seq_length(self) -> int:
@@ -66,10 +108,26 @@ class SlabLayer(CacheLayerMixin):
 
 
 class SlabCache(Cache):
-    """A preallocated cache whose rows can be repeated (prompt -> samples) or dropped (finished groups)."""
+    """A slab cache whose rows can be repeated (prompt -> samples) or dropped (finished groups)."""
 
-    def __init__(self, num_layers: int, capacity: int):
-        super().__init__(layers=[SlabLayer(capacity) for _ in range(num_layers)])
+    def __init__(self, num_layers: int, capacity: int, whole_reads: bool = False):
+        super().__init__(layers=[SlabLayer(capacity, whole_reads) for _ in range(num_layers)])
+
+    def read_length(self, live: int) -> int:
+        """The positions a decode step reads when `live` are written (its mask's length): `live` where reads are
+        slices, the slab's size after the write where they are whole, the static read otherwise."""
+        layer = self.layers[0]
+        if layer.slot is not None:
+            return layer.read
+        return min(layer.capacity, rounded(live)) if layer.whole_reads else live
+
+    def set_read(self, live: int) -> int:
+        """Static mode: the next steps read `live` positions rounded up to a `bucket` (at most the capacity);
+        -> that read length."""
+        read = min(self.layers[0].capacity, bucket(live))
+        for layer in self.layers:
+            layer.read = read
+        return read
 
     def select_rows(self, rows: torch.Tensor) -> None:
         for layer in self.layers:
@@ -79,9 +137,12 @@ class SlabCache(Cache):
 
     def make_static(self, slot: torch.Tensor) -> None:
         """Static mode for a compiled decode step: every layer writes one position per row at `slot` ([1] long,
-        updated in place by the caller) and returns its whole capacity; shapes no longer change from step to step."""
+        updated in place by the caller) and returns its first `read` positions (`set_read`, its whole capacity until
+        then); shapes change only with the batch's and the read's buckets."""
         for layer in self.layers:
+            layer.grow(layer.capacity)
             layer.slot = slot
+            layer.read = layer.capacity
         self._mark_static()
 
     def _mark_static(self) -> None:

@@ -27,10 +27,10 @@ import torch
 
 from bridgelm.attention import fast_attention
 from bridgelm.engine import sampler
-from bridgelm.engine.cache import SlabCache
+from bridgelm.engine.cache import SlabCache, bucket
 from bridgelm.engine.config import SamplingConfig
 from bridgelm.engine.randomness import SampleRandomness
-from bridgelm.engine.step import CAPACITY_STEP, Stepper, bucket_keep, decodes_compiled
+from bridgelm.engine.step import Stepper, bucket_keep, decodes_compiled, reads_whole
 from bridgelm.engine.waves import Wave, plan_waves
 from bridgelm.errors import UserError
 from bridgelm.packed import packed_linears
@@ -124,7 +124,7 @@ def prefill(model, prompts: Sequence[Sequence[int]], wave: Wave, pad_id: int, ca
         ids[i, L - len(toks) :] = toks
         mask[i, L - len(toks) : L] = True
     positions = (mask[:, :L].long().cumsum(-1) - 1).clamp(min=0)  # [P, L]
-    cache = SlabCache(model.config.get_text_config().num_hidden_layers, capacity)
+    cache = SlabCache(model.config.get_text_config().num_hidden_layers, capacity, reads_whole(model))
     out = model(
         input_ids=ids,
         attention_mask=mask[:, :L].long(),
@@ -225,8 +225,8 @@ def run_wave(model, prompts, wave: Wave, cfg: SamplingConfig, ends: Ends, keys, 
     compiled = decodes_compiled(model, cfg, device)
     deferred = sampler.defers_draws(device, cfg)
     capacity = wave.longest + cfg.max_new_tokens
-    if compiled:
-        capacity = -(-capacity // CAPACITY_STEP) * CAPACITY_STEP
+    if compiled:  # a few capacities (a wave's own would compile its graphs again)
+        capacity = bucket(capacity)
     batch, logits = expand(*prefill(model, prompts, wave, ends.pad_id, capacity), wave, cfg)
     stepper = Stepper.build(model, batch.cache, cfg, compiled, deferred)
     out = Outputs.empty(len(batch.rows), cfg.max_new_tokens, ends.pad_id, device)

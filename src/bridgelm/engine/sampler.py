@@ -1,7 +1,9 @@
 """The sampler: one token per row from next-token logits, with temperature, top-k and an exact top-p.
 
-Top-p is rejection sampling, with no sort of the vocabulary: draw from the (top-k) distribution by inverse CDF and
-keep the draw when it lies in the nucleus (`in_nucleus`), else draw again with the row's next uniform. Accepted
+Every draw is an inverse-CDF draw with one uniform of the sample's own stream, in two levels and with no scan of
+the vocabulary (`search`): the block of BLOCK tokens from the block sums' CDF (`block_cdf`, once a step), then the
+token within that block. Top-p is rejection sampling, with no sort of the vocabulary: keep the draw from the
+(top-k) distribution when it lies in the nucleus (`in_nucleus`), else draw again with the row's next uniform. Accepted
 draws follow the renormalised nucleus exactly; a round accepts with probability equal to the nucleus mass
 (>= top_p), so a round or two suffices. `draw_round` is one such round, and the only caller of `in_nucleus`; the
 three ways to sample are rounds of it:
@@ -79,25 +81,62 @@ def _(x: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(x)
 
 
-def cdf_of(probs: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """The CDF of each row: probs [B, V] (unnormalised is fine) -> [B, V], into `out` when given."""
+def cdf_of(probs: torch.Tensor) -> torch.Tensor:
+    """The CDF of each row: probs [B, n] (unnormalised is fine) -> [B, n]. The sampler calls it on narrow rows
+    only (block sums, one block), never on the vocabulary."""
     if torch.compiler.is_compiling():
         return cumsum_rows(probs)
-    return torch.cumsum(probs, -1, out=out)
+    return torch.cumsum(probs, -1)
 
 
-def search(cdf: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
-    """The inverse-CDF draw of each row: cdf [B, V] (unnormalised), u [B] uniforms -> [B] ids."""
-    target = u.to(cdf.dtype)[:, None] * cdf[:, -1:]
-    return torch.searchsorted(cdf, target, right=True)[:, 0].clamp_(max=cdf.shape[-1] - 1)
+# The inverse-CDF draw reads the vocabulary in blocks of this many tokens (about sqrt(V) for V = 50k-150k).
+BLOCK = 256
 
 
-def draw_round(probs, tokens, accepted, u, top_p, cdf=None, scratch=None, all_rows: bool = False):
+def block_cdf(probs: torch.Tensor) -> torch.Tensor:
+    """The CDF over blocks of BLOCK tokens (the last one shorter): probs [B, V] -> [B, ceil(V / BLOCK)].
+
+    One vectorised sum over the vocabulary and a scan of V / BLOCK terms, instead of a scan of V terms (a
+    cumsum is one serial chain of additions per row)."""
+    B, V = probs.shape
+    full = V - V % BLOCK
+    parts = [probs[:, :full].reshape(B, full // BLOCK, BLOCK).sum(-1)] if full else []
+    if full < V:
+        parts.append(probs[:, full:].sum(-1, keepdim=True))
+    return cdf_of(parts[0] if len(parts) == 1 else torch.cat(parts, -1))
+
+
+def _last_reaching(cdf: torch.Tensor) -> torch.Tensor:
+    """[B, n] nondecreasing rows -> [B, 1]: the first index where a row reaches its total, i.e. its last entry of
+    positive mass (a draw never lands beyond it, whatever the rounding)."""
+    return torch.searchsorted(cdf, cdf[:, -1:].contiguous(), right=False)
+
+
+def search(probs: torch.Tensor, blocks: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """The inverse-CDF draw of each row, in two levels: probs [B, V] (unnormalised is fine), blocks [B, nb] its
+    `block_cdf`, u [B] uniforms -> [B] ids. The block whose cumulative mass first exceeds u x total, then within
+    it (one gather of BLOCK tokens and their scan) the token whose cumulative mass first exceeds what remains:
+    token t with probability p_t / total, as a CDF over the whole row would give, up to rounding."""
+    V = probs.shape[-1]
+    target = u.to(blocks.dtype)[:, None] * blocks[:, -1:]  # [B, 1]
+    b = torch.searchsorted(blocks, target, right=True).minimum(_last_reaching(blocks))  # [B, 1] block
+    before = torch.where(b > 0, blocks.gather(-1, (b - 1).clamp(min=0)), 0.0)  # [B, 1] mass of earlier blocks
+    idx = b * BLOCK + torch.arange(BLOCK, device=probs.device)  # [B, BLOCK] the block's tokens
+    inner = probs.gather(-1, idx.clamp(max=V - 1))
+    if V % BLOCK:  # the short last block: positions past V weigh nothing
+        inner = inner.masked_fill(idx >= V, 0.0)
+    inner = cdf_of(inner)  # [B, BLOCK]
+    j = torch.searchsorted(inner, target - before, right=True).minimum(_last_reaching(inner))
+    return (b * BLOCK + j)[:, 0].clamp_(max=V - 1)
+
+
+def draw_round(probs, tokens, accepted, u, top_p, blocks=None, scratch=None, all_rows: bool = False):
     """One round of top-p by rejection. The rows not yet accepted (`accepted` [B] False; None: no row yet) take the
-    draw of their uniform u [B] from probs [B, V] (by `cdf`, or a CDF summed here, into `scratch` when given), and
-    are accepted when it lies in the nucleus; `top_p` None: no nucleus, every draw is accepted. `all_rows`: no host
-    sync (see `in_nucleus`). -> (tokens [B], accepted [B] bool)."""
-    drawn = search(cdf_of(probs, scratch) if cdf is None else cdf, u)  # [B]
+    draw of their uniform u [B] from probs [B, V] (by `blocks`, its `block_cdf`, or one summed here), and are
+    accepted when it lies in the nucleus; `top_p` None: no nucleus, every draw is accepted. `scratch` ([B, V]
+    float, optional) serves the nucleus test. `all_rows`: no host sync (see `in_nucleus`).
+    -> (tokens [B], accepted [B] bool)."""
+    drawn = search(probs, block_cdf(probs) if blocks is None else blocks, u)  # [B]
     if accepted is not None:
         drawn = torch.where(accepted, tokens, drawn)
     if top_p is None:
@@ -106,12 +145,13 @@ def draw_round(probs, tokens, accepted, u, top_p, cdf=None, scratch=None, all_ro
     return drawn, ok if accepted is None else accepted | ok
 
 
-def redraw_rejected(probs, tokens, accepted, top_p: float, uniform: Uniform, attempt: int) -> torch.Tensor:
+def redraw_rejected(probs, tokens, accepted, top_p: float, uniform: Uniform, attempt: int, blocks=None):
     """Rounds attempt+1, attempt+2, ... on the rows not yet accepted alone, until every row is (one host sync per
-    round); updates `tokens` and `accepted` in place -> tokens."""
+    round); updates `tokens` and `accepted` in place -> tokens. `blocks`: probs' `block_cdf`, when known."""
+    blocks = block_cdf(probs) if blocks is None else blocks
     while (redo := torch.nonzero(~accepted)[:, 0]).numel():
         attempt += 1
-        tokens[redo], accepted[redo] = draw_round(probs[redo], None, None, uniform(redo, attempt), top_p)
+        tokens[redo], accepted[redo] = draw_round(probs[redo], None, None, uniform(redo, attempt), top_p, blocks[redo])
     return tokens
 
 
@@ -190,9 +230,10 @@ def sample_tokens(
         scratch = None
     every = torch.arange(probs.shape[0], device=probs.device)
     nucleus = nucleus_of(top_p)
-    tokens, accepted = draw_round(probs, None, None, uniform(every, 0), nucleus, scratch=scratch)
+    blocks = block_cdf(probs)  # [B, V / BLOCK], for every round
+    tokens, accepted = draw_round(probs, None, None, uniform(every, 0), nucleus, blocks, scratch)
     if nucleus is not None:
-        redraw_rejected(probs, tokens, accepted, nucleus, uniform, 0)
+        redraw_rejected(probs, tokens, accepted, nucleus, uniform, 0, blocks)
     if ids is not None:
         tokens = ids.gather(-1, tokens[:, None])[:, 0]
     return tokens, logprob_of(full, tokens)
@@ -203,10 +244,10 @@ def deferred_draws(logits: torch.Tensor, u: torch.Tensor, temperature, top_p) ->
     `temperature` and `top_p`: floats, or 0-d tensors (the compiled step: one graph for every value); `top_p` None:
     no nucleus."""
     probs = probabilities(logits, temperature)  # [B, V], the values `sample_tokens` computes
-    cdf = cdf_of(probs)  # [B, V], for every round
+    blocks = block_cdf(probs)  # [B, V / BLOCK], for every round
     tokens, accepted = None, None
     for attempt in range(DEFERRED_ROUNDS if top_p is not None else 1):
-        tokens, accepted = draw_round(probs, tokens, accepted, u[:, attempt], top_p, cdf=cdf, all_rows=True)
+        tokens, accepted = draw_round(probs, tokens, accepted, u[:, attempt], top_p, blocks, all_rows=True)
     return tokens, logprob_of(probs, tokens), ~accepted
 
 

@@ -1,12 +1,13 @@
 """The decode step: one token per row through the model, eager or under torch.compile, from the same functions.
 
 `decode_logits` (the attention mask, the Bridge groups, one forward) is the step; `decode_and_draw` is the step
-followed by the sampler's sync-free draws (`sampler.deferred_draws`). Eager decoding calls them as they are;
-`compile=True` hands the same functions to `torch.compile` (inductor; on CUDA `mode="reduce-overhead"`, i.e. CUDA
-graphs, the forward and the draws in one graph). Compiled shapes are static: the cache writes each step at one
-slot of a fixed capacity (a multiple of CAPACITY_STEP) and attention reads the whole capacity under the mask, and
-dropping finished groups moves the batch to the next smaller bucket (`bucket_keep`: half the groups, padded with
-finished ones), so a wave meets a few shapes, each compiled once. The default (`compile=None`) compiles where it
+followed by the sampler's sync-free draws (`sampler.deferred_draws`). Eager decoding calls them as they are, the
+attention reading the cache's dense slab in place (`cache.SlabCache.read_length`); `compile=True` hands the same
+functions to `torch.compile` (inductor; on CUDA `mode="reduce-overhead"`, i.e. CUDA graphs, the forward and the
+draws in one graph). Compiled shapes are static: the cache writes each step at one slot of a fixed capacity (a
+`cache.bucket`) and attention reads the live positions rounded up to a bucket under the mask, and dropping
+finished groups moves the batch to the next smaller bucket (`bucket_keep`: half the groups, padded with finished
+ones), so a wave meets a few shapes, each compiled once. The default (`compile=None`) compiles where it
 wins, CUDA (see docs/engine.md for the CPU's measurements). `Stepper` runs a wave's steps either way.
 """
 
@@ -25,7 +26,6 @@ from bridgelm.engine.cache import SlabCache
 from bridgelm.engine.config import SamplingConfig
 from bridgelm.grouped import KWARG, Groups
 
-CAPACITY_STEP = 64  # compiled mode rounds the cache capacity up to a multiple of this (fewer distinct shapes)
 _COMPILED: dict[tuple[str, str], Callable] = {}
 
 
@@ -75,7 +75,7 @@ def compiled_step(device, draws: bool) -> Callable:
     mode = "reduce-overhead" if torch.device(device).type == "cuda" else "default"
     fn = decode_and_draw if draws else decode_logits
     if (mode, fn.__name__) not in _COMPILED:
-        # Each (model, batch bucket, capacity) is one graph: allow more of them than dynamo's default 8.
+        # Each (model, batch bucket, capacity, read bucket) is one graph: allow more than dynamo's default 8.
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
         _COMPILED[mode, fn.__name__] = torch.compile(fn, mode=mode, dynamic=False)
     return _COMPILED[mode, fn.__name__]
@@ -130,6 +130,13 @@ def _full_attention_only(config) -> bool:
     if types is not None:
         return all(t == "full_attention" for t in types)
     return getattr(config, "sliding_window", None) is None
+
+
+def reads_whole(model) -> bool:
+    """Whether the decode step may read the cache's whole slab (`cache.SlabLayer.whole_reads`): where it hands
+    every layer one ready mask, which then covers the slab (other models build their masks from the cache's
+    length)."""
+    return _static_mask_ok(model)
 
 
 def _static_mask_ok(model) -> bool:
@@ -192,10 +199,12 @@ class Stepper:
         """Logits [B, V] of the inputs [B] at positions pos [B], written at cache slot `at`; mask [B, capacity] holds
         the slots each row attends to (up to `at` included), valid [B] the rows whose input is real. -> (logits,
         (tokens, logprobs, unsure) drawn with uniforms u [B, DEFERRED_ROUNDS] when the step draws, else None)."""
-        if self.fn is None:  # the mask up to this step; no validity while every row is valid (blocks skip masking)
+        if self.fn is None:  # the mask up to what the cache reads; no validity while every row is valid
             valid = None if all_valid else valid
-            return decode_logits(self.model, cache, inputs, pos, mask[:, : at + 1], valid, self.width), None
-        self.slot.fill_(at)  # every layer writes there; the mask covers the whole static capacity
+            keep = mask[:, : cache.read_length(at + 1)]
+            return decode_logits(self.model, cache, inputs, pos, keep, valid, self.width), None
+        self.slot.fill_(at)  # every layer writes there; the mask covers the positions read, a bucket
+        mask = mask[:, : cache.set_read(at + 1)]
         if not self.draws:
             return self.fn(self.model, cache, inputs, pos, mask, valid, self.width), None
         logits, *drawn = self.fn(self.model, cache, inputs, pos, mask, valid, self.width, u, *self.knobs)

@@ -32,16 +32,32 @@ class Wave:
 
 
 def plan_waves(lengths: Sequence[int], cfg: SamplingConfig) -> list[Wave]:
-    """Split (prompt, samples) work into waves that respect the batch bounds, keeping prompt order."""
-    per_row = lambda longest: longest + cfg.max_new_tokens  # noqa: E731
+    """Split (prompt, samples) work into waves that respect the batch bounds, keeping prompt order; balanced: with
+    as many waves as the bounds need, each holds about the same rows (64 rows under a bound of 56: 32 and 32, not
+    56 and a lone tail wave of 8, which costs a whole wave's steps for an eighth of the work)."""
     if cfg.foreign_groups:
         return plan_foreign_waves(lengths, cfg)
+    waves = _greedy_waves(lengths, cfg, cfg.max_batch_sequences)
+    if len(waves) < 2:
+        return waves
+    rows = len(lengths) * cfg.n
+    even = -(-rows // len(waves))  # rows per wave, balanced
+    even = -(-even // cfg.width) * cfg.width  # whole groups
+    if even >= cfg.max_batch_sequences:
+        return waves
+    balanced = _greedy_waves(lengths, cfg, even)
+    return balanced if len(balanced) == len(waves) else waves  # the token bound or chunking may need more waves
+
+
+def _greedy_waves(lengths: Sequence[int], cfg: SamplingConfig, max_rows: int) -> list[Wave]:
+    """Waves filled in prompt order up to `max_rows` rows (at most cfg.max_batch_sequences) and the token bound."""
+    per_row = lambda longest: longest + cfg.max_new_tokens  # noqa: E731
     waves: list[Wave] = []
     current = Wave()
     rows = 0
     for p, length in enumerate(lengths):
         # Largest chunk of whole groups that fits a wave alone.
-        fit = min(cfg.max_batch_sequences, cfg.max_batch_tokens // per_row(length))
+        fit = min(max_rows, cfg.max_batch_tokens // per_row(length))
         chunk = (fit // cfg.width) * cfg.width
         if chunk < cfg.width:
             raise ValueError(
@@ -52,9 +68,7 @@ def plan_waves(lengths: Sequence[int], cfg: SamplingConfig) -> list[Wave]:
         while first < cfg.n:
             count = min(chunk, cfg.n - first)
             longest = max(current.longest, length)
-            if current.jobs and (
-                rows + count > cfg.max_batch_sequences or (rows + count) * per_row(longest) > cfg.max_batch_tokens
-            ):
+            if current.jobs and (rows + count > max_rows or (rows + count) * per_row(longest) > cfg.max_batch_tokens):
                 waves.append(current)
                 current, rows = Wave(), 0
                 longest = length

@@ -1,0 +1,125 @@
+"""The engine's cache read in place (bridgelm.engine.cache) and balanced waves (bridgelm.engine.waves), against the
+slow references: log-probs against grouped_logits, samples independent of the batch and its bounds."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+from conftest import randomize_blocks, tiny_model
+from test_engine import EOS, teacher_forced_logprobs
+
+import bridgelm
+from bridgelm import attention, packed
+from bridgelm.engine import SamplingConfig, generate_ids
+from bridgelm.engine.cache import READ_STEP, SlabCache, bucket
+from bridgelm.engine.waves import plan_waves
+
+
+def test_buckets_are_few_and_hold_at_most_one_and_a_half_times_what_they_must():
+    assert [bucket(n) for n in (1, 64, 65, 96, 97, 129, 200, 300, 4096, 4200)] == [
+        64, 64, 96, 96, 128, 192, 256, 384, 4096, 6144,
+    ]  # fmt: skip
+    sizes = {bucket(n) for n in range(1, 8193)}
+    assert len(sizes) == 15  # two per doubling from 64 to 8192
+    assert all(n <= bucket(n) <= max(READ_STEP, 1.5 * n) for n in range(1, 8193))
+
+
+def test_the_decode_step_reads_the_dense_slab_in_place(monkeypatch):
+    """bf16 on a CPU with bf16 instructions (the two-matmul attention): every decode step hands the attention the
+    cache's whole slab, a dense tensor (no copy of the cache per step and layer), of a multiple of READ_STEP
+    positions, grown as the samples pass 64 positions; the log-probs still follow grouped_logits."""
+    monkeypatch.setattr(packed, "half_instructions", lambda dtype: True)
+    seen = []
+    real = attention.matmul_attention
+
+    def spy(query, key, value, mask, scale, causal):
+        if query.shape[2] == 1:  # decode steps (the prefill reads its own positions)
+            seen.append((key.is_contiguous() and value.is_contiguous(), key.shape[2], mask.shape[-1]))
+        return real(query, key, value, mask, scale, causal)
+
+    monkeypatch.setattr(attention, "matmul_attention", spy)
+    model = randomize_blocks(bridgelm.add_bridge(tiny_model(dtype=torch.bfloat16)), std=0.2)
+    torch.manual_seed(8)
+    prompts = [torch.randint(7, 97, (n,)).tolist() for n in (4, 9)]
+    cfg = SamplingConfig(n=4, width=2, max_new_tokens=70, temperature=1.0, top_p=1.0, seed=2)
+    results = generate_ids(model, prompts, cfg, [], 0)
+    assert seen and all(dense for dense, _, _ in seen)
+    assert {length for _, length, _ in seen} == {64, 79}  # grown once, at 64 positions, to the capacity 9 + 70
+    assert all(length == masked for _, length, masked in seen)
+    want = torch.cat(teacher_forced_logprobs(model, prompts, results, 2, 1.0))
+    got = torch.cat([torch.tensor(s.logprobs) for r in results for s in r])
+    assert torch.isfinite(got).all() and (got - want).abs().mean() < 0.05
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_a_growing_slab_matches_grouped_logits(arch):
+    """float32 (sdpa reads the slab under the mask): samples that pass 64 and 128 positions, ragged prompts, some
+    groups finishing and dropped (rows selected from a grown slab): log-probs equal grouped_logits."""
+    model = randomize_blocks(bridgelm.add_bridge(tiny_model(arch)), std=0.2)
+    torch.manual_seed(0)
+    prompts = [torch.randint(7, 97, (n,)).tolist() for n in (5, 2, 9)]
+    cfg = SamplingConfig(n=4, width=2, max_new_tokens=130, temperature=0.9, top_p=0.9, seed=3, compact_fraction=0.2)
+    results = generate_ids(model, prompts, cfg, EOS[:1], 0)
+    lengths = [len(s.token_ids) for r in results for s in r]
+    assert max(lengths) > 128 - 9 and min(lengths) < 64  # past two growths; some ended early
+    want = teacher_forced_logprobs(model, prompts, results, 2, 0.9)
+    for s, ref in zip([s for r in results for s in r], want):
+        assert torch.allclose(torch.tensor(s.logprobs), ref, atol=2e-3), (torch.tensor(s.logprobs) - ref).abs().max()
+
+
+def test_a_slab_grows_keeping_what_was_written():
+    cache = SlabCache(num_layers=1, capacity=150, whole_reads=True)
+    layer = cache.layers[0]
+    k = torch.randn(2, 3, 60, 4)
+    keys, _ = layer.update(k, k.clone())
+    assert keys.shape[2] == 60 and layer.keys.shape[2] == 64  # the prefill reads its own positions
+    for t in range(60, 150):
+        step = torch.full((2, 3, 1, 4), float(t))
+        keys, values = layer.update(step, step.clone())
+        assert keys.shape[2] == cache.read_length(t + 1) == min(150, -(-(t + 1) // 64) * 64)
+        assert keys.is_contiguous()
+    assert torch.equal(layer.keys[:, :, :60], k) and torch.equal(layer.values[:, :, 60:, 0], torch.arange(60.0, 150)
+                                                                  .expand(2, 3, 90))  # fmt: skip
+    with pytest.raises(RuntimeError, match="capacity 150 exceeded"):
+        layer.update(step, step)
+
+
+def test_waves_are_balanced_and_give_the_same_samples():
+    """64 rows under a bound of 56: two waves of 32, not 56 and a lone tail of 8; the samples are those of one wave
+    of 64 (per-sample streams), up to the rounding of another batch shape (greedy here: the same tokens)."""
+    cfg = SamplingConfig(n=8, width=4, max_new_tokens=6, temperature=0.0, max_batch_sequences=56)
+    waves = plan_waves([5] * 8, cfg)
+    assert [sum(j.count for j in w.jobs) for w in waves] == [32, 32]
+    assert [sum(j.count for j in w.jobs) for w in plan_waves([5] * 8, replace(cfg, max_batch_sequences=40))] == [32, 32]
+    # groups of 8 cannot share 24 rows more evenly between two waves: the greedy plan stays
+    wide = replace(cfg, width=8, max_batch_sequences=16)
+    assert [sum(j.count for j in w.jobs) for w in plan_waves([5] * 3, wide)] == [16, 8]
+    model = tiny_model()
+    prompts = [torch.randint(7, 97, (5,), generator=torch.Generator().manual_seed(i)).tolist() for i in range(8)]
+    one = generate_ids(model, prompts, replace(cfg, max_batch_sequences=64), [], 0)
+    two = generate_ids(model, prompts, cfg, [], 0)
+    assert [s.token_ids for r in two for s in r] == [s.token_ids for r in one for s in r]
+    sampled = replace(cfg, temperature=1.0, seed=4)
+    one = generate_ids(model, prompts, replace(sampled, max_batch_sequences=64), [], 0)
+    two = generate_ids(model, prompts, sampled, [], 0)
+    assert [s.token_ids for r in two for s in r] == [s.token_ids for r in one for s in r]
+
+
+@pytest.mark.slow
+def test_the_compiled_step_reads_buckets_and_matches_grouped_logits(monkeypatch):
+    """The compiled step (inductor on the CPU) reads the live positions rounded up to a bucket (64, then 96 of a
+    capacity of 96), not the whole capacity; log-probs equal grouped_logits and the samples the eager engine's."""
+    reads = []
+    real = SlabCache.set_read
+    monkeypatch.setattr(SlabCache, "set_read", lambda self, live: reads.append(real(self, live)) or reads[-1])
+    model = randomize_blocks(bridgelm.add_bridge(tiny_model("qwen2")), std=0.2)
+    torch.manual_seed(0)
+    prompts = [torch.randint(7, 97, (n,)).tolist() for n in (5, 3)]
+    cfg = SamplingConfig(n=4, width=2, max_new_tokens=70, temperature=0.9, top_p=0.9, seed=3, compile=True)
+    results = generate_ids(model, prompts, cfg, [], 0)
+    assert set(reads) == {64, 96}
+    want = teacher_forced_logprobs(model, prompts, results, 2, 0.9)
+    for s, ref in zip([s for r in results for s in r], want):
+        assert torch.allclose(torch.tensor(s.logprobs), ref, atol=2e-3), (torch.tensor(s.logprobs) - ref).abs().max()
+    eager = generate_ids(model, prompts, replace(cfg, compile=False), [], 0)
+    assert [s.token_ids for r in eager for s in r] == [s.token_ids for r in results for s in r]

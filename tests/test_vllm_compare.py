@@ -1,0 +1,86 @@
+"""The vLLM comparison of benchmarks/generate.py (--vllm-python), dry: a fake vLLM (tests/fake_vllm) behind the
+real child script and harness, so that the protocol, the settings handed to vLLM and the ratios are tested without
+installing vLLM. No timing is checked: only that the numbers are made from the runs."""
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import vllm_compare  # noqa: E402
+
+
+def fake_python(tmp_path: Path, body: str = "") -> Path:
+    """An executable that runs this python with the fake vLLM importable (as a venv's python would run vLLM)."""
+    path = tmp_path / "python"
+    fake = ROOT / "tests" / "fake_vllm"
+    path.write_text(f'#!/bin/sh\n{body}\nPYTHONPATH="{fake}" exec "{sys.executable}" "$@"\n')
+    path.chmod(0o755)
+    return path
+
+
+def settings(**over):
+    base = dict(n=2, width=2, new_tokens=3, temperature=0.6, top_p=0.95, repeats=2, prompt_len=5, compile=False,
+                pack=True, vllm_rows="4", vllm_kv_gib=1.0)  # fmt: skip
+    return argparse.Namespace(**{**base, **over})
+
+
+def test_the_comparison_runs_vllm_on_the_same_work(tmp_path, monkeypatch):
+    """bridgelm's plain and Bridge engines and the child's vLLM, interleaved: vLLM gets the same token ids, n,
+    lengths (EOS ignored), temperature, top-p and threads, pinned to the parent's cores; the ratios are the
+    engines' tok/s over vLLM's, repeat by repeat; vLLM's start-up is reported apart."""
+    import torch
+
+    log = tmp_path / "vllm.jsonl"
+    monkeypatch.setenv("FAKE_VLLM_LOG", str(log))
+    args = settings(vllm_python=str(fake_python(tmp_path)))
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        out = vllm_compare.section(args, "float32", layers=1, smollm2=False)
+    finally:
+        torch.set_num_threads(threads)
+    res = out["4"]
+    calls = [json.loads(line) for line in log.read_text().splitlines()]
+    init, runs = calls[0], calls[1:]
+    assert init["kind"] == "init" and init["kwargs"]["dtype"] == "float32" and init["kwargs"]["skip_tokenizer_init"]
+    assert init["env"]["OMP_NUM_THREADS"] == "1" and init["env"]["VLLM_CPU_KVCACHE_SPACE"] == "1.0"
+    first, last = init["env"]["VLLM_CPU_OMP_THREADS_BIND"].split("-")  # one core: "c-c"
+    assert init["cores"] == list(range(int(first), int(last) + 1))
+    assert len(init["cores"]) == 1 and Path(init["kwargs"]["model"]).name  # a saved model folder
+    assert len(runs) == 1 + args.repeats  # a warm-up, then one per repeat
+    for run in runs:
+        assert len(run["prompts"]) == 2 and all(len(p) == 5 for p in run["prompts"])  # 4 rows = 2 prompts x n=2
+        p = run["params"]
+        assert (p["n"], p["max_tokens"], p["min_tokens"], p["ignore_eos"]) == (2, 3, 3, True)
+        assert (p["temperature"], p["top_p"]) == (0.6, 0.95) and "seed" not in p  # no per-request seeds
+    assert res["rows"] == 4 and res["vllm_version"] == "0.0+fake" and res["vllm_startup_seconds"] >= 0
+    for name in ("plain_over_vllm", "bridge_over_vllm"):
+        assert res[name]["min"] <= res[name]["median"] <= res[name]["max"]
+    runs = res["runs"]
+    want = sorted(a["tok_per_s"] / b["tok_per_s"] for a, b in zip(runs["engine_plain"], runs["vllm"]))
+    assert res["plain_over_vllm"]["min"] == round(want[0], 4)
+    assert all(r["tokens"] == 2 * 2 * 3 for series in runs.values() for r in series)
+    assert os.sched_getaffinity(0)  # the parent's cores given back
+
+
+def test_a_child_that_fails_is_one_line_with_its_log(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAKE_VLLM_LOG", str(tmp_path / "vllm.jsonl"))
+    setup = {"model": "m", "dtype": "float32", "threads": 1, "cores": vllm_compare.pinned_cores(1), "seed": 0,
+             "max_num_seqs": 4, "max_model_len": 16}  # fmt: skip
+    with pytest.raises(SystemExit, match="no such executable"):
+        vllm_compare.VllmChild(str(tmp_path / "nowhere" / "python"), setup)
+    broken = fake_python(tmp_path, body='echo "ImportError: no module named vllm" >&2; exit 3')
+    with pytest.raises(SystemExit, match=r"exited \(code 3\).*ImportError: no module named vllm"):
+        vllm_compare.VllmChild(str(broken), setup)
+    monkeypatch.setenv("FAKE_VLLM_SHORT", "1")  # a vLLM that stops early: unequal work is refused
+    child = vllm_compare.VllmChild(str(fake_python(tmp_path)), setup)
+    with pytest.raises(SystemExit, match="made 6 tokens where 8 were asked"):
+        child.run([[1, 2]], n=2, max_tokens=4, temperature=1.0, top_p=1.0)
+    child.close()
