@@ -128,3 +128,11 @@ def test_lm_evals_own_refusal_is_one_line_not_a_bug_report(model_dir, capsys):
     line = _fails(capsys, ["lm-eval", "run", "--model", "bridgelm", "--model_args", f"pretrained={model_dir}",
                            "--tasks", "no_such_task_here"])
     assert line == "bridgelm lm-eval: error: lm-eval: Tasks not found: no_such_task_here"
+
+
+def test_a_data_row_that_repeats_a_field_is_refused_not_read_as_its_last(model_dir, tmp_path, capsys):
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"question": "1+1=", "question": "2+2=", "answer": "2"}\n')
+    line = _fails(capsys, ["eval", "--model", model_dir, "--task", "numeric", "--data", data, "--out", tmp_path / "e"])
+    assert f"{data}:1: field 'question' is given twice in one object: expected each field once" in line
+    assert not (tmp_path / "e").exists()

@@ -199,6 +199,16 @@ def whole_number(text: str) -> int:
     return int(text)
 
 
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict:
+    """A JSON object whose keys are each given once (json keeps the last of a repeated key, silently)."""
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise ValueError(f"field {key!r} is given twice in one object: expected each field once")
+        seen.add(key)
+    return dict(pairs)
+
+
 def _no_constant(name: str) -> float:
     raise ValueError(f"{name} is not a number: expected a finite number or a string")
 
@@ -211,7 +221,8 @@ def _read_jsonl(path: Path, required_fields: Sequence[str], check: RowCheck | No
         if not line.strip():
             continue
         try:
-            row = json.loads(line, parse_float=finite_float, parse_int=whole_number, parse_constant=_no_constant)
+            row = json.loads(line, parse_float=finite_float, parse_int=whole_number, parse_constant=_no_constant,
+                             object_pairs_hook=unique_keys)
         except json.JSONDecodeError as exc:
             raise UserError(f"{path}:{lineno}: malformed JSON line ({exc.msg})") from exc
         except RecursionError:
@@ -228,7 +239,8 @@ def _read_json(path: Path, required_fields: Sequence[str], check: RowCheck | Non
     """Rows of a JSON file holding a list of objects or {"data": [...]}."""
     text = _decode(path.read_bytes(), path)
     try:
-        data = json.loads(text, parse_float=finite_float, parse_int=whole_number, parse_constant=_no_constant)
+        data = json.loads(text, parse_float=finite_float, parse_int=whole_number, parse_constant=_no_constant,
+                             object_pairs_hook=unique_keys)
     except json.JSONDecodeError as exc:
         raise UserError(f"{path}:{exc.lineno}: malformed JSON ({exc.msg})") from exc
     except RecursionError:
