@@ -112,7 +112,7 @@ def load_config(name_or_path: str, weights: bool = False, **kwargs):
 
 
 # The sizes of a decoder's config that must be positive integers (those the config has).
-_SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+_SIZES = ("vocab_size", "max_position_embeddings", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
           "intermediate_size", "head_dim")  # fmt: skip
 
 

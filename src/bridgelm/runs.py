@@ -28,6 +28,7 @@ import hashlib
 import json
 import os
 import pickle
+import re
 import shutil
 import warnings
 import zipfile
@@ -298,12 +299,14 @@ def checkpoint_name(step: int) -> str:
 
 
 def list_checkpoints(out_dir: str | os.PathLike) -> list[Path]:
-    """Complete checkpoints of a run directory (those whose trainer.json exists), oldest first."""
+    """Complete checkpoints of a run directory (those whose trainer.json exists), oldest first. Only folders named
+    as `checkpoint_name` names them count: a copy such as step-2x is no checkpoint to resume from, announce or prune."""
     folder = Path(out_dir) / CHECKPOINTS
     if not folder.is_dir():
         return []
-    found = [p for p in folder.glob("step-*") if p.is_dir() and (p / TRAINER_INFO).is_file()]
-    return sorted(found, key=lambda p: p.name)
+    found = [p for p in folder.glob("step-*") if re.fullmatch(r"step-[0-9]{8,}", p.name) and p.is_dir()
+             and (p / TRAINER_INFO).is_file()]
+    return sorted(found, key=lambda p: int(p.name[5:]))
 
 
 def latest_checkpoint(out_dir: str | os.PathLike) -> Path | None:

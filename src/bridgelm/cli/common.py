@@ -191,3 +191,16 @@ def add_model_args(p) -> None:
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default="cpu")
     add_threads_arg(p)
+
+
+def block_heads(args: argparse.Namespace) -> int:
+    """--num-heads of the blocks --add adds (not given: BlockConfig's); given without --add, nothing would read it, so
+    it is refused (rl, plan)."""
+    from bridgelm.blocks import BlockConfig
+
+    if args.num_heads is not None and not args.add:
+        raise UserError(
+            f"--num-heads {args.num_heads} is read only with --add (the heads of the blocks it adds): expected --add "
+            "bridge or --add pmatch, or no --num-heads"
+        )
+    return BlockConfig.num_heads if args.num_heads is None else args.num_heads

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import traceback
 
 from bridgelm.errors import UserError
 
@@ -17,7 +18,12 @@ def _cmd_lm_eval(args) -> None:
             f"bridgelm lm-eval needs lm-evaluation-harness ({err}): pip install 'bridgelm[lm-eval]'"
         ) from err
     sys.argv = ["lm-eval", *(["--help"] if args.lm_eval_help else []), *args.lm_eval_args]
-    cli_evaluate()
+    try:
+        cli_evaluate()
+    except ValueError as err:  # lm-eval's own check of its arguments ("Tasks not found: ..."): bad input, not our bug
+        if isinstance(err, UserError) or "/lm_eval/" not in traceback.extract_tb(err.__traceback__)[-1].filename:
+            raise
+        raise UserError(f"lm-eval: {str(err).strip().splitlines()[0] if str(err).strip() else repr(err)}") from err
 
 
 def add_commands(sub) -> None:

@@ -11,7 +11,7 @@ import argparse
 import json
 
 from bridgelm.blocks import KINDS, BlockConfig
-from bridgelm.cli.common import positive_int
+from bridgelm.cli.common import block_heads, positive_int
 from bridgelm.cli.fields import add_fields, build
 from bridgelm.cli.train import ROLLOUT_FLAGS, VALIDATION_FLAGS
 from bridgelm.errors import UserError
@@ -56,7 +56,7 @@ def _model(args):
         raise UserError(f"--preset {args.preset}: expected one of {', '.join(PRESETS)}")
     model = meta_model(preset=args.preset, model_dir=args.model)
     if args.add:
-        (add_bridge if args.add == "bridge" else add_pmatch)(model, num_heads=args.num_heads)
+        (add_bridge if args.add == "bridge" else add_pmatch)(model, num_heads=block_heads(args))
     return model
 
 
@@ -65,6 +65,10 @@ def _cmd_plan(args) -> None:
 
     cfg = build(RLConfig, args)
     cfg.validate(args.world_size)
+    block_heads(args)
+    if cfg.fsdp and args.world_size < 2:  # what rl says of --fsdp in one process, said before planning it
+        raise UserError("--fsdp with --world-size 1: FSDP shards the model over several processes: expected "
+                        "--world-size 2 or more, or no --fsdp")
     budget = args.gpu_memory_gib if args.gpu_memory_gib is not None else plan.device_memory_gib()
     if budget is None:
         raise UserError("no CUDA device here to read the GPU's memory from: give it, e.g. --gpu-memory-gib 80")
@@ -132,7 +136,7 @@ def add_commands(sub) -> None:
     p.add_argument("--model", help="a model directory or hub id (only its config.json is read)")
     p.add_argument("--preset", help="instead of --model: ds-qwen-1.5b | ds-qwen-7b | ds-llama-8b")
     p.add_argument("--add", choices=KINDS, help="count the blocks rl --add would add")
-    p.add_argument("--num-heads", type=int, default=BlockConfig.num_heads, help="heads of the --add blocks")
+    p.add_argument("--num-heads", type=int, help=f"heads of the --add blocks (default: {BlockConfig.num_heads})")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"], help="the weights'")
     p.add_argument("--world-size", type=positive_int, default=1, help="processes, one GPU each (default: 1)")
     p.add_argument("--prompt-tokens", type=positive_int, default=512, help="the longest prompt's tokens (default: 512)")

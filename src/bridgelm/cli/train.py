@@ -15,6 +15,7 @@ from bridgelm.blocks import KINDS, PLACEMENTS, BlockConfig
 from bridgelm.cli.common import (
     add_model_args,
     add_threads_arg,
+    block_heads,
     check_out,
     load_model_and_tokenizer,
     load_model_of,
@@ -31,6 +32,9 @@ from bridgelm.train import warmup_data
 from bridgelm.train.rl_config import RLConfig
 from bridgelm.train.set_rewards import REWARDS
 from bridgelm.train.sft import SFTConfig
+
+
+VAL_SPLIT = "test"  # --val-split's default
 
 
 def _main_process() -> bool:
@@ -135,6 +139,20 @@ def _rl_setup(model, tokenizer, task, cfg: RLConfig, dtype: str):
     return plan.Setup(plan.shape_of(model), cfg, Dist.from_env().world, dtype, max(map(len, prompts)))
 
 
+def _refuse_unread_validation(args, cfg: RLConfig) -> None:
+    """--val-data, --val-split and the --eval-* settings are read only with --val-task: given without it, refused."""
+    if args.val_task:
+        return
+    given = [f"--val-data {args.val_data}"] if args.val_data is not None else []
+    given += [f"--val-split {args.val_split}"] if args.val_split != VAL_SPLIT else []
+    default = RLConfig().validation
+    given += [f"--eval-{k.replace('_', '-')} {getattr(cfg.validation, k)}" for k in VALIDATION_FLAGS.only
+              if getattr(cfg.validation, k) != getattr(default, k)]
+    if given:
+        raise UserError(f"{given[0]} is read only with --val-task (the task to validate on): expected --val-task "
+                        "TASK, or no validation settings")
+
+
 def _cmd_rl(args) -> None:
     import bridgelm
     from bridgelm.attach import add_seeded_blocks
@@ -152,6 +170,8 @@ def _cmd_rl(args) -> None:
     launch.validate()
     if args.no_blocks and cfg.block_lr is not None:
         raise UserError(f"--block-lr {cfg.block_lr} with --no-blocks: there are no blocks to train at that rate")
+    block_heads(args)
+    _refuse_unread_validation(args, cfg)
     if args.blocks and (args.no_blocks or args.add):
         flag = "--no-blocks" if args.no_blocks else f"--add {args.add}"
         raise UserError(f"--blocks {args.blocks} and {flag} contradict each other: expected one of them")
@@ -165,7 +185,7 @@ def _cmd_rl(args) -> None:
     if args.no_blocks and have is not None:
         raise ValueError(f"--no-blocks, but {args.model} holds {have.kind} blocks; load a model without blocks")
     if args.add:  # the same blocks on every rank and on every --resume
-        add_seeded_blocks(model, args.add, derive_seed(args.seed, "rl-blocks"), num_heads=args.num_heads)
+        add_seeded_blocks(model, args.add, derive_seed(args.seed, "rl-blocks"), num_heads=block_heads(args))
     device = next(model.parameters()).device
     _plan_or_refuse(device, "rl", lambda: _rl_setup(model, tokenizer, task, cfg, args.dtype))
     try:
@@ -273,13 +293,13 @@ def add_commands(sub) -> None:
     kind = p.add_mutually_exclusive_group()
     kind.add_argument("--add", choices=KINDS, help="add fresh (zero-contribution) blocks")
     kind.add_argument("--no-blocks", action="store_true", help="plain GRPO; refuses a model with blocks")
-    p.add_argument("--num-heads", type=int, default=BlockConfig.num_heads, help="heads of blocks added with --add")
+    p.add_argument("--num-heads", type=int, help=f"heads of blocks added with --add (default: {BlockConfig.num_heads})")
     p.add_argument("--task", required=True)
     p.add_argument("--data", help="training data file/folder")
     p.add_argument("--split", default="train")
     p.add_argument("--val-task", help="validation task (periodic accuracy; best checkpoint kept)")
     p.add_argument("--val-data")
-    p.add_argument("--val-split", default="test")
+    p.add_argument("--val-split", default=VAL_SPLIT)
     p.add_argument("--out", required=True, help="run directory: metrics.jsonl, checkpoints/, best/")
     reward, advantage = Flag(choices=REWARDS), Flag(choices=ADVANTAGES)
     steps = Flag(default=argparse.SUPPRESS, help=f"K: optimiser steps per rollout batch, on K mini-batches of whole "

@@ -28,39 +28,8 @@ from lighteval.tasks.requests import Doc
 
 import bridgelm
 from bridgelm.errors import UserError
-from bridgelm.integrations.loading import continuation_logprob, cut_at_stop, load_bridge_model, positive_int
-
-OWNER = "bridgelm lighteval model"  # how errors name this model
-ARGUMENTS = ("pretrained", "blocks", "width", "seed", "dtype", "device", "max_new_tokens", "temperature", "top_p",
-             "top_k", "chat", "system_prompt")
-
-
-def parse_model_args(text: str) -> dict[str, str]:
-    """"pretrained=DIR,width=4" -> {"pretrained": "DIR", "width": "4"}; unknown keys are refused, naming them."""
-    args = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        key, eq, value = part.partition("=")
-        if not eq:
-            raise UserError(f"{OWNER}: model argument {part!r}: expected key=value (e.g. pretrained=DIR,width=4)")
-        args[key.strip()] = value.strip()
-    unknown = sorted(set(args) - set(ARGUMENTS))
-    if unknown:
-        raise UserError(f"{OWNER}: unknown model argument(s) {', '.join(unknown)}: expected {', '.join(ARGUMENTS)}")
-    if "pretrained" not in args:
-        raise UserError(f"{OWNER}: model arguments {text!r} name no model: expected pretrained=DIR (or a hub id)")
-    if args.get("chat", "0") not in ("0", "1"):
-        raise UserError(f"{OWNER}: chat={args['chat']!r}: expected 0 or 1")
-    return args
-
-
-def _number(args: dict, name: str, default, kind=float):
-    """args[name] (or `default`) as a `kind`, or a UserError that names it."""
-    try:
-        return kind(args.get(name, default))
-    except ValueError:
-        expected = "an integer" if kind is int else "a number"
-        raise UserError(f"{OWNER}: {name}={args[name]!r}: expected {expected}") from None
-
+from bridgelm.integrations.lighteval_args import OWNER, parse_model_args, sampling_args
+from bridgelm.integrations.loading import continuation_logprob, cut_at_stop, load_bridge_model
 
 class _NoCache:
     """lighteval's pipeline hands a model's sample cache the task registry; this model keeps no cache."""
@@ -75,11 +44,9 @@ class BridgeLightevalModel(LightevalModel):
     def __init__(self, config):
         self.config = config  # lighteval's CustomModelConfig; its model_name holds the model arguments
         args = parse_model_args(config.model_name)
-        self.width = positive_int(OWNER, "width", args.get("width", 1))
-        self.seed = _number(args, "seed", 0, int)
-        self.max_new_tokens = positive_int(OWNER, "max_new_tokens", args.get("max_new_tokens", 256))
-        self.temperature = _number(args, "temperature", None) if "temperature" in args else None
-        self.top_p, self.top_k = _number(args, "top_p", 1.0), _number(args, "top_k", 0, int)
+        sampling = sampling_args(args)  # checked before the model loads
+        self.width, self.seed, self.max_new_tokens = sampling["width"], sampling["seed"], sampling["max_new_tokens"]
+        self.temperature, self.top_p, self.top_k = sampling["temperature"], sampling["top_p"], sampling["top_k"]
         self.chat = args.get("chat", "0") == "1"
         self.model, self._tokenizer, _ = load_bridge_model(
             OWNER, args["pretrained"], args.get("blocks"), self.width, args.get("dtype", "float32"),

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -189,6 +190,25 @@ def finite_float(text: str) -> float:
     return value
 
 
+def whole_number(text: str) -> int:
+    """A JSON integer, unless it has more digits than Python turns into an int (sys.get_int_max_str_digits)."""
+    limit = sys.get_int_max_str_digits()
+    if limit and len(text.lstrip("-")) > limit:
+        raise ValueError(f"a number of {len(text.lstrip('-'))} digits: expected at most {limit} digits (write a longer "
+                         "one as a string)")
+    return int(text)
+
+
+def unique_keys(pairs: list[tuple[str, Any]]) -> dict:
+    """A JSON object whose keys are each given once (json keeps the last of a repeated key, silently)."""
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise ValueError(f"field {key!r} is given twice in one object: expected each field once")
+        seen.add(key)
+    return dict(pairs)
+
+
 def _no_constant(name: str) -> float:
     raise ValueError(f"{name} is not a number: expected a finite number or a string")
 
@@ -201,7 +221,8 @@ def _read_jsonl(path: Path, required_fields: Sequence[str], check: RowCheck | No
         if not line.strip():
             continue
         try:
-            row = json.loads(line, parse_float=finite_float, parse_constant=_no_constant)
+            row = json.loads(line, parse_float=finite_float, parse_int=whole_number, parse_constant=_no_constant,
+                             object_pairs_hook=unique_keys)
         except json.JSONDecodeError as exc:
             raise UserError(f"{path}:{lineno}: malformed JSON line ({exc.msg})") from exc
         except RecursionError:
@@ -218,7 +239,8 @@ def _read_json(path: Path, required_fields: Sequence[str], check: RowCheck | Non
     """Rows of a JSON file holding a list of objects or {"data": [...]}."""
     text = _decode(path.read_bytes(), path)
     try:
-        data = json.loads(text, parse_float=finite_float, parse_constant=_no_constant)
+        data = json.loads(text, parse_float=finite_float, parse_int=whole_number, parse_constant=_no_constant,
+                             object_pairs_hook=unique_keys)
     except json.JSONDecodeError as exc:
         raise UserError(f"{path}:{exc.lineno}: malformed JSON ({exc.msg})") from exc
     except RecursionError:

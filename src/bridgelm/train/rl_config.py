@@ -27,6 +27,8 @@ def default_validation() -> EvalConfig:
     return EvalConfig(n=4, width=4, max_new_tokens=None, temperature=0.6, top_p=0.95)
 
 
+MAX_SIBLING_WEIGHT = 1e6  # L of reward "sibling", at most: (1 + L)^2 stays far inside float32
+
 @dataclass
 class RLConfig:
     """GRPO settings; defaults follow the paper's Appendix A where it gives one (per-device sizes are smaller)."""
@@ -166,7 +168,8 @@ class RLConfig:
                 "shared by every rollout the advantage compares and cancels; expected rollouts >= 2 x width"
             )
         if self.sibling_weight is not None:
-            check_number("sibling_weight", self.sibling_weight, 0)
+            check_number("sibling_weight", self.sibling_weight, 0, MAX_SIBLING_WEIGHT,
+                         note=" (larger weights overflow the rewards' float32 mean and variance)")
 
     def replica_dtype(self) -> str | None:
         """The dtype of the copy the rollouts sample from (rollouts.RolloutPolicy): rollout_dtype, or bfloat16 under

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from bridgelm.dist import Dist, barrier, full_state_dict, load_model_shards, save_shards
+from bridgelm.errors import UserError
 from bridgelm.runs import SHARDS, check_layout, write_dir_atomic
 
 
@@ -118,6 +119,10 @@ def load_weights(model: torch.nn.Module, folder: str | os.PathLike) -> None:
     missing = [k for k in own if k not in loaded and own[k].data_ptr() not in have]
     if missing:
         raise ValueError(f"{folder} lacks weights of the model: {missing[:3]}")
+    bad = next((k for k, t in loaded.items() if t.is_floating_point() and not torch.isfinite(t).all()), None)
+    if bad is not None:
+        raise UserError(f"{folder}: {bad} holds NaN or infinite values: expected the finite weights of a run that did "
+                        "not diverge (no bridgelm run writes such a checkpoint: it was damaged or edited)")
     wrong = [k for k in loaded if loaded[k].shape != own[k].shape]
     if wrong:
         raise ValueError(

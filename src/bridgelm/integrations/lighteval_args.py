@@ -1,0 +1,66 @@
+"""The lighteval model's arguments, read from the model name lighteval hands it ("pretrained=DIR,width=4,...") and
+checked before anything loads, in the one-line words of the lm-eval backend and the command line for the same values
+(loading.positive_int, integer, number; the engine's sampling checks). It imports no lighteval, so it is tested
+where lighteval is not installed."""
+
+from __future__ import annotations
+
+from bridgelm.engine.config import check_sampling
+from bridgelm.errors import UserError
+from bridgelm.integrations.loading import integer, number, positive_int
+
+OWNER = "bridgelm lighteval model"  # how errors name this model
+ARGUMENTS = ("pretrained", "blocks", "width", "seed", "dtype", "device", "max_new_tokens", "temperature", "top_p",
+             "top_k", "chat", "system_prompt")
+
+
+def parse_model_args(text: str) -> dict[str, str]:
+    """"pretrained=DIR,width=4" -> {"pretrained": "DIR", "width": "4"}; unknown or repeated keys are refused."""
+    args = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, eq, value = part.partition("=")
+        if not eq:
+            raise UserError(f"{OWNER}: model argument {part!r}: expected key=value (e.g. pretrained=DIR,width=4)")
+        if key.strip() in args:
+            raise UserError(f"{OWNER}: model argument {key.strip()} is given twice: expected each once")
+        args[key.strip()] = value.strip()
+    unknown = sorted(set(args) - set(ARGUMENTS))
+    if unknown:
+        raise UserError(f"{OWNER}: unknown model argument(s) {', '.join(unknown)}: expected {', '.join(ARGUMENTS)}")
+    if "pretrained" not in args:
+        raise UserError(f"{OWNER}: model arguments {text!r} name no model: expected pretrained=DIR (or a hub id)")
+    if args.get("chat", "0") not in ("0", "1"):
+        raise UserError(f"{OWNER}: chat={args['chat']!r}: expected 0 or 1")
+    return args
+
+
+def typed(text: str):
+    """A model argument's text as lm-eval types its own (handle_arg_string): digits an int, a float's text a float,
+    anything else text; so that both integrations name a value alike ("width=1.5", "seed='abc'")."""
+    if text.strip().lstrip("+-").isdigit():
+        return int(text)
+    try:
+        return float(text)
+    except ValueError:
+        return text
+
+
+def sampling_args(args: dict[str, str]) -> dict:
+    """width, seed, max_new_tokens, temperature (None: by the document's sample count), top_p and top_k of the
+    parsed `args`, each checked as the lm-eval backend and the engine check it."""
+    args = {k: typed(v) for k, v in args.items()}
+    out = {
+        "width": positive_int(OWNER, "width", args.get("width", 1)),
+        "seed": integer(OWNER, "seed", args.get("seed", 0)),
+        "max_new_tokens": positive_int(OWNER, "max_new_tokens", args.get("max_new_tokens", 256)),
+        "temperature": number(OWNER, "temperature", args["temperature"]) if "temperature" in args else None,
+        "top_p": number(OWNER, "top_p", args.get("top_p", 1.0)),
+        "top_k": integer(OWNER, "top_k", args.get("top_k", 0)),
+    }
+    try:
+        check_sampling(0.0 if out["temperature"] is None else out["temperature"], out["top_p"])
+    except ValueError as err:
+        raise UserError(f"{OWNER}: {err}") from None
+    if out["top_k"] < 0:
+        raise UserError(f"{OWNER}: top_k={args['top_k']!r}: expected an integer >= 0 (0 = off)")
+    return out
