@@ -35,7 +35,7 @@ COMMANDS = {
         DemoConfig,
         [],
         {f.name for f in dataclasses.fields(DemoConfig)}
-        - {"seeds", "sft_per_seed", "bf16", "arms", "primary", "recipe_control", "threads", "workers"},
+        - {"seeds", "sft_per_seed", "bf16", "arms", "primary", "recipe_control", "misalignment", "threads", "workers"},
     ),
 }
 

@@ -109,11 +109,12 @@ def test_a_check_failing_before_any_sample_leaves_no_run_behind(tmp_path, model_
     data = [str(_toy(tmp_path / "toy.jsonl", 2))]
     run = tmp_path / "run"
     too_long = E.EvalConfig(n=2, width=2, widths=(1, 2), max_new_tokens=1020)
-    with pytest.raises(ValueError, match="exceeds the model's context .*lower max_new_tokens .* to at most"):
+    # refused by its characters before it is tokenized (issue 48: cheap refusals first)
+    with pytest.raises(ValueError, match=r"max_new_tokens=1020.*expected a shorter prompt or a lower max_new_tokens"):
         E.run_eval(model, tok, "math", data, too_long, run, "tiny", progress=False)
     assert not run.exists()  # the folder it made is taken away again
     run.mkdir()  # a folder of the user's stays, empty
-    with pytest.raises(ValueError, match="exceeds the model's context"):
+    with pytest.raises(ValueError, match="max_new_tokens=1020"):
         E.run_eval(model, tok, "math", data, too_long, run, "tiny", progress=False)
     assert run.is_dir() and not any(run.iterdir())
     cfg = E.EvalConfig(n=2, width=2, widths=(1, 2), max_new_tokens=4)

@@ -58,7 +58,7 @@ def check_prompt_chars(model, tokenizer, texts: Sequence[str], max_new_tokens: i
             raise ValueError(
                 f"prompt {i} has {len(text)} characters: more than the {limit} that fit in {room} tokens (the model's "
                 f"context of {context} positions less max_new_tokens={max_new_tokens}; this tokenizer's longest "
-                f"token is {widest} characters): expected a shorter prompt"
+                f"token is {widest} characters): expected a shorter prompt or a lower max_new_tokens"
             )
 
 
