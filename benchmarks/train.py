@@ -153,7 +153,7 @@ def run_trl(model_dir: Path, prompts: list[str], args, out: Path, dtype, bridge:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from bridgelm.integrations.trl import BridgeGRPOTrainer
+    from bridgelm.integrations.trl import BridgeGRPOConfig, BridgeGRPOTrainer
 
     class StepClock(TrainerCallback):
         def __init__(self):
@@ -166,7 +166,9 @@ def run_trl(model_dir: Path, prompts: list[str], args, out: Path, dtype, bridge:
         return [parity_reward(c) for c in completions]
 
     rollouts_per_update = args.prompts * args.rollouts // args.k
-    cfg = GRPOConfig(
+    config_cls, extra = (BridgeGRPOConfig, {"bridge_width": args.width}) if bridge else (GRPOConfig, {})
+    cfg = config_cls(
+        **extra,
         output_dir=str(out),
         per_device_train_batch_size=rollouts_per_update,
         gradient_accumulation_steps=1,
@@ -194,7 +196,7 @@ def run_trl(model_dir: Path, prompts: list[str], args, out: Path, dtype, bridge:
         model_init_kwargs=None if bridge else {"dtype": dtype},
     )
     clock = StepClock()
-    trainer_cls, extra = (BridgeGRPOTrainer, {"bridge_width": args.width}) if bridge else (GRPOTrainer, {})
+    trainer_cls = BridgeGRPOTrainer if bridge else GRPOTrainer
     trainer = trainer_cls(
         model=bridgelm.load_model(str(model_dir), dtype=dtype) if bridge else str(model_dir),
         reward_funcs=reward,
@@ -202,7 +204,6 @@ def run_trl(model_dir: Path, prompts: list[str], args, out: Path, dtype, bridge:
         train_dataset=Dataset.from_list([{"prompt": p} for p in prompts]),
         processing_class=load_tokenizer(model_dir),
         callbacks=[clock],
-        **extra,
     )
     trainer.train()
     ends = clock.ends[args.k - 1 :: args.k]  # end of each rollout batch's K optimiser steps
