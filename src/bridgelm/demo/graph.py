@@ -157,30 +157,47 @@ def recipe_stages(ctx: st.Context) -> list[Stage]:
     for seed in range(cfg.seeds):
         for arm in arms:
             stages += _recipe_arm_stages(ctx, dirs, arm, seed)
+    for arm, named in recipe_candidates(cfg).items():  # every rate a search compares, at seed 0
+        for name, label in named.items():
+            stages += _recipe_arm_stages(ctx, dirs, arm, lr_search.TUNE_SEED, (label, name))
     return stages
 
 
-def _recipe_arm_stages(ctx: st.Context, dirs, arm: str, seed: int) -> list[Stage]:
+def recipe_candidates(cfg) -> dict[str, dict[str, str]]:
+    """{searched Bridge arm: {candidate name: its recipe run's label}}."""
+    return {
+        arm: {lr_search.name(c): f"{arm}_{lr_search.name(c)}" for c in lr_candidates(cfg, arm)}
+        for arm in rc.recipe_arms(rl_arms(cfg))
+        if ARMS[arm].search
+    }
+
+
+def _recipe_arm_stages(ctx: st.Context, dirs, arm: str, seed: int, candidate: tuple | None = None) -> list[Stage]:
+    """An arm's recipe run of `seed` and its two evaluations; `candidate` (label, name): a search candidate's run at
+    its own rates, named without a seed (it belongs to the search, at seed 0)."""
     cfg, spec = ctx.cfg, ARMS[arm]
     after = ("control base",) if spec.sft is None else (f"recipe sft {spec.sft} seed {sft_seed_of(cfg, seed)}",)
-    lrs = None
-    if spec.search:
+    label, tag, lrs = arm, f"{arm} seed {seed}", None
+    if candidate is not None:
+        label, tag = candidate[0], f"{arm} {candidate[1]}"
+        lrs = next(c for c in lr_candidates(cfg, arm) if lr_search.name(c) == candidate[1])
+    elif spec.search:
         after += (f"choose lr {arm}",)
         lrs = partial(lr_search.chosen, ctx.out, arm)  # read when the stage runs, after the choice
-    done = dirs.rl(arm, seed) / "done.json"
-    fn = partial(st.recorded, done, _recipe_rl, cfg, dirs, arm, seed, lrs)
-    stages = [Stage(f"recipe rl {arm} seed {seed}", done, fn, st.rl_summary, after)]
+    done = dirs.rl(label, seed) / "done.json"
+    fn = partial(st.recorded, done, _recipe_rl, cfg, dirs, arm, seed, lrs, label)
+    stages = [Stage(f"recipe rl {tag}", done, fn, st.rl_summary, after)]
     for foreign in (False, True):
-        fn = partial(rc.stage_eval, cfg, dirs, arm, seed, foreign)
-        name = f"recipe {'foreign siblings' if foreign else 'eval'} {arm} seed {seed}"
-        output = dirs.eval(arm, seed, foreign) / "metrics.json"
-        summary = partial(st.eval_summary, arm=f"recipe control, {arm}")
-        stages.append(Stage(name, output, fn, summary, (f"recipe rl {arm} seed {seed}",)))
+        fn = partial(rc.stage_eval, cfg, dirs, label, seed, foreign)
+        name = f"recipe {'foreign siblings' if foreign else 'eval'} {tag}"
+        output = dirs.eval(label, seed, foreign) / "metrics.json"
+        summary = partial(st.eval_summary, arm=f"recipe control, {label}")
+        stages.append(Stage(name, output, fn, summary, (f"recipe rl {tag}",)))
     return stages
 
 
-def _recipe_rl(cfg, dirs, arm: str, seed: int, lrs) -> dict:
-    return rc.stage_rl(cfg, dirs, arm, seed, lrs() if lrs is not None else None)
+def _recipe_rl(cfg, dirs, arm: str, seed: int, lrs, label: str) -> dict:
+    return rc.stage_rl(cfg, dirs, arm, seed, lrs() if callable(lrs) else lrs, label)
 
 
 def run_dirs(ctx: st.Context) -> RunDirs:
@@ -203,7 +220,9 @@ def arm_results(ctx: st.Context) -> dict:
     on = cfg.positive_control
     return {
         "positive_control": control_results(cfg.control, dirs, cfg.seeds) if on else None,
-        "recipe_control": rc.results(cfg, rc.RecipeDirs(dirs), rl_arms(cfg)) if on and cfg.recipe_control else None,
+        "recipe_control": (
+            rc.results(cfg, rc.RecipeDirs(dirs), rl_arms(cfg), recipe_candidates(cfg)) if on and cfg.recipe_control else None
+        ),
         "lr_search": {a: lr_search.results(ctx.out, a) for a in rl_arms(cfg) if ARMS[a].search},
         "misalignment": misalign.results(cfg, dirs) if on and cfg.misalignment else None,
     }

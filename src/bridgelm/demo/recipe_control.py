@@ -101,8 +101,9 @@ def stage_sft(demo, dirs: RecipeDirs, kind: str, seed: int) -> dict:
     return {"best_val_ppl": result.best_val_ppl, "best_epoch": result.best_epoch, "steps": result.steps}
 
 
-def stage_rl(demo, dirs: RecipeDirs, arm: str, seed: int, lrs=None) -> dict:
-    """The arm's GRPO recipe on the control's task and model, from its SFT blocks (or fresh ones)."""
+def stage_rl(demo, dirs: RecipeDirs, arm: str, seed: int, lrs=None, label: str | None = None) -> dict:
+    """The arm's GRPO recipe on the control's task and model, from its SFT blocks (or fresh ones), into the run
+    named `label` (default: the arm's own; a search candidate's is "<arm>_<candidate>")."""
     from bridgelm.blockfile import load_blocks
     from bridgelm.demo.config import sft_seed_of
     from bridgelm.demo.training import rl_numbers, with_blocks
@@ -117,18 +118,21 @@ def stage_rl(demo, dirs: RecipeDirs, arm: str, seed: int, lrs=None) -> dict:
         with_blocks(model, spec.blocks, demo, spec.placement, seed=seed)
     cfg = replace(recipe_rl(demo, arm, seed, lrs), progress=False)
     task = _train_task(demo, cfg.steps * cfg.prompts_per_step)
-    return rl_numbers(train_rl(model, load_tokenizer(dirs.control.base), task, cfg, dirs.rl(arm, seed)))
+    return rl_numbers(train_rl(model, load_tokenizer(dirs.control.base), task, cfg, dirs.rl(label or arm, seed)))
 
 
-def stage_eval(demo, dirs: RecipeDirs, arm: str, seed: int, foreign: bool) -> dict:
-    """The recipe's model on the control's test problems, as the control's own are evaluated."""
-    return evaluate(demo.control, dirs.control.base, dirs.rl(arm, seed), dirs.eval(arm, seed, foreign), seed, foreign,
-                    demo.bf16)
+def stage_eval(demo, dirs: RecipeDirs, label: str, seed: int, foreign: bool) -> dict:
+    """The model of recipe run `label` (an arm's, or a search candidate's) on the control's test problems, as the
+    control's own are evaluated."""
+    return evaluate(demo.control, dirs.control.base, dirs.rl(label, seed), dirs.eval(label, seed, foreign), seed,
+                    foreign, demo.bf16)
 
 
-def arm_result(demo, dirs: RecipeDirs, arm: str) -> dict | None:
-    """`sibling_results` of one arm's recipe, with "learns"; None until a seed's evaluations are there."""
-    runs = [(dirs.eval(arm, s), dirs.eval(arm, s, True)) for s in range(demo.seeds)]
+def arm_result(demo, dirs: RecipeDirs, label: str, seeds=None) -> dict | None:
+    """`sibling_results` of one recipe run (`label`: an arm, or a search candidate "<arm>_<candidate>") over `seeds`
+    (default: every seed), with "learns"; None until a seed's evaluations are there."""
+    seeds = range(demo.seeds) if seeds is None else seeds
+    runs = [(dirs.eval(label, s), dirs.eval(label, s, True)) for s in seeds]
     out = sibling_results(demo.control, runs)
     if out is None:
         return None
@@ -140,6 +144,14 @@ def arm_result(demo, dirs: RecipeDirs, arm: str) -> dict | None:
     return out
 
 
-def results(demo, dirs: RecipeDirs, arms: tuple[str, ...]) -> dict:
-    """`recipe_control` of results.json: {arm: arm_result} for every Bridge arm whose recipe ran."""
-    return {arm: r for arm in recipe_arms(arms) if (r := arm_result(demo, dirs, arm)) is not None}
+def results(demo, dirs: RecipeDirs, arms: tuple[str, ...], candidates: dict) -> dict:
+    """`recipe_control` of results.json: {arm: arm_result} for every Bridge arm whose recipe ran; a searched arm's
+    also has "candidates": {candidate: arm_result of seed 0}, every rate its search compared, so that the report
+    can say whether any of them learns a channel where the chosen one does not. `candidates`: {arm: {candidate
+    name: label}}."""
+    out = {arm: r for arm in recipe_arms(arms) if (r := arm_result(demo, dirs, arm)) is not None}
+    for arm, named in candidates.items():
+        found = {name: r for name, label in named.items() if (r := arm_result(demo, dirs, label, [0])) is not None}
+        if found:
+            out.setdefault(arm, {})["candidates"] = found
+    return out

@@ -209,6 +209,8 @@ def _recipe_claims(recipe: dict | None, cfg) -> list[str]:
         return []
     w, lines = cfg.control.eval.width, []
     for arm, r in recipe.items():
+        if "learns" not in r:  # only its search's candidates are done
+            continue
         room = "" if r["headroom"] is None else f"; the majority's headroom: {100 * r['headroom']:.1f} points"
         can = "**can**" if r["learns"] else "**cannot** (on this evidence)"
         lines.append(

@@ -21,10 +21,17 @@ def recipe_section(recipe: dict | None, cfg) -> list[str]:
     if not recipe:
         return []
     rows, w = [], cfg.control.eval.width
-    for arm, r in recipe.items():
+
+    def row(title: str, r: dict) -> list[str]:
         room = "" if r["headroom"] is None else f"{100 * r['headroom']:.1f}"
         learns = "**yes**" if r["learns"] else "no"
-        rows.append([TITLES[arm], diff_text(r[f"w{w}-w1"]), diff_text(r["foreign-w1"]), room, learns, str(r["seeds"])])
+        return [title, diff_text(r[f"w{w}-w1"]), diff_text(r["foreign-w1"]), room, learns, str(r["seeds"])]
+
+    for arm, r in recipe.items():
+        if "learns" in r:
+            rows.append(row(TITLES[arm], r))
+        for name, c in r.get("candidates", {}).items():  # the search's candidates, seed 0
+            rows.append(row(f"{TITLES[arm]}, candidate {name}", c))
     head = ["Arm's recipe on the control task", f"w={w} − w=1", "foreign − w=1", "Headroom (majority − w=1, points)",
             "Learns a sibling channel", "Seeds"]
     return [
