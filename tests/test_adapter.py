@@ -45,7 +45,8 @@ def test_folder_round_trip_records_base_and_settings(tmp_path, kind):
     assert record["base_model"] == "org/tiny-base" and record["base_model_digest"] == base_digest(tiny_model())
     assert record["base_model_digest"].startswith("sha256:") and record["kind"] == kind
     cfg = bridgelm.block_config(model)
-    assert (record["num_heads"], record["head_dim"], record["placement"]) == (cfg.num_heads, cfg.head_dim, cfg.placement)
+    settings = (record["num_heads"], record["head_dim"], record["placement"])
+    assert settings == (cfg.num_heads, cfg.head_dim, cfg.placement)
     assert (record["model_type"], record["hidden_size"], record["num_layers"]) == ("qwen2", 64, 2)
     fresh = bridgelm.load_blocks(_base(), out)
     assert bridgelm.block_config(fresh) == cfg
@@ -61,7 +62,7 @@ def test_digest_is_cheap_but_tells_bases_apart():
     assert a != base_digest(tiny_model(num_hidden_layers=3))
     other = tiny_model()
     with torch.no_grad():
-        other.lm_head.weight[0, 0] += 1.0  # a sampled value (the first of each tensor)
+        other.lm_head.weight[-1, -1] += 1.0  # a sampled value (the last of each tensor)
     assert a != base_digest(other)
 
 
@@ -117,8 +118,8 @@ def fake_hub(tmp_path, monkeypatch):
         calls.append(("snapshot_download", repo_id, revision, sorted(allow_patterns)))
         return str(hub / repo_id)
 
-    for name, fn in [("create_repo", create_repo), ("upload_folder", upload_folder), ("snapshot_download", snapshot_download)]:
-        monkeypatch.setattr(huggingface_hub, name, fn)
+    for fn in (create_repo, upload_folder, snapshot_download):
+        monkeypatch.setattr(huggingface_hub, fn.__name__, fn)
     return hub, calls
 
 
@@ -185,3 +186,25 @@ def test_saving_a_folder_over_a_file_is_refused(tmp_path):
     with pytest.raises(UserError, match=f"cannot save an adapter folder at {taken}: a file is in its place"):
         bridgelm.save_blocks(_trained(), taken)
     assert taken.read_text() == "mine"
+
+
+def test_cli_blocks_takes_an_adapter_folder(tmp_path, capsys):
+    from bridgelm.cli import main
+    from bridgelm.jsonl import read_records
+
+    save_tiny_model_dir(tmp_path / "m")
+    adapter = bridgelm.save_blocks(bridgelm.add_bridge(bridgelm.load_model(str(tmp_path / "m"))), tmp_path / "a")
+    out = tmp_path / "s.jsonl"
+    argv = ["generate", "--blocks", str(adapter), "--prompt", "1", "--max-new-tokens", "2", "--n", "1", "--width", "1"]
+    main([*argv, "--model", str(tmp_path / "m"), "--out", str(out)])
+    assert len(read_records(out)) == 1
+    other, _ = save_tiny_model_dir(tmp_path / "other")  # another base: same architecture, other weights
+    with torch.no_grad():
+        other.lm_head.weight.mul_(2)
+    other.save_pretrained(tmp_path / "other")
+    with pytest.raises(SystemExit) as exit_:
+        main([*argv, "--model", str(tmp_path / "other"), "--out", str(tmp_path / "t.jsonl")])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "Traceback" not in err
+    assert "trained on base" in err.strip().splitlines()[-1] and "digest" in err.strip().splitlines()[-1]
+    assert not (tmp_path / "t.jsonl").exists()

@@ -48,7 +48,7 @@ def base_digest(model: nn.Module) -> str:
         if p.is_meta or p.numel() == 0:
             continue
         flat = p.detach().reshape(-1)
-        idx = torch.linspace(0, flat.numel() - 1, _SAMPLES, device=flat.device).long()
+        idx = torch.arange(_SAMPLES, device=flat.device) * (flat.numel() - 1) // (_SAMPLES - 1)  # exact on any device
         h.update(flat[idx].to(torch.bfloat16).float().cpu().numpy().tobytes())
     return "sha256:" + h.hexdigest()
 
