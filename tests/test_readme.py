@@ -1,6 +1,7 @@
 """The README as a user pastes it: its Python snippets run at toy size (a tiny model in place of the hub's), and every
 flag of its commands is one the command takes (its --help), so the README cannot drift from the code."""
 
+import json
 import os
 import re
 import shlex
@@ -58,6 +59,8 @@ def test_the_first_python_example_runs_as_pasted(tiny, tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "sampling: 100%" in proc.stderr  # the progress bar it asks for
     assert (tmp_path / "blocks.safetensors").is_file()
+    adapter = json.loads((tmp_path / "bridge-blocks" / "bridge_config.json").read_text())  # the adapter folder
+    assert adapter["base_model"] == str(tiny) and adapter["base_model_digest"].startswith("sha256:")
     check = "import bridgelm, transformers as t; m = t.AutoModelForCausalLM.from_pretrained('bridge-model')\n"
     check += "print(bridgelm.block_config(m).kind)"
     assert run_python(check, tmp_path).stdout.strip() == "bridge"  # what it saves loads with its blocks

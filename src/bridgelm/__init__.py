@@ -5,7 +5,7 @@ logits = bridgelm.grouped_logits(model, ids, mask, group_ids)
 """
 
 from bridgelm.attach import add_bridge, add_pmatch, added_parameters, block_config
-from bridgelm.blockfile import load_blocks, save_blocks
+from bridgelm.adapter import load_blocks, save_blocks
 from bridgelm.blocks import BlockConfig
 from bridgelm.grouped import Groups, grouped_logits
 from bridgelm.models import load_model

@@ -15,7 +15,8 @@ from safetensors import safe_open
 from torch import nn
 
 from bridgelm.attach import MODEL_TYPE, has_block_type
-from bridgelm.blockfile import check_finite, load_blocks
+from bridgelm.adapter import load_blocks
+from bridgelm.blockfile import check_finite
 from bridgelm.errors import UserError
 from bridgelm.jsonl import json_kind
 

@@ -187,7 +187,7 @@ def set_threads(threads: int) -> None:
 
 def add_model_args(p) -> None:
     p.add_argument("--model", required=True, help="model directory or hub id")
-    p.add_argument("--blocks", help="a block file written by save_blocks / bridgelm sft")
+    p.add_argument("--blocks", help="a block file (save_blocks / bridgelm sft), an adapter folder or its hub id")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
     p.add_argument("--device", default="cpu")
     add_threads_arg(p)

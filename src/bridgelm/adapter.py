@@ -1,0 +1,173 @@
+"""Blocks as an adapter: `save_blocks` / `load_blocks` on a block file, an adapter folder or a hub id.
+
+A path whose name ends in ".safetensors" is a block file (blockfile.py, unchanged). Anything else is an adapter
+folder: `blocks.safetensors` (the same block file) and `bridge_config.json`, which names the base model (its
+`config._name_or_path`: the hub id or folder it was loaded from), a digest of the base's weights, and the block
+settings. A name that is neither an existing file nor folder is a hub id, fetched with huggingface_hub's
+`snapshot_download`; `save_blocks(..., push_to_hub=True)` uploads the folder with `upload_folder`.
+
+The digest (`base_digest`) is sha256 over every base parameter's name and shape and 16 values sampled at evenly
+spaced positions, rounded to bfloat16 so that float32, bfloat16 and float16 loads of one bf16 checkpoint agree.
+It reads 16 numbers per tensor (no pass over the weights), so it costs milliseconds on a 7B model; it tells apart
+different checkpoints and sizes, not a deliberate edit of an unsampled weight. Loading onto a base of another digest
+is refused in one line; a base of the same digest under another name is warned about.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import warnings
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from bridgelm import blockfile
+from bridgelm.attach import FORMAT, added_parameters, block_config
+from bridgelm.errors import UserError
+from bridgelm.jsonl import read_json_object, write_json
+
+CONFIG_FILE = "bridge_config.json"
+BLOCKS_FILE = "blocks.safetensors"
+_FIELDS = ("format", "base_model", "base_model_digest", "kind", "num_heads", "head_dim", "placement", "model_type")
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
+_SAMPLES = 16
+
+
+def base_digest(model: nn.Module) -> str:
+    """sha256 over the base's parameter names, shapes and a few sampled values (the blocks left out)."""
+    added = set(added_parameters(model))
+    h = hashlib.sha256()
+    for name, p in model.named_parameters():
+        if name in added:
+            continue
+        h.update(f"{name}:{tuple(p.shape)};".encode())
+        if p.is_meta or p.numel() == 0:
+            continue
+        flat = p.detach().reshape(-1)
+        idx = torch.arange(_SAMPLES, device=flat.device) * (flat.numel() - 1) // (_SAMPLES - 1)  # exact on any device
+        h.update(flat[idx].to(torch.bfloat16).float().cpu().numpy().tobytes())
+    return "sha256:" + h.hexdigest()
+
+
+def _is_file_form(path: Path) -> bool:
+    return path.suffix == ".safetensors" and not path.is_dir()
+
+
+def save_blocks(
+    model: nn.Module, path: str | os.PathLike, *, push_to_hub: bool = False, repo_id: str | None = None,
+    token: str | None = None, private: bool | None = None, commit_message: str = "Bridge blocks",
+) -> Path:  # fmt: skip
+    """Write the blocks to a block file (a name ending in .safetensors) or an adapter folder (anything else);
+    with push_to_hub, also upload the folder to the hub repo `repo_id` (default: the folder's name)."""
+    path = Path(path)
+    if _is_file_form(path):
+        if push_to_hub:
+            raise UserError(f"push_to_hub with {path}: expected an adapter folder (a path not ending in .safetensors)")
+        return blockfile.save_blocks(model, path)
+    cfg = block_config(model)
+    if cfg is None:
+        raise ValueError("the model has no Bridge or P-Match blocks to save: call add_bridge/add_pmatch first")
+    if path.exists() and not path.is_dir():
+        raise UserError(f"cannot save an adapter folder at {path}: a file is in its place; expected a folder")
+    blockfile.save_blocks(model, path / BLOCKS_FILE)  # weights first: the config, written last, completes the folder
+    _, meta = blockfile.read_block_settings(path / BLOCKS_FILE)
+    record = {k: meta[k] for k in _FIELDS if k in meta}
+    record.update(base_model_digest=base_digest(model), num_heads=cfg.num_heads, head_dim=cfg.head_dim)
+    record.update(hidden_size=int(meta["hidden_size"]), num_layers=int(meta["num_layers"]), weights=BLOCKS_FILE)
+    write_json(path / CONFIG_FILE, record)
+    if push_to_hub:
+        _push(path, repo_id or path.resolve().name, token, private, commit_message)
+    return path
+
+
+def _push(path: Path, repo_id: str, token: str | None, private: bool | None, message: str) -> None:
+    import huggingface_hub
+
+    huggingface_hub.create_repo(repo_id, token=token, private=private, exist_ok=True)
+    huggingface_hub.upload_folder(
+        repo_id=repo_id, folder_path=str(path), allow_patterns=[CONFIG_FILE, BLOCKS_FILE], commit_message=message,
+        token=token,
+    )  # fmt: skip
+
+
+def load_blocks(
+    model: nn.Module, path: str | os.PathLike, *, revision: str | None = None, token: str | None = None
+) -> nn.Module:
+    """Load blocks from a block file, an adapter folder or a hub id into `model` (see the module's docstring)."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        return _load_folder(model, p)
+    if p.exists() or p.suffix == ".safetensors" or not _HUB_ID.fullmatch(str(path)):
+        return blockfile.load_blocks(model, path)
+    return _load_folder(model, _download(str(path), revision, token))
+
+
+def _download(repo_id: str, revision: str | None, token: str | None) -> Path:
+    import huggingface_hub
+    from huggingface_hub import constants, errors
+
+    try:
+        folder = huggingface_hub.snapshot_download(
+            repo_id, revision=revision, token=token, allow_patterns=[CONFIG_FILE, BLOCKS_FILE]
+        )
+    except (errors.HfHubHTTPError, errors.LocalEntryNotFoundError, errors.OfflineModeIsEnabled, ValueError) as err:
+        why = "HF_HUB_OFFLINE=1 and it is not cached" if constants.HF_HUB_OFFLINE else type(err).__name__
+        raise UserError(
+            f"blocks {repo_id!r}: no such local file or folder, and the hub id could not be fetched ({why}): "
+            "expected a block file, an adapter folder or a hub id of one"
+        ) from None
+    return Path(folder)
+
+
+def read_adapter_config(folder: Path) -> dict:
+    """An adapter folder's bridge_config.json, every field present; anything else one line naming the file."""
+    config = folder / CONFIG_FILE
+    if not config.is_file():
+        raise UserError(
+            f"block file {folder} is a folder: expected a .safetensors file of blocks, or an adapter folder with its "
+            f"{CONFIG_FILE} (written by save_blocks)"
+        )
+    record = read_json_object(config, "an adapter config written by save_blocks")
+    missing = [k for k in _FIELDS if k not in record]
+    if missing:
+        raise UserError(f"{config} lacks {', '.join(missing)}: expected an adapter config written by save_blocks")
+    if record["format"] != FORMAT:
+        raise UserError(f"{config} has format {record['format']!r}: expected {FORMAT!r}")
+    return record
+
+
+def _load_folder(model: nn.Module, folder: Path) -> nn.Module:
+    record = read_adapter_config(folder)
+    weights = folder / BLOCKS_FILE
+    if not weights.exists():
+        raise UserError(f"adapter folder {folder} has no {BLOCKS_FILE}: expected the blocks beside {CONFIG_FILE}")
+    cfg, meta = blockfile.read_block_settings(weights)
+    stated = {k: str(record[k]) for k in ("kind", "num_heads", "head_dim", "placement", "model_type")}
+    differ = [k for k, v in stated.items() if meta[k] != v]
+    if differ:
+        raise UserError(
+            f"{folder / CONFIG_FILE} says {differ[0]}={stated[differ[0]]!r} but {BLOCKS_FILE} holds "
+            f"{meta[differ[0]]!r}: expected the config and weights save_blocks wrote together"
+        )
+    _check_base(model, record, folder)
+    return blockfile.load_blocks(model, weights)
+
+
+def _check_base(model: nn.Module, record: dict, folder: Path) -> None:
+    digest, name = base_digest(model), blockfile._base_name(model)
+    if digest != record["base_model_digest"]:
+        raise UserError(
+            f"adapter {folder} holds blocks trained on base {record['base_model']!r} (weights digest "
+            f"{str(record['base_model_digest'])[:19]}), and this model ({name!r}) has digest {digest[:19]}: "
+            "expected the base model the blocks were trained on"
+        )
+    if name != record["base_model"]:
+        warnings.warn(
+            f"adapter {folder} names base {record['base_model']!r} and this model is {name!r}; their weights "
+            "digests agree, so the blocks are loaded",
+            stacklevel=3,
+        )
