@@ -16,7 +16,6 @@ is refused in one line; a base of the same digest under another name is warned a
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import warnings
