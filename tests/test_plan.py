@@ -303,4 +303,4 @@ def test_rl_refuses_a_world_size_that_does_not_divide_before_the_model_loads(mon
         main(["rl", "--model", str(tmp_path / "no-such-model"), "--task", "gsm8k", "--out", str(tmp_path / "o")])
     said = capsys.readouterr().err.strip().splitlines()
     assert err.value.code == 2 and len(said) == 1
-    assert "prompts_per_step=8 must be divisible by the 3 processes" in said[0]  # not the missing model folder
+    assert "--prompts-per-step 8 must be divisible by the 3 processes" in said[0]  # not the missing model folder

@@ -64,11 +64,11 @@ def _cmd_plan(args) -> None:
     from bridgelm import plan
 
     cfg = build(RLConfig, args)
-    cfg.validate(args.world_size)
-    block_heads(args)
-    if cfg.fsdp and args.world_size < 2:  # what rl says of --fsdp in one process, said before planning it
+    if cfg.fsdp and args.world_size < 2:  # what rl says of --fsdp in one process, in plan's own flags
         raise UserError("--fsdp with --world-size 1: FSDP shards the model over several processes: expected "
                         "--world-size 2 or more, or no --fsdp")
+    cfg.validate(args.world_size)
+    block_heads(args)
     budget = args.gpu_memory_gib if args.gpu_memory_gib is not None else plan.device_memory_gib()
     if budget is None:
         raise UserError("no CUDA device here to read the GPU's memory from: give it, e.g. --gpu-memory-gib 80")
