@@ -133,8 +133,8 @@ def test_blocks_are_counted_and_a_model_folder_is_read_for_its_config_only(tmp_p
         (["--preset", "ds-qwen-7b", "--gpu-memory-gib", "-1"], "'-1' is not a positive number of GiB"),
         (["--preset", "nope", "--gpu-memory-gib", "80"], "--preset nope: expected one of ds-qwen-1.5b"),
         (["--gpu-memory-gib", "80"], "give one of --model and --preset"),
-        (["--preset", "ds-qwen-7b", "--fsdp", "--gpu-memory-gib", "80"], "fsdp=True shards the model over several "
-         "processes, but this run has 1: launch with torchrun --nproc_per_node N (N >= 2)"),  # fmt: skip
+        (["--preset", "ds-qwen-7b", "--fsdp", "--gpu-memory-gib", "80"], "--fsdp with --world-size 1: FSDP shards "
+         "the model over several processes: expected --world-size 2 or more, or no --fsdp"),  # fmt: skip
         (["--preset", "ds-qwen-7b", "--max-batch-tokens", "2000", "--gpu-memory-gib", "80"],
          "max_batch_tokens=2000 cannot hold one Bridge group of width=4 rows of max_new_tokens=512 tokens and a "
          "prompt: expected at least 2052 (4 x (512 + 1))"),  # fmt: skip
