@@ -9,6 +9,7 @@ import warnings
 import pytest
 import torch
 from conftest import tiny_model
+from test_bad_input import _fails  # the CLI must exit 2 with one line, no traceback
 
 from bridgelm import runs
 from bridgelm.errors import DataWarning, UserError, user_message
@@ -140,17 +141,6 @@ def test_an_fsdp_resume_passes_over_a_cut_shard_and_refuses_a_planted_index(tmp_
 # ---------------------------------------------------------------------------------------------- non-finite models
 
 
-def _fails(capsys, argv) -> str:
-    """Run the CLI in-process: exit 2 and one line `bridgelm <command>: error: ...` (returned), no traceback."""
-    from bridgelm.cli import main
-
-    with pytest.raises(SystemExit) as err:
-        main([str(a) for a in argv])
-    assert err.value.code == 2
-    msg = capsys.readouterr().err
-    lines = [line for line in msg.splitlines() if ": error: " in line]
-    assert len(lines) == 1 and "Traceback" not in msg, msg
-    return lines[0]
 
 
 @pytest.mark.parametrize(
