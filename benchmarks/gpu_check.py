@@ -1,35 +1,39 @@
-"""What only a GPU can show, in one command that fits one short GPU slot (the default run: about 6.5 minutes on one
-H100 from a cold compile cache, never more than --budget 470 s):
+"""What only a GPU can show, in one command that fits one short GPU slot (the default run: about 6 minutes on one
+GPU from a cold compile cache, never more than --budget 470 s):
 
-    python benchmarks/gpu_check.py --out runs/gpu_check                # on a CUDA machine
-    python benchmarks/gpu_check.py --out runs/gpu_check --only decode  # some rows (--only ROW,ROW)
-    python benchmarks/gpu_check.py --dry-run --out DIR                 # the same code at toy sizes on the CPU
+    python benchmarks/gpu_check.py --out runs/gpu_check                    # on a CUDA machine
+    python benchmarks/gpu_check.py --out runs/gpu_check --only cuda_tests  # some rows (--only ROW,ROW); --all: all
+    python benchmarks/gpu_check.py --dry-run --all --out DIR               # the same code at toy sizes on the CPU
 
 Each row runs in a child process of its own, with a timeout, and is appended to DIR/gpu_check.jsonl (one JSON object
 a line, flushed and synced) the moment it ends: a run cut off keeps every row before. A row that times out, crashes
 or does not fit in what is left of --budget is a row too (status "timeout", "error" or "skipped", with the last line
-its child wrote; wall_s is each child's whole time). The table follows at the end; --json adds one object of
-every row as the last line.
+its child wrote; wall_s is each child's whole time). Each child's whole output (progress lines included) is kept in
+DIR/logs/ROW.log. The table follows at the end; --json adds one object of every row as the last line.
 
-  row              estimate / timeout on one H100, cold (s)  what it reports
-  env              5 / 30     Python, torch, transformers and bridgelm versions, the GPU
-  engine_eager     20 / 45    largest |log-prob - grouped_logits'| of the eager engine (Bridge blocks, ragged prompts)
-  engine_compiled  50 / 90    the same for the compiled decode step; compile seconds; dynamo's graphs, graph breaks
+  row              estimate / timeout, cold (s)  what it reports
+  env              17 / 45    Python, torch, transformers and bridgelm versions, the GPU
+  engine_eager     27 / 60    largest |log-prob - grouped_logits'| of the eager engine (Bridge blocks, ragged prompts)
+  engine_compiled  45 / 90    the same for the compiled decode step; compile seconds; dynamo's graphs, graph breaks
                               and recompiles while it ran
-  host_syncs       20 / 45    synchronising CUDA calls per decode step of the eager engine (set_sync_debug_mode)
-  decode           100 / 150  tok/s of the paper's 1.5B shape (bf16, 64 rows, 128 new tokens, compiled) against its
+  host_syncs       22 / 45    synchronising CUDA calls per decode step of the eager engine (set_sync_debug_mode)
+  decode           140 / 240  tok/s of the paper's 1.5B shape (bf16, 64 rows, 128 new tokens, compiled) against its
                               bandwidth roofline. Warmed up on the timed shape itself (same prompts, same settings,
                               so the same graphs); the warm-up's extra seconds are compile_s, apart from decode_s;
                               graphs made or recompiles during the timed run are reported (0 when the figure is clean)
   memory           (decode's child) its peak GPU memory against `bridgelm plan`'s weights and KV cache
-  fsdp_rollout     20 / 45    a rollout from a model sharded by FSDP2 in a process group of one: the same tokens
-  cuda_tests       75 / 120   tests/test_cuda.py through pytest: its summary line
+  fsdp_rollout     18 / 45    a rollout from a model sharded by FSDP2 in a process group of one: the same tokens
+  cuda_tests       170 / 300  tests/test_cuda.py through pytest: its summary line. Not in the default run (a slot of
+                              its own: --only cuda_tests)
   grpo_step        100 / 150  benchmarks/train.py --repeats 1: one GRPO step of bridgelm against TRL's GRPOTrainer
                               (needs trl; without it the row says so and the others stand)
 
-Estimates: child start-up (torch + CUDA context) ~5 s a row; inductor compiles of the 1.5B step ~60 s cold with CUDA
-graph capture; the sum of estimates is ~390 s. Timeouts add up to more than --budget, so each row's timeout is cut to
-what is left of it and the whole run stays under the budget whatever happens.
+Estimates: what each row took on an H200 from a cold cache (2026-11-27), where it finished; a child's start-up
+(Python, torch, CUDA context) is ~15 s of it. The inductor compile of the 1.5B decode step took over a minute per
+graph; the step now compiles one graph however many read buckets a generation meets (it made four for decode's
+128 tokens then, and that row timed out). The default rows' estimates add up to ~370 s. Timeouts add up to more
+than --budget, so each row's timeout is cut to what is left of it and the whole run stays under the budget whatever
+happens.
 
 --dry-run keeps every code path (the compiled step included) with a 2-layer model of hidden size 64 on the CPU, so
 that the script cannot rot unseen (tests/test_gpu_check.py); its figures mean nothing, its timeouts are 5 times
@@ -39,15 +43,12 @@ longer and it has no budget. --timeouts ROW=SECONDS,... overrides rows' timeouts
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,6 +68,7 @@ class Row:
     name: str
     estimate_s: float
     timeout_s: float
+    default: bool = True  # in the default run (else with --only or --all)
 
     def command(self, dry: bool) -> list[str]:
         if self.name == "cuda_tests":
@@ -77,8 +79,11 @@ class Row:
         return [sys.executable, str(ROWS_SCRIPT), self.name, *(["--dry-run"] if dry else [])]
 
 
-ROWS = [Row("env", 5, 30), Row("engine_eager", 20, 45), Row("engine_compiled", 50, 90), Row("host_syncs", 20, 45),
-        Row("decode", 100, 150), Row("fsdp_rollout", 20, 45), Row("cuda_tests", 75, 120), Row("grpo_step", 100, 150)]
+# Estimates: an H200's first run (2026-11-27, docs/benchmarks.md), where a row finished; decode from the CPU's count
+# of compiles since (one graph, not four) and cuda_tests from the 11 of its 15 tests that passed in 120 s.
+ROWS = [Row("env", 17, 45), Row("engine_eager", 27, 60), Row("engine_compiled", 45, 90), Row("host_syncs", 22, 45),
+        Row("decode", 140, 240), Row("fsdp_rollout", 18, 45), Row("cuda_tests", 170, 300, default=False),
+        Row("grpo_step", 100, 150)]
 BUDGET_S = 470.0  # the default run's ceiling: under 8 minutes, within one 10-minute command of a 15-minute slot
 MIN_ROW_S = 10.0  # a row is not started with less of the budget left
 
@@ -101,9 +106,16 @@ def last_line(text: str) -> str:
     return lines[-1][-500:] if lines else ""
 
 
-def run_row(row: Row, dry: bool, timeout: float) -> list[dict]:
+def _keep_log(log: Path | None, stdout: str, stderr: str) -> None:
+    if log is not None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(f"{stderr}\n--- stdout ---\n{stdout}")
+
+
+def run_row(row: Row, dry: bool, timeout: float, log: Path | None = None) -> list[dict]:
     """Run one row's child under `timeout` seconds; its records, or one record saying why there are none. A child
-    that outlives its timeout is killed with its whole process group (inductor's compile workers included)."""
+    that outlives its timeout is killed with its whole process group (inductor's compile workers included). The
+    child's whole output goes to `log` (stderr, then stdout), so that a row cut off says how far it came."""
     start = time.monotonic()
     proc = subprocess.Popen(row.command(dry), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
                             start_new_session=True)
@@ -112,9 +124,11 @@ def run_row(row: Row, dry: bool, timeout: float) -> list[dict]:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         stdout, stderr = proc.communicate()
+        _keep_log(log, stdout, stderr)
         return [{"row": row.name, "status": "timeout", "timeout_s": timeout, "wall_s": _since(start),
                  "last_output": last_line(stderr) or last_line(stdout)}]
     seconds = _since(start)
+    _keep_log(log, stdout, stderr)
     failed = proc.returncode != 0 and not (row.name == "cuda_tests" and proc.returncode == 1)  # 1: some tests failed
     if not failed:
         try:
@@ -153,7 +167,7 @@ def run(rows: list[Row], dry: bool, out: Path, budget: float | None, timeouts: d
         if left is not None and left < min(MIN_ROW_S, timeout):
             found = [{"row": row.name, "status": "skipped", "reason": f"{left:.0f} s of the {budget:.0f} s budget left"}]
         else:
-            found = run_row(row, dry, timeout if left is None else min(timeout, left))
+            found = run_row(row, dry, timeout if left is None else min(timeout, left), out / "logs" / f"{row.name}.log")
         for record in found:
             append(path, record)
             print(json.dumps(record), flush=True)
@@ -173,11 +187,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--budget", type=float, default=None, help=f"seconds for the whole run (default {BUDGET_S:.0f}; "
                     "a dry run: none); each row's timeout is cut to what is left")
     ap.add_argument("--timeouts", default="", help="ROW=SECONDS,...: these rows' timeouts instead of the table's")
+    ap.add_argument("--all", action="store_true", help="every row, cuda_tests included (more than one short slot)")
     ap.add_argument("--dry-run", action="store_true", help="toy sizes on the CPU: every code path, no meaning")
     ap.add_argument("--json", action="store_true", help="one JSON object of every row as the last line")
     args = ap.parse_args(argv)
     names = [r.name for r in ROWS]
-    args.rows = [r for r in ROWS if r.name in args.only.split(",")] if args.only else ROWS
+    args.rows = [r for r in ROWS if (r.name in args.only.split(",") if args.only else args.all or r.default)]
     unknown = [n for n in args.only.split(",") if args.only and n not in names]
     try:
         args.timeouts = {k: float(v) for k, v in (p.split("=", 1) for p in args.timeouts.split(",") if p)}

@@ -100,8 +100,10 @@ def decode_speed(model, s: dict) -> dict:
     prompts = ragged_prompts(rows // 4, model.config.vocab_size)
     cfg = SamplingConfig(n=4, width=4, max_new_tokens=tokens, temperature=0.6, top_p=0.95, seed=1)
     counters = torch._dynamo.utils.counters
+    say(f"decode: warm-up of {rows} rows x {tokens} tokens")
     warm_s = _timed(lambda: generate_ids(model, prompts, cfg, eos_token_ids=[], pad_token_id=0), s)[1]
     graphs, recompiles = counters["stats"]["unique_graphs"], sum(counters["recompiles"].values())
+    say(f"decode: warm-up took {warm_s:.1f} s, {graphs} graphs, {recompiles} recompiles; the timed run")
     if s["device"] == "cuda":
         torch.cuda.reset_peak_memory_stats()
     results, seconds = _timed(lambda: generate_ids(model, prompts, cfg, eos_token_ids=[], pad_token_id=0), s)
@@ -119,6 +121,11 @@ def decode_speed(model, s: dict) -> dict:
     if s["device"] == "cuda":
         out["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
     return out
+
+
+def say(line: str) -> None:
+    """A progress line on stderr, kept in the row's log: a row cut off by its timeout says how far it came."""
+    print(f"[{time.strftime('%H:%M:%S')}] {line}", file=sys.stderr, flush=True)
 
 
 def _timed(fn, s: dict):
@@ -207,6 +214,7 @@ def row(name: str, dry: bool) -> dict[str, dict]:
         return {name: {"per_step": host_syncs(model_for(s), s)}}
     if name == "decode":
         model = model_for(s)
+        say(f"decode: {s['shape']} built, {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B parameters")
         decode = decode_speed(model, s)
         return {"decode": decode, "memory": {"peak_gib": decode.get("peak_gib"), "planned_gib": planned_gib(model, s)}}
     if name == "fsdp_rollout":

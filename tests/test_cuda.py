@@ -59,6 +59,16 @@ def test_gpu_logprobs_equal_cpu_grouped_logits(arch, compile):
     assert [s.token_ids for r in on_cpu for s in r] == [s.token_ids for r in results for s in r]  # same draws
 
 
+def test_grouped_logits_of_a_gpu_model_takes_inputs_built_on_the_cpu():
+    """The GPU check's first run (issue 47): inputs made on the CPU for a model on the GPU failed in the embedding."""
+    cpu_model = bridged()
+    ids = torch.randint(7, 97, (4, 6))
+    mask = torch.ones_like(ids)
+    want = bridgelm.grouped_logits(cpu_model, ids, mask, [0, 0, 1, 1])
+    got = bridgelm.grouped_logits(copy.deepcopy(cpu_model).to(CUDA), ids, mask, [0, 0, 1, 1])
+    torch.testing.assert_close(got.cpu(), want, atol=2e-4, rtol=0)
+
+
 @pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
 def test_gpu_draws_equal_cpu_draws_when_rows_need_many_attempts(compile):
     """A small nucleus of flat rows: many rows have no accepted draw within the GPU sampler's sync-free rounds, and

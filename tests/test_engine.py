@@ -454,6 +454,24 @@ def test_compiled_step_that_draws_gives_the_same_samples(monkeypatch):
     assert [s.token_ids for s in other[0]] != [s.token_ids for s in got[0]]
 
 
+@pytest.mark.slow
+def test_compiled_step_compiles_once_for_every_read_bucket():
+    """A long compiled generation meets the read buckets 64, 96, 128, 192 and 256: the read length is a symbolic
+    size and every read a strict slice (a spare slot past the capacity), so inductor compiles one graph (a graph
+    per bucket made 5 here, and 13 for 4096 tokens), with the eager path's samples."""
+    import torch._dynamo.utils as dynamo_utils
+
+    model = randomize_blocks(bridgelm.add_bridge(tiny_model()), std=0.2)
+    prompts = [[7, 8, 9], [10, 11, 12, 13, 14]]
+    cfg = SamplingConfig(n=2, width=2, max_new_tokens=240, temperature=0.8, seed=2)
+    torch._dynamo.reset()
+    dynamo_utils.counters.clear()
+    got = generate_ids(model, prompts, replace(cfg, compile=True), [], 0)
+    assert dynamo_utils.counters["stats"]["unique_graphs"] == 1
+    want = generate_ids(model, prompts, cfg, [], 0)
+    assert [[s.token_ids for s in r] for r in got] == [[s.token_ids for s in r] for r in want]
+
+
 def test_stream_ids_yields_each_prompt_once_in_order_and_generate_ids_collects_it():
     """The ids entry point streams prompts as their last wave ends (here over several waves, prompts split over
     two); the list form is that stream, collected."""

@@ -21,7 +21,7 @@ def rows_of(folder: Path) -> list[dict]:
 
 @pytest.mark.slow
 def test_gpu_check_dry_run_reports_every_check(tmp_path):
-    proc = check("--dry-run", "--json", "--out", str(tmp_path))
+    proc = check("--dry-run", "--all", "--json", "--out", str(tmp_path))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     on_disk = rows_of(tmp_path)
@@ -55,6 +55,7 @@ def test_a_timed_out_child_is_a_row_and_the_rows_before_it_stay(tmp_path):
     assert [r["row"] for r in rows] == ["earlier run", "run", "env", "engine_eager"]
     assert rows[2]["status"] == "ok" and rows[2]["python"].startswith("3.")
     assert rows[3]["status"] == "timeout" and rows[3]["timeout_s"] == 0.5 and rows[3]["wall_s"] < 60
+    assert (tmp_path / "logs" / "engine_eager.log").exists()  # what the child wrote before it was killed
 
 
 def test_a_budget_too_small_skips_rows_in_one_line_each(tmp_path):
@@ -77,5 +78,8 @@ def test_the_default_run_is_budgeted_under_eight_minutes():
     sys.path.insert(0, str(SCRIPT.parent))
     import gpu_check
 
-    assert sum(r.estimate_s for r in gpu_check.ROWS) < gpu_check.BUDGET_S < 8 * 60
+    default = [r for r in gpu_check.ROWS if r.default]
+    assert sum(r.estimate_s for r in default) < gpu_check.BUDGET_S < 8 * 60
+    assert gpu_check.parse_args([]).rows == default and len(gpu_check.parse_args(["--all"]).rows) == len(gpu_check.ROWS)
+    assert [r.name for r in gpu_check.parse_args(["--only", "cuda_tests"]).rows] == ["cuda_tests"]
     assert all(r.estimate_s < r.timeout_s for r in gpu_check.ROWS)

@@ -114,6 +114,8 @@ def grouped_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
             f"group_ids has {group_ids.numel()} entries (shape {tuple(group_ids.shape)}); "
             f"expected one per row of input_ids, i.e. {input_ids.shape[0]}"
         )
+    device = model.get_input_embeddings().weight.device  # inputs built on the CPU serve a model on a GPU
+    input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
     groups = Groups.build(group_ids, attention_mask)
     out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **{KWARG: groups})
     return out.logits

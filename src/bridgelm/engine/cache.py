@@ -10,7 +10,8 @@ every READ_STEP steps), and a decode step reads the whole slab under the mask: a
 attention's matmuls take as it is, where a slice [:, :, :live] of a larger slab is strided and was copied whole at
 every step and layer (7.8% of a SmolLM2 decode step, issue 50). `make_static` fixes every shape for the compiled
 step: the slab then holds its whole capacity (a `bucket`), each layer writes at one slot and returns the live
-positions rounded up to a `bucket` (`set_read`), which the attention mask covers: a few shapes, each compiled once.
+positions rounded up to a `bucket` (`set_read`), which the attention mask covers (`read_as`: the read length is
+the mask's, a symbolic size under torch.compile, so one compile serves every read bucket).
 """
 
 from __future__ import annotations
@@ -70,8 +71,6 @@ class SlabLayer(CacheLayerMixin):
         if self.slot is not None:  # static: one position per row at `slot`; the mask hides unwritten positions
             self.keys.index_copy_(2, self.slot, key_states)
             self.values.index_copy_(2, self.slot, value_states)
-            if self.read == self.capacity:
-                return self.keys, self.values
             return self.keys[:, :, : self.read], self.values[:, :, : self.read]
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
@@ -128,6 +127,14 @@ class SlabCache(Cache):
         for layer in self.layers:
             layer.read = read
         return read
+
+    def read_as(self, keep: torch.Tensor) -> None:
+        """Static mode, inside the decode step: every layer reads as many positions as the mask `keep [B, L]` covers
+        (the bucket `set_read` chose). Under torch.compile L is a symbolic size, so the graph serves every read
+        bucket instead of being compiled once per bucket. Eager decoding (no slot) reads as `read_length` says."""
+        if self.layers and self.layers[0].slot is not None:
+            for layer in self.layers:
+                layer.read = keep.shape[-1]
 
     def select_rows(self, rows: torch.Tensor) -> None:
         for layer in self.layers:

@@ -225,8 +225,9 @@ def run_wave(model, prompts, wave: Wave, cfg: SamplingConfig, ends: Ends, keys, 
     compiled = decodes_compiled(model, cfg, device)
     deferred = sampler.defers_draws(device, cfg)
     capacity = wave.longest + cfg.max_new_tokens
-    if compiled:  # a few capacities (a wave's own would compile its graphs again)
-        capacity = bucket(capacity)
+    if compiled:  # a few capacities (a wave's own would compile its graphs again), and one spare slot, never
+        # read: every read is then a strict slice of the slab and the mask, the same strides, one compiled graph
+        capacity = bucket(capacity) + 1
     batch, logits = expand(*prefill(model, prompts, wave, ends.pad_id, capacity), wave, cfg)
     stepper = Stepper.build(model, batch.cache, cfg, compiled, deferred)
     out = Outputs.empty(len(batch.rows), cfg.max_new_tokens, ends.pad_id, device)

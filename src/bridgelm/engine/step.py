@@ -4,10 +4,12 @@
 followed by the sampler's sync-free draws (`sampler.deferred_draws`). Eager decoding calls them as they are, the
 attention reading the cache's dense slab in place (`cache.SlabCache.read_length`); `compile=True` hands the same
 functions to `torch.compile` (inductor; on CUDA `mode="reduce-overhead"`, i.e. CUDA graphs, the forward and the
-draws in one graph). Compiled shapes are static: the cache writes each step at one slot of a fixed capacity (a
+draws in one graph). Compiled shapes are bucketed: the cache writes each step at one slot of a fixed capacity (a
 `cache.bucket`) and attention reads the live positions rounded up to a bucket under the mask, and dropping
 finished groups moves the batch to the next smaller bucket (`bucket_keep`: half the groups, padded with finished
-ones), so a wave meets a few shapes, each compiled once. The default (`compile=None`) compiles where it
+ones), so a wave meets a few shapes. The read length is a symbolic size of the compiled graph, taken from the
+mask: one compile serves every read bucket (CUDA graphs still record one replay per bucket, which is quick),
+where a graph per bucket cost a 1.5B model over a minute of inductor each (gpu_check on an H200, issue 47). The default (`compile=None`) compiles where it
 wins, CUDA (see docs/engine.md for the CPU's measurements). `Stepper` runs a wave's steps either way.
 """
 
@@ -47,6 +49,8 @@ def decode_logits(model, cache: Cache, tokens, positions, keep, valid, width: in
     """The decode step: the attention mask from `keep [B, L]`, the Bridge layout (contiguous groups of `width`,
     validity `valid [B]`, None: every row valid), one forward. -> next-token logits [B, V]. No host sync: what
     `torch.compile` compiles (always with a `valid` tensor, so that one graph serves every step)."""
+    if isinstance(cache, SlabCache):
+        cache.read_as(keep)
     groups = None
     if width > 1:
         groups = Groups.contiguous_width(tokens.shape[0], width, None if valid is None else valid[:, None])
@@ -75,9 +79,11 @@ def compiled_step(device, draws: bool) -> Callable:
     mode = "reduce-overhead" if torch.device(device).type == "cuda" else "default"
     fn = decode_and_draw if draws else decode_logits
     if (mode, fn.__name__) not in _COMPILED:
-        # Each (model, batch bucket, capacity, read bucket) is one graph: allow more than dynamo's default 8.
+        # The read length is a symbolic size (Stepper marks the mask's last dimension dynamic): one compile serves
+        # every read bucket of a capacity; batch buckets and capacities may make graphs of their own: allow more
+        # than dynamo's default 8.
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
-        _COMPILED[mode, fn.__name__] = torch.compile(fn, mode=mode, dynamic=False)
+        _COMPILED[mode, fn.__name__] = torch.compile(fn, mode=mode)
     return _COMPILED[mode, fn.__name__]
 
 
@@ -205,6 +211,7 @@ class Stepper:
             return decode_logits(self.model, cache, inputs, pos, keep, valid, self.width), None
         self.slot.fill_(at)  # every layer writes there; the mask covers the positions read, a bucket
         mask = mask[:, : cache.set_read(at + 1)]
+        torch._dynamo.maybe_mark_dynamic(mask, 1)  # the read bucket: a symbolic size, not a graph per bucket
         if not self.draws:
             return self.fn(self.model, cache, inputs, pos, mask, valid, self.width), None
         logits, *drawn = self.fn(self.model, cache, inputs, pos, mask, valid, self.width, u, *self.knobs)
