@@ -95,12 +95,17 @@ def _cmd_sft(args) -> None:
     from bridgelm.train.sft import ensure_blocks, read_warmup, train_sft
 
     cfg, launch = build(SFTConfig, args), build(DistConfig, args)
-    cfg.validate()
+    try:
+        cfg.validate()
+    except ValueError as err:
+        raise in_flags(err, args.flags) from err
     launch.validate()
     check_out(args.out, "dir")
     warn_slow_bf16(cfg.bf16, args.device, "--bf16")
     read_warmup(args.data)  # a bad file is refused before the model loads (train_sft reads it again, with the model)
+    _need_peft(cfg.lora)
     model = ensure_blocks(load_model_of(args, None), cfg)  # --add's blocks (train_sft keeps them), for the plan
+    _check_lora_targets(model, cfg.lora, args)
     tokenizer = load_tokenizer(args.model)
     check_vocab(model, tokenizer, args.model)
     device = next(model.parameters()).device
@@ -112,9 +117,29 @@ def _cmd_sft(args) -> None:
             return
         if res.best_val_ppl is not None:
             print(f"bridgelm sft: best validation perplexity {res.best_val_ppl:.3f} (epoch {res.best_epoch})")
-        print(f"bridgelm sft: blocks in {res.blocks_path}, metrics in {res.out_dir / 'metrics.jsonl'}")
+        what = "model (LoRA merged, blocks; a folder for --model)" if cfg.lora.enabled else "blocks"
+        print(f"bridgelm sft: {what} in {res.blocks_path}, metrics in {res.out_dir / 'metrics.jsonl'}")
     finally:
         teardown_distributed()
+
+
+def _need_peft(settings) -> None:
+    """With --lora-r: peft installed, checked before the model loads."""
+    if settings.enabled:
+        from bridgelm.lora import require_peft
+
+        require_peft()
+
+
+def _check_lora_targets(model, settings, args) -> None:
+    """With --lora-r: every --lora-targets name a module of the loaded base (outside the blocks), in flag words."""
+    if settings.enabled:
+        from bridgelm.lora import check_targets
+
+        try:
+            check_targets(model, settings)
+        except ValueError as err:
+            raise in_flags(err, {"lora_targets": "--lora-targets"}) from err
 
 
 def _plan_or_refuse(device, command: str, make_setup) -> None:
@@ -176,6 +201,7 @@ def _cmd_rl(args) -> None:
         flag = "--no-blocks" if args.no_blocks else f"--add {args.add}"
         raise UserError(f"--blocks {args.blocks} and {flag} contradict each other: expected one of them")
     check_out(args.out, "dir")
+    _need_peft(cfg.lora)
     task = _load_task(args.task, args.data, args.split)
     val_task = _load_task(args.val_task, args.val_data, args.val_split) if args.val_task else None
     warn_slow_bf16(cfg.bf16, args.device, "--bf16")
@@ -186,6 +212,7 @@ def _cmd_rl(args) -> None:
         raise ValueError(f"--no-blocks, but {args.model} holds {have.kind} blocks; load a model without blocks")
     if args.add:  # the same blocks on every rank and on every --resume
         add_seeded_blocks(model, args.add, derive_seed(args.seed, "rl-blocks"), num_heads=block_heads(args))
+    _check_lora_targets(model, cfg.lora, args)
     device = next(model.parameters()).device
     _plan_or_refuse(device, "rl", lambda: _rl_setup(model, tokenizer, task, cfg, args.dtype))
     try:
@@ -223,6 +250,7 @@ RL_GROUPS = {
         "gradient_checkpointing",
         "fsdp",
     ],
+    "LoRA of the base (peft: pip install 'bridgelm[lora]')": ["lora"],
     "validation (with --val-task)": ["eval_every", "validation"],
     "run control": ["save_every", "keep_last", "resume", "progress", "tensorboard"],
 }
@@ -237,6 +265,8 @@ ROLLOUT_FLAGS = Nested(
         "top_p": Flag(help="nucleus of the rollouts (1: exactly the policy the ratios assume)"),
     },
 )
+# RLConfig.lora's and SFTConfig.lora's flags: --lora-r, --lora-alpha, --lora-targets
+LORA_FLAGS = Nested(prefix="lora-")
 # RLConfig.validation's flags: --eval-n, --eval-width, ...
 VALIDATION_FLAGS = Nested(
     prefix="eval-",
@@ -283,10 +313,11 @@ def add_commands(sub) -> None:
         SFTConfig,
         blocks=Flag("--add", choices=KINDS, help="kind of blocks to add and warm up"),
         placement=Flag(choices=PLACEMENTS),
+        lora=LORA_FLAGS,
     )
     p.add_argument("--out", required=True, help="run directory: metrics.jsonl, checkpoints/, blocks.safetensors")
     add_fields(p.add_argument_group("distributed (torchrun)"), DistConfig)
-    p.set_defaults(func=_cmd_sft)
+    p.set_defaults(func=_cmd_sft, flags=flag_names(p))
 
     p = sub.add_parser("rl", help="GRPO with interdependent rollouts (Bridge groups of width w)")
     add_model_args(p)
@@ -304,7 +335,8 @@ def add_commands(sub) -> None:
     reward, advantage = Flag(choices=REWARDS), Flag(choices=ADVANTAGES)
     steps = Flag(default=argparse.SUPPRESS, help=f"K: optimiser steps per rollout batch, on K mini-batches of whole "
                  f"groups (default: {RLConfig.steps_per_rollout}, or the Bridge groups a rank holds when fewer)")
-    groups = dict(rollout=ROLLOUT_FLAGS, validation=VALIDATION_FLAGS, reward=reward, advantage=advantage)
+    groups = dict(rollout=ROLLOUT_FLAGS, validation=VALIDATION_FLAGS, lora=LORA_FLAGS, reward=reward,
+                  advantage=advantage)
     add_groups(p, RLConfig, RL_GROUPS, steps_per_rollout=steps, **groups)
     add_fields(p.add_argument_group("distributed (torchrun)"), DistConfig)
     p.set_defaults(func=_cmd_rl, flags=flag_names(p))

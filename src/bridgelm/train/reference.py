@@ -19,6 +19,7 @@ from dataclasses import replace
 
 import torch
 
+from bridgelm import lora
 from bridgelm.dist import Dist, shard_model
 
 
@@ -47,6 +48,7 @@ def make_reference(skeleton: torch.nn.Module, model: torch.nn.Module, dist: Dist
             dst.copy_(src)
         for dst, src in zip(ref.buffers(), model.buffers(), strict=True):
             dst.copy_(src)
+    lora.disable(ref)  # with LoRA: the base without it (its update is 0 at the start anyway), the starting blocks
     return ref.requires_grad_(False).eval()
 
 

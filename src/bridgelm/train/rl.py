@@ -30,7 +30,9 @@ from bridgelm.dist import Dist, prepare_model, setup_distributed
 from bridgelm.engine import eos_ids, pad_id
 from bridgelm.evaluate import accuracy
 from bridgelm.jsonl import write_json
+from bridgelm.lora import add_lora, has_lora, train_adapters
 from bridgelm.models import enable_checkpointing
+from bridgelm.rng import derive_seed
 from bridgelm.runs import latest_checkpoint, local_source, model_fingerprint
 from bridgelm.train.loop import Run, control_of, settings_of
 from bridgelm.train.optim import gradient_parts, make_optimizer, make_scheduler
@@ -80,7 +82,9 @@ def _identity(model, task, cfg: RLConfig, val_task, processes: int) -> dict:
 
 
 def _set_trainable(model, cfg: RLConfig) -> None:
-    if cfg.freeze_base:
+    if has_lora(model):
+        train_adapters(model)  # the LoRA weights and the blocks
+    elif cfg.freeze_base:
         blocks = added_parameters(model)
         if not blocks:
             raise ValueError("freeze_base=True trains only the added blocks, but the model has none")
@@ -120,6 +124,7 @@ def _banner(model, cfg: RLConfig, dist: Dist, out_dir: Path) -> str:
     blocks = block_config(model)
     trained = f"{blocks.kind} blocks" if blocks else "no blocks: plain GRPO (RLVR only)"
     trained += ", base frozen" if cfg.freeze_base else ""
+    trained += f", LoRA r={cfg.lora.r} on the base" if cfg.lora.enabled else ""
     return (
         f"bridgelm rl: {cfg.steps} steps of {cfg.prompts_per_step} prompts x {cfg.rollout.n} rollouts "
         f"(width {cfg.rollout.width}; {trained}), {dist.world} process(es) -> {out_dir}"
@@ -138,6 +143,8 @@ def train_rl(model, tokenizer, task, cfg: RLConfig, out_dir: str | os.PathLike, 
     check_reward_task(cfg.reward, task)
     if cfg.block_lr is not None and not added_parameters(model):
         raise ValueError(f"block_lr={cfg.block_lr}, but the model has no added blocks to train at that rate")
+    if cfg.lora.enabled:  # before the run's identity: its checksum holds the LoRA weights (seeded)
+        add_lora(model, cfg.lora, derive_seed(cfg.seed, "rl-lora"))
     identity = _identity(model, task, cfg, val_task, dist.world)
     run = Run(out_dir, "rl", identity, control_of(cfg), dist, best_accuracy=None, best_step=None)
     sampler = RolloutPolicy(model, cfg.replica_dtype())  # made before the policy is sharded

@@ -9,6 +9,7 @@ from bridgelm.engine import SamplingConfig, check_sampling
 from bridgelm.errors import check_int, check_number
 from bridgelm.evaluate import EvalConfig
 from bridgelm.grpo import ADVANTAGES
+from bridgelm.lora import LoraSettings
 from bridgelm.rng import derive_seed
 from bridgelm.setting import setting
 from bridgelm.train.optim import check_lr
@@ -78,6 +79,7 @@ class RLConfig:
                                 "has bf16, and rollouts from a bf16 copy (rollout_dtype's default)")
     gradient_checkpointing: bool = setting(False, "recompute layer activations in the backward")
     fsdp: bool = setting(False, "shard parameters, gradients and optimiser state with FSDP2 (torchrun only)")
+    lora: LoraSettings = setting(default_factory=LoraSettings, help="LoRA of the base (bridgelm.lora); off by default")
 
     eval_every: int = setting(0, "steps between validations (0: only after the last step); needs a val_task")
     validation: EvalConfig = setting(
@@ -96,6 +98,7 @@ class RLConfig:
         self._check_rollouts(world)
         self._check_update()
         self._check_validation()
+        self._check_lora()
         if self.fsdp and world == 1:
             raise ValueError(
                 "fsdp=True shards the model over several processes, but this run has 1: launch with torchrun "
@@ -197,6 +200,17 @@ class RLConfig:
             value = getattr(self, name)
             if value is not None:
                 check_number(name, value, 0, open_low=True)
+
+    def _check_lora(self) -> None:
+        self.lora.validate()
+        if not self.lora.enabled:
+            return
+        for name in ("freeze_base", "fsdp"):
+            if getattr(self, name):
+                why = {"freeze_base": "trains the blocks alone, while LoRA trains LoRA weights beside them: expected "
+                       "one of them", "fsdp": "is not supported with LoRA: run LoRA in one process or data-parallel "
+                       "under torchrun (no fsdp)"}[name]
+                raise ValueError(f"lora_r={self.lora.r} with {name}=True: {name} {why}")
 
     def _check_validation(self) -> None:
         """The validation's settings, checked before training rather than after it (named as their flags are)."""

@@ -11,6 +11,9 @@ through the Bridge blocks.
   problems (grouped the same way, once); the best block file is `OUT/blocks.safetensors` (load_blocks reads it),
   and the model ends with the best blocks loaded.
 - Resumable checkpoints in `OUT/checkpoints/step-N/` (blocks, optimiser, scheduler, RNG); Ctrl-C saves one.
+- With LoRA (`lora.r`, bridgelm.lora) the base's projections get LoRA weights that train beside the blocks; the
+  best is then `OUT/model/`, a model folder (LoRA merged into the base, the blocks, the adapter in model/lora/), and
+  no block file (blocks trained beside LoRA belong with it).
 
     bridgelm sft --model M --add bridge --data warmup.jsonl --out sft_run
     torchrun --nproc_per_node 2 -m bridgelm sft --model M --add bridge --data warmup.jsonl --out sft_run
@@ -31,15 +34,18 @@ from bridgelm.blockfile import load_blocks, save_blocks
 from bridgelm.dist import Dist, all_reduce_sum, barrier, prepare_model, setup_distributed
 from bridgelm.errors import check_number
 from bridgelm.jsonl import read_records, write_json
+from bridgelm.lora import ADAPTER_DIR, LoraSettings, add_lora, load_adapter, load_trained, save_adapter, train_adapters
 from bridgelm.models import enable_checkpointing
 from bridgelm.rng import derive_seed, generator
-from bridgelm.runs import fingerprint, local_source, model_fingerprint
+from bridgelm.runs import fingerprint, local_source, model_fingerprint, write_dir_atomic
 from bridgelm.setting import setting
 from bridgelm.train.batches import Row, autocast, chunks, pack_rows, response_logprobs
 from bridgelm.train.optim import check_lr, gradient_parts, make_optimizer, make_scheduler, optimizer_step
 from bridgelm.train.loop import Run, control_of, settings_of
+from bridgelm.train.weights import save_model
 
 BLOCKS_FILE = "blocks.safetensors"  # the best blocks of the run (by validation perplexity)
+MODEL_DIR = "model"  # with LoRA, the best instead: a model folder (LoRA merged, blocks, model/lora/)
 
 
 @dataclass
@@ -69,8 +75,10 @@ class SFTConfig:
     resume: bool = setting(False, "continue the run found in the output directory")
     progress: bool = setting(True, "show a progress bar")
     tensorboard: bool = setting(False, "also log to OUT/tensorboard (when tensorboard is installed)")
+    lora: LoraSettings = setting(default_factory=LoraSettings, help="LoRA of the base (bridgelm.lora); off by default")
 
     def validate(self) -> None:
+        self.lora.validate()
         if self.blocks not in ("bridge", "pmatch"):
             raise ValueError(f"blocks={self.blocks!r}: expected 'bridge' or 'pmatch'")
         if not 2 <= self.min_width <= self.max_width:
@@ -97,7 +105,7 @@ class Problem:
 @dataclass
 class SFTResult:
     history: list[dict]  # metrics.jsonl records, one per optimiser step (epoch ends carry val_loss / val_ppl)
-    blocks_path: Path  # OUT/blocks.safetensors: the best blocks
+    blocks_path: Path  # OUT/blocks.safetensors: the best blocks (with LoRA: OUT/model, the best model folder)
     best_val_ppl: float | None  # perplexity of the best blocks on the held-out problems (None without any)
     best_epoch: int  # epoch (1-based) of the best blocks
     steps: int  # optimiser steps taken in all
@@ -284,6 +292,8 @@ def train_sft(model, tokenizer, data_path: str | os.PathLike, cfg: SFTConfig, ou
     train, val = split_problems(problems, cfg)
     plan = _epoch_plans(train, cfg)  # checked before the run folder is touched
     total = sum(len(b) for b in plan)
+    if cfg.lora.enabled:  # before the run folder is touched: a target that names no module is refused
+        add_lora(ensure_blocks(model, cfg), cfg.lora, derive_seed(cfg.seed, "sft-lora"))
     identity = _identity(model, data_path, problems, cfg)
     run = Run(out_dir, "sft", identity, control_of(cfg), dist, best={"val_ppl": None, "epoch": 0})
     params = _trainable_blocks(model, cfg, run, dist)
@@ -292,8 +302,9 @@ def train_sft(model, tokenizer, data_path: str | os.PathLike, cfg: SFTConfig, ou
     val_groups = make_groups(val, cfg, generator(cfg.seed, "sft-val"))
     optimizer = make_optimizer(params, cfg.lr, cfg.weight_decay)
     scheduler = make_scheduler(optimizer, total, cfg.warmup_fraction, "linear")
-    run.track(model, optimizer, scheduler, lambda folder, _: save_blocks(model, folder / BLOCKS_FILE))
-    run.left_behind = lambda: _left_behind(run.state["best"]["epoch"], bool(val_groups), out_dir)
+    run.track(model, optimizer, scheduler, lambda folder, _: _save_trained(model, cfg, folder))
+    best_path = out_dir / (MODEL_DIR if cfg.lora.enabled else BLOCKS_FILE)
+    run.left_behind = lambda: _left_behind(run.state["best"]["epoch"], bool(val_groups), best_path)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     stats = {"train_problems": len(train), "val_problems": len(val), "val_groups": len(val_groups), "steps": total}
     stats["groups_per_epoch"] = [sum(len(b) for b in batches) for batches in plan]
@@ -315,15 +326,15 @@ def train_sft(model, tokenizer, data_path: str | os.PathLike, cfg: SFTConfig, ou
                 record.update({f"grad_norm_{k}": v for k, v in part_norms.items()}, tokens=tokens)
                 record.update(_speed(plan[epoch][index], tokens, time.perf_counter() - t0))
                 if epoch_end:
-                    record.update(_end_epoch(model, val_groups, cfg, pad, dist, epoch, run.state, out_dir))
+                    best = _best_writer(model, tokenizer, best_path)
+                    record.update(_end_epoch(model, val_groups, cfg, pad, dist, epoch, run.state, out_dir, best))
                 run.log(record, loss=f"{loss:.3f}", ppl=record.get("val_ppl", ""))
             run.save_if_due(now=epoch_end)  # and at the end of every epoch
-    blocks_path = out_dir / BLOCKS_FILE
     barrier(dist)
-    load_blocks(model, blocks_path)  # the model ends with the best blocks
+    (load_trained if cfg.lora.enabled else load_blocks)(model, best_path)  # the model ends with the best weights
     model.train(was_training)
     best = run.state["best"]
-    return SFTResult(run.history, blocks_path, best["val_ppl"], best["epoch"], run.step, out_dir, stats)
+    return SFTResult(run.history, best_path, best["val_ppl"], best["epoch"], run.step, out_dir, stats)
 
 
 def _epoch_plans(train: list[Problem], cfg: SFTConfig) -> list[list[list[list[Row]]]]:
@@ -359,20 +370,39 @@ def _trainable_blocks(model, cfg: SFTConfig, run: Run, dist: Dist) -> list[torch
     trainable = added_parameters(model)
     for name, p in model.named_parameters():
         p.requires_grad_(name in trainable)
+    if cfg.lora.enabled:
+        train_adapters(model)  # the blocks and the LoRA weights
     if run.resume_from is not None:
         load_blocks(model, run.resume_from / BLOCKS_FILE)
+        if cfg.lora.enabled:
+            load_adapter(model, run.resume_from / ADAPTER_DIR)
     prepare_model(model, dist, fsdp=False)
     if cfg.gradient_checkpointing:
         enable_checkpointing(model)
     return [p for p in model.parameters() if p.requires_grad]
 
 
-def _left_behind(best_epoch: int, validated: bool, out_dir: Path) -> str:
-    """What an interrupted run leaves in OUT/blocks.safetensors."""
+def _save_trained(model, cfg: SFTConfig, folder: Path) -> None:
+    """A checkpoint's weights: the blocks, and with LoRA the adapter in folder/lora (the base is the run's --model)."""
+    save_blocks(model, folder / BLOCKS_FILE)
+    if cfg.lora.enabled:
+        save_adapter(model, folder / ADAPTER_DIR)
+
+
+def _best_writer(model, tokenizer, best_path: Path):
+    """What writes the best so far: the block file, or with LoRA the model folder (written atomically)."""
+    if best_path.name == BLOCKS_FILE:
+        return lambda: save_blocks(model, best_path)
+    return lambda: write_dir_atomic(best_path, lambda tmp: save_model(model, tokenizer, tmp))
+
+
+def _left_behind(best_epoch: int, validated: bool, best_path: Path) -> str:
+    """What an interrupted run leaves in OUT/blocks.safetensors (with LoRA: OUT/model)."""
     if not best_epoch:
-        return f"no epoch finished, so no {BLOCKS_FILE} yet"
+        return f"no epoch finished, so no {best_path.name} yet"
     which = "the best so far by validation" if validated else "the last finished"
-    return f"{out_dir / BLOCKS_FILE} holds the blocks of epoch {best_epoch} ({which}), not the whole run's"
+    what = "blocks" if best_path.name == BLOCKS_FILE else "model (LoRA merged, blocks)"
+    return f"{best_path} holds the {what} of epoch {best_epoch} ({which}), not the whole run's"
 
 
 def _speed(groups: list[list[Row]], tokens: int, seconds: float) -> dict:
@@ -381,8 +411,9 @@ def _speed(groups: list[list[Row]], tokens: int, seconds: float) -> dict:
     return {"sequences": sequences, "tokens_per_s": tokens / max(seconds, 1e-9), "seconds": seconds}
 
 
-def _end_epoch(model, val_groups, cfg, pad, dist, epoch, state, out_dir) -> dict:
-    """Validation perplexity; writes OUT/blocks.safetensors when it is the best so far (or without validation)."""
+def _end_epoch(model, val_groups, cfg, pad, dist, epoch, state, out_dir, save_best) -> dict:
+    """Validation perplexity; writes the best (`save_best()`: OUT/blocks.safetensors, or with LoRA OUT/model) when it
+    is the best so far (or without validation)."""
     extra = {}
     is_best = True
     if val_groups:
@@ -396,6 +427,6 @@ def _end_epoch(model, val_groups, cfg, pad, dist, epoch, state, out_dir) -> dict
     else:
         state["best"] = {"val_ppl": None, "epoch": epoch + 1}
     if is_best and dist.is_main:
-        save_blocks(model, out_dir / BLOCKS_FILE)
+        save_best()
         write_json(out_dir / "best.json", {"epoch": epoch + 1, "step": state["step"], **extra})
     return extra

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import torch
 
+from bridgelm import lora
 from bridgelm.dist import Dist, barrier, full_state_dict, load_model_shards, save_shards
 from bridgelm.errors import UserError
 from bridgelm.runs import SHARDS, check_layout, write_dir_atomic
@@ -70,16 +71,22 @@ def load_checkpoint(model: torch.nn.Module, folder: Path, dist: Dist) -> None:
     """The weights of the checkpoint `folder` into `model`, prepared (placed, and sharded under FSDP): each rank
     reads its own shards under FSDP, else the whole weights; a checkpoint of the other layout is refused."""
     check_layout(folder, dist.fsdp)
-    if dist.fsdp:
+    if lora.has_lora(model):  # the LoRA weights and the blocks; the frozen base is the run's --model
+        lora.load_trained(model, folder)
+    elif dist.fsdp:
         load_model_shards(model, folder / SHARDS)
     else:
         load_weights(model, folder)
 
 
 def save_model(model: torch.nn.Module, tokenizer, folder: Path, state_dict: dict | None = None) -> None:
-    """`save_pretrained` of the model (with `state_dict` when gathered) and of its tokenizer into `folder`."""
+    """`save_pretrained` of the model (with `state_dict` when gathered) and of its tokenizer into `folder`; with LoRA,
+    the LoRA merged into the base's weights and the adapter in folder/lora (bridgelm.lora.save_folder)."""
     with quiet_saves():
-        model.save_pretrained(folder, state_dict=state_dict)
+        if lora.has_lora(model):
+            lora.save_folder(model, folder)
+        else:
+            model.save_pretrained(folder, state_dict=state_dict)
     tokenizer.save_pretrained(folder)
 
 

@@ -1,0 +1,144 @@
+"""LoRA on the base beside trainable Bridge blocks (bridgelm.lora, through peft): which modules get LoRA, what trains,
+the reference, one saved folder that loads back, resume, and the three trainers (rl, sft, BridgeGRPOTrainer); on
+tiny random models, offline, on the CPU."""
+
+import json
+from dataclasses import replace
+
+import pytest
+
+pytest.importorskip("peft", reason="peft is not installed (pip install 'bridgelm[lora]')")
+
+import torch  # noqa: E402
+from conftest import interrupt_on_call, randomize_blocks, tiny_model  # noqa: E402
+from transformers import AutoModelForCausalLM  # noqa: E402
+
+import bridgelm  # noqa: E402
+from bridgelm import lora, runs  # noqa: E402
+from bridgelm.dist import Dist  # noqa: E402
+from bridgelm.rng import derive_seed  # noqa: E402
+from bridgelm.train import rl  # noqa: E402
+from bridgelm.train.reference import make_reference, skeleton  # noqa: E402
+from bridgelm.train.rl import train_rl  # noqa: E402
+from test_rl import CFG, TASK, TOK  # noqa: E402
+
+LORA = lora.LoraSettings(r=4)
+IDS = torch.tensor([[3, 5, 7, 9, 11, 4], [6, 6, 2, 8, 10, 12]])
+
+
+def policy(seed=0):
+    model = tiny_model(seed=seed, vocab_size=len(TOK), eos_token_id=TOK.eos_token_id, pad_token_id=TOK.pad_token_id)
+    return randomize_blocks(bridgelm.add_bridge(model), std=0.1)
+
+
+def grouped(model, ids=IDS):
+    return bridgelm.grouped_logits(model, ids, torch.ones_like(ids), group_ids=[0, 0])
+
+
+def split(model):
+    """The model's weights in three parts: base (frozen), blocks, LoRA; each name -> a copy."""
+    blocks, adapters = set(bridgelm.added_parameters(model)), set(lora.lora_parameters(model))
+    parts = {"base": {}, "blocks": {}, "lora": {}}
+    for name, p in model.named_parameters():
+        part = "blocks" if name in blocks else "lora" if name in adapters else "base"
+        parts[part][name] = p.detach().clone()
+    return parts
+
+
+def test_lora_wraps_the_base_projections_only_and_the_blocks_train_beside_it():
+    model = lora.add_lora(policy(), LORA, seed=0)
+    wrapped = set(lora.lora_layers(model))
+    want = {f"model.layers.{i}.{m}" for i in range(2) for m in
+            ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj",
+             "mlp.up_proj", "mlp.down_proj")}
+    assert wrapped == want  # the blocks' own o_proj is not the attention's
+    trained = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trained == set(bridgelm.added_parameters(model)) | set(lora.lora_parameters(model))
+    # a fresh LoRA changes nothing; the same seed draws the same LoRA weights
+    torch.testing.assert_close(grouped(model), grouped(policy()), rtol=0, atol=0)
+    again = lora.add_lora(policy(), LORA, seed=0)
+    for (n, a), (_, b) in zip(lora.lora_parameters(model).items(), lora.lora_parameters(again).items()):
+        assert torch.equal(a, b), n
+    only_q = lora.add_lora(policy(), lora.LoraSettings(r=2, alpha=8, targets="q_proj"), seed=0)
+    assert set(lora.lora_layers(only_q)) == {"model.layers.0.self_attn.q_proj", "model.layers.1.self_attn.q_proj"}
+    layer = lora.lora_layers(only_q)["model.layers.0.self_attn.q_proj"]
+    assert layer.scaling["default"] == 4.0 and layer.r["default"] == 2
+
+
+def test_saved_folder_is_one_unit_merged_with_its_blocks_and_the_adapter(tmp_path):
+    model = lora.add_lora(policy(), LORA, seed=0)
+    with torch.no_grad():
+        for p in lora.lora_parameters(model).values():
+            p.add_(0.2 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+    want = grouped(model)
+    assert not torch.allclose(want, grouped(policy()), atol=1e-4)  # the LoRA does change the model
+    lora.save_folder(model, tmp_path / "m")
+    assert json.loads((tmp_path / "m" / "config.json").read_text())["model_type"] == "bridgelm"
+    for loaded in (bridgelm.load_model(str(tmp_path / "m")), AutoModelForCausalLM.from_pretrained(tmp_path / "m")):
+        assert not lora.has_lora(loaded) and bridgelm.block_config(loaded) is not None
+        torch.testing.assert_close(grouped(loaded), want, rtol=1e-4, atol=1e-5)
+    # lora/ is a peft adapter folder: PeftModel puts it onto the unmerged base with the same blocks
+    from peft import PeftModel
+
+    base = policy()
+    unmerged = PeftModel.from_pretrained(base, str(tmp_path / "m" / "lora"))
+    torch.testing.assert_close(grouped(unmerged), want, rtol=1e-5, atol=1e-6)
+    # and load_trained puts back exactly what trained: the LoRA weights and the blocks
+    fresh = lora.add_lora(bridgelm.add_bridge(tiny_model(vocab_size=len(TOK), eos_token_id=TOK.eos_token_id,
+                                                         pad_token_id=TOK.pad_token_id)), LORA, seed=1)
+    lora.load_trained(fresh, tmp_path / "m")
+    assert torch.equal(grouped(fresh), want)
+
+
+def test_the_reference_is_the_base_without_lora_and_the_starting_blocks():
+    start = policy()
+    model = lora.add_lora(policy(), LORA, seed=0)
+    with torch.no_grad():  # as if trained: LoRA B no longer 0, blocks moved
+        for p in model.parameters():
+            if p.requires_grad:
+                p.add_(0.1)
+    ref = make_reference(skeleton(lora.add_lora(policy(), LORA, seed=0)), lora.add_lora(policy(), LORA, seed=0),
+                         Dist.from_env(), bf16=False)
+    torch.testing.assert_close(grouped(ref), grouped(start), rtol=0, atol=0)
+    ref_of_trained = make_reference(skeleton(model), model, Dist.from_env(), bf16=False)
+    without = policy()  # the base without LoRA, with the (moved) blocks of `model`
+    with torch.no_grad():
+        for name, p in bridgelm.added_parameters(without).items():
+            p.copy_(dict(model.named_parameters())[name])
+    torch.testing.assert_close(grouped(ref_of_trained), grouped(without), rtol=0, atol=0)
+    assert not torch.allclose(grouped(model), grouped(without), atol=1e-3)  # the policy itself has its LoRA
+
+
+def test_rl_step_trains_the_blocks_and_lora_not_the_base_and_saves_one_folder(tmp_path):
+    model = policy()
+    start = split(lora.add_lora(policy(), LORA, seed=derive_seed(CFG.seed, "rl-lora")))  # what train_rl injects
+    cfg = replace(CFG, steps=1, beta=0.05, lora=LORA)
+    res = train_rl(model, TOK, TASK, cfg, tmp_path)
+    assert lora.has_lora(model)
+    now = split(model)
+    assert start["base"].keys() == now["base"].keys() and start["lora"].keys() == now["lora"].keys()
+    assert all(torch.equal(t, now["base"][n]) for n, t in start["base"].items())  # the base never moved
+    assert all(not torch.equal(t, now["blocks"][n]) for n, t in start["blocks"].items())
+    assert all(not torch.equal(t, now["lora"][n]) for n, t in start["lora"].items())  # A and B (K=2 steps)
+    folder = res.final_dir
+    assert (folder / "lora" / "adapter_model.safetensors").is_file()
+    back = bridgelm.load_model(str(folder))
+    torch.testing.assert_close(grouped(back), grouped(model), rtol=1e-4, atol=1e-5)
+    assert json.loads((tmp_path / "run.json").read_text())["identity"]["lora.r"] == 4
+
+
+def test_rl_resume_with_lora_ends_with_the_same_weights(tmp_path, monkeypatch):
+    cfg = replace(CFG, steps=3, lora=LORA)
+    straight = policy()
+    train_rl(straight, TOK, TASK, cfg, tmp_path / "a")
+    original = interrupt_on_call(monkeypatch, rl, "collect_rollouts", 3)
+    with pytest.raises(KeyboardInterrupt):
+        train_rl(policy(), TOK, TASK, cfg, tmp_path / "b")
+    assert runs.latest_checkpoint(tmp_path / "b").name == "step-00000002"
+    monkeypatch.setattr(rl, "collect_rollouts", original)
+    resumed = policy()
+    train_rl(resumed, TOK, TASK, replace(cfg, resume=True), tmp_path / "b")
+    a, b = dict(straight.named_parameters()), dict(resumed.named_parameters())
+    assert a.keys() == b.keys()
+    for name in a:
+        assert torch.equal(a[name], b[name]), name
