@@ -142,3 +142,48 @@ def test_rl_resume_with_lora_ends_with_the_same_weights(tmp_path, monkeypatch):
     assert a.keys() == b.keys()
     for name in a:
         assert torch.equal(a[name], b[name]), name
+
+
+def test_bridge_grpo_trainer_with_peft_config_trains_blocks_and_lora_and_saves_one_folder(tmp_path):
+    """BridgeGRPOTrainer(peft_config=LoraConfig) as GRPOTrainer takes it: LoRA on the base only (the config's
+    o_proj does not reach the blocks'), blocks and LoRA train, the base does not, the reference is the starting
+    policy, and save_model writes one folder that loads back with the LoRA merged and the blocks."""
+    pytest.importorskip("trl")
+    from datasets import Dataset
+    from peft import LoraConfig
+    from test_trl import PROMPTS, config as trl_config, length_reward, tiny_policy
+
+    from bridgelm.integrations.trl import BridgeGRPOTrainer
+
+    def trainer(out, **overrides):
+        model, tok = tiny_policy()
+        return BridgeGRPOTrainer(model=model, reward_funcs=length_reward, args=trl_config(out, **overrides),
+                                 train_dataset=Dataset.from_list([{"prompt": p} for p in PROMPTS * 2]),
+                                 processing_class=tok, peft_config=config)
+
+    config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "o_proj", "down_proj"])
+    t = trainer(tmp_path, beta=0.1, learning_rate=1e-2)
+    policy = t.accelerator.unwrap_model(t.model)
+    base = policy.get_base_model()
+    assert config.exclude_modules is None  # the user's config is left as it was
+    assert {n.split(".", 3)[-1] for n in lora.lora_layers(base)} == {"self_attn.q_proj", "self_attn.o_proj",
+                                                                     "mlp.down_proj"}
+    start = split(base)
+    t.train()
+    now = split(base)
+    assert all(torch.equal(v, now["base"][n]) for n, v in start["base"].items())
+    assert all(not torch.equal(v, now["blocks"][n]) for n, v in start["blocks"].items())
+    assert any(not torch.equal(v, now["lora"][n]) for n, v in start["lora"].items() if ".lora_B." in n)
+    ref = split(t.accelerator.unwrap_model(t.ref_model).get_base_model())  # the starting policy, untouched
+    for part in ("base", "blocks", "lora"):
+        assert ref[part].keys() == start[part].keys() and all(torch.equal(v, ref[part][n]) for n, v in start[part].items())
+    assert all(not v.any() for n, v in ref["lora"].items() if ".lora_B." in n)  # so: the base without LoRA
+    t.save_model(str(tmp_path / "saved"))
+    assert (tmp_path / "saved" / "lora" / "adapter_config.json").is_file()
+    assert not (tmp_path / "saved" / "adapter_config.json").exists()  # transformers would load the bare base
+    back = bridgelm.load_model(str(tmp_path / "saved"))
+    assert bridgelm.block_config(back) is not None and not lora.has_lora(back)
+    torch.testing.assert_close(grouped(back), grouped(base), rtol=1e-4, atol=1e-5)
+    again = trainer(tmp_path / "again")
+    again._load_from_checkpoint(str(tmp_path / "saved"))
+    assert torch.equal(grouped(again.accelerator.unwrap_model(again.model).get_base_model()), grouped(base))

@@ -31,6 +31,11 @@ What changes against GRPOTrainer, and nothing else (rewards, advantages and the 
   model's folder, which drops blocks attached in memory).
 - with beta > 0 and an in-memory model, the reference is always that frozen copy (TRL would reload the model's
   folder, and an in-memory model may have none).
+- with `peft_config` (a peft LoraConfig, as GRPOTrainer takes it) LoRA goes on the base only: modules inside the
+  blocks are excluded from its targets and the blocks stay trainable beside the LoRA weights; with beta > 0 the
+  reference is the starting policy (a fresh LoRA changes nothing: the base without LoRA); `save_model` and the
+  checkpoints write one model folder, LoRA merged into the base with the blocks, and the adapter in `lora/`
+  (bridgelm.lora), which a resumed run reads back.
 Settings it cannot honour are refused at construction, in one line naming the setting: batch settings that would
 split a group, a width that is not a positive integer, temperature 0, FSDP and DeepSpeed ZeRO-3 (rollouts would
 decode on sharded weights), vLLM, continuous batching and `rollout_func` (their rollouts would not be Bridge groups),
@@ -42,16 +47,21 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import inspect
 import os
+import re
 from dataclasses import dataclass, field
+
+from pathlib import Path
 
 import torch
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.callbacks import SyncRefModelCallback
 from trl.trainer.utils import split_tensor_dict
 
-from bridgelm.attach import block_config
+from bridgelm import lora
+from bridgelm.attach import added_parameters, block_config
 from bridgelm.engine import SamplingConfig, generate_ids
 from bridgelm.errors import UserError
 from bridgelm.grouped import KWARG, Groups
@@ -152,6 +162,8 @@ class BridgeGRPOTrainer(GRPOTrainer):
             check_group_settings(args, bridge_width_of(args))
         if kwargs.get("rollout_func") is not None:
             raise UserError("BridgeGRPOTrainer: rollout_func is not supported: rollouts come from bridgelm's engine")
+        if kwargs.get("peft_config") is not None:
+            kwargs["peft_config"] = lora_on_base(kwargs["peft_config"], model)
         own_reference = isinstance(model, torch.nn.Module) and args is not None and args.beta != 0.0
         if own_reference:  # TRL would reload the model's folder for a reference: it gets a frozen copy instead
             beta, sync = args.beta, args.sync_ref_model
@@ -166,6 +178,8 @@ class BridgeGRPOTrainer(GRPOTrainer):
         check_group_settings(self.args, self.bridge_width)
         policy = self.accelerator.unwrap_model(self.model)
         has_blocks = block_config(policy) is not None
+        for p in added_parameters(policy).values():  # peft froze everything but its adapter: the blocks train too
+            p.requires_grad_(True)
         if self.bridge_width > 1 and not has_blocks:
             raise UserError(
                 f"BridgeGRPOTrainer: bridge_width={self.bridge_width} needs a model with Bridge blocks, and this one "
@@ -193,7 +207,7 @@ class BridgeGRPOTrainer(GRPOTrainer):
             top_p=self.top_p, top_k=self.top_k or 0,
             seed=derive_seed(self.args.seed, "trl-rollouts", self._step, self.accelerator.process_index),
         )
-        model = self.accelerator.unwrap_model(self.model)
+        model = base_of(self.accelerator.unwrap_model(self.model))  # with peft: the model its LoRA layers are in
         training = model.training
         model.eval()
         try:
@@ -204,6 +218,30 @@ class BridgeGRPOTrainer(GRPOTrainer):
         finally:
             model.train(training)
         return [sample.token_ids for group in drawn for sample in group], None
+
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        """TRL's save, but with peft one model folder: the LoRA merged into the base, the blocks, lora/ (the
+        adapter); without peft, transformers' own."""
+        policy = self.accelerator.unwrap_model(self.model)
+        if not is_peft(policy):
+            return super()._save(output_dir, state_dict)
+        if not self.args.should_save:
+            return None
+        folder = Path(output_dir if output_dir is not None else self.args.output_dir)
+        base = base_of(policy)
+        base._bridgelm_lora = policy.peft_config[lora.ADAPTER]
+        lora.save_folder(base, folder)
+        if self.processing_class is not None:
+            self.processing_class.save_pretrained(folder)
+        return None
+
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
+        """A checkpoint of `_save`: with peft, its LoRA weights and blocks (the base is the model given)."""
+        policy = self.accelerator.unwrap_model(model if model is not None else self.model)
+        if not is_peft(policy):
+            return super()._load_from_checkpoint(resume_from_checkpoint, model)
+        lora.load_trained(base_of(policy), Path(resume_from_checkpoint))
+        return None
 
     def _prepare_inputs(self, generation_batch):
         """TRL's `_prepare_inputs`, with the generated batch shuffled group by group before it is split."""
@@ -227,6 +265,31 @@ class BridgeGRPOTrainer(GRPOTrainer):
             )
         with grouped_forwards(self.accelerator.unwrap_model(model), self.bridge_width):
             return super()._get_per_token_logps_and_entropies(model, input_ids, *args, **kwargs)
+
+
+def is_peft(model) -> bool:
+    return hasattr(model, "peft_config") and hasattr(model, "get_base_model")
+
+
+def base_of(model: torch.nn.Module) -> torch.nn.Module:
+    """The model a PeftModel wraps (its LoRA layers are injected there), or `model` itself."""
+    return model.get_base_model() if is_peft(model) else model
+
+
+def lora_on_base(config, model):
+    """A copy of peft config `config` whose targets leave out every module inside the Bridge blocks (a block's
+    o_proj is not the attention's); a config that is not LoRA is refused."""
+    peft = lora.require_peft()
+    if not isinstance(config, peft.LoraConfig):
+        raise UserError(f"BridgeGRPOTrainer: peft_config of type {type(config).__name__}: expected a peft.LoraConfig "
+                        "(LoRA on the base beside the trainable blocks)")
+    blocks = lora.block_pattern(model) if isinstance(model, torch.nn.Module) else None
+    if blocks is None:
+        return config
+    exclude = config.exclude_modules
+    if isinstance(exclude, (list, tuple, set)):
+        exclude = "|".join(rf"(.*\.)?{re.escape(e)}" for e in exclude)
+    return dataclasses.replace(config, exclude_modules=blocks if not exclude else rf"(?:{exclude})|(?:{blocks})")
 
 
 @contextlib.contextmanager
