@@ -728,3 +728,46 @@ def test_training_in_bf16_on_a_cpu_without_bf16_instructions_is_warned(tmp_path,
     assert "--bf16 on" not in _fails.stderr
     _fails(capsys, rl)
     assert "warning" not in _fails.stderr
+
+
+@pytest.mark.parametrize("command", ["rl", "sft"])
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (["--lora-r", "0"], "--lora-r 0: expected a positive integer"),
+        (["--lora-r", "-2"], "--lora-r -2: expected a positive integer"),
+        (["--lora-r", "4", "--lora-alpha", "0"], "--lora-alpha 0.0: expected"),
+        (["--lora-r", "4", "--lora-alpha", "nan"], "--lora-alpha nan: expected"),
+        (["--lora-alpha", "8"], "--lora-alpha 8.0 is read only with a LoRA rank: expected --lora-r R"),
+        (["--lora-r", "4", "--lora-targets", "q_proj;v_proj"], "--lora-targets 'q_proj;v_proj': expected a comma list"),
+        (["--lora-r", "4", "--lora-targets", ","], "--lora-targets ',': expected a comma list"),
+        (["--lora-r", "4", "--lora-targets", "q_proj,nosuch"], "--lora-targets 'q_proj,nosuch': 'nosuch' names no module"),
+        (["--lora-r", "4", "--freeze-base"], "--lora-r 4 with --freeze-base True: it trains the blocks alone"),
+    ],
+)
+def test_lora_settings_that_cannot_work(models, tmp_path, capsys, command, flags, words):
+    """--lora-r / --lora-alpha / --lora-targets: one line naming the flag, before any output is written (the target
+    names after the model loads: they are checked against its modules)."""
+    pytest.importorskip("peft")
+    if command == "sft" and "--freeze-base" in flags:
+        pytest.skip("sft has no --freeze-base: its base is always frozen")
+    if command == "rl":
+        data = _jsonl(tmp_path / "d.jsonl", [{"question": f"{a}+1", "answer": f"#### {a + 1}"} for a in range(4)])
+        argv = ["rl", "--model", models / "m", "--task", "gsm8k", "--data", data, "--add", "bridge"]
+    else:
+        from test_sft import write_warmup
+
+        write_warmup(tmp_path / "w.jsonl")
+        argv = ["sft", "--model", models / "m", "--data", tmp_path / "w.jsonl"]
+    line = _fails(capsys, [*argv, *flags, "--out", tmp_path / "out"])
+    assert words in line, line
+    assert not (tmp_path / "out").exists()
+
+
+def test_lora_without_peft_says_how_to_install_it(models, tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "peft", None)  # import peft fails
+    data = _jsonl(tmp_path / "d.jsonl", [{"question": "1+1", "answer": "#### 2"}])
+    line = _fails(capsys, ["rl", "--model", models / "m", "--task", "gsm8k", "--data", data, "--add", "bridge",
+                           "--lora-r", "4", "--out", tmp_path / "out"])
+    assert "LoRA needs the peft library" in line and "pip install 'bridgelm[lora]'" in line
+    assert not (tmp_path / "out").exists()

@@ -187,3 +187,31 @@ def test_bridge_grpo_trainer_with_peft_config_trains_blocks_and_lora_and_saves_o
     again = trainer(tmp_path / "again")
     again._load_from_checkpoint(str(tmp_path / "saved"))
     assert torch.equal(grouped(again.accelerator.unwrap_model(again.model).get_base_model()), grouped(base))
+
+
+def test_fsdp_with_lora_is_refused_naming_what_works():
+    from bridgelm.train.rl_config import RLConfig
+
+    with pytest.raises(ValueError, match=r"lora_r=4 with fsdp=True: it is not supported with LoRA: run LoRA in one "
+                                         r"process or data-parallel under torchrun \(no fsdp\)"):
+        RLConfig(lora=LORA, fsdp=True).validate(2)
+
+
+def test_sft_with_lora_writes_one_model_folder_and_trains_blocks_and_lora_only(tmp_path):
+    from test_sft import CFG as SFT, base_model, write_warmup
+
+    from bridgelm.train.sft import ensure_blocks, train_sft
+
+    write_warmup(tmp_path / "w.jsonl")
+    cfg = replace(SFT, epochs=1, lora=LORA)
+    model = ensure_blocks(base_model(), cfg)
+    start = split(ensure_blocks(base_model(), cfg))
+    res = train_sft(model, TOK, tmp_path / "w.jsonl", cfg, tmp_path / "out")
+    now = split(model)
+    base = {n.replace(".base_layer.", "."): v for n, v in now["base"].items()}  # LoRA wraps the projections
+    assert base.keys() == start["base"].keys() and all(torch.equal(v, base[n]) for n, v in start["base"].items())
+    assert all(not torch.equal(v, now["blocks"][n]) for n, v in start["blocks"].items())
+    assert any(".lora_B." in n and v.any() for n, v in now["lora"].items())
+    assert res.blocks_path == tmp_path / "out" / "model" and not (tmp_path / "out" / "blocks.safetensors").exists()
+    back = bridgelm.load_model(str(res.blocks_path))
+    torch.testing.assert_close(grouped(back), grouped(model), rtol=1e-4, atol=1e-5)

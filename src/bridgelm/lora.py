@@ -49,7 +49,8 @@ class LoraSettings:
         """ValueError (naming lora_r, lora_alpha, lora_targets) for settings that cannot work."""
         if self.r is None:
             if self.alpha is not None:
-                raise ValueError(f"lora_alpha={self.alpha} is read only with lora_r (the LoRA rank): expected lora_r")
+                raise ValueError(f"lora_alpha={self.alpha} is read only with a LoRA rank: expected lora_r=R too, or "
+                                 "no lora_alpha")
             return
         check_int("lora_r", self.r)
         if self.alpha is not None:

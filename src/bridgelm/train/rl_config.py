@@ -210,7 +210,7 @@ class RLConfig:
                 why = {"freeze_base": "trains the blocks alone, while LoRA trains LoRA weights beside them: expected "
                        "one of them", "fsdp": "is not supported with LoRA: run LoRA in one process or data-parallel "
                        "under torchrun (no fsdp)"}[name]
-                raise ValueError(f"lora_r={self.lora.r} with {name}=True: {name} {why}")
+                raise ValueError(f"lora_r={self.lora.r} with {name}=True: it {why}")
 
     def _check_validation(self) -> None:
         """The validation's settings, checked before training rather than after it (named as their flags are)."""
