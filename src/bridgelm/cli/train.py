@@ -96,9 +96,10 @@ def _cmd_sft(args) -> None:
 
     cfg, launch = build(SFTConfig, args), build(DistConfig, args)
     try:
-        cfg.validate()
+        cfg.lora.validate()  # in flag words (sft's other messages name its settings)
     except ValueError as err:
         raise in_flags(err, args.flags) from err
+    cfg.validate()
     launch.validate()
     check_out(args.out, "dir")
     warn_slow_bf16(cfg.bf16, args.device, "--bf16")
