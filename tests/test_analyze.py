@@ -9,7 +9,7 @@ import torch
 from conftest import randomize_blocks, save_tiny_model_dir, tiny_model
 
 import bridgelm
-from bridgelm.analyze import (
+from bridgelm.eval.analyze import (
     block_feature_ratios,
     embedding_similarity,
     pair_similarity,

@@ -7,7 +7,7 @@ import pytest
 from conftest import randomize_blocks, tiny_model
 
 import bridgelm
-from bridgelm import evaluate as E
+from bridgelm.eval import runner as E
 from bridgelm.cli import main
 from bridgelm.jsonl import read_records
 from bridgelm.engine import encode_prompts

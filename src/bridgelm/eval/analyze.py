@@ -38,11 +38,11 @@ import torch
 
 from bridgelm import rouge
 from bridgelm.attach import block_config, decoder_layers
-from bridgelm.eval_folder import read_samples
+from bridgelm.eval.folder import read_samples
 from bridgelm.grouped import KWARG, Groups
-from bridgelm.jsonl import write_atomic, write_json
 from bridgelm.intervals import bootstrap_ci
-from bridgelm.train.batches import Row, pack_rows, response_logprobs
+from bridgelm.jsonl import write_atomic, write_json
+from bridgelm.logprobs import Row, pack_rows, response_logprobs
 
 # Similarity measures of `set_similarity`, each an F1 from rouge-score.
 SIMILARITY_METRICS = ("rouge_l", "rouge_1")
@@ -296,7 +296,7 @@ def run_response_sets(
 
 def warmup_response_sets(path, sets: int) -> list[tuple[list[int], list[list[int]]]]:
     """`sets` kept problems of a warm-up file (spread evenly), each with its correct traces."""
-    from bridgelm.train.sft import read_warmup
+    from bridgelm.warmup_file import read_warmup
 
     return [(p.prompt_ids, p.responses) for p in _pick(read_warmup(path), sets)]
 

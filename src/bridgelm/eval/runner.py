@@ -1,20 +1,20 @@
-"""Evaluation runs: n samples per problem for every benchmark and width (paper Sec. 4, App. E); bridgelm.score
+"""Evaluation runs: n samples per problem for every benchmark and width (paper Sec. 4, App. E); bridgelm.eval.score
 grades them.
 
 Design notes:
-- Samples first, scores second (human-eval): `run_eval` only samples into RUN_DIR; `bridgelm.score.score_run`
+- Samples first, scores second (human-eval): `run_eval` only samples into RUN_DIR; `bridgelm.eval.score.score_run`
   grades what is there and can be re-run alone (after a grader fix, with another G-Pass k, on a partial run...).
 - RUN_DIR/run.json holds the settings (`eval_settings`). samples.jsonl holds one line per (benchmark, width,
   problem), appended as problems complete; a re-run skips what is written and redoes a line cut by a crash. A re-run
   with another model, other data or other sampling settings is refused before anything is written: one run, one
-  setting (bridgelm.eval_folder, which reads a run back). The model folder and block file count by content too
+  setting (bridgelm.eval.folder, which reads a run back). The model folder and block file count by content too
   (runs.source_digests): blocks replaced at the same path make another run, refused by name.
 - One writer per run: a second eval (or a score) on the same folder is refused at once (`_writer_locks`).
 - Under torchrun, problem i of every benchmark goes to rank i % WORLD_SIZE (bridgelm.dist.Dist.owns), which appends
   to its own shard samples.rank{r}.jsonl with no process group; rank 0 writes run.json first (the others wait for
   the file), and the ranks meet at a gloo barrier once every shard is complete.
 - A benchmark is one data file (named by its stem, e.g. `aime24`), or a Task object with its own examples
-  (bridgelm.benchmarks).
+  (bridgelm.eval.datasets).
 - Long documents (`Task.long_field()`, e.g. a CNN/DailyMail article) are cut to their longest token prefix whose
   prompt fits the model's context minus max_new_tokens; the cut is recorded on the problem's samples line
   ("truncated"), and run.json records the prompt budget.
@@ -36,10 +36,10 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from bridgelm.benchmarks import Benchmark, load_benchmarks
 from bridgelm.dist import Dist, all_reduce_sum, barrier, unsharded
 from bridgelm.engine import Sample, SamplingConfig, check_stop_strings, encode_prompts, stream_text
-from bridgelm.eval_folder import check_same_run, done_keys, read_eval_run, shard_file_name, shard_files, wait_for
+from bridgelm.eval.datasets import Benchmark, load_benchmarks
+from bridgelm.eval.folder import check_same_run, done_keys, read_eval_run, shard_file_name, shard_files, wait_for
 from bridgelm.jsonl import append_record, exclusive, write_json
 from bridgelm.runs import RUN_FILE, SAMPLED_WITH, format_of, local_source, source_digests
 from bridgelm.setting import setting

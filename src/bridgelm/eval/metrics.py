@@ -283,7 +283,7 @@ def summarize_scores(
 
 
 # ---------------------------------------------------------------------------------------------- an eval run's metrics
-# Per-problem score lines (bridgelm.score) -> the metrics of one (benchmark, width), at every generation budget, and
+# Per-problem score lines (bridgelm.eval.score) -> the metrics of one (benchmark, width), at every generation budget, and
 # their unweighted average over benchmarks. Budgets (Figure 6) come from one long run: generation is
 # prefix-consistent, so at budget L a sample counts when it finished within L tokens and is correct.
 
