@@ -158,7 +158,7 @@ def _cmd_siblings(args) -> None:
 
 
 def _cmd_similarity(args) -> None:
-    from bridgelm.eval.analyze import DEFAULT_EMBEDDER, run_similarity
+    from bridgelm.eval.similarity import DEFAULT_EMBEDDER, run_similarity
 
     out = Path(args.out) if args.out else Path(args.run_dir) / "similarity.json"
     check_out(str(out), "file")
