@@ -9,15 +9,8 @@ import torch
 from conftest import randomize_blocks, save_tiny_model_dir, tiny_model
 
 import bridgelm
-from bridgelm.analyze import (
-    block_feature_ratios,
-    embedding_similarity,
-    pair_similarity,
-    rouge_l,
-    set_nll,
-    set_similarity,
-    sibling_gain,
-)
+from bridgelm.eval.analyze import block_feature_ratios, set_nll, sibling_gain
+from bridgelm.eval.similarity import embedding_similarity, pair_similarity, rouge_l, set_similarity
 from bridgelm.cli import main
 
 

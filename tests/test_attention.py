@@ -9,8 +9,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 import bridgelm
 from bridgelm import attention, packed
 from bridgelm.attention import fast_attention, matmul_attention
+from bridgelm.logprobs import Row, forward_logits, pack_rows
 from bridgelm.models import enable_checkpointing
-from bridgelm.train.batches import Row, forward_logits, pack_rows
 
 
 def reference(q, k, v, mask, scale, causal):

@@ -18,11 +18,12 @@ import torch
 from conftest import save_tiny_model_dir
 from safetensors.torch import save_file
 
-from bridgelm import jsonl, runs, tasks
+from bridgelm import jsonl, tasks
 from bridgelm.cli import main
 from bridgelm.errors import DataWarning, UserError, user_message
-from bridgelm.evaluate import EvalConfig
+from bridgelm.eval.runner import EvalConfig
 from bridgelm.jsonl import read_records
+from bridgelm.train import checkpoints
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 
@@ -255,8 +256,8 @@ def test_the_edges_of_the_number_checks():
     for floats, numpy scalars; an integer beyond any float is refused as a number, not by an OverflowError."""
     import numpy as np
 
-    from bridgelm.errors import check_number
     from bridgelm.engine import SamplingConfig
+    from bridgelm.errors import check_number
     from bridgelm.train.rl_config import RLConfig, default_rollout, default_validation
     from bridgelm.train.sft import SFTConfig
 
@@ -534,31 +535,32 @@ def test_rl_blocks_and_no_blocks(models, tmp_path, capsys):
 
 
 def _fake_checkpoint(out: Path, step: int) -> Path:
-    folder = out / runs.CHECKPOINTS / runs.checkpoint_name(step)
+    folder = out / checkpoints.CHECKPOINTS / checkpoints.checkpoint_name(step)
     folder.mkdir(parents=True)
     save_file({"w": torch.full((4,), float(step))}, str(folder / "model.safetensors"))
-    torch.save({"step": step, "optimizer": {"m": torch.full((64,), 7.0)}, "extra": {}}, folder / runs.TRAINER_STATE)
-    jsonl.write_json(folder / runs.TRAINER_INFO, {"step": step})
+    state = {"step": step, "optimizer": {"m": torch.full((64,), 7.0)}, "extra": {}}
+    torch.save(state, folder / checkpoints.TRAINER_STATE)
+    jsonl.write_json(folder / checkpoints.TRAINER_INFO, {"step": step})
     return folder
 
 
 def test_resume_passes_over_a_damaged_checkpoint(tmp_path):
     one, two = _fake_checkpoint(tmp_path, 1), _fake_checkpoint(tmp_path, 2)
-    assert runs.resume_point(tmp_path, resume=True) == two
-    state = (two / runs.TRAINER_STATE).read_bytes()
+    assert checkpoints.resume_point(tmp_path, resume=True) == two
+    state = (two / checkpoints.TRAINER_STATE).read_bytes()
     flipped = bytearray(state)
     flipped[state.index(torch.full((4,), 7.0).numpy().tobytes()) + 5] ^= 0xFF  # a bit of a tensor: torch.load
     assert torch.load(io.BytesIO(bytes(flipped)), weights_only=True)["optimizer"]["m"][1] != 7.0  # reads it anyway
     for damage in (bytes(flipped), state[: len(state) // 2]):
-        (two / runs.TRAINER_STATE).write_bytes(damage)
+        (two / checkpoints.TRAINER_STATE).write_bytes(damage)
         with pytest.warns(
             DataWarning, match=f"checkpoint {two} is damaged .*trainer_state.pt.*resuming from .*{one.name}"
         ):
-            assert runs.resume_point(tmp_path, resume=True) == one
+            assert checkpoints.resume_point(tmp_path, resume=True) == one
     weights = (one / "model.safetensors").read_bytes()
     (one / "model.safetensors").write_bytes(weights[:-8])
     with pytest.raises(UserError, match=f"checkpoint {two} is damaged .* no earlier checkpoint .* is whole"):
-        runs.resume_point(tmp_path, resume=True)
+        checkpoints.resume_point(tmp_path, resume=True)
 
 
 class _Payload:
@@ -572,10 +574,10 @@ class _Payload:
 def test_an_unsafe_trainer_state_is_refused_without_running_it(tmp_path):
     marker = tmp_path / "ran"
     folder = _fake_checkpoint(tmp_path, 1)
-    torch.save({"step": 1, "payload": _Payload(str(marker))}, folder / runs.TRAINER_STATE)
+    torch.save({"step": 1, "payload": _Payload(str(marker))}, folder / checkpoints.TRAINER_STATE)
     with pytest.raises(UserError) as err:
-        runs.load_trainer_state(folder)
-    assert str(folder / runs.TRAINER_STATE) in str(err.value) and "was not loaded" in str(err.value)
+        checkpoints.load_trainer_state(folder)
+    assert str(folder / checkpoints.TRAINER_STATE) in str(err.value) and "was not loaded" in str(err.value)
     assert "weights_only" not in str(err.value)  # no hint to turn the protection off
     assert not marker.exists()
 
@@ -589,8 +591,8 @@ def test_rl_resume_over_a_damaged_checkpoint_ends_like_an_uninterrupted_run(tmp_
     straight = policy()
     train_rl(straight, TOK, TASK, cfg, tmp_path / "a")
     shutil.copytree(tmp_path / "a", tmp_path / "b")
-    shutil.rmtree(tmp_path / "b" / runs.CHECKPOINTS / "step-00000003")  # killed after the checkpoint of step 2
-    state = tmp_path / "b" / runs.CHECKPOINTS / "step-00000002" / runs.TRAINER_STATE
+    shutil.rmtree(tmp_path / "b" / checkpoints.CHECKPOINTS / "step-00000003")  # killed after the checkpoint of step 2
+    state = tmp_path / "b" / checkpoints.CHECKPOINTS / "step-00000002" / checkpoints.TRAINER_STATE
     state.write_bytes(state.read_bytes()[:100])  # ... which is then found cut
     resumed = policy()
     with pytest.warns(DataWarning, match="step-00000002 is damaged"):

@@ -11,7 +11,7 @@ import pytest
 from bridgelm.cli import build_parser, main
 from bridgelm.cli.fields import Flag, Nested, add_fields, add_groups, build
 from bridgelm.demo.pipeline import DemoConfig
-from bridgelm.evaluate import EvalConfig
+from bridgelm.eval.runner import EvalConfig
 from bridgelm.engine import SamplingConfig
 from bridgelm.setting import help_of, setting
 from bridgelm.train.rl_config import RLConfig

@@ -6,7 +6,7 @@ from conftest import interrupt_on_call
 
 from bridgelm.models import load_model
 from bridgelm.demo import base
-from bridgelm.runs import latest_checkpoint
+from bridgelm.train.checkpoints import latest_checkpoint
 from bridgelm.tasks import anysum
 from bridgelm.tokenizer import load_tokenizer
 
@@ -48,17 +48,17 @@ def test_pretraining_refuses_other_settings_in_its_folder(tmp_path):
 def test_every_demo_task_pretrains_and_is_checked_within_its_budget(tmp_path, monkeypatch):
     from dataclasses import replace
 
-    from bridgelm import evaluate
+    from bridgelm.eval import runner
     from bridgelm.tasks import pairsum
 
     budgets = []
-    real = evaluate.accuracy
+    real = runner.accuracy
 
     def spy(model, tokenizer, task, cfg):
         budgets.append((task.name, cfg.max_new_tokens))
         return real(model, tokenizer, task, cfg)
 
-    monkeypatch.setattr(evaluate, "accuracy", spy)
+    monkeypatch.setattr(runner, "accuracy", spy)
     assert set(base.CHECK_TOKENS) == {entry[0] for entry in base._TASKS.values()}
     cfg = replace(CFG, task=pairsum.PairSumSpec(), steps=3, schedule_steps=3, check_from=2, check_problems=2)
     base.pretrain(cfg, tmp_path / "p", progress=False, log=lambda _: None)

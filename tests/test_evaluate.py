@@ -11,10 +11,10 @@ import pytest
 from conftest import randomize_blocks, save_tiny_model_dir, tiny_model
 
 import bridgelm
-from bridgelm import benchmarks as B
-from bridgelm import eval_folder as F
-from bridgelm import evaluate as E
-from bridgelm import score as S
+from bridgelm.eval import datasets as B
+from bridgelm.eval import folder as F
+from bridgelm.eval import runner as E
+from bridgelm.eval import score as S
 from bridgelm.cli import main
 from bridgelm.errors import UserError
 from bridgelm.runs import check_format
@@ -339,7 +339,7 @@ def test_overlapping_or_missing_problems_are_reported(tmp_path, model_tok):
     result = S.score_run(run, allow_partial=True, progress=False)
     assert result["benchmarks"]["toy"]["2"]["problems"] == 2 and result["benchmarks"]["toy"]["2"]["missing"] == [1]
     # the report says that the row is partial (it once showed its figures like a whole run's)
-    from bridgelm.report import build_report, render_markdown
+    from bridgelm.eval.report import build_report, render_markdown
 
     report = build_report([str(run)])
     assert report["runs"]["run"]["missing"] == {"toy w=2": 1}

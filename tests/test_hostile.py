@@ -276,8 +276,9 @@ def _second_writer(argv):
 def test_a_second_process_on_one_out_is_refused_at_once(tmp_path, monkeypatch, command):
     import threading
 
-    from bridgelm import evaluate, samples
+    from bridgelm import samples
     from bridgelm.cli import main
+    from bridgelm.eval import runner
     from bridgelm.jsonl import read_records
     from conftest import save_tiny_model_dir
 
@@ -286,7 +287,7 @@ def test_a_second_process_on_one_out_is_refused_at_once(tmp_path, monkeypatch, c
         out = tmp_path / "run"
         argv = ["eval", "--model", str(tmp_path / "m"), "--data", _toy_data(tmp_path / "toy.jsonl", 3), "--n", "2",
                 "--width", "2", "--max-new-tokens", "4", "--max-batch-sequences", "2", "--no-score", "--out", str(out)]
-        module, written = evaluate, out / "samples.jsonl"
+        module, written = runner, out / "samples.jsonl"
     else:
         prompts = tmp_path / "prompts.jsonl"
         prompts.write_text("".join(json.dumps({"prompt": f"{i}+1="}) + "\n" for i in range(3)))
@@ -318,7 +319,7 @@ def test_a_second_process_on_one_out_is_refused_at_once(tmp_path, monkeypatch, c
 
 def test_training_runs_and_scoring_have_one_writer(tmp_path):
     from bridgelm.dist import Dist
-    from bridgelm.score import score_run
+    from bridgelm.eval.score import score_run
     from bridgelm.train.loop import Run, RunControl
 
     code = (
@@ -446,7 +447,7 @@ def test_a_full_disk_is_one_line_and_a_re_run_resumes(tmp_path, monkeypatch, cap
 
 
 def test_names_in_report_tables_cannot_shift_columns():
-    from bridgelm.tables import benchmark_table, markdown_table
+    from bridgelm.eval.tables import benchmark_table, markdown_table
 
     table = markdown_table(["Model", "x"], [["runs/a|b\nc", "1.00"]])
     assert table.splitlines()[2] == "| runs/a\\|b c | 1.00 |"

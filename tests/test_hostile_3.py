@@ -12,6 +12,7 @@ from conftest import tiny_model
 from test_bad_input import _fails  # the CLI must exit 2 with one line, no traceback
 
 from bridgelm import runs
+from bridgelm.train import checkpoints
 from bridgelm.errors import DataWarning, UserError, user_message
 
 # ---------------------------------------------------------------------------------------------- DCP shards
@@ -44,12 +45,12 @@ def _shards(folder, extra=None):
 
 def _sharded_checkpoint(run, step):
     """A whole FSDP checkpoint folder of `run` at `step` as bridgelm writes it (trainer.json last)."""
-    folder = run / runs.CHECKPOINTS / runs.checkpoint_name(step)
+    folder = run / checkpoints.CHECKPOINTS / checkpoints.checkpoint_name(step)
     folder.mkdir(parents=True)
-    _shards(folder / runs.SHARDS)
-    torch.save({"step": step}, folder / runs.TRAINER_STATE)
+    _shards(folder / checkpoints.SHARDS)
+    torch.save({"step": step}, folder / checkpoints.TRAINER_STATE)
     info = {"step": step, **runs.format_of("checkpoint"), "layout": "sharded", "identity": {}}
-    (folder / runs.TRAINER_INFO).write_text(json.dumps(info))
+    (folder / checkpoints.TRAINER_INFO).write_text(json.dumps(info))
     return folder
 
 
@@ -101,19 +102,19 @@ def test_a_resume_refuses_a_planted_index_and_passes_over_a_cut_shard(tmp_path):
     run, marker = tmp_path / "run", tmp_path / "planted-code-ran"
     first = _sharded_checkpoint(run, 1)
     second = _sharded_checkpoint(run, 2)
-    assert runs.resume_point(run, True) == second
-    shard = next((second / runs.SHARDS).glob("*.distcp"))
+    assert checkpoints.resume_point(run, True) == second
+    shard = next((second / checkpoints.SHARDS).glob("*.distcp"))
     shard.write_bytes(shard.read_bytes()[:100])  # cut: passed over like a damaged plain checkpoint
     with pytest.warns(DataWarning, match=f"{second}.*{shard.name} has 100 bytes"):
-        assert runs.resume_point(run, True) == first
-    (first / runs.SHARDS / ".metadata").write_bytes(pickle.dumps(_Planted(marker)))
-    (second / runs.SHARDS / ".metadata").write_bytes(pickle.dumps(_Planted(marker)))
+        assert checkpoints.resume_point(run, True) == first
+    (first / checkpoints.SHARDS / ".metadata").write_bytes(pickle.dumps(_Planted(marker)))
+    (second / checkpoints.SHARDS / ".metadata").write_bytes(pickle.dumps(_Planted(marker)))
     with pytest.raises(UserError, match=r"\.metadata names posix\.system.*not loaded"):
-        runs.resume_point(run, True)
-    cut = second / runs.SHARDS / ".metadata"
+        checkpoints.resume_point(run, True)
+    cut = second / checkpoints.SHARDS / ".metadata"
     cut.write_bytes(cut.read_bytes()[:10])  # a cut index is damage, the next one's planted pickle still refused
-    with pytest.raises(UserError, match=str(first / runs.SHARDS / ".metadata")):
-        runs.resume_point(run, True)
+    with pytest.raises(UserError, match=str(first / checkpoints.SHARDS / ".metadata")):
+        checkpoints.resume_point(run, True)
     assert not marker.exists()
 
 
@@ -173,10 +174,10 @@ def _poison_after(monkeypatch, calls: int):
 
 def _stopped_at_step_2(err, out, kind):
     message = str(err.value)
-    last = out / runs.CHECKPOINTS / runs.checkpoint_name(1)
+    last = out / checkpoints.CHECKPOINTS / checkpoints.checkpoint_name(1)
     assert message.startswith(f"bridgelm {kind}: step 2 diverged") and f"last good checkpoint is {last}" in message
     assert "\n" not in message and "lower --lr" in message
-    assert runs.list_checkpoints(out) == [last]  # nothing of step 2 written
+    assert checkpoints.list_checkpoints(out) == [last]  # nothing of step 2 written
     assert [r["step"] for r in map(json.loads, (out / runs.METRICS).read_text().splitlines())] == [1]
 
 
@@ -221,7 +222,7 @@ def test_a_non_finite_loss_is_never_logged(tmp_path):
             run.log({"step": 1, "loss": float("nan"), "grad_norm": 0.5})
     metrics = tmp_path / "run" / runs.METRICS
     assert not metrics.exists() or metrics.read_text() == ""
-    assert runs.list_checkpoints(tmp_path / "run") == []
+    assert checkpoints.list_checkpoints(tmp_path / "run") == []
 
 
 # ---------------------------------------------------------------------------------------------- one boundary for input
@@ -276,12 +277,12 @@ def test_state_files_that_are_json_but_not_objects(tmp_path, capsys, monkeypatch
     assert (demo / "demo.json").read_text() == "[1, 2]"
     run = tmp_path / "run"
     first, second = _sharded_checkpoint(run, 1), _sharded_checkpoint(run, 2)
-    (second / runs.TRAINER_INFO).write_text("null")  # damaged: passed over
+    (second / checkpoints.TRAINER_INFO).write_text("null")  # damaged: passed over
     with pytest.warns(DataWarning, match="trainer.json: holds a JSON null, not an object"):
-        assert runs.resume_point(run, True) == first
+        assert checkpoints.resume_point(run, True) == first
     with pytest.raises(UserError, match="trainer.json holds a JSON array"):
-        (first / runs.TRAINER_INFO).write_text("[]")
-        runs.read_info(first)
+        (first / checkpoints.TRAINER_INFO).write_text("[]")
+        checkpoints.read_info(first)
 
 
 def test_the_demo_refuses_the_folder_of_another_run(tmp_path, capsys):
@@ -326,8 +327,8 @@ def test_a_tokenizer_larger_than_the_vocabulary_is_refused_naming_both(model_dir
 
 
 def test_html_in_run_names_is_inert_in_table_md():
-    from bridgelm.report import _run_lines
-    from bridgelm.tables import markdown_table
+    from bridgelm.eval.report import _run_lines
+    from bridgelm.eval.tables import markdown_table
 
     name = "runs/<img src=x onerror=alert(1)>"
     table = markdown_table(["Model", "x"], [[name, "1.00"]])

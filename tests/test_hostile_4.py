@@ -9,8 +9,8 @@ import torch
 from conftest import save_tiny_model_dir, tiny_model
 from test_hostile_3 import _fails
 
-from bridgelm import runs
 from bridgelm.errors import UserError
+from bridgelm.train import checkpoints
 
 
 @pytest.fixture(scope="module")
@@ -21,9 +21,9 @@ def model_dir(tmp_path_factory):
 
 
 def _checkpoint(run, name, step):
-    folder = run / runs.CHECKPOINTS / name
+    folder = run / checkpoints.CHECKPOINTS / name
     folder.mkdir(parents=True)
-    (folder / runs.TRAINER_INFO).write_text(json.dumps({"step": step}))
+    (folder / checkpoints.TRAINER_INFO).write_text(json.dumps({"step": step}))
     return folder
 
 
@@ -32,8 +32,8 @@ def test_a_checkpoint_folder_named_otherwise_is_not_resumed_announced_or_pruned(
     first, third = _checkpoint(run, "step-00000001", 1), _checkpoint(run, "step-00000003", 3)
     copy = _checkpoint(run, "step-2x", 2)  # a user's copy of step 2: it sorted after step 3 by name
     big = _checkpoint(run, "step-100000000", 100_000_000)  # 9 digits: after step 3 by number
-    assert runs.list_checkpoints(run) == [first, third, big]
-    runs.prune_checkpoints(run, keep_last=1)
+    assert checkpoints.list_checkpoints(run) == [first, third, big]
+    checkpoints.prune_checkpoints(run, keep_last=1)
     assert copy.is_dir() and big.is_dir() and not third.exists()
 
 

@@ -14,10 +14,10 @@ from conftest import interrupt_on_call, randomize_blocks, tiny_model  # noqa: E4
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 import bridgelm  # noqa: E402
-from bridgelm import lora, runs  # noqa: E402
+from bridgelm import lora  # noqa: E402
 from bridgelm.dist import Dist  # noqa: E402
 from bridgelm.rng import derive_seed  # noqa: E402
-from bridgelm.train import rl  # noqa: E402
+from bridgelm.train import checkpoints, rl  # noqa: E402
 from bridgelm.train.reference import make_reference, skeleton  # noqa: E402
 from bridgelm.train.rl import train_rl  # noqa: E402
 from test_rl import CFG, TASK, TOK  # noqa: E402
@@ -134,7 +134,7 @@ def test_rl_resume_with_lora_ends_with_the_same_weights(tmp_path, monkeypatch):
     original = interrupt_on_call(monkeypatch, rl, "collect_rollouts", 3)
     with pytest.raises(KeyboardInterrupt):
         train_rl(policy(), TOK, TASK, cfg, tmp_path / "b")
-    assert runs.latest_checkpoint(tmp_path / "b").name == "step-00000002"
+    assert checkpoints.latest_checkpoint(tmp_path / "b").name == "step-00000002"
     monkeypatch.setattr(rl, "collect_rollouts", original)
     resumed = policy()
     train_rl(resumed, TOK, TASK, replace(cfg, resume=True), tmp_path / "b")

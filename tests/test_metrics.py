@@ -12,7 +12,7 @@ import pytest
 
 from bridgelm import intervals
 from bridgelm.intervals import bootstrap_ci
-from bridgelm.metrics import (
+from bridgelm.eval.metrics import (
     canonical_answer,
     coverage,
     g_pass_at_k,
@@ -260,7 +260,7 @@ def test_paired_difference_refuses_mismatched_shapes():
 def test_group_metrics_measure_each_bridge_group_not_random_subsets():
     """The issue's case: one group of 8 all right, one with 2 right. Half the groups are all right, while the pooled
     G-Pass@8 at tau = 1 (8 drawn from all 16) is C(10, 8) / C(16, 8) = 0.0035."""
-    from bridgelm.metrics import benchmark_metrics, group_columns
+    from bridgelm.eval.metrics import benchmark_metrics, group_columns
 
     correct = [True] * 8 + [True, True] + [False] * 6
     answers = ["5"] * 8 + ["5", "5", "3", "3", "3", "1", "1", "1"]

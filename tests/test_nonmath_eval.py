@@ -7,10 +7,10 @@ import pytest
 from conftest import randomize_blocks, tiny_model
 
 import bridgelm
-from bridgelm import evaluate as E
 from bridgelm.cli import main
-from bridgelm.jsonl import read_records
 from bridgelm.engine import encode_prompts
+from bridgelm.eval import prompts as P
+from bridgelm.jsonl import read_records
 from bridgelm.tasks import gsm8k, summarize
 from bridgelm.tokenizer import char_tokenizer
 
@@ -59,17 +59,17 @@ def test_fit_prompt_keeps_the_longest_prefix_that_fits():
     task = summarize.Summarization(name="xsum", examples=[])
     example = {"document": LONG_DOCUMENT, "summary": REFERENCE}
     count = lambda text: len(encode_prompts(tok, [text], False, warn=False)[0])  # noqa: E731
-    assert E.fit_prompt(task, example, tok, False, 10_000) == (task.prompt(example), None)  # fits: unchanged
-    text, cut = E.fit_prompt(task, example, tok, False, 120)
+    assert P.fit_prompt(task, example, tok, False, 10_000) == (task.prompt(example), None)  # fits: unchanged
+    text, cut = P.fit_prompt(task, example, tok, False, 120)
     assert count(text) <= 120 and cut["budget"] == 120 and cut["prompt_tokens"] == count(task.prompt(example))
     assert text == task.prompt({**example, "document": LONG_DOCUMENT[: cut["kept_chars"]]})
     longer = task.prompt({**example, "document": LONG_DOCUMENT[: cut["kept_chars"] + 1]})
     assert count(longer) > 120  # one more character (= token here) would not fit
     assert cut["field"] == "document" and cut["field_tokens"] == len(LONG_DOCUMENT) and 0 < cut["kept_tokens"] < 120
     with pytest.raises(ValueError, match=r"even with its 'document' empty: more than the 20 tokens"):
-        E.fit_prompt(task, example, tok, False, 20)
+        P.fit_prompt(task, example, tok, False, 20)
     gsm = gsm8k.GSM8K(name="gsm8k", examples=[])  # tasks without a long field are never cut
-    assert E.fit_prompt(gsm, {"question": "x" * 500, "answer": "#### 1"}, tok, False, 10)[1] is None
+    assert P.fit_prompt(gsm, {"question": "x" * 500, "answer": "#### 1"}, tok, False, 10)[1] is None
 
 
 def test_xsum_run_resumes_scores_rouge_and_cuts_long_documents(tmp_path, model_dir, capsys):

@@ -7,12 +7,12 @@ import pytest
 from conftest import tiny_model
 
 import bridgelm
-from bridgelm import evaluate as E
-from bridgelm import score as S
+from bridgelm.eval import runner as E
+from bridgelm.eval import score as S
 from bridgelm.cli import main
 from bridgelm.jsonl import read_records
-from bridgelm.report import collect_rows
-from bridgelm.tables import benchmark_table, gpass_table, markdown_table, pct, table_numbers
+from bridgelm.eval.report import collect_rows
+from bridgelm.eval.tables import benchmark_table, gpass_table, markdown_table, pct, table_numbers
 from bridgelm.tokenizer import char_tokenizer
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -11,11 +11,11 @@ import torch
 from conftest import interrupt_on_call, randomize_blocks, tiny_model
 
 import bridgelm
-from bridgelm import runs
+from bridgelm import logprobs
 from bridgelm.jsonl import read_records
 from bridgelm.tasks.base import Task
 from bridgelm.tokenizer import char_tokenizer
-from bridgelm.train import batches, rl, update
+from bridgelm.train import batches, checkpoints, rl, update
 from bridgelm.train.rl import train_rl
 from bridgelm.train.rl_config import RLConfig
 from bridgelm.train.rollouts import Rollouts
@@ -87,7 +87,7 @@ def test_run_writes_metrics_checkpoints_and_best(tmp_path):
         assert all(isinstance(r[key], float) for r in records), key
     assert [r["optimizer_steps"] for r in records] == [2, 4, 6]
     assert "val_accuracy" in records[1] and "val_accuracy" in records[2] and "val_accuracy" not in records[0]
-    assert [p.name for p in runs.list_checkpoints(tmp_path)] == ["step-00000002", "step-00000003"]
+    assert [p.name for p in checkpoints.list_checkpoints(tmp_path)] == ["step-00000002", "step-00000003"]
     assert res.final_dir.name == "step-00000003" and res.steps == 3
     assert res.best_dir == tmp_path / "best" and res.best_step in (2, 3)
     # a checkpoint is a model directory that load_model rebuilds, blocks included
@@ -102,13 +102,13 @@ def test_run_writes_metrics_checkpoints_and_best(tmp_path):
 
 def test_minibatches_never_split_a_group(tmp_path, monkeypatch):
     seen = []
-    original = batches.forward_logits
+    original = logprobs.forward_logits
 
     def spy(model, batch):
         seen.append((batch.group_ids.tolist(), batch.input_ids.shape[0]))
         return original(model, batch)
 
-    monkeypatch.setattr(batches, "forward_logits", spy)
+    monkeypatch.setattr(logprobs, "forward_logits", spy)
     monkeypatch.setattr(Rollouts, "flat_groups", lambda self: set())  # no group's work skipped: a fixed count
     cfg = replace(rollout(CFG, n=8, width=4), steps=1, prompts_per_step=3, steps_per_rollout=2, micro_batch_groups=2)
     train_rl(policy(), TOK, TASK, cfg, tmp_path)
@@ -187,9 +187,9 @@ def _forwarded_groups(monkeypatch, skip: bool) -> list[set]:
     """Spy on the grouped forwards (the groups of each); with skip=False, no group counts as flat (the full
     computation, the slow reference)."""
     seen = []
-    original = batches.forward_logits
+    original = logprobs.forward_logits
     monkeypatch.setattr(
-        batches, "forward_logits", lambda m, b: seen.append(set(b.group_ids.tolist())) or original(m, b)
+        logprobs, "forward_logits", lambda m, b: seen.append(set(b.group_ids.tolist())) or original(m, b)
     )
     if not skip:
         monkeypatch.setattr(Rollouts, "flat_groups", lambda self: set())
@@ -326,7 +326,7 @@ def test_with_beta_zero_flat_groups_have_no_forward(tmp_path, monkeypatch):
 def test_micro_batches_by_tokens_sort_groups_and_keep_the_budget():
     rows = []
     for g, n in enumerate([9, 2, 5, 2, 7, 3]):  # response length of group g's rows (prompt of 3 tokens)
-        rows += [batches.Row([1, 2, 3], [4] * (n - j % 2), g) for j in range(2)]
+        rows += [logprobs.Row([1, 2, 3], [4] * (n - j % 2), g) for j in range(2)]
     roll = Rollouts(rows, 2, torch.zeros(12), torch.zeros(12), [True] * 12, 0.0)
     cfg = replace(CFG, micro_batch_groups=3, micro_batch_tokens=36)
     micro = update.micro_batches(roll, [0, 1, 2, 3, 4, 5], cfg)
@@ -384,7 +384,7 @@ def test_resume_ends_with_the_same_weights(tmp_path, monkeypatch):
     original = interrupt_on_call(monkeypatch, rl, "collect_rollouts", 3)
     with pytest.raises(KeyboardInterrupt):
         train_rl(policy(), TOK, TASK, cfg, tmp_path / "b")
-    assert runs.latest_checkpoint(tmp_path / "b").name == "step-00000002"
+    assert checkpoints.latest_checkpoint(tmp_path / "b").name == "step-00000002"
     monkeypatch.setattr(rl, "collect_rollouts", original)
 
     resumed = policy()  # the same starting policy, as the CLI would load it again
@@ -453,7 +453,7 @@ def test_resume_refuses_another_configuration(tmp_path):
     with pytest.raises(ValueError, match=r"lr: saved 0.001 vs now 0.002"):
         train_rl(policy(), TOK, TASK, replace(CFG, steps=1, lr=2e-3, resume=True), tmp_path)
     # a nested config's settings are recorded, and told apart, one by one
-    assert runs.read_info(runs.latest_checkpoint(tmp_path))["identity"]["rollout.temperature"] == 1.0
+    assert checkpoints.read_info(checkpoints.latest_checkpoint(tmp_path))["identity"]["rollout.temperature"] == 1.0
     with pytest.raises(ValueError, match=r"\(rollout.temperature: saved 1.0 vs now 0.8\)"):
         train_rl(policy(), TOK, TASK, replace(rollout(CFG, temperature=0.8), steps=1, resume=True), tmp_path)
     more = replace(CFG.validation, n=8)
@@ -471,7 +471,7 @@ def test_resume_refuses_another_configuration(tmp_path):
     with pytest.raises(ValueError, match=r"validation: the validation problems changed \(None vs now sha256:"):
         train_rl(policy(), TOK, TASK, replace(CFG, steps=2, resume=True), tmp_path, val_task=TASK)
     # another process count: each rank draws its own rollouts
-    info_path = runs.latest_checkpoint(tmp_path) / runs.TRAINER_INFO
+    info_path = checkpoints.latest_checkpoint(tmp_path) / checkpoints.TRAINER_INFO
     info = json.loads(info_path.read_text())
     assert info["identity"]["processes"] == 1
     info_path.write_text(json.dumps({**info, "identity": {**info["identity"], "processes": 2}}))
@@ -487,8 +487,8 @@ def test_a_run_resumes_from_another_spelling_of_the_model_folder(tmp_path, monke
     model = bridgelm.load_model(str(model_dir))
     cfg = replace(CFG, steps=2, save_every=1, keep_last=2)
     train_rl(model, TOK, TASK, cfg, tmp_path / "run")
-    shutil.rmtree(runs.latest_checkpoint(tmp_path / "run"))  # as if stopped after step 1
-    info_path = runs.latest_checkpoint(tmp_path / "run") / runs.TRAINER_INFO
+    shutil.rmtree(checkpoints.latest_checkpoint(tmp_path / "run"))  # as if stopped after step 1
+    info_path = checkpoints.latest_checkpoint(tmp_path / "run") / checkpoints.TRAINER_INFO
     info = json.loads(info_path.read_text())
     assert info["identity"]["model"] == str(model_dir) and info["identity"]["digest"].startswith("sha256:")
     monkeypatch.chdir(tmp_path)
@@ -576,7 +576,7 @@ def test_micro_batches_split_to_another_ranks_count_within_the_budget():
     """Under FSDP a rank that cut fewer micro-batches splits its largest (by padded tokens) until the counts agree."""
     rows = []
     for g, n in enumerate([9, 2, 5, 2, 7, 3]):
-        rows += [batches.Row([1, 2, 3], [4] * n, g) for _ in range(2)]
+        rows += [logprobs.Row([1, 2, 3], [4] * n, g) for _ in range(2)]
     roll = Rollouts(rows, 2, torch.zeros(12), torch.zeros(12), [True] * 12, 0.0)
     micro = update.micro_batches(roll, list(range(6)), replace(CFG, micro_batch_groups=6, micro_batch_tokens=80))
     assert micro == [[1, 3, 5, 2], [4, 0]]  # padded 4 x 2 x 8 = 64 | 2 x 2 x 12 = 48

@@ -7,7 +7,7 @@ import pytest
 import torch
 from test_rl import CFG, TASK, TOK, AddTask, policy, rollout
 
-from bridgelm import runs
+from bridgelm.train import checkpoints
 from bridgelm.grpo import advantages_of, between_group_advantages, group_advantages
 from bridgelm.tasks.countdown import Countdown
 from bridgelm.tasks.summarize import Summarization
@@ -117,7 +117,7 @@ def test_rl_with_majority_reward_gives_a_group_one_reward(tmp_path, monkeypatch)
         assert record["reward"] == pytest.approx(float(roll.rewards.mean()))
     assert mixed > 0  # a group whose rollouts differ in correctness, yet share one reward
     # the reward is a recorded setting: a resume with another one is refused
-    assert runs.read_info(runs.latest_checkpoint(tmp_path))["identity"]["reward"] == "majority"
+    assert checkpoints.read_info(checkpoints.latest_checkpoint(tmp_path))["identity"]["reward"] == "majority"
     with pytest.raises(ValueError, match=r"\(reward: saved 'majority' vs now 'sample'\)"):
         train_rl(policy(), TOK, TASK, replace(CFG, resume=True), tmp_path)
 
@@ -289,5 +289,5 @@ def test_rl_with_sibling_credit_between_groups(tmp_path, monkeypatch):
         expected = between_group_advantages(roll.rewards.view(-1, cfg.rollout.n), 2).view(-1)
         assert torch.allclose(roll.advantages, expected)
     assert len(res.history) == 2
-    identity = runs.read_info(runs.latest_checkpoint(tmp_path))["identity"]
+    identity = checkpoints.read_info(checkpoints.latest_checkpoint(tmp_path))["identity"]
     assert (identity["reward"], identity["sibling_weight"], identity["advantage"]) == ("sibling", 1.0, "between-groups")

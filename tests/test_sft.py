@@ -9,12 +9,13 @@ import torch
 from conftest import interrupt_on_call, tiny_model
 
 import bridgelm
-from bridgelm import runs
-from bridgelm.jsonl import read_records
+from bridgelm import logprobs
+from bridgelm.train import checkpoints
 from bridgelm.engine import SamplingConfig
+from bridgelm.jsonl import read_records
 from bridgelm.tasks.base import Task
 from bridgelm.tokenizer import char_tokenizer
-from bridgelm.train import batches, sft
+from bridgelm.train import sft
 from bridgelm.train.sft import SFTConfig, train_sft
 from bridgelm.train.warmup_data import make_warmup_data
 
@@ -84,14 +85,14 @@ def test_groups_of_one_problem_in_one_grouped_forward(tmp_path, monkeypatch):
         for r in rec.get("responses", []):
             prompt_of[tuple(r["token_ids"])] = tuple(rec["prompt_ids"])
     seen = []
-    original = batches.forward_logits
+    original = logprobs.forward_logits
 
     def spy(model, batch):
         if model.training:
             seen.append(batch)
         return original(model, batch)
 
-    monkeypatch.setattr(batches, "forward_logits", spy)
+    monkeypatch.setattr(logprobs, "forward_logits", spy)
     train_sft(base_model(), TOK, path, replace(CFG, epochs=1, val_count=0), tmp_path / "out")
     widths, used = [], []
     for batch in seen:
@@ -135,7 +136,7 @@ def test_resume_after_interrupt_is_exact(tmp_path, monkeypatch, capsys):
     with pytest.raises(KeyboardInterrupt):
         train_sft(base_model(), TOK, path, CFG, tmp_path / "b")
     monkeypatch.setattr(sft, "batch_backward", original)
-    assert runs.latest_checkpoint(tmp_path / "b").name == "step-00000002"
+    assert checkpoints.latest_checkpoint(tmp_path / "b").name == "step-00000002"
     said = capsys.readouterr().out
     # where the checkpoint is, how to go on, and what the blocks file is
     assert "interrupted; checkpoint of step 2" in said and "the same command with --resume continues" in said

@@ -7,10 +7,10 @@ import torch
 from conftest import randomize_blocks, tiny_model
 
 import bridgelm
-from bridgelm import jsonl, rng, runs
+from bridgelm import jsonl, logprobs, rng, runs
 from bridgelm.jsonl import read_records
-from bridgelm.train import batches, optim, weights
-from bridgelm.train.batches import Row
+from bridgelm.logprobs import Row
+from bridgelm.train import checkpoints, optim, weights
 from bridgelm.train.loop import MetricsLog
 
 
@@ -59,8 +59,8 @@ def test_scheduler_and_optimizer_state_round_trip(tmp_path):
         p.grad = torch.ones(3)
         opt.step()
         sched.step()
-    runs.save_trainer_state(tmp_path, 4, opt.state_dict(), sched, {"best": {"x": 1.5}})
-    state = runs.load_trainer_state(tmp_path)
+    checkpoints.save_trainer_state(tmp_path, 4, opt.state_dict(), sched, {"best": {"x": 1.5}})
+    state = checkpoints.load_trainer_state(tmp_path)
     q = torch.nn.Parameter(p.detach().clone())
     opt2 = optim.make_optimizer([q], 0.1)
     sched2 = optim.make_scheduler(opt2, 10, 0.3, "linear")
@@ -103,33 +103,34 @@ def test_atomic_checkpoint_dir_and_keep_last(tmp_path):
     def writer(step):
         def write(tmp):
             (tmp / "weights.bin").write_bytes(bytes([step]))
-            jsonl.write_json(tmp / runs.TRAINER_INFO, {"step": step})
+            jsonl.write_json(tmp / checkpoints.TRAINER_INFO, {"step": step})
 
         return write
 
     for step in (1, 2, 3, 4):
-        runs.write_dir_atomic(tmp_path / runs.CHECKPOINTS / runs.checkpoint_name(step), writer(step))
-        runs.prune_checkpoints(tmp_path, keep_last=2)
-    names = [p.name for p in runs.list_checkpoints(tmp_path)]
+        final = tmp_path / checkpoints.CHECKPOINTS / checkpoints.checkpoint_name(step)
+        checkpoints.write_dir_atomic(final, writer(step))
+        checkpoints.prune_checkpoints(tmp_path, keep_last=2)
+    names = [p.name for p in checkpoints.list_checkpoints(tmp_path)]
     assert names == ["step-00000003", "step-00000004"]
-    assert runs.latest_checkpoint(tmp_path).name == "step-00000004"
+    assert checkpoints.latest_checkpoint(tmp_path).name == "step-00000004"
     # a failing write leaves the previous directory intact and no temporary behind
-    final = tmp_path / runs.CHECKPOINTS / runs.checkpoint_name(4)
+    final = tmp_path / checkpoints.CHECKPOINTS / checkpoints.checkpoint_name(4)
 
     def broken(tmp):
         (tmp / "weights.bin").write_bytes(b"half")
         raise RuntimeError("disk full")
 
     with pytest.raises(RuntimeError):
-        runs.write_dir_atomic(final, broken)
+        checkpoints.write_dir_atomic(final, broken)
     assert (final / "weights.bin").read_bytes() == bytes([4])
-    assert sorted(p.name for p in (tmp_path / runs.CHECKPOINTS).iterdir()) == names
+    assert sorted(p.name for p in (tmp_path / checkpoints.CHECKPOINTS).iterdir()) == names
     # replacing an existing directory
-    runs.write_dir_atomic(final, writer(9))
+    checkpoints.write_dir_atomic(final, writer(9))
     assert (final / "weights.bin").read_bytes() == bytes([9])
     # an incomplete checkpoint (no trainer.json) is not listed
-    (tmp_path / runs.CHECKPOINTS / "step-00000005").mkdir()
-    assert runs.latest_checkpoint(tmp_path).name == "step-00000004"
+    (tmp_path / checkpoints.CHECKPOINTS / "step-00000005").mkdir()
+    assert checkpoints.latest_checkpoint(tmp_path).name == "step-00000004"
 
 
 def test_config_check_names_fields(tmp_path):
@@ -139,11 +140,11 @@ def test_config_check_names_fields(tmp_path):
 
 
 def test_fresh_run_refuses_a_used_directory(tmp_path):
-    assert runs.resume_point(tmp_path, resume=False) is None
+    assert checkpoints.resume_point(tmp_path, resume=False) is None
     (tmp_path / runs.METRICS).write_text('{"step": 1}\n')
     with pytest.raises(ValueError, match="resume"):
-        runs.resume_point(tmp_path, resume=False)
-    assert runs.resume_point(tmp_path, resume=True) is None
+        checkpoints.resume_point(tmp_path, resume=False)
+    assert checkpoints.resume_point(tmp_path, resume=True) is None
 
 
 def test_metrics_log_keep_until(tmp_path):
@@ -182,15 +183,15 @@ def _rows():
 
 def test_pack_rows_layout():
     rows = _rows()
-    batch = batches.pack_rows(rows, pad_id=0)
+    batch = logprobs.pack_rows(rows, pad_id=0)
     assert batch.input_ids.shape == (5, 10) and batch.response_mask.shape == (5, 5)
     assert batch.tokens == 3 + 5 + 2 + 4 + 1
     assert batch.attention_mask[1].tolist() == [1] * 9 + [0]
     assert batch.predict[1].nonzero()[:, 0].tolist() == [3, 4, 5, 6, 7]
     with pytest.raises(ValueError, match="not next to its group"):
-        batches.pack_rows([rows[0], rows[3], rows[1]], 0)
+        logprobs.pack_rows([rows[0], rows[3], rows[1]], 0)
     with pytest.raises(ValueError, match="another prompt"):
-        batches.pack_rows([rows[0], rows[3]._replace(group=7)], 0)
+        logprobs.pack_rows([rows[0], rows[3]._replace(group=7)], 0)
 
 
 @pytest.mark.parametrize("arch,temperature", [("qwen2", 1.0), ("qwen2", 0.6), ("llama", 0.6), ("qwen3", 0.6)])
@@ -198,8 +199,8 @@ def test_response_logprobs_match_grouped_logits(arch, temperature):
     """The trimmed forward (logits only at response positions) equals the full grouped_logits one."""
     model = randomize_blocks(bridgelm.add_bridge(tiny_model(arch)))
     rows = _rows()
-    batch = batches.pack_rows(rows, pad_id=0)
-    got = batches.response_logprobs(model, batch, temperature, with_entropy=True)
+    batch = logprobs.pack_rows(rows, pad_id=0)
+    got = logprobs.response_logprobs(model, batch, temperature, with_entropy=True)
     logits = bridgelm.grouped_logits(model, batch.input_ids, batch.attention_mask, batch.group_ids)
     logp = torch.log_softmax(logits.float() / temperature, -1)
     for b, r in enumerate(rows):
@@ -218,11 +219,11 @@ def test_forward_logits_runs_the_head_on_response_positions_only():
     import transformers.modeling_utils as mu
 
     model = randomize_blocks(bridgelm.add_bridge(tiny_model()))
-    batch = batches.pack_rows(_rows(), pad_id=0)
+    batch = logprobs.pack_rows(_rows(), pad_id=0)
     seen = []
     head = model.get_output_embeddings()
     head.register_forward_hook(lambda m, args, out: seen.append(tuple(args[0].shape)))
-    got = batches.forward_logits(model, batch)
+    got = logprobs.forward_logits(model, batch)
     assert seen == [(batch.tokens, model.config.hidden_size)] and got.shape == (batch.tokens, 97)
     full = bridgelm.grouped_logits(model, batch.input_ids, batch.attention_mask, batch.group_ids)
     assert torch.allclose(got, full[batch.predict], atol=1e-5)
@@ -232,7 +233,7 @@ def test_forward_logits_runs_the_head_on_response_positions_only():
             kept = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask, use_cache=False,
                          logits_to_keep=batch.predict, **{bridgelm.grouped.KWARG: groups}).logits
         assert torch.equal(got.detach(), kept)
-    with pytest.raises(RuntimeError, match="boom"), batches._head_sees_only(model, batch.predict):
+    with pytest.raises(RuntimeError, match="boom"), logprobs._head_sees_only(model, batch.predict):
         raise RuntimeError("boom")
     seen.clear()
     model(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
@@ -245,7 +246,7 @@ def test_forward_logits_runs_the_head_on_response_positions_only():
 def test_token_logprobs_equal_log_softmax_values_and_gradients(monkeypatch, dtype, temperature, with_entropy):
     """The chunked log-probs against log_softmax + gather under autograd: values, entropy and logit gradients, over
     chunks of 3 rows (the last one ragged)."""
-    monkeypatch.setattr(batches, "chunk_rows", lambda vocab, device: 3)
+    monkeypatch.setattr(logprobs, "chunk_rows", lambda vocab, device: 3)
     g = torch.Generator().manual_seed(5)
     logits = (4 * torch.randn(10, 37, generator=g)).to(dtype)
     targets = torch.randint(0, 37, (10,), generator=g)
@@ -261,7 +262,7 @@ def test_token_logprobs_equal_log_softmax_values_and_gradients(monkeypatch, dtyp
         logp = torch.log_softmax(x.float() / temperature, -1)
         return logp.gather(-1, targets[:, None])[:, 0], -(logp.exp() * logp).sum(-1).detach()
 
-    got = run(lambda x: batches.token_logprobs(x, targets, temperature, with_entropy=with_entropy))
+    got = run(lambda x: logprobs.token_logprobs(x, targets, temperature, with_entropy=with_entropy))
     want = run(reference)
     assert got[2].dtype == dtype
     if with_entropy:
@@ -278,7 +279,7 @@ def test_token_logprobs_equal_log_softmax_values_and_gradients(monkeypatch, dtyp
 def test_token_logprobs_overwrite_puts_the_same_gradient_in_the_logits(monkeypatch, dtype):
     """`overwrite`: the logits' gradient, bit for bit the one of a fresh tensor, is written into the logits (chunks
     of 3 rows); a second backward through them fails instead of reading it."""
-    monkeypatch.setattr(batches, "chunk_rows", lambda vocab, device: 3)
+    monkeypatch.setattr(logprobs, "chunk_rows", lambda vocab, device: 3)
     g = torch.Generator().manual_seed(6)
     base = (4 * torch.randn(10, 37, generator=g)).to(dtype)
     targets = torch.randint(0, 37, (10,), generator=g)
@@ -287,7 +288,7 @@ def test_token_logprobs_overwrite_puts_the_same_gradient_in_the_logits(monkeypat
     def run(overwrite):
         leaf = base.clone().requires_grad_()
         logits = leaf * 1  # a non-leaf, as a model's output
-        lp, _ = batches.token_logprobs(logits, targets, 0.6, overwrite=overwrite)
+        lp, _ = logprobs.token_logprobs(logits, targets, 0.6, overwrite=overwrite)
         loss = (lp * weights).sum()
         loss.backward(retain_graph=True)
         return leaf.grad, logits.detach(), loss
@@ -299,29 +300,29 @@ def test_token_logprobs_overwrite_puts_the_same_gradient_in_the_logits(monkeypat
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         loss.backward()
     leaf = base.clone().requires_grad_()  # a leaf keeps its values: only an autograd output is overwritten
-    lp, _ = batches.token_logprobs(leaf, targets, 0.6, overwrite=True)
+    lp, _ = logprobs.token_logprobs(leaf, targets, 0.6, overwrite=True)
     (lp * weights).sum().backward()
     assert torch.equal(leaf.detach(), base) and torch.equal(leaf.grad, fresh)
 
 
 def test_response_logprobs_lets_the_backward_overwrite_its_logits(monkeypatch):
     seen = []
-    real = batches.token_logprobs
-    monkeypatch.setattr(batches, "token_logprobs", lambda *a, **k: seen.append(k.get("overwrite")) or real(*a, **k))
+    real = logprobs.token_logprobs
+    monkeypatch.setattr(logprobs, "token_logprobs", lambda *a, **k: seen.append(k.get("overwrite")) or real(*a, **k))
     model = bridgelm.add_bridge(tiny_model())
-    rows = [batches.Row([5, 6, 7], [8, 9, 10], 0), batches.Row([5, 6, 7], [11, 12], 0)]
-    batches.response_logprobs(model, batches.pack_rows(rows, 0)).logprobs.sum().backward()
+    rows = [logprobs.Row([5, 6, 7], [8, 9, 10], 0), logprobs.Row([5, 6, 7], [11, 12], 0)]
+    logprobs.response_logprobs(model, logprobs.pack_rows(rows, 0)).logprobs.sum().backward()
     assert seen == [True]
 
 
 def test_token_logprobs_masked_vocabulary_and_bad_temperature():
     """A logit of -inf (a vocabulary entry masked out) adds nothing to the entropy; temperature 0 is refused."""
     logits = torch.tensor([[2.0, float("-inf"), 0.5, -1.0]])
-    lp, ent = batches.token_logprobs(logits, torch.tensor([2]), 1.0, with_entropy=True)
+    lp, ent = logprobs.token_logprobs(logits, torch.tensor([2]), 1.0, with_entropy=True)
     p = torch.softmax(logits[0, [0, 2, 3]], 0)
     assert torch.allclose(ent, -(p * p.log()).sum()[None]) and torch.allclose(lp, p[1].log()[None])
     with pytest.raises(ValueError, match="temperature=0"):
-        batches.token_logprobs(logits, torch.tensor([2]), 0)
+        logprobs.token_logprobs(logits, torch.tensor([2]), 0)
 
 
 def test_gradient_parts_split_the_fused_projection():
@@ -371,14 +372,15 @@ def test_a_checkpoint_of_another_format_or_layout_is_refused_in_one_line(tmp_pat
 
     folder = tmp_path / "step-00000001"
     folder.mkdir()
-    jsonl.write_json(folder / runs.TRAINER_INFO, {"step": 1})  # an older bridgelm's
+    jsonl.write_json(folder / checkpoints.TRAINER_INFO, {"step": 1})  # an older bridgelm's
     with pytest.raises(UserError, match=r"has no format version \(written by an older bridgelm\)") as err:
-        runs.check_layout(folder, sharded=False)
+        checkpoints.check_layout(folder, sharded=False)
     assert "\n" not in str(err.value)
-    jsonl.write_json(folder / runs.TRAINER_INFO, {"step": 1, **runs.format_of("checkpoint"), "layout": "sharded"})
-    runs.check_layout(folder, sharded=True)
+    info = {"step": 1, **runs.format_of("checkpoint"), "layout": "sharded"}
+    jsonl.write_json(folder / checkpoints.TRAINER_INFO, info)
+    checkpoints.check_layout(folder, sharded=True)
     with pytest.raises(UserError, match="holds sharded training state, and this run reads whole state: resume it "
                        "with --fsdp"):
-        runs.check_layout(folder, sharded=False)
-    (folder / runs.SHARDS).mkdir()  # shards without their metadata: damaged
-    assert runs.checkpoint_damage(folder).startswith("shards/.metadata")
+        checkpoints.check_layout(folder, sharded=False)
+    (folder / checkpoints.SHARDS).mkdir()  # shards without their metadata: damaged
+    assert checkpoints.checkpoint_damage(folder).startswith("shards/.metadata")

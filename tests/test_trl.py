@@ -205,7 +205,7 @@ def test_step_equals_bridgelm_rls_update_on_the_same_rollouts(tmp_path):
 
     from bridgelm.dist import Dist
     from bridgelm.grpo import group_advantages
-    from bridgelm.train.batches import Row
+    from bridgelm.logprobs import Row
     from bridgelm.train.rl_config import RLConfig
     from bridgelm.train.rollouts import Rollouts
     from bridgelm.train.update import Minibatch, minibatch_backward

@@ -15,7 +15,7 @@ cover go to transformers' sdpa unchanged: on CPU float32, half precision without
 (`packed.half_instructions`; on an AVX2-only CPU the fused kernel, float32 inside, beats the two bf16 matmuls 3-8x)
 and rows of more than MAX_KEYS keys, on CUDA every call with more than one query per row (training and prefill,
 where the fused kernels win), anywhere dropout, soft-capping and attention sinks. The engine (`bridgelm.engine`)
-and the trainers' grouped forwards (`bridgelm.train.batches`) use it.
+and the trainers' grouped forwards (`bridgelm.logprobs`) use it.
 """
 
 from __future__ import annotations

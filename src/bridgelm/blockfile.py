@@ -110,9 +110,28 @@ def load_blocks(model: nn.Module, path: str | os.PathLike) -> nn.Module:
             f"{path} holds blocks {asdict(cfg)} but the model has {asdict(existing)}; "
             "load it into a model without blocks or with the same ones"
         )
-    # Expected names and shapes, from a throwaway block built on the meta device.
-    text_cfg = text_config(model)
     layers = decoder_layers(model)
+    got = _check_tensors(model, path, cfg, meta, layers)
+    if existing is None:
+        attach_blocks(model, cfg)
+    with safe_open(str(path), framework="pt") as f:
+        for i, layer in enumerate(layers):
+            block = getattr(layer, cfg.kind)
+            ref = next(block.parameters())
+            prefix = f"layers.{i}."
+            sub = {k[len(prefix) :]: f.get_tensor(k) for k in got if k.startswith(prefix)}
+            for name, tensor in sub.items():
+                check_finite(tensor, f"block file {path}: tensor {prefix}{name}")
+            block.load_state_dict(
+                {k: v.to(device=ref.device, dtype=ref.dtype) for k, v in sub.items()}, assign=ref.is_meta
+            )
+    return model
+
+
+def _check_tensors(model: nn.Module, path, cfg: BlockConfig, meta: dict, layers: list) -> dict[str, tuple]:
+    """{name: shape} of the file's tensors, once each is known to be a floating-point tensor of the name and shape
+    that the model's blocks would hold (a throwaway block built on the meta device says which)."""
+    text_cfg = text_config(model)
     with torch.device("meta"):
         norm = new_norm(layers[0].post_attention_layernorm, text_cfg.hidden_size, 1e-6)
         probe = make_block(cfg, text_cfg.hidden_size, norm, 0.0)
@@ -145,20 +164,7 @@ def load_blocks(model: nn.Module, path: str | os.PathLike) -> nn.Module:
             f"{meta.get('hidden_size')}, {meta.get('num_layers')} layers) does not fit this model "
             f"({type(model).__name__}, hidden size {text_cfg.hidden_size}, {len(layers)} layers): " + "; ".join(detail)
         )
-    if existing is None:
-        attach_blocks(model, cfg)
-    with safe_open(str(path), framework="pt") as f:
-        for i, layer in enumerate(layers):
-            block = getattr(layer, cfg.kind)
-            ref = next(block.parameters())
-            prefix = f"layers.{i}."
-            sub = {k[len(prefix) :]: f.get_tensor(k) for k in got if k.startswith(prefix)}
-            for name, tensor in sub.items():
-                check_finite(tensor, f"block file {path}: tensor {prefix}{name}")
-            block.load_state_dict(
-                {k: v.to(device=ref.device, dtype=ref.dtype) for k, v in sub.items()}, assign=ref.is_meta
-            )
-    return model
+    return got
 
 
 def check_finite(tensor: torch.Tensor, what: str) -> None:

@@ -20,7 +20,7 @@ Design notes:
   unpickles nothing freely); only a model folder
   (save_pretrained) gathers the weights to rank 0 (`full_state_dict`).
 
-Used by bridgelm.evaluate and bridgelm.train; tested by tests/test_train_distributed.py (torchrun, gloo, CPU).
+Used by bridgelm.eval.runner and bridgelm.train; tested by tests/test_train_distributed.py (torchrun, gloo, CPU).
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ import torch.distributed as torch_dist
 
 from bridgelm.errors import check_number
 from bridgelm.setting import setting
-
 
 Bundle = TypeVar("Bundle")
 MAX_TIMEOUT = 365 * 24 * 60.0  # minutes: the longest --dist-timeout

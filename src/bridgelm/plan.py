@@ -20,8 +20,8 @@ size, i intermediate size, n layers, V vocabulary, L = prompt tokens + max_new_t
                   micro_batch_tokens / L, whole groups, at least one): m x L x a x (n x (10 h + 4 i)) values kept for
                   the backward, or with gradient checkpointing m x L x a x (n x h + 10 h + 4 i) (every layer's
                   input, one layer recomputed), a the bytes of the compute dtype (2 under --bf16); plus the logits
-                  of the response positions only, as train/batches.py keeps them: m x max_new_tokens x V x a (their
-                  gradient is written over them), and two float32 chunk buffers of 2^26 values (batches.chunk_rows)
+                  of the response positions only, as logprobs.py keeps them: m x max_new_tokens x V x a (their
+                  gradient is written over them), and two float32 chunk buffers of 2^26 values (logprobs.chunk_rows)
                   at most. (10 h + 4 i: the layer's norms, q/k/v, attention output, projections and residuals, and
                   the SwiGLU's gate, up, activation and product; attention scores are not kept by sdpa.)
 - validation model   what validation samples with beside what is held: the rollout replica when there is one
@@ -67,7 +67,7 @@ GIB = 2**30
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 OVERHEAD_BYTES = 1.5 * GIB  # CUDA context, NCCL buffers, CUDA graphs (the docstring's "overhead")
 FRAGMENTATION = 0.05  # of the largest phase
-CHUNK_VALUES = 2**26  # float32 values of one of token_logprobs' chunk buffers on an accelerator (batches.chunk_rows)
+CHUNK_VALUES = 2**26  # float32 values of one of token_logprobs' chunk buffers on an accelerator (logprobs.chunk_rows)
 
 
 @dataclass

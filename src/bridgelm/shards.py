@@ -9,7 +9,8 @@ run on every rank at `--resume`. Here nothing is unpickled freely:
   torch.Size, torch's dtypes and layouts and pathlib's paths; a file naming anything else is refused in one line
   naming it (UserError), a cut one is `Damaged`; then every entry must name a plain shard file of this folder.
 - `shards_damage(folder)`: what is wrong with the shards (index cut or missing, a shard file missing or shorter than
-  the index says), or None; `bridgelm.runs.checkpoint_damage` passes such a checkpoint over, as a damaged plain one.
+  the index says), or None; `bridgelm.train.checkpoints.checkpoint_damage` passes such a checkpoint over, as a
+  damaged plain one.
 - `load_shards(state, folder)`: `dcp.load` through `SafeReader` (the index as above) and `SafePlanner` (non-tensor
   items by torch.load weights_only=True); an error raised on a rank comes out as itself, not as DCP's
   CheckpointException (a BaseException, which would escape the command line's one-line errors).

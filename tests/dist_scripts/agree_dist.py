@@ -21,7 +21,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ (conftest, test_rl)
 
-from bridgelm import runs  # noqa: E402
+from bridgelm.train import checkpoints  # noqa: E402
 from bridgelm.dist import barrier, setup_distributed, teardown_distributed  # noqa: E402
 from bridgelm.train import rl  # noqa: E402
 
@@ -53,7 +53,7 @@ def signalled(out: Path, fsdp: bool, rank: int, target: int, sig: int, step: int
         stop = {"stopped": type(err).__name__, "saved": getattr(err, "saved", False)}
     finally:
         rl.collect_rollouts = original
-    stop["checkpoints"] = [p.name for p in runs.list_checkpoints(out)]
+    stop["checkpoints"] = [p.name for p in checkpoints.list_checkpoints(out)]
     stop["files"] = sorted(f.relative_to(out).as_posix() for f in (out / "checkpoints").rglob("*") if f.is_file())
     barrier(setup_distributed("cpu"))
     resumed = run(out, fsdp, resume=True)
@@ -65,7 +65,7 @@ def resume_without_the_checkpoint(source: Path, rank: int) -> dict:
     if not mine.exists():
         shutil.copytree(source, mine)
     if rank == 1:  # this rank's view lacks the newest checkpoint
-        shutil.rmtree(runs.latest_checkpoint(mine))
+        shutil.rmtree(checkpoints.latest_checkpoint(mine))
     barrier(setup_distributed("cpu"))
     try:
         run(mine, fsdp=True, resume=True)

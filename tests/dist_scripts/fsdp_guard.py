@@ -20,7 +20,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ (conftest, test_rl)
 
-from bridgelm import runs  # noqa: E402
+from bridgelm.train import checkpoints  # noqa: E402
 from bridgelm.dist import barrier, setup_distributed, teardown_distributed  # noqa: E402
 from bridgelm.errors import user_message  # noqa: E402
 from bridgelm.train import rl  # noqa: E402
@@ -51,15 +51,15 @@ def main(out: str) -> None:
     result = {}
     train(run, resume=False)
     if dist.is_main:
-        shard = sorted((runs.latest_checkpoint(run) / runs.SHARDS).glob("*.distcp"))[0]
+        shard = sorted((checkpoints.latest_checkpoint(run) / checkpoints.SHARDS).glob("*.distcp"))[0]
         shard.write_bytes(shard.read_bytes()[:64])
     barrier(dist)
     result["damaged"] = train(run, resume=True)
-    result["steps"] = [p.name for p in runs.list_checkpoints(run)]
+    result["steps"] = [p.name for p in checkpoints.list_checkpoints(run)]
     barrier(dist)
     if dist.is_main:
-        for checkpoint in runs.list_checkpoints(run):
-            (checkpoint / runs.SHARDS / ".metadata").write_bytes(pickle.dumps(Planted(marker)))
+        for checkpoint in checkpoints.list_checkpoints(run):
+            (checkpoint / checkpoints.SHARDS / ".metadata").write_bytes(pickle.dumps(Planted(marker)))
     barrier(dist)
     try:
         train(run, resume=True)

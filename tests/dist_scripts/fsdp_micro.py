@@ -23,7 +23,8 @@ import torch  # noqa: E402
 from rl_dist import model_and_tokenizer  # noqa: E402
 
 from bridgelm.dist import Dist, full_state_dict, prepare_model, setup_distributed, teardown_distributed  # noqa: E402
-from bridgelm.train import batches, reference, rl_config, update  # noqa: E402
+from bridgelm.logprobs import Row  # noqa: E402
+from bridgelm.train import reference, rl_config, update  # noqa: E402
 from bridgelm.train.optim import make_optimizer, make_scheduler  # noqa: E402
 from bridgelm.train.rollouts import Rollouts  # noqa: E402
 
@@ -43,7 +44,7 @@ def rollouts_of(dist: Dist, tok) -> Rollouts:
         for i in range(G):
             length = 2 + i % 2 if dist.rank == 0 else 10 + (5 * p + 3 * i) % 7
             response = torch.randint(5, len(tok), (length,), generator=g).tolist()
-            rows.append(batches.Row(prompt, response, len(rows) // W))
+            rows.append(Row(prompt, response, len(rows) // W))
             adv.append(0.0 if dist.rank == 0 else float(torch.randn(1, generator=g)))
     n = len(rows)
     return Rollouts(rows, W, torch.zeros(n), torch.tensor(adv), [True] * n, 0.0)

@@ -22,9 +22,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ (conftest
 
 import torch  # noqa: E402
 
-from bridgelm import runs  # noqa: E402
+from bridgelm import logprobs  # noqa: E402
 from bridgelm.dist import Dist, barrier, prepare_model, reduce_gradients, setup_distributed, teardown_distributed  # noqa: E402
-from bridgelm.train import batches, rl, rl_config, update  # noqa: E402
+from bridgelm.train import (  # noqa: E402
+    checkpoints,  # noqa: E402
+    rl,
+    rl_config,
+    update,
+)
 from bridgelm.train.rollouts import Rollouts  # noqa: E402
 
 PROMPTS, G, W = 4, 4, 2  # 4 prompts x 4 rollouts in groups of 2: 8 Bridge groups
@@ -48,7 +53,7 @@ def rollouts_of(rank: int, world: int, tok) -> tuple[Rollouts, list[int]]:
             a = float(torch.randn(1, generator=g))
             if p // per_rank == rank:
                 local_p = p - rank * per_rank
-                rows.append(batches.Row(prompt, resp, local_p * (G // W) + i // W))
+                rows.append(logprobs.Row(prompt, resp, local_p * (G // W) + i // W))
                 adv.append(a)
                 global_index.append(p * G + i)
     n = len(rows)
@@ -108,14 +113,14 @@ def train_interrupted_then_resumed(dist: Dist, out: Path) -> dict:
         pass
     finally:
         rl.collect_rollouts = original
-    stopped_at = runs.latest_checkpoint(out).name
+    stopped_at = checkpoints.latest_checkpoint(out).name
     from test_rl import CFG, TASK
 
     model, tok = model_and_tokenizer()
     limit4 = replace(CFG.validation, limit=4)
     cfg = replace(CFG, steps=2, prompts_per_step=4, fsdp=True, validation=limit4, save_every=1, resume=True)
     res = rl.train_rl(model, tok, TASK, cfg, out, val_task=TASK)
-    files = {p.name: sorted(f.relative_to(p).as_posix() for f in p.rglob("*")) for p in runs.list_checkpoints(out)}
+    files = {p.name: sorted(f.relative_to(p).as_posix() for f in p.rglob("*")) for p in checkpoints.list_checkpoints(out)}
     return {"stopped_at": stopped_at, "history": res.history, "final": str(res.final_dir), "files": files}
 
 

@@ -25,16 +25,16 @@ from bridgelm.cli.common import (
 )
 from bridgelm.cli.fields import Flag, add_fields, build
 from bridgelm.errors import UserError
-from bridgelm.evaluate import EvalConfig
+from bridgelm.eval.runner import EvalConfig
 
 
 def _cmd_eval(args) -> None:
     from bridgelm.dist import Dist
-    from bridgelm.benchmarks import load_benchmarks
-    from bridgelm.eval_folder import shard_file_name
-    from bridgelm.evaluate import run_eval
+    from bridgelm.eval.datasets import load_benchmarks
+    from bridgelm.eval.folder import shard_file_name
+    from bridgelm.eval.runner import run_eval
+    from bridgelm.eval.score import METRICS_FILE, score_run, summary_lines
     from bridgelm.jsonl import check_free
-    from bridgelm.score import METRICS_FILE, score_run, summary_lines
 
     cfg = build(EvalConfig, args)
     cfg.validate()
@@ -78,7 +78,7 @@ def _cmd_eval(args) -> None:
 
 
 def _cmd_score(args) -> None:
-    from bridgelm.score import METRICS_FILE, SCORES_FILE, score_run, summary_lines
+    from bridgelm.eval.score import METRICS_FILE, SCORES_FILE, score_run, summary_lines
 
     result = score_run(args.run_dir, allow_partial=args.allow_partial)
     run = Path(args.run_dir)
@@ -90,7 +90,7 @@ def _cmd_score(args) -> None:
 def _cmd_report(args) -> None:
     import json
 
-    from bridgelm.report import write_report
+    from bridgelm.eval.report import write_report
 
     names = [x.strip() for x in args.names.split(",")] if args.names is not None else None
     check_out(args.out, "dir")
@@ -113,8 +113,8 @@ def _cmd_report(args) -> None:
 
 
 def _cmd_features(args) -> None:
-    from bridgelm.analyze import plot_feature_ratios, run_feature_ratios
-    from bridgelm.eval_folder import check_run_model
+    from bridgelm.eval.analyze import plot_feature_ratios, run_feature_ratios
+    from bridgelm.eval.folder import check_run_model
     from bridgelm.jsonl import write_json
 
     check_out(args.out, "dir")
@@ -131,8 +131,8 @@ def _cmd_features(args) -> None:
 
 
 def _cmd_siblings(args) -> None:
-    from bridgelm.analyze import run_response_sets, sibling_gain, warmup_response_sets
-    from bridgelm.eval_folder import check_run_model
+    from bridgelm.eval.analyze import run_response_sets, sibling_gain, warmup_response_sets
+    from bridgelm.eval.folder import check_run_model
     from bridgelm.jsonl import write_json
 
     if (args.run is None) == (args.data is None):
@@ -158,7 +158,7 @@ def _cmd_siblings(args) -> None:
 
 
 def _cmd_similarity(args) -> None:
-    from bridgelm.analyze import DEFAULT_EMBEDDER, run_similarity
+    from bridgelm.eval.similarity import DEFAULT_EMBEDDER, run_similarity
 
     out = Path(args.out) if args.out else Path(args.run_dir) / "similarity.json"
     check_out(str(out), "file")

@@ -92,7 +92,8 @@ def _cmd_sft(args) -> None:
     from bridgelm import plan
     from bridgelm.dist import teardown_distributed
     from bridgelm.tokenizer import check_vocab
-    from bridgelm.train.sft import ensure_blocks, read_warmup, train_sft
+    from bridgelm.train.sft import ensure_blocks, train_sft
+    from bridgelm.warmup_file import read_warmup
 
     cfg, launch = build(SFTConfig, args), build(DistConfig, args)
     try:

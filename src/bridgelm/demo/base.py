@@ -20,17 +20,17 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
-from bridgelm import evaluate
 from bridgelm.attention import fast_attention
 from bridgelm.dist import Dist
+from bridgelm.eval import runner
 from bridgelm.jsonl import write_json
 from bridgelm.runs import METRICS, check_settings, jsonable
 from bridgelm.setting import setting
 from bridgelm.tasks import anysum, arith, hint, pairsum
 from bridgelm.tokenizer import BOS, CHAT_TEMPLATE, EOS, PAD
 from bridgelm.train.batches import autocast
-from bridgelm.train.optim import CosineSchedule, make_optimizer, optimizer_step, scheduled
 from bridgelm.train.loop import Run, RunControl
+from bridgelm.train.optim import CosineSchedule, make_optimizer, optimizer_step, scheduled
 from bridgelm.train.weights import load_weights, save_model
 
 BOXED = "\\boxed{"  # one token: the answer marker
@@ -80,9 +80,9 @@ _TASKS = {
 CHECK_TOKENS = {name: tokens for name, _, _, tokens in _TASKS.values()}  # by registry name
 
 
-def check_config(task_name: str) -> evaluate.EvalConfig:
+def check_config(task_name: str) -> runner.EvalConfig:
     """How pre-training's validation checks sample: 4 independent samples per problem, the evaluation's sampling."""
-    return evaluate.EvalConfig(n=4, width=1, max_new_tokens=CHECK_TOKENS[task_name])
+    return runner.EvalConfig(n=4, width=1, max_new_tokens=CHECK_TOKENS[task_name])
 
 
 def task_name(spec) -> str:
@@ -191,7 +191,7 @@ def pretrain(cfg: BaseConfig, out: str | Path, progress: bool = True, log=print)
                 run.state["step"] = step + 1
                 record = {"step": step + 1, "loss": loss.item(), "lr": lr, "grad_norm": norm, "tokens": tokens}
                 if checks and step + 1 >= cfg.check_from and (step + 1 - cfg.check_from) % cfg.check_every == 0:
-                    val_accuracy = evaluate.accuracy(model, tokenizer, val, check_config(task.name))
+                    val_accuracy = runner.accuracy(model, tokenizer, val, check_config(task.name))
                     record["val_accuracy"] = run.state["val_accuracy"] = val_accuracy
                     run.state["reached"] = val_accuracy >= cfg.target_accuracy
                 run.log(record, loss=f"{record['loss']:.3f}", val=run.state["val_accuracy"])

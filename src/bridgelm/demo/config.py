@@ -11,7 +11,7 @@ from bridgelm.demo import arms as registry
 from bridgelm.demo.base import BaseConfig
 from bridgelm.demo.control import ControlConfig
 from bridgelm.engine import SamplingConfig
-from bridgelm.evaluate import EvalConfig
+from bridgelm.eval.runner import EvalConfig
 from bridgelm.setting import setting
 from bridgelm.tasks import anysum
 from bridgelm.train.rl_config import RLConfig, default_rollout

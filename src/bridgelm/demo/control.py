@@ -23,7 +23,7 @@ from pathlib import Path
 
 from bridgelm.demo.base import BaseConfig, make_problems, make_task, pretrain
 from bridgelm.demo.numbers import per_problem_accuracy
-from bridgelm.evaluate import EvalConfig
+from bridgelm.eval.runner import EvalConfig
 from bridgelm.setting import setting
 from bridgelm.tasks.hint import HintSpec
 from bridgelm.train.rl_config import RLConfig, default_rollout
@@ -149,9 +149,9 @@ def evaluate(cfg: ControlConfig, base: Path, rl_dir: Path, out: Path, seed: int,
 
     import torch
 
-    from bridgelm.evaluate import run_eval
+    from bridgelm.eval.runner import run_eval
+    from bridgelm.eval.score import score_run
     from bridgelm.models import load_model
-    from bridgelm.score import score_run
     from bridgelm.tokenizer import load_tokenizer
 
     final = json.loads((rl_dir / "done.json").read_text())["final_dir"]

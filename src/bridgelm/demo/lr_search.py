@@ -53,8 +53,8 @@ def stage_validate(ctx, arm: str, lrs) -> dict:
 
     from bridgelm.demo.base import make_problems, make_task
     from bridgelm.demo.config import eval_config
-    from bridgelm.evaluate import run_eval
-    from bridgelm.score import score_run
+    from bridgelm.eval.runner import run_eval
+    from bridgelm.eval.score import score_run
 
     spec, cfg = ctx.cfg.base.task, ctx.cfg
     val = make_task(spec, make_problems(spec, cfg.eval_problems, "validation", 0))

@@ -8,9 +8,9 @@ import json
 import statistics
 from pathlib import Path
 
-from bridgelm.jsonl import read_records
+from bridgelm.eval.metrics import g_pass_at_k, tau_threshold
 from bridgelm.intervals import paired_difference
-from bridgelm.metrics import g_pass_at_k, tau_threshold
+from bridgelm.jsonl import read_records
 
 # z-scores of a two-sided 5% test and of 80% power: a difference of (Z_TEST + Z_POWER) standard errors is detected
 # 80% of the time

@@ -12,8 +12,8 @@ import json
 import statistics
 from pathlib import Path
 
-from bridgelm.demo.base import task_name
 from bridgelm.demo.arms import ARMS, ORDER, TITLES
+from bridgelm.demo.base import task_name
 from bridgelm.demo.results import RunDirs, demo_results
 from bridgelm.demo.sections import (
     control_section,
@@ -23,9 +23,9 @@ from bridgelm.demo.sections import (
     recipe_section,
     trace_section,
 )
+from bridgelm.eval.figures import new_figure, plot_gpass, plot_width, save_png
+from bridgelm.eval.tables import markdown_table, pct, table_numbers
 from bridgelm.jsonl import write_atomic
-from bridgelm.figures import new_figure, plot_gpass, plot_width, save_png
-from bridgelm.tables import markdown_table, pct, table_numbers
 
 INTERACTION_TARGET = 0.2  # design target: share of samples at w = 8 that differ from w = 1
 

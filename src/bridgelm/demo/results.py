@@ -20,9 +20,9 @@ from pathlib import Path
 
 from bridgelm.demo.arms import ARMS, ORDER, PAPER_ARMS, TITLES
 from bridgelm.demo.numbers import entry, per_problem_accuracy, per_problem_sets, power
-from bridgelm.eval_folder import read_samples
-from bridgelm.jsonl import read_records, write_json
+from bridgelm.eval.folder import read_samples
 from bridgelm.intervals import paired_difference
+from bridgelm.jsonl import read_records, write_json
 
 __all__ = ["ORDER", "TITLES", "RunDirs", "demo_results", "paper_contrasts", "paper_effects", "power"]
 

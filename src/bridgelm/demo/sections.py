@@ -4,7 +4,7 @@ the arms beyond the paper's three (with their rates chosen on validation problem
 from __future__ import annotations
 
 from bridgelm.demo.arms import TITLES
-from bridgelm.tables import markdown_table, pct
+from bridgelm.eval.tables import markdown_table, pct
 
 
 def _pct(x) -> str:

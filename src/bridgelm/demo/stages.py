@@ -13,12 +13,12 @@ from pathlib import Path
 import torch
 
 from bridgelm.blockfile import load_blocks
-from bridgelm.demo.config import DemoConfig, eval_config, rl_config, sft_config, sft_seed_of, trace_sampling
 from bridgelm.demo.arms import ARMS, TITLES
+from bridgelm.demo.config import DemoConfig, eval_config, rl_config, sft_config, sft_seed_of, trace_sampling
 from bridgelm.demo.training import rl_numbers, with_blocks
 from bridgelm.jsonl import read_records, write_json
 from bridgelm.models import load_model
-from bridgelm.runs import list_checkpoints
+from bridgelm.train.checkpoints import list_checkpoints
 
 
 @dataclass
@@ -120,8 +120,8 @@ def stage_eval(ctx: Context, arm: str, seed: int, foreign: bool = False) -> dict
 
     `foreign`: control (b), the Bridge model at the main width with groups made of samples of different problems.
     """
-    from bridgelm.evaluate import run_eval
-    from bridgelm.score import score_run
+    from bridgelm.eval.runner import run_eval
+    from bridgelm.eval.score import score_run
 
     path = model_of(ctx, arm, seed)
     run_dir = ctx.foreign_dir(seed) if foreign else ctx.eval_dir(arm, seed)
@@ -134,7 +134,7 @@ def stage_trace(ctx: Context, seed: int) -> dict:
     """Diagnostic: the Bridge arm over the course of RL (seed `seed`). For the SFT blocks (step 0) and every RL
     checkpoint: accuracy at w = 1 and w = eval_width on the test problems, and the interaction (share of samples that
     differ from their w = 1 counterpart, drawn with the same random numbers)."""
-    from bridgelm.evaluate import grade_samples, sample_examples
+    from bridgelm.eval.runner import grade_samples, sample_examples
 
     cfg, test = ctx.cfg, ctx.test
     points = [(0, None)] + [(int(c.name.split("-")[1]), c) for c in list_checkpoints(ctx.rl_dir("bridge", seed))]

@@ -21,7 +21,7 @@ import threading
 from pathlib import Path
 
 from bridgelm.dist import Dist, all_reduce_max
-from bridgelm.runs import CHECKPOINTS, checkpoint_damage, checkpoint_name, read_info, resume_point
+from bridgelm.train.checkpoints import CHECKPOINTS, checkpoint_damage, checkpoint_name, read_info, resume_point
 
 
 class StoppedTogether(KeyboardInterrupt):
@@ -68,7 +68,7 @@ class StopSignals:
 
 
 def agreed_resume_point(out_dir: Path, resume: bool, dist: Dist) -> Path | None:
-    """`runs.resume_point` on rank 0, the same step on every rank (a collective with several ranks). A rank whose
+    """`checkpoints.resume_point` on rank 0, the same step on every rank (a collective with several ranks). A rank whose
     folder lacks that checkpoint, or holds it damaged, is named in one line on every rank."""
     mine = resume_point(out_dir, resume)
     if dist.world == 1:

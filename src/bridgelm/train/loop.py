@@ -52,25 +52,19 @@ from bridgelm.dist import Dist, load_optimizer_shards
 from bridgelm.errors import UserError
 from bridgelm.jsonl import append_record, check_free, exclusive, read_records, write_atomic, write_json
 from bridgelm.rng import set_rng_state
-from bridgelm.train.agree import StopSignals, StoppedTogether, agreed_resume_point
-from bridgelm.runs import (
+from bridgelm.runs import METRICS, RUN_FILE, check_format, check_settings, format_of, jsonable, refuse_run_folder
+from bridgelm.train.agree import StoppedTogether, StopSignals, agreed_resume_point
+from bridgelm.train.checkpoints import (
     CHECKPOINTS,
-    METRICS,
-    RUN_FILE,
     LAYOUTS,
     SHARDS,
     TRAINER_INFO,
-    check_format,
     check_layout,
-    check_settings,
     checkpoint_name,
-    format_of,
-    jsonable,
     latest_checkpoint,
     load_trainer_state,
     prune_checkpoints,
     read_info,
-    refuse_run_folder,
     save_trainer_state,
 )
 from bridgelm.train.optim import Diverged

@@ -28,12 +28,13 @@ import torch
 from bridgelm.attach import added_parameters, block_config
 from bridgelm.dist import Dist, prepare_model, setup_distributed
 from bridgelm.engine import eos_ids, pad_id
-from bridgelm.evaluate import accuracy
+from bridgelm.eval.runner import accuracy
 from bridgelm.jsonl import write_json
 from bridgelm.lora import add_lora, has_lora, train_adapters
 from bridgelm.models import enable_checkpointing
 from bridgelm.rng import derive_seed
-from bridgelm.runs import latest_checkpoint, local_source, model_fingerprint
+from bridgelm.runs import local_source, model_fingerprint
+from bridgelm.train.checkpoints import latest_checkpoint
 from bridgelm.train.loop import Run, control_of, settings_of
 from bridgelm.train.optim import gradient_parts, make_optimizer, make_scheduler
 from bridgelm.train.reference import make_reference, skeleton

@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 
 from bridgelm.engine import SamplingConfig, check_sampling
 from bridgelm.errors import check_int, check_number
-from bridgelm.evaluate import EvalConfig
+from bridgelm.eval.runner import EvalConfig
 from bridgelm.grpo import ADVANTAGES
 from bridgelm.lora import LoraSettings
 from bridgelm.rng import derive_seed

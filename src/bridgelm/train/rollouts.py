@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING
 import torch
 
 from bridgelm.dist import Dist, gather_into, unsharded
-from bridgelm.grpo import advantages_of
-from bridgelm.rng import derive_seed, generator
 from bridgelm.engine import check_prompt_chars, encode_prompts, eos_ids, generate_ids, pad_id
+from bridgelm.grpo import advantages_of
+from bridgelm.logprobs import Row
+from bridgelm.rng import derive_seed, generator
 from bridgelm.tasks.base import check_rewards, is_correct
-from bridgelm.train.batches import Row
 from bridgelm.train.set_rewards import set_rewards
 
 if TYPE_CHECKING:

@@ -8,8 +8,8 @@ paper defines none, so these are this project's:
 
 - "sample": r_i = the task's reward of rollout i (the paper's).
 - "majority": every rollout of a group gets 1 when the group's majority answer is correct, else 0: the evaluation's
-  self-consistency vote (bridgelm.metrics.majority_vote: the most common canonical answer wins, the first seen among
-  equals, an answer that does not parse never wins). It needs >= 2 groups per prompt: with one, every rollout of a
+  self-consistency vote (bridgelm.eval.metrics.majority_vote: the most common canonical answer wins, the first seen
+  among equals, an answer that does not parse never wins). It needs >= 2 groups per prompt: with one, every rollout of a
   prompt gets the same reward and every advantage is 0 (RLConfig refuses it).
 - "sibling": sibling credit, r_i + L x the mean of the other rewards of i's group (L: `sibling_weight`), so that a
   rollout is paid for what its siblings achieve. Under Bridge a rollout's tokens shape its siblings' samples, and the
@@ -34,7 +34,7 @@ from collections.abc import Sequence
 
 import torch
 
-from bridgelm.metrics import canonical_answer, majority_vote
+from bridgelm.eval.metrics import canonical_answer, majority_vote
 from bridgelm.tasks.base import is_correct
 
 REWARDS = ("sample", "majority", "distinct", "sibling")

@@ -40,8 +40,9 @@ import torch
 
 from bridgelm.dist import Dist, all_reduce_max, all_reduce_sum
 from bridgelm.grpo import policy_loss
+from bridgelm.logprobs import pack_rows, response_logprobs
 from bridgelm.rng import generator
-from bridgelm.train.batches import autocast, chunks, pack_rows, response_logprobs, rows_tensor
+from bridgelm.train.batches import autocast, chunks, rows_tensor
 from bridgelm.train.optim import optimizer_step
 from bridgelm.train.reference import reshard
 from bridgelm.train.rollouts import Rollouts

@@ -23,7 +23,7 @@ import torch
 from bridgelm import lora
 from bridgelm.dist import Dist, barrier, full_state_dict, load_model_shards, save_shards
 from bridgelm.errors import UserError
-from bridgelm.runs import SHARDS, check_layout, write_dir_atomic
+from bridgelm.train.checkpoints import SHARDS, check_layout, write_dir_atomic
 
 
 def write_on_main(

@@ -2,7 +2,7 @@
 
 Design notes:
 - The inputs are the runs' metrics.json files (`bridgelm score` writes them; a run without one is scored first).
-  The tables (bridgelm.tables) and figures (bridgelm.figures) take plain dicts, so the demo can call them on numbers
+  The tables (bridgelm.eval.tables) and figures (bridgelm.eval.figures) take plain dicts, so the demo can call them on numbers
   it already has; this module loads the runs into rows and lays out table.md.
 - One row per run name. Runs given the same name are merged into one row (their benchmarks must differ), so
   that a row can mix, as the paper does, MATH-500 at n=4, w=4 with the competitions at n=32, w=8.
@@ -21,12 +21,10 @@ from pathlib import Path
 from typing import Any
 
 from bridgelm.errors import UserError
-from bridgelm.eval_folder import read_eval_run
-from bridgelm.figures import gpass_curves, length_curves, plot_gpass, plot_length, plot_width, width_curves
-from bridgelm.jsonl import write_atomic, write_json
-from bridgelm.runs import SAMPLED_WITH
-from bridgelm.score import METRICS_FILE, score_run
-from bridgelm.tables import (
+from bridgelm.eval.figures import gpass_curves, length_curves, plot_gpass, plot_length, plot_width, width_curves
+from bridgelm.eval.folder import read_eval_run
+from bridgelm.eval.score import METRICS_FILE, score_run
+from bridgelm.eval.tables import (
     benchmark_table,
     gpass_table,
     markdown_table,
@@ -37,6 +35,8 @@ from bridgelm.tables import (
     table_5,
     table_numbers,
 )
+from bridgelm.jsonl import write_atomic, write_json
+from bridgelm.runs import SAMPLED_WITH
 
 # ---------------------------------------------------------------------------------------------- rows
 

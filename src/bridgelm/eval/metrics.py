@@ -183,6 +183,18 @@ def summarize(
     records carry it, majority-vote accuracy. Every interval resamples the same problems (same seed).
     When n differs between problems, the k values are limited by the smallest n.
     """
+    ns, cs = _counts(per_problem)
+    n_min = min(ns)
+    columns = _count_columns(ns, cs, min(gpass_k, n_min))
+    vote = _vote_column(per_problem)
+    if vote is not None:
+        columns["majority_vote"] = vote
+    metrics = with_intervals(columns, n_boot=n_boot, alpha=alpha, seed=seed)
+    return {"problems": len(per_problem), "samples": n_min, "metrics": metrics}
+
+
+def _counts(per_problem: Sequence[dict]) -> tuple[list[int], list[int]]:
+    """(samples, correct) of every problem record, each checked."""
     if not per_problem:
         raise ValueError("per_problem is empty: expected one record per problem")
     ns, cs = [], []
@@ -193,9 +205,12 @@ def summarize(
         _check_counts(int(rec["n"]), int(rec["c"]), 1)
         ns.append(int(rec["n"]))
         cs.append(int(rec["c"]))
-    n_min = min(ns)
-    k_g = min(gpass_k, n_min)
+    return ns, cs
 
+
+def _count_columns(ns: list[int], cs: list[int], k_g: int) -> dict[str, list[float]]:
+    """Per-problem values of every count metric: accuracy, coverage, pass@k, G-Pass@k_g and mG-Pass@k_g."""
+    n_min = min(ns)
     columns: dict[str, list[float]] = {
         "accuracy": [c / n for n, c in zip(ns, cs)],
         "coverage@n": [float(c > 0) for c in cs],  # at least one of all n right (pooled; the paper's is pass@w)
@@ -210,16 +225,16 @@ def summarize(
     for m in range(1, k_g + 1):
         columns[f"g_pass@{k_g}_atleast{m}"] = [prob_at_least(n, c, k_g, m) for n, c in zip(ns, cs)]
     columns[f"mg_pass@{k_g}"] = [mg_pass_at_k(n, c, k_g) for n, c in zip(ns, cs)]
+    return columns
 
+
+def _vote_column(per_problem: Sequence[dict]) -> list[float] | None:
+    """Majority-vote correctness of every problem, when the records carry it (all or none of them)."""
     with_vote = [i for i, rec in enumerate(per_problem) if "majority_correct" in rec]
     if with_vote and len(with_vote) != len(per_problem):
         missing = next(i for i, rec in enumerate(per_problem) if "majority_correct" not in rec)
         raise ValueError(f"record {missing} has no 'majority_correct' field: expected it in all records or none")
-    if with_vote:
-        columns["majority_vote"] = [float(bool(rec["majority_correct"])) for rec in per_problem]
-
-    metrics = with_intervals(columns, n_boot=n_boot, alpha=alpha, seed=seed)
-    return {"problems": len(per_problem), "samples": n_min, "metrics": metrics}
+    return [float(bool(rec["majority_correct"])) for rec in per_problem] if with_vote else None
 
 
 def with_intervals(columns: dict[str, list[float]], n_boot: int = 1000, alpha: float = 0.05, seed: int = 0) -> dict:
@@ -275,15 +290,12 @@ def summarize_scores(
         "score": [float(np.mean(s)) for s in score_lists],
         "score_variance": [float(np.var(np.asarray(s, dtype=np.float64))) for s in score_lists],
     }
-    metrics = {}
-    for name, values in columns.items():
-        low, high = bootstrap_ci(values, n_boot=n_boot, alpha=alpha, seed=seed)
-        metrics[name] = {"mean": float(np.mean(values)), "low": low, "high": high}
+    metrics = with_intervals(columns, n_boot=n_boot, alpha=alpha, seed=seed)
     return {"problems": len(score_lists), "samples": min(len(s) for s in score_lists), "metrics": metrics}
 
 
 # ---------------------------------------------------------------------------------------------- an eval run's metrics
-# Per-problem score lines (bridgelm.score) -> the metrics of one (benchmark, width), at every generation budget, and
+# Per-problem score lines (bridgelm.eval.score) -> the metrics of one (benchmark, width), at every generation budget, and
 # their unweighted average over benchmarks. Budgets (Figure 6) come from one long run: generation is
 # prefix-consistent, so at budget L a sample counts when it finished within L tokens and is correct.
 

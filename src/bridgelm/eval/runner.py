@@ -1,20 +1,20 @@
-"""Evaluation runs: n samples per problem for every benchmark and width (paper Sec. 4, App. E); bridgelm.score
+"""Evaluation runs: n samples per problem for every benchmark and width (paper Sec. 4, App. E); bridgelm.eval.score
 grades them.
 
 Design notes:
-- Samples first, scores second (human-eval): `run_eval` only samples into RUN_DIR; `bridgelm.score.score_run`
+- Samples first, scores second (human-eval): `run_eval` only samples into RUN_DIR; `bridgelm.eval.score.score_run`
   grades what is there and can be re-run alone (after a grader fix, with another G-Pass k, on a partial run...).
 - RUN_DIR/run.json holds the settings (`eval_settings`). samples.jsonl holds one line per (benchmark, width,
   problem), appended as problems complete; a re-run skips what is written and redoes a line cut by a crash. A re-run
   with another model, other data or other sampling settings is refused before anything is written: one run, one
-  setting (bridgelm.eval_folder, which reads a run back). The model folder and block file count by content too
+  setting (bridgelm.eval.folder, which reads a run back). The model folder and block file count by content too
   (runs.source_digests): blocks replaced at the same path make another run, refused by name.
 - One writer per run: a second eval (or a score) on the same folder is refused at once (`_writer_locks`).
 - Under torchrun, problem i of every benchmark goes to rank i % WORLD_SIZE (bridgelm.dist.Dist.owns), which appends
   to its own shard samples.rank{r}.jsonl with no process group; rank 0 writes run.json first (the others wait for
   the file), and the ranks meet at a gloo barrier once every shard is complete.
 - A benchmark is one data file (named by its stem, e.g. `aime24`), or a Task object with its own examples
-  (bridgelm.benchmarks).
+  (bridgelm.eval.datasets).
 - Long documents (`Task.long_field()`, e.g. a CNN/DailyMail article) are cut to their longest token prefix whose
   prompt fits the model's context minus max_new_tokens; the cut is recorded on the problem's samples line
   ("truncated"), and run.json records the prompt budget.
@@ -36,10 +36,11 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from bridgelm.benchmarks import Benchmark, load_benchmarks
 from bridgelm.dist import Dist, all_reduce_sum, barrier, unsharded
-from bridgelm.engine import Sample, SamplingConfig, check_stop_strings, encode_prompts, stream_text
-from bridgelm.eval_folder import check_same_run, done_keys, read_eval_run, shard_file_name, shard_files, wait_for
+from bridgelm.engine import Sample, SamplingConfig, check_stop_strings, stream_text
+from bridgelm.eval.datasets import Benchmark, load_benchmarks
+from bridgelm.eval.folder import check_same_run, done_keys, read_eval_run, shard_file_name, shard_files, wait_for
+from bridgelm.eval.prompts import fit_prompt, prompt_budget
 from bridgelm.jsonl import append_record, exclusive, write_json
 from bridgelm.runs import RUN_FILE, SAMPLED_WITH, format_of, local_source, source_digests
 from bridgelm.setting import setting
@@ -145,65 +146,6 @@ def eval_settings(
     }
 
 
-# ---------------------------------------------------------------------------------------------- long documents
-
-
-def prompt_budget(model, max_new_tokens: int) -> int | None:
-    """Most prompt tokens a sample may have: the model's context minus max_new_tokens (None: no known context)."""
-    context = getattr(model.config.get_text_config(), "max_position_embeddings", None)
-    return None if context is None else int(context) - int(max_new_tokens)
-
-
-def _token_ends(tokenizer, text: str) -> list[int]:
-    """Character offset where each token of `text` ends (slow tokenizers: lengths of decoded prefixes)."""
-    try:
-        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
-        return [int(end) for _, end in enc["offset_mapping"]]
-    except (NotImplementedError, KeyError, TypeError):
-        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
-        return [len(tokenizer.decode(ids[: k + 1])) for k in range(len(ids))]
-
-
-def fit_prompt(task: Task, example: dict, tokenizer, chat: bool, budget: int | None) -> tuple[str, dict | None]:
-    """(prompt, cut) of `example`: when its prompt has more than `budget` tokens and the task names a long field,
-    that field is cut to its longest token prefix whose prompt fits; `cut` describes it (None: nothing cut).
-
-    A prompt that does not fit even with the field empty is a ValueError naming the sizes.
-    """
-    text = task.prompt(example)
-    field_name = task.long_field()
-    if field_name is None or budget is None:
-        return text, None
-    count = lambda t: len(encode_prompts(tokenizer, [t], chat, warn=False)[0])  # noqa: E731 (sampling warns)
-    full = count(text)
-    if full <= budget:
-        return text, None
-    document = str(example[field_name])
-    ends = _token_ends(tokenizer, document)
-    shortened = lambda k: task.prompt({**example, field_name: document[: ends[k - 1]] if k else ""})  # noqa: E731
-    if count(shortened(0)) > budget:
-        raise ValueError(
-            f"the prompt has {count(shortened(0))} tokens even with its {field_name!r} empty: more than the "
-            f"{budget} tokens left by the context after max_new_tokens; lower --max-new-tokens"
-        )
-    lo, hi = 0, len(ends)  # the largest k whose prompt fits
-    while lo < hi:
-        mid = (lo + hi + 1) // 2
-        if count(shortened(mid)) <= budget:
-            lo = mid
-        else:
-            hi = mid - 1
-    cut = {
-        "field": field_name,
-        "prompt_tokens": full,  # before the cut
-        "field_tokens": len(ends),
-        "kept_tokens": lo,
-        "kept_chars": ends[lo - 1] if lo else 0,
-        "budget": budget,
-    }
-    return shortened(lo), cut
-
-
 # ---------------------------------------------------------------------------------------------- sampling
 
 
@@ -239,13 +181,7 @@ def run_eval(
     with _writer_locks(run_dir, dist):
         created = _open_run(run_dir, settings, dist)
         out = run_dir / shard_file_name(dist)
-        done = done_keys(run_dir, own=out.name)
-        todo = {
-            (b.name, w): [i for i in range(len(b.problems)) if dist.owns(i) and (b.name, w, i) not in done]
-            for b in benches
-            for w in cfg.all_widths()
-        }
-        owned = sum(1 for b in benches for i in range(len(b.problems)) if dist.owns(i)) * len(cfg.all_widths())
+        todo, owned = _todo(benches, cfg.all_widths(), done_keys(run_dir, own=out.name), dist)
         total = sum(len(v) for v in todo.values())
         show = bool(progress and total)  # a progress bar
         try:
@@ -258,14 +194,21 @@ def run_eval(
                 _take_back(run_dir, fresh)
             raise
     barrier(dist, BARRIER_TIMEOUT)  # every shard is complete when this returns
-    return {
-        "run_dir": str(run_dir),
-        "shard": str(out),
-        "sampled": total,
-        "skipped": owned - total,
-        "problems": owned,
-        "truncated": truncated,
+    done = {"sampled": total, "skipped": owned - total, "problems": owned, "truncated": truncated}
+    return {"run_dir": str(run_dir), "shard": str(out), **done}
+
+
+def _todo(
+    benches: Sequence[Benchmark], widths: list[int], done: set, dist: Dist
+) -> tuple[dict[tuple[str, int], list[int]], int]:
+    """({(benchmark, width): this process's problems still to sample}, how many (problem, width) it owns)."""
+    todo = {
+        (b.name, w): [i for i in range(len(b.problems)) if dist.owns(i) and (b.name, w, i) not in done]
+        for b in benches
+        for w in widths
     }
+    owned = sum(1 for b in benches for i in range(len(b.problems)) if dist.owns(i)) * len(widths)
+    return todo, owned
 
 
 @contextlib.contextmanager

@@ -4,9 +4,9 @@ tokens (Figure 6).
 
 Curves averaged over benchmarks use the benchmarks that share the row's largest G-Pass k (MATH-500 at n=4 drops out
 of a k=8 average, as in the paper's Figure 4). Benchmarks with a continuous score (summarisation) have no G-Pass and
-stay out of these curves. Rows are as `bridgelm.report.collect_rows` makes them.
+stay out of these curves. Rows are as `bridgelm.eval.report.collect_rows` makes them.
 
-Used by bridgelm.report and bridgelm.demo.results.
+Used by bridgelm.eval.report and bridgelm.demo.results.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ zebra and countdown, one column each in that order; ROUGE-1 F1 for summarisation
 summarisation score (in points², i.e. of ROUGE-1 x 100), and the mean pairwise similarity of a run's responses where
 `bridgelm analyze similarity RUN` has written RUN/similarity.json (ROUGE-L; embedding cosine when computed).
 
-Used by bridgelm.report and bridgelm.demo.results.
+Used by bridgelm.eval.report and bridgelm.demo.results.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 own examples, each with the task that prompts and grades it and the fingerprint of its problems.
 
 A data file named after its split is named after its folder (gsm8k/test.jsonl: gsm8k; gsm8k/train.jsonl:
-gsm8k_train), so that a benchmark's name says what it measures. Used by bridgelm.evaluate (sampling) and
-bridgelm.score (grading, against the fingerprints recorded at sampling time).
+gsm8k_train), so that a benchmark's name says what it measures. Used by bridgelm.eval.runner (sampling) and
+bridgelm.eval.score (grading, against the fingerprints recorded at sampling time).
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Scoring an eval run: every sample graded by its task, per-problem score lines, and the run's metrics.
 
 Design notes:
-- Scoring reads only the run folder (run.json and the samples files that bridgelm.evaluate wrote, read back by
-  bridgelm.eval_folder) and the data files, checked against the digests recorded at sampling time, so it can be
+- Scoring reads only the run folder (run.json and the samples files that bridgelm.eval.runner wrote, read back by
+  bridgelm.eval.folder) and the data files, checked against the digests recorded at sampling time, so it can be
   re-run alone: after a grader fix, with another G-Pass k, on a partial run (`allow_partial` lists the problems
   missing).
 - A sample is correct when its reward is the full reward (`bridgelm.tasks.base.is_correct`). Continuous scores
@@ -10,7 +10,7 @@ Design notes:
   variance, and the metrics are the mean score (`rouge1` in metrics.json) and the mean per-prompt variance
   (`score_variance`), not pass@k / G-Pass / majority.
 - Outputs: RUN_DIR/scores.jsonl (one line per benchmark, width and problem) and RUN_DIR/metrics.json (per benchmark
-  and width, and their average; bridgelm.metrics computes them, generation budgets included).
+  and width, and their average; bridgelm.eval.metrics computes them, generation budgets included).
 
     bridgelm score runs/x [--allow-partial]
 """
@@ -24,9 +24,9 @@ from typing import Any
 
 import numpy as np
 
-from bridgelm import metrics as M
-from bridgelm.benchmarks import Benchmark, benchmark_difference, load_benchmarks
-from bridgelm.eval_folder import read_eval_run, read_samples
+from bridgelm.eval import metrics as M
+from bridgelm.eval.datasets import Benchmark, benchmark_difference, load_benchmarks
+from bridgelm.eval.folder import read_eval_run, read_samples
 from bridgelm.jsonl import check_free, exclusive, write_atomic, write_json
 from bridgelm.runs import FORMATS
 from bridgelm.tasks import Task

@@ -1,14 +1,14 @@
 """An eval run's folder, read back: run.json (its settings), the samples files of its ranks, and the checks that
 keep one folder one run.
 
-RUN_DIR/run.json holds the settings (bridgelm.evaluate writes it, `read_eval_run` reads it); samples.jsonl holds
+RUN_DIR/run.json holds the settings (bridgelm.eval.runner writes it, `read_eval_run` reads it); samples.jsonl holds
 one line per (benchmark, width, problem), or under torchrun one shard samples.rank{r}.jsonl per rank, which
 `read_samples` merges, refusing problems written twice. A re-run with another model, other data or other sampling
 settings is refused before anything is written (`check_same_run`: the settings of SAME_RUN), and a folder of another
 kind of run, or of an older format version, is refused in one line (bridgelm.runs.check_format). Files edited by
 hand are named by their field, or by file and line.
 
-Used by bridgelm.evaluate, bridgelm.score, bridgelm.report and bridgelm.analyze.
+Used by bridgelm.eval.runner, bridgelm.eval.score, bridgelm.eval.report and bridgelm.eval.analyze.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bridgelm.benchmarks import benchmark_difference
 from bridgelm.dist import Dist
 from bridgelm.errors import UserError
+from bridgelm.eval.datasets import benchmark_difference
 from bridgelm.jsonl import read_records
 from bridgelm.runs import (
     RUN_FILE,
