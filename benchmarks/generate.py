@@ -417,10 +417,13 @@ def main() -> None:
     )
     ap.add_argument("--vllm-python", help="the python of a venv with vLLM, to run it side by side (docs/benchmarks.md)")
     ap.add_argument("--vllm-rows", default="16,128", help="rows (prompts x n) of the vLLM comparison, comma-separated")
-    ap.add_argument("--vllm-kv-gib", type=float, default=4, help="vLLM's CPU KV cache (VLLM_CPU_KVCACHE_SPACE)")
+    ap.add_argument("--vllm-kv-gib", type=int, default=4, help="vLLM's CPU KV cache (VLLM_CPU_KVCACHE_SPACE), GiB")
+    ap.add_argument("--vllm-only", action="store_true", help="with --vllm-python: only the vLLM comparison")
     ap.add_argument("--quick", action="store_true", help="tiny sizes (2 layers, 2 prompts, 8 tokens, 2 repeats)")
     ap.add_argument("--json", action="store_true", help="print one JSON object as the last line")
     args = ap.parse_args()
+    if args.vllm_only and not args.vllm_python:
+        ap.error("--vllm-only: expected --vllm-python PATH as well (the python of a venv with vLLM)")
     layers = 6
     if args.quick:
         args.prompts, args.prompt_len, args.n, args.width, args.new_tokens = 2, 8, 4, 2, 8
@@ -472,6 +475,14 @@ def main() -> None:
         f"n={args.n}, width {args.width}, {args.new_tokens} new tokens, {args.repeats} interleaved repeats",
         flush=True,
     )
+    if args.vllm_only:  # the engines against vLLM alone (docs/benchmarks.md): no generate, no rooflines
+        from vllm_compare import section
+
+        del results["random_30m"]
+        results["vllm"] = section(args, dtypes[0], layers, use_smollm2 and not args.quick)
+        if args.json:
+            print(json.dumps(results))
+        return
     g = torch.Generator().manual_seed(1)
     prompts = torch.randint(5, 24000, (args.prompts, args.prompt_len), generator=g).tolist()
     for name in dtypes:

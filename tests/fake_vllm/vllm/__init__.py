@@ -19,8 +19,9 @@ class SamplingParams:
 
 
 class _Completion:
-    def __init__(self, token_ids):
+    def __init__(self, token_ids, logprobs: bool):
         self.token_ids = token_ids
+        self.logprobs = [{t: -1.0} for t in token_ids] if logprobs else None  # vLLM's: one {id: Logprob} a token
 
 
 class _Output:
@@ -30,7 +31,8 @@ class _Output:
 
 class LLM:
     def __init__(self, **kwargs):
-        env = {k: os.environ.get(k) for k in ("OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE")}
+        names = ("OMP_NUM_THREADS", "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE", "LD_PRELOAD")
+        env = {k: os.environ.get(k) for k in names}
         print("fake vLLM: a line on stdout that must not reach the parent's pipe")
         _log("init", kwargs=kwargs, env=env, cores=sorted(os.sched_getaffinity(0)))
         self.short = os.environ.get("FAKE_VLLM_SHORT") == "1"  # makes one token too few: an unequal comparison
@@ -39,4 +41,6 @@ class LLM:
         _log("generate", prompts=[p["prompt_token_ids"] for p in prompts], params=params.kwargs)
         k = params.kwargs
         made = k["max_tokens"] - (1 if self.short else 0)
-        return [_Output([_Completion([len(p["prompt_token_ids"])] * made) for _ in range(k["n"])]) for p in prompts]
+        lp = k.get("logprobs") is not None and os.environ.get("FAKE_VLLM_NO_LOGPROBS") != "1"
+        done = [[_Completion([len(p["prompt_token_ids"])] * made, lp) for _ in range(k["n"])] for p in prompts]
+        return [_Output(c) for c in done]
