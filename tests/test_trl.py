@@ -192,6 +192,23 @@ def test_the_reference_stays_the_starting_policy_after_training(tmp_path, peft, 
         torch.testing.assert_close(plain, bridgelm.grouped_logits(fresh, ids, mask, groups), rtol=0, atol=1e-5)
 
 
+def test_sync_ref_model_moves_the_reference_to_the_policy(tmp_path):
+    """sync_ref_model with alpha 1 every step: after training the reference is the trained policy (TRL's callback
+    on the reference's own parameters); with peft_config it is refused in one line, as GRPOTrainer refuses it."""
+    t = trainer(tmp_path, beta=0.04, sync_ref_model=True, ref_model_sync_steps=1, ref_model_mixup_alpha=1.0)
+    t.train()
+    fresh, _ = tiny_policy()
+    ids = torch.randint(3, 15, (4, 9), generator=torch.Generator().manual_seed(0))  # [B, S]
+    mask, groups = torch.ones_like(ids), torch.arange(4) // 4
+    with torch.no_grad():
+        ref = bridgelm.grouped_logits(t.ref_model, ids, mask, groups)
+        torch.testing.assert_close(ref, bridgelm.grouped_logits(t.model, ids, mask, groups), rtol=0, atol=1e-6)
+        assert not torch.allclose(ref, bridgelm.grouped_logits(fresh, ids, mask, groups), atol=1e-4)
+    LoraConfig = pytest.importorskip("peft").LoraConfig
+    with pytest.raises(UserError, match=r"^BridgeGRPOTrainer: sync_ref_model=True with peft_config is not supported"):
+        trainer(tmp_path, beta=0.04, sync_ref_model=True, peft_config=LoraConfig(r=4, target_modules=["q_proj"]))
+
+
 def test_loss_equals_bridgelm_grpo_on_the_same_rollouts(tmp_path):
     """One step's loss and block gradients: TRL's `compute_loss` through BridgeGRPOTrainer against bridgelm's
     `grpo.policy_loss` over `grouped_logits` of the same rollouts (token-level "dapo", one iteration, beta 0)."""

@@ -162,6 +162,9 @@ class BridgeGRPOTrainer(GRPOTrainer):
         if kwargs.get("rollout_func") is not None:
             raise UserError("BridgeGRPOTrainer: rollout_func is not supported: rollouts come from bridgelm's engine")
         if kwargs.get("peft_config") is not None:
+            if args is not None and args.beta != 0.0 and args.sync_ref_model:  # as GRPOTrainer refuses it
+                raise UserError("BridgeGRPOTrainer: sync_ref_model=True with peft_config is not supported (the "
+                                "reference is the base without LoRA): use sync_ref_model=False")
             kwargs["peft_config"] = lora_on_base(kwargs["peft_config"], model)
         own_reference = isinstance(model, torch.nn.Module) and args is not None and args.beta != 0.0
         if own_reference:  # TRL would reload the model's folder for a reference: it gets a frozen copy instead
