@@ -38,8 +38,9 @@ What changes against GRPOTrainer, and nothing else (rewards, advantages and the 
 Settings it cannot honour are refused at construction, in one line naming the setting: batch settings that would
 split a group, a width that is not a positive integer, temperature 0, FSDP and DeepSpeed ZeRO-3 (rollouts would
 decode on sharded weights), vLLM, continuous batching and `rollout_func` (their rollouts would not be Bridge groups),
-and sampling settings the engine does not take (min_p, repetition_penalty, generation_kwargs). Text prompts,
-plain or conversational; no images. TRL's private methods are wrapped with their arguments forwarded as given.
+sampling settings the engine does not take (min_p, repetition_penalty, generation_kwargs), and sync_ref_model
+with peft_config (as GRPOTrainer refuses it). Text prompts, plain or conversational; no images. TRL's private
+methods are wrapped with their arguments forwarded as given.
 """
 
 from __future__ import annotations
