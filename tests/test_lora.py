@@ -174,10 +174,13 @@ def test_bridge_grpo_trainer_with_peft_config_trains_blocks_and_lora_and_saves_o
     assert all(torch.equal(v, now["base"][n]) for n, v in start["base"].items())
     assert all(not torch.equal(v, now["blocks"][n]) for n, v in start["blocks"].items())
     assert any(not torch.equal(v, now["lora"][n]) for n, v in start["lora"].items() if ".lora_B." in n)
-    ref = split(t.accelerator.unwrap_model(t.ref_model).get_base_model())  # the starting policy, untouched
-    for part in ("base", "blocks", "lora"):
-        assert ref[part].keys() == start[part].keys() and all(torch.equal(v, ref[part][n]) for n, v in start[part].items())
-    assert all(not v.any() for n, v in ref["lora"].items() if ".lora_B." in n)  # so: the base without LoRA
+    reference = t.accelerator.unwrap_model(t.ref_model)  # the starting policy, untouched: the base without LoRA
+    assert not lora.has_lora(reference)
+    ref = split(reference)
+    assert not ref["lora"]
+    for part in ("base", "blocks"):
+        want = {n.replace(".base_layer.", "."): v for n, v in start[part].items()}  # peft's wrapped names
+        assert ref[part].keys() == want.keys() and all(torch.equal(v, ref[part][n]) for n, v in want.items())
     t.save_model(str(tmp_path / "saved"))
     assert (tmp_path / "saved" / "lora" / "adapter_config.json").is_file()
     assert not (tmp_path / "saved" / "adapter_config.json").exists()  # transformers would load the bare base

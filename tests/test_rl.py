@@ -415,6 +415,39 @@ def test_freeze_base_trains_only_blocks(tmp_path):
         train_rl(policy(blocks=False), TOK, TASK, replace(CFG, freeze_base=True), tmp_path / "x")
 
 
+@pytest.mark.parametrize("with_lora", [False, True])
+def test_the_reference_stays_the_starting_policy_after_training(tmp_path, monkeypatch, with_lora):
+    """The reference's log-probs as the update computes them for the KL, at the last step, equal those of a fresh
+    copy of the starting policy on the same grouped rows (with LoRA: the base without it); the policy's differ."""
+    cfg = replace(CFG, steps=2)
+    if with_lora:
+        from bridgelm import lora
+
+        pytest.importorskip("peft")
+        cfg = replace(cfg, lora=lora.LoraSettings(r=4))
+    refs, calls = [], []
+    real_make, real_logprobs = rl.make_reference, update.rollout_logprobs
+    monkeypatch.setattr(rl, "make_reference", lambda *a: refs.append(real_make(*a)) or refs[-1])
+
+    def spy(model, *args, **kwargs):
+        out = real_logprobs(model, *args, **kwargs)
+        if refs and model is refs[0]:
+            calls.append((args, kwargs, out[0]))
+        return out
+
+    monkeypatch.setattr(update, "rollout_logprobs", spy)
+    model = policy()
+    train_rl(model, TOK, TASK, cfg, tmp_path)
+    args, kwargs, ref_logprobs = calls[-1]
+    with torch.no_grad():
+        fresh, _ = real_logprobs(policy(), *args, **kwargs)
+        trained, _ = real_logprobs(model, *args, **kwargs)
+    assert ref_logprobs.keys() == fresh.keys()
+    for row, lp in ref_logprobs.items():
+        torch.testing.assert_close(lp, fresh[row], rtol=0, atol=1e-5)
+    assert any(not torch.allclose(lp, trained[row], atol=1e-4) for row, lp in ref_logprobs.items())
+
+
 def test_plain_model_without_reference(tmp_path, monkeypatch):
     """No blocks and beta = 0: plain GRPO, no reference copy; one update per rollout batch."""
     copies = []

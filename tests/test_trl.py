@@ -42,7 +42,8 @@ def length_reward(completions, **kwargs):
     return [float(len(c) % 3) for c in completions]
 
 
-def trainer(tmp_path, blocks: bool = True, reward=length_reward, saved: bool = False, **overrides) -> BridgeGRPOTrainer:
+def trainer(tmp_path, blocks: bool = True, reward=length_reward, saved: bool = False, peft_config=None,
+            **overrides) -> BridgeGRPOTrainer:
     model, tok = tiny_policy(blocks)
     if saved:  # a policy with a folder of its own (TRL would reload its reference from there)
         model.save_pretrained(tmp_path / "model")
@@ -50,6 +51,7 @@ def trainer(tmp_path, blocks: bool = True, reward=length_reward, saved: bool = F
     return BridgeGRPOTrainer(
         model=model, reward_funcs=reward, args=config(tmp_path, **overrides),
         train_dataset=Dataset.from_list([{"prompt": p} for p in PROMPTS * 2]), processing_class=tok,
+        peft_config=peft_config,
     )
 
 
@@ -161,6 +163,50 @@ def test_every_forward_sees_whole_groups(tmp_path, width, beta, saved):
     for ids, groups in forced:  # teacher-forced: the rows of a group continue one prompt (left-padded, 4 chars)
         prompt = ids[:, :4].reshape(-1, width, 4)
         assert bool((prompt == prompt[:, :1]).all())
+
+
+@pytest.mark.parametrize("peft", [False, True])
+@pytest.mark.parametrize("cast_head", [False, True])
+def test_the_reference_stays_the_starting_policy_after_training(tmp_path, peft, cast_head):
+    """After training, the reference's log-probs as TRL computes them for the KL (its fused LM head) and its plain
+    forward both equal those of a fresh copy of the starting policy on the same grouped rows; the policy's differ.
+    (A copy taken after TRL patched the policy's forward kept a forward that ran the policy: deepcopy shares
+    functions, and TRL's patch closes over the policy's own bound forward and LM head.)"""
+    peft_config = None
+    if peft:
+        LoraConfig = pytest.importorskip("peft").LoraConfig
+        peft_config = LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"])
+    t = trainer(tmp_path, bridge_width=2, beta=0.04, peft_config=peft_config, cast_lm_head_to_fp32=cast_head)
+    t.train()
+    fresh, _ = tiny_policy()
+    ids = torch.randint(3, 15, (4, 9), generator=torch.Generator().manual_seed(0))  # [B, S]
+    mask, keep, groups = torch.ones_like(ids), 5, torch.arange(4) // 2  # two Bridge groups of 2 rows
+    logits = bridgelm.grouped_logits(fresh, ids, mask, groups)[:, -keep - 1 : -1] / t.temperature  # [B, T, V]
+    want = torch.log_softmax(logits.float(), -1).gather(-1, ids[:, -keep:, None])[..., 0]  # [B, T]
+    with torch.no_grad():
+        ref_logps = t._get_per_token_logps_and_entropies(t.ref_model, ids, mask, keep)[0]
+        policy_logps = t._get_per_token_logps_and_entropies(t.model, ids, mask, keep)[0]
+        torch.testing.assert_close(ref_logps, want, rtol=0, atol=1e-5)
+        assert not torch.allclose(policy_logps, want, atol=1e-4)  # training did move the policy
+        plain = bridgelm.grouped_logits(t.ref_model, ids, mask, groups)
+        torch.testing.assert_close(plain, bridgelm.grouped_logits(fresh, ids, mask, groups), rtol=0, atol=1e-5)
+
+
+def test_sync_ref_model_moves_the_reference_to_the_policy(tmp_path):
+    """sync_ref_model with alpha 1 every step: after training the reference is the trained policy (TRL's callback
+    on the reference's own parameters); with peft_config it is refused in one line, as GRPOTrainer refuses it."""
+    t = trainer(tmp_path, beta=0.04, sync_ref_model=True, ref_model_sync_steps=1, ref_model_mixup_alpha=1.0)
+    t.train()
+    fresh, _ = tiny_policy()
+    ids = torch.randint(3, 15, (4, 9), generator=torch.Generator().manual_seed(0))  # [B, S]
+    mask, groups = torch.ones_like(ids), torch.arange(4) // 4
+    with torch.no_grad():
+        ref = bridgelm.grouped_logits(t.ref_model, ids, mask, groups)
+        torch.testing.assert_close(ref, bridgelm.grouped_logits(t.model, ids, mask, groups), rtol=0, atol=1e-6)
+        assert not torch.allclose(ref, bridgelm.grouped_logits(fresh, ids, mask, groups), atol=1e-4)
+    LoraConfig = pytest.importorskip("peft").LoraConfig
+    with pytest.raises(UserError, match=r"^BridgeGRPOTrainer: sync_ref_model=True with peft_config is not supported"):
+        trainer(tmp_path, beta=0.04, sync_ref_model=True, peft_config=LoraConfig(r=4, target_modules=["q_proj"]))
 
 
 def test_loss_equals_bridgelm_grpo_on_the_same_rollouts(tmp_path):

@@ -6,6 +6,7 @@ a default lives in its dataclass only.
 
     bridgelm params --preset ds-qwen-7b
     bridgelm generate --model DIR --prompt "1+2=" --n 8 --width 4 --out samples.jsonl
+    bridgelm rl --config run.yaml --steps 10    # every command: flags from a YAML file, the command line's win
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ import os
 import sys
 import warnings
 from importlib.metadata import PackageNotFoundError, version
+
+from bridgelm.cli import config_file
 
 # Modules whose add_commands(sub) registers subcommands, in --help order.
 FAMILIES = ["params", "plan", "generate", "evaluate", "train", "demo", "integrations"]
@@ -39,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for family in FAMILIES:
         importlib.import_module(f"bridgelm.cli.{family}").add_commands(sub)
+    config_file.add_to_commands(sub)
     return parser
 
 
@@ -77,7 +81,8 @@ def main(argv: list[str] | None = None) -> None:
     from bridgelm.errors import show_data_warnings, user_message
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(config_file.expand(parser, sys.argv[1:] if argv is None else list(argv)))
     expand_home(args)
     refuse_empty_paths(args)
     prog = " ".join(["bridgelm", args.command, *([args.analysis] if getattr(args, "analysis", None) else [])])

@@ -27,20 +27,20 @@ What changes against GRPOTrainer, and nothing else (rewards, advantages and the 
 - the generated batch is shuffled group by group, not row by row, before TRL splits it into micro-batches;
 - every teacher-forced forward (old, reference and trained log-probs) gets the group layout (`bridge_groups`, a
   `grouped.Groups` of consecutive runs of `width`), through a forward pre-hook held only for that call;
-- with beta > 0 the reference is a frozen copy of the starting policy, blocks included (TRL would reload the
-  model's folder, which drops blocks attached in memory).
-- with beta > 0 and an in-memory model, the reference is always that frozen copy (TRL would reload the model's
-  folder, and an in-memory model may have none).
+- with beta > 0 and an in-memory model the reference is a frozen copy of the model given, blocks included, taken
+  before TRL or peft change it (TRL would reload the model's folder, which drops blocks attached in memory, and an
+  in-memory model may have none); TRL's reference set-up (dropout, fp32 head, fused head) is applied to it.
 - with `peft_config` (a peft LoraConfig, as GRPOTrainer takes it) LoRA goes on the base only: modules inside the
   blocks are excluded from its targets and the blocks stay trainable beside the LoRA weights; with beta > 0 the
-  reference is the starting policy (a fresh LoRA changes nothing: the base without LoRA); `save_model` and the
+  reference is the starting policy without LoRA (a fresh LoRA changes nothing); `save_model` and the
   checkpoints write one model folder, LoRA merged into the base with the blocks, and the adapter in `lora/`
   (bridgelm.lora), which a resumed run reads back.
 Settings it cannot honour are refused at construction, in one line naming the setting: batch settings that would
 split a group, a width that is not a positive integer, temperature 0, FSDP and DeepSpeed ZeRO-3 (rollouts would
 decode on sharded weights), vLLM, continuous batching and `rollout_func` (their rollouts would not be Bridge groups),
-and sampling settings the engine does not take (min_p, repetition_penalty, generation_kwargs). Text prompts,
-plain or conversational; no images. TRL's private methods are wrapped with their arguments forwarded as given.
+sampling settings the engine does not take (min_p, repetition_penalty, generation_kwargs), and sync_ref_model
+with peft_config (as GRPOTrainer refuses it). Text prompts, plain or conversational; no images. TRL's private
+methods are wrapped with their arguments forwarded as given.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ from pathlib import Path
 import torch
 from trl import GRPOConfig, GRPOTrainer
 from trl.trainer.callbacks import SyncRefModelCallback
-from trl.trainer.utils import split_tensor_dict
+from trl.trainer.utils import add_fused_lm_head, disable_dropout_in_model, split_tensor_dict
 
 from bridgelm import lora
 from bridgelm.attach import added_parameters, block_config
@@ -163,11 +163,15 @@ class BridgeGRPOTrainer(GRPOTrainer):
         if kwargs.get("rollout_func") is not None:
             raise UserError("BridgeGRPOTrainer: rollout_func is not supported: rollouts come from bridgelm's engine")
         if kwargs.get("peft_config") is not None:
+            if args is not None and args.beta != 0.0 and args.sync_ref_model:  # as GRPOTrainer refuses it
+                raise UserError("BridgeGRPOTrainer: sync_ref_model=True with peft_config is not supported (the "
+                                "reference is the base without LoRA): use sync_ref_model=False")
             kwargs["peft_config"] = lora_on_base(kwargs["peft_config"], model)
         own_reference = isinstance(model, torch.nn.Module) and args is not None and args.beta != 0.0
         if own_reference:  # TRL would reload the model's folder for a reference: it gets a frozen copy instead
             beta, sync = args.beta, args.sync_ref_model
             args.beta, args.sync_ref_model = 0.0, False
+            reference = copy.deepcopy(model)  # before TRL patches the policy's forward (see frozen_reference)
         try:
             super().__init__(model, reward_funcs, args, *rest, **kwargs)
         finally:
@@ -187,7 +191,7 @@ class BridgeGRPOTrainer(GRPOTrainer):
             )
         if own_reference:
             self.beta = beta
-            reference = copy.deepcopy(policy).eval().requires_grad_(False)
+            reference = frozen_reference(reference, self.args, self.temperature)
             self.ref_model = self.accelerator.prepare_model(reference, evaluation_mode=True)
             if sync:
                 self.add_callback(SyncRefModelCallback(ref_model=self.ref_model, accelerator=self.accelerator))
@@ -265,6 +269,29 @@ class BridgeGRPOTrainer(GRPOTrainer):
             )
         with grouped_forwards(self.accelerator.unwrap_model(model), self.bridge_width):
             return super()._get_per_token_logps_and_entropies(model, input_ids, *args, **kwargs)
+
+
+def frozen_reference(reference: torch.nn.Module, args, temperature: float) -> torch.nn.Module:
+    """`reference` (a copy of the model given, taken before TRL touched it) frozen and set up as TRL sets up a
+    reference it loads: dropout off, the LM head in fp32 if asked, TRL's fused LM head (its KL log-probs).
+
+    The copy is taken first because TRL replaces the policy's `forward` (and, with cast_lm_head_to_fp32, its LM
+    head's) by functions that close over the policy's own modules; deepcopy shares functions, so a copy taken after
+    would run the trained policy in its plain forward."""
+    reference = reference.eval().requires_grad_(False)
+    if args.disable_dropout:
+        disable_dropout_in_model(reference)
+    model = base_of(reference)
+    if args.cast_lm_head_to_fp32:  # as TRL casts its own reference's head (the fused head reads its weight)
+        head = model.get_output_embeddings()
+        dtype = head.weight.dtype
+        head.float()
+        head.forward = lambda hidden: torch.nn.functional.linear(hidden.float(), head.weight.float(),
+                                                                 None if head.bias is None else head.bias.float())
+        if model.config.tie_word_embeddings:  # the embeddings are that fp32 weight: their output keeps its dtype
+            model.get_input_embeddings().register_forward_hook(lambda module, args, out: out.to(dtype))
+    add_fused_lm_head(model, temperature=temperature, cast_lm_head_to_fp32=args.cast_lm_head_to_fp32)
+    return reference
 
 
 def is_peft(model) -> bool:

@@ -1,0 +1,112 @@
+"""`--config run.yaml` for every command: a YAML mapping of the command's flags, each key a flag's name without
+its dashes (`max-new-tokens` or `max_new_tokens`, `rollouts`), each value what the flag takes (`true`/`false` for
+--x/--no-x, a list for a comma-separated or repeatable flag). The file's settings are put before the command line's
+own flags, so argparse checks them as it checks flags, and a flag given on the command line replaces the file's
+value. A key that names no flag of the command is refused in one line naming it.
+
+    # run.yaml                         bridgelm rl --config run.yaml --steps 10
+    model: HuggingFaceTB/SmolLM2-135M-Instruct
+    task: gsm8k
+    rollouts: 8
+    widths: [1, 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from bridgelm.cli.fields import _Commas as Commas
+
+FLAG = "--config"
+HELP = ("YAML file of this command's flags (keys: flag names without --, values as the flags take them); flags "
+        "given on the command line override it")
+
+
+def add_to_commands(sub: argparse._SubParsersAction) -> None:
+    """Give every command that parses its own flags a `--config` (not lm-eval, which passes its arguments on and has
+    a --config of its own, nor a command with commands of its own)."""
+    for parser in sub.choices.values():
+        if any(isinstance(a, argparse._SubParsersAction) or a.nargs == argparse.REMAINDER for a in parser._actions):
+            continue
+        parser.add_argument(FLAG, metavar="FILE", help=HELP)
+
+
+def expand(top: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """`argv` (command first) with its `--config FILE`'s settings as flags put before the command line's own."""
+    sub = next(a for a in top._actions if isinstance(a, argparse._SubParsersAction))
+    parser = sub.choices.get(argv[0]) if argv else None
+    path = _config_path(argv[1:]) if parser is not None and FLAG in _flags(parser) else None
+    if path is None:
+        return argv
+    settings = _load(parser, path)
+    flags = _flags(parser)
+    given = {a.split("=", 1)[0] for a in argv[1:] if a.startswith("--")}
+    tokens = []
+    for key, value in settings.items():
+        flag = "--" + str(key).replace("_", "-")
+        action = flags.get(flag)
+        if action is None or flag in (FLAG, "--help"):
+            parser.error(f"{FLAG} {path}: unknown key {key!r}: not a flag of bridgelm {argv[0]}")
+        if not given & set(action.option_strings):
+            tokens += _tokens(parser, path, key, flag, action, value)
+    return [argv[0], *tokens, *argv[1:]]
+
+
+def _flags(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
+    return {flag: a for a in parser._actions for flag in a.option_strings}
+
+
+def _config_path(args: list[str]) -> str | None:
+    """The value of the last `--config` in `args` (`--config F` or `--config=F`), or None."""
+    path = None
+    for i, arg in enumerate(args):
+        if arg == FLAG and i + 1 < len(args):
+            path = args[i + 1]
+        elif arg.startswith(FLAG + "="):
+            path = arg.split("=", 1)[1]
+    return path
+
+
+def _load(parser: argparse.ArgumentParser, path: str) -> dict:
+    """The YAML mapping in `path`; anything else (no file, not YAML, not a mapping) is a one-line error."""
+    import yaml
+
+    from bridgelm.errors import UserError
+    from bridgelm.jsonl import check_regular_file
+
+    try:
+        settings = yaml.safe_load(check_regular_file(Path(path).expanduser(), f"{FLAG}").read_text())
+    except (OSError, UserError, UnicodeDecodeError) as err:
+        parser.error(str(err))
+    except yaml.YAMLError as err:
+        parser.error(f"{FLAG} {path} is not YAML: {' '.join(str(err).split())}")
+    if settings is None:
+        return {}
+    if not isinstance(settings, dict):
+        parser.error(f"{FLAG} {path}: expected a mapping of flag names to values, not a {type(settings).__name__}")
+    return settings
+
+
+def _tokens(parser, path: str, key, flag: str, action: argparse.Action, value) -> list[str]:
+    """The command-line words that give `flag` the config's `value`."""
+    if action.nargs == 0:  # --x / --no-x, or a switch
+        if not isinstance(value, bool):
+            parser.error(f"{FLAG} {path}: {key}={value!r}: expected true or false")
+        if isinstance(action, argparse.BooleanOptionalAction):
+            return [flag if value else "--no-" + flag[2:]]
+        return [flag] if value else []
+    if isinstance(value, list):
+        if isinstance(action, (argparse._AppendAction, argparse._ExtendAction)):
+            return [word for item in value for word in (flag, _text(item))]
+        if isinstance(action, Commas):
+            return [flag, ",".join(_text(item) for item in value)]
+        parser.error(f"{FLAG} {path}: {key}={value!r}: expected one value, not a list")
+    if isinstance(value, dict) or value is None:
+        parser.error(f"{FLAG} {path}: {key}={value!r}: expected a value for {flag}")
+    return [flag, _text(value)]
+
+
+def _text(value) -> str:
+    """A YAML scalar as the command line would spell it (true/false as the flags' own values do)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
