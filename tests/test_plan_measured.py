@@ -1,7 +1,7 @@
 """bridgelm plan's rows against what a real run holds, measured on 2 CPU ranks (torchrun, gloo).
 
 One launch of tests/dist_scripts/plan_measured.py runs test_rl's tiny Bridge model through rl.train_rl for 2 steps
-under --fsdp --bf16 with a reference and validation, and reads each rank's bytes from the run's own objects (local
+under --fsdp --bf16 with a reference, and reads each rank's bytes from the run's own objects (local
 shards of parameters, gradients and AdamW's moments; the bf16 rollout copy; the reference) and from the CPU
 allocator (the start-up peak). The plan is made here for the same model, from its transformers config.
 
@@ -117,3 +117,22 @@ def test_start_up_peak_is_one_whole_policy(measured, planned):
         assert peak < rows["start-up"] + rows["reference"]  # never a second whole model, nor half of one
         shards = rows["weights"] + rows["reference"]
         assert abs(held - shards) <= 2 * uneven_rows(shape_model) + buffers, (held, shards)  # the whole one freed
+
+
+def test_activations_are_what_autograd_keeps(measured, planned):
+    """Each training micro-batch's saved tensors against plan.layer_bytes and the head's terms: exact but for the
+    rotary cos/sin (kept once a forward, shared by its rows and layers) and, after the layers, the boolean masks and
+    the GRPO loss's few float32 values a response position. The attention's own are the CPU's (scores, and a Bridge
+    block's sdpa in float32 under CPU autocast), not the GPU sdpa's that the plan counts: measured, not compared."""
+    _, shape_model = planned
+    s, a = plan.shape_of(shape_model), 2  # bf16
+    kept, _ = plan.layer_bytes(s, a)
+    batches = [b for m in measured for b in m["saved"]]
+    assert len(batches) == 2 * 4  # 2 ranks x 2 steps x 2 mini-batches of one micro-batch
+    for b in batches:
+        tokens, scored = b["rows"] * b["tokens"], b["scored"]
+        rotary = 2 * b["tokens"] * s.head_dim * a
+        assert 0 <= b["layers"] - tokens * s.layers * kept <= rotary, b
+        head = tokens * plan.norm_bytes(s.hidden, a) + scored * (a * s.hidden + a * s.vocab + 12)
+        assert 0 <= b["head"] - head <= 2 * tokens + 24 * scored, b
+        assert b["attention"] > 0

@@ -1,8 +1,8 @@
 """Run by tests/test_plan_measured.py under torchrun (2 CPU processes, gloo): the memory `bridgelm plan` counts,
-measured on each rank of a real 2-step GRPO run (rl.train_rl, --fsdp --bf16, a reference, validation).
+measured on each rank of a real 2-step GRPO run (rl.train_rl, --fsdp --bf16, a reference).
 
-What the plan counts is read from the run's own objects (wrapping rl's `_learner`, `RolloutPolicy`, `update_policy`
-and `collect_rollouts` to keep hold of them), never from the plan's formulas:
+What the plan counts is read from the run's own objects (wrapping rl's `_learner`, `RolloutPolicy` and
+`update_policy` to keep hold of them), never from the plan's formulas:
 - weights, reference: the bytes of each parameter's local shard (DTensor.to_local()) of the policy, the reference
   (and the reference's parameters that are whole tensors: those FSDP2 holds gathered, not sharded);
 - gradients: the local shards of the trained parameters' gradients, at each optimiser step (a step pre-hook);
@@ -40,10 +40,10 @@ CFG_CHANGES = dict(steps=2, prompts_per_step=2, fsdp=True, bf16=True, beta=0.05,
 
 
 def run_config():
-    """The run measured (and planned by the test): test_rl's tiny GRPO run under FSDP in bf16, validated once."""
+    """The run measured (and planned by the test): test_rl's tiny GRPO run under FSDP in bf16."""
     from test_rl import CFG
 
-    return replace(CFG, **CFG_CHANGES, validation=replace(CFG.validation, limit=2))
+    return replace(CFG, **CFG_CHANGES)
 
 
 def local_bytes(tensors) -> int:
@@ -87,29 +87,46 @@ class Window:
 
 class SavedForBackward:
     """What the policy's training forwards keep for their backward (autograd's saved tensors, each storage once,
-    parameters aside: FSDP gathers those again for the backward), per micro-batch: its rows and padded tokens, and
-    the bytes kept inside the decoder layers and after them (final norm, head, the logits token_logprobs keeps)."""
+    parameters aside: FSDP gathers those again for the backward), per micro-batch: its rows, padded tokens and scored
+    positions (the head's rows), and the bytes kept inside the attention calls (sdpa, the CPU's two-matmul
+    attention), elsewhere in the decoder layers, and after them (final norm, head, log-probs, loss)."""
 
     def __init__(self, model):
+        from bridgelm import attention
         from bridgelm.attach import decoder_layers
 
         self.model, self.batches, self.where, self.seen = model, [], "embed", set()
         layers = decoder_layers(model)
-        self.handles = [
-            model.register_forward_pre_hook(self.start, with_kwargs=True),
-            layers[0].register_forward_pre_hook(lambda *a: self.enter("layers")),
-            layers[-1].register_forward_hook(lambda *a: self.enter("head")),
-        ]
+        model.register_forward_pre_hook(self.start, with_kwargs=True)
+        layers[0].register_forward_pre_hook(lambda *a: self.enter("layers"))
+        layers[-1].register_forward_hook(lambda *a: self.enter("head"))
+        model.get_output_embeddings().register_forward_hook(self.scored)
+        torch.nn.functional.scaled_dot_product_attention = self.tagged(torch.nn.functional.scaled_dot_product_attention)
+        attention.matmul_attention = self.tagged(attention.matmul_attention)
         self.hooks = torch.autograd.graph.saved_tensors_hooks(self.pack, lambda t: t)
 
     def start(self, module, args, kwargs):
         if torch.is_grad_enabled():
             rows, tokens = kwargs["input_ids"].shape
-            self.batches.append({"rows": rows, "tokens": tokens, "layers": 0, "head": 0, "embed": 0})
+            self.batches.append({"rows": rows, "tokens": tokens, "layers": 0, "attention": 0, "head": 0, "embed": 0})
             self.seen, self.where = set(), "embed"
 
     def enter(self, where: str) -> None:
         self.where = where
+
+    def scored(self, module, args, out):
+        if torch.is_grad_enabled():
+            self.batches[-1]["scored"] = out.shape[0]  # [N, V]: the head sees the response positions only
+
+    def tagged(self, fn):
+        def call(*args, **kwargs):
+            before, self.where = self.where, "attention" if self.where == "layers" else self.where
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.where = before
+
+        return call
 
     def pack(self, t):
         storage = t.untyped_storage()
@@ -153,7 +170,7 @@ def measure(out: Path) -> dict:
     try:
         seen["startup"] = Window()  # before the model exists: its whole parameters' frees are seen
         model = policy(seed=3)
-        rl.train_rl(model, TOK, TASK, run_config(), out / "run", val_task=TASK)
+        rl.train_rl(model, TOK, TASK, run_config(), out / "run")
     finally:
         for name, fn in original.items():
             setattr(rl, name, fn)
