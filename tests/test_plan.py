@@ -56,13 +56,14 @@ def by_hand(name: str) -> dict[str, float]:
         "reference": P * 4 / W,
         "rollout replica": P * 2,  # the plain bf16 copy rollouts sample from (--fsdp --bf16), kept between steps
         "rollout model": 0,  # nothing gathered beside it
-        "KV cache": n * 2 * kv * 128 * rows * L * 2,  # sampled in bf16
+        # sampled in bf16 by the compiled decode step, whose slab holds the bucket 6144 >= 4608 and a spare slot
+        "KV cache": n * 2 * kv * 128 * rows * 6145 * 2,
         # bf16 activations kept with checkpointing (every layer's input, one layer's own, the final norm's), and at
         # the 4096 response positions a row the head's input, the bf16 logits, the target id and log-normaliser
         "activations": m * L * (n * h * 2 + layer_bytes(h, i, kvd) + norm(h)) + m * 4096 * (2 * h + 2 * V + 12)
         + buffers,
         "validation model": 0,  # validation samples from the bf16 copy too
-        "validation KV cache": n * 2 * kv * 128 * rows * L * 2,  # no --eval-limit: a full wave of 56 rows
+        "validation KV cache": n * 2 * kv * 128 * rows * 6145 * 2,  # no --eval-limit: a full wave of 56 rows
         "start-up": P * 4,  # the whole fp32 policy on each GPU before it is sharded
     }
     held = rows_["weights"] + rows_["optimiser"] + rows_["reference"] + rows_["rollout replica"]
@@ -124,7 +125,9 @@ def test_fsdp_without_a_replica_gathers_the_fp32_policy_to_sample(capsys):
     assert gathered["rows_gib"]["rollout replica"] == 0
     assert replica["rows_gib"]["rollout model"] == 0
     assert replica["rows_gib"]["rollout replica"] == pytest.approx(P * 2 / GIB)
-    assert replica["rows_gib"]["KV cache"] == pytest.approx(gathered["rows_gib"]["KV cache"] / 2)  # bf16, not fp32
+    # bf16, not fp32, in the compiled step's slab (1024 positions: the bucket 1024 and a spare slot) where the
+    # gathered policy decodes eagerly in the 512 + 512 positions of its rows
+    assert replica["rows_gib"]["KV cache"] == pytest.approx(gathered["rows_gib"]["KV cache"] / 2 * 1025 / 1024)
 
 
 def test_blocks_are_counted_and_a_model_folder_is_read_for_its_config_only(tmp_path, capsys):
@@ -309,7 +312,8 @@ def test_validation_rows_follow_eval_limit_and_the_rollouts_bounds(capsys):
     main([*base, "--eval-max-new-tokens", "1024", "--max-batch-tokens", "20000", "--rollout-dtype", "bfloat16"])
     rows = json.loads(capsys.readouterr().out.splitlines()[-1])["rows_gib"]
     assert rows["validation model"] == 0  # the bf16 copy samples
-    assert rows["validation KV cache"] == pytest.approx(n * 2 * kv * 128 * 12 * 1536 * 2 / GIB)  # 20000 // 1536 = 13
+    # 20000 // 1536 = 13 rows, 12 in whole groups; the compiled step's slab: the bucket 1536 and a spare slot
+    assert rows["validation KV cache"] == pytest.approx(n * 2 * kv * 128 * 12 * 1537 * 2 / GIB)
 
 
 def test_rl_refuses_a_world_size_that_does_not_divide_before_the_model_loads(monkeypatch, capsys, tmp_path):
@@ -321,3 +325,4 @@ def test_rl_refuses_a_world_size_that_does_not_divide_before_the_model_loads(mon
     said = capsys.readouterr().err.strip().splitlines()
     assert err.value.code == 2 and len(said) == 1
     assert "--prompts-per-step 8 must be divisible by the 3 processes" in said[0]  # not the missing model folder
+

@@ -13,9 +13,11 @@ size, i intermediate size, n layers, V vocabulary, L = prompt tokens + max_new_t
                   --bf16), P x its bytes, kept between steps (rollouts.RolloutPolicy; with or without FSDP)
 - rollout model   without a replica under FSDP, what sampling gathers: the rest of the model in fp32,
                   P x b x (W - 1) / W, during the rollout phase only
-- KV cache        n x 2 x kv_heads x head_dim x rows x L x bytes of the sampling dtype (the replica's, else b),
+- KV cache        n x 2 x kv_heads x head_dim x rows x C x bytes of the sampling dtype (the replica's, else b),
                   rows = a rank's rollouts (prompts_per_step / W x G) bounded by max_batch_sequences and
-                  max_batch_tokens / L (whole groups)
+                  max_batch_tokens / L (whole groups), C the slab's positions: where the decode step is compiled (on a
+                  GPU, the replica or an unsharded policy) the smallest bucket of at least L (64, 96, 128, 192, ...,
+                  4096, 6144) and a spare slot (6145 for L = 4608), else L (the gathered sharded policy, eager)
 - activations     of one micro-batch of m rows (micro_batch_groups x w, bounded by a mini-batch's groups and by
                   micro_batch_tokens / L, whole groups, at least one): what autograd keeps for the backward, m x L x
                   (n x l + f), or with gradient checkpointing m x L x (n x a x h + l + f) (every layer's input, one
@@ -64,6 +66,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from bridgelm.attach import added_parameters, block_config
+from bridgelm.engine.cache import slab_capacity
 
 if TYPE_CHECKING:
     from bridgelm.train.rl_config import RLConfig
@@ -196,14 +199,19 @@ def rollout_rows(setup: Setup) -> int:
     return wave_rows(rank_rollouts(setup), setup.cfg.rollout, setup.row_tokens, "rollouts")
 
 
-def _cache(setup: Setup, rows: int, tokens: int) -> float:
-    s = setup.shape
-    cache_bytes = DTYPE_BYTES[setup.cfg.replica_dtype() or setup.dtype]
-    return s.layers * 2 * s.kv_heads * s.head_dim * rows * tokens * cache_bytes
+def _cache(setup: Setup, rows: int, tokens: int, sampling) -> float:
+    """The slab of a wave of `rows` rows of `tokens` positions, sampled under SamplingConfig `sampling`: on a GPU
+    the decode step is compiled (unless sampling.compile is False) for a plain model, the replica or an unsharded
+    policy, and its slab holds a bucket of positions and a spare slot (engine.cache.slab_capacity); the sharded
+    policy decodes eagerly (engine.step.uncompiled_reason)."""
+    s, cfg = setup.shape, setup.cfg
+    compiled = sampling.compile is not False and (cfg.replica_dtype() is not None or not cfg.fsdp)
+    cache_bytes = DTYPE_BYTES[cfg.replica_dtype() or setup.dtype]
+    return s.layers * 2 * s.kv_heads * s.head_dim * rows * slab_capacity(tokens, compiled) * cache_bytes
 
 
 def kv_cache(setup: Setup) -> float:
-    return _cache(setup, rollout_rows(setup), setup.row_tokens)
+    return _cache(setup, rollout_rows(setup), setup.row_tokens, setup.cfg.rollout)
 
 
 def _validation(setup: Setup):
@@ -223,7 +231,8 @@ def validation_model(setup: Setup) -> float:
 
 
 def validation_kv_cache(setup: Setup) -> float:
-    return _cache(setup, validation_rows(setup), _validation(setup)[1])
+    sampling, tokens, _ = _validation(setup)
+    return _cache(setup, validation_rows(setup), tokens, sampling)
 
 
 def startup(setup: Setup) -> float:
