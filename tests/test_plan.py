@@ -326,3 +326,13 @@ def test_rl_refuses_a_world_size_that_does_not_divide_before_the_model_loads(mon
     assert err.value.code == 2 and len(said) == 1
     assert "--prompts-per-step 8 must be divisible by the 3 processes" in said[0]  # not the missing model folder
 
+
+def test_recommended_command_names_block_heads_only_when_given(capsys):
+    """--add bridge without --num-heads: the recommended rl command adds the default heads too (no "--num-heads
+    None", which rl would refuse); with --num-heads 8 it says so."""
+    base = ["plan", "--preset", "ds-qwen-1.5b", "--add", "bridge", *ARGS.split(), "--gpu-memory-gib", "80", "--json"]
+    main(base)
+    command = json.loads(capsys.readouterr().out.splitlines()[-1])["recommended"]["command"]
+    assert "--add bridge" in command and "--num-heads" not in command
+    main([*base, "--num-heads", "8"])
+    assert "--add bridge --num-heads 8" in json.loads(capsys.readouterr().out.splitlines()[-1])["recommended"]["command"]
