@@ -23,6 +23,19 @@ ARGS = "--world-size 8 --fsdp --prompts-per-step 64 --rollouts 8 --width 4 --max
 ARGS += " --micro-batch-groups 1 --bf16 --gradient-checkpointing --steps-per-rollout 8"
 
 
+def norm(h: int) -> int:
+    """An RMSNorm's bytes a token under bf16: its input in float32, the reciprocal root, the normalised values in bf16."""
+    return 4 * h + 4 + 2 * h
+
+
+def layer_bytes(h: int, i: int, kvd: int, block: int = 0) -> int:
+    """A decoder layer's bytes a token under bf16: two norms and their outputs, q, k, v and the attention's output
+    (sdpa's), o_proj's input, the SwiGLU's gate, up, activation and product; a Bridge block of `block` = H x Dh: its
+    norm and output, its q, k, v and output, o_proj's input."""
+    layer = 2 * (norm(h) + 2 * h) + 2 * (h + 2 * kvd + h) + 2 * h + 2 * 4 * i
+    return layer + (norm(h) + 2 * h + 2 * 3 * block + 2 * block + 2 * block if block else 0)
+
+
 def by_hand(name: str) -> dict[str, float]:
     """The rows in bytes, worked out from the published shapes (plan.py's docstring gives the formulas)."""
     V, h, i, n, kv = SHAPES[name]
@@ -43,11 +56,14 @@ def by_hand(name: str) -> dict[str, float]:
         "reference": P * 4 / W,
         "rollout replica": P * 2,  # the plain bf16 copy rollouts sample from (--fsdp --bf16), kept between steps
         "rollout model": 0,  # nothing gathered beside it
-        "KV cache": n * 2 * kv * 128 * rows * L * 2,  # sampled in bf16
-        # bf16 activations kept with checkpointing, and the bf16 logits of the 4096 response positions a row
-        "activations": m * L * (n * h + 10 * h + 4 * i) * 2 + m * 4096 * V * 2 + buffers,
+        # sampled in bf16 by the compiled decode step, whose slab holds the bucket 6144 >= 4608 and a spare slot
+        "KV cache": n * 2 * kv * 128 * rows * 6145 * 2,
+        # bf16 activations kept with checkpointing (every layer's input, one layer's own, the final norm's), and at
+        # the 4096 response positions a row the head's input, the bf16 logits, the target id and log-normaliser
+        "activations": m * L * (n * h * 2 + layer_bytes(h, i, kvd) + norm(h)) + m * 4096 * (2 * h + 2 * V + 12)
+        + buffers,
         "validation model": 0,  # validation samples from the bf16 copy too
-        "validation KV cache": n * 2 * kv * 128 * rows * L * 2,  # no --eval-limit: a full wave of 56 rows
+        "validation KV cache": n * 2 * kv * 128 * rows * 6145 * 2,  # no --eval-limit: a full wave of 56 rows
         "start-up": P * 4,  # the whole fp32 policy on each GPU before it is sharded
     }
     held = rows_["weights"] + rows_["optimiser"] + rows_["reference"] + rows_["rollout replica"]
@@ -109,7 +125,9 @@ def test_fsdp_without_a_replica_gathers_the_fp32_policy_to_sample(capsys):
     assert gathered["rows_gib"]["rollout replica"] == 0
     assert replica["rows_gib"]["rollout model"] == 0
     assert replica["rows_gib"]["rollout replica"] == pytest.approx(P * 2 / GIB)
-    assert replica["rows_gib"]["KV cache"] == pytest.approx(gathered["rows_gib"]["KV cache"] / 2)  # bf16, not fp32
+    # bf16, not fp32, in the compiled step's slab (1024 positions: the bucket 1024 and a spare slot) where the
+    # gathered policy decodes eagerly in the 512 + 512 positions of its rows
+    assert replica["rows_gib"]["KV cache"] == pytest.approx(gathered["rows_gib"]["KV cache"] / 2 * 1025 / 1024)
 
 
 def test_blocks_are_counted_and_a_model_folder_is_read_for_its_config_only(tmp_path, capsys):
@@ -196,7 +214,9 @@ def test_sft_plan_matches_the_hand_calculation():
     rows = plan.SFTSetup(plan.shape_of(model), cfg, world=8, dtype="float32").rows()
     m = 1 * 4  # a rank's share of 8 groups over 8 GPUs is one group (micro_batch_groups 2 bounded by it), 4 rows
     buffers = 2 * (2**26 // V) * V * 4  # token_logprobs' two float32 chunk buffers
-    acts = m * 2048 * n * (10 * h + 4 * i) * 2 + m * 2048 * V * 2 + buffers  # bf16 activations and logits
+    kvd = SHAPES["ds-qwen-7b"][4] * 128
+    # bf16 activations of every layer (Bridge blocks of 4 x 128) and the final norm; head input and bf16 logits
+    acts = m * 2048 * (n * layer_bytes(h, i, kvd, 4 * 128) + norm(h)) + m * 2048 * (2 * h + 2 * V + 12) + buffers
     want = {"weights": P * 4, "gradients": B * 4, "optimiser": 2 * B * 4, "activations": acts, "start-up": P * 4}
     peak = P * 4 + 2 * B * 4 + B * 4 + acts
     want["overhead"] = 1.5 * GIB + 0.05 * peak
@@ -292,7 +312,8 @@ def test_validation_rows_follow_eval_limit_and_the_rollouts_bounds(capsys):
     main([*base, "--eval-max-new-tokens", "1024", "--max-batch-tokens", "20000", "--rollout-dtype", "bfloat16"])
     rows = json.loads(capsys.readouterr().out.splitlines()[-1])["rows_gib"]
     assert rows["validation model"] == 0  # the bf16 copy samples
-    assert rows["validation KV cache"] == pytest.approx(n * 2 * kv * 128 * 12 * 1536 * 2 / GIB)  # 20000 // 1536 = 13
+    # 20000 // 1536 = 13 rows, 12 in whole groups; the compiled step's slab: the bucket 1536 and a spare slot
+    assert rows["validation KV cache"] == pytest.approx(n * 2 * kv * 128 * 12 * 1537 * 2 / GIB)
 
 
 def test_rl_refuses_a_world_size_that_does_not_divide_before_the_model_loads(monkeypatch, capsys, tmp_path):
@@ -304,3 +325,14 @@ def test_rl_refuses_a_world_size_that_does_not_divide_before_the_model_loads(mon
     said = capsys.readouterr().err.strip().splitlines()
     assert err.value.code == 2 and len(said) == 1
     assert "--prompts-per-step 8 must be divisible by the 3 processes" in said[0]  # not the missing model folder
+
+
+def test_recommended_command_names_block_heads_only_when_given(capsys):
+    """--add bridge without --num-heads: the recommended rl command adds the default heads too (no "--num-heads
+    None", which rl would refuse); with --num-heads 8 it says so."""
+    base = ["plan", "--preset", "ds-qwen-1.5b", "--add", "bridge", *ARGS.split(), "--gpu-memory-gib", "80", "--json"]
+    main(base)
+    command = json.loads(capsys.readouterr().out.splitlines()[-1])["recommended"]["command"]
+    assert "--add bridge" in command and "--num-heads" not in command
+    main([*base, "--num-heads", "8"])
+    assert "--add bridge --num-heads 8" in json.loads(capsys.readouterr().out.splitlines()[-1])["recommended"]["command"]

@@ -81,10 +81,13 @@ class ParamCounts:
         return self.original + self.added
 
 
-def meta_model(preset: str | None = None, model_dir: str | None = None):
-    """A model with the preset's or the directory's config, on the meta device (no weights)."""
+def meta_model(preset: str | None = None, model_dir: str | None = None, config=None):
+    """A model with the preset's, the directory's or the given transformers `config`, on the meta device (no
+    weights): what `bridgelm plan` reads a model's shapes from."""
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
+    if config is not None:
+        preset = model_dir = None  # the config given is the model's
     if preset is not None:
         if preset not in PRESETS:
             raise ValueError(f"unknown preset {preset!r}; expected one of {sorted(PRESETS)}")
@@ -92,8 +95,8 @@ def meta_model(preset: str | None = None, model_dir: str | None = None):
         config = (Qwen2Config if family == "qwen2" else LlamaConfig)(**numbers)
     elif model_dir is not None:
         config = load_config(model_dir)
-    else:
-        raise ValueError("give a preset or a model directory")
+    elif config is None:
+        raise ValueError("give a preset, a model directory or a config")
     with torch.device("meta"):
         return AutoModelForCausalLM.from_config(config)
 

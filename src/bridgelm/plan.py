@@ -13,17 +13,25 @@ size, i intermediate size, n layers, V vocabulary, L = prompt tokens + max_new_t
                   --bf16), P x its bytes, kept between steps (rollouts.RolloutPolicy; with or without FSDP)
 - rollout model   without a replica under FSDP, what sampling gathers: the rest of the model in fp32,
                   P x b x (W - 1) / W, during the rollout phase only
-- KV cache        n x 2 x kv_heads x head_dim x rows x L x bytes of the sampling dtype (the replica's, else b),
+- KV cache        n x 2 x kv_heads x head_dim x rows x C x bytes of the sampling dtype (the replica's, else b),
                   rows = a rank's rollouts (prompts_per_step / W x G) bounded by max_batch_sequences and
-                  max_batch_tokens / L (whole groups)
+                  max_batch_tokens / L (whole groups), C the slab's positions: where the decode step is compiled (on a
+                  GPU, the replica or an unsharded policy) the smallest bucket of at least L (64, 96, 128, 192, ...,
+                  4096, 6144) and a spare slot (6145 for L = 4608), else L (the gathered sharded policy, eager)
 - activations     of one micro-batch of m rows (micro_batch_groups x w, bounded by a mini-batch's groups and by
-                  micro_batch_tokens / L, whole groups, at least one): m x L x a x (n x (10 h + 4 i)) values kept for
-                  the backward, or with gradient checkpointing m x L x a x (n x h + 10 h + 4 i) (every layer's
-                  input, one layer recomputed), a the bytes of the compute dtype (2 under --bf16); plus the logits
-                  of the response positions only, as logprobs.py keeps them: m x max_new_tokens x V x a (their
-                  gradient is written over them), and two float32 chunk buffers of 2^26 values (logprobs.chunk_rows)
-                  at most. (10 h + 4 i: the layer's norms, q/k/v, attention output, projections and residuals, and
-                  the SwiGLU's gate, up, activation and product; attention scores are not kept by sdpa.)
+                  micro_batch_tokens / L, whole groups, at least one): what autograd keeps for the backward, m x L x
+                  (n x l + f), or with gradient checkpointing m x L x (n x a x h + l + f) (every layer's input, one
+                  layer recomputed), a the bytes of the compute dtype (2 under --bf16), f = 4 h + 4 + a h the final
+                  norm's (an RMSNorm keeps its input in float32, its reciprocal root and its normalised values), l a
+                  layer's: two norms and their outputs, q, k, v (h + 2 x kv_heads x head_dim) and the attention's
+                  output as sdpa keeps them, that output again as o_proj reads it, the SwiGLU's gate, up, activation
+                  and product (4 i), and the added block's (a Bridge block: its norm and output, q, k, v and output
+                  of its D = heads x head_dim wide attention, o_proj's input: 5 D; P-Match: its norm and output, 4 D)
+                  (8 h + 8 + a (7 h + 2 x kv_heads x head_dim + 4 i) bytes without blocks); plus,
+                  for the response positions only, as logprobs.py keeps them: the head's input, the logits, the
+                  target id and the log-normaliser, m x max_new_tokens x (a h + a V + 12) (the logits' gradient is
+                  written over them), and two float32 chunk buffers of 2^26 values (logprobs.chunk_rows) at most.
+                  Attention scores are not kept by sdpa.
 - validation model   what validation samples with beside what is held: the rollout replica when there is one
                   (nothing more), else as the rollout model (rl._validate samples as the rollouts are)
 - validation KV cache  as the KV cache, for a wave of validation rows (eval_n per problem, a rank's share of
@@ -57,7 +65,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from bridgelm.attach import added_parameters
+from bridgelm.attach import added_parameters, block_config
+from bridgelm.engine.cache import slab_capacity
 
 if TYPE_CHECKING:
     from bridgelm.train.rl_config import RLConfig
@@ -82,6 +91,8 @@ class Shape:
     kv_heads: int  # key/value heads
     head_dim: int  # per head
     vocab: int  # V
+    block_kind: str | None = None  # the added blocks' kind ("bridge", "pmatch"), None without
+    block_inner: int = 0  # D, their inner width: heads x head_dim (a Bridge block's attention, half P-Match's MLP)
 
 
 def shape_of(model) -> Shape:
@@ -91,8 +102,10 @@ def shape_of(model) -> Shape:
     kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
     unique = {id(p): p.numel() for p in model.parameters()}
     blocks = sum(p.numel() for p in added_parameters(model).values())
+    added = block_config(model)
+    kind, inner = (None, 0) if added is None else (added.kind, added.num_heads * added.head_dim)
     return Shape(sum(unique.values()), blocks, c.num_hidden_layers, c.hidden_size, c.intermediate_size, kv_heads,
-                 head_dim, c.vocab_size)  # fmt: skip
+                 head_dim, c.vocab_size, kind, inner)  # fmt: skip
 
 
 @dataclass
@@ -186,14 +199,19 @@ def rollout_rows(setup: Setup) -> int:
     return wave_rows(rank_rollouts(setup), setup.cfg.rollout, setup.row_tokens, "rollouts")
 
 
-def _cache(setup: Setup, rows: int, tokens: int) -> float:
-    s = setup.shape
-    cache_bytes = DTYPE_BYTES[setup.cfg.replica_dtype() or setup.dtype]
-    return s.layers * 2 * s.kv_heads * s.head_dim * rows * tokens * cache_bytes
+def _cache(setup: Setup, rows: int, tokens: int, sampling) -> float:
+    """The slab of a wave of `rows` rows of `tokens` positions, sampled under SamplingConfig `sampling`: on a GPU
+    the decode step is compiled (unless sampling.compile is False) for a plain model, the replica or an unsharded
+    policy, and its slab holds a bucket of positions and a spare slot (engine.cache.slab_capacity); the sharded
+    policy decodes eagerly (engine.step.uncompiled_reason)."""
+    s, cfg = setup.shape, setup.cfg
+    compiled = sampling.compile is not False and (cfg.replica_dtype() is not None or not cfg.fsdp)
+    cache_bytes = DTYPE_BYTES[cfg.replica_dtype() or setup.dtype]
+    return s.layers * 2 * s.kv_heads * s.head_dim * rows * slab_capacity(tokens, compiled) * cache_bytes
 
 
 def kv_cache(setup: Setup) -> float:
-    return _cache(setup, rollout_rows(setup), setup.row_tokens)
+    return _cache(setup, rollout_rows(setup), setup.row_tokens, setup.cfg.rollout)
 
 
 def _validation(setup: Setup):
@@ -213,7 +231,8 @@ def validation_model(setup: Setup) -> float:
 
 
 def validation_kv_cache(setup: Setup) -> float:
-    return _cache(setup, validation_rows(setup), _validation(setup)[1])
+    sampling, tokens, _ = _validation(setup)
+    return _cache(setup, validation_rows(setup), tokens, sampling)
 
 
 def startup(setup: Setup) -> float:
@@ -242,11 +261,32 @@ def activations(setup: Setup) -> float:
 def activation_bytes(s: Shape, m: int, tokens: int, scored: int, checkpointing: bool, compute_bytes: int) -> float:
     """What a micro-batch of m rows of `tokens` tokens keeps for its backward, with the logits of `scored` tokens a
     row in the compute dtype and two float32 chunk buffers of token_logprobs (at most the logits' rows each)."""
-    layer = 10 * s.hidden + 4 * s.intermediate  # values a token keeps in one layer
-    per_token = s.layers * s.hidden + layer if checkpointing else s.layers * layer
-    logits = m * scored * s.vocab * compute_bytes
+    a = compute_bytes
+    kept, attention = layer_bytes(s, a)
+    layers = s.layers * a * s.hidden + kept + attention if checkpointing else s.layers * (kept + attention)
+    per_token = layers + norm_bytes(s.hidden, a)  # the final norm's
+    per_scored = a * s.hidden + a * s.vocab + 12  # the head's input, the logits, the target id and log-normaliser
     buffers = 2 * min(max(1, CHUNK_VALUES // s.vocab), m * scored) * s.vocab * 4
-    return m * tokens * per_token * compute_bytes + logits + buffers
+    return m * tokens * per_token + m * scored * per_scored + buffers
+
+
+def norm_bytes(h: int, a: int) -> int:
+    """What an RMSNorm keeps a token: its input in float32 (a copy of a bf16 input; 4 h bytes), the reciprocal root
+    (4 bytes) and the normalised values cast back to values of `a` bytes (a h)."""
+    return 4 * h + 4 + a * h
+
+
+def layer_bytes(s: Shape, a: int) -> tuple[int, int]:
+    """Bytes a token keeps in one decoder layer with its added block, values of `a` bytes (see the module's
+    docstring): (around the attention, the attention's own as sdpa keeps them on a GPU: q, k, v and output). The CPU's
+    two-matmul attention keeps its scores instead: tests/test_plan_measured.py measures the rest on CPU ranks."""
+    h, kv, norm = s.hidden, 2 * s.kv_heads * s.head_dim, norm_bytes(s.hidden, a)
+    kept, attention = 2 * norm + a * (3 * h + 4 * s.intermediate), a * (2 * h + kv)
+    if s.block_kind == "bridge":
+        kept, attention = kept + norm + a * (h + s.block_inner), attention + a * 4 * s.block_inner
+    elif s.block_kind == "pmatch":
+        kept += norm + a * (h + 4 * s.block_inner)
+    return kept, attention
 
 
 ROWS = {  # row name -> its function, in the table's order

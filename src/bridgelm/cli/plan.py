@@ -113,7 +113,7 @@ def _command(args, cfg: RLConfig) -> list[str]:
     words = [*launch, "--model", args.model or "MODEL"]
     if args.add:
         words += ["--add", args.add]
-        words += ["--num-heads", str(args.num_heads)] if args.num_heads != BlockConfig.num_heads else []
+        words += ["--num-heads", str(args.num_heads)] if block_heads(args) != BlockConfig.num_heads else []
     if args.dtype != "float32":
         words += ["--dtype", args.dtype]
     parser = argparse.ArgumentParser(add_help=False)

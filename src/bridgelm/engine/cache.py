@@ -31,6 +31,13 @@ def bucket(n: int) -> int:
     return b
 
 
+def slab_capacity(positions: int, compiled: bool) -> int:
+    """The positions a wave's slab holds for rows of `positions` (longest prompt + max_new_tokens): as many in eager
+    mode; in compiled mode a `bucket` (a few capacities, and graphs) and one spare slot, never read (every read is
+    then a strict slice of the slab and the mask: the same strides, one compiled graph)."""
+    return bucket(positions) + 1 if compiled else positions
+
+
 def rounded(n: int) -> int:
     """n positions rounded up to a multiple of READ_STEP."""
     return -(-n // READ_STEP) * READ_STEP

@@ -27,7 +27,7 @@ import torch
 
 from bridgelm.attention import fast_attention
 from bridgelm.engine import sampler
-from bridgelm.engine.cache import SlabCache, bucket
+from bridgelm.engine.cache import SlabCache, slab_capacity
 from bridgelm.engine.config import SamplingConfig
 from bridgelm.engine.randomness import SampleRandomness
 from bridgelm.engine.step import Stepper, bucket_keep, decodes_compiled, reads_whole
@@ -224,10 +224,7 @@ def run_wave(model, prompts, wave: Wave, cfg: SamplingConfig, ends: Ends, keys, 
     device = next(model.parameters()).device
     compiled = decodes_compiled(model, cfg, device)
     deferred = sampler.defers_draws(device, cfg)
-    capacity = wave.longest + cfg.max_new_tokens
-    if compiled:  # a few capacities (a wave's own would compile its graphs again), and one spare slot, never
-        # read: every read is then a strict slice of the slab and the mask, the same strides, one compiled graph
-        capacity = bucket(capacity) + 1
+    capacity = slab_capacity(wave.longest + cfg.max_new_tokens, compiled)  # compiled: a bucket and a spare slot
     batch, logits = expand(*prefill(model, prompts, wave, ends.pad_id, capacity), wave, cfg)
     stepper = Stepper.build(model, batch.cache, cfg, compiled, deferred)
     out = Outputs.empty(len(batch.rows), cfg.max_new_tokens, ends.pad_id, device)
