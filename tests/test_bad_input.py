@@ -21,7 +21,7 @@ from safetensors.torch import save_file
 from bridgelm import jsonl, tasks
 from bridgelm.cli import main
 from bridgelm.errors import DataWarning, UserError, user_message
-from bridgelm.eval.runner import EvalConfig
+from bridgelm.eval.runner import EvalConfig, eval_sampling
 from bridgelm.jsonl import read_records
 from bridgelm.train import checkpoints
 
@@ -80,7 +80,7 @@ def test_empty_stop_string_is_refused(models, tmp_path, capsys, command):
     assert "--stop" in line and "empty stop string" in line
     assert not out.exists()
     with pytest.raises(ValueError, match="stop string ''"):
-        EvalConfig(n=2, width=1, stop=["</s>", ""]).validate()
+        EvalConfig(sampling=eval_sampling(n=2, width=1), stop=["</s>", ""]).validate()
 
 
 def test_generate_refuses_to_resume_with_other_prompts(models, tmp_path, capsys):
@@ -261,7 +261,8 @@ def test_the_edges_of_the_number_checks():
     from bridgelm.train.rl_config import RLConfig, default_rollout, default_validation
     from bridgelm.train.sft import SFTConfig
 
-    validation = replace(default_validation(), temperature=0, limit=None)
+    validation = default_validation()
+    validation = replace(validation, sampling=replace(validation.sampling, temperature=0), limit=None)
     rollout = replace(default_rollout(), top_p=1)
     RLConfig(rollout=rollout, validation=validation, max_grad_norm=0, block_lr=None, lr=1, beta=0).validate()
     SFTConfig(max_grad_norm=-1, warmup_fraction=0, lr=1, val_count=0).validate()

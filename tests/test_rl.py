@@ -489,8 +489,8 @@ def test_resume_refuses_another_configuration(tmp_path):
     assert checkpoints.read_info(checkpoints.latest_checkpoint(tmp_path))["identity"]["rollout.temperature"] == 1.0
     with pytest.raises(ValueError, match=r"\(rollout.temperature: saved 1.0 vs now 0.8\)"):
         train_rl(policy(), TOK, TASK, replace(rollout(CFG, temperature=0.8), steps=1, resume=True), tmp_path)
-    more = replace(CFG.validation, n=8)
-    with pytest.raises(ValueError, match=r"\(validation.n: saved 4 vs now 8\)"):
+    more = replace(CFG.validation, sampling=replace(CFG.validation.sampling, n=8))
+    with pytest.raises(ValueError, match=r"\(validation.sampling.n: saved 4 vs now 8\)"):
         train_rl(policy(), TOK, TASK, replace(CFG, steps=1, validation=more, resume=True), tmp_path)
     with pytest.raises(ValueError, match="already holds a run"):
         train_rl(policy(), TOK, TASK, replace(CFG, steps=1), tmp_path)

@@ -199,7 +199,7 @@ def kv_cache(setup: Setup) -> float:
 def _validation(setup: Setup):
     """The validation's SamplingConfig and its row tokens."""
     v = setup.cfg.validation_sampling()
-    return v.sampling(v.width), setup.prompt_tokens + v.max_new_tokens, v.limit
+    return v.sampling, setup.prompt_tokens + v.sampling.max_new_tokens, v.limit
 
 
 def validation_rows(setup: Setup) -> int:

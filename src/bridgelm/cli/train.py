@@ -9,6 +9,7 @@ torchrun --nproc_per_node 2 -m bridgelm rl ...   (data parallel; add --fsdp to s
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 
 from bridgelm.blocks import KINDS, PLACEMENTS, BlockConfig
@@ -172,9 +173,10 @@ def _refuse_unread_validation(args, cfg: RLConfig) -> None:
         return
     given = [f"--val-data {args.val_data}"] if args.val_data is not None else []
     given += [f"--val-split {args.val_split}"] if args.val_split != VAL_SPLIT else []
-    default = RLConfig().validation
-    given += [f"--eval-{k.replace('_', '-')} {getattr(cfg.validation, k)}" for k in VALIDATION_FLAGS.only
-              if getattr(cfg.validation, k) != getattr(default, k)]
+    for dest, value in vars(args).items():  # the --eval-* flags' dests: "validation.limit", "validation.sampling.n"
+        path = dest.split(".")
+        if path[0] == "validation" and value != functools.reduce(getattr, path, RLConfig()):
+            given.append(f"--eval-{path[-1].replace('_', '-')} {value}")
     if given:
         raise UserError(f"{given[0]} is read only with --val-task (the task to validate on): expected --val-task "
                         "TASK, or no validation settings")
@@ -272,13 +274,18 @@ LORA_FLAGS = Nested(prefix="lora-")
 # RLConfig.validation's flags: --eval-n, --eval-width, ...
 VALIDATION_FLAGS = Nested(
     prefix="eval-",
-    only=["n", "width", "max_new_tokens", "temperature", "top_p", "limit"],
+    only=["sampling", "limit"],
     flags={
-        "n": Flag(help="samples per validation problem (paper: 4 on MATH-500)"),
-        "width": Flag(help="Bridge width of validation sampling (divides --eval-n)"),
-        "max_new_tokens": Flag(help="tokens per validation sample, at most (None: --max-new-tokens)"),
-        "temperature": Flag(help="validation sampling temperature (paper: 0.6)"),
-        "top_p": Flag(help="validation nucleus (paper: 0.95)"),
+        "sampling": Nested(
+            only=["n", "width", "max_new_tokens", "temperature", "top_p"],
+            flags={
+                "n": Flag(help="samples per validation problem (paper: 4 on MATH-500)"),
+                "width": Flag(help="Bridge width of validation sampling (divides --eval-n)"),
+                "max_new_tokens": Flag(help="tokens per validation sample, at most (None: --max-new-tokens)"),
+                "temperature": Flag(help="validation sampling temperature (paper: 0.6)"),
+                "top_p": Flag(help="validation nucleus (paper: 0.95)"),
+            },
+        ),
         "limit": Flag(help="first problems of the val_task to use (None: all)"),
     },
 )

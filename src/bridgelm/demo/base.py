@@ -82,7 +82,7 @@ CHECK_TOKENS = {name: tokens for name, _, _, tokens in _TASKS.values()}  # by re
 
 def check_config(task_name: str) -> runner.EvalConfig:
     """How pre-training's validation checks sample: 4 independent samples per problem, the evaluation's sampling."""
-    return runner.EvalConfig(n=4, width=1, max_new_tokens=CHECK_TOKENS[task_name])
+    return runner.EvalConfig(sampling=runner.eval_sampling(n=4, width=1, max_new_tokens=CHECK_TOKENS[task_name]))
 
 
 def task_name(spec) -> str:

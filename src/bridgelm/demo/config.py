@@ -11,7 +11,7 @@ from bridgelm.demo import arms as registry
 from bridgelm.demo.base import BaseConfig
 from bridgelm.demo.control import ControlConfig
 from bridgelm.engine import SamplingConfig
-from bridgelm.eval.runner import EvalConfig
+from bridgelm.eval.runner import EvalConfig, eval_sampling
 from bridgelm.setting import setting
 from bridgelm.tasks import anysum
 from bridgelm.train.rl_config import RLConfig, default_rollout
@@ -62,9 +62,8 @@ def demo_rl() -> RLConfig:
 def demo_eval() -> EvalConfig:
     """16 samples per problem (divisible by every width) at 0.6 / 0.95 (paper), Bridge at w = 8 in the main table and
     at every width of the paper's Table 3; G-Pass@8 (paper). Width and seed are each arm's."""
-    return EvalConfig(
-        n=16, width=8, widths=[1, 2, 4, 8, 16], max_new_tokens=MAX_NEW_TOKENS, temperature=0.6, top_p=0.95, gpass_k=8
-    )
+    sampling = eval_sampling(n=16, width=8, max_new_tokens=MAX_NEW_TOKENS, temperature=0.6, top_p=0.95)
+    return EvalConfig(sampling=sampling, widths=[1, 2, 4, 8, 16], gpass_k=8)
 
 
 @dataclass
@@ -82,9 +81,10 @@ class DemoConfig:
     rl: RLConfig = setting(default_factory=demo_rl, help="GRPO of each arm: the same prompts, budget and settings")
     eval: EvalConfig = setting(default_factory=demo_eval, help="held-out evaluation of each arm")
     eval_problems: int = setting(240, "held-out test problems (a multiple of "
-                                      "eval.width, for the foreign-siblings control)")
+                                      "eval.sampling.width, for the foreign-siblings control)")
     trace_problems: int = setting(120, "test problems of the trace (interaction over the course of RL, Bridge seed 0)")
-    trace_n: int = setting(8, "samples per problem in the trace (a multiple of eval.width), sampled as the evaluation")
+    trace_n: int = setting(8, "samples per problem in the trace (a multiple of eval.sampling.width), sampled as "
+                              "the evaluation")
     bf16: bool | None = setting(None, "bf16 autocast of pre-training, SFT and RL forwards (fp32 weights and "
                                       "optimiser; 1.6x faster on a CPU with AVX-512 BF16), and sampling "
                                       "(warm-up data, RL rollouts, evaluation) with bf16 weights (1.3-1.5x "
@@ -96,7 +96,7 @@ class DemoConfig:
                                       "the stages ~2.5x slower: 1 seed keeps make demo near 20 minutes)")
     sft_per_seed: bool = setting(True, "RL seed s of P-Match and Bridge starts "
                                        "from SFT seed s (off: all from SFT seed 0)")
-    foreign_control: bool = setting(True, "control (b): Bridge at eval.width with "
+    foreign_control: bool = setting(True, "control (b): Bridge at eval.sampling.width with "
                                           "groups of samples of different problems")
     positive_control: bool = setting(True, "the positive control (demo/control.py): a task where "
                                            "siblings carry the answer, blocks-only GRPO, w=8 "
@@ -156,7 +156,11 @@ class DemoConfig:
             rl=replace(
                 full.rl, steps=3, prompts_per_step=4, rollout=replace(full.rl.rollout, n=4, width=2, max_new_tokens=tokens)
             ),
-            eval=replace(full.eval, n=8, width=4, widths=[1, 2, 4, 8], max_new_tokens=tokens),
+            eval=replace(
+                full.eval,
+                sampling=replace(full.eval.sampling, n=8, width=4, max_new_tokens=tokens),
+                widths=[1, 2, 4, 8],
+            ),
             eval_problems=12,
             control=quick_control(),
             seeds=1,
@@ -216,7 +220,7 @@ def lr_candidates(cfg: DemoConfig, arm: str) -> list[tuple[float, float | None]]
 
 def trace_sampling(cfg: DemoConfig, width: int, seed: int) -> SamplingConfig:
     """How the trace samples: trace_n samples per problem in groups of `width`, as the evaluation samples."""
-    return replace(cfg.eval.sampling(width), n=cfg.trace_n, seed=seed)
+    return replace(cfg.eval.sampling_at(width), n=cfg.trace_n, seed=seed)
 
 
 def sft_config(cfg: DemoConfig, kind: str, seed: int) -> SFTConfig:
@@ -260,10 +264,9 @@ def eval_config(cfg: DemoConfig, arm: str, seed: int, foreign: bool = False) -> 
     """Held-out evaluation of one arm: n samples per problem, every width for Bridge arms; `foreign`: control (b),
     Bridge at the main width with groups made of samples of different problems."""
     bridge_like = arm != registry.BASE and registry.ARMS[arm].bridge
+    w = cfg.eval.sampling.width
     return replace(
         cfg.eval,
-        width=cfg.eval.width if bridge_like else 1,
-        widths=[cfg.eval.width] if foreign else list(cfg.eval.widths) if bridge_like else [1],
-        seed=seed,
-        foreign_groups=foreign,
+        sampling=replace(cfg.eval.sampling, width=w if bridge_like else 1, seed=seed, foreign_groups=foreign),
+        widths=[w] if foreign else list(cfg.eval.widths) if bridge_like else [1],
     )

@@ -136,7 +136,7 @@ def arm_result(demo, dirs: RecipeDirs, label: str, seeds=None) -> dict | None:
     out = sibling_results(demo.control, runs)
     if out is None:
         return None
-    w = demo.control.eval.width
+    w = demo.control.eval.sampling.width
     gain, foreign, room = out[f"w{w}-w1"], out["foreign-w1"], out["headroom"]
     out["learns"] = bool(
         room is not None and gain["mean"] >= LEARNS_SHARE * room and gain["low"] > 0 and foreign["high"] < 0

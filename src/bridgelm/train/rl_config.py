@@ -25,7 +25,7 @@ def default_rollout() -> SamplingConfig:
 
 def default_validation() -> EvalConfig:
     """4 samples per problem in one Bridge group at 0.6 / 0.95 (paper: MATH-500); max_new_tokens None: the rollouts'."""
-    return EvalConfig(n=4, width=4, max_new_tokens=None, temperature=0.6, top_p=0.95)
+    return EvalConfig(sampling=SamplingConfig(n=4, width=4, max_new_tokens=None, temperature=0.6, top_p=0.95))
 
 
 MAX_SIBLING_WEIGHT = 1e6  # L of reward "sibling", at most: (1 + L)^2 stays far inside float32
@@ -214,20 +214,20 @@ class RLConfig:
 
     def _check_validation(self) -> None:
         """The validation's settings, checked before training rather than after it (named as their flags are)."""
-        v = self.validation
+        v = self.validation.sampling
         check_sampling(v.temperature, v.top_p, prefix="eval_")
         for name, value in (("eval_n", v.n), ("eval_width", v.width), ("eval_max_new_tokens", v.max_new_tokens)):
             if value is not None:
                 check_int(name, value)
-        if v.limit is not None:
-            check_int("eval_limit", v.limit)
+        if self.validation.limit is not None:
+            check_int("eval_limit", self.validation.limit)
         if self.eval_every < 0:
             raise ValueError(f"eval_every={self.eval_every} must be >= 0 (0: only after the last step)")
         if v.n % v.width:
             raise ValueError(f"eval_width={v.width} must divide eval_n={v.n}")
-        sampling = validation_sampling(self)
-        sampling.validate()
-        check_one_group("eval_", sampling.sampling(sampling.width))
+        validation = validation_sampling(self)
+        validation.validate()
+        check_one_group("eval_", validation.sampling)
 
 
 def check_one_group(prefix: str, s: SamplingConfig) -> None:
@@ -247,9 +247,10 @@ def validation_sampling(cfg: RLConfig) -> EvalConfig:
     batch bounds (max_batch_sequences, max_batch_tokens: what the plan fits in memory; the samples do not depend on
     them), and when its max_new_tokens is None, their max_new_tokens."""
     v, r = cfg.validation, cfg.rollout
-    max_new_tokens = v.max_new_tokens or r.max_new_tokens
     bounds = {"max_batch_sequences": r.max_batch_sequences, "max_batch_tokens": r.max_batch_tokens}
-    return replace(v, max_new_tokens=max_new_tokens, seed=derive_seed(cfg.seed, "eval"), chat=cfg.chat, **bounds)
+    max_new_tokens = v.sampling.max_new_tokens or r.max_new_tokens
+    sampling = replace(v.sampling, max_new_tokens=max_new_tokens, seed=derive_seed(cfg.seed, "eval"), **bounds)
+    return replace(v, sampling=sampling, chat=cfg.chat)
 
 
 # Settings that do not change the trained weights besides the run-control ones (train.loop.RUN_FIELDS).
