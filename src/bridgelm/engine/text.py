@@ -2,7 +2,8 @@
 
 `stream_text` encodes the prompts (through the chat template when asked), runs `bridgelm.engine.loop.stream_ids`
 and decodes each sample, yielding a prompt's samples as soon as they are done: what resumable writers append to
-their files. `generate` is the same, from one SamplingConfig and keyword changes of it, collected in a list (`bridgelm.generate`).
+their files. `generate` is the same, from one SamplingConfig and keyword changes of it, collected in a list
+(`bridgelm.generate`).
 """
 
 from __future__ import annotations
