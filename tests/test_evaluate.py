@@ -243,7 +243,8 @@ def test_a_folder_of_an_older_format_is_refused_in_one_line(tmp_path, model_tok,
     sft = tmp_path / "sft"
     sft.mkdir()
     (sft / "run.json").write_text(json.dumps({"kind": "sft", "identity": {}}))  # no version: older than versions
-    with pytest.raises(UserError, match=rf"{sft} has no format version .* bridgelm sft reads version 2 only"):
+    version = FORMATS["sft"]
+    with pytest.raises(UserError, match=rf"{sft} has no format version .* bridgelm sft reads version {version} only"):
         check_format(sft, json.loads((sft / "run.json").read_text()), "sft", "a folder of bridgelm sft")
     samples = tmp_path / "s.jsonl"
     samples.write_text(json.dumps({"index": 0, "prompt": "1+1=", "samples": [], "settings": {"n": 2}}) + "\n")

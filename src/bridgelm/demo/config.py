@@ -14,6 +14,8 @@ from bridgelm.engine import SamplingConfig
 from bridgelm.eval.runner import EvalConfig, eval_sampling
 from bridgelm.setting import setting
 from bridgelm.tasks import anysum
+from bridgelm.train.loop import RunControl
+from bridgelm.train.optim import OptimConfig
 from bridgelm.train.rl_config import RLConfig, default_rollout
 from bridgelm.train.sft import SFTConfig
 
@@ -35,7 +37,7 @@ def demo_warmup() -> SamplingConfig:
 def demo_sft() -> SFTConfig:
     """5 epochs (paper: 5) at lr 1e-3: the paper's 2e-5 is for 7B models, a 2M model needs larger steps. The block
     kind and placement, precision and seed are each run's."""
-    return SFTConfig(epochs=5, lr=1e-3, max_length=256, progress=True, resume=True)
+    return SFTConfig(epochs=5, optim=OptimConfig(lr=1e-3), max_length=256, run=RunControl(progress=True, resume=True))
 
 
 def demo_rl() -> RLConfig:
@@ -51,11 +53,11 @@ def demo_rl() -> RLConfig:
         steps_per_rollout=2,
         micro_batch_groups=64,
         micro_batch_tokens=2048,
-        lr=1e-4,
+        optim=OptimConfig(lr=1e-4),
         beta=1e-3,
-        save_every=20,
         eval_every=0,
-        resume=True,  # continue a run found in the stage's folder; start afresh when there is none
+        # continue a run found in the stage's folder; start afresh when there is none
+        run=RunControl(save_every=20, resume=True),
     )
 
 
@@ -112,8 +114,8 @@ class DemoConfig:
     blocks_lrs: list[float] = setting(default_factory=lambda: [1e-3, 3e-3], help="candidate block lrs of bridge_blocks")
     lr_grid: list[float] = setting(
         default_factory=lambda: [1e-4, 1e-3, 3e-3],
-        help="candidate block lrs of the tuned arms, each at base lr rl.lr "
-             "and at rl.lr x 3 (6 candidates), chosen on validation problems",
+        help="candidate block lrs of the tuned arms, each at base lr rl.optim.lr "
+             "and at rl.optim.lr x 3 (6 candidates), chosen on validation problems",
     )
     misalignment: list[int] = setting(
         default_factory=list,
@@ -214,7 +216,7 @@ def lr_candidates(cfg: DemoConfig, arm: str) -> list[tuple[float, float | None]]
     if search == "block_lr":  # base frozen: the rate is the blocks'
         return [(lr, None) for lr in cfg.blocks_lrs]
     if search == "lrs":
-        return [(base, blocks) for base in (cfg.rl.lr, 3 * cfg.rl.lr) for blocks in cfg.lr_grid]
+        return [(base, blocks) for base in (cfg.rl.optim.lr, 3 * cfg.rl.optim.lr) for blocks in cfg.lr_grid]
     return []
 
 
@@ -230,7 +232,7 @@ def sft_config(cfg: DemoConfig, kind: str, seed: int) -> SFTConfig:
         blocks="pmatch" if kind == "pmatch" else "bridge",
         num_heads=cfg.blocks.num_heads,
         placement="attn" if kind == "bridge_attn" else "ffn",
-        bf16=cfg.bf16,
+        optim=replace(cfg.sft.optim, bf16=cfg.bf16),
         seed=seed,  # the split, the groups and the batch order
     )
 
@@ -249,14 +251,14 @@ def rl_config(cfg: DemoConfig, arm: str, seed: int, lrs: tuple[float, float | No
     if rl.reward == "sibling":  # L = w - 1: each rollout is paid its group's total reward
         rl = replace(rl, sibling_weight=float(rl.rollout.width - 1))
     if lrs is not None:
-        rl = replace(rl, lr=lrs[0], block_lr=lrs[1])
+        rl = replace(rl, optim=replace(rl.optim, lr=lrs[0]), block_lr=lrs[1])
     return replace(
         rl,
         rollout_dtype="bfloat16" if cfg.bf16 else None,
-        bf16=cfg.bf16,
+        optim=replace(rl.optim, bf16=cfg.bf16),
         seed=seed,
         # every checkpoint of the traced run kept (the interaction over the course of RL); elsewhere the last one
-        keep_last=0 if (arm, seed) == ("bridge", TRACE_SEED) else 1,
+        run=replace(rl.run, keep_last=0 if (arm, seed) == ("bridge", TRACE_SEED) else 1),
     )
 
 

@@ -26,6 +26,8 @@ from bridgelm.demo.numbers import per_problem_accuracy
 from bridgelm.eval.runner import EvalConfig, eval_sampling
 from bridgelm.setting import setting
 from bridgelm.tasks.hint import HintSpec
+from bridgelm.train.loop import RunControl
+from bridgelm.train.optim import OptimConfig
 from bridgelm.train.rl_config import RLConfig, default_rollout
 
 TEST_SEED = 1  # the draw of held-out problems (seed 0's scored the pilot that chose the GRPO settings)
@@ -60,12 +62,10 @@ def control_rl() -> RLConfig:
         rollout=replace(default_rollout(), n=8, width=8, max_new_tokens=HINT_TOKENS, temperature=1.0, top_p=1.0),
         steps_per_rollout=2,
         micro_batch_groups=16,
-        lr=3e-3,
+        optim=OptimConfig(lr=3e-3),
         beta=0.0,
         freeze_base=True,
-        save_every=20,
-        keep_last=1,
-        resume=True,
+        run=RunControl(save_every=20, keep_last=1, resume=True),
     )
 
 
@@ -135,7 +135,7 @@ def stage_rl(demo, dirs: ControlDirs, seed: int) -> dict:
 
     cfg = demo.control
     model = with_blocks(load_model(str(dirs.base)), "bridge", demo, seed=seed)
-    rl_cfg = replace(cfg.rl, seed=seed, bf16=demo.bf16)
+    rl_cfg = replace(cfg.rl, seed=seed, optim=replace(cfg.rl.optim, bf16=demo.bf16))
     result = train_rl(model, load_tokenizer(dirs.base), train_task(cfg), rl_cfg, dirs.rl(seed))
     return rl_numbers(result)
 
