@@ -55,7 +55,7 @@ def learner(cfg: rl_config.RLConfig, dist: Dist) -> update.Learner:
     ref = reference.skeleton(model) if cfg.beta > 0 else None  # as train_rl makes it
     prepare_model(model, dist, fsdp=True)
     if ref is not None:
-        ref = reference.make_reference(ref, model, dist, cfg.bf16)
+        ref = reference.make_reference(ref, model, dist, cfg.optim.bf16)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = make_optimizer(params, cfg.optim.lr)
     return update.Learner(model, ref, params, optimizer, make_scheduler(optimizer, 4, 0.0, "constant"), {})

@@ -231,6 +231,7 @@ def _add_eval(sub) -> None:
     p.add_argument(
         "--num-samples",
         dest="sampling.n",
+        metavar="N",
         type=int,
         default=argparse.SUPPRESS,
         help="same as --n (torchrun takes --n for its own options)",
