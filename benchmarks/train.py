@@ -41,6 +41,8 @@ from bridgelm.packed import half_instructions  # noqa: E402
 from bridgelm.tasks.base import Task  # noqa: E402
 from bridgelm.tokenizer import load_tokenizer  # noqa: E402
 from bridgelm.train.rl import train_rl  # noqa: E402
+from bridgelm.train.loop import RunControl  # noqa: E402
+from bridgelm.train.optim import OptimConfig  # noqa: E402
 from bridgelm.train.rl_config import RLConfig, default_rollout  # noqa: E402
 from bridgelm.train.sft import SFTConfig, train_sft  # noqa: E402
 
@@ -124,10 +126,8 @@ def run_ours(model_dir: Path, prompts: list[str], args, out: Path, dtype) -> dic
         steps_per_rollout=args.k,
         micro_batch_groups=args.prompts * args.rollouts // args.width // args.k,  # a mini-batch in one forward
         beta=1e-3,
-        lr=1e-6,
-        gradient_checkpointing=args.gradient_checkpointing,
-        save_every=0,
-        progress=False,
+        optim=OptimConfig(lr=1e-6, gradient_checkpointing=args.gradient_checkpointing),
+        run=RunControl(save_every=0, progress=False),
     )
     task = TextTask("bench", [{"prompt": p} for p in prompts])
     res = train_rl(model, tok, task, cfg, out)
@@ -225,7 +225,8 @@ def run_sft(model_dir: Path, args, out: Path, dtype) -> dict:
     model = bridgelm.load_model(str(model_dir), dtype=dtype).to(args.device)
     data = out.parent / "sft_data.jsonl"
     write_sft_data(data, args.sft_problems, args.prompt_len, args.new_tokens)
-    cfg = SFTConfig(epochs=1, batch_groups=8, micro_batch_groups=8, val_count=0, save_every=0, progress=False, lr=2e-5)
+    cfg = SFTConfig(epochs=1, optim=OptimConfig(lr=2e-5), batch_groups=8, micro_batch_groups=8, val_count=0,
+                    run=RunControl(save_every=0, progress=False))
     res = train_sft(model, load_tokenizer(model_dir), data, cfg, out)
     timed = res.history[1:]
     seconds = sum(r["seconds"] for r in timed)

@@ -21,7 +21,7 @@ from safetensors.torch import save_file
 from bridgelm import jsonl, tasks
 from bridgelm.cli import main
 from bridgelm.errors import DataWarning, UserError, user_message
-from bridgelm.eval.runner import EvalConfig
+from bridgelm.eval.runner import EvalConfig, eval_sampling
 from bridgelm.jsonl import read_records
 from bridgelm.train import checkpoints
 
@@ -80,7 +80,7 @@ def test_empty_stop_string_is_refused(models, tmp_path, capsys, command):
     assert "--stop" in line and "empty stop string" in line
     assert not out.exists()
     with pytest.raises(ValueError, match="stop string ''"):
-        EvalConfig(n=2, width=1, stop=["</s>", ""]).validate()
+        EvalConfig(sampling=eval_sampling(n=2, width=1), stop=["</s>", ""]).validate()
 
 
 def test_generate_refuses_to_resume_with_other_prompts(models, tmp_path, capsys):
@@ -230,7 +230,7 @@ def test_commands_refuse_an_empty_problem_before_loading_the_model(tmp_path, cap
         ("sft", ["--lr", "inf"], "lr=inf: expected a finite number > 0"),
         ("sft", ["--weight-decay", "-5"], "weight_decay=-5.0: expected a finite number >= 0"),
         ("sft", ["--max-grad-norm", "nan"], "max_grad_norm=nan: expected a finite number (<= 0: no clipping)"),
-        ("sft", ["--val-count", "-1"], "val_count=-1 must be >= 0"),
+        ("sft", ["--val-count", "-1"], "val_count=-1: expected an integer >= 0"),
         ("generate", ["--temperature", "1e-45"], "temperature=1e-45: expected 0 (greedy) or at least 1e-06"),
         ("generate", ["--top-p", "nan"], "top_p=nan: expected a finite number in (0, 1]"),
         ("generate", ["--max-batch-tokens", "0"], "max_batch_tokens=0: expected a positive integer"),
@@ -258,13 +258,16 @@ def test_the_edges_of_the_number_checks():
 
     from bridgelm.engine import SamplingConfig
     from bridgelm.errors import check_number
+    from bridgelm.train.optim import OptimConfig
     from bridgelm.train.rl_config import RLConfig, default_rollout, default_validation
     from bridgelm.train.sft import SFTConfig
 
-    validation = replace(default_validation(), temperature=0, limit=None)
+    validation = default_validation()
+    validation = replace(validation, sampling=replace(validation.sampling, temperature=0), limit=None)
     rollout = replace(default_rollout(), top_p=1)
-    RLConfig(rollout=rollout, validation=validation, max_grad_norm=0, block_lr=None, lr=1, beta=0).validate()
-    SFTConfig(max_grad_norm=-1, warmup_fraction=0, lr=1, val_count=0).validate()
+    optim = OptimConfig(max_grad_norm=0, lr=1)
+    RLConfig(rollout=rollout, validation=validation, optim=optim, block_lr=None, beta=0).validate()
+    SFTConfig(val_count=0, optim=OptimConfig(max_grad_norm=-1, warmup_fraction=0, lr=1)).validate()
     SamplingConfig(temperature=0, top_p=1).validate()
     SamplingConfig(temperature=1e-6, top_p=1e-3).validate()
     check_number("x", np.float32(0.5), 0, 1)
@@ -587,7 +590,7 @@ def test_rl_resume_over_a_damaged_checkpoint_ends_like_an_uninterrupted_run(tmp_
 
     from bridgelm.train.rl import train_rl
 
-    cfg = replace(CFG, steps=3, save_every=1, keep_last=0)
+    cfg = replace(CFG, steps=3, run=replace(CFG.run, save_every=1, keep_last=0))
     straight = policy()
     train_rl(straight, TOK, TASK, cfg, tmp_path / "a")
     shutil.copytree(tmp_path / "a", tmp_path / "b")
@@ -596,7 +599,7 @@ def test_rl_resume_over_a_damaged_checkpoint_ends_like_an_uninterrupted_run(tmp_
     state.write_bytes(state.read_bytes()[:100])  # ... which is then found cut
     resumed = policy()
     with pytest.warns(DataWarning, match="step-00000002 is damaged"):
-        train_rl(resumed, TOK, TASK, replace(cfg, resume=True), tmp_path / "b")
+        train_rl(resumed, TOK, TASK, replace(cfg, run=replace(cfg.run, resume=True)), tmp_path / "b")
     a, b = _params(straight), _params(resumed)
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 

@@ -28,7 +28,7 @@ def test_the_file_gives_the_flags_and_the_command_line_overrides_them(tmp_path):
     want = parse(["rl", "--model", "m", "--task", "gsm8k", "--rollouts", "8", "--max-new-tokens", "64",
                   "--out", "o", "--steps", "3", "--progress", "--lora-r", "4"])
     assert got == want
-    assert got["rollout.n"] == 8 and got["steps"] == 3 and got["progress"] is True
+    assert got["rollout.n"] == 8 and got["steps"] == 3 and got["run.progress"] is True
     assert parse(["rl", f"--config={path}", "--out", "o"])["steps"] == 5  # --config=FILE too
 
 

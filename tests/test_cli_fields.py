@@ -22,14 +22,16 @@ from bridgelm.train.warmup_data import MAX_NEW_TOKENS as WARMUP_MAX_NEW_TOKENS
 COMMANDS = {
     "generate": (SamplingConfig, ["--model", "m", "--prompt", "x", "--out", "o"], {"foreign_groups"}),
     "warmup-data": (SamplingConfig, ["--model", "m", "--task", "t", "--out", "o"], {"width", "foreign_groups"}),
-    "eval": (EvalConfig, ["--model", "m", "--out", "o"], set()),
+    "eval": (EvalConfig, ["--model", "m", "--out", "o"], {f"sampling.{n}" for n in ("compact_fraction", "compile",
+                                                                                    "pack_weights")}),
     "sft": (SFTConfig, ["--model", "m", "--data", "d", "--out", "o"], set()),
     "rl": (
         RLConfig,
         ["--model", "m", "--task", "t", "--out", "o"],
         {f"rollout.{n}" for n in ("top_k", "seed", "compact_fraction", "foreign_groups", "compile", "pack_weights")}
-        | {f"validation.{f.name}" for f in dataclasses.fields(EvalConfig)}
-        - {f"validation.{n}" for n in ("n", "width", "max_new_tokens", "temperature", "top_p", "limit")},
+        | {f"validation.{f.name}" for f in dataclasses.fields(EvalConfig)} - {"validation.sampling", "validation.limit"}
+        | {f"validation.sampling.{f.name}" for f in dataclasses.fields(SamplingConfig)}
+        - {f"validation.sampling.{n}" for n in ("n", "width", "max_new_tokens", "temperature", "top_p")},
     ),
     "demo": (
         DemoConfig,
@@ -128,8 +130,8 @@ def test_every_config_field_has_its_help(cls):
 def test_kept_spellings_mean_the_same_fields():
     assert _config("sft", ["--add", "pmatch", "--placement", "attn"]).blocks == "pmatch"
     assert _config("rl", ["--block-lr", "3e-4"]).block_lr == 3e-4
-    assert _config("eval", ["--foreign-groups"]).foreign_groups is True
-    assert _config("eval", ["--num-samples", "4"]).n == 4
+    assert _config("eval", ["--foreign-groups"]).sampling.foreign_groups is True
+    assert _config("eval", ["--num-samples", "4"]).sampling.n == 4
     assert _config("eval", ["--widths", "1,4", "--stop", "a,b", "--stop", "c"]).widths == [1, 4]
     assert _config("eval", ["--stop", "a,b", "--stop", "c"]).stop == ["a,b", "c"]
     assert _config("generate", ["--no-compile"]).compile is False
@@ -137,8 +139,9 @@ def test_kept_spellings_mean_the_same_fields():
     # rl's nested rollout and validation configs keep the flat spellings
     rl = _config("rl", ["--rollouts", "6", "--width", "3", "--top-p", "0.9", "--eval-n", "2", "--eval-limit", "5"])
     assert (rl.rollout.n, rl.rollout.width, rl.rollout.top_p) == (6, 3, 0.9)
-    assert (rl.validation.n, rl.validation.limit, rl.validation.width) == (2, 5, RLConfig().validation.width)
-    assert rl.validation.max_new_tokens is None  # None: the rollouts' max_new_tokens, as --eval-max-new-tokens says
+    v = rl.validation
+    assert (v.sampling.n, v.limit, v.sampling.width) == (2, 5, RLConfig().validation.sampling.width)
+    assert v.sampling.max_new_tokens is None  # None: the rollouts' max_new_tokens, as --eval-max-new-tokens says
     assert _config("demo", ["--quick", "--seeds", "2"], base=DemoConfig.quick()).seeds == 2
 
 

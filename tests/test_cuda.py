@@ -168,7 +168,7 @@ def test_gpu_rl_run_trains_the_blocks(tmp_path):
 
     model = policy().to(CUDA)
     before = {k: v.detach().clone() for k, v in bridgelm.added_parameters(model).items()}
-    res = train_rl(model, TOK, TASK, replace(CFG, steps=2, bf16=True), tmp_path / "rl")
+    res = train_rl(model, TOK, TASK, replace(CFG, steps=2, optim=replace(CFG.optim, bf16=True)), tmp_path / "rl")
     assert [r["step"] for r in res.history] == [1, 2]
     assert all(torch.isfinite(torch.tensor(r["loss"])) for r in res.history)
     after = bridgelm.added_parameters(model)
@@ -186,7 +186,7 @@ def test_gpu_sft_follows_cpu_sft(tmp_path):
     from bridgelm.train.sft import train_sft
 
     data = write_warmup(tmp_path / "w.jsonl")
-    cfg = replace(CFG, epochs=2, lr=1e-3)
+    cfg = replace(CFG, epochs=2, optim=replace(CFG.optim, lr=1e-3))
     cpu, gpu = sft.ensure_blocks(base_model(), cfg), sft.ensure_blocks(base_model().to(CUDA), cfg)
     cpu_blocks, gpu_blocks = bridgelm.added_parameters(cpu), bridgelm.added_parameters(gpu)
     assert cpu_blocks and all(torch.equal(gpu_blocks[k].cpu(), cpu_blocks[k]) for k in cpu_blocks)  # same seed

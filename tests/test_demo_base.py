@@ -55,7 +55,7 @@ def test_every_demo_task_pretrains_and_is_checked_within_its_budget(tmp_path, mo
     real = runner.accuracy
 
     def spy(model, tokenizer, task, cfg):
-        budgets.append((task.name, cfg.max_new_tokens))
+        budgets.append((task.name, cfg.sampling.max_new_tokens))
         return real(model, tokenizer, task, cfg)
 
     monkeypatch.setattr(runner, "accuracy", spy)

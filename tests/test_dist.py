@@ -132,11 +132,13 @@ def test_a_dist_timeout_that_cannot_work_is_refused_before_the_model_loads(tmp_p
 
 
 def test_rollouts_under_fsdp_sample_from_a_bf16_replica_and_a_fp32_one_is_refused():
+    from bridgelm.train.optim import OptimConfig
     from bridgelm.train.rl_config import RLConfig
 
-    assert RLConfig(fsdp=True, bf16=True).replica_dtype() == "bfloat16"  # the default under --fsdp --bf16
+    bf16 = OptimConfig(bf16=True)
+    assert RLConfig(fsdp=True, optim=bf16).replica_dtype() == "bfloat16"  # the default under --fsdp --bf16
     assert RLConfig(fsdp=True).replica_dtype() is None  # the gathered fp32 policy samples
-    assert RLConfig(bf16=True).replica_dtype() is None  # without FSDP: only as asked
+    assert RLConfig(optim=bf16).replica_dtype() is None  # without FSDP: only as asked
     RLConfig(fsdp=True, rollout_dtype="bfloat16").validate(2)
     with pytest.raises(ValueError, match=r"rollout_dtype='float32' with fsdp .*\(4 bytes a parameter\)"):
         RLConfig(fsdp=True, rollout_dtype="float32").validate(2)

@@ -233,6 +233,22 @@ def test_text_api_with_a_tokenizer_chat_and_stop_strings():
             assert s.text.endswith("1") and s.text.count("1") == 1
 
 
+def test_generate_takes_one_sampling_config_and_changes_of_it():
+    """`cfg` and keyword changes make one SamplingConfig (its defaults written once); a name that is no setting is
+    refused in one line naming it, before anything is sampled."""
+    tok = char_tokenizer("0123456789+=")
+    model = randomize_blocks(bridgelm.add_bridge(tiny_model(vocab_size=len(tok))))
+    cfg = SamplingConfig(n=4, width=2, max_new_tokens=5, temperature=1.0, top_p=1.0, seed=3)
+    by_cfg = bridgelm.generate(model, tok, ["1+2="], cfg)
+    by_words = bridgelm.generate(model, tok, ["1+2="], n=4, width=2, max_new_tokens=5, temperature=1.0, top_p=1.0,
+                                 seed=3)
+    changed = bridgelm.generate(model, tok, ["1+2="], replace(cfg, seed=0), seed=3)
+    assert [s.token_ids for s in by_cfg[0]] == [s.token_ids for s in by_words[0]] == [s.token_ids for s in changed[0]]
+    assert len(bridgelm.generate(model, tok, ["1"], max_new_tokens=2)[0]) == SamplingConfig().n
+    with pytest.raises(ValueError, match=r"^max_tokens=5: not a sampling setting \(expected one of n, width, "):
+        bridgelm.generate(model, tok, ["1+2="], n=2, max_tokens=5)
+
+
 @pytest.mark.parametrize(
     "kwargs,match",
     [

@@ -50,7 +50,7 @@ def _snapshot(folder: Path) -> dict:
 def test_resumed_run_samples_exactly_the_missing_problems(tmp_path, model_tok, monkeypatch):
     model, tok = model_tok
     data = [str(_toy(tmp_path / "toy.jsonl", 4)), str(_toy(tmp_path / "toy2.jsonl", 3))]
-    cfg = E.EvalConfig(n=4, width=2, widths=[1, 2], max_new_tokens=5)
+    cfg = E.EvalConfig(sampling=E.eval_sampling(n=4, width=2, max_new_tokens=5), widths=[1, 2])
     run = tmp_path / "run"
     first = E.run_eval(model, tok, "math", data, cfg, run, "tiny", progress=False)
     assert first["sampled"] == 14 and first["skipped"] == 0
@@ -87,11 +87,11 @@ def test_resumed_run_samples_exactly_the_missing_problems(tmp_path, model_tok, m
 def test_other_settings_are_refused_and_nothing_is_touched(tmp_path, model_tok):
     model, tok = model_tok
     data = [str(_toy(tmp_path / "toy.jsonl", 2))]
-    cfg = E.EvalConfig(n=4, width=2, max_new_tokens=4)
+    cfg = E.EvalConfig(sampling=E.eval_sampling(n=4, width=2, max_new_tokens=4))
     run = tmp_path / "run"
     E.run_eval(model, tok, "math", data, cfg, run, "tiny", progress=False)
     before = _snapshot(run)
-    other_n = E.EvalConfig(n=2, width=2, max_new_tokens=4)
+    other_n = E.EvalConfig(sampling=E.eval_sampling(n=2, width=2, max_new_tokens=4))
     with pytest.raises(ValueError, match=r"n: run 4 vs now 2.*mixing them is refused"):
         E.run_eval(model, tok, "math", data, other_n, run, "tiny", progress=False)
     with pytest.raises(ValueError, match=r"model: run 'tiny' vs now 'other-model'"):
@@ -108,7 +108,7 @@ def test_a_check_failing_before_any_sample_leaves_no_run_behind(tmp_path, model_
     model, tok = model_tok
     data = [str(_toy(tmp_path / "toy.jsonl", 2))]
     run = tmp_path / "run"
-    too_long = E.EvalConfig(n=2, width=2, widths=(1, 2), max_new_tokens=1020)
+    too_long = E.EvalConfig(sampling=E.eval_sampling(n=2, width=2, max_new_tokens=1020), widths=(1, 2))
     # refused by its characters before it is tokenized (issue 48: cheap refusals first)
     with pytest.raises(ValueError, match=r"max_new_tokens=1020.*expected a shorter prompt or a lower max_new_tokens"):
         E.run_eval(model, tok, "math", data, too_long, run, "tiny", progress=False)
@@ -117,13 +117,13 @@ def test_a_check_failing_before_any_sample_leaves_no_run_behind(tmp_path, model_
     with pytest.raises(ValueError, match="max_new_tokens=1020"):
         E.run_eval(model, tok, "math", data, too_long, run, "tiny", progress=False)
     assert run.is_dir() and not any(run.iterdir())
-    cfg = E.EvalConfig(n=2, width=2, widths=(1, 2), max_new_tokens=4)
+    cfg = E.EvalConfig(sampling=E.eval_sampling(n=2, width=2, max_new_tokens=4), widths=(1, 2))
     assert E.run_eval(model, tok, "math", data, cfg, run, "tiny", progress=False)["sampled"] == 4
 
 
 def test_widths_must_divide_n(tmp_path, capsys):
     with pytest.raises(ValueError, match="widths entry 3 does not divide n=4"):
-        E.EvalConfig(n=4, widths=[1, 3]).validate()
+        E.EvalConfig(sampling=E.eval_sampling(n=4), widths=[1, 3]).validate()
     data = str(_toy(tmp_path / "toy.jsonl", 2))
     base = ["eval", "--model", str(tmp_path / "no-model"), "--data", data, "--n", "4", "--out", str(tmp_path / "r")]
     with pytest.raises(SystemExit):
@@ -172,7 +172,8 @@ def test_a_cut_gsm8k_sample_counts_only_with_an_explicit_answer(tmp_path, model_
     rows = [{"question": "What is 1+2?", "answer": "1+2=3\n#### 3"}, {"question": "What is 2+2?", "answer": "#### 4"}]
     data = [str(_write_rows(tmp_path / "gsm.jsonl", rows))]
     run = tmp_path / "run"
-    E.run_eval(model, tok, "gsm8k", data, E.EvalConfig(n=4, width=2, max_new_tokens=4), run, "tiny", progress=False)
+    cfg = E.EvalConfig(sampling=E.eval_sampling(n=4, width=2, max_new_tokens=4))
+    E.run_eval(model, tok, "gsm8k", data, cfg, run, "tiny", progress=False)
     cut = "Step 3: Calculate the total number of"
     texts = {("gsm", 0): [cut, cut, "so #### 3 and then", "It is 3"], ("gsm", 1): ["\\boxed{4} and", cut, "4", "4"]}
     _fabricate(run, texts, finished={("gsm", 0): [False, True, False, True], ("gsm", 1): [False, False, True, True]})
@@ -204,7 +205,7 @@ def test_a_split_named_file_is_named_after_its_folder(tmp_path, model_tok):
     other = str(_write_rows(tmp_path / "gsm8k.jsonl", rows[:1]))  # named "gsm8k" too: refused, as ever
     with pytest.raises(ValueError, match="two data files make the benchmark 'gsm8k'"):
         B.load_benchmarks("gsm8k", [test, other])
-    cfg = E.EvalConfig(n=2, width=1, max_new_tokens=3)
+    cfg = E.EvalConfig(sampling=E.eval_sampling(n=2, width=1, max_new_tokens=3))
     run = tmp_path / "run"
     E.run_eval(model, tok, "gsm8k", [test], cfg, run, "tiny", progress=False)
     assert set(S.score_run(run, progress=False)["benchmarks"]) == {"gsm8k"}
@@ -222,7 +223,8 @@ def test_a_folder_of_an_older_format_is_refused_in_one_line(tmp_path, model_tok,
     model, tok = model_tok
     data = str(_toy(tmp_path / "toy.jsonl", 2))
     run = tmp_path / "run"
-    E.run_eval(model, tok, "math", [data], E.EvalConfig(n=2, width=1, max_new_tokens=2), run, "tiny", progress=False)
+    cfg = E.EvalConfig(sampling=E.eval_sampling(n=2, width=1, max_new_tokens=2))
+    E.run_eval(model, tok, "math", [data], cfg, run, "tiny", progress=False)
     settings = json.loads((run / "run.json").read_text())
     assert settings["kind"] == "eval" and settings["format"] == FORMATS["eval"] and settings["foreign_groups"] is False
     old = {k: v for k, v in settings.items() if k != "kind"}
@@ -236,11 +238,13 @@ def test_a_folder_of_an_older_format_is_refused_in_one_line(tmp_path, model_tok,
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.strip().splitlines() == [expected]
     with pytest.raises(UserError, match=r"has format version 'bridgelm-eval-1' .* start a new --out"):
-        E.run_eval(model, tok, "math", [data], E.EvalConfig(n=2, width=1, max_new_tokens=2), run, "tiny")
+        cfg = E.EvalConfig(sampling=E.eval_sampling(n=2, width=1, max_new_tokens=2))
+        E.run_eval(model, tok, "math", [data], cfg, run, "tiny")
     sft = tmp_path / "sft"
     sft.mkdir()
     (sft / "run.json").write_text(json.dumps({"kind": "sft", "identity": {}}))  # no version: older than versions
-    with pytest.raises(UserError, match=rf"{sft} has no format version .* bridgelm sft reads version 2 only"):
+    version = FORMATS["sft"]
+    with pytest.raises(UserError, match=rf"{sft} has no format version .* bridgelm sft reads version {version} only"):
         check_format(sft, json.loads((sft / "run.json").read_text()), "sft", "a folder of bridgelm sft")
     samples = tmp_path / "s.jsonl"
     samples.write_text(json.dumps({"index": 0, "prompt": "1+1=", "samples": [], "settings": {"n": 2}}) + "\n")
@@ -281,7 +285,7 @@ def test_scoring_real_math_rows(tmp_path, model_tok, shared_data):
     model, tok = model_tok
     math, aime = _math_rows(shared_data)
     data = [str(_write_rows(tmp_path / "math500.jsonl", math)), str(_write_rows(tmp_path / "aime24.jsonl", aime))]
-    cfg = E.EvalConfig(n=4, width=2, widths=[1, 2], max_new_tokens=8)
+    cfg = E.EvalConfig(sampling=E.eval_sampling(n=4, width=2, max_new_tokens=8), widths=[1, 2])
     run = tmp_path / "run"
     E.run_eval(model, tok, "math", data, cfg, run, "tiny", progress=False)
     result = S.score_run(run, progress=False)
@@ -327,7 +331,8 @@ def test_overlapping_or_missing_problems_are_reported(tmp_path, model_tok):
     model, tok = model_tok
     data = [str(_toy(tmp_path / "toy.jsonl", 3))]
     run = tmp_path / "run"
-    E.run_eval(model, tok, "math", data, E.EvalConfig(n=2, width=2, max_new_tokens=3), run, "tiny", progress=False)
+    cfg = E.EvalConfig(sampling=E.eval_sampling(n=2, width=2, max_new_tokens=3))
+    E.run_eval(model, tok, "math", data, cfg, run, "tiny", progress=False)
     lines = (run / "samples.jsonl").read_text().splitlines(keepends=True)
     (run / "samples.rank1.jsonl").write_text(lines[1])
     with pytest.raises(ValueError, match=r"1 problems were sampled more than once: toy w=2 #1"):
@@ -389,8 +394,8 @@ class _HasDigit(bridgelm.tasks.Task):
 def test_grade_samples_grades_each_sample_and_accuracy_is_their_mean(model_tok):
     model, tok = model_tok
     task = _HasDigit("has-digit", [{"problem": f"{i}+{i}=", "digit": str(i % 10)} for i in range(6)])
-    cfg = E.EvalConfig(n=4, width=2, max_new_tokens=6, temperature=1.0, seed=3)
-    samples = E.sample_examples(model, tok, task, task.examples, cfg.sampling(cfg.width))
+    cfg = E.EvalConfig(sampling=E.eval_sampling(n=4, width=2, max_new_tokens=6, temperature=1.0, seed=3))
+    samples = E.sample_examples(model, tok, task, task.examples, cfg.sampling_at(cfg.sampling.width))
     flags = E.grade_samples(task, task.examples, samples)
     assert [len(s) for s in samples] == [len(f) for f in flags] == [4] * 6
     for ex, outs, marks in zip(task.examples, samples, flags):

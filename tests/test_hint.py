@@ -90,7 +90,8 @@ def test_misalignment_settings_and_refusals():
 
     base = DemoConfig().control
     at = control_at(base, 16)
-    assert at.base.task.preamble == 16 and at.rl.rollout.max_new_tokens == at.eval.max_new_tokens == HINT_TOKENS + 16
+    assert at.base.task.preamble == 16
+    assert at.rl.rollout.max_new_tokens == at.eval.sampling.max_new_tokens == HINT_TOKENS + 16
     assert control_at(base, 0) == base
     root = ControlDirs(__import__("pathlib").Path("x"))
     assert dirs_at(root, 0) is root and dirs_at(root, 4).root.name == "misalign_p4"

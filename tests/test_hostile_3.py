@@ -191,7 +191,7 @@ def test_a_diverging_rl_run_stops_without_writing_the_nan_model(tmp_path, monkey
     _poison_after(monkeypatch, calls=CFG.steps_per_rollout + 1)  # in rollout step 2
     out = tmp_path / "rl"
     with pytest.raises(UserError) as err:
-        train_rl(policy(), TOK, TASK, replace(CFG, save_every=1), out)
+        train_rl(policy(), TOK, TASK, replace(CFG, run=replace(CFG.run, save_every=1)), out)
     _stopped_at_step_2(err, out, "rl")
     assert not (out / "best").exists()
 
@@ -206,7 +206,8 @@ def test_a_diverging_sft_run_stops_without_writing_the_nan_blocks(tmp_path, monk
     _poison_after(monkeypatch, calls=2)
     out = tmp_path / "sft"
     with pytest.raises(UserError) as err:
-        train_sft(base_model(), TOK, write_warmup(tmp_path / "w.jsonl"), replace(CFG, save_every=1), out)
+        cfg = replace(CFG, run=replace(CFG.run, save_every=1))
+        train_sft(base_model(), TOK, write_warmup(tmp_path / "w.jsonl"), cfg, out)
     _stopped_at_step_2(err, out, "sft")
 
 

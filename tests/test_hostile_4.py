@@ -112,7 +112,7 @@ def test_every_comparison_a_run_makes_can_be_the_primary():
     for name in comparisons(cfg):
         check_primary(replace(cfg, primary=name))
     assert {"bridge-rlvr", "bridge_tuned-rlvr", "pmatch_tuned-pmatch", "bridge_attn-bridge",
-            "bridge_tuned-pmatch_tuned", f"w{cfg.eval.width}-w1"} <= set(comparisons(cfg))
+            "bridge_tuned-pmatch_tuned", f"w{cfg.eval.sampling.width}-w1"} <= set(comparisons(cfg))
 
 
 def test_a_data_number_too_long_for_python_is_one_line_without_python_advice(model_dir, tmp_path, capsys):

@@ -10,17 +10,16 @@ import pytest
 pytest.importorskip("peft", reason="peft is not installed (pip install 'bridgelm[lora]')")
 
 import torch  # noqa: E402
-from conftest import interrupt_on_call, randomize_blocks, tiny_model  # noqa: E402
+from conftest import randomize_blocks, tiny_model  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 import bridgelm  # noqa: E402
 from bridgelm import lora  # noqa: E402
 from bridgelm.dist import Dist  # noqa: E402
 from bridgelm.rng import derive_seed  # noqa: E402
-from bridgelm.train import checkpoints, rl  # noqa: E402
 from bridgelm.train.reference import make_reference, skeleton  # noqa: E402
 from bridgelm.train.rl import train_rl  # noqa: E402
-from test_rl import CFG, TASK, TOK  # noqa: E402
+from test_rl import CFG, TASK, TOK, interrupt_and_resume  # noqa: E402
 
 LORA = lora.LoraSettings(r=4)
 IDS = torch.tensor([[3, 5, 7, 9, 11, 4], [6, 6, 2, 8, 10, 12]])
@@ -131,13 +130,7 @@ def test_rl_resume_with_lora_ends_with_the_same_weights(tmp_path, monkeypatch):
     cfg = replace(CFG, steps=3, lora=LORA)
     straight = policy()
     train_rl(straight, TOK, TASK, cfg, tmp_path / "a")
-    original = interrupt_on_call(monkeypatch, rl, "collect_rollouts", 3)
-    with pytest.raises(KeyboardInterrupt):
-        train_rl(policy(), TOK, TASK, cfg, tmp_path / "b")
-    assert checkpoints.latest_checkpoint(tmp_path / "b").name == "step-00000002"
-    monkeypatch.setattr(rl, "collect_rollouts", original)
-    resumed = policy()
-    train_rl(resumed, TOK, TASK, replace(cfg, resume=True), tmp_path / "b")
+    resumed, _ = interrupt_and_resume(monkeypatch, cfg, tmp_path / "b", policy)
     a, b = dict(straight.named_parameters()), dict(resumed.named_parameters())
     assert a.keys() == b.keys()
     for name in a:

@@ -1,5 +1,6 @@
 """bridgelm plan against hand calculations on the paper's three model shapes (meta device: nothing is allocated)."""
 
+import dataclasses
 import json
 import re
 
@@ -210,7 +211,8 @@ def test_sft_plan_matches_the_hand_calculation():
     B = n * (h + 4 * h * 4 * 128)  # a Bridge block a layer: its RMSNorm, W_Q/W_K/W_V (h -> 4 heads x 128), W_O
     P = PUBLISHED["ds-qwen-7b"] + B
     model = add_bridge(meta_model(preset="ds-qwen-7b"), num_heads=4)
-    cfg = SFTConfig(batch_groups=8, micro_batch_groups=2, max_width=4, max_length=2048, bf16=True)
+    bf16 = dataclasses.replace(SFTConfig().optim, bf16=True)
+    cfg = SFTConfig(optim=bf16, batch_groups=8, micro_batch_groups=2, max_width=4, max_length=2048)
     rows = plan.SFTSetup(plan.shape_of(model), cfg, world=8, dtype="float32").rows()
     m = 1 * 4  # a rank's share of 8 groups over 8 GPUs is one group (micro_batch_groups 2 bounded by it), 4 rows
     buffers = 2 * (2**26 // V) * V * 4  # token_logprobs' two float32 chunk buffers
@@ -281,9 +283,11 @@ def test_plan_recommends_bf16_rollouts_and_equal_waves_when_one_does_not_fit(cap
     assert one["waves"] == 1 and one["rows"] == 64 and one["command"].startswith("bridgelm rl --model MODEL")
     assert "--rollout-dtype bfloat16" in one["command"] and "--max-batch-tokens 294912" in one["command"]
     from bridgelm.params import meta_model
+    from bridgelm.train.optim import OptimConfig
     from bridgelm.train.rl_config import RLConfig
 
-    cfg = RLConfig(prompts_per_step=8, beta=0, bf16=True, gradient_checkpointing=True, micro_batch_groups=1)
+    optim = OptimConfig(bf16=True, gradient_checkpointing=True)
+    cfg = RLConfig(prompts_per_step=8, beta=0, micro_batch_groups=1, optim=optim)
     cfg.rollout.max_new_tokens = 4096
     setup = plan.Setup(plan.shape_of(meta_model(preset="ds-qwen-1.5b")), cfg, 1, "float32", 512)
     whole = plan.filled_waves(setup, 1e9)

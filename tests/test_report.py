@@ -34,7 +34,8 @@ def _scored_run(folder: Path, model_tok, correct: dict, widths: list[int], **set
         path = folder / f"{bench}.jsonl"
         path.write_text("".join(json.dumps({"problem": f"{i}+{i}=", "answer": str(2 * i)}) + "\n" for i in range(2)))
         data.append(str(path))
-    cfg = E.EvalConfig(n=4, width=widths[-1], widths=widths, max_new_tokens=4, **settings)
+    sampling = E.eval_sampling(n=4, width=widths[-1], max_new_tokens=4, **settings)
+    cfg = E.EvalConfig(sampling=sampling, widths=widths)
     run = folder / "run"
     E.run_eval(model, tok, "math", data, cfg, run, "tiny", progress=False)
     recs = read_records(run / "samples.jsonl")
@@ -95,7 +96,8 @@ def test_report_says_when_rows_differ_in_settings(tmp_path, model_tok, capsys):
     other.write_text(json.dumps({"problem": "5+5=", "answer": "10"}) + "\n")
     model, tok = model_tok
     E.run_eval(
-        model, tok, "math", [str(other)], E.EvalConfig(n=4, width=2, max_new_tokens=4), tmp_path / "c" / "run", "tiny"
+        model, tok, "math", [str(other)], E.EvalConfig(sampling=E.eval_sampling(n=4, width=2, max_new_tokens=4)),
+        tmp_path / "c" / "run", "tiny",
     )
     out = tmp_path / "report"
     main(["report", str(base), str(hot), str(tmp_path / "c" / "run"), "--names", "base,hot,hot", "--out", str(out)])

@@ -17,6 +17,8 @@ from bridgelm.tasks.base import Task
 from bridgelm.tokenizer import char_tokenizer
 from bridgelm.train import batches, checkpoints, rl, update
 from bridgelm.train.rl import train_rl
+from bridgelm.train.loop import RunControl
+from bridgelm.train.optim import OptimConfig
 from bridgelm.train.rl_config import RLConfig
 from bridgelm.train.rollouts import Rollouts
 
@@ -46,11 +48,15 @@ CFG = RLConfig(
     rollout=replace(RLConfig().rollout, n=4, width=2, max_new_tokens=6, temperature=1.0),
     steps_per_rollout=2,
     micro_batch_groups=1,
-    lr=1e-3,
+    optim=OptimConfig(lr=1e-3),
     beta=0.05,
-    save_every=0,
-    progress=False,
+    run=RunControl(save_every=0, progress=False),
 )
+
+
+def resuming(cfg, **changes):
+    """`cfg` resuming the run found in its folder, with `changes`."""
+    return replace(cfg, run=replace(cfg.run, resume=True), **changes)
 
 
 def rollout(cfg: RLConfig, **changes) -> RLConfig:
@@ -79,7 +85,8 @@ def policy(blocks=True, seed=0):
 
 
 def test_run_writes_metrics_checkpoints_and_best(tmp_path):
-    cfg = replace(CFG, eval_every=2, validation=replace(CFG.validation, limit=4), keep_last=2, save_every=1)
+    validation = replace(CFG.validation, limit=4)
+    cfg = replace(CFG, eval_every=2, validation=validation, run=replace(CFG.run, keep_last=2, save_every=1))
     res = train_rl(policy(), TOK, TASK, cfg, tmp_path, val_task=TASK)
     records = read_records(tmp_path / "metrics.jsonl")
     assert records == res.history and [r["step"] for r in records] == [1, 2, 3]
@@ -375,20 +382,25 @@ def _params(model):
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
+def interrupt_and_resume(monkeypatch, cfg: RLConfig, out, make_policy=None):
+    """Train `cfg` into `out`, Ctrl-C while sampling step 3 (a checkpoint of step 2 is written, then the error
+    propagates), then resume from the same starting policy, as the CLI would load it again. Returns (the resumed
+    policy, its RLResult)."""
+    make_policy = make_policy or policy
+    original = interrupt_on_call(monkeypatch, rl, "collect_rollouts", 3)
+    with pytest.raises(KeyboardInterrupt):
+        train_rl(make_policy(), TOK, TASK, cfg, out)
+    assert checkpoints.latest_checkpoint(out).name == "step-00000002"
+    monkeypatch.setattr(rl, "collect_rollouts", original)
+    resumed = make_policy()
+    return resumed, train_rl(resumed, TOK, TASK, resuming(cfg), out)
+
+
 def test_resume_ends_with_the_same_weights(tmp_path, monkeypatch):
     cfg = replace(CFG, steps=4)
     straight = policy()
     train_rl(straight, TOK, TASK, cfg, tmp_path / "a")
-
-    # Ctrl-C while sampling step 3: a checkpoint of step 2 is written, then the error propagates
-    original = interrupt_on_call(monkeypatch, rl, "collect_rollouts", 3)
-    with pytest.raises(KeyboardInterrupt):
-        train_rl(policy(), TOK, TASK, cfg, tmp_path / "b")
-    assert checkpoints.latest_checkpoint(tmp_path / "b").name == "step-00000002"
-    monkeypatch.setattr(rl, "collect_rollouts", original)
-
-    resumed = policy()  # the same starting policy, as the CLI would load it again
-    res = train_rl(resumed, TOK, TASK, replace(cfg, resume=True), tmp_path / "b")
+    resumed, res = interrupt_and_resume(monkeypatch, cfg, tmp_path / "b")
     assert res.steps == 4
     a, b = _params(straight), _params(resumed)
     assert a.keys() == b.keys()
@@ -484,32 +496,32 @@ def test_resume_refuses_another_configuration(tmp_path):
     train_rl(policy(), TOK, TASK, replace(CFG, steps=1), tmp_path)
     before = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     with pytest.raises(ValueError, match=r"lr: saved 0.001 vs now 0.002"):
-        train_rl(policy(), TOK, TASK, replace(CFG, steps=1, lr=2e-3, resume=True), tmp_path)
+        train_rl(policy(), TOK, TASK, resuming(CFG, steps=1, optim=replace(CFG.optim, lr=2e-3)), tmp_path)
     # a nested config's settings are recorded, and told apart, one by one
     assert checkpoints.read_info(checkpoints.latest_checkpoint(tmp_path))["identity"]["rollout.temperature"] == 1.0
     with pytest.raises(ValueError, match=r"\(rollout.temperature: saved 1.0 vs now 0.8\)"):
-        train_rl(policy(), TOK, TASK, replace(rollout(CFG, temperature=0.8), steps=1, resume=True), tmp_path)
-    more = replace(CFG.validation, n=8)
-    with pytest.raises(ValueError, match=r"\(validation.n: saved 4 vs now 8\)"):
-        train_rl(policy(), TOK, TASK, replace(CFG, steps=1, validation=more, resume=True), tmp_path)
+        train_rl(policy(), TOK, TASK, resuming(rollout(CFG, temperature=0.8), steps=1), tmp_path)
+    more = replace(CFG.validation, sampling=replace(CFG.validation.sampling, n=8))
+    with pytest.raises(ValueError, match=r"\(validation.sampling.n: saved 4 vs now 8\)"):
+        train_rl(policy(), TOK, TASK, resuming(CFG, steps=1, validation=more), tmp_path)
     with pytest.raises(ValueError, match="already holds a run"):
         train_rl(policy(), TOK, TASK, replace(CFG, steps=1), tmp_path)
     # the same number of problems, one of them changed: other training data is refused by its digest
     other = AddTask(TASK.name, [{**TASK.examples[0], "a": TASK.examples[0]["a"] + 1}, *TASK.examples[1:]])
     with pytest.raises(ValueError, match=r"digest: the data's fingerprint changed \(sha256:\w+ vs now sha256:\w+\)"):
-        train_rl(policy(), TOK, other, replace(CFG, steps=2, resume=True), tmp_path)
+        train_rl(policy(), TOK, other, resuming(CFG, steps=2), tmp_path)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == before
     assert len(read_records(tmp_path / "metrics.jsonl")) == 1
     # other validation problems (another set, or --eval-limit): best/ would compare accuracies on different sets
     with pytest.raises(ValueError, match=r"validation: the validation problems changed \(None vs now sha256:"):
-        train_rl(policy(), TOK, TASK, replace(CFG, steps=2, resume=True), tmp_path, val_task=TASK)
+        train_rl(policy(), TOK, TASK, resuming(CFG, steps=2), tmp_path, val_task=TASK)
     # another process count: each rank draws its own rollouts
     info_path = checkpoints.latest_checkpoint(tmp_path) / checkpoints.TRAINER_INFO
     info = json.loads(info_path.read_text())
     assert info["identity"]["processes"] == 1
     info_path.write_text(json.dumps({**info, "identity": {**info["identity"], "processes": 2}}))
     with pytest.raises(ValueError, match=r"processes: the run ran in 2 process\(es\), now 1"):
-        train_rl(policy(), TOK, TASK, replace(CFG, steps=2, resume=True), tmp_path)
+        train_rl(policy(), TOK, TASK, resuming(CFG, steps=2), tmp_path)
     assert len(read_records(tmp_path / "metrics.jsonl")) == 1
 
 
@@ -518,14 +530,14 @@ def test_a_run_resumes_from_another_spelling_of_the_model_folder(tmp_path, monke
     model_dir = tmp_path / "m"
     policy().save_pretrained(model_dir)
     model = bridgelm.load_model(str(model_dir))
-    cfg = replace(CFG, steps=2, save_every=1, keep_last=2)
+    cfg = replace(CFG, steps=2, run=replace(CFG.run, save_every=1, keep_last=2))
     train_rl(model, TOK, TASK, cfg, tmp_path / "run")
     shutil.rmtree(checkpoints.latest_checkpoint(tmp_path / "run"))  # as if stopped after step 1
     info_path = checkpoints.latest_checkpoint(tmp_path / "run") / checkpoints.TRAINER_INFO
     info = json.loads(info_path.read_text())
     assert info["identity"]["model"] == str(model_dir) and info["identity"]["digest"].startswith("sha256:")
     monkeypatch.chdir(tmp_path)
-    res = train_rl(bridgelm.load_model("./m"), TOK, TASK, replace(cfg, resume=True), tmp_path / "run")
+    res = train_rl(bridgelm.load_model("./m"), TOK, TASK, resuming(cfg), tmp_path / "run")
     assert res.steps == 2 and [r["step"] for r in read_records(tmp_path / "run" / "metrics.jsonl")] == [1, 2]
 
 
@@ -538,7 +550,7 @@ def test_a_folder_of_another_kind_of_run_is_refused(tmp_path):
         (folder / "run.json").write_text(json.dumps(record))
         for resume in (False, True):
             with pytest.raises(ValueError, match=f"already holds a bridgelm {name} run"):
-                train_rl(policy(), TOK, TASK, replace(CFG, steps=1, resume=resume), folder)
+                train_rl(policy(), TOK, TASK, replace(CFG, steps=1, run=replace(CFG.run, resume=resume)), folder)
         assert json.loads((folder / "run.json").read_text()) == record and sorted(folder.iterdir()) == [
             folder / "run.json"
         ]
@@ -598,7 +610,7 @@ def test_cli_rl_fits_the_mini_batches_to_a_small_run(tmp_path, capsys):
 
 def test_progress_bar_shows_no_empty_fields(tmp_path, capsys):
     """Without validation the bar has no `val=` field (it used to show `val=` with nothing), and floats are short."""
-    train_rl(policy(), TOK, TASK, replace(CFG, steps=2, progress=True), tmp_path)
+    train_rl(policy(), TOK, TASK, replace(CFG, steps=2, run=replace(CFG.run, progress=True)), tmp_path)
     err = capsys.readouterr().err
     assert "reward=" in err and "kl=" in err and "val=" not in err
     kls = re.findall(r"kl=([^,\]\s]+)", err)

@@ -119,7 +119,7 @@ def test_rl_with_majority_reward_gives_a_group_one_reward(tmp_path, monkeypatch)
     # the reward is a recorded setting: a resume with another one is refused
     assert checkpoints.read_info(checkpoints.latest_checkpoint(tmp_path))["identity"]["reward"] == "majority"
     with pytest.raises(ValueError, match=r"\(reward: saved 'majority' vs now 'sample'\)"):
-        train_rl(policy(), TOK, TASK, replace(CFG, resume=True), tmp_path)
+        train_rl(policy(), TOK, TASK, replace(CFG, run=replace(CFG.run, resume=True)), tmp_path)
 
 
 def test_cli_refuses_a_set_reward_the_task_cannot_grade(tmp_path, capsys):

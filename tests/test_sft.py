@@ -16,11 +16,20 @@ from bridgelm.jsonl import read_records
 from bridgelm.tasks.base import Task
 from bridgelm.tokenizer import char_tokenizer
 from bridgelm.train import sft
+from bridgelm.train.loop import RunControl
+from bridgelm.train.optim import OptimConfig
 from bridgelm.train.sft import SFTConfig, train_sft
 from bridgelm.train.warmup_data import make_warmup_data
 
 TOK = char_tokenizer("0123456789+-=() abc\n")
-CFG = SFTConfig(epochs=2, lr=1e-2, batch_groups=3, micro_batch_groups=2, val_count=2, progress=False)
+CFG = SFTConfig(
+    epochs=2,
+    optim=OptimConfig(lr=1e-2),
+    batch_groups=3,
+    micro_batch_groups=2,
+    val_count=2,
+    run=RunControl(progress=False),
+)
 
 
 def base_model(seed=0):
@@ -144,26 +153,27 @@ def test_resume_after_interrupt_is_exact(tmp_path, monkeypatch, capsys):
         not (tmp_path / "b" / sft.BLOCKS_FILE).exists()
     )
     resumed = base_model()
-    train_sft(resumed, TOK, path, replace(CFG, resume=True), tmp_path / "b")
+    train_sft(resumed, TOK, path, replace(CFG, run=replace(CFG.run, resume=True)), tmp_path / "b")
     for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
         assert torch.equal(a, b), name
     with pytest.raises(ValueError, match="lr: saved 0.01 vs now 0.02"):
-        train_sft(base_model(), TOK, path, replace(CFG, lr=2e-2, resume=True), tmp_path / "b")
+        other_lr = replace(CFG, optim=replace(CFG.optim, lr=2e-2), run=replace(CFG.run, resume=True))
+        train_sft(base_model(), TOK, path, other_lr, tmp_path / "b")
     # the same file, edited in place (same path, same number of problems): refused by its digest
     edited = path.read_text().replace('"prompt_ids": [', '"prompt_ids": [6, ', 1)
     path.with_name("saved.jsonl").write_text(path.read_text())
     path.write_text(edited)
     with pytest.raises(ValueError, match=r"digest: the data's fingerprint changed \(sha256:\w+ vs now sha256:\w+\)"):
-        train_sft(base_model(), TOK, path, replace(CFG, resume=True), tmp_path / "b")
+        train_sft(base_model(), TOK, path, replace(CFG, run=replace(CFG.run, resume=True)), tmp_path / "b")
     path.write_text(path.with_name("saved.jsonl").read_text())
     # the same content at another path (a moved file) is the same data: the run resumes (and is finished)
     moved = path.with_name("moved.jsonl")
     moved.write_text(path.read_text())
-    train_sft(base_model(), TOK, moved, replace(CFG, resume=True), tmp_path / "b")
+    train_sft(base_model(), TOK, moved, replace(CFG, run=replace(CFG.run, resume=True)), tmp_path / "b")
     capsys.readouterr()
     interrupt_on_call(monkeypatch, sft, "batch_backward", 5)  # in the second epoch: the first one's blocks exist
     with pytest.raises(KeyboardInterrupt):  # a run that resumes by itself (as the demo's do) continues when run again
-        train_sft(base_model(), TOK, path, replace(CFG, resume=True), tmp_path / "c")
+        train_sft(base_model(), TOK, path, replace(CFG, run=replace(CFG.run, resume=True)), tmp_path / "c")
     best = json.loads((tmp_path / "c" / "best.json").read_text())["epoch"]
     said = capsys.readouterr().out
     assert f"blocks.safetensors holds the blocks of epoch {best} (the best so far by validation)" in said

@@ -26,6 +26,7 @@ import torch
 
 from bridgelm.attach import block_config
 from bridgelm.errors import UserError, check_int, check_number
+from bridgelm.rng import derive_seed
 from bridgelm.setting import setting
 
 ADAPTER_DIR = "lora"  # the adapter's folder inside a saved model folder
@@ -110,6 +111,15 @@ def add_lora(model: torch.nn.Module, settings: LoraSettings, seed: int) -> torch
         peft.inject_adapter_in_model(config, model, adapter_name=ADAPTER)
     model._bridgelm_lora = config  # what save_folder writes as adapter_config.json
     train_adapters(model)
+    return model
+
+
+def prepare(model: torch.nn.Module, settings: LoraSettings, seed: int, trainer: str) -> torch.nn.Module:
+    """`model` with LoRA (`add_lora`, its weights drawn from the run's `seed` and the `trainer`'s name) when `settings`
+    ask for it, else as it is: what SFT and RL do before their run's identity is taken (a target that names no
+    module is refused before the run folder is touched; RL's checksum holds the seeded LoRA weights)."""
+    if settings.enabled:
+        add_lora(model, settings, derive_seed(seed, f"{trainer}-lora"))
     return model
 
 

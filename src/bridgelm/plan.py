@@ -217,7 +217,7 @@ def kv_cache(setup: Setup) -> float:
 def _validation(setup: Setup):
     """The validation's SamplingConfig and its row tokens."""
     v = setup.cfg.validation_sampling()
-    return v.sampling(v.width), setup.prompt_tokens + v.max_new_tokens, v.limit
+    return v.sampling, setup.prompt_tokens + v.sampling.max_new_tokens, v.limit
 
 
 def validation_rows(setup: Setup) -> int:
@@ -252,8 +252,8 @@ def micro_rows(setup: Setup) -> int:
 
 
 def activations(setup: Setup) -> float:
-    compute_bytes = 2 if setup.cfg.bf16 else setup.bytes
-    checkpointing = setup.cfg.gradient_checkpointing
+    compute_bytes = 2 if setup.cfg.optim.bf16 else setup.bytes
+    checkpointing = setup.cfg.optim.gradient_checkpointing
     tokens, scored = setup.row_tokens, setup.cfg.rollout.max_new_tokens
     return activation_bytes(setup.shape, micro_rows(setup), tokens, scored, checkpointing, compute_bytes)
 
@@ -327,8 +327,8 @@ class SFTSetup:
 
     def rows(self) -> dict[str, float]:
         s, cfg, b = self.shape, self.cfg, DTYPE_BYTES[self.dtype]
-        compute_bytes = 2 if cfg.bf16 else b
-        acts = activation_bytes(s, self.micro_rows(), cfg.max_length, cfg.max_length, cfg.gradient_checkpointing,
+        compute_bytes = 2 if cfg.optim.bf16 else b
+        acts = activation_bytes(s, self.micro_rows(), cfg.max_length, cfg.max_length, cfg.optim.gradient_checkpointing,
                                 compute_bytes)  # fmt: skip
         trained = {"weights": s.params * b, "gradients": s.blocks * b, "optimiser": 2 * s.blocks * b}
         return with_overhead({**dict.fromkeys(ROWS, 0.0), **trained, "activations": acts, "start-up": s.params * b})

@@ -31,7 +31,7 @@ def run(out: Path, fsdp: bool, resume: bool = False):
     from test_rl import CFG, TASK
 
     model, tok = model_and_tokenizer()
-    cfg = replace(CFG, steps=3, prompts_per_step=4, fsdp=fsdp, save_every=0, resume=resume)
+    cfg = replace(CFG, steps=3, prompts_per_step=4, fsdp=fsdp, run=replace(CFG.run, save_every=0, resume=resume))
     return rl.train_rl(model, tok, TASK, cfg, out)
 
 

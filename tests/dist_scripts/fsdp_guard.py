@@ -37,7 +37,7 @@ class Planted:
 def train(run: Path, resume: bool):
     from test_rl import CFG, TASK, TOK, policy
 
-    cfg = replace(CFG, steps=3, prompts_per_step=4, fsdp=True, save_every=1, resume=resume)
+    cfg = replace(CFG, steps=3, prompts_per_step=4, fsdp=True, run=replace(CFG.run, save_every=1, resume=resume))
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         rl.train_rl(policy(seed=3), TOK, TASK, cfg, run)

@@ -25,12 +25,12 @@ from rl_dist import model_and_tokenizer  # noqa: E402
 from bridgelm.dist import Dist, full_state_dict, prepare_model, setup_distributed, teardown_distributed  # noqa: E402
 from bridgelm.logprobs import Row  # noqa: E402
 from bridgelm.train import reference, rl_config, update  # noqa: E402
-from bridgelm.train.optim import make_optimizer, make_scheduler  # noqa: E402
+from bridgelm.train.optim import OptimConfig, make_optimizer, make_scheduler  # noqa: E402
 from bridgelm.train.rollouts import Rollouts  # noqa: E402
 
 PROMPTS, G, W = 8, 4, 2  # 8 prompts x 4 rollouts in Bridge groups of 2: 16 groups over all ranks
 TOKENS = 40  # micro_batch_tokens: rank 0's short groups fit two to a micro-batch, the others' one each
-CFG = rl_config.RLConfig(steps_per_rollout=2, micro_batch_groups=4, lr=1e-3, fsdp=True, clip_eps=0.2)
+CFG = rl_config.RLConfig(steps_per_rollout=2, micro_batch_groups=4, optim=OptimConfig(lr=1e-3), fsdp=True, clip_eps=0.2)
 CFG = replace(CFG, rollout=replace(CFG.rollout, n=G, width=W, temperature=0.9))
 
 
@@ -55,9 +55,9 @@ def learner(cfg: rl_config.RLConfig, dist: Dist) -> update.Learner:
     ref = reference.skeleton(model) if cfg.beta > 0 else None  # as train_rl makes it
     prepare_model(model, dist, fsdp=True)
     if ref is not None:
-        ref = reference.make_reference(ref, model, dist, cfg.bf16)
+        ref = reference.make_reference(ref, model, dist, cfg.optim.bf16)
     params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = make_optimizer(params, cfg.lr)
+    optimizer = make_optimizer(params, cfg.optim.lr)
     return update.Learner(model, ref, params, optimizer, make_scheduler(optimizer, 4, 0.0, "constant"), {})
 
 

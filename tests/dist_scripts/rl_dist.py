@@ -91,7 +91,7 @@ def train(dist: Dist, out: Path, fsdp: bool) -> dict:
 
     model, tok = model_and_tokenizer()
     limit4 = replace(CFG.validation, limit=4)
-    cfg = replace(CFG, steps=2, prompts_per_step=4, fsdp=fsdp, validation=limit4, save_every=1)
+    cfg = replace(CFG, steps=2, prompts_per_step=4, fsdp=fsdp, validation=limit4, run=replace(CFG.run, save_every=1))
     res = rl.train_rl(model, tok, TASK, cfg, out, val_task=TASK)
     return {"history": res.history, "final": str(res.final_dir), "best": str(res.best_dir)}
 
@@ -118,7 +118,8 @@ def train_interrupted_then_resumed(dist: Dist, out: Path) -> dict:
 
     model, tok = model_and_tokenizer()
     limit4 = replace(CFG.validation, limit=4)
-    cfg = replace(CFG, steps=2, prompts_per_step=4, fsdp=True, validation=limit4, save_every=1, resume=True)
+    run = replace(CFG.run, save_every=1, resume=True)
+    cfg = replace(CFG, steps=2, prompts_per_step=4, fsdp=True, validation=limit4, run=run)
     res = rl.train_rl(model, tok, TASK, cfg, out, val_task=TASK)
     files = {p.name: sorted(f.relative_to(p).as_posix() for f in p.rglob("*")) for p in checkpoints.list_checkpoints(out)}
     return {"stopped_at": stopped_at, "history": res.history, "final": str(res.final_dir), "files": files}
@@ -137,7 +138,7 @@ def train_mixed_precision(dist: Dist, out: Path) -> dict:
             seen.add((str(args[0].dtype), str(module.weight.dtype)))
 
     model.model.layers[0].self_attn.q_proj.register_forward_pre_hook(look)
-    cfg = replace(CFG, steps=1, prompts_per_step=4, fsdp=True, bf16=True)
+    cfg = replace(CFG, steps=1, prompts_per_step=4, fsdp=True, optim=replace(CFG.optim, bf16=True))
     with rollouts_seen() as sampled:
         res = rl.train_rl(model, tok, TASK, cfg, out)
     dtypes = sorted({str(p.dtype) for p in model.parameters()})
@@ -175,7 +176,8 @@ def train_with_bf16_copy(dist: Dist, out: Path, fsdp: bool) -> dict:
 
     model, tok = model_and_tokenizer()
     limit4 = replace(CFG.validation, limit=4)
-    cfg = replace(CFG, steps=2, prompts_per_step=4, fsdp=fsdp, rollout_dtype="bfloat16", save_every=0)
+    run = replace(CFG.run, save_every=0)
+    cfg = replace(CFG, steps=2, prompts_per_step=4, fsdp=fsdp, rollout_dtype="bfloat16", run=run)
     cfg = replace(cfg, validation=limit4)
     validated, gathered = [], []
     real_accuracy, real_update = rl.accuracy, rl.update_policy

@@ -19,7 +19,7 @@ MAX_THREADS = 4096  # torch.set_num_threads overflows a C int far above any mach
 
 def comparisons(cfg: DemoConfig) -> list[str]:
     """The paired differences the report of `cfg`'s arms can name (demo/results.py: `controls`, `extra_arms`)."""
-    names = ["bridge-rlvr", "bridge-pmatch", f"w{cfg.eval.width}-w1", "foreign-w1", "sets-all bridge-rlvr",
+    names = ["bridge-rlvr", "bridge-pmatch", f"w{cfg.eval.sampling.width}-w1", "foreign-w1", "sets-all bridge-rlvr",
              "sets-any bridge-rlvr"]
     for arm in (a for a in cfg.arms if a not in PAPER_ARMS):
         names += [f"{arm}-{'bridge' if ARMS[arm].bridge else 'pmatch'}", f"{arm}-rlvr"]

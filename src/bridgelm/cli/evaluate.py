@@ -23,7 +23,7 @@ from bridgelm.cli.common import (
     stop_string,
     width_is_moot,
 )
-from bridgelm.cli.fields import Flag, add_fields, build
+from bridgelm.cli.fields import Flag, Nested, add_fields, build
 from bridgelm.errors import UserError
 from bridgelm.eval.runner import EvalConfig
 
@@ -50,7 +50,7 @@ def _cmd_eval(args) -> None:
     if lead:
         names = ", ".join(f"{b.name} ({len(b.problems)})" for b in benches)
         print(
-            f"bridgelm eval: {names} x widths {cfg.all_widths()} x {cfg.n} samples -> {args.out}/ "
+            f"bridgelm eval: {names} x widths {cfg.all_widths()} x {cfg.sampling.n} samples -> {args.out}/ "
             f"(run.json, samples{'.rank*' if dist.world > 1 else ''}.jsonl"
             f"{'' if args.no_score else ', scores.jsonl, metrics.json'})"
         )
@@ -194,6 +194,20 @@ def add_commands(sub) -> None:
     _add_analyze(sub)
 
 
+# EvalConfig.sampling's flags: the sampling settings by their own names, told as an evaluation samples
+EVAL_SAMPLING_FLAGS = Nested(
+    skip=["compact_fraction", "compile", "pack_weights"],
+    flags={
+        "n": Flag(help="samples per problem"),
+        "width": Flag(help="Bridge group width that tables report (when `widths` leave it out: the widest of them)"),
+        "seed": Flag(help="seeds the sampler of every (benchmark, width)"),
+        "max_batch_sequences": Flag(help="rows decoded together, at most (does not change what is measured)"),
+        "max_batch_tokens": Flag(help="rows x (prompt + max_new_tokens) of a batch, at most"),
+        "foreign_groups": Flag(help="control: groups of sample j of `width` different problems (see bridgelm.engine)"),
+    },
+)
+
+
 def _add_eval(sub) -> None:
     p = sub.add_parser("eval", help="sample n responses per problem for benchmarks and widths, then score them")
     add_model_args(p)
@@ -208,6 +222,7 @@ def _add_eval(sub) -> None:
     add_fields(
         p,
         EvalConfig,
+        sampling=EVAL_SAMPLING_FLAGS,
         widths=Flag(
             help="widths to sample, each dividing --n; tables report --width when it is listed, else the widest"
         ),
@@ -215,7 +230,8 @@ def _add_eval(sub) -> None:
     )
     p.add_argument(
         "--num-samples",
-        dest="n",
+        dest="sampling.n",
+        metavar="N",
         type=int,
         default=argparse.SUPPRESS,
         help="same as --n (torchrun takes --n for its own options)",

@@ -14,8 +14,9 @@ choices, a parser of its own, or a default that deliberately differs from the da
 
 A field that is itself a config dataclass (`RLConfig.rollout: SamplingConfig`) is flattened with `Nested`: each of
 its fields becomes a flag of its own, named after it with a prefix (`Nested(prefix="eval-")` makes
-`validation.n` `--eval-n`) or spelled by a `Flag` (`rollout.n` as `--rollouts`), with the nested default's values
-as defaults; the flag's dest is the dotted path ("validation.n"), and `build` makes the nested dataclass back.
+`validation.limit` `--eval-limit`) or spelled by a `Flag` (`rollout.n` as `--rollouts`), with the nested default's
+values as defaults; the flag's dest is the dotted path ("validation.limit"), and `build` makes the nested dataclass
+back. A `Nested` may hold a `Nested` of its own (`validation.sampling.n` is `--eval-n`).
 `add_groups` shows a config's flags in titled groups in --help.
 
 Help texts are data, each field's `metadata["help"]` (`bridgelm.setting.setting`), so --help needs no source files.
@@ -54,7 +55,7 @@ class Nested:
     prefix: str = ""  # put before each of its flags' names: "eval-" makes `n` --eval-n ("": the fields' own names)
     only: Sequence[str] | None = None  # its fields that get a flag (None: all but `skip`)
     skip: Sequence[str] = ()  # its fields without a flag: they keep the default config's values
-    flags: Mapping[str, Flag] = dataclasses.field(default_factory=dict)  # by field: how its flag departs
+    flags: Mapping[str, Flag | Nested] = dataclasses.field(default_factory=dict)  # by field: how its flag departs
 
 
 def add_fields(

@@ -12,8 +12,8 @@ import json
 
 from bridgelm.blocks import KINDS, BlockConfig
 from bridgelm.cli.common import block_heads, positive_int
-from bridgelm.cli.fields import add_fields, build
-from bridgelm.cli.train import ROLLOUT_FLAGS, VALIDATION_FLAGS
+from bridgelm.cli.fields import Nested, add_fields, build
+from bridgelm.cli.train import RL_OPTIM_FLAGS, ROLLOUT_FLAGS, VALIDATION_FLAGS
 from bridgelm.errors import UserError
 from bridgelm.train.rl_config import RLConfig
 
@@ -27,11 +27,17 @@ PLAN_FIELDS = [
     "micro_batch_tokens",
     "beta",
     "freeze_base",
-    "bf16",
-    "gradient_checkpointing",
+    "optim",
     "fsdp",
     "validation",
 ]
+
+# How PLAN_FIELDS' nested configs become flags: as rl's, of the optimiser only what decides memory
+PLAN_FLAGS = dict(
+    rollout=ROLLOUT_FLAGS,
+    validation=VALIDATION_FLAGS,
+    optim=Nested(only=["bf16", "gradient_checkpointing"], flags=RL_OPTIM_FLAGS.flags),
+)
 
 
 def _gib(text: str) -> float:
@@ -117,7 +123,7 @@ def _command(args, cfg: RLConfig) -> list[str]:
     if args.dtype != "float32":
         words += ["--dtype", args.dtype]
     parser = argparse.ArgumentParser(add_help=False)
-    add_fields(parser, RLConfig, only=PLAN_FIELDS, rollout=ROLLOUT_FLAGS, validation=VALIDATION_FLAGS)
+    add_fields(parser, RLConfig, only=PLAN_FIELDS, **PLAN_FLAGS)
     for action in parser._actions:
         value = cfg
         for part in action.dest.split("."):
@@ -142,5 +148,5 @@ def add_commands(sub) -> None:
     p.add_argument("--prompt-tokens", type=positive_int, default=512, help="the longest prompt's tokens (default: 512)")
     p.add_argument("--gpu-memory-gib", type=_gib, help="memory of one GPU (default: this machine's first GPU's)")
     p.add_argument("--json", action="store_true", help="also one JSON object on the last line")
-    add_fields(p, RLConfig, only=PLAN_FIELDS, rollout=ROLLOUT_FLAGS, validation=VALIDATION_FLAGS)
+    add_fields(p, RLConfig, only=PLAN_FIELDS, **PLAN_FLAGS)
     p.set_defaults(func=_cmd_plan)

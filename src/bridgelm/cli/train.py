@@ -9,6 +9,7 @@ torchrun --nproc_per_node 2 -m bridgelm rl ...   (data parallel; add --fsdp to s
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 
 from bridgelm.blocks import KINDS, PLACEMENTS, BlockConfig
@@ -103,7 +104,7 @@ def _cmd_sft(args) -> None:
     cfg.validate()
     launch.validate()
     check_out(args.out, "dir")
-    warn_slow_bf16(cfg.bf16, args.device, "--bf16")
+    warn_slow_bf16(cfg.optim.bf16, args.device, "--bf16")
     read_warmup(args.data)  # a bad file is refused before the model loads (train_sft reads it again, with the model)
     _need_peft(cfg.lora)
     model = ensure_blocks(load_model_of(args, None), cfg)  # --add's blocks (train_sft keeps them), for the plan
@@ -172,9 +173,10 @@ def _refuse_unread_validation(args, cfg: RLConfig) -> None:
         return
     given = [f"--val-data {args.val_data}"] if args.val_data is not None else []
     given += [f"--val-split {args.val_split}"] if args.val_split != VAL_SPLIT else []
-    default = RLConfig().validation
-    given += [f"--eval-{k.replace('_', '-')} {getattr(cfg.validation, k)}" for k in VALIDATION_FLAGS.only
-              if getattr(cfg.validation, k) != getattr(default, k)]
+    for dest, value in vars(args).items():  # the --eval-* flags' dests: "validation.limit", "validation.sampling.n"
+        path = dest.split(".")
+        if path[0] == "validation" and value != functools.reduce(getattr, path, RLConfig()):
+            given.append(f"--eval-{path[-1].replace('_', '-')} {value}")
     if given:
         raise UserError(f"{given[0]} is read only with --val-task (the task to validate on): expected --val-task "
                         "TASK, or no validation settings")
@@ -206,7 +208,7 @@ def _cmd_rl(args) -> None:
     _need_peft(cfg.lora)
     task = _load_task(args.task, args.data, args.split)
     val_task = _load_task(args.val_task, args.val_data, args.val_split) if args.val_task else None
-    warn_slow_bf16(cfg.bf16, args.device, "--bf16")
+    warn_slow_bf16(cfg.optim.bf16, args.device, "--bf16")
     warn_slow_bf16(cfg.rollout_dtype == "bfloat16", args.device, "--rollout-dtype bfloat16")
     model, tokenizer = load_model_and_tokenizer(args)
     have = bridgelm.block_config(model)
@@ -239,22 +241,17 @@ RL_GROUPS = {
         "epochs_per_rollout",
         "micro_batch_groups",
         "micro_batch_tokens",
-        "lr",
+        "optim",
         "block_lr",
-        "warmup_fraction",
-        "weight_decay",
-        "max_grad_norm",
         "clip_eps",
         "clip_eps_high",
         "beta",
         "freeze_base",
-        "bf16",
-        "gradient_checkpointing",
         "fsdp",
     ],
     "LoRA of the base (peft: pip install 'bridgelm[lora]')": ["lora"],
     "validation (with --val-task)": ["eval_every", "validation"],
-    "run control": ["save_every", "keep_last", "resume", "progress", "tensorboard"],
+    "run control": ["run"],
 }
 # RLConfig.rollout's flags keep the names of the sampling settings, but n: --rollouts (G).
 ROLLOUT_FLAGS = Nested(
@@ -267,18 +264,41 @@ ROLLOUT_FLAGS = Nested(
         "top_p": Flag(help="nucleus of the rollouts (1: exactly the policy the ratios assume)"),
     },
 )
+# RLConfig.optim's flags: --lr, --warmup-fraction, ... (their own names), told as GRPO's update uses them
+RL_OPTIM_FLAGS = Nested(
+    flags={
+        "lr": Flag(help="AdamW learning rate after warm-up (constant)"),
+        "bf16": Flag(help="bf16 autocast of the training forwards; with fsdp, mixed precision (bf16 compute, fp32 "
+                          "master weights and reductions) where the device has bf16, and rollouts from a bf16 copy "
+                          "(rollout_dtype's default)"),
+    },
+)
+# RLConfig.run's flags: --save-every, --keep-last, --resume, --progress, --tensorboard
+RL_RUN_FLAGS = Nested(flags={"keep_last": Flag(help="checkpoints kept (best/ is kept apart)")})
+# SFTConfig.run's flags, the same names
+SFT_RUN_FLAGS = Nested(
+    flags={
+        "save_every": Flag(help="optimiser steps between resumable checkpoints (0: at the end of each epoch)"),
+        "keep_last": Flag(help="resumable checkpoints kept"),
+    },
+)
 # RLConfig.lora's and SFTConfig.lora's flags: --lora-r, --lora-alpha, --lora-targets
 LORA_FLAGS = Nested(prefix="lora-")
 # RLConfig.validation's flags: --eval-n, --eval-width, ...
 VALIDATION_FLAGS = Nested(
     prefix="eval-",
-    only=["n", "width", "max_new_tokens", "temperature", "top_p", "limit"],
+    only=["sampling", "limit"],
     flags={
-        "n": Flag(help="samples per validation problem (paper: 4 on MATH-500)"),
-        "width": Flag(help="Bridge width of validation sampling (divides --eval-n)"),
-        "max_new_tokens": Flag(help="tokens per validation sample, at most (None: --max-new-tokens)"),
-        "temperature": Flag(help="validation sampling temperature (paper: 0.6)"),
-        "top_p": Flag(help="validation nucleus (paper: 0.95)"),
+        "sampling": Nested(
+            only=["n", "width", "max_new_tokens", "temperature", "top_p"],
+            flags={
+                "n": Flag(help="samples per validation problem (paper: 4 on MATH-500)"),
+                "width": Flag(help="Bridge width of validation sampling (divides --eval-n)"),
+                "max_new_tokens": Flag(help="tokens per validation sample, at most (None: --max-new-tokens)"),
+                "temperature": Flag(help="validation sampling temperature (paper: 0.6)"),
+                "top_p": Flag(help="validation nucleus (paper: 0.95)"),
+            },
+        ),
         "limit": Flag(help="first problems of the val_task to use (None: all)"),
     },
 )
@@ -286,6 +306,12 @@ VALIDATION_FLAGS = Nested(
 
 def add_commands(sub) -> None:
     """Register warmup-data, sft and rl on `sub`."""
+    _add_warmup_data(sub)
+    _add_sft(sub)
+    _add_rl(sub)
+
+
+def _add_warmup_data(sub) -> None:
     p = sub.add_parser("warmup-data", help="sample, grade and filter the base model's answers for SFT warm-up")
     add_model_args(p)
     p.add_argument("--task", required=True, help="gsm8k, math, countdown, ...")
@@ -304,6 +330,8 @@ def add_commands(sub) -> None:
     p.add_argument("--out", required=True, help="warm-up JSONL (re-runs resume)")
     p.set_defaults(func=_cmd_warmup_data)
 
+
+def _add_sft(sub) -> None:
     p = sub.add_parser("sft", help="SFT warm-up of new Bridge/P-Match blocks on warm-up data (base frozen)")
     p.add_argument("--model", required=True, help="base model directory or hub id")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
@@ -315,12 +343,16 @@ def add_commands(sub) -> None:
         SFTConfig,
         blocks=Flag("--add", choices=KINDS, help="kind of blocks to add and warm up"),
         placement=Flag(choices=PLACEMENTS),
+        optim=Nested(),
+        run=SFT_RUN_FLAGS,
         lora=LORA_FLAGS,
     )
     p.add_argument("--out", required=True, help="run directory: metrics.jsonl, checkpoints/, blocks.safetensors")
     add_fields(p.add_argument_group("distributed (torchrun)"), DistConfig)
     p.set_defaults(func=_cmd_sft, flags=flag_names(p))
 
+
+def _add_rl(sub) -> None:
     p = sub.add_parser("rl", help="GRPO with interdependent rollouts (Bridge groups of width w)")
     add_model_args(p)
     kind = p.add_mutually_exclusive_group()
@@ -337,8 +369,8 @@ def add_commands(sub) -> None:
     reward, advantage = Flag(choices=REWARDS), Flag(choices=ADVANTAGES)
     steps = Flag(default=argparse.SUPPRESS, help=f"K: optimiser steps per rollout batch, on K mini-batches of whole "
                  f"groups (default: {RLConfig.steps_per_rollout}, or the Bridge groups a rank holds when fewer)")
-    groups = dict(rollout=ROLLOUT_FLAGS, validation=VALIDATION_FLAGS, lora=LORA_FLAGS, reward=reward,
-                  advantage=advantage)
+    groups = dict(rollout=ROLLOUT_FLAGS, validation=VALIDATION_FLAGS, lora=LORA_FLAGS, optim=RL_OPTIM_FLAGS,
+                  run=RL_RUN_FLAGS, reward=reward, advantage=advantage)
     add_groups(p, RLConfig, RL_GROUPS, steps_per_rollout=steps, **groups)
     add_fields(p.add_argument_group("distributed (torchrun)"), DistConfig)
     p.set_defaults(func=_cmd_rl, flags=flag_names(p))

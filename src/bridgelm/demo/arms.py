@@ -29,7 +29,7 @@ class Arm:
     # prompts) or "prompts" per step (twice the rollouts)
     rl: dict = field(default_factory=dict)  # RLConfig fields it sets (freeze_base, reward, sibling_weight, advantage)
     search: str | None = None  # learning rates chosen on validation: "block_lr" (DemoConfig.blocks_lrs, base frozen)
-    # or "lrs" (DemoConfig.lr_grid: base and block lr); None: the demo's rl.lr
+    # or "lrs" (DemoConfig.lr_grid: base and block lr); None: the demo's rl.optim.lr
 
     @property
     def bridge(self) -> bool:

@@ -82,7 +82,7 @@ CHECK_TOKENS = {name: tokens for name, _, _, tokens in _TASKS.values()}  # by re
 
 def check_config(task_name: str) -> runner.EvalConfig:
     """How pre-training's validation checks sample: 4 independent samples per problem, the evaluation's sampling."""
-    return runner.EvalConfig(n=4, width=1, max_new_tokens=CHECK_TOKENS[task_name])
+    return runner.EvalConfig(sampling=runner.eval_sampling(n=4, width=1, max_new_tokens=CHECK_TOKENS[task_name]))
 
 
 def task_name(spec) -> str:
@@ -157,12 +157,9 @@ def pretrain(cfg: BaseConfig, out: str | Path, progress: bool = True, log=print)
     """
     out = Path(out)
     settings = jsonable(asdict(cfg))
-    if (out / PRETRAIN_FILE).exists():
-        done = json.loads((out / PRETRAIN_FILE).read_text())["config"]
-        if done == settings:
-            log(f"base model: reusing {out}")
-            return out
-        check_settings(out, done, settings, fix="use another --out for another base model")
+    if _made_with(out, settings):
+        log(f"base model: reusing {out}")
+        return out
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     task, tokenizer, model = _build(cfg)
@@ -200,6 +197,18 @@ def pretrain(cfg: BaseConfig, out: str | Path, progress: bool = True, log=print)
                 break
     _save(cfg, out, model, tokenizer, run, time.perf_counter() - t0, log)
     return out
+
+
+def _made_with(out: Path, settings: dict) -> bool:
+    """Whether `out` holds a base model pre-trained with `settings`; one pre-trained with others is refused, naming
+    each setting that differs."""
+    if not (out / PRETRAIN_FILE).exists():
+        return False
+    done = json.loads((out / PRETRAIN_FILE).read_text())["config"]
+    if done == settings:
+        return True
+    check_settings(out, done, settings, fix="use another --out for another base model")
+    return False
 
 
 def _build(cfg: BaseConfig):

@@ -11,9 +11,11 @@ from bridgelm.demo import arms as registry
 from bridgelm.demo.base import BaseConfig
 from bridgelm.demo.control import ControlConfig
 from bridgelm.engine import SamplingConfig
-from bridgelm.eval.runner import EvalConfig
+from bridgelm.eval.runner import EvalConfig, eval_sampling
 from bridgelm.setting import setting
 from bridgelm.tasks import anysum
+from bridgelm.train.loop import RunControl
+from bridgelm.train.optim import OptimConfig
 from bridgelm.train.rl_config import RLConfig, default_rollout
 from bridgelm.train.sft import SFTConfig
 
@@ -35,7 +37,7 @@ def demo_warmup() -> SamplingConfig:
 def demo_sft() -> SFTConfig:
     """5 epochs (paper: 5) at lr 1e-3: the paper's 2e-5 is for 7B models, a 2M model needs larger steps. The block
     kind and placement, precision and seed are each run's."""
-    return SFTConfig(epochs=5, lr=1e-3, max_length=256, progress=True, resume=True)
+    return SFTConfig(epochs=5, optim=OptimConfig(lr=1e-3), max_length=256, run=RunControl(progress=True, resume=True))
 
 
 def demo_rl() -> RLConfig:
@@ -51,20 +53,19 @@ def demo_rl() -> RLConfig:
         steps_per_rollout=2,
         micro_batch_groups=64,
         micro_batch_tokens=2048,
-        lr=1e-4,
+        optim=OptimConfig(lr=1e-4),
         beta=1e-3,
-        save_every=20,
         eval_every=0,
-        resume=True,  # continue a run found in the stage's folder; start afresh when there is none
+        # continue a run found in the stage's folder; start afresh when there is none
+        run=RunControl(save_every=20, resume=True),
     )
 
 
 def demo_eval() -> EvalConfig:
     """16 samples per problem (divisible by every width) at 0.6 / 0.95 (paper), Bridge at w = 8 in the main table and
     at every width of the paper's Table 3; G-Pass@8 (paper). Width and seed are each arm's."""
-    return EvalConfig(
-        n=16, width=8, widths=[1, 2, 4, 8, 16], max_new_tokens=MAX_NEW_TOKENS, temperature=0.6, top_p=0.95, gpass_k=8
-    )
+    sampling = eval_sampling(n=16, width=8, max_new_tokens=MAX_NEW_TOKENS, temperature=0.6, top_p=0.95)
+    return EvalConfig(sampling=sampling, widths=[1, 2, 4, 8, 16], gpass_k=8)
 
 
 @dataclass
@@ -82,9 +83,10 @@ class DemoConfig:
     rl: RLConfig = setting(default_factory=demo_rl, help="GRPO of each arm: the same prompts, budget and settings")
     eval: EvalConfig = setting(default_factory=demo_eval, help="held-out evaluation of each arm")
     eval_problems: int = setting(240, "held-out test problems (a multiple of "
-                                      "eval.width, for the foreign-siblings control)")
+                                      "eval.sampling.width, for the foreign-siblings control)")
     trace_problems: int = setting(120, "test problems of the trace (interaction over the course of RL, Bridge seed 0)")
-    trace_n: int = setting(8, "samples per problem in the trace (a multiple of eval.width), sampled as the evaluation")
+    trace_n: int = setting(8, "samples per problem in the trace (a multiple of eval.sampling.width), sampled as "
+                              "the evaluation")
     bf16: bool | None = setting(None, "bf16 autocast of pre-training, SFT and RL forwards (fp32 weights and "
                                       "optimiser; 1.6x faster on a CPU with AVX-512 BF16), and sampling "
                                       "(warm-up data, RL rollouts, evaluation) with bf16 weights (1.3-1.5x "
@@ -96,7 +98,7 @@ class DemoConfig:
                                       "the stages ~2.5x slower: 1 seed keeps make demo near 20 minutes)")
     sft_per_seed: bool = setting(True, "RL seed s of P-Match and Bridge starts "
                                        "from SFT seed s (off: all from SFT seed 0)")
-    foreign_control: bool = setting(True, "control (b): Bridge at eval.width with "
+    foreign_control: bool = setting(True, "control (b): Bridge at eval.sampling.width with "
                                           "groups of samples of different problems")
     positive_control: bool = setting(True, "the positive control (demo/control.py): a task where "
                                            "siblings carry the answer, blocks-only GRPO, w=8 "
@@ -112,8 +114,8 @@ class DemoConfig:
     blocks_lrs: list[float] = setting(default_factory=lambda: [1e-3, 3e-3], help="candidate block lrs of bridge_blocks")
     lr_grid: list[float] = setting(
         default_factory=lambda: [1e-4, 1e-3, 3e-3],
-        help="candidate block lrs of the tuned arms, each at base lr rl.lr "
-             "and at rl.lr x 3 (6 candidates), chosen on validation problems",
+        help="candidate block lrs of the tuned arms, each at base lr rl.optim.lr "
+             "and at rl.optim.lr x 3 (6 candidates), chosen on validation problems",
     )
     misalignment: list[int] = setting(
         default_factory=list,
@@ -156,7 +158,11 @@ class DemoConfig:
             rl=replace(
                 full.rl, steps=3, prompts_per_step=4, rollout=replace(full.rl.rollout, n=4, width=2, max_new_tokens=tokens)
             ),
-            eval=replace(full.eval, n=8, width=4, widths=[1, 2, 4, 8], max_new_tokens=tokens),
+            eval=replace(
+                full.eval,
+                sampling=replace(full.eval.sampling, n=8, width=4, max_new_tokens=tokens),
+                widths=[1, 2, 4, 8],
+            ),
             eval_problems=12,
             control=quick_control(),
             seeds=1,
@@ -210,13 +216,13 @@ def lr_candidates(cfg: DemoConfig, arm: str) -> list[tuple[float, float | None]]
     if search == "block_lr":  # base frozen: the rate is the blocks'
         return [(lr, None) for lr in cfg.blocks_lrs]
     if search == "lrs":
-        return [(base, blocks) for base in (cfg.rl.lr, 3 * cfg.rl.lr) for blocks in cfg.lr_grid]
+        return [(base, blocks) for base in (cfg.rl.optim.lr, 3 * cfg.rl.optim.lr) for blocks in cfg.lr_grid]
     return []
 
 
 def trace_sampling(cfg: DemoConfig, width: int, seed: int) -> SamplingConfig:
     """How the trace samples: trace_n samples per problem in groups of `width`, as the evaluation samples."""
-    return replace(cfg.eval.sampling(width), n=cfg.trace_n, seed=seed)
+    return replace(cfg.eval.sampling_at(width), n=cfg.trace_n, seed=seed)
 
 
 def sft_config(cfg: DemoConfig, kind: str, seed: int) -> SFTConfig:
@@ -226,7 +232,7 @@ def sft_config(cfg: DemoConfig, kind: str, seed: int) -> SFTConfig:
         blocks="pmatch" if kind == "pmatch" else "bridge",
         num_heads=cfg.blocks.num_heads,
         placement="attn" if kind == "bridge_attn" else "ffn",
-        bf16=cfg.bf16,
+        optim=replace(cfg.sft.optim, bf16=cfg.bf16),
         seed=seed,  # the split, the groups and the batch order
     )
 
@@ -245,14 +251,14 @@ def rl_config(cfg: DemoConfig, arm: str, seed: int, lrs: tuple[float, float | No
     if rl.reward == "sibling":  # L = w - 1: each rollout is paid its group's total reward
         rl = replace(rl, sibling_weight=float(rl.rollout.width - 1))
     if lrs is not None:
-        rl = replace(rl, lr=lrs[0], block_lr=lrs[1])
+        rl = replace(rl, optim=replace(rl.optim, lr=lrs[0]), block_lr=lrs[1])
     return replace(
         rl,
         rollout_dtype="bfloat16" if cfg.bf16 else None,
-        bf16=cfg.bf16,
+        optim=replace(rl.optim, bf16=cfg.bf16),
         seed=seed,
         # every checkpoint of the traced run kept (the interaction over the course of RL); elsewhere the last one
-        keep_last=0 if (arm, seed) == ("bridge", TRACE_SEED) else 1,
+        run=replace(rl.run, keep_last=0 if (arm, seed) == ("bridge", TRACE_SEED) else 1),
     )
 
 
@@ -260,10 +266,9 @@ def eval_config(cfg: DemoConfig, arm: str, seed: int, foreign: bool = False) -> 
     """Held-out evaluation of one arm: n samples per problem, every width for Bridge arms; `foreign`: control (b),
     Bridge at the main width with groups made of samples of different problems."""
     bridge_like = arm != registry.BASE and registry.ARMS[arm].bridge
+    w = cfg.eval.sampling.width
     return replace(
         cfg.eval,
-        width=cfg.eval.width if bridge_like else 1,
-        widths=[cfg.eval.width] if foreign else list(cfg.eval.widths) if bridge_like else [1],
-        seed=seed,
-        foreign_groups=foreign,
+        sampling=replace(cfg.eval.sampling, width=w if bridge_like else 1, seed=seed, foreign_groups=foreign),
+        widths=[w] if foreign else list(cfg.eval.widths) if bridge_like else [1],
     )

@@ -23,9 +23,11 @@ from pathlib import Path
 
 from bridgelm.demo.base import BaseConfig, make_problems, make_task, pretrain
 from bridgelm.demo.numbers import per_problem_accuracy
-from bridgelm.eval.runner import EvalConfig
+from bridgelm.eval.runner import EvalConfig, eval_sampling
 from bridgelm.setting import setting
 from bridgelm.tasks.hint import HintSpec
+from bridgelm.train.loop import RunControl
+from bridgelm.train.optim import OptimConfig
 from bridgelm.train.rl_config import RLConfig, default_rollout
 
 TEST_SEED = 1  # the draw of held-out problems (seed 0's scored the pilot that chose the GRPO settings)
@@ -60,18 +62,17 @@ def control_rl() -> RLConfig:
         rollout=replace(default_rollout(), n=8, width=8, max_new_tokens=HINT_TOKENS, temperature=1.0, top_p=1.0),
         steps_per_rollout=2,
         micro_batch_groups=16,
-        lr=3e-3,
+        optim=OptimConfig(lr=3e-3),
         beta=0.0,
         freeze_base=True,
-        save_every=20,
-        keep_last=1,
-        resume=True,
+        run=RunControl(save_every=20, keep_last=1, resume=True),
     )
 
 
 def control_eval() -> EvalConfig:
     """8 samples per problem at temperature 1, at w = 1 and w = 8 (the same draws at both)."""
-    return EvalConfig(n=8, width=8, widths=[1, 8], max_new_tokens=HINT_TOKENS, temperature=1.0, top_p=1.0)
+    sampling = eval_sampling(n=8, width=8, max_new_tokens=HINT_TOKENS, temperature=1.0, top_p=1.0)
+    return EvalConfig(sampling=sampling, widths=[1, 8])
 
 
 @dataclass
@@ -80,8 +81,10 @@ class ControlConfig:
 
     base: BaseConfig = setting(default_factory=control_base, help="the hint model")
     rl: RLConfig = setting(default_factory=control_rl, help="blocks-only GRPO of fresh Bridge blocks")
-    eval: EvalConfig = setting(default_factory=control_eval, help="held-out evaluation at w = 1 and w = eval.width")
-    problems: int = setting(240, "held-out test problems (a multiple of eval.width, for the foreign groups)")
+    eval: EvalConfig = setting(
+        default_factory=control_eval, help="held-out evaluation at w = 1 and w = eval.sampling.width"
+    )
+    problems: int = setting(240, "held-out test problems (a multiple of eval.sampling.width, for the foreign groups)")
 
 
 @dataclass
@@ -132,7 +135,7 @@ def stage_rl(demo, dirs: ControlDirs, seed: int) -> dict:
 
     cfg = demo.control
     model = with_blocks(load_model(str(dirs.base)), "bridge", demo, seed=seed)
-    rl_cfg = replace(cfg.rl, seed=seed, bf16=demo.bf16)
+    rl_cfg = replace(cfg.rl, seed=seed, optim=replace(cfg.rl.optim, bf16=demo.bf16))
     result = train_rl(model, load_tokenizer(dirs.base), train_task(cfg), rl_cfg, dirs.rl(seed))
     return rl_numbers(result)
 
@@ -156,7 +159,8 @@ def evaluate(cfg: ControlConfig, base: Path, rl_dir: Path, out: Path, seed: int,
 
     final = json.loads((rl_dir / "done.json").read_text())["final_dir"]
     model = load_model(final, dtype=torch.bfloat16 if bf16 else torch.float32)
-    ecfg = replace(cfg.eval, seed=seed, widths=[cfg.eval.width] if foreign else cfg.eval.widths, foreign_groups=foreign)
+    sampling = replace(cfg.eval.sampling, seed=seed, foreign_groups=foreign)
+    ecfg = replace(cfg.eval, sampling=sampling, widths=[sampling.width] if foreign else cfg.eval.widths)
     test = test_task(cfg)
     run_eval(model, load_tokenizer(base), test, None, ecfg, out, model_id=final)
     return score_run(out, task=test)
@@ -173,7 +177,7 @@ def sibling_results(cfg: ControlConfig, runs: list[tuple[Path, Path]]) -> dict |
     done = [(e, f) for e, f in runs if (e / "scores.jsonl").exists()]
     if not done or any(not (f / "scores.jsonl").exists() for _, f in done):
         return None
-    w = cfg.eval.width
+    w = cfg.eval.sampling.width
     one = [per_problem_accuracy(e, 1) for e, _ in done]
     wide = [per_problem_accuracy(e, w) for e, _ in done]
     foreign = [per_problem_accuracy(f, w) for _, f in done]
@@ -194,6 +198,6 @@ def control_results(cfg: ControlConfig, dirs: ControlDirs, seeds: int) -> dict |
     out = sibling_results(cfg, [(dirs.eval(s), dirs.eval(s, True)) for s in range(seeds)])
     if out is None:
         return None
-    w = cfg.eval.width
+    w = cfg.eval.sampling.width
     out["shown"] = {f"w{w}-w1": out[f"w{w}-w1"]["low"] > 0, "foreign-w1": out["foreign-w1"]["high"] < 0}
     return out

@@ -60,7 +60,7 @@ def stage_validate(ctx, arm: str, lrs) -> dict:
     val = make_task(spec, make_problems(spec, cfg.eval_problems, "validation", 0))
     final = json.loads((candidate_dir(ctx.out, arm, lrs) / "done.json").read_text())["final_dir"]
     main = eval_config(cfg, arm, TUNE_SEED)
-    ecfg = replace(main, widths=[main.width])
+    ecfg = replace(main, widths=[main.sampling.width])
     out = validation_dir(ctx.out, arm, lrs)
     run_eval(ctx.sampler(final), ctx.tokenizer, val, None, ecfg, out, model_id=final)
     return score_run(out, task=val)

@@ -39,7 +39,7 @@ def control_at(cfg: ControlConfig, preamble: int) -> ControlConfig:
         cfg,
         base=replace(cfg.base, task=replace(cfg.base.task, preamble=preamble)),
         rl=replace(cfg.rl, rollout=replace(cfg.rl.rollout, max_new_tokens=tokens)),
-        eval=replace(cfg.eval, max_new_tokens=tokens),
+        eval=replace(cfg.eval, sampling=replace(cfg.eval.sampling, max_new_tokens=tokens)),
     )
 
 

@@ -93,7 +93,7 @@ def record_settings(out: Path, settings: dict) -> None:
     """OUT/demo.json: the folder's settings, checked first against those its stages were made with (all but
     RERUN_MAY_CHANGE), so that a re-run does not mix its runs with another setting's under one label."""
     settings, record = jsonable(settings), out / "demo.json"
-    if record.is_file():  # nested configs compared by dotted key, so that a difference is named (rl.lr)
+    if record.is_file():  # nested configs compared by dotted key, so that a difference is named (rl.optim.lr)
         now, saved = dotted(settings), dotted(read_json_object(record, DEMO_JSON))
         keys = [k for k in now if k.split(".")[0] not in RERUN_MAY_CHANGE]
         check_settings(record, saved, now, keys, fix="use another --out")

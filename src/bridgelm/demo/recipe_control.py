@@ -64,7 +64,7 @@ def recipe_rl(demo, arm: str, seed: int, lrs=None):
     from bridgelm.demo.config import rl_config
 
     rl = rl_config(demo, arm, seed, lrs)
-    return replace(rl, rollout=replace(rl.rollout, max_new_tokens=HINT_TOKENS), keep_last=1)
+    return replace(rl, rollout=replace(rl.rollout, max_new_tokens=HINT_TOKENS), run=replace(rl.run, keep_last=1))
 
 
 def _train_task(demo, n: int):
@@ -95,7 +95,8 @@ def stage_sft(demo, dirs: RecipeDirs, kind: str, seed: int) -> dict:
     from bridgelm.tokenizer import load_tokenizer
     from bridgelm.train.sft import train_sft
 
-    cfg = replace(sft_config(demo, kind, seed), progress=False)
+    cfg = sft_config(demo, kind, seed)
+    cfg = replace(cfg, run=replace(cfg.run, progress=False))
     model = with_blocks(load_model(str(dirs.control.base)), cfg.blocks, demo, cfg.placement, seed=seed)
     result = train_sft(model, load_tokenizer(dirs.control.base), dirs.warmup, cfg, dirs.sft(kind, seed))
     return {"best_val_ppl": result.best_val_ppl, "best_epoch": result.best_epoch, "steps": result.steps}
@@ -116,7 +117,8 @@ def stage_rl(demo, dirs: RecipeDirs, arm: str, seed: int, lrs=None, label: str |
         load_blocks(model, dirs.sft(spec.sft, sft_seed_of(demo, seed)) / "blocks.safetensors")
     else:
         with_blocks(model, spec.blocks, demo, spec.placement, seed=seed)
-    cfg = replace(recipe_rl(demo, arm, seed, lrs), progress=False)
+    cfg = recipe_rl(demo, arm, seed, lrs)
+    cfg = replace(cfg, run=replace(cfg.run, progress=False))
     task = _train_task(demo, cfg.steps * cfg.prompts_per_step)
     return rl_numbers(train_rl(model, load_tokenizer(dirs.control.base), task, cfg, dirs.rl(label or arm, seed)))
 
@@ -136,7 +138,7 @@ def arm_result(demo, dirs: RecipeDirs, label: str, seeds=None) -> dict | None:
     out = sibling_results(demo.control, runs)
     if out is None:
         return None
-    w = demo.control.eval.width
+    w = demo.control.eval.sampling.width
     gain, foreign, room = out[f"w{w}-w1"], out["foreign-w1"], out["headroom"]
     out["learns"] = bool(
         room is not None and gain["mean"] >= LEARNS_SHARE * room and gain["low"] > 0 and foreign["high"] < 0

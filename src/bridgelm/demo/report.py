@@ -44,7 +44,7 @@ def accuracy_table(arms: dict, cfg) -> str:
         "Method",
         f"Accuracy (%){' mean ± sd over seeds' if seeds > 1 else ''}",
         f"95% interval{' (seed 0)' if seeds > 1 else ''}",
-        f"Coverage@{cfg.eval.n}",
+        f"Coverage@{cfg.eval.sampling.n}",
         f"Pass@{k} (a set of {k})",
         f"All of a set of {k} right",
         f"G-Pass@{k} τ=0.5 (pooled)",
@@ -81,7 +81,7 @@ def width_table(arms: dict, cfg) -> str:
         "Bridge width w",
         f"Accuracy (%), mean over {len(by_seed)} seed(s)",
         "95% interval (seed 0)",
-        f"Coverage@{cfg.eval.n}",
+        f"Coverage@{cfg.eval.sampling.n}",
         f"G-Pass@{k} τ=1",
         "Samples that differ from w=1 (%)",
     ]
@@ -105,7 +105,7 @@ def width_table(arms: dict, cfg) -> str:
 
 def controls_table(ctl: dict, cfg) -> str:
     """Paired differences (same problems, same seeds), and the controls."""
-    w = cfg.eval.width
+    w = cfg.eval.sampling.width
     names = {
         "bridge-rlvr": f"Bridge (w={w}) − RLVR only",
         "bridge-pmatch": f"Bridge (w={w}) − P-Match (control c: same parameters, no cross-sample attention)",
@@ -207,7 +207,7 @@ def _recipe_claims(recipe: dict | None, cfg) -> list[str]:
     """First, per Bridge arm: can its recipe learn a sibling channel where one is worth having?"""
     if not recipe:
         return []
-    w, lines = cfg.control.eval.width, []
+    w, lines = cfg.control.eval.sampling.width, []
     for arm, r in recipe.items():
         if "learns" not in r:  # only its search's candidates are done
             continue
@@ -235,7 +235,7 @@ def _primary_extra_claim(ctl: dict, cfg) -> list[str]:
 
 def verdict(arms: dict, ctl: dict, cfg) -> str:
     """Which of the paper's claims the miniature reproduces, read off the paired intervals."""
-    k, w = cfg.eval.gpass_k, cfg.eval.width
+    k, w = cfg.eval.gpass_k, cfg.eval.sampling.width
     lines = [*_recipe_claims(ctl.get("recipe_control"), cfg), *_primary_extra_claim(ctl, cfg)]
     lines += [
         *_interval_claim("Bridge improves accuracy after RLVR more than RLVR alone", "bridge-rlvr", ctl),
@@ -327,8 +327,9 @@ def _opening(cfg, results: dict) -> list[str]:
     return [
         "# Bridge in miniature" + (" (--quick: toy sizes, the numbers mean nothing)" if quick else ""),
         "",
-        f"Task: {task_text(cfg)}, {cfg.eval_problems} held-out test problems, {cfg.eval.n} samples each at "
-        f"temperature {cfg.eval.temperature}, top-p {cfg.eval.top_p}; RL over {results['seeds']} seed(s). Machine: "
+        f"Task: {task_text(cfg)}, {cfg.eval_problems} held-out test problems, {cfg.eval.sampling.n} samples each at "
+        f"temperature {cfg.eval.sampling.temperature}, top-p {cfg.eval.sampling.top_p}; "
+        f"RL over {results['seeds']} seed(s). Machine: "
         f"{results['machine']}; matmul peak measured when the stages ran: {_peaks_text(results['matmul_peaks'])}. "
         f"{_precision_text(cfg, why)} Stage times (s): {json.dumps(results['timings_s'])}.",
         "",

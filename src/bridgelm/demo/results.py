@@ -155,7 +155,7 @@ def collect(eval_dirs: dict[tuple[str, int], Path], cfg) -> dict:
     arms: dict[str, dict] = {}
     for (arm, seed), run_dir in sorted(eval_dirs.items()):
         bridge = arm in ARMS and ARMS[arm].bridge
-        width = cfg.eval.width if bridge else 1
+        width = cfg.eval.sampling.width if bridge else 1
         cell = _numbers(entry(run_dir, width), k)
         cell["width"] = width
         arms.setdefault(arm, {"seeds": {}})["seeds"][seed] = cell
@@ -176,7 +176,7 @@ def controls(arms: dict, eval_dirs: dict[tuple[str, int], Path], foreign: dict[i
     or None), "diffs" {"bridge-rlvr", "bridge-pmatch", "wW-w1", "foreign-w1": {"mean", "low", "high"}},
     "rlvr_gain" {"mean", "low", "high"} (RLVR only - base, or None), "paper_effects" (see `paper_effects`)}.
     """
-    w = cfg.eval.width
+    w = cfg.eval.sampling.width
     per_problem = functools.cache(per_problem_accuracy)  # each run and width read once (RLVR's serve two differences)
     seeds = sorted(s for (arm, s) in eval_dirs if arm == "bridge")
     bridge_w = [per_problem(eval_dirs[("bridge", s)], w) for s in seeds]
@@ -242,8 +242,8 @@ def diverged_from_width_1(run_dir: Path) -> dict[int, float]:
 def departures(cfg) -> list[str]:
     """Where the miniature departs from the paper's settings (Appendix A), one line each."""
     lines = [
-        f"SFT lr {cfg.sft.lr:g} (paper 2e-5) and RL lr {cfg.rl.lr:g} (paper 1e-6): the paper's rates are for "
-        "1.5B-8B models; a 2M model needs larger steps",
+        f"SFT lr {cfg.sft.optim.lr:g} (paper 2e-5) and RL lr {cfg.rl.optim.lr:g} (paper 1e-6): the paper's rates are "
+        "for 1.5B-8B models; a 2M model needs larger steps",
         f"RL: {cfg.rl.steps} steps of {cfg.rl.prompts_per_step} prompts x {cfg.rl.rollout.n} rollouts (paper: 1000 steps of "
         f"56 x 8), Bridge width {cfg.rl.rollout.width} while training",
         f"Block heads {cfg.blocks.num_heads} of dim {cfg.blocks.head_dim} (paper: 4 heads of the host's head dim)",
@@ -273,7 +273,7 @@ def extra_arms(eval_dirs: dict[tuple[str, int], Path], cfg) -> dict:
     """Each arm beyond the paper's three, paired over the seeds it shares with its reference: "<arm>-bridge" (or
     "<arm>-pmatch" for a P-Match arm) and "<arm>-rlvr" at the main widths, "w{w}-w1" for a Bridge arm (same
     weights), and their power; plus "bridge_tuned-pmatch_tuned" when both tuned arms ran."""
-    w, out = cfg.eval.width, {}
+    w, out = cfg.eval.sampling.width, {}
     for arm in {a for a, _ in eval_dirs} - set(PAPER_ARMS) - {"base"}:
         spec = ARMS[arm]
         ref = "bridge" if spec.bridge else "pmatch"

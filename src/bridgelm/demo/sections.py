@@ -20,7 +20,7 @@ def recipe_section(recipe: dict | None, cfg) -> list[str]:
     about whether Bridge uses its siblings on the main task."""
     if not recipe:
         return []
-    rows, w = [], cfg.control.eval.width
+    rows, w = [], cfg.control.eval.sampling.width
 
     def row(title: str, r: dict) -> list[str]:
         room = "" if r["headroom"] is None else f"{100 * r['headroom']:.1f}"

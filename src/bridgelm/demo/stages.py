@@ -139,21 +139,21 @@ def stage_trace(ctx: Context, seed: int) -> dict:
     cfg, test = ctx.cfg, ctx.test
     points = [(0, None)] + [(int(c.name.split("-")[1]), c) for c in list_checkpoints(ctx.rl_dir("bridge", seed))]
     problems = test.examples[: cfg.trace_problems]
-    rows = []
+    rows, wide = [], cfg.eval.sampling.width
     for step, folder in points:
         if folder is None:
             model = ctx.sampler(ctx.base_dir, ctx.sft_dir("bridge", sft_seed_of(cfg, seed)) / "blocks.safetensors")
         else:
             model = ctx.sampler(folder)
         drawn, acc = {}, {}
-        for w in (1, cfg.eval.width):  # the same random draws at both widths
+        for w in (1, wide):  # the same random draws at both widths
             sampling = trace_sampling(cfg, w, seed)
             samples = sample_examples(model, ctx.tokenizer, test, problems, sampling)
             drawn[w] = [s.token_ids for outs in samples for s in outs]
             acc[w] = sum(map(sum, grade_samples(test, problems, samples))) / len(drawn[w])
-        differ = sum(a != b for a, b in zip(drawn[1], drawn[cfg.eval.width])) / len(drawn[1])
-        rows.append({"step": step, "w1": acc[1], f"w{cfg.eval.width}": acc[cfg.eval.width], "interaction": differ})
-    return {"seed": seed, "width": cfg.eval.width, "points": rows}
+        differ = sum(a != b for a, b in zip(drawn[1], drawn[wide])) / len(drawn[1])
+        rows.append({"step": step, "w1": acc[1], f"w{wide}": acc[wide], "interaction": differ})
+    return {"seed": seed, "width": wide, "points": rows}
 
 
 def sft_summary(result: dict) -> str:

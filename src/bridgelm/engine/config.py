@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
+from typing import Any
 
-from bridgelm.errors import check_int, check_number
+from bridgelm.errors import UserError, check_int, check_number
 from bridgelm.setting import setting
 
 # The smallest temperature above 0. Sampling is greedy in all but name long before it; far below it logits /
@@ -13,7 +14,7 @@ MIN_TEMPERATURE = 1e-6
 
 
 def check_sampling(temperature: float, top_p: float, prefix: str = "", greedy: bool = True, why: str = "") -> None:
-    """ValueError naming `prefix + "temperature"` / `prefix + "top_p"` unless temperature is 0 (when `greedy`) or at
+    """UserError naming `prefix + "temperature"` / `prefix + "top_p"` unless temperature is 0 (when `greedy`) or at
     least MIN_TEMPERATURE, and top_p is in (0, 1]; NaN and infinities are refused. `why` ends the message of a
     temperature refused where sampling cannot be greedy."""
     check_number(f"{prefix}top_p", top_p, 0, 1, open_low=True)
@@ -22,7 +23,7 @@ def check_sampling(temperature: float, top_p: float, prefix: str = "", greedy: b
         return
     check_number(name, temperature, 0, open_low=not greedy, note=" (0 = greedy)" if greedy else why)
     if temperature < MIN_TEMPERATURE:
-        raise ValueError(
+        raise UserError(
             f"{name}={temperature!r}: expected {'0 (greedy) or ' if greedy else ''}at least {MIN_TEMPERATURE} "
             f"(sampling is greedy in all but name before that, and far below it logits / temperature overflow){why}"
         )
@@ -49,26 +50,29 @@ class SamplingConfig:
                                        "for oneDNN once per wave (bridgelm.packed)")
 
     def validate(self) -> None:
-        if not isinstance(self.n, int) or self.n < 1:
-            raise ValueError(f"n={self.n!r} must be a positive integer")
-        if not isinstance(self.width, int) or self.width < 1:
-            raise ValueError(f"width={self.width!r} must be a positive integer")
-        if self.n % self.width and not self.foreign_groups:
-            raise ValueError(f"width={self.width} must divide n={self.n}")
-        if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens={self.max_new_tokens!r} must be >= 1")
-        check_sampling(self.temperature, self.top_p)
-        if self.top_k < 0:
-            raise ValueError(f"top_k={self.top_k!r} must be >= 0 (0 = off)")
-        check_number("compact_fraction", self.compact_fraction, 0, 1, note=" (0: at every finished group)")
-        for name in ("max_batch_sequences", "max_batch_tokens"):
+        for name in ("n", "width", "max_new_tokens", "max_batch_sequences", "max_batch_tokens"):
             check_int(name, getattr(self, name))
+        if self.n % self.width and not self.foreign_groups:
+            raise UserError(f"width={self.width} must divide n={self.n}")
+        check_sampling(self.temperature, self.top_p)
+        check_int("top_k", self.top_k, low=0, note=" (0 = off)")
+        check_number("compact_fraction", self.compact_fraction, 0, 1, note=" (0: at every finished group)")
         if self.max_batch_sequences < self.width:
-            raise ValueError(
+            raise UserError(
                 f"max_batch_sequences={self.max_batch_sequences} must hold at least one group of width {self.width}"
             )
         if self.foreign_groups and self.max_batch_sequences < self.width * self.n:
-            raise ValueError(
+            raise UserError(
                 f"foreign_groups: max_batch_sequences={self.max_batch_sequences} must hold width x n = "
                 f"{self.width * self.n} rows (the samples of `width` prompts decoded together)"
             )
+
+
+def with_settings(cfg: SamplingConfig | None, changes: dict[str, Any]) -> SamplingConfig:
+    """`cfg` (None: `SamplingConfig()`) with `changes` of its fields; a name that is no field is refused in one line."""
+    names = [f.name for f in fields(SamplingConfig)]
+    unknown = [k for k in changes if k not in names]
+    if unknown:
+        raise UserError(f"{unknown[0]}={changes[unknown[0]]!r}: not a sampling setting (expected one of "
+                        f"{', '.join(names)})")
+    return replace(cfg if cfg is not None else SamplingConfig(), **changes)

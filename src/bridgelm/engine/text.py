@@ -2,7 +2,8 @@
 
 `stream_text` encodes the prompts (through the chat template when asked), runs `bridgelm.engine.loop.stream_ids`
 and decodes each sample, yielding a prompt's samples as soon as they are done: what resumable writers append to
-their files. `generate` is the same, with keyword settings, collected in a list (`bridgelm.generate`).
+their files. `generate` is the same, from one SamplingConfig and keyword changes of it, collected in a list
+(`bridgelm.generate`).
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ import sys
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from bridgelm.engine.config import SamplingConfig
+from bridgelm.engine.config import SamplingConfig, with_settings
 from bridgelm.engine.loop import stream_ids
 from bridgelm.errors import DataWarning
 from bridgelm.tokenizer import unknown_characters
@@ -170,36 +172,21 @@ def generate(
     model,
     tokenizer,
     prompts: Sequence[str],
-    n: int = 8,
-    width: int = 1,
-    max_new_tokens: int = 256,
-    temperature: float = 0.6,
-    top_p: float = 0.95,
-    seed: int = 0,
-    top_k: int = 0,
+    cfg: SamplingConfig | None = None,
+    *,
     chat: bool = False,
     stop_strings: Sequence[str] = (),
     eos_token_id: int | Sequence[int] | None = None,
-    max_batch_sequences: int = 256,
-    max_batch_tokens: int = 262_144,
     progress: bool | None = None,
+    **overrides: Any,
 ) -> list[list[Sample]]:
-    """Sample `n` responses per prompt; samples j*width .. (j+1)*width-1 of a prompt form one Bridge group.
+    """Sample `cfg.n` responses per prompt; samples j*width .. (j+1)*width-1 of a prompt form one Bridge group.
 
+    `cfg` (default: `SamplingConfig()`) with `overrides` of its fields: `generate(model, tok, prompts, n=8, width=4)`.
     Returns, per prompt, a list of n `Sample` (`stream_text`, collected). Works with and without Bridge blocks
     (width 1 = independent). `progress`: a progress bar on stderr; None (default): when stderr is a terminal.
     """
-    cfg = SamplingConfig(
-        n=n,
-        width=width,
-        max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        top_p=top_p,
-        top_k=top_k,
-        seed=seed,
-        max_batch_sequences=max_batch_sequences,
-        max_batch_tokens=max_batch_tokens,
-    )
+    cfg = with_settings(cfg, overrides)
     if progress is None:
         progress = sys.stderr.isatty()
     title = "sampling" if progress else None

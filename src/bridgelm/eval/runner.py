@@ -31,7 +31,7 @@ import contextlib
 import json
 import os
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,7 @@ from bridgelm.dist import Dist, all_reduce_sum, barrier, unsharded
 from bridgelm.engine import Sample, SamplingConfig, check_stop_strings, stream_text
 from bridgelm.eval.datasets import Benchmark, load_benchmarks
 from bridgelm.eval.folder import check_same_run, done_keys, read_eval_run, shard_file_name, shard_files, wait_for
+from bridgelm.errors import UserError, check_int
 from bridgelm.eval.prompts import fit_prompt, prompt_budget
 from bridgelm.jsonl import append_record, exclusive, write_json
 from bridgelm.runs import RUN_FILE, SAMPLED_WITH, format_of, local_source, source_digests
@@ -54,71 +55,58 @@ RUN_WAIT_SECONDS = 600.0
 BARRIER_TIMEOUT = timedelta(days=3)
 
 
+def eval_sampling(**changes: Any) -> SamplingConfig:
+    """The evaluation's sampling (paper Sec. 4): 32 samples per problem, Bridge width 8, up to 4096 new tokens, at
+    SamplingConfig's 0.6 / 0.95; `changes` set other values."""
+    return SamplingConfig(**{"n": 32, "width": 8, "max_new_tokens": 4096, **changes})
+
+
 @dataclass
 class EvalConfig:
     """How to sample and score an evaluation run (the task and data files are arguments of `run_eval`)."""
 
-    n: int = setting(32, "samples per problem")
-    width: int = setting(8, "Bridge group width that tables report (when `widths` leave it out: the widest of them)")
-    widths: list[int] | None = setting(None, "widths to sample, each dividing n; None = [width]")
-    max_new_tokens: int = setting(4096, "generated tokens per sample, at most")
-    temperature: float = setting(0.6, "0 = greedy")
-    top_p: float = setting(0.95, "nucleus mass in (0, 1]")
-    top_k: int = setting(0, "0 = off")
-    seed: int = setting(0, "seeds the sampler of every (benchmark, width)")
+    sampling: SamplingConfig = setting(
+        default_factory=eval_sampling,
+        help="how every (benchmark, width) is sampled; its width is the one tables report (when `widths` leave it "
+             "out: the widest of them), its seed seeds the sampler of every (benchmark, width)",
+    )
+    widths: list[int] | None = setting(None, "widths to sample, each dividing n; None = [sampling.width]")
     chat: bool = setting(False, "wrap prompts with the tokenizer's chat template")
     stop: list[str] = setting(default_factory=list, help="stop strings that end a sample early")
     limit: int | None = setting(None, "only the first `limit` problems of each benchmark (smoke runs); None = all")
-    max_batch_sequences: int = setting(256, "rows decoded together, at most (does not change what is measured)")
-    max_batch_tokens: int = setting(262_144, "rows x (prompt + max_new_tokens) of a batch, at most")
     gpass_k: int = setting(8, "k of G-Pass@k_tau (capped at n)")
-    foreign_groups: bool = setting(False, "control: groups of sample j of `width` "
-                                          "different problems (see bridgelm.engine)")
 
     def all_widths(self) -> list[int]:
         """The widths to sample, in order."""
-        return list(self.widths) if self.widths else [self.width]
+        return list(self.widths) if self.widths else [self.sampling.width]
 
     def main_width(self) -> int:
-        """The width tables report: `width` when it is sampled, else the widest of `widths`."""
+        """The width tables report: `sampling.width` when it is sampled, else the widest of `widths`."""
         widths = self.all_widths()
-        return self.width if self.width in widths else max(widths)
+        return self.sampling.width if self.sampling.width in widths else max(widths)
 
     def validate(self) -> None:
-        if not isinstance(self.n, int) or self.n < 1:
-            raise ValueError(f"n={self.n!r} must be a positive integer")
+        n = self.sampling.n
+        check_int("n", n)
         widths = self.all_widths()
         for w in widths:
-            if not isinstance(w, int) or w < 1:
-                raise ValueError(f"widths entry {w!r} must be a positive integer")
-            if self.n % w:
+            check_int("widths entry", w)
+            if n % w:
                 which = f"widths entry {w}" if self.widths else f"width={w}"  # widths=None samples `width` alone
-                raise ValueError(f"{which} does not divide n={self.n}: every width must divide n")
+                raise UserError(f"{which} does not divide n={n}: every width must divide n")
         dup = sorted({w for w in widths if widths.count(w) > 1})
         if dup:
-            raise ValueError(f"widths lists {dup[0]} more than once: {widths}")
-        if self.limit is not None and (not isinstance(self.limit, int) or self.limit < 1):
-            raise ValueError(f"limit={self.limit!r} must be a positive integer or None")
-        if not isinstance(self.gpass_k, int) or self.gpass_k < 1:
-            raise ValueError(f"gpass_k={self.gpass_k!r} must be a positive integer")
+            raise UserError(f"widths lists {dup[0]} more than once: {widths}")
+        if self.limit is not None:
+            check_int("limit", self.limit, note=" (or None: all problems)")
+        check_int("gpass_k", self.gpass_k)
         for w in widths:
-            self.sampling(w).validate()
+            self.sampling_at(w).validate()
         check_stop_strings(self.stop)
 
-    def sampling(self, width: int) -> SamplingConfig:
-        """The engine's settings for one width."""
-        return SamplingConfig(
-            n=self.n,
-            width=width,
-            max_new_tokens=self.max_new_tokens,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k,
-            seed=self.seed,
-            max_batch_sequences=self.max_batch_sequences,
-            max_batch_tokens=self.max_batch_tokens,
-            foreign_groups=self.foreign_groups and width > 1,
-        )
+    def sampling_at(self, width: int) -> SamplingConfig:
+        """The engine's settings for one width (foreign groups only where a group has siblings)."""
+        return replace(self.sampling, width=width, foreign_groups=self.sampling.foreign_groups and width > 1)
 
 
 def eval_settings(
@@ -126,7 +114,8 @@ def eval_settings(
 ) -> dict[str, Any]:
     """The content of an eval run's run.json: every setting that decides what is sampled (runs.SAMPLED_WITH, with the
     widths sampled in place of one width), and what a reader needs besides."""
-    sampled = {k: getattr(cfg, k) for k in SAMPLED_WITH if k != "width"}
+    s = cfg.sampling
+    sampled = {k: getattr(cfg if k in ("chat", "stop") else s, k) for k in SAMPLED_WITH if k != "width"}
     return {
         **format_of("eval"),
         "model": local_source(model_id),
@@ -141,8 +130,8 @@ def eval_settings(
         "width": cfg.main_width(),  # the width tables report
         "limit": cfg.limit,
         "gpass_k": cfg.gpass_k,
-        "max_batch_sequences": cfg.max_batch_sequences,
-        "max_batch_tokens": cfg.max_batch_tokens,
+        "max_batch_sequences": s.max_batch_sequences,
+        "max_batch_tokens": s.max_batch_tokens,
     }
 
 
@@ -161,7 +150,7 @@ def run_eval(
     progress: bool = True,
     dist: Dist | None = None,
 ) -> dict[str, Any]:
-    """Sample cfg.n responses per problem for every benchmark and width into `out_dir` (resumable).
+    """Sample cfg.sampling.n responses per problem for every benchmark and width into `out_dir` (resumable).
 
     Returns {"run_dir", "shard" (this process's samples file), "sampled" (problems sampled now by this
     process), "skipped" (already written), "problems" (owned by this process), "truncated" (problems sampled
@@ -174,7 +163,7 @@ def run_eval(
     task_name = task_or_name.name if isinstance(task_or_name, Task) else task_or_name
     run_dir = Path(out_dir)
     settings = eval_settings(cfg, benches, task_name, model_id, blocks)
-    budget = prompt_budget(model, cfg.max_new_tokens)
+    budget = prompt_budget(model, cfg.sampling.max_new_tokens)
     if any(b.task.long_field() is not None for b in benches):
         settings["prompt_budget"] = budget  # long documents are cut to this many prompt tokens
     fresh = not run_dir.exists()  # the folder too: a run refused before any sample takes it away again
@@ -261,7 +250,7 @@ def _sample_all_sets(model, tokenizer, benches, todo, cfg: EvalConfig, budget, o
         from tqdm.auto import tqdm
 
         total = sum(len(v) for v in todo.values())
-        bar = tqdm(total=total * cfg.n, desc=f"sampling -> {out}", unit="sample", position=dist.rank)
+        bar = tqdm(total=total * cfg.sampling.n, desc=f"sampling -> {out}", unit="sample", position=dist.rank)
     step = bar.update if bar is not None else (lambda k: None)
     truncated = 0
     try:
@@ -288,7 +277,7 @@ def _sample_set(
             raise ValueError(f"benchmark {b.name!r} problem #{i}: {exc}") from exc
     texts = [text for text, _ in fitted]
     keys = [(b.name, i) for i in indices]  # a problem's samples do not depend on its shard
-    stream = stream_text(model, tokenizer, texts, cfg.sampling(w), keys, cfg.chat, cfg.stop, progress=step)
+    stream = stream_text(model, tokenizer, texts, cfg.sampling_at(w), keys, cfg.chat, cfg.stop, progress=step)
     for k, samples in stream:
         i, cut = indices[k], fitted[k][1]
         line = {
@@ -326,8 +315,8 @@ def grade_samples(task: Task, examples: Sequence[dict], samples: Sequence[Sequen
 
 
 def accuracy(model, tokenizer, task: Task, cfg: EvalConfig, dist: Dist | None = None) -> float:
-    """Mean accuracy of cfg.n samples per problem (width cfg.width) on the first cfg.limit problems of `task`, sampled
-    and graded in memory, without a run folder (RL's validation, the demo's pre-training checks).
+    """Mean accuracy of cfg.sampling.n samples per problem (at its width) on the first cfg.limit problems of `task`,
+    sampled and graded in memory, without a run folder (RL's validation, the demo's pre-training checks).
 
     Problems are sharded over the ranks (all ranks call and get the same number); under FSDP every rank samples on
     the gathered weights.
@@ -336,7 +325,8 @@ def accuracy(model, tokenizer, task: Task, cfg: EvalConfig, dist: Dist | None = 
     examples = task.examples[: cfg.limit] if cfg.limit is not None else task.examples
     mine = examples[dist.rank :: dist.world]
     with unsharded(model, dist):  # a collective under FSDP: ranks without problems take part too
-        samples = sample_examples(model, tokenizer, task, mine, cfg.sampling(cfg.width), cfg.chat) if mine else []
+        sampling = cfg.sampling_at(cfg.sampling.width)
+        samples = sample_examples(model, tokenizer, task, mine, sampling, cfg.chat) if mine else []
     correct = sum(map(sum, grade_samples(task, mine, samples)))  # weights resharded meanwhile
-    correct, count = all_reduce_sum([correct, len(mine) * cfg.n], dist)
+    correct, count = all_reduce_sum([correct, len(mine) * cfg.sampling.n], dist)
     return correct / max(count, 1.0)

@@ -2,7 +2,7 @@
 
 A trainer (SFT, RL, the demo's pre-training) keeps its own step and writes its loop top to bottom around a `Run`:
 
-    run = Run(out_dir, "sft", identity, control_of(cfg), dist)   # refuses a used folder unless resuming
+    run = Run(out_dir, "sft", identity, cfg.run, dist)   # refuses a used folder unless resuming
     if run.resume_from is not None:
         ...load the checkpoint's weights into the model...
     ...build the optimiser and the schedule...
@@ -44,15 +44,16 @@ import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from bridgelm.dist import Dist, load_optimizer_shards
-from bridgelm.errors import UserError
+from bridgelm.errors import UserError, check_int
 from bridgelm.jsonl import append_record, check_free, exclusive, read_records, write_atomic, write_json
 from bridgelm.rng import set_rng_state
 from bridgelm.runs import METRICS, RUN_FILE, check_format, check_settings, format_of, jsonable, refuse_run_folder
+from bridgelm.setting import setting
 from bridgelm.train.agree import StoppedTogether, StopSignals, agreed_resume_point
 from bridgelm.train.checkpoints import (
     CHECKPOINTS,
@@ -73,28 +74,29 @@ from bridgelm.train.weights import write_checkpoint
 
 @dataclass
 class RunControl:
-    """How a run is driven. None of it changes the trained weights, so a resumed run may change any of it."""
+    """How a run is driven (a trainer config's `run`). None of it changes the trained weights, so a resumed run may
+    change any of it."""
 
-    resume: bool = False  # continue the run found in the output directory
-    save_every: int = 0  # steps between checkpoints (0: only at the end and on Ctrl-C)
-    keep_last: int = 2  # checkpoints kept
-    progress: bool = True  # show a progress bar
-    tensorboard: bool = False  # also log to OUT/tensorboard (when tensorboard is installed)
+    save_every: int = setting(0, "steps between checkpoints (0: only at the end and on Ctrl-C)")
+    keep_last: int = setting(2, "checkpoints kept (0: all)")
+    resume: bool = setting(False, "continue the run found in the output directory")
+    progress: bool = setting(True, "show a progress bar")
+    tensorboard: bool = setting(False, "also log to OUT/tensorboard (when tensorboard is installed)")
+
+    def validate(self) -> None:
+        check_int("save_every", self.save_every, low=0, note=" (0: only at the end and on Ctrl-C)")
+        check_int("keep_last", self.keep_last, low=0, note=" (0: all)")
 
 
-# Fields of a trainer config that drive the run without changing its weights (RunControl's).
-RUN_FIELDS = tuple(f.name for f in fields(RunControl))
-
-
-def control_of(cfg) -> RunControl:
-    """The RunControl fields of a trainer config (SFTConfig, RLConfig)."""
-    return RunControl(**{name: getattr(cfg, name) for name in RUN_FIELDS})
+# The field of a trainer config (SFTConfig, RLConfig) that holds its RunControl.
+RUN_FIELD = "run"
 
 
 def settings_of(cfg, free: tuple[str, ...] = ()) -> dict[str, Any]:
-    """The fields of a trainer config that decide the trained weights (not RUN_FIELDS, not `free`), as JSON has them,
-    those of a nested config by dotted name (`free` may name them so: "validation.limit")."""
-    return jsonable({k: v for k, v in dotted(asdict(cfg)).items() if k not in RUN_FIELDS + tuple(free)})
+    """The fields of a trainer config that decide the trained weights (not its RunControl, not `free`), as JSON has
+    them, those of a nested config by dotted name (`free` may name them so: "validation.limit")."""
+    settings = {k: v for k, v in asdict(cfg).items() if k != RUN_FIELD}
+    return jsonable({k: v for k, v in dotted(settings).items() if k not in free})
 
 
 def dotted(settings: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -385,12 +387,11 @@ class DeferInterrupt:
 
 
 __all__ = [
-    "RUN_FIELDS",
+    "RUN_FIELD",
     "DeferInterrupt",
     "MetricsLog",
     "Run",
     "RunControl",
-    "control_of",
     "dotted",
     "progress_bar",
     "progress_fields",

@@ -23,6 +23,7 @@ import torch
 
 from bridgelm.dist import Dist, all_reduce_sum, reduce_gradients
 from bridgelm.errors import UserError, check_number
+from bridgelm.setting import setting
 
 # The largest learning rate accepted: AdamW moves each parameter by about lr per step, so a larger rate only
 # diverges, and one near the largest float makes its step overflow (inf x 0 = NaN weights).
@@ -30,10 +31,10 @@ MAX_LR = 1.0
 
 
 def check_lr(name: str, value) -> None:
-    """ValueError naming `name` unless `value` is a finite learning rate in (0, MAX_LR]."""
+    """UserError naming `name` unless `value` is a finite learning rate in (0, MAX_LR]."""
     check_number(name, value, 0, open_low=True)
     if value > MAX_LR:
-        raise ValueError(
+        raise UserError(
             f"{name}={value!r}: expected at most {MAX_LR} (AdamW moves each weight by about lr per step, so a larger "
             "rate only diverges)"
         )
@@ -103,6 +104,25 @@ class CosineSchedule:
             return (step + 1) / self.warmup_steps
         t = (step - self.warmup_steps) / max(1, self.total_steps - self.warmup_steps)
         return self.floor + (1 - self.floor) / 2 * (1 + math.cos(math.pi * t))
+
+
+@dataclass
+class OptimConfig:
+    """The optimiser settings SFT and RL share (SFTConfig.optim, RLConfig.optim): AdamW, its warm-up, clipping, and
+    the precision and memory of the forwards it learns from. Each trainer gives its own default rate."""
+
+    lr: float = setting(1e-6, "peak learning rate of AdamW")
+    warmup_fraction: float = setting(0.1, "share of the optimiser steps spent warming the lr up linearly")
+    weight_decay: float = setting(0.0, "AdamW weight decay")
+    max_grad_norm: float = setting(1.0, "gradient clipping (<= 0: off)")
+    bf16: bool = setting(False, "bf16 autocast of forwards")
+    gradient_checkpointing: bool = setting(False, "recompute layer activations in the backward")
+
+    def validate(self) -> None:
+        check_lr("lr", self.lr)
+        check_number("warmup_fraction", self.warmup_fraction, 0, 1, open_high=True)
+        check_number("weight_decay", self.weight_decay, 0)
+        check_number("max_grad_norm", self.max_grad_norm, note=" (<= 0: no clipping)")
 
 
 def make_optimizer(

@@ -30,12 +30,12 @@ from bridgelm.dist import Dist, prepare_model, setup_distributed
 from bridgelm.engine import eos_ids, pad_id
 from bridgelm.eval.runner import accuracy
 from bridgelm.jsonl import write_json
-from bridgelm.lora import add_lora, has_lora, train_adapters
+from bridgelm.lora import has_lora, train_adapters
+from bridgelm.lora import prepare as prepare_lora
 from bridgelm.models import enable_checkpointing
-from bridgelm.rng import derive_seed
 from bridgelm.runs import local_source, model_fingerprint
 from bridgelm.train.checkpoints import latest_checkpoint
-from bridgelm.train.loop import Run, control_of, settings_of
+from bridgelm.train.loop import Run, settings_of
 from bridgelm.train.optim import gradient_parts, make_optimizer, make_scheduler
 from bridgelm.train.reference import make_reference, skeleton
 from bridgelm.train.rl_config import FREE_FIELDS, RLConfig, validation_sampling
@@ -101,21 +101,21 @@ def _learner(model, tokenizer, cfg: RLConfig, run: Run, dist: Dist) -> Learner:
     _set_trainable(model, cfg)
     model.to(dist.device)  # the rank's own device (dist.rank_device)
     ref_model = skeleton(model) if cfg.beta > 0 else None  # the reference (beta > 0): allocated once sharded
-    if cfg.gradient_checkpointing:
+    if cfg.optim.gradient_checkpointing:
         enable_checkpointing(model)
-    prepare_model(model, dist, cfg.fsdp, cfg.bf16)
+    prepare_model(model, dist, cfg.fsdp, cfg.optim.bf16)
     if ref_model is not None:  # the policy at the start of RL: copied before resumed weights are loaded
-        ref_model = make_reference(ref_model, model, dist, cfg.bf16)
+        ref_model = make_reference(ref_model, model, dist, cfg.optim.bf16)
     if run.resume_from is not None:
         load_checkpoint(model, run.resume_from, dist)  # under FSDP each rank reads its own shards
     params = [p for p in model.parameters() if p.requires_grad]
     lr_of = None
     if cfg.block_lr is not None:
         lr_of = {id(p): cfg.block_lr for p in added_parameters(model).values() if p.requires_grad}
-    optimizer = make_optimizer(params, cfg.lr, cfg.weight_decay, lr_of=lr_of)
+    optimizer = make_optimizer(params, cfg.optim.lr, cfg.optim.weight_decay, lr_of=lr_of)
     parts = {k: v for k, v in gradient_parts(model).items() if k != "base"}  # the blocks' parts (logged per step)
     total = cfg.steps * cfg.steps_per_rollout * cfg.epochs_per_rollout
-    scheduler = make_scheduler(optimizer, total, cfg.warmup_fraction, "constant")
+    scheduler = make_scheduler(optimizer, total, cfg.optim.warmup_fraction, "constant")
     run.track(model, optimizer, scheduler, lambda folder, state_dict: save_model(model, tokenizer, folder, state_dict))
     return Learner(model, ref_model, params, optimizer, scheduler, parts)
 
@@ -144,10 +144,9 @@ def train_rl(model, tokenizer, task, cfg: RLConfig, out_dir: str | os.PathLike, 
     check_reward_task(cfg.reward, task)
     if cfg.block_lr is not None and not added_parameters(model):
         raise ValueError(f"block_lr={cfg.block_lr}, but the model has no added blocks to train at that rate")
-    if cfg.lora.enabled:  # before the run's identity: its checksum holds the LoRA weights (seeded)
-        add_lora(model, cfg.lora, derive_seed(cfg.seed, "rl-lora"))
+    prepare_lora(model, cfg.lora, cfg.seed, "rl")
     identity = _identity(model, task, cfg, val_task, dist.world)
-    run = Run(out_dir, "rl", identity, control_of(cfg), dist, best_accuracy=None, best_step=None)
+    run = Run(out_dir, "rl", identity, cfg.run, dist, best_accuracy=None, best_step=None)
     sampler = RolloutPolicy(model, cfg.replica_dtype())  # made before the policy is sharded
     learner = _learner(model, tokenizer, cfg, run, dist)
     run.say(_banner(model, cfg, dist, out_dir))

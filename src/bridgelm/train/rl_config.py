@@ -6,13 +6,14 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from bridgelm.engine import SamplingConfig, check_sampling
-from bridgelm.errors import check_int, check_number
+from bridgelm.errors import UserError, check_int, check_number
 from bridgelm.eval.runner import EvalConfig
 from bridgelm.grpo import ADVANTAGES
 from bridgelm.lora import LoraSettings
 from bridgelm.rng import derive_seed
 from bridgelm.setting import setting
-from bridgelm.train.optim import check_lr
+from bridgelm.train.loop import RunControl
+from bridgelm.train.optim import OptimConfig, check_lr
 from bridgelm.train.set_rewards import REWARDS
 
 ROLLOUT_DTYPES = ("bfloat16", "float16", "float32")
@@ -25,7 +26,7 @@ def default_rollout() -> SamplingConfig:
 
 def default_validation() -> EvalConfig:
     """4 samples per problem in one Bridge group at 0.6 / 0.95 (paper: MATH-500); max_new_tokens None: the rollouts'."""
-    return EvalConfig(n=4, width=4, max_new_tokens=None, temperature=0.6, top_p=0.95)
+    return EvalConfig(sampling=SamplingConfig(n=4, width=4, max_new_tokens=None, temperature=0.6, top_p=0.95))
 
 
 MAX_SIBLING_WEIGHT = 1e6  # L of reward "sibling", at most: (1 + L)^2 stays far inside float32
@@ -65,19 +66,13 @@ class RLConfig:
     micro_batch_tokens: int | None = setting(None, "also cut micro-batches, groups sorted by length, at "
                                                    "this many padded tokens (rows x longest row); None: "
                                                    "micro_batch_groups groups each, in mini-batch order")
-    lr: float = setting(1e-6, "AdamW learning rate after warm-up (constant)")
+    optim: OptimConfig = setting(default_factory=OptimConfig, help="AdamW at a constant rate after the warm-up, "
+                                 "clipping; bf16: with fsdp, mixed precision and rollouts from a bf16 copy")
     block_lr: float | None = setting(None, "learning rate of the added blocks (None: lr, as in the paper)")
-    warmup_fraction: float = setting(0.1, "share of the optimiser steps spent warming the lr up linearly")
-    weight_decay: float = setting(0.0, "AdamW weight decay")
-    max_grad_norm: float = setting(1.0, "gradient clipping (<= 0: off)")
     clip_eps: float = setting(0.2, "ratio clip range below 1 (and above, unless clip_eps_high is set)")
     clip_eps_high: float | None = setting(None, "ratio clip range above 1 (DAPO's clip-higher), None = clip_eps")
     beta: float = setting(1e-3, "weight of the k3 KL to the reference (0: no reference model)")
     freeze_base: bool = setting(False, "train only the added blocks")
-    bf16: bool = setting(False, "bf16 autocast of the training forwards; with fsdp, mixed precision "
-                                "(bf16 compute, fp32 master weights and reductions) where the device "
-                                "has bf16, and rollouts from a bf16 copy (rollout_dtype's default)")
-    gradient_checkpointing: bool = setting(False, "recompute layer activations in the backward")
     fsdp: bool = setting(False, "shard parameters, gradients and optimiser state with FSDP2 (torchrun only)")
     lora: LoraSettings = setting(default_factory=LoraSettings, help="LoRA of the base (bridgelm.lora); off by default")
 
@@ -88,11 +83,8 @@ class RLConfig:
              "(None: the rollouts'); its seed is drawn from `seed`, chat is `chat`",
     )
 
-    save_every: int = setting(50, "steps between checkpoints (0: only at the end and on Ctrl-C)")
-    keep_last: int = setting(2, "checkpoints kept (best/ is kept apart)")
-    resume: bool = setting(False, "continue the run found in the output directory")
-    progress: bool = setting(True, "show a progress bar")
-    tensorboard: bool = setting(False, "also log to OUT/tensorboard (when tensorboard is installed)")
+    run: RunControl = setting(default_factory=lambda: RunControl(save_every=50),
+                              help="checkpoints (best/ is kept apart), resume, progress, tensorboard")
 
     def validate(self, world: int = 1) -> None:
         self._check_rollouts(world)
@@ -100,31 +92,29 @@ class RLConfig:
         self._check_validation()
         self._check_lora()
         if self.fsdp and world == 1:
-            raise ValueError(
+            raise UserError(
                 "fsdp=True shards the model over several processes, but this run has 1: launch with torchrun "
                 "--nproc_per_node N (N >= 2), or leave --fsdp out"
             )
 
     def _check_rollouts(self, world: int) -> None:
         G, w = self.rollout.n, self.rollout.width
-        for name, value in (("steps", self.steps), ("prompts_per_step", self.prompts_per_step), ("rollouts", G)):
-            if value < 1:
-                raise ValueError(f"{name}={value} must be >= 1")
-        for name, value in (("width", w), ("max_new_tokens", self.rollout.max_new_tokens)):
-            if value < 1:
-                raise ValueError(f"{name}={value} must be >= 1")
+        counts = {"steps": self.steps, "prompts_per_step": self.prompts_per_step, "rollouts": G, "width": w,
+                  "max_new_tokens": self.rollout.max_new_tokens}
+        for name, value in counts.items():
+            check_int(name, value)
         if G < 2:
-            raise ValueError(
+            raise UserError(
                 f"rollouts={G} must be >= 2: GRPO's advantages compare the rollouts of a prompt, and one rollout has "
                 "nothing to be compared with"
             )
         if G % w:
-            raise ValueError(f"width={w} must divide rollouts={G} (G % w == 0)")
+            raise UserError(f"width={w} must divide rollouts={G} (G % w == 0)")
         if self.prompts_per_step % world:
-            raise ValueError(f"prompts_per_step={self.prompts_per_step} must be divisible by the {world} processes")
+            raise UserError(f"prompts_per_step={self.prompts_per_step} must be divisible by the {world} processes")
         groups = self.prompts_per_step // world * (G // w)
         if groups < self.steps_per_rollout:
-            raise ValueError(
+            raise UserError(
                 f"steps_per_rollout={self.steps_per_rollout} mini-batches need at least one Bridge group each, but a "
                 f"rank holds {self.prompts_per_step // world} prompts x {G // w} groups = {groups}"
             )
@@ -133,18 +123,18 @@ class RLConfig:
         self.rollout.validate()
         check_one_group("", self.rollout)
         if self.reward not in REWARDS:
-            raise ValueError(f"reward={self.reward!r}: expected one of {', '.join(REWARDS)}")
+            raise UserError(f"reward={self.reward!r}: expected one of {', '.join(REWARDS)}")
         if self.reward == "majority" and G == w:
-            raise ValueError(
+            raise UserError(
                 f"reward='majority' gives a Bridge group's rollouts one reward, so with one group per prompt "
                 f"(rollouts={G}, width={w}) every advantage is 0: expected rollouts >= 2 x width"
             )
         self._check_credit()
         if self.rollout_dtype is not None:
             if self.rollout_dtype not in ROLLOUT_DTYPES:
-                raise ValueError(f"rollout_dtype={self.rollout_dtype!r}: expected one of {', '.join(ROLLOUT_DTYPES)}")
+                raise UserError(f"rollout_dtype={self.rollout_dtype!r}: expected one of {', '.join(ROLLOUT_DTYPES)}")
             if self.fsdp and self.rollout_dtype == "float32":
-                raise ValueError(
+                raise UserError(
                     "rollout_dtype='float32' with fsdp would keep a whole fp32 copy (4 bytes a parameter) on every "
                     "rank beside its shard: expected bfloat16 or float16 (2 bytes a parameter)"
                 )
@@ -153,20 +143,20 @@ class RLConfig:
         """The advantage and sibling credit: each needs several Bridge groups per prompt, as it compares groups."""
         G, w = self.rollout.n, self.rollout.width
         if self.advantage not in ADVANTAGES:
-            raise ValueError(f"advantage={self.advantage!r}: expected one of {', '.join(ADVANTAGES)}")
+            raise UserError(f"advantage={self.advantage!r}: expected one of {', '.join(ADVANTAGES)}")
         if self.advantage == "between-groups" and G < 2 * w:
-            raise ValueError(
+            raise UserError(
                 f"advantage='between-groups' compares a prompt's Bridge groups, but rollouts={G} at width={w} make one "
                 "group: expected rollouts >= 2 x width"
             )
         if self.reward != "sibling":
             if self.sibling_weight is not None:
-                raise ValueError(f"sibling_weight={self.sibling_weight} is read only by reward='sibling', not {self.reward!r}")
+                raise UserError(f"sibling_weight={self.sibling_weight} is read only by reward='sibling', not {self.reward!r}")
             return
         if w < 2:
-            raise ValueError("reward='sibling' credits a rollout with its Bridge group's other rewards: width=1 has none")
+            raise UserError("reward='sibling' credits a rollout with its Bridge group's other rewards: width=1 has none")
         if G == w:
-            raise ValueError(
+            raise UserError(
                 f"reward='sibling' with one Bridge group per prompt (rollouts={G}, width={w}): the siblings' term is "
                 "shared by every rollout the advantage compares and cancels; expected rollouts >= 2 x width"
             )
@@ -177,7 +167,7 @@ class RLConfig:
     def replica_dtype(self) -> str | None:
         """The dtype of the copy the rollouts sample from (rollouts.RolloutPolicy): rollout_dtype, or bfloat16 under
         fsdp with bf16; None: the policy itself samples."""
-        return self.rollout_dtype or ("bfloat16" if self.fsdp and self.bf16 else None)
+        return self.rollout_dtype or ("bfloat16" if self.fsdp and self.optim.bf16 else None)
 
     def validation_sampling(self) -> EvalConfig:
         """How the val_task is sampled (`validation_sampling`)."""
@@ -185,16 +175,13 @@ class RLConfig:
 
     def _check_update(self) -> None:
         for name in ("steps_per_rollout", "epochs_per_rollout", "micro_batch_groups"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
-        if self.micro_batch_tokens is not None and self.micro_batch_tokens < 1:
-            raise ValueError(f"micro_batch_tokens={self.micro_batch_tokens} must be >= 1 (or None)")
-        check_lr("lr", self.lr)
+            check_int(name, getattr(self, name))
+        if self.micro_batch_tokens is not None:
+            check_int("micro_batch_tokens", self.micro_batch_tokens, note=" (or None)")
+        self.optim.validate()
+        self.run.validate()
         if self.block_lr is not None:
             check_lr("block_lr", self.block_lr)
-        check_number("warmup_fraction", self.warmup_fraction, 0, 1, open_high=True)
-        check_number("weight_decay", self.weight_decay, 0)
-        check_number("max_grad_norm", self.max_grad_norm, note=" (<= 0: no clipping)")
         check_number("beta", self.beta, 0)
         for name in ("clip_eps", "clip_eps_high"):
             value = getattr(self, name)
@@ -210,24 +197,23 @@ class RLConfig:
                 why = {"freeze_base": "trains the blocks alone, while LoRA trains LoRA weights beside them: expected "
                        "one of them", "fsdp": "is not supported with LoRA: run LoRA in one process or data-parallel "
                        "under torchrun (no fsdp)"}[name]
-                raise ValueError(f"lora_r={self.lora.r} with {name}=True: it {why}")
+                raise UserError(f"lora_r={self.lora.r} with {name}=True: it {why}")
 
     def _check_validation(self) -> None:
         """The validation's settings, checked before training rather than after it (named as their flags are)."""
-        v = self.validation
+        v = self.validation.sampling
         check_sampling(v.temperature, v.top_p, prefix="eval_")
         for name, value in (("eval_n", v.n), ("eval_width", v.width), ("eval_max_new_tokens", v.max_new_tokens)):
             if value is not None:
                 check_int(name, value)
-        if v.limit is not None:
-            check_int("eval_limit", v.limit)
-        if self.eval_every < 0:
-            raise ValueError(f"eval_every={self.eval_every} must be >= 0 (0: only after the last step)")
+        if self.validation.limit is not None:
+            check_int("eval_limit", self.validation.limit)
+        check_int("eval_every", self.eval_every, low=0, note=" (0: only after the last step)")
         if v.n % v.width:
-            raise ValueError(f"eval_width={v.width} must divide eval_n={v.n}")
-        sampling = validation_sampling(self)
-        sampling.validate()
-        check_one_group("eval_", sampling.sampling(sampling.width))
+            raise UserError(f"eval_width={v.width} must divide eval_n={v.n}")
+        validation = validation_sampling(self)
+        validation.validate()
+        check_one_group("eval_", validation.sampling)
 
 
 def check_one_group(prefix: str, s: SamplingConfig) -> None:
@@ -235,7 +221,7 @@ def check_one_group(prefix: str, s: SamplingConfig) -> None:
     at least a one-token prompt: else no wave can be made, whatever the prompts."""
     need = s.width * (1 + s.max_new_tokens)
     if s.max_batch_tokens < need:
-        raise ValueError(
+        raise UserError(
             f"max_batch_tokens={s.max_batch_tokens} cannot hold one Bridge group of {prefix}width={s.width} rows of "
             f"{prefix}max_new_tokens={s.max_new_tokens} tokens and a prompt: expected at least {need} "
             f"({s.width} x ({s.max_new_tokens} + 1))"
@@ -247,10 +233,11 @@ def validation_sampling(cfg: RLConfig) -> EvalConfig:
     batch bounds (max_batch_sequences, max_batch_tokens: what the plan fits in memory; the samples do not depend on
     them), and when its max_new_tokens is None, their max_new_tokens."""
     v, r = cfg.validation, cfg.rollout
-    max_new_tokens = v.max_new_tokens or r.max_new_tokens
     bounds = {"max_batch_sequences": r.max_batch_sequences, "max_batch_tokens": r.max_batch_tokens}
-    return replace(v, max_new_tokens=max_new_tokens, seed=derive_seed(cfg.seed, "eval"), chat=cfg.chat, **bounds)
+    max_new_tokens = v.sampling.max_new_tokens or r.max_new_tokens
+    sampling = replace(v.sampling, max_new_tokens=max_new_tokens, seed=derive_seed(cfg.seed, "eval"), **bounds)
+    return replace(v, sampling=sampling, chat=cfg.chat)
 
 
-# Settings that do not change the trained weights besides the run-control ones (train.loop.RUN_FIELDS).
+# Settings that do not change the trained weights besides the run-control ones (RLConfig.run).
 FREE_FIELDS = ("eval_every", "validation.limit")

@@ -32,23 +32,25 @@ import torch
 from bridgelm.attach import add_seeded_blocks, added_parameters, block_config
 from bridgelm.blockfile import load_blocks, save_blocks
 from bridgelm.dist import Dist, all_reduce_sum, barrier, prepare_model, setup_distributed
-from bridgelm.errors import check_number
+from bridgelm.errors import UserError, check_int, check_number
 from bridgelm.jsonl import write_json
 from bridgelm.logprobs import Row, pack_rows, response_logprobs
-from bridgelm.lora import ADAPTER_DIR, LoraSettings, add_lora, load_adapter, load_trained, save_adapter, train_adapters
+from bridgelm.lora import ADAPTER_DIR, LoraSettings, load_adapter, load_trained, save_adapter, train_adapters
+from bridgelm.lora import prepare as prepare_lora
 from bridgelm.models import enable_checkpointing
 from bridgelm.rng import derive_seed, generator
 from bridgelm.runs import fingerprint, local_source, model_fingerprint
 from bridgelm.setting import setting
 from bridgelm.train.batches import autocast, chunks
-from bridgelm.train.loop import Run, control_of, settings_of
+from bridgelm.train.loop import Run, RunControl, settings_of
 from bridgelm.train.checkpoints import write_dir_atomic
-from bridgelm.train.optim import check_lr, gradient_parts, make_optimizer, make_scheduler, optimizer_step
+from bridgelm.train.optim import OptimConfig, gradient_parts, make_optimizer, make_scheduler, optimizer_step
 from bridgelm.train.weights import save_model
 from bridgelm.warmup_file import Problem, read_warmup
 
 BLOCKS_FILE = "blocks.safetensors"  # the best blocks of the run (by validation perplexity)
 MODEL_DIR = "model"  # with LoRA, the best instead: a model folder (LoRA merged, blocks, model/lora/)
+SFT_LR = 2e-5  # SFTConfig.optim.lr's default: the blocks' peak learning rate
 
 
 @dataclass
@@ -59,9 +61,8 @@ class SFTConfig:
     num_heads: int = setting(4, "heads of the added blocks (head dim = the host's)")
     placement: str = setting("ffn", 'where the blocks sit: "ffn" (paper) or "attn"')
     epochs: int = setting(5, "passes over the training problems")
-    lr: float = setting(2e-5, "peak learning rate of AdamW")
-    warmup_fraction: float = setting(0.1, "share of the optimiser steps spent warming the lr up linearly")
-    weight_decay: float = setting(0.0, "AdamW weight decay")
+    optim: OptimConfig = setting(default_factory=lambda: OptimConfig(lr=SFT_LR), help="AdamW and its schedule "
+                                 "(linear decay after the warm-up), clipping, bf16, gradient checkpointing")
     batch_groups: int = setting(8, "groups per optimiser step, over all ranks (paper: 32 responses)")
     micro_batch_groups: int = setting(8, "groups per forward/backward on a rank (gradient accumulation)")
     min_width: int = setting(2, "smallest group")
@@ -69,34 +70,24 @@ class SFTConfig:
     max_length: int = setting(2048, "prompt + response tokens per row; longer responses are cut")
     val_fraction: float = setting(0.1, "share of the problems held out for validation perplexity")
     val_count: int | None = setting(None, "held-out problems; overrides val_fraction (paper: 500)")
-    max_grad_norm: float = setting(1.0, "gradient clipping (<= 0: off)")
-    bf16: bool = setting(False, "bf16 autocast of forwards")
-    gradient_checkpointing: bool = setting(False, "recompute layer activations in the backward")
     seed: int = setting(0, "seeds the block initialisation, the split, the groups and the batch order")
-    save_every: int = setting(0, "optimiser steps between resumable checkpoints (0: at the end of each epoch)")
-    keep_last: int = setting(2, "resumable checkpoints kept")
-    resume: bool = setting(False, "continue the run found in the output directory")
-    progress: bool = setting(True, "show a progress bar")
-    tensorboard: bool = setting(False, "also log to OUT/tensorboard (when tensorboard is installed)")
+    run: RunControl = setting(default_factory=RunControl, help="checkpoints (save_every 0: at the end of each "
+                              "epoch), resume, progress, tensorboard")
     lora: LoraSettings = setting(default_factory=LoraSettings, help="LoRA of the base (bridgelm.lora); off by default")
 
     def validate(self) -> None:
         self.lora.validate()
+        self.optim.validate()
+        self.run.validate()
         if self.blocks not in ("bridge", "pmatch"):
-            raise ValueError(f"blocks={self.blocks!r}: expected 'bridge' or 'pmatch'")
+            raise UserError(f"blocks={self.blocks!r}: expected 'bridge' or 'pmatch'")
+        for name in ("epochs", "batch_groups", "micro_batch_groups", "max_length", "min_width", "max_width"):
+            check_int(name, getattr(self, name))
         if not 2 <= self.min_width <= self.max_width:
-            raise ValueError(f"group widths [{self.min_width}, {self.max_width}]: expected 2 <= min_width <= max_width")
-        for name in ("epochs", "batch_groups", "micro_batch_groups", "max_length"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
-        if not 0.0 <= self.val_fraction < 1.0:
-            raise ValueError(f"val_fraction={self.val_fraction} must be in [0, 1)")
-        check_lr("lr", self.lr)
-        check_number("warmup_fraction", self.warmup_fraction, 0, 1, open_high=True)
-        check_number("weight_decay", self.weight_decay, 0)
-        check_number("max_grad_norm", self.max_grad_norm, note=" (<= 0: no clipping)")
-        if self.val_count is not None and self.val_count < 0:
-            raise ValueError(f"val_count={self.val_count} must be >= 0 (or None: val_fraction of the problems)")
+            raise UserError(f"group widths [{self.min_width}, {self.max_width}]: expected 2 <= min_width <= max_width")
+        check_number("val_fraction", self.val_fraction, 0, 1, open_high=True)
+        if self.val_count is not None:
+            check_int("val_count", self.val_count, low=0, note=" (or None: val_fraction of the problems)")
 
 
 @dataclass
@@ -169,7 +160,7 @@ def batch_backward(model, groups: list[list[Row]], cfg: SFTConfig, pad_id: int, 
     loss_sum = 0.0
     for micro in chunks(mine, cfg.micro_batch_groups):
         batch = pack_rows([r for g in micro for r in g], pad_id, dist.device)
-        with autocast(dist.device, cfg.bf16):
+        with autocast(dist.device, cfg.optim.bf16):
             lp = response_logprobs(model, batch).logprobs  # [B, T]
         loss = -(lp * batch.response_mask).sum() / max(total, 1.0)
         loss.backward()
@@ -185,7 +176,7 @@ def validation_loss(model, groups: list[list[Row]], cfg: SFTConfig, pad_id: int,
     nll, tokens = 0.0, 0
     for micro in chunks(groups[dist.rank :: dist.world], cfg.micro_batch_groups):
         batch = pack_rows([r for g in micro for r in g], pad_id, dist.device)
-        with autocast(dist.device, cfg.bf16):
+        with autocast(dist.device, cfg.optim.bf16):
             lp = response_logprobs(model, batch).logprobs
         nll -= float((lp * batch.response_mask).sum())
         tokens += batch.tokens
@@ -218,22 +209,20 @@ def train_sft(model, tokenizer, data_path: str | os.PathLike, cfg: SFTConfig, ou
     train, val = split_problems(problems, cfg)
     plan = _epoch_plans(train, cfg)  # checked before the run folder is touched
     total = sum(len(b) for b in plan)
-    if cfg.lora.enabled:  # before the run folder is touched: a target that names no module is refused
-        add_lora(ensure_blocks(model, cfg), cfg.lora, derive_seed(cfg.seed, "sft-lora"))
+    prepare_lora(ensure_blocks(model, cfg), cfg.lora, cfg.seed, "sft")
     identity = _identity(model, data_path, problems, cfg)
-    run = Run(out_dir, "sft", identity, control_of(cfg), dist, best={"val_ppl": None, "epoch": 0})
+    run = Run(out_dir, "sft", identity, cfg.run, dist, best={"val_ppl": None, "epoch": 0})
     params = _trainable_blocks(model, cfg, run, dist)
     parts = gradient_parts(model)
     flat = [(e, i) for e, batches in enumerate(plan) for i in range(len(batches))]  # step -> (epoch, batch)
     val_groups = make_groups(val, cfg, generator(cfg.seed, "sft-val"))
-    optimizer = make_optimizer(params, cfg.lr, cfg.weight_decay)
-    scheduler = make_scheduler(optimizer, total, cfg.warmup_fraction, "linear")
+    optimizer = make_optimizer(params, cfg.optim.lr, cfg.optim.weight_decay)
+    scheduler = make_scheduler(optimizer, total, cfg.optim.warmup_fraction, "linear")
     run.track(model, optimizer, scheduler, lambda folder, _: _save_trained(model, cfg, folder))
     best_path = out_dir / (MODEL_DIR if cfg.lora.enabled else BLOCKS_FILE)
     run.left_behind = lambda: _left_behind(run.state["best"]["epoch"], bool(val_groups), best_path)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    stats = {"train_problems": len(train), "val_problems": len(val), "val_groups": len(val_groups), "steps": total}
-    stats["groups_per_epoch"] = [sum(len(b) for b in batches) for batches in plan]
+    stats = _stats(train, val, val_groups, plan)
     run.say(f"bridgelm sft: {len(train)} training problems, {len(val)} held out, {total} steps -> {out_dir}")
     was_training = model.training
     model.train()
@@ -246,7 +235,7 @@ def train_sft(model, tokenizer, data_path: str | os.PathLike, cfg: SFTConfig, ou
             loss, tokens = batch_backward(model, plan[epoch][index], cfg, pad, dist)
             with run.update():
                 part_norms: dict[str, float] = {}
-                norm = optimizer_step(params, optimizer, scheduler, cfg.max_grad_norm, dist, parts, part_norms)
+                norm = optimizer_step(params, optimizer, scheduler, cfg.optim.max_grad_norm, dist, parts, part_norms)
                 run.state["step"] = step + 1
                 record = {"step": step + 1, "epoch": epoch + 1, "loss": loss, "lr": lr, "grad_norm": norm}
                 record.update({f"grad_norm_{k}": v for k, v in part_norms.items()}, tokens=tokens)
@@ -261,6 +250,13 @@ def train_sft(model, tokenizer, data_path: str | os.PathLike, cfg: SFTConfig, ou
     model.train(was_training)
     best = run.state["best"]
     return SFTResult(run.history, best_path, best["val_ppl"], best["epoch"], run.step, out_dir, stats)
+
+
+def _stats(train: list[Problem], val: list[Problem], val_groups: list, plan: list) -> dict:
+    """SFTResult.stats: the problems, groups and steps of the run."""
+    steps = sum(len(b) for b in plan)
+    stats = {"train_problems": len(train), "val_problems": len(val), "val_groups": len(val_groups), "steps": steps}
+    return {**stats, "groups_per_epoch": [sum(len(b) for b in batches) for batches in plan]}
 
 
 def _epoch_plans(train: list[Problem], cfg: SFTConfig) -> list[list[list[list[Row]]]]:
@@ -303,7 +299,7 @@ def _trainable_blocks(model, cfg: SFTConfig, run: Run, dist: Dist) -> list[torch
         if cfg.lora.enabled:
             load_adapter(model, run.resume_from / ADAPTER_DIR)
     prepare_model(model, dist, fsdp=False)
-    if cfg.gradient_checkpointing:
+    if cfg.optim.gradient_checkpointing:
         enable_checkpointing(model)
     return [p for p in model.parameters() if p.requires_grad]
 

@@ -180,7 +180,7 @@ def rollout_logprobs(
     for groups in micro:
         rows = rollouts.group_rows(groups)
         batch = pack_rows([rollouts.rows[r] for r in rows], pad_id, device)
-        with autocast(device, cfg.bf16):
+        with autocast(device, cfg.optim.bf16):
             lp, ent = response_logprobs(model, batch, cfg.rollout.temperature, with_entropy=with_entropy)
         if ent is not None:
             entropy += float(ent[batch.response_mask].sum())
@@ -211,7 +211,7 @@ def minibatch_backward(
         # The no_grad pass runs on whole trained micro-batches, and after the first pass every row is in `old`:
         # a micro-batch is fresh entirely or not at all.
         fresh = old is None or rows[0] not in old
-        with autocast(dist.device, cfg.bf16):
+        with autocast(dist.device, cfg.optim.bf16):
             lp, ent = response_logprobs(model, batch, cfg.rollout.temperature, with_entropy=fresh)
         if fresh:
             old_lp = lp.detach()  # [B, T]
@@ -268,6 +268,6 @@ def update_policy(
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
         opt = learner.optimizer, learner.scheduler
-        out.grad_norm += optimizer_step(params, *opt, cfg.max_grad_norm, dist, learner.parts, out.parts)
+        out.grad_norm += optimizer_step(params, *opt, cfg.optim.max_grad_norm, dist, learner.parts, out.parts)
     out.sums.entropy += entropy  # the no_grad pass's entropy, after the mini-batches' own
     return out
