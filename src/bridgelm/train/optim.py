@@ -33,7 +33,7 @@ def check_lr(name: str, value) -> None:
     """ValueError naming `name` unless `value` is a finite learning rate in (0, MAX_LR]."""
     check_number(name, value, 0, open_low=True)
     if value > MAX_LR:
-        raise ValueError(
+        raise UserError(
             f"{name}={value!r}: expected at most {MAX_LR} (AdamW moves each weight by about lr per step, so a larger "
             "rate only diverges)"
         )
@@ -115,7 +115,7 @@ def make_optimizer(
     """AdamW over `params`; `lr_of` maps id(parameter) to its own learning rate (one param group per rate)."""
     params = list(params)
     if not params:
-        raise ValueError("no trainable parameters: nothing to optimise")
+        raise UserError("no trainable parameters: nothing to optimise")
     if not lr_of:
         return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=tuple(betas))
     rates: dict[float, list] = {}
