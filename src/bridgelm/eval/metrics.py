@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from bridgelm.errors import check_int
 from bridgelm.intervals import bootstrap_ci
 from bridgelm.tasks.answers import canonical_number
 
@@ -35,11 +36,10 @@ _SUMMARY_TAUS = (0.25, 0.5, 0.75, 1.0)
 def _check_counts(n: int, c: int, k: int) -> None:
     """Validate a (samples, correct, draws) triple."""
     for name, value in (("n", n), ("c", c), ("k", k)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-            raise TypeError(f"{name}={value!r} must be an integer")
+        check_int(name, value, 0)
     if n < 1:
         raise ValueError(f"n={n} must be >= 1")
-    if not 0 <= c <= n:
+    if not c <= n:
         raise ValueError(f"c={c} must be in [0, n={n}]")
     if k < 1:
         raise ValueError(f"k={k} must be >= 1")
