@@ -621,6 +621,22 @@ def test_user_message_tells_input_errors_from_bugs():
     assert "Permission denied" in user_message(PermissionError(13, "Permission denied", "/x/out.jsonl"))
 
 
+def test_bad_input_is_told_by_type_not_by_where_it_was_raised(tmp_path):
+    """A plain ValueError from bridgelm's own code (its API misused: only a bridgelm bug passes such values from the
+    command line) is a bug that keeps its traceback; UserError and MissingFile (a missing input file) are bad input."""
+    from bridgelm.errors import MissingFile
+    from bridgelm.grouped import grouped_logits
+    from bridgelm.warmup_file import read_warmup
+
+    with pytest.raises(ValueError) as misuse:
+        grouped_logits(None, torch.zeros(3, dtype=torch.long), torch.ones(3), [0])  # [S], not [B, S]
+    assert not isinstance(misuse.value, UserError) and user_message(misuse.value) is None
+    with pytest.raises(MissingFile) as missing:
+        read_warmup(tmp_path / "none.jsonl")
+    assert isinstance(missing.value, FileNotFoundError)
+    assert user_message(missing.value) == str(missing.value) and "none.jsonl does not exist" in str(missing.value)
+
+
 def test_a_bug_says_so_and_keeps_its_traceback(tmp_path, capsys, monkeypatch):
     import bridgelm.cli.generate as gen
 

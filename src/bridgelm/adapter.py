@@ -67,12 +67,10 @@ def save_blocks(
         if push_to_hub:
             raise UserError(f"push_to_hub with {path}: expected an adapter folder (a path not ending in .safetensors)")
         return blockfile.save_blocks(model, path)
-    cfg = block_config(model)
-    if cfg is None:
-        raise ValueError("the model has no Bridge or P-Match blocks to save: call add_bridge/add_pmatch first")
     if path.exists() and not path.is_dir():
         raise UserError(f"cannot save an adapter folder at {path}: a file is in its place; expected a folder")
-    blockfile.save_blocks(model, path / BLOCKS_FILE)  # weights first: the config, written last, completes the folder
+    blockfile.save_blocks(model, path / BLOCKS_FILE)  # weights first (a model without blocks is refused there): the
+    cfg = block_config(model)  # config, written last, completes the folder
     _, meta = blockfile.read_block_settings(path / BLOCKS_FILE)
     record = {k: meta[k] for k in _FIELDS if k in meta}
     record.update(base_model_digest=base_digest(model), num_heads=cfg.num_heads, head_dim=cfg.head_dim)

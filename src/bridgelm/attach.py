@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from bridgelm.blocks import BlockConfig, make_block
+from bridgelm.errors import UserError, check_int
 from bridgelm.grouped import KWARG
 
 FORMAT = "bridgelm-blocks-1"
@@ -94,14 +95,14 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
     layers = getattr(decoder, "layers", None)
     if not isinstance(layers, nn.ModuleList) or len(layers) == 0:
-        raise ValueError(
+        raise UserError(
             f"unsupported architecture {type(model).__name__}: expected a decoder with a `layers` list "
             "(Qwen2, Qwen3, Llama, Mistral and other models in the usual layout)"
         )
     first = layers[0]
     missing = [a for a in _USUAL_LAYOUT if not hasattr(first, a)]
     if missing:
-        raise ValueError(
+        raise UserError(
             f"unsupported architecture {type(model).__name__}: its layer {type(first).__name__} lacks {missing}; "
             f"expected the usual layout {list(_USUAL_LAYOUT)}"
         )
@@ -123,8 +124,8 @@ def text_config(model):
 
 def _resolve(model: nn.Module, kind: str, num_heads: int, head_dim: int | None, placement: str) -> BlockConfig:
     cfg = text_config(model)
-    if head_dim is not None and (not isinstance(head_dim, int) or head_dim < 1):
-        raise ValueError(f"head_dim={head_dim!r} must be a positive integer (None: the model's own head dim)")
+    if head_dim is not None:
+        check_int("head_dim", head_dim, note=" (None: the model's own head dim)")
     if head_dim is None:
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     return BlockConfig(kind=kind, num_heads=num_heads, head_dim=int(head_dim), placement=placement)
@@ -136,7 +137,7 @@ def new_norm(src: nn.Module, hidden_size: int, default_eps: float) -> nn.Module:
     try:
         return type(src)(hidden_size, eps=eps)
     except TypeError as err:
-        raise ValueError(
+        raise UserError(
             f"cannot build an input norm of class {type(src).__name__} as {type(src).__name__}(hidden_size, eps=...)"
         ) from err
 
@@ -145,7 +146,7 @@ def attach_blocks(model: nn.Module, cfg: BlockConfig) -> nn.Module:
     layers = decoder_layers(model)
     existing = block_config(model)
     if existing is not None:
-        raise ValueError(
+        raise UserError(
             f"the model already has {existing.kind} blocks (placement {existing.placement!r}); "
             "blocks can be added once. Load a fresh model to change them."
         )
@@ -265,14 +266,14 @@ def bridge_config_class(base: type) -> type:
 def _recorded(config) -> BlockConfig:
     recorded = getattr(config, "bridgelm", None)
     if not isinstance(recorded, dict) or recorded.get("format") != FORMAT:
-        raise ValueError(
+        raise UserError(
             f"config.json of model type {MODEL_TYPE!r} records blocks {recorded!r}: expected a 'bridgelm' entry of "
             f"format {FORMAT!r} (kind, num_heads, head_dim, placement), as bridgelm writes it"
         )
     try:
         return BlockConfig(**{k: v for k, v in recorded.items() if k in BlockConfig.__dataclass_fields__})
     except (TypeError, ValueError) as err:
-        raise ValueError(f"config.json records blocks {recorded!r} that bridgelm cannot build: {err}") from err
+        raise UserError(f"config.json records blocks {recorded!r} that bridgelm cannot build: {err}") from err
 
 
 def _bridge_model_class(base: type, config_class: type) -> type:
@@ -293,7 +294,7 @@ def _base_config_class(config_dict: dict) -> type:
 
     base = config_dict.get("base_model_type")
     if not isinstance(base, str) or base not in CONFIG_MAPPING or base == MODEL_TYPE:
-        raise ValueError(
+        raise UserError(
             f"config.json of model type {MODEL_TYPE!r} names base_model_type {base!r}: expected the model type of "
             "the model the blocks were added to, one this transformers knows (qwen2, llama, ...)"
         )

@@ -17,7 +17,7 @@ from torch import nn
 
 from bridgelm.attach import FORMAT, attach_blocks, block_config, decoder_layers, new_norm, text_config
 from bridgelm.blocks import BlockConfig, make_block
-from bridgelm.errors import UserError
+from bridgelm.errors import MissingFile, UserError
 from bridgelm.jsonl import check_regular_file
 
 
@@ -62,15 +62,15 @@ def read_block_settings(path: str | os.PathLike) -> tuple[BlockConfig, dict[str,
     path = Path(path).expanduser()
     if path.is_dir() or not path.exists():
         what = "is a folder" if path.is_dir() else "does not exist"
-        raise FileNotFoundError(f"block file {path} {what}: expected a .safetensors file of blocks")
+        raise MissingFile(f"block file {path} {what}: expected a .safetensors file of blocks")
     check_regular_file(path, "block file")  # a FIFO or a device: named, never opened
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
     except Exception as err:
-        raise ValueError(f"{path} is not a safetensors block file: {err}") from err
+        raise UserError(f"{path} is not a safetensors block file: {err}") from err
     if meta.get("format") != FORMAT:
-        raise ValueError(f"{path} is not a bridgelm block file (format {meta.get('format')!r}, expected {FORMAT!r})")
+        raise UserError(f"{path} is not a bridgelm block file (format {meta.get('format')!r}, expected {FORMAT!r})")
     missing = [key for key in _SETTINGS if key not in meta]
     if missing:
         raise UserError(
@@ -106,7 +106,7 @@ def load_blocks(model: nn.Module, path: str | os.PathLike) -> nn.Module:
         )
     existing = block_config(model)
     if existing is not None and existing != cfg:
-        raise ValueError(
+        raise UserError(
             f"{path} holds blocks {asdict(cfg)} but the model has {asdict(existing)}; "
             "load it into a model without blocks or with the same ones"
         )
@@ -159,7 +159,7 @@ def _check_tensors(model: nn.Module, path, cfg: BlockConfig, meta: dict, layers:
             detail.append(f"unexpected {unexpected[:3]}")
         if wrong:
             detail.append(", ".join(f"{k}: file {got[k]} vs model {expected[k]}" for k in wrong[:3]))
-        raise ValueError(
+        raise UserError(
             f"{path} ({meta.get('kind')} blocks for base {meta.get('base_model')!r}, hidden size "
             f"{meta.get('hidden_size')}, {meta.get('num_layers')} layers) does not fit this model "
             f"({type(model).__name__}, hidden size {text_cfg.hidden_size}, {len(layers)} layers): " + "; ".join(detail)

@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bridgelm.errors import UserError, check_int
 from bridgelm.setting import setting
 
 if TYPE_CHECKING:  # the layout object is built one level up, in grouped.py
@@ -41,13 +42,11 @@ class BlockConfig:
 
     def __post_init__(self):
         if self.kind not in KINDS:
-            raise ValueError(f"kind={self.kind!r} is not one of {KINDS}")
+            raise UserError(f"kind={self.kind!r} is not one of {KINDS}")
         if self.placement not in PLACEMENTS:
-            raise ValueError(f"placement={self.placement!r} is not one of {PLACEMENTS}")
-        if not isinstance(self.num_heads, int) or self.num_heads < 1:
-            raise ValueError(f"num_heads={self.num_heads!r} must be a positive integer")
-        if not isinstance(self.head_dim, int) or self.head_dim < 0:
-            raise ValueError(f"head_dim={self.head_dim!r} must be a positive integer")
+            raise UserError(f"placement={self.placement!r} is not one of {PLACEMENTS}")
+        check_int("num_heads", self.num_heads)
+        check_int("head_dim", self.head_dim, 0, note=" (0: the model's own)")
 
 
 class BridgeBlock(nn.Module):
@@ -68,8 +67,7 @@ class BridgeBlock(nn.Module):
             # Each row alone in its group: softmax over one key is 1, the block is W_O W_V h.
             return self.o_proj(F.linear(h, self.qkv_proj.weight[2 * H * Dh :]))
         B, S, _ = h.shape
-        if groups.batch_size != B:
-            raise ValueError(f"bridge_groups describes {groups.batch_size} rows but the batch has {B}")
+        assert groups.batch_size == B, f"bridge_groups describes {groups.batch_size} rows but the batch has {B}"
         qkv = self.qkv_proj(h)  # [B, S, 3*H*Dh]
         valid = groups.valid  # [B, S'] with S' >= S: the current inputs are its last S positions
         if valid is not None:

@@ -35,7 +35,7 @@ from typing import TypeVar
 import torch
 import torch.distributed as torch_dist
 
-from bridgelm.errors import check_number
+from bridgelm.errors import UserError, check_number
 from bridgelm.setting import setting
 
 Bundle = TypeVar("Bundle")
@@ -79,7 +79,7 @@ class Dist:
         world, rank, local = _torchrun_env()
         place = torch.device(rank_device(device))
         if place.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"device {place}: this machine has no CUDA GPU (or torch was built without CUDA)")
+            raise UserError(f"device {place}: this machine has no CUDA GPU (or torch was built without CUDA)")
         if world == 1:
             return Dist(device=place)
         return Dist(rank, world, local, place)
@@ -90,7 +90,7 @@ def _torchrun_env() -> tuple[int, int, int]:
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     if world < 1 or not 0 <= rank < world:
-        raise ValueError(f"RANK={rank} and WORLD_SIZE={world} must satisfy 0 <= RANK < WORLD_SIZE")
+        raise UserError(f"RANK={rank} and WORLD_SIZE={world} must satisfy 0 <= RANK < WORLD_SIZE")
     return world, rank, int(os.environ.get("LOCAL_RANK", str(rank)))
 
 
@@ -271,7 +271,7 @@ def prepare_model(model: torch.nn.Module, dist: Dist, fsdp: bool, bf16: bool = F
     """Move to this rank's device, make ranks agree on the weights, and shard when asked (in mixed precision with
     `bf16`: see `shard_model`)."""
     if fsdp and dist.world == 1:
-        raise ValueError("fsdp=True needs several processes: launch with torchrun --nproc_per_node N")
+        raise UserError("fsdp=True needs several processes: launch with torchrun --nproc_per_node N")
     model.to(dist.device)
     broadcast_parameters(model, dist)
     if fsdp:

@@ -2,32 +2,33 @@
 
 Design: bad input is reported as one line, `bridgelm <command>: error: <message>`, with exit code 2 and no
 traceback; the message names the bad value and what was expected. Anything else is a bug in bridgelm and keeps
-its traceback. `user_message` decides which is which, in one place:
+its traceback. What is which is decided by the exception's type, where the input enters, not by where it was
+raised:
 
-- `UserError` (a ValueError) is always bad input: raise it where input is checked.
-- A ValueError or FileNotFoundError raised by bridgelm's own code is a checked input too (the library's
-  messages follow the same rule); one raised inside torch, transformers or the standard library is not.
+- `UserError` (a ValueError) is bad input: config validation, the file and data readers, model and block loading
+  and the CLI's parse raise it, once, where the input enters (`check_int` / `check_number` for numbers;
+  `MissingFile` for a file or folder that is not there). Inside the library, a broken invariant (something only
+  a bridgelm bug can cause) is an `assert` or a RuntimeError, and keeps its traceback.
 - An OSError about a file (permission denied, is a folder, disk full) is the machine's answer to a path the
   user gave, reported with the path; a full disk (or quota, or read-only file system) even without a path.
   bridgelm.jsonl's writers say which file, and what of it was kept.
+- Any other exception (a plain ValueError included) is a bug.
 
 `DataWarning` is for input that is accepted but probably not meant (a data file that repeats a problem); the
 command line prints it as `bridgelm <command>: warning: <message>`.
 """
-
 from __future__ import annotations
 
 import errno
 import math
 import numbers
-from pathlib import Path
-
-# Folder of the bridgelm package: exceptions raised by code under it carry our own messages.
-_PACKAGE_DIR = str(Path(__file__).resolve().parent)
-
 
 class UserError(ValueError):
     """Bad input: the message names the value and what was expected; the CLI prints it and exits with 2."""
+
+
+class MissingFile(UserError, FileNotFoundError):
+    """A file or folder the user named is not there (a UserError, and a FileNotFoundError for `except`)."""
 
 
 class DataWarning(UserWarning):
@@ -35,16 +36,16 @@ class DataWarning(UserWarning):
 
 
 def check_int(name: str, value, low: int = 1, note: str = "") -> None:
-    """ValueError naming `name` unless `value` is an integer (not a bool) of at least `low`."""
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
+    """UserError naming `name` unless `value` is an integer (not a bool) of at least `low`."""
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < low:
         what = "a positive integer" if low == 1 else f"an integer >= {low}"
-        raise ValueError(f"{name}={value!r}: expected {what}{note}")
+        raise UserError(f"{name}={value!r}: expected {what}{note}")
 
 
 def check_number(
     name: str, value, low: float | None = None, high: float | None = None, *, open_low=False, open_high=False, note=""
 ) -> None:
-    """ValueError naming `name` unless `value` is a finite real number within [low, high] (None: no bound;
+    """UserError naming `name` unless `value` is a finite real number within [low, high] (None: no bound;
     `open_low`/`open_high`: the bound itself excluded). NaN and infinities are refused: `nan <= 0` is False, so a
     plain comparison would let NaN through into a run that then trains to NaN. `note` ends the message."""
     try:
@@ -65,7 +66,7 @@ def check_number(
         bounds = f" {'<' if open_high else '<='} {high}"
     else:
         bounds = ""
-    raise ValueError(f"{name}={value!r}: expected a finite number{bounds}{note}")
+    raise UserError(f"{name}={value!r}: expected a finite number{bounds}{note}")
 
 
 def show_data_warnings(prog: str):
@@ -86,21 +87,9 @@ def show_data_warnings(prog: str):
     return show
 
 
-def _raised_by_bridgelm(err: BaseException) -> bool:
-    """True when the innermost frame of `err`'s traceback is bridgelm code (builtins have no frame)."""
-    tb = err.__traceback__
-    if tb is None:
-        return False
-    while tb.tb_next is not None:
-        tb = tb.tb_next
-    return str(Path(tb.tb_frame.f_code.co_filename).resolve()).startswith(_PACKAGE_DIR)
-
-
 def user_message(err: BaseException) -> str | None:
     """The one-line message of an expected failure, or None when `err` is a bug (it keeps its traceback)."""
     if isinstance(err, UserError):
-        return str(err)
-    if isinstance(err, (ValueError, FileNotFoundError)) and _raised_by_bridgelm(err):
         return str(err)
     if isinstance(err, OSError) and err.filename is not None:
         return f"cannot use {err.filename}: {err.strerror or err}"

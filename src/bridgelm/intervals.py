@@ -8,6 +8,8 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
+from bridgelm.errors import check_int, check_number
+
 
 def bootstrap_ci(
     values: Iterable[float], n_boot: int = 1000, alpha: float = 0.05, seed: int = 0
@@ -20,10 +22,8 @@ def bootstrap_ci(
     data = np.asarray(list(values), dtype=np.float64)
     if data.size == 0:
         raise ValueError("values is empty: expected at least one per-problem value")
-    if n_boot < 1:
-        raise ValueError(f"n_boot={n_boot} must be >= 1")
-    if not 0.0 < alpha < 1.0:
-        raise ValueError(f"alpha={alpha} must be in (0, 1)")
+    check_int("n_boot", n_boot)
+    check_number("alpha", alpha, 0, 1, open_low=True, open_high=True)
     if data.size == 1:
         return float(data[0]), float(data[0])
     rng = np.random.default_rng(seed)
@@ -56,8 +56,8 @@ def paired_difference(
         raise ValueError(
             f"a and b must be non-empty [seeds, problems] arrays of one shape, got {x.shape} and {y.shape}"
         )
-    if n_boot < 1 or not 0.0 < alpha < 1.0:
-        raise ValueError(f"n_boot={n_boot} must be >= 1 and alpha={alpha} in (0, 1)")
+    check_int("n_boot", n_boot)
+    check_number("alpha", alpha, 0, 1, open_low=True, open_high=True)
     d = x - y  # [S, P]
     S, P = d.shape
     rng = np.random.default_rng(seed)

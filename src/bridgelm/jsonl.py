@@ -18,7 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from bridgelm.errors import UserError
+from bridgelm.errors import MissingFile, UserError
 
 
 LOCK_FILE = ".lock"  # inside an output folder; beside an output file it is `.NAME.lock`
@@ -87,7 +87,7 @@ def check_regular_file(path: str | os.PathLike, what: str = "file") -> Path:
     try:
         mode = path.stat().st_mode
     except FileNotFoundError:
-        raise FileNotFoundError(f"{what} {path} does not exist") from None
+        raise MissingFile(f"{what} {path} does not exist") from None
     if stat.S_ISDIR(mode):
         raise UserError(f"{what} {path} is a folder: expected a file")
     if not stat.S_ISREG(mode):

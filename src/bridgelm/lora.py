@@ -50,7 +50,7 @@ class LoraSettings:
         """ValueError (naming lora_r, lora_alpha, lora_targets) for settings that cannot work."""
         if self.r is None:
             if self.alpha is not None:
-                raise ValueError(f"lora_alpha={self.alpha} is read only with a LoRA rank: expected lora_r=R too, or "
+                raise UserError(f"lora_alpha={self.alpha} is read only with a LoRA rank: expected lora_r=R too, or "
                                  "no lora_alpha")
             return
         check_int("lora_r", self.r)
@@ -59,7 +59,7 @@ class LoraSettings:
         names = self.target_names()
         bad = next((n for n in names if not re.fullmatch(r"[A-Za-z0-9_]+", n)), None)
         if not names or bad is not None:
-            raise ValueError(f"lora_targets={self.targets!r}: expected a comma list of module names (q_proj,v_proj)")
+            raise UserError(f"lora_targets={self.targets!r}: expected a comma list of module names (q_proj,v_proj)")
 
     def target_names(self) -> list[str]:
         return [t.strip() for t in self.targets.split(",") if t.strip()]

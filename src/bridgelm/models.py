@@ -17,7 +17,7 @@ from torch import nn
 from bridgelm.attach import MODEL_TYPE, has_block_type
 from bridgelm.adapter import load_blocks
 from bridgelm.blockfile import check_finite
-from bridgelm.errors import UserError
+from bridgelm.errors import UserError, check_int
 from bridgelm.jsonl import json_kind
 
 # Every load says it: a model folder's own code (auto_map) is never run, and transformers never asks whether to.
@@ -123,8 +123,8 @@ def check_model_config(config, name: str | os.PathLike) -> None:
     load_model, plan and params (transformers accepts 0 heads, or 14 heads in groups of 3, until a forward fails)."""
     sizes = {key: getattr(config, key, None) for key in _SIZES}
     for key, value in sizes.items():
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
-            raise UserError(f"model {name}: config.json has {key}={value!r}: expected a positive integer")
+        if value is not None:
+            check_int(f"model {name}: config.json has {key}", value)
     heads, kv = sizes["num_attention_heads"], sizes["num_key_value_heads"]
     hidden, head_dim = sizes["hidden_size"], sizes["head_dim"]
     if heads and hidden and head_dim is None and hidden % heads:

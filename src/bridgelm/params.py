@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from bridgelm.attach import add_bridge, add_pmatch, added_parameters, decoder_layers
+from bridgelm.errors import UserError
 from bridgelm.models import load_config
 
 # Config numbers of the paper's three models (DeepSeek-R1-Distill-*), as published in their config.json.
@@ -90,13 +91,13 @@ def meta_model(preset: str | None = None, model_dir: str | None = None, config=N
         preset = model_dir = None  # the config given is the model's
     if preset is not None:
         if preset not in PRESETS:
-            raise ValueError(f"unknown preset {preset!r}; expected one of {sorted(PRESETS)}")
+            raise UserError(f"unknown preset {preset!r}; expected one of {sorted(PRESETS)}")
         family, numbers = PRESETS[preset]
         config = (Qwen2Config if family == "qwen2" else LlamaConfig)(**numbers)
     elif model_dir is not None:
         config = load_config(model_dir)
     elif config is None:
-        raise ValueError("give a preset, a model directory or a config")
+        raise UserError("give a preset, a model directory or a config")
     with torch.device("meta"):
         return AutoModelForCausalLM.from_config(config)
 

@@ -67,6 +67,7 @@ import torch
 
 from bridgelm.attach import added_parameters, block_config
 from bridgelm.engine.cache import slab_capacity
+from bridgelm.errors import UserError
 
 if TYPE_CHECKING:
     from bridgelm.train.rl_config import RLConfig
@@ -181,7 +182,7 @@ def wave_rows(total: int | None, s, row_tokens: int, what: str) -> int:
     groups of s.width; ValueError, with the numbers, when a wave cannot hold one group."""
     fit = min(s.max_batch_sequences, s.max_batch_tokens // row_tokens)
     if fit < s.width:
-        raise ValueError(
+        raise UserError(
             f"{what}: max_batch_tokens={s.max_batch_tokens} holds {fit} rows of {row_tokens} tokens, less than one "
             f"Bridge group of {s.width}: expected at least {s.width * row_tokens}"
         )

@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from bridgelm.errors import MissingFile, UserError
 from bridgelm.jsonl import read_records
 
 
@@ -28,28 +29,28 @@ def read_warmup(path: str | os.PathLike, tokenizer=None, vocab_size: int | None 
     path = Path(path)
     if not path.is_file():
         what = "is a folder" if path.is_dir() else "does not exist"
-        raise FileNotFoundError(f"warm-up data {path} {what}: expected a JSONL file written by bridgelm warmup-data")
+        raise MissingFile(f"warm-up data {path} {what}: expected a JSONL file written by bridgelm warmup-data")
     records = read_records(path, repair=False)
     if not records:
-        raise ValueError(f"{path} is empty: expected one JSON line per problem (bridgelm warmup-data writes it)")
+        raise UserError(f"{path} is empty: expected one JSON line per problem (bridgelm warmup-data writes it)")
     problems = []
     for number, rec in enumerate(records, start=1):
         if not isinstance(rec, dict) or "kept" not in rec:
-            raise ValueError(f"{path}, line {number}: expected an object with a 'kept' field")
+            raise UserError(f"{path}, line {number}: expected an object with a 'kept' field")
         if not rec["kept"]:
             continue
         prompt, responses = rec.get("prompt_ids"), rec.get("responses")
         if not _ids(prompt) or not isinstance(responses, list):
-            raise ValueError(
+            raise UserError(
                 f"{path}, line {number}: a kept problem needs 'prompt_ids' (token ids >= 0) and 'responses'"
             )
         ids = [r.get("token_ids") if isinstance(r, dict) else None for r in responses]
         if not all(_ids(t) for t in ids):
-            raise ValueError(f"{path}, line {number}: every response needs non-empty 'token_ids' (ids >= 0)")
+            raise UserError(f"{path}, line {number}: every response needs non-empty 'token_ids' (ids >= 0)")
         if vocab_size is not None:
             bad = next((t for t in [*prompt, *(x for r in ids for x in r)] if t >= vocab_size), None)
             if bad is not None:
-                raise ValueError(
+                raise UserError(
                     f"{path}, line {number}: token id {bad} is outside the model's vocabulary of {vocab_size} ids "
                     "(expected warm-up data sampled by the model being trained)"
                 )
@@ -58,7 +59,7 @@ def read_warmup(path: str | os.PathLike, tokenizer=None, vocab_size: int | None 
         if len(ids) >= 2:
             problems.append(Problem(list(prompt), [list(t) for t in ids]))
     if not problems:
-        raise ValueError(
+        raise UserError(
             f"{path} holds no problem with two or more correct responses ({len(records)} lines): "
             "sample more responses per problem (--n) or use more problems"
         )
@@ -76,7 +77,7 @@ def _check_tokenizer(tokenizer, rec: dict, path: Path, number: int) -> None:
         settings = rec.get("settings") or {}
         source = f" by model {settings['model']!r}" if settings.get("model") else ""
         at = next((i for i, (a, b) in enumerate(zip(got, text)) if a != b), min(len(got), len(text)))
-        raise ValueError(
+        raise UserError(
             f"{path}, line {number}: the first response's token ids decode with this model's tokenizer to text that "
             f"differs from the text sampled{source} at character {at} ({got[at : at + 20]!r} vs "
             f"{text[at : at + 20]!r}): expected warm-up data sampled by the model being trained (its tokenizer)"

@@ -18,15 +18,15 @@ def read_prompts(path: str) -> list[str]:
         )
     rows = read_records(path, repair=False, allow_cut=False)  # written by hand: a cut last line is an error
     if not rows:
-        raise ValueError(f"{path} holds no prompts: expected one JSON object per line with a 'prompt' field")
+        raise UserError(f"{path} holds no prompts: expected one JSON object per line with a 'prompt' field")
     prompts = []
     for number, row in enumerate(rows, start=1):
         if not isinstance(row, dict):
-            raise ValueError(f"{path}, line {number}: a JSON {type(row).__name__}: expected an object with a 'prompt'")
+            raise UserError(f"{path}, line {number}: a JSON {type(row).__name__}: expected an object with a 'prompt'")
         text = row.get("prompt")
         if not isinstance(text, str) or not text:
             why = "missing" if "prompt" not in row else f"{text!r}"
-            raise ValueError(f"{path}, line {number}: field 'prompt' is {why}: expected non-empty text")
+            raise UserError(f"{path}, line {number}: field 'prompt' is {why}: expected non-empty text")
         prompts.append(text)
     return prompts
 

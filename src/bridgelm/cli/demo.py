@@ -10,6 +10,7 @@ from bridgelm.cli.fields import Flag, add_fields, build
 from bridgelm.demo.arms import ARMS, PAPER_ARMS, check_arms
 from bridgelm.demo.config import DemoConfig
 from bridgelm.demo.misalign import check_preambles
+from bridgelm.errors import UserError
 from bridgelm.setting import help_of
 
 # The sizes a user may set; every other one is the preset's (DemoConfig(), or DemoConfig.quick() with --quick).
@@ -34,7 +35,7 @@ def check_primary(cfg: DemoConfig) -> None:
     if cfg.primary not in names:
         extra = next((a for a in ARMS if cfg.primary.startswith(f"{a}-") and a not in cfg.arms), None)
         hint = f" (--arms {extra} runs that arm)" if extra and extra not in PAPER_ARMS else ""
-        raise ValueError(f"--primary {cfg.primary!r}: expected one of the comparisons of these arms: "
+        raise UserError(f"--primary {cfg.primary!r}: expected one of the comparisons of these arms: "
                          f"{', '.join(names)}{hint}")
 
 
@@ -47,14 +48,14 @@ def _cmd_demo(args) -> None:
     check_preambles(cfg.misalignment)
     repeated = sorted({p for p in cfg.misalignment if cfg.misalignment.count(p) > 1})
     if repeated:
-        raise ValueError(f"--misalignment names the preamble {repeated[0]} more than once: expected distinct preambles")
+        raise UserError(f"--misalignment names the preamble {repeated[0]} more than once: expected distinct preambles")
     check_primary(cfg)
     if cfg.seeds is not None and cfg.seeds < 1:
-        raise ValueError(f"--seeds {cfg.seeds} must be >= 1")
+        raise UserError(f"--seeds {cfg.seeds} must be >= 1")
     if cfg.workers < 1:
-        raise ValueError(f"--workers {cfg.workers} must be >= 1")
+        raise UserError(f"--workers {cfg.workers} must be >= 1")
     if not 0 <= cfg.threads <= MAX_THREADS:
-        raise ValueError(f"--threads {cfg.threads} must be in [0, {MAX_THREADS}] (0: torch's default)")
+        raise UserError(f"--threads {cfg.threads} must be in [0, {MAX_THREADS}] (0: torch's default)")
     out = args.out or ("runs/demo-quick" if args.quick else "runs/demo")
     check_out(out, "dir")
     print(f"bridgelm demo: every stage writes under {out} (a finished stage is skipped on a re-run)")

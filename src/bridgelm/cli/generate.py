@@ -12,6 +12,7 @@ from bridgelm.cli.common import (
 )
 from bridgelm.cli.fields import add_fields, build
 from bridgelm.engine import SamplingConfig
+from bridgelm.errors import UserError
 
 
 def _cmd_generate(args) -> None:
@@ -22,9 +23,9 @@ def _cmd_generate(args) -> None:
     cfg = build(SamplingConfig, args)
     cfg.validate()
     if (args.prompts is None) == (args.prompt is None):
-        raise ValueError("give exactly one of --prompts FILE.jsonl or --prompt TEXT")
+        raise UserError("give exactly one of --prompts FILE.jsonl or --prompt TEXT")
     if args.prompt is not None and not args.prompt:
-        raise ValueError("--prompt is empty: expected the text of a prompt")
+        raise UserError("--prompt is empty: expected the text of a prompt")
     check_out(args.out, "file")
     check_free(args.out, folder=False)  # another process writing it: refused before the model loads
     prompts = read_prompts(args.prompts) if args.prompts else [args.prompt]

@@ -51,17 +51,13 @@ def _load_task(name: str, path: str | None, split: str):
 
 def _cmd_warmup_data(args) -> None:
     from bridgelm.runs import local_source
-    from bridgelm.train.warmup_data import make_warmup_data
+    from bridgelm.train.warmup_data import make_warmup_data, warmup_sampling
 
     sampling = build(SamplingConfig, args, width=1)
-    sampling.validate()
-    if args.limit is not None and args.limit < 1:  # before the model loads (make_warmup_data checks it too)
-        raise UserError(f"--limit {args.limit} must be a positive integer")
-    if args.n < warmup_data.MIN_CORRECT:
-        raise UserError(
-            f"--n {args.n} must be >= {warmup_data.MIN_CORRECT}: a kept problem needs {warmup_data.MIN_CORRECT} "
-            "correct responses"
-        )
+    try:
+        warmup_sampling(args.n, sampling, args.limit)  # before the model loads
+    except UserError as err:
+        raise in_flags(err, {"n": "--n", "limit": "--limit"}) from err
     check_out(args.out, "file")
     if Dist.from_env().world > 1:
         raise UserError(
@@ -213,7 +209,7 @@ def _cmd_rl(args) -> None:
     model, tokenizer = load_model_and_tokenizer(args)
     have = bridgelm.block_config(model)
     if args.no_blocks and have is not None:
-        raise ValueError(f"--no-blocks, but {args.model} holds {have.kind} blocks; load a model without blocks")
+        raise UserError(f"--no-blocks, but {args.model} holds {have.kind} blocks; load a model without blocks")
     if args.add:  # the same blocks on every rank and on every --resume
         add_seeded_blocks(model, args.add, derive_seed(args.seed, "rl-blocks"), num_heads=block_heads(args))
     _check_lora_targets(model, cfg.lora, args)

@@ -11,6 +11,7 @@ can learn a sibling channel at all before it says whether Bridge uses one.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from bridgelm.errors import UserError
 
 PAPER_ARMS = ("rlvr", "pmatch", "bridge")  # the paper's Table 1 arms: always run
 BASE = "base"  # the base model, evaluated once (seed 0): not an RL arm
@@ -68,10 +69,10 @@ def check_arms(names: list[str]) -> None:
     """A ValueError naming an unknown or repeated arm."""
     for name in names:
         if name not in ARMS:
-            raise ValueError(f"--arms: unknown arm {name!r}: expected some of {', '.join(ARMS)}")
+            raise UserError(f"--arms: unknown arm {name!r}: expected some of {', '.join(ARMS)}")
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
-        raise ValueError(f"--arms names {dup[0]!r} more than once")
+        raise UserError(f"--arms names {dup[0]!r} more than once")
 
 
 def rl_arms(asked: list[str]) -> tuple[str, ...]:

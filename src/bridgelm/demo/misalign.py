@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from bridgelm.demo.control import HINT_TOKENS, ControlConfig, ControlDirs, control_results
+from bridgelm.errors import UserError
 
 CONTEXT = 256  # the control model's positions (demo/base.py build_model)
 PROMPT_ROOM = 32  # the prompt (8 digits, "?", BOS) and the reads, boxed answer and EOS: 14 + 16 tokens, rounded up
@@ -26,7 +27,7 @@ def check_preambles(preambles: list[int]) -> None:
     """A ValueError naming a preamble that is negative or leaves the control model no room for the prompt and reads."""
     for p in preambles:
         if not isinstance(p, int) or p < 0 or p > MAX_PREAMBLE:
-            raise ValueError(
+            raise UserError(
                 f"--misalignment {p}: expected preambles of 0 to {MAX_PREAMBLE} tokens (the control model has "
                 f"{CONTEXT} positions, {PROMPT_ROOM} of them for the prompt and the reads)"
             )

@@ -41,8 +41,7 @@ def per_problem_sets(run_dir: Path, width: int, k: int, tau: float) -> list[floa
     scores = _scores(run_dir, width)
     if width == 1:
         return [g_pass_at_k(r["n"], r["c"], k, tau) for r in scores]
-    if width != k:
-        raise ValueError(f"sets of {k} are Bridge groups only at width {k}, not {width}")
+    assert width == k, f"sets of {k} are Bridge groups only at width {k}, not {width}"
     need = tau_threshold(tau, k)
     return [statistics.fmean(sum(r["correct"][i : i + k]) >= need for i in range(0, r["n"], k)) for r in scores]
 

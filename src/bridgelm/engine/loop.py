@@ -251,15 +251,15 @@ def run_wave(model, prompts, wave: Wave, cfg: SamplingConfig, ends: Ends, keys, 
 def check_prompts(model, prompts: Sequence[Sequence[int]], cfg: SamplingConfig) -> None:
     """ValueError unless there are prompts, none empty, each with room for max_new_tokens in the model's context."""
     if len(prompts) == 0:
-        raise ValueError("prompts is empty: expected at least one prompt")
+        raise UserError("prompts is empty: expected at least one prompt")
     context = getattr(model.config.get_text_config(), "max_position_embeddings", None)
     for i, p in enumerate(prompts):
         if len(p) == 0:
-            raise ValueError(f"prompt {i} is empty: expected at least one token")
+            raise UserError(f"prompt {i} is empty: expected at least one token")
         if context is not None and len(p) + cfg.max_new_tokens > context:
             room = context - max(map(len, prompts))  # what the longest prompt leaves
             fix = f"lower max_new_tokens (--max-new-tokens) to at most {room}, or shorten the prompts"
-            raise ValueError(
+            raise UserError(
                 f"prompt {i} has {len(p)} tokens; with max_new_tokens={cfg.max_new_tokens} it exceeds the "
                 f"model's context of {context} positions: " + (fix if room > 0 else "shorten the prompts")
             )
@@ -299,8 +299,7 @@ def stream_ids(
     eos = torch.tensor(list(eos_token_ids) or [-1], dtype=torch.long, device=device)  # [-1]: only max_new_tokens
     if keys is None:
         keys = list(range(len(prompts)))
-    elif len(keys) != len(prompts):
-        raise ValueError(f"keys has {len(keys)} entries: expected one per prompt ({len(prompts)})")
+    assert len(keys) == len(prompts), f"keys has {len(keys)} entries: expected one per prompt ({len(prompts)})"
     # Packed weights serve the eager step only: the compiled one would see new tensors every wave and recompile.
     pack = cfg.pack_weights and not decodes_compiled(model, cfg, device)
     was_training = model.training

@@ -16,7 +16,7 @@ from typing import Any
 
 from bridgelm.engine.config import SamplingConfig, with_settings
 from bridgelm.engine.loop import stream_ids
-from bridgelm.errors import DataWarning
+from bridgelm.errors import DataWarning, UserError
 from bridgelm.tokenizer import unknown_characters
 
 
@@ -57,7 +57,7 @@ def check_prompt_chars(model, tokenizer, texts: Sequence[str], max_new_tokens: i
     limit = room * max(widest, 1)
     for i, text in enumerate(texts):
         if isinstance(text, str) and len(text) > limit:
-            raise ValueError(
+            raise UserError(
                 f"prompt {i} has {len(text)} characters: more than the {limit} that fit in {room} tokens (the model's "
                 f"context of {context} positions less max_new_tokens={max_new_tokens}; this tokenizer's longest "
                 f"token is {widest} characters): expected a shorter prompt or a lower max_new_tokens"
@@ -77,14 +77,14 @@ def encode_prompts(tokenizer, prompts: Sequence[str], chat: bool = False, warn: 
     so, with one DataWarning (unless not `warn`: a caller that only counts tokens) that counts them and names the
     first one's characters."""
     if isinstance(prompts, str):
-        raise ValueError("prompts must be a list of strings, got one string")
+        raise UserError("prompts must be a list of strings, got one string")
     out, unread = [], []  # unread: (prompt index, characters) of prompts with characters the tokenizer lacks
     for i, text in enumerate(prompts):
         if not isinstance(text, str) or not text:
-            raise ValueError(f"prompt {i} is empty or not a string: {text!r}")
+            raise UserError(f"prompt {i} is empty or not a string: {text!r}")
         if chat:
             if not getattr(tokenizer, "chat_template", None):
-                raise ValueError("chat=True but the tokenizer has no chat template")
+                raise UserError("chat=True but the tokenizer has no chat template")
             ids = tokenizer.apply_chat_template(
                 [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
             )
@@ -112,7 +112,7 @@ def check_stop_strings(stop_strings: Sequence[str]) -> None:
     for s in stop_strings:
         if not isinstance(s, str) or not s:
             what = "empty stop string ''" if s == "" else f"stop string {s!r}"
-            raise ValueError(f"{what}: expected non-empty text (an empty one ends every sample after its first token)")
+            raise UserError(f"{what}: expected non-empty text (an empty one ends every sample after its first token)")
 
 
 def stop_checker(tokenizer, stop_strings: Sequence[str]) -> Callable[[list[int]], bool] | None:
@@ -148,7 +148,7 @@ def stream_text(
     """
     cfg.validate()
     if len(texts) == 0:
-        raise ValueError("prompts is empty: expected at least one prompt")
+        raise UserError("prompts is empty: expected at least one prompt")
     check_prompt_chars(model, tokenizer, texts, cfg.max_new_tokens)  # before tokenizing a line of megabytes
     ids = encode_prompts(tokenizer, texts, chat)
     eos = eos_ids(model, tokenizer, eos_token_id)

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from bridgelm.engine.config import SamplingConfig
+from bridgelm.errors import UserError
 
 
 @dataclass
@@ -60,7 +61,7 @@ def _greedy_waves(lengths: Sequence[int], cfg: SamplingConfig, max_rows: int) ->
         fit = min(max_rows, cfg.max_batch_tokens // per_row(length))
         chunk = (fit // cfg.width) * cfg.width
         if chunk < cfg.width:
-            raise ValueError(
+            raise UserError(
                 f"max_batch_tokens={cfg.max_batch_tokens} cannot hold one group of {cfg.width} rows of "
                 f"{per_row(length)} tokens (prompt {p} has {length} tokens + max_new_tokens={cfg.max_new_tokens})"
             )

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from bridgelm.attach import block_config, decoder_layers
+from bridgelm.errors import UserError, check_int
 from bridgelm.eval.folder import read_samples
 from bridgelm.grouped import KWARG, Groups
 from bridgelm.intervals import bootstrap_ci
@@ -42,7 +43,7 @@ from bridgelm.logprobs import Row, pack_rows, response_logprobs
 def _blocks(model) -> list[torch.nn.Module]:
     cfg = block_config(model)
     if cfg is None:
-        raise ValueError(
+        raise UserError(
             f"{type(model).__name__} has no Bridge or P-Match blocks: nothing to measure (add_bridge, or --blocks)"
         )
     return [getattr(layer, cfg.kind) for layer in decoder_layers(model)]
@@ -94,8 +95,7 @@ def block_feature_ratios(model, input_ids, attention_mask, group_ids) -> list[fl
 
 def _pick(items: list, count: int) -> list:
     """`count` items spread evenly over `items` (all of them when there are fewer)."""
-    if count < 1:
-        raise ValueError(f"sets={count}: expected a positive number of response sets")
+    check_int("sets", count, note=" (response sets)")
     if len(items) <= count:
         return items
     return [items[int(i)] for i in np.linspace(0, len(items) - 1, count).round()]
@@ -107,8 +107,8 @@ def _run_sets(
     """A run's sampled records and `sets` of their keys (benchmark, width, index) of width `width` (None: any of at
     least `min_width`), spread evenly; `max_tokens` (the cut of each sequence, None: none) is checked here for the
     callers."""
-    if max_tokens is not None and max_tokens < 1:
-        raise ValueError(f"max_tokens={max_tokens}: expected a positive number of tokens per sequence (or None)")
+    if max_tokens is not None:
+        check_int("max_tokens", max_tokens, note=" (tokens per sequence, or None)")
     records = read_samples(run_dir)
     keys = sorted(
         k
@@ -117,7 +117,7 @@ def _run_sets(
     )
     if not keys:
         widths = f"width={width!r}" if width is not None else f"a width of at least {min_width}"
-        raise ValueError(f"{run_dir} has no sampled problems for benchmark={benchmark!r} and {widths}")
+        raise UserError(f"{run_dir} has no sampled problems for benchmark={benchmark!r} and {widths}")
     return records, _pick(keys, sets)
 
 
@@ -220,16 +220,16 @@ def sibling_gain(model, sets: Sequence[tuple[Sequence[int], Sequence[Sequence[in
     set as one group and alone, and `diff` (with - alone; negative: the siblings help), the mean over sets of
     each set's per-token difference with its 95% bootstrap interval over sets."""
     if not sets:
-        raise ValueError("no response sets to measure: expected at least one")
+        raise UserError("no response sets to measure: expected at least one")
     if block_config(model) is None:  # P-Match blocks are let through: the control, 0 by construction
-        raise ValueError(
+        raise UserError(
             f"{type(model).__name__} has no Bridge or P-Match blocks: its samples cannot read each other, so siblings "
             "are worth 0 by construction (add_bridge, or --blocks)"
         )
     vocab = model.get_input_embeddings().num_embeddings
     top = max(max(p, default=0) for p, _ in sets), max(max(t, default=0) for _, rs in sets for t in rs)
     if max(top) >= vocab:
-        raise ValueError(
+        raise UserError(
             f"token id {max(top)} of the response sets is outside the model's vocabulary of {vocab}: "
             "expected sets tokenized for this model"
         )
@@ -269,7 +269,7 @@ def run_response_sets(
     """`sets` sampled response sets of an eval run, each the first group of its width (as sampled together); widths of
     2 or more only (a set of one response has no siblings)."""
     if width is not None and width < 2:
-        raise ValueError(f"width={width}: a set of one response has no siblings; expected a width of 2 or more")
+        raise UserError(f"width={width}: a set of one response has no siblings; expected a width of 2 or more")
     records, chosen = _run_sets(run_dir, sets, benchmark, width, max_tokens, min_width=2)
     out = []
     for key in chosen:

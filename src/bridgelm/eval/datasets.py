@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bridgelm.errors import UserError
 from bridgelm.runs import local_source
 from bridgelm.tasks import Task
 
@@ -77,12 +78,12 @@ def load_benchmarks(task_or_name: Task | str, data_paths: Sequence[str] | None =
     for name, path, task in found:
         problems = list(task.examples[:limit] if limit else task.examples)
         if not problems:
-            raise ValueError(f"benchmark {name!r} ({path or 'task examples'}) holds no problems")
+            raise UserError(f"benchmark {name!r} ({path or 'task examples'}) holds no problems")
         benches.append(Benchmark(name, path, task, problems))
     seen = {}
     for b in benches:
         if b.name in seen:
-            raise ValueError(f"two data files make the benchmark {b.name!r}: {seen[b.name]} and {b.path}; rename one")
+            raise UserError(f"two data files make the benchmark {b.name!r}: {seen[b.name]} and {b.path}; rename one")
         seen[b.name] = b.path
     return benches
 

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from bridgelm.dist import Dist
-from bridgelm.errors import UserError
+from bridgelm.errors import MissingFile, UserError
 from bridgelm.eval.datasets import benchmark_difference
 from bridgelm.jsonl import read_records
 from bridgelm.runs import (
@@ -65,7 +65,7 @@ def read_eval_run(run_dir: str | os.PathLike) -> dict[str, Any]:
     """The settings of an eval run (its run.json); UserError when `run_dir` is not an eval run of this bridgelm."""
     path = Path(run_dir) / RUN_FILE
     if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist: {run_dir} is not an eval run (made by bridgelm eval --out)")
+        raise MissingFile(f"{path} does not exist: {run_dir} is not an eval run (made by bridgelm eval --out)")
     try:
         run = json.loads(path.read_bytes().decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -192,7 +192,7 @@ def read_samples(run_dir: str | os.PathLike) -> dict[tuple[str, int, int], dict]
             where[key] = path.name
     if twice:
         shown = ", ".join(twice[:5]) + (f" and {len(twice) - 5} more" if len(twice) > 5 else "")
-        raise ValueError(
+        raise UserError(
             f"{run_dir}: {len(twice)} problems were sampled more than once: {shown}. Each problem must be generated "
             "exactly once; were two eval runs writing into this directory at the same time?"
         )

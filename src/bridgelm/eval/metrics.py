@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from bridgelm.errors import check_int
 from bridgelm.intervals import bootstrap_ci
 from bridgelm.tasks.answers import canonical_number
 
@@ -35,11 +36,10 @@ _SUMMARY_TAUS = (0.25, 0.5, 0.75, 1.0)
 def _check_counts(n: int, c: int, k: int) -> None:
     """Validate a (samples, correct, draws) triple."""
     for name, value in (("n", n), ("c", c), ("k", k)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-            raise TypeError(f"{name}={value!r} must be an integer")
+        check_int(name, value, 0)
     if n < 1:
         raise ValueError(f"n={n} must be >= 1")
-    if not 0 <= c <= n:
+    if not c <= n:
         raise ValueError(f"c={c} must be in [0, n={n}]")
     if k < 1:
         raise ValueError(f"k={k} must be >= 1")
@@ -99,22 +99,23 @@ def mg_pass_at_k(n: int, c: int, k: int) -> float:
     return 2.0 * total / k
 
 
+def _check_lists(lists: Sequence[Sequence], name: str, what: str) -> None:
+    """ValueError unless `lists` holds one non-empty list of `what` per problem."""
+    empty = next((i for i, x in enumerate(lists) if len(x) == 0), None)
+    if not lists or empty is not None:
+        where = f"{name} is empty" if not lists else f"problem {empty} has no {what}"
+        raise ValueError(f"{where}: expected one non-empty list of {what} per problem")
+
+
 def mean_accuracy(correct_lists: Sequence[Sequence[bool]]) -> float:
     """Mean over problems of the fraction of correct samples (Pass@1)."""
-    if not correct_lists:
-        raise ValueError("correct_lists is empty: expected one list of flags per problem")
-    fractions = []
-    for i, flags in enumerate(correct_lists):
-        if len(flags) == 0:
-            raise ValueError(f"problem {i} has no samples: expected at least one flag")
-        fractions.append(sum(bool(f) for f in flags) / len(flags))
-    return float(np.mean(fractions))
+    _check_lists(correct_lists, "correct_lists", "flags")
+    return float(np.mean([sum(bool(f) for f in flags) / len(flags) for flags in correct_lists]))
 
 
 def coverage(correct_lists: Sequence[Sequence[bool]]) -> float:
     """Fraction of problems with at least one correct sample (Pass@n)."""
-    if not correct_lists:
-        raise ValueError("correct_lists is empty: expected one list of flags per problem")
+    _check_lists(correct_lists, "correct_lists", "flags")
     return float(np.mean([any(bool(f) for f in flags) for flags in correct_lists]))
 
 
@@ -281,11 +282,7 @@ def summarize_scores(
     the variance of the scores within a problem's response set (population variance, ddof=0: the spread of the
     set itself; the paper's Table 5). Pass@k and G-Pass need correct/incorrect and are not defined here.
     """
-    if not score_lists:
-        raise ValueError("score_lists is empty: expected one list of scores per problem")
-    for i, scores in enumerate(score_lists):
-        if len(scores) == 0:
-            raise ValueError(f"problem {i} has no scores: expected at least one")
+    _check_lists(score_lists, "score_lists", "scores")
     columns = {
         "score": [float(np.mean(s)) for s in score_lists],
         "score_variance": [float(np.var(np.asarray(s, dtype=np.float64))) for s in score_lists],

@@ -7,6 +7,7 @@ Used by bridgelm.eval.runner; tested by tests/test_nonmath_eval.py.
 from __future__ import annotations
 
 from bridgelm.engine import encode_prompts
+from bridgelm.errors import UserError
 from bridgelm.tasks import Task
 
 
@@ -44,7 +45,7 @@ def fit_prompt(task: Task, example: dict, tokenizer, chat: bool, budget: int | N
     ends = _token_ends(tokenizer, document)
     shortened = lambda k: task.prompt({**example, field_name: document[: ends[k - 1]] if k else ""})  # noqa: E731
     if count(shortened(0)) > budget:
-        raise ValueError(
+        raise UserError(
             f"the prompt has {count(shortened(0))} tokens even with its {field_name!r} empty: more than the "
             f"{budget} tokens left by the context after max_new_tokens; lower --max-new-tokens"
         )

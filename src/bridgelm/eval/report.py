@@ -80,19 +80,19 @@ def collect_rows(run_dirs: Sequence[str], names: Sequence[str] | None = None) ->
     Widths are strings as in metrics.json; `entry` is a metrics.json entry of one (benchmark, width).
     """
     if not run_dirs:
-        raise ValueError("no run directories given: expected at least one")
+        raise UserError("no run directories given: expected at least one")
     if names is None:
         names = [Path(d).resolve().name for d in run_dirs]
         dup = sorted({x for x in names if names.count(x) > 1})
         if dup:
-            raise ValueError(f"two runs are both named {dup[0]!r} after their folder: give --names")
+            raise UserError(f"two runs are both named {dup[0]!r} after their folder: give --names")
     names = list(names)
     if len(names) != len(run_dirs):
-        raise ValueError(f"{len(names)} names for {len(run_dirs)} runs: expected one name per run ({names})")
+        raise UserError(f"{len(names)} names for {len(run_dirs)} runs: expected one name per run ({names})")
     rows: dict[str, dict] = {}
     for name, run_dir in zip(names, run_dirs):
         if not name:
-            raise ValueError(f"empty name for run {run_dir}")
+            raise UserError(f"empty name for run {run_dir}")
         result = load_metrics(run_dir)
         settings = read_eval_run(run_dir)
         main = str(result["run"]["width"])
@@ -101,7 +101,7 @@ def collect_rows(run_dirs: Sequence[str], names: Sequence[str] | None = None) ->
         row["partial"].update(result.get("partial") or {})
         for bench, per_width in result["benchmarks"].items():
             if bench in row["benchmarks"]:
-                raise ValueError(
+                raise UserError(
                     f"row {name!r} has benchmark {bench!r} twice ({row['benchmarks'][bench]['run']} and {run_dir}): "
                     "runs merged into one row must cover different benchmarks"
                 )
@@ -193,7 +193,7 @@ def build_report(
     rows = collect_rows(run_dirs, names)
     base = base if base is not None else next(iter(rows))
     if base not in rows:
-        raise ValueError(f"--base {base!r} is not one of the run names {list(rows)}")
+        raise UserError(f"--base {base!r} is not one of the run names {list(rows)}")
     widths, origin = width_cells(rows)
     width_base = base if base in widths else _main_label(rows, base)
     if width_base not in widths:

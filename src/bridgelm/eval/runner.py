@@ -237,7 +237,7 @@ def _open_run(run_dir: Path, settings: dict, dist: Dist) -> bool:
     if not created:
         check_same_run(run_file, read_eval_run(run_dir), settings)  # an eval run's, or a UserError
     elif shards:
-        raise ValueError(f"{run_dir} holds samples files but no {RUN_FILE}: refusing to mix into it; use another --out")
+        raise UserError(f"{run_dir} holds samples files but no {RUN_FILE}: refusing to mix into it; use another --out")
     write_json(run_file, settings)
     return created
 
@@ -274,7 +274,7 @@ def _sample_set(
         try:
             fitted.append(fit_prompt(b.task, b.problems[i], tokenizer, cfg.chat, budget))
         except ValueError as exc:
-            raise ValueError(f"benchmark {b.name!r} problem #{i}: {exc}") from exc
+            raise UserError(f"benchmark {b.name!r} problem #{i}: {exc}") from exc
     texts = [text for text, _ in fitted]
     keys = [(b.name, i) for i in indices]  # a problem's samples do not depend on its shard
     stream = stream_text(model, tokenizer, texts, cfg.sampling_at(w), keys, cfg.chat, cfg.stop, progress=step)

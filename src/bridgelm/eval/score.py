@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from bridgelm.errors import UserError
 from bridgelm.eval import metrics as M
 from bridgelm.eval.datasets import Benchmark, benchmark_difference, load_benchmarks
 from bridgelm.eval.folder import read_eval_run, read_samples
@@ -49,7 +50,7 @@ def _grading_benchmarks(run: dict, task: Task | None) -> list[Benchmark]:
     if task is not None:
         benches = load_benchmarks(task, [], run.get("limit"))
     elif run["task"] not in tasks.REGISTRY:
-        raise ValueError(
+        raise UserError(
             f"run.json names task {run['task']!r}, which is not in the task registry: score the run with "
             "score_run(run_dir, task=<the Task object>)"
         )
@@ -70,7 +71,7 @@ def _benchmark_check(run: dict, benches: list[Benchmark]) -> None:
         hint = ""
         if any(b["path"] is None for b in old):
             hint = "; a run of a Task object's own examples is graded with score_run(run_dir, task=<that Task>)"
-        raise ValueError(f"cannot grade the run: {benchmark_difference(old, new)}{hint}")
+        raise UserError(f"cannot grade the run: {benchmark_difference(old, new)}{hint}")
 
 
 def _problem_score(rec: dict, rewards: list[float], task: Task) -> dict[str, Any]:
@@ -172,7 +173,7 @@ def _missing_problems(
     by_name = {b.name: b for b in benches}
     strays = [k for k in records if k[0] not in by_name or k[1] not in widths or k[2] >= len(by_name[k[0]].problems)]
     if strays:
-        raise ValueError(f"{run_dir} holds samples that run.json does not describe, e.g. {strays[0]}")
+        raise UserError(f"{run_dir} holds samples that run.json does not describe, e.g. {strays[0]}")
     missing = {
         (b.name, w): [i for i in range(len(b.problems)) if (b.name, w, i) not in records]
         for b in benches
@@ -185,13 +186,13 @@ def _missing_problems(
             + (" ...)" if len(v) > 5 else ")")
             for (b, w), v in lacking.items()
         )
-        raise ValueError(
+        raise UserError(
             f"{run_dir} is incomplete: {detail}. Finish it by re-running bridgelm eval with the same --out, "
             "or score what is there with --allow-partial"
         )
     for key, rec in records.items():
         if len(rec["samples"]) != run["n"]:
-            raise ValueError(f"{run_dir}: {key} has {len(rec['samples'])} samples, expected n={run['n']}")
+            raise UserError(f"{run_dir}: {key} has {len(rec['samples'])} samples, expected n={run['n']}")
     return missing
 
 

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from bridgelm import rouge
+from bridgelm.errors import UserError
 from bridgelm.eval.folder import read_samples
 from bridgelm.intervals import bootstrap_ci
 from bridgelm.jsonl import write_json
@@ -80,7 +81,7 @@ def set_similarity(
             per_problem[m].append(means[m])
         pairs += count
     if not per_problem["rouge_l"]:
-        raise ValueError("no response set has 2 or more responses: nothing to compare")
+        raise UserError("no response set has 2 or more responses: nothing to compare")
     out: dict[str, Any] = {}
     for m, values in per_problem.items():
         low, high = bootstrap_ci(values)
@@ -137,7 +138,7 @@ def run_similarity(
         if (benchmark is None or key[0] == benchmark) and (width is None or key[1] == width):
             groups.setdefault(key[:2], []).append([s["text"] for s in records[key]["samples"]])
     if not groups:
-        raise ValueError(f"{run_dir} has no sampled problems for benchmark={benchmark!r}, width={width!r}")
+        raise UserError(f"{run_dir} has no sampled problems for benchmark={benchmark!r}, width={width!r}")
     result: dict[str, dict] = {}
     for (bench, w), sets in groups.items():
         entry = set_similarity(sets, max_samples, progress)

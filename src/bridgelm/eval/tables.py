@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from bridgelm.errors import UserError
 
 # Column titles of the paper's Table 1 for the usual file stems; other benchmarks keep their name.
 ABBREVIATIONS = {
@@ -61,7 +62,7 @@ def table_numbers(rows: dict[str, dict[str, dict]], base: str | None = None) -> 
         raise ValueError("no rows: expected at least one run")
     base = base if base is not None else next(iter(rows))
     if base not in rows:
-        raise ValueError(f"base row {base!r} is not one of the rows {list(rows)}")
+        raise UserError(f"base row {base!r} is not one of the rows {list(rows)}")
     columns: list[str] = []
     for cells in rows.values():
         columns.extend(b for b in cells if b not in columns)

@@ -63,7 +63,7 @@ from trl.trainer.utils import add_fused_lm_head, disable_dropout_in_model, split
 from bridgelm import lora
 from bridgelm.attach import added_parameters, block_config
 from bridgelm.engine import SamplingConfig, generate_ids
-from bridgelm.errors import UserError
+from bridgelm.errors import UserError, check_int
 from bridgelm.grouped import KWARG, Groups
 from bridgelm.rng import derive_seed
 
@@ -85,8 +85,8 @@ class BridgeGRPOConfig(GRPOConfig):
 
 def check_width(width, name: str) -> None:
     """UserError unless `width` is None or a positive integer (2.7, "two", True and 0 are refused, not rounded)."""
-    if width is not None and (isinstance(width, bool) or not isinstance(width, int) or width < 1):
-        raise UserError(f"{name}: bridge_width={width!r}: expected a positive integer (rows per Bridge group)")
+    if width is not None:
+        check_int(f"{name}: bridge_width", width, note=" (rows per Bridge group)")
 
 
 def bridge_width_of(args) -> int:

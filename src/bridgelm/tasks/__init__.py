@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import warnings
 
-from bridgelm.errors import DataWarning
+from bridgelm.errors import DataWarning, UserError
 from bridgelm.tasks.base import BOXED_INSTRUCTION, Task, format_chat, read_rows, with_instruction
 
 # Task name -> module with a `load(path=None, split="test", **kwargs)` function ("module:function" names
@@ -39,7 +39,7 @@ def load(name: str, path: str | None = None, split: str = "test", **kwargs) -> T
     countdown and zebra, `seed` of the option shuffle for gpqa).
     """
     if name not in REGISTRY:
-        raise ValueError(f"unknown task {name!r}: expected one of {', '.join(sorted(REGISTRY))}")
+        raise UserError(f"unknown task {name!r}: expected one of {', '.join(sorted(REGISTRY))}")
     module_name, _, loader = REGISTRY[name].partition(":")
     module = importlib.import_module(module_name)
     task = getattr(module, loader or "load")(path=path, split=split, **kwargs)

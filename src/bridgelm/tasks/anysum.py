@@ -30,6 +30,7 @@ import random
 import re
 from dataclasses import dataclass
 
+from bridgelm.errors import UserError
 from bridgelm.tasks import arith
 from bridgelm.tasks.arith import Arith
 
@@ -89,7 +90,7 @@ def make_problems(
     Each row holds one worked solution, in a random order drawn by the same generator.
     """
     if spec.max_operands * spec.max_value > 999 or spec.min_value < 10 or spec.max_value > 99:
-        raise ValueError(f"{spec} must keep operands on two digits and totals on three")
+        raise UserError(f"{spec} must keep operands on two digits and totals on three")
     rng = random.Random(f"anysum-{seed}-{split}")
     rows = []
     for numbers in arith.accepted_draws(rng, size, split, spec, _draw, _text, split_of, distinct):
@@ -117,8 +118,11 @@ def load(path: str | None = None, split: str = "test", size: int = 500, seed: in
 
         rows = read_rows(path, ("problem", "answer"))
         for i, row in enumerate(rows, 1):
-            numbers = numbers_of(row["problem"])
+            try:
+                numbers = numbers_of(str(row["problem"]))
+            except ValueError as err:
+                raise UserError(f"{path}: row {i}: {err}") from None
             if str(row["answer"]).strip() != str(sum(numbers)):
-                raise ValueError(f"{path}: row {i}: answer {row['answer']!r} is not the sum {sum(numbers)}")
+                raise UserError(f"{path}: row {i}: answer {row['answer']!r} is not the sum {sum(numbers)}")
         return AnySum(name="anysum", examples=rows)
     return AnySum(name="anysum", examples=make_problems(size, split, seed, AnySumSpec(**spec)))

@@ -21,6 +21,7 @@ import random
 import re
 from dataclasses import dataclass
 
+from bridgelm.errors import UserError, check_int
 from bridgelm.tasks.base import Task
 
 SPLITS = ("train", "validation", "test")
@@ -95,15 +96,14 @@ def accepted_draws(rng: random.Random, size: int, split: str, spec, draw, proble
     """Yield `size` draws `draw(rng, spec)` whose problem text `problem_of(draw)` is in `split` (by `split_of`) and,
     when `distinct`, not seen before. The caller may use `rng` between yields (its draws stay in one sequence)."""
     if split not in SPLITS:
-        raise ValueError(f"split={split!r} is not one of {SPLITS}")
-    if size < 1:
-        raise ValueError(f"size={size} must be >= 1")
+        raise UserError(f"split={split!r} is not one of {SPLITS}")
+    check_int("size", size)
     seen: set[str] = set()
     accepted = attempts = 0
     while accepted < size:
         attempts += 1
         if attempts > 200 * size + 10_000:
-            raise ValueError(f"cannot draw {size} distinct {split} problems from {spec}")
+            raise UserError(f"cannot draw {size} distinct {split} problems from {spec}")
         drawn = draw(rng, spec)
         problem = problem_of(drawn)
         if (distinct and problem in seen) or split_of(problem) != split:

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from bridgelm.errors import UserError
+from bridgelm.errors import MissingFile, UserError
 from bridgelm.jsonl import check_regular_file, check_text
 
 # The DeepSeek-R1 evaluation instruction appended to every math-style problem.
@@ -213,6 +213,25 @@ def _no_constant(name: str) -> float:
     raise ValueError(f"{name} is not a number: expected a finite number or a string")
 
 
+def _parse(text: str, path: Path, line: int | None, expected: str) -> Any:
+    """JSON `text` (line `line` of `path`, None: all of it) read strictly (numbers a float holds, each key once, no
+    NaN), or a UserError naming the file and line."""
+    where = str(path) if line is None else f"{path}:{line}"
+    try:
+        data = json.loads(text, parse_float=finite_float, parse_int=whole_number, parse_constant=_no_constant,
+                          object_pairs_hook=unique_keys)
+    except json.JSONDecodeError as exc:
+        what = "malformed JSON" if line is None else "malformed JSON line"
+        raise UserError(f"{path}:{exc.lineno if line is None else line}: {what} ({exc.msg})") from exc
+    except RecursionError:
+        raise UserError(f"{where}: nests deeper than JSON is read here: expected {expected}") from None
+    except ValueError as exc:
+        raise UserError(f"{where}: {exc}") from exc
+    if "\\ud" in text.lower():  # an escaped surrogate: text only in a pair (JSON escapes are its one source)
+        check_text(data, where)
+    return data
+
+
 def _read_jsonl(path: Path, required_fields: Sequence[str], check: RowCheck | None = None) -> list[dict]:
     """Rows of a JSON-lines file; blank lines are skipped."""
     rows = []
@@ -220,35 +239,14 @@ def _read_jsonl(path: Path, required_fields: Sequence[str], check: RowCheck | No
         line = _decode(raw, path, lineno)
         if not line.strip():
             continue
-        try:
-            row = json.loads(line, parse_float=finite_float, parse_int=whole_number, parse_constant=_no_constant,
-                             object_pairs_hook=unique_keys)
-        except json.JSONDecodeError as exc:
-            raise UserError(f"{path}:{lineno}: malformed JSON line ({exc.msg})") from exc
-        except RecursionError:
-            raise UserError(f"{path}:{lineno}: nests deeper than JSON is read here: expected a row object") from None
-        except ValueError as exc:
-            raise UserError(f"{path}:{lineno}: {exc}") from exc
-        if "\\ud" in line.lower():  # an escaped surrogate: text only in a pair (JSON escapes are its one source)
-            check_text(row, f"{path}:{lineno}")
+        row = _parse(line, path, lineno, "a row object")
         rows.append(_check_row(row, required_fields, f"{path}:{lineno}", check))
     return rows
 
 
 def _read_json(path: Path, required_fields: Sequence[str], check: RowCheck | None = None) -> list[dict]:
     """Rows of a JSON file holding a list of objects or {"data": [...]}."""
-    text = _decode(path.read_bytes(), path)
-    try:
-        data = json.loads(text, parse_float=finite_float, parse_int=whole_number, parse_constant=_no_constant,
-                             object_pairs_hook=unique_keys)
-    except json.JSONDecodeError as exc:
-        raise UserError(f"{path}:{exc.lineno}: malformed JSON ({exc.msg})") from exc
-    except RecursionError:
-        raise UserError(f"{path}: nests deeper than JSON is read here: expected a list of row objects") from None
-    except ValueError as exc:
-        raise UserError(f"{path}: {exc}") from exc
-    if "\\ud" in text.lower():  # an escaped surrogate: text only in a pair
-        check_text(data, str(path))
+    data = _parse(_decode(path.read_bytes(), path), path, None, "a list of row objects")
     if isinstance(data, dict) and isinstance(data.get("data"), list):
         data = data["data"]
     if not isinstance(data, list):
@@ -266,7 +264,7 @@ def _read_parquet(path: Path, required_fields: Sequence[str], check: RowCheck | 
         try:
             import pandas as pd
         except ImportError as exc:
-            raise ValueError(
+            raise UserError(
                 f"{path}: reading .parquet needs pyarrow or pandas, neither is installed; "
                 "convert the file to .jsonl or install pyarrow"
             ) from exc
@@ -295,7 +293,7 @@ def resolve_local(path: str | Path, split: str) -> Path:
             candidate = p / f"{split}{suffix}"
             if candidate.is_file():
                 return candidate
-        raise FileNotFoundError(f"folder {p} has no {split}.jsonl, {split}.json or {split}.parquet")
+        raise MissingFile(f"folder {p} has no {split}.jsonl, {split}.json or {split}.parquet")
     return p
 
 

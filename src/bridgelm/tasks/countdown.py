@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import ClassVar
 
+from bridgelm.errors import UserError, check_int
 from bridgelm.tasks.answers import last_boxed
 from bridgelm.tasks.base import Task, read_rows, resolve_local
 
@@ -188,11 +189,10 @@ class Countdown(Task):
 def split_seed(split: str, seed: int, size: int) -> int:
     """The reasoning-gym seed of problems `seed .. seed + size` of `split` (splits never share a seed)."""
     if split not in SPLIT_OFFSETS:
-        raise ValueError(f"split={split!r} is unknown: expected one of {sorted(SPLIT_OFFSETS)}")
-    if size < 1:
-        raise ValueError(f"size={size} must be >= 1")
+        raise UserError(f"split={split!r} is unknown: expected one of {sorted(SPLIT_OFFSETS)}")
+    check_int("size", size)
     if seed < 0 or seed + size > SPLIT_STRIDE:
-        raise ValueError(f"seed={seed} and size={size} must satisfy 0 <= seed, seed + size <= {SPLIT_STRIDE}")
+        raise UserError(f"seed={seed} and size={size} must satisfy 0 <= seed, seed + size <= {SPLIT_STRIDE}")
     return SPLIT_OFFSETS[split] + seed
 
 
@@ -221,7 +221,7 @@ def _with_numbers(rows: list[dict], source: str) -> list[dict]:
     for i, row in enumerate(rows, 1):
         if "numbers" not in row:
             if "nums" not in row:
-                raise ValueError(
+                raise UserError(
                     f"{source}: row {i}: missing field 'numbers' (expected fields: numbers, target; or nums, target)"
                 )
             row = {**row, "numbers": list(row["nums"])}
@@ -259,7 +259,7 @@ def load(
     """Countdown problems: generated offline (path None) or read from a local file of rows with
     `numbers` (or TinyZero's `nums`) and `target`."""
     if prompt_style not in PROMPT_STYLES:
-        raise ValueError(f"prompt_style={prompt_style!r} is unknown: expected one of {', '.join(PROMPT_STYLES)}")
+        raise UserError(f"prompt_style={prompt_style!r} is unknown: expected one of {', '.join(PROMPT_STYLES)}")
     if path is None:
         examples = make_problems(size, seed=seed, split=split)
     else:

@@ -34,6 +34,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
+from bridgelm.errors import UserError
 from bridgelm.tasks import arith
 from bridgelm.tasks.arith import Arith
 
@@ -88,7 +89,7 @@ def make_problems(
     """`size` problems of `split` (distinct unless `distinct=False`), drawn by a generator seeded with (seed, split),
     each with a worked solution that reads a place drawn uniformly by the same generator."""
     if not 2 <= spec.copies < spec.digits <= 9 or spec.reads < 1 or spec.preamble < 0:
-        raise ValueError(f"{spec}: expected 2 <= copies < digits <= 9, reads >= 1 and preamble >= 0")
+        raise UserError(f"{spec}: expected 2 <= copies < digits <= 9, reads >= 1 and preamble >= 0")
     rng = random.Random(f"hint-{seed}-{split}")
     fillers = random.Random(f"hint-preamble-{seed}-{split}")  # its own stream: the same problems at every preamble
     rows = []

@@ -35,6 +35,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from bridgelm.errors import check_number
 from bridgelm.tasks.answers import last_boxed
 from bridgelm.tasks.base import Task, load_rows, require_text, with_instruction
 
@@ -187,8 +188,7 @@ class MathGrader:
         memory_limit: int | None = MEMORY_LIMIT,
         cpu_limit: float | None = None,
     ):
-        if not timeout > 0:
-            raise ValueError(f"timeout={timeout} must be > 0 seconds")
+        check_number("timeout", timeout, 0, open_low=True, note=" (seconds)")
         self.timeout = float(timeout)  # default bound on one grading call, seconds
         self.start_timeout = float(start_timeout)  # bound on worker startup, seconds
         self.memory_limit = memory_limit  # address space the worker may add after start-up, bytes (None: no limit)
@@ -389,7 +389,6 @@ def check_row(row: dict) -> None:
 
 def load(path: str | None = None, split: str = "test", timeout: float = DEFAULT_TIMEOUT) -> MathTask:
     """Rows with `problem` and `answer` from a local file, or MATH-500 from the hub when path is None."""
-    if not timeout > 0:
-        raise ValueError(f"timeout={timeout} must be > 0 seconds")
+    check_number("timeout", timeout, 0, open_low=True, note=" (seconds)")
     rows = load_rows(HUB_ID if path is None else path, split, FIELDS, check=check_row)
     return MathTask(name="math", examples=rows, timeout=timeout)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from bridgelm.errors import UserError
 from bridgelm.tasks.answers import canonical_number
 from bridgelm.tasks.base import load_rows, require_text
 from bridgelm.tasks.gsm8k import GSM8K
@@ -43,5 +44,5 @@ class Numeric(GSM8K):
 def load(path: str | None = None, split: str = "test") -> Numeric:
     """Rows from a local JSONL/JSON/Parquet file or folder (the split's file in a folder); no hub default."""
     if path is None:
-        raise ValueError("task 'numeric' has no default data: pass --data with question/answer rows")
+        raise UserError("task 'numeric' has no default data: pass --data with question/answer rows")
     return Numeric(name="numeric", examples=load_rows(path, split, FIELDS, check=check_row))

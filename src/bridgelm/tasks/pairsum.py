@@ -31,6 +31,7 @@ import random
 import re
 from dataclasses import dataclass
 
+from bridgelm.errors import UserError
 from bridgelm.tasks import arith
 from bridgelm.tasks.arith import Arith
 
@@ -100,7 +101,7 @@ def make_problems(
     Each row holds one worked solution: the pairs in a random order drawn by the same generator, up to the answer.
     """
     if spec.numbers < 2 or spec.min_value < 10 or spec.max_value > 99 or spec.max_value - spec.min_value < spec.numbers:
-        raise ValueError(f"{spec} must hold at least 2 distinct two-digit numbers")
+        raise UserError(f"{spec} must hold at least 2 distinct two-digit numbers")
     rng = random.Random(f"pairsum-{seed}-{split}")
     rows = []
     drawn = arith.accepted_draws(rng, size, split, spec, _draw, lambda d: problem_text(*d), split_of, distinct)

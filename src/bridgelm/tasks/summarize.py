@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from bridgelm import rouge
+from bridgelm.errors import UserError
 from bridgelm.tasks.answers import after_thinking
 from bridgelm.tasks.base import Task, load_rows
 
@@ -106,7 +107,7 @@ def load_dataset_rows(name: str, path: str | None, split: str) -> Summarization:
     for i, row in enumerate(rows, 1):
         for key in fields:
             if not isinstance(row[key], str) or not row[key].strip():
-                raise ValueError(f"{source}: row {i}: field {key!r} is {row[key]!r}: expected non-empty text")
+                raise UserError(f"{source}: row {i}: field {key!r} is {row[key]!r}: expected non-empty text")
     return Summarization(name=name, examples=rows, layout=layout)
 
 

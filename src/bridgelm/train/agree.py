@@ -21,6 +21,7 @@ import threading
 from pathlib import Path
 
 from bridgelm.dist import Dist, all_reduce_max
+from bridgelm.errors import UserError
 from bridgelm.train.checkpoints import CHECKPOINTS, checkpoint_damage, checkpoint_name, read_info, resume_point
 
 
@@ -81,7 +82,7 @@ def agreed_resume_point(out_dir: Path, resume: bool, dist: Dist) -> Path | None:
     damage = checkpoint_damage(folder) if folder.is_dir() else "missing"
     lacking = all_reduce_max([dist.rank + 1 if damage else 0], dist)[0] - 1
     if lacking >= 0:
-        raise ValueError(
+        raise UserError(
             f"rank {lacking} cannot resume from {checkpoint_name(step)} (rank 0's newest checkpoint of {out_dir}): "
             "expected every rank to see the same run folder (a filesystem shared by all nodes)"
         )

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from bridgelm.errors import DataWarning, UserError
+from bridgelm.errors import DataWarning, MissingFile, UserError
 from bridgelm.jsonl import json_kind, read_json_object
 from bridgelm.rng import rng_state
 from bridgelm.runs import METRICS, check_format
@@ -116,7 +116,7 @@ def load_trainer_state(folder: str | os.PathLike) -> dict:
     """trainer_state.pt of a checkpoint, read with weights_only=True; a file holding anything else is refused."""
     path = Path(folder) / TRAINER_STATE
     if not path.is_file():
-        raise FileNotFoundError(f"checkpoint {folder} has no {TRAINER_STATE}")
+        raise MissingFile(f"checkpoint {folder} has no {TRAINER_STATE}")
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:
@@ -189,7 +189,7 @@ def resume_point(out_dir: Path, resume: bool) -> Path | None:
     """The checkpoint to resume from (None: start afresh). Refuses to start afresh over an earlier run."""
     latest = latest_checkpoint(out_dir)
     if not resume and (latest is not None or (out_dir / METRICS).exists()):
-        raise ValueError(
+        raise UserError(
             f"{out_dir} already holds a run ({latest or out_dir / METRICS}); pass resume=True (--resume) "
             "to continue it, or choose another output directory"
         )

@@ -135,7 +135,7 @@ def make_optimizer(
     """AdamW over `params`; `lr_of` maps id(parameter) to its own learning rate (one param group per rate)."""
     params = list(params)
     if not params:
-        raise ValueError("no trainable parameters: nothing to optimise")
+        raise UserError("no trainable parameters: nothing to optimise")
     if not lr_of:
         return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=tuple(betas))
     rates: dict[float, list] = {}
@@ -148,9 +148,9 @@ def make_optimizer(
 def make_scheduler(optimizer, total_steps: int, warmup_fraction: float, decay: str):
     """The SFT and RL schedule: `WarmupSchedule` over `total_steps`, warming up for `warmup_fraction` of them."""
     if decay not in ("constant", "linear"):
-        raise ValueError(f"decay={decay!r}: expected 'constant' or 'linear'")
+        raise UserError(f"decay={decay!r}: expected 'constant' or 'linear'")
     if not 0.0 <= warmup_fraction < 1.0:
-        raise ValueError(f"warmup_fraction={warmup_fraction} must be in [0, 1)")
+        raise UserError(f"warmup_fraction={warmup_fraction} must be in [0, 1)")
     return scheduled(optimizer, WarmupSchedule(total_steps, int(round(warmup_fraction * total_steps)), decay))
 
 

@@ -28,6 +28,7 @@ import torch
 from bridgelm.attach import added_parameters, block_config
 from bridgelm.dist import Dist, prepare_model, setup_distributed
 from bridgelm.engine import eos_ids, pad_id
+from bridgelm.errors import UserError
 from bridgelm.eval.runner import accuracy
 from bridgelm.jsonl import write_json
 from bridgelm.lora import has_lora, train_adapters
@@ -88,7 +89,7 @@ def _set_trainable(model, cfg: RLConfig) -> None:
     elif cfg.freeze_base:
         blocks = added_parameters(model)
         if not blocks:
-            raise ValueError("freeze_base=True trains only the added blocks, but the model has none")
+            raise UserError("freeze_base=True trains only the added blocks, but the model has none")
         for name, p in model.named_parameters():
             p.requires_grad_(name in blocks)
     else:
@@ -138,12 +139,12 @@ def train_rl(model, tokenizer, task, cfg: RLConfig, out_dir: str | os.PathLike, 
     dist = setup_distributed(next(model.parameters()).device)
     cfg.validate(dist.world)
     if cfg.eval_every and val_task is None:
-        raise ValueError(f"eval_every={cfg.eval_every} needs a val_task (--val-task): the problems to validate on")
+        raise UserError(f"eval_every={cfg.eval_every} needs a val_task (--val-task): the problems to validate on")
     if not task.examples:
-        raise ValueError(f"task {task.name!r} has no examples to train on")
+        raise UserError(f"task {task.name!r} has no examples to train on")
     check_reward_task(cfg.reward, task)
     if cfg.block_lr is not None and not added_parameters(model):
-        raise ValueError(f"block_lr={cfg.block_lr}, but the model has no added blocks to train at that rate")
+        raise UserError(f"block_lr={cfg.block_lr}, but the model has no added blocks to train at that rate")
     prepare_lora(model, cfg.lora, cfg.seed, "rl")
     identity = _identity(model, task, cfg, val_task, dist.world)
     run = Run(out_dir, "rl", identity, cfg.run, dist, best_accuracy=None, best_step=None)

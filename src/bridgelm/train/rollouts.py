@@ -126,8 +126,7 @@ def _meta_replica(model, dtype: torch.dtype):
     mixed precision leaves them: a bf16 rotary inv_freq would turn the angles at position 4096 by up to 5 radians."""
     from torch.distributed.fsdp import FSDPModule
 
-    if any(isinstance(m, FSDPModule) for m in model.modules()):
-        raise ValueError("a rollout replica is made from the policy before it is sharded (FSDP), not after")
+    assert not any(isinstance(m, FSDPModule) for m in model.modules()), "a rollout replica is made before FSDP"
     memo = {id(p): torch.nn.Parameter(torch.empty_like(p, device="meta", dtype=dtype)) for p in model.parameters()}
     return copy.deepcopy(model, memo).requires_grad_(False)
 

@@ -34,6 +34,7 @@ from collections.abc import Sequence
 
 import torch
 
+from bridgelm.errors import UserError
 from bridgelm.eval.metrics import canonical_answer, majority_vote
 from bridgelm.tasks.base import is_correct
 
@@ -46,9 +47,9 @@ def check_reward_task(reward: str, task) -> None:
     if reward in ("sample", "sibling"):
         return
     if task.continuous:
-        raise ValueError(f"reward={reward!r} needs a task graded correct or not; task {task.name!r} gives a score")
+        raise UserError(f"reward={reward!r} needs a task graded correct or not; task {task.name!r} gives a score")
     if reward == "distinct" and not task.several_answers:
-        raise ValueError(
+        raise UserError(
             f"reward='distinct' needs a task whose problems have several correct answers (countdown); task "
             f"{task.name!r} has one per problem"
         )

@@ -139,7 +139,7 @@ def epoch_batches(problems: list[Problem], cfg: SFTConfig, epoch: int) -> list[l
 def split_problems(problems: list[Problem], cfg: SFTConfig) -> tuple[list[Problem], list[Problem]]:
     n_val = cfg.val_count if cfg.val_count is not None else int(round(cfg.val_fraction * len(problems)))
     if n_val < 0 or n_val >= len(problems):
-        raise ValueError(
+        raise UserError(
             f"{n_val} validation problems leave none of the {len(problems)} problems for training; lower val_count"
         )
     order = torch.randperm(len(problems), generator=generator(cfg.seed, "sft-split")).tolist()
@@ -193,7 +193,7 @@ def ensure_blocks(model, cfg: SFTConfig):
     have = block_config(model)
     if have is not None:
         if have.kind != cfg.blocks:
-            raise ValueError(f"the model already has {have.kind} blocks but blocks={cfg.blocks!r} was asked")
+            raise UserError(f"the model already has {have.kind} blocks but blocks={cfg.blocks!r} was asked")
         return model
     return add_seeded_blocks(
         model, cfg.blocks, derive_seed(cfg.seed, "sft-blocks"), num_heads=cfg.num_heads, placement=cfg.placement
@@ -265,7 +265,7 @@ def _epoch_plans(train: list[Problem], cfg: SFTConfig) -> list[list[list[list[Ro
     if not any(plan):
         shortest = min(len(p.prompt_ids) for p in train)
         most = max(len(p.responses) for p in train)
-        raise ValueError(
+        raise UserError(
             f"no training group: max_length={cfg.max_length} must exceed a prompt (the shortest has {shortest} "
             f"tokens) and min_width={cfg.min_width} must not exceed a problem's responses (at most {most})"
         )

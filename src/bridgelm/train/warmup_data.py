@@ -19,6 +19,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from bridgelm.errors import UserError
 from bridgelm.jsonl import append_record, exclusive, read_records
 from bridgelm.runs import local_source
 from bridgelm.samples import check_lines, run_settings
@@ -48,8 +49,23 @@ def make_warmup_data(
     with MAX_NEW_TOKENS new tokens); its n and width are replaced by `n` and 1.
     """
     out = Path(out)
+    cfg = warmup_sampling(n, sampling, limit)
+    examples = task.examples[:limit] if limit is not None else task.examples
+    if not examples:
+        raise UserError(f"task {task.name!r} has no examples to sample warm-up data from")
+    model_id = local_source(str(getattr(model.config, "_name_or_path", "") or type(model).__name__))
+    # blocks: the file the model's came from
+    settings = run_settings("warmup-data", cfg, model_id, blocks, chat, task=task.name)
+    with exclusive(out, folder=False):  # a second process on `out` is refused at once
+        return _make(model, tokenizer, task, examples, out, cfg, settings, chat, progress)
+
+
+def warmup_sampling(n: int, sampling: SamplingConfig | None = None, limit: int | None = None) -> SamplingConfig:
+    """The SamplingConfig of make_warmup_data's responses (`sampling` with `n` and width 1), or a UserError for the
+    settings that cannot make warm-up data: the one check of the library and the command line, which calls it
+    before the model loads."""
     if n < MIN_CORRECT:
-        raise ValueError(f"n={n} must be >= {MIN_CORRECT}: a kept problem needs {MIN_CORRECT} correct responses")
+        raise UserError(f"n={n} must be >= {MIN_CORRECT}: a kept problem needs {MIN_CORRECT} correct responses")
     base = (
         sampling if sampling is not None else SamplingConfig(max_new_tokens=MAX_NEW_TOKENS, temperature=0.6, top_p=0.95)
     )
@@ -57,16 +73,9 @@ def make_warmup_data(
         raise ValueError(f"warm-up responses are sampled independently: width must be 1, got {base.width}")
     cfg = replace(base, n=n, width=1)
     cfg.validate()
-    if limit is not None and limit < 1:
-        raise ValueError(f"limit={limit} must be a positive integer (or None: every problem)")
-    examples = task.examples[:limit] if limit is not None else task.examples
-    if not examples:
-        raise ValueError(f"task {task.name!r} has no examples to sample warm-up data from")
-    model_id = local_source(str(getattr(model.config, "_name_or_path", "") or type(model).__name__))
-    # blocks: the file the model's came from
-    settings = run_settings("warmup-data", cfg, model_id, blocks, chat, task=task.name)
-    with exclusive(out, folder=False):  # a second process on `out` is refused at once
-        return _make(model, tokenizer, task, examples, out, cfg, settings, chat, progress)
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise UserError(f"limit={limit!r} must be a positive integer (or None: every problem)")
+    return cfg
 
 
 def _make(model, tokenizer, task, examples, out: Path, cfg, settings, chat, progress) -> dict:
@@ -112,7 +121,7 @@ def _check_problems(out: Path, done: list[dict], task, examples) -> None:
         i = rec["index"]
         if "problem" in rec and (i >= len(examples) or rec["problem"] != task.digest([examples[i]])):
             now = f"problem {i + 1} differs" if i < len(examples) else f"it has {len(examples)} problems"
-            raise ValueError(
+            raise UserError(
                 f"{out}, line {number}: sampled from another problem than the data holds now ({now}): another data "
                 "file, or one edited since; use another --out"
             )
