@@ -56,3 +56,22 @@ def test_python_range_and_the_makefile_torch():
     torch_pin = f"torch=={_pins()['torch']}"
     assert torch_pin in makefile, f"the Makefile installs a torch other than constraints.txt's {torch_pin}"
     assert makefile.count("-c constraints.txt") >= 3  # torch, the project, the GGUF weights
+
+
+def test_the_floors_venv_pins_every_requirement_at_its_floor_and_the_readme_says_the_same():
+    import importlib.util
+    import re
+
+    spec = importlib.util.spec_from_file_location("floors", ROOT / "tools" / "floors.py")
+    floors = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(floors)
+    pins = floors.floors()
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    for line in project["dependencies"] + project["optional-dependencies"]["dev"]:
+        req = Requirement(line)
+        (low,) = [s.version for s in req.specifier if s.operator == ">="]
+        assert pins[req.name] == low, f"tools/floors.py pins {req.name}=={pins[req.name]}, not its floor {low}"
+    readme = (ROOT / "README.md").read_text()
+    for name in ("torch", "transformers"):
+        said = re.search(rf"{name} \(>= ([0-9.]+)\)", readme)
+        assert said and Version(said.group(1)) == Version(pins[name]), f"README's {name} floor is not pyproject's"
