@@ -304,7 +304,10 @@ def test_a_layer_with_blocks_traces_as_one_graph(placement):
 
     want = logits(ids).logits
     torch._dynamo.reset()
-    assert torch.equal(torch.compile(logits, backend="eager", fullgraph=True)(ids).logits, want)
+    # Equal on torch 2.13; torch 2.8's traced graph rounds a few float ops differently (a model without blocks
+    # differs by ~1e-7 as well), so the values are compared to a float32 rounding, the graph by fullgraph=True.
+    torch.testing.assert_close(torch.compile(logits, backend="eager", fullgraph=True)(ids).logits, want, rtol=0,
+                               atol=1e-6)
 
 
 def test_models_built_from_one_config_keep_their_own_blocks(tmp_path):

@@ -410,15 +410,15 @@ def test_blocks_only_arm_takes_its_lr_from_validation_problems(tmp_path, capsys)
     done = json.loads((out / "rl_bridge_blocks_s0" / "done.json").read_text())
     assert done == json.loads((lr_search.candidate_dir(out, "bridge_blocks", lrs) / "done.json").read_text())
     trained = json.loads((lr_search.candidate_dir(out, "bridge_blocks", (3e-3, None)) / "run.json").read_text())
-    assert trained["identity"]["lr"] == 3e-3 and trained["identity"]["freeze_base"] is True
+    assert trained["identity"]["optim.lr"] == 3e-3 and trained["identity"]["freeze_base"] is True
     recipe = json.loads((out / "control" / "recipe" / "rl_bridge_blocks_s0" / "run.json").read_text())["identity"]
-    assert recipe["lr"] == best and recipe["freeze_base"] is True and recipe["beta"] == trained["identity"]["beta"]
+    assert recipe["optim.lr"] == best and recipe["freeze_base"] is True and recipe["beta"] == trained["identity"]["beta"]
     assert set(results["recipe_control"]) == {"bridge", "bridge_blocks"}
     # every candidate of the search ran the control too (seed 0), whatever was chosen
     cands = results["recipe_control"]["bridge_blocks"]["candidates"]
     assert set(cands) == {"lr0.001", "lr0.003"} and all(c["seeds"] == 1 and "learns" in c for c in cands.values())
     ident = json.loads((out / "control" / "recipe" / "rl_bridge_blocks_lr0.003_s0" / "run.json").read_text())
-    assert ident["identity"]["lr"] == 3e-3 and "candidate lr0.003" in text
+    assert ident["identity"]["optim.lr"] == 3e-3 and "candidate lr0.003" in text
     assert "## The other arms" in text and "chosen on validation problems" in text and "bridge_blocks" in results["arms"]
     # the misalignment dose-response: preamble 0 is the control itself, preamble 3 its own base model and runs
     assert set(results["misalignment"]) == {"0", "3"}
