@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 from generate import bench_model, timed, with_random_bridge  # noqa: E402
 from gpu_rows import ragged_prompts  # noqa: E402
+from vllm_compare import spread  # noqa: E402
 
 from bridgelm.engine import SamplingConfig, generate_ids  # noqa: E402
 from bridgelm.hardware import bf16_by_flags  # noqa: E402
@@ -35,10 +36,6 @@ def sample(model, prompts, width: int, new_tokens: int, compile: bool) -> int:
                          compile=compile)
     out = generate_ids(model, prompts, cfg, eos_token_ids=[], pad_token_id=0)
     return sum(len(s.token_ids) for r in out for s in r)
-
-
-def spread(values: list[float]) -> dict:
-    return {"median": round(statistics.median(values), 3), "min": round(min(values), 3), "max": round(max(values), 3)}
 
 
 def measure(models: dict, rows: int, args) -> dict:
