@@ -7,7 +7,7 @@ import re
 import pytest
 import torch
 
-from bridgelm import plan
+from bridgelm import plan, plan_fit
 from bridgelm.cli import main
 
 GIB = 2**30
@@ -175,7 +175,7 @@ def test_bad_input_is_one_line(monkeypatch, capsys, args, message):
 def test_the_device_memory_is_the_default_budget(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: type("P", (), {"total_memory": 80 * GIB}))
-    assert plan.device_memory_gib() == 80
+    assert plan_fit.device_memory_gib() == 80
 
 
 def test_rl_on_cuda_prints_the_plan_and_refuses_a_run_that_cannot_fit(monkeypatch, capsys):
@@ -189,12 +189,12 @@ def test_rl_on_cuda_prints_the_plan_and_refuses_a_run_that_cannot_fit(monkeypatc
     _plan_or_refuse("cpu", "rl", setup)  # not a GPU: nothing to plan
     assert capsys.readouterr().out == ""
     asked = []
-    monkeypatch.setattr(plan, "device_memory_gib", lambda device: asked.append(device) or 80.0)
+    monkeypatch.setattr(plan_fit, "device_memory_gib", lambda device: asked.append(device) or 80.0)
     _plan_or_refuse("cuda:3", "rl", setup)
     out = capsys.readouterr().out
     assert asked == ["cuda:3"] and "bridgelm rl: memory per GPU" in out and "of 80 (fits)" in out
     assert "x 10 tokens" in out  # the longest prompt ("5+3=": 4 tokens) + 6 new tokens
-    monkeypatch.setattr(plan, "device_memory_gib", lambda device: 1e-6)
+    monkeypatch.setattr(plan_fit, "device_memory_gib", lambda device: 1e-6)
     refused = r"needs about 1.5 GiB per GPU \(\w+ phase: weights 0.0, .*; overhead 1.5\), .*a GPU has"
     with pytest.raises(UserError, match=refused):
         _plan_or_refuse("cuda:0", "rl", setup)
@@ -224,7 +224,7 @@ def test_sft_plan_matches_the_hand_calculation():
     want["overhead"] = 1.5 * GIB + 0.05 * peak
     assert rows == pytest.approx({name: want.get(name, 0) for name in [*plan.ROWS, "overhead"]}, rel=1e-12)
     assert plan.per_gpu(rows) == pytest.approx(peak + want["overhead"], rel=1e-12)
-    text = plan.table(plan.SFTSetup(plan.shape_of(model), cfg, 8, "float32"), rows, 80)
+    text = plan_fit.table(plan.SFTSetup(plan.shape_of(model), cfg, 8, "float32"), rows, 80)
     assert "micro-batches of 4 rows x 2048 tokens" in text and "(205.62M trained: the blocks)" in text
 
 
@@ -235,7 +235,7 @@ def test_sft_refuses_a_run_that_cannot_fit_before_training(tmp_path, monkeypatch
     save_tiny_model_dir(tmp_path / "m")
     args = ["sft", "--model", str(tmp_path / "m"), "--data", str(write_warmup(tmp_path / "w.jsonl"))]
     capsys.readouterr()  # what saving the model printed
-    monkeypatch.setattr(plan, "device_memory_gib", lambda device: 1e-6)  # a GPU of 1 KiB
+    monkeypatch.setattr(plan_fit, "device_memory_gib", lambda device: 1e-6)  # a GPU of 1 KiB
     with pytest.raises(SystemExit) as err:
         main([*args, "--out", str(tmp_path / "sft")])
     said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("bridgelm sft")]
@@ -245,7 +245,7 @@ def test_sft_refuses_a_run_that_cannot_fit_before_training(tmp_path, monkeypatch
     assert re.match(head + r"gradients \d+\.\d, optimiser .* activations \d+\.\d; overhead \d+\.\d\)", message)
     assert "more than the 0.0 GiB a GPU has: lower --max-length or --micro-batch-groups" in message
     assert not (tmp_path / "sft" / "metrics.jsonl").exists()  # refused before any training
-    monkeypatch.setattr(plan, "device_memory_gib", lambda device: 80.0)
+    monkeypatch.setattr(plan_fit, "device_memory_gib", lambda device: 80.0)
     main([*args, "--out", str(tmp_path / "sft2"), "--epochs", "1"])
     out = capsys.readouterr().out
     assert "bridgelm sft: memory per GPU (bridgelm plan)" in out and "of 80 (fits)" in out
@@ -290,17 +290,17 @@ def test_plan_recommends_bf16_rollouts_and_equal_waves_when_one_does_not_fit(cap
     cfg = RLConfig(prompts_per_step=8, beta=0, micro_batch_groups=1, optim=optim)
     cfg.rollout.max_new_tokens = 4096
     setup = plan.Setup(plan.shape_of(meta_model(preset="ds-qwen-1.5b")), cfg, 1, "float32", 512)
-    whole = plan.filled_waves(setup, 1e9)
+    whole = plan_fit.filled_waves(setup, 1e9)
     assert whole.waves == 1 and whole.peak_gib == pytest.approx(one["per_gpu_gib"], rel=1e-12)
     # 16 prompts and only blocks trained (the rollout phase the largest), a GPU just short of one wave's peak: two
     # waves of 8 prompts x 8 rollouts
     cfg.freeze_base, cfg.prompts_per_step = True, 16
-    whole = plan.filled_waves(setup, 1e9)
-    half = plan.filled_waves(setup, whole.peak_gib - 1e-6)
+    whole = plan_fit.filled_waves(setup, 1e9)
+    half = plan_fit.filled_waves(setup, whole.peak_gib - 1e-6)
     assert (whole.waves, whole.rows) == (1, 128)
     assert (half.waves, half.rows, half.setup.cfg.rollout.max_batch_tokens) == (2, 64, 64 * 4608)
     assert half.setup.cfg.rollout.max_batch_sequences == 64 and half.peak_gib < whole.peak_gib
-    assert plan.filled_waves(setup, 1.0) is None
+    assert plan_fit.filled_waves(setup, 1.0) is None
 
 
 def test_validation_rows_follow_eval_limit_and_the_rollouts_bounds(capsys):

@@ -19,7 +19,6 @@ lasts, so models above MAX_BYTES of linear weights are left alone.
 from __future__ import annotations
 
 import contextlib
-import functools
 import platform
 from functools import partial
 
@@ -29,13 +28,19 @@ from torch import nn
 MAX_BYTES = 2 * 2**30  # pack at most this many bytes of linear weights (the packed copy doubles them)
 
 
-@functools.cache
+_HALF_INSTRUCTIONS: dict[torch.dtype, bool] = {}  # a plain dict, not functools.cache: torch.compile reads it as a
+# constant inside the decode step (it warns on an lru_cache-wrapped call and traces through it)
+
+
 def half_instructions(dtype: torch.dtype) -> bool:
     """Whether this CPU has instructions for `dtype` (bfloat16 / float16) matmuls: oneDNN's AVX-512 BF16/FP16 or AMX
     kernels. Without them (an AVX2-only CPU) a bf16 matmul runs 20-200x slower than a float32 one."""
-    if dtype == torch.bfloat16:
-        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
-    return dtype == torch.float16 and bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+    if dtype not in _HALF_INSTRUCTIONS:
+        if dtype == torch.bfloat16:
+            _HALF_INSTRUCTIONS[dtype] = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        else:
+            _HALF_INSTRUCTIONS[dtype] = dtype == torch.float16 and bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
+    return _HALF_INSTRUCTIONS[dtype]
 
 
 def dtypes() -> tuple[torch.dtype, ...]:

@@ -67,7 +67,7 @@ def _model(args):
 
 
 def _cmd_plan(args) -> None:
-    from bridgelm import plan
+    from bridgelm import plan, plan_fit
 
     cfg = build(RLConfig, args)
     if cfg.fsdp and args.world_size < 2:  # what rl says of --fsdp in one process, in plan's own flags
@@ -75,14 +75,14 @@ def _cmd_plan(args) -> None:
                         "--world-size 2 or more, or no --fsdp")
     cfg.validate(args.world_size)
     block_heads(args)
-    budget = args.gpu_memory_gib if args.gpu_memory_gib is not None else plan.device_memory_gib()
+    budget = args.gpu_memory_gib if args.gpu_memory_gib is not None else plan_fit.device_memory_gib()
     if budget is None:
         raise UserError("no CUDA device here to read the GPU's memory from: give it, e.g. --gpu-memory-gib 80")
     setup = plan.Setup(plan.shape_of(_model(args)), cfg, args.world_size, args.dtype, args.prompt_tokens)
     rows = plan.plan_rows(setup)
     total = plan.per_gpu(rows) / plan.GIB
-    print(plan.table(setup, rows, budget))
-    waves = plan.filled_waves(setup, budget)
+    print(plan_fit.table(setup, rows, budget))
+    waves = plan_fit.filled_waves(setup, budget)
     print(_recommendation(args, waves, budget))
     if args.json:
         gib = {name: value / plan.GIB for name, value in rows.items()}

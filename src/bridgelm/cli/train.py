@@ -144,12 +144,12 @@ def _check_lora_targets(model, settings, args) -> None:
 def _plan_or_refuse(device, command: str, make_setup) -> None:
     """On a CUDA device: the run's per-GPU memory plan (`make_setup()`, a bridgelm.plan setup; rank 0 prints it), and
     a run that cannot fit refused, with the numbers, before it starts."""
-    from bridgelm import plan
+    from bridgelm import plan_fit
 
-    budget = plan.device_memory_gib(device)
+    budget = plan_fit.device_memory_gib(device)
     if budget is None:  # not a GPU: nothing to plan against
         return
-    text = plan.check_fits(make_setup(), budget)
+    text = plan_fit.check_fits(make_setup(), budget)
     if _main_process():
         print(f"bridgelm {command}: memory per GPU (bridgelm plan)\n{text}")
 
