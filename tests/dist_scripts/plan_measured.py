@@ -137,6 +137,35 @@ class SavedForBackward:
         return t
 
 
+class Gathered:
+    """The policy's parameters FSDP holds gathered (whole, in the compute dtype) during the training forwards and
+    backwards, and the whole gradients computed into them before their reduce-scatter: the largest sum seen at any
+    decoder layer's forward or backward, read from FSDP2's parameter groups (those in the unsharded state)."""
+
+    def __init__(self, model):
+        from torch.distributed.fsdp import FSDPModule
+
+        from bridgelm.attach import decoder_layers
+
+        self.groups = [g for m in model.modules() if isinstance(m, FSDPModule)
+                       for g in [m._get_fsdp_state()._fsdp_param_group] if g is not None]  # fmt: skip
+        self.peak = {"params": 0, "grads": 0}
+        for layer in decoder_layers(model):
+            for hook in (layer.register_forward_pre_hook, layer.register_forward_hook,
+                         layer.register_full_backward_pre_hook, layer.register_full_backward_hook):  # fmt: skip
+                hook(lambda *a: self.look())
+
+    def look(self) -> None:
+        if not torch.is_grad_enabled() and not torch._C._current_graph_task_id() >= 0:
+            return  # a no-grad forward (none of the policy's under a replica): not the update
+        whole = [fp._unsharded_param for g in self.groups if g.is_unsharded for fp in g.fsdp_params
+                 if hasattr(fp, "_unsharded_param")]  # fmt: skip
+        params = sum(p.numel() * p.element_size() for p in whole)
+        grads = sum(p.grad.numel() * p.grad.element_size() for p in whole if p.grad is not None)
+        if params + grads > sum(self.peak.values()):
+            self.peak = {"params": params, "grads": grads}
+
+
 def optimiser_state(optimizer) -> dict:
     moments = [s[k] for s in optimizer.state.values() for k in ("exp_avg", "exp_avg_sq")]
     other = [v for s in optimizer.state.values() for k, v in s.items() if k not in ("exp_avg", "exp_avg_sq")]
@@ -154,6 +183,7 @@ def measure(out: Path) -> dict:
         made = seen["learner"] = original["_learner"](*args, **kwargs)
         got["startup"] = seen.pop("startup").close()
         seen["saved"] = SavedForBackward(made.model)
+        seen["gathered"] = Gathered(made.model)
         made.optimizer.register_step_pre_hook(lambda opt, a, k: got["grads"].append(
             local_bytes(p.grad for p in made.params)))  # fmt: skip
         return made
@@ -185,6 +215,7 @@ def measure(out: Path) -> dict:
         "rollout replica": local_bytes(replica),
         "trained tensors": len(learn.params),
         "saved": seen["saved"].batches,
+        "gathered": seen["gathered"].peak,
     }
 
 
