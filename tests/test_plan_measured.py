@@ -136,3 +136,18 @@ def test_activations_are_what_autograd_keeps(measured, planned):
         head = tokens * plan.norm_bytes(s.hidden, a) + scored * (a * s.hidden + a * s.vocab + 12)
         assert 0 <= b["head"] - head <= 2 * tokens + 24 * scored, b
         assert b["attention"] > 0
+
+
+def test_gathered_weights_bound_what_fsdp_holds_whole_in_the_update(measured, planned):
+    """During the training forwards and backwards FSDP2 holds the root unit and a decoder layer whole (bf16), and
+    whole gradients before their reduce-scatter: the plan's row counts the root, two layers (the second one prefetched:
+    on CUDA its all-gather runs ahead; the CPU ranks here gather it when it computes) and at most the root's and a
+    layer's trained gradients."""
+    rows, shape_model = planned
+    s, a = plan.shape_of(shape_model), 2  # bf16
+    for m in measured:
+        params, grads = m["gathered"]["params"], m["gathered"]["grads"]
+        assert params == a * (s.root_params + s.layer_params)  # the root and the layer computing, exactly
+        assert a * s.layer_params <= grads <= a * (s.root_params + s.layer_params)
+        assert params + grads <= rows["gathered weights"] == a * (2 * s.root_params + 3 * s.layer_params)
+        assert rows["gathered weights"] - (params + grads) <= a * (s.root_params + s.layer_params)

@@ -18,6 +18,11 @@ size, i intermediate size, n layers, V vocabulary, L = prompt tokens + max_new_t
                   max_batch_tokens / L (whole groups), C the slab's positions: where the decode step is compiled (on a
                   GPU, the replica or an unsharded policy) the smallest bucket of at least L (64, 96, 128, 192, ...,
                   4096, 6144) and a spare slot (6145 for L = 4608), else L (the gathered sharded policy, eager)
+- gathered weights  under FSDP, during the update: the root unit's parameters R (embeddings, head, final norm: FSDP2
+                  keeps the root gathered through its forward and backward), two decoder layers' (E each, its block
+                  included: the one computing and the one prefetched) and the gradients computed whole before their
+                  reduce-scatter (at most the root's and one layer's trained ones), a x (R + 2 E + trained), a the
+                  compute dtype's bytes (2 under --bf16); 0 without FSDP
 - activations     of one micro-batch of m rows (micro_batch_groups x w, bounded by a mini-batch's groups and by
                   micro_batch_tokens / L, whole groups, at least one): what autograd keeps for the backward, m x L x
                   (n x l + f), or with gradient checkpointing m x L x (n x a x h + l + f) (every layer's input, one
@@ -45,7 +50,7 @@ size, i intermediate size, n layers, V vocabulary, L = prompt tokens + max_new_t
 
 The run holds weights, optimiser, reference and rollout replica throughout, and at a time one phase:
   rollout    = held + rollout model + KV cache
-  update     = held + gradients + activations
+  update     = held + gradients + gathered weights + activations
   validation = held + validation model + validation KV cache
   startup    = start-up
 each plus the overhead; per GPU = the largest phase. Decode-step logits are not counted.
@@ -63,7 +68,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from bridgelm.attach import added_parameters, block_config
+from bridgelm.attach import added_parameters, block_config, decoder_layers
 from bridgelm.engine.cache import slab_capacity
 from bridgelm.errors import UserError
 
@@ -92,6 +97,12 @@ class Shape:
     vocab: int  # V
     block_kind: str | None = None  # the added blocks' kind ("bridge", "pmatch"), None without
     block_inner: int = 0  # D, their inner width: heads x head_dim (a Bridge block's attention, half P-Match's MLP)
+    layer_params: int = 0  # one decoder layer's, its block included (FSDP's unit)
+
+    @property
+    def root_params(self) -> int:
+        """What no decoder layer holds (embeddings, head, final norm): FSDP's root unit."""
+        return self.params - self.layers * self.layer_params
 
 
 def shape_of(model) -> Shape:
@@ -103,8 +114,9 @@ def shape_of(model) -> Shape:
     blocks = sum(p.numel() for p in added_parameters(model).values())
     added = block_config(model)
     kind, inner = (None, 0) if added is None else (added.kind, added.num_heads * added.head_dim)
+    layer = sum({id(p): p.numel() for p in decoder_layers(model)[0].parameters()}.values())
     return Shape(sum(unique.values()), blocks, c.num_hidden_layers, c.hidden_size, c.intermediate_size, kv_heads,
-                 head_dim, c.vocab_size, kind, inner)  # fmt: skip
+                 head_dim, c.vocab_size, kind, inner, layer)  # fmt: skip
 
 
 @dataclass
@@ -250,6 +262,19 @@ def micro_rows(setup: Setup) -> int:
     return groups * w
 
 
+def gathered(setup: Setup) -> float:
+    """Under FSDP, the update's whole parameters and gradients beside the shards: the root unit's parameters (FSDP2
+    keeps the root gathered from its forward to the end of its backward), two layers' (the one computing and the one
+    prefetched) and the gradients computed whole before their reduce-scatter, at most the root's and one layer's
+    trained ones; all in the compute dtype."""
+    if setup.shards == 1:
+        return 0.0
+    s, a = setup.shape, 2 if setup.cfg.optim.bf16 else setup.bytes
+    frozen = setup.cfg.freeze_base
+    trained = (0 if frozen else s.root_params) + (s.blocks // s.layers if frozen else s.layer_params)
+    return a * (s.root_params + 2 * s.layer_params + trained)
+
+
 def activations(setup: Setup) -> float:
     compute_bytes = 2 if setup.cfg.optim.bf16 else setup.bytes
     checkpointing = setup.cfg.optim.gradient_checkpointing
@@ -296,6 +321,7 @@ ROWS = {  # row name -> its function, in the table's order
     "rollout replica": rollout_replica,
     "rollout model": rollout_model,
     "KV cache": kv_cache,
+    "gathered weights": gathered,
     "activations": activations,
     "validation model": validation_model,
     "validation KV cache": validation_kv_cache,
@@ -303,7 +329,7 @@ ROWS = {  # row name -> its function, in the table's order
 }
 PHASES = {  # phase -> its rows besides what is held throughout (weights, optimiser, reference, rollout replica)
     "rollout": ("rollout model", "KV cache"),
-    "update": ("gradients", "activations"),
+    "update": ("gradients", "gathered weights", "activations"),
     "validation": ("validation model", "validation KV cache"),
 }
 

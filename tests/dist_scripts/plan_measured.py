@@ -11,7 +11,9 @@ What the plan counts is read from the run's own objects (wrapping rl's `_learner
 - start-up: the CPU allocator's own account (torch.profiler, profile_memory=True) of what was allocated and freed
   from before the model is built (so that the frees of its whole parameters are seen) until the learner is made:
   its peak, and what is still held at the end;
-- activations: what the policy's training forwards keep for their backward (autograd's saved tensors).
+- activations: what the policy's training forwards keep for their backward (autograd's saved tensors);
+- gathered weights: the parameters FSDP holds whole (its groups in the unsharded state) and their whole gradients,
+  the largest sum seen at a decoder layer's forward or backward.
 The update's own peak is not measured with the allocator: FSDP's collectives free on gloo's worker threads, which
 the profiler does not see (their blocks would count as held until their addresses are allocated again).
 
