@@ -21,7 +21,7 @@ demo: $(STAMP)
 	HF_HUB_OFFLINE=1 $(PY) -m bridgelm demo --out runs/demo
 
 test: $(STAMP)
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q tests
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q --durations=25 tests
 
 # The suite at the oldest versions pyproject.toml claims, in .venv-floors (tools/floors.py; not part of CI).
 test-floors: $(STAMP)
