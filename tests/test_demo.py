@@ -238,7 +238,7 @@ def test_stages_need_a_resolved_precision(tmp_path):
     from bridgelm.demo.config import DemoConfig
     from bridgelm.demo.stages import Context
 
-    with pytest.raises(TypeError, match="resolved DemoConfig.bf16"):
+    with pytest.raises(AssertionError, match="resolved DemoConfig.bf16"):
         Context(out=tmp_path, cfg=DemoConfig(), base_dir=tmp_path, tokenizer=None, train=None, test=None)
 
 

@@ -70,7 +70,7 @@ def warmup_sampling(n: int, sampling: SamplingConfig | None = None, limit: int |
         sampling if sampling is not None else SamplingConfig(max_new_tokens=MAX_NEW_TOKENS, temperature=0.6, top_p=0.95)
     )
     if base.width != 1:
-        raise ValueError(f"warm-up responses are sampled independently: width must be 1, got {base.width}")
+        raise UserError(f"warm-up responses are sampled independently: width must be 1, got {base.width}")
     cfg = replace(base, n=n, width=1)
     cfg.validate()
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
