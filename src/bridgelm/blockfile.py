@@ -17,7 +17,7 @@ from torch import nn
 
 from bridgelm.attach import FORMAT, attach_blocks, block_config, decoder_layers, new_norm, text_config
 from bridgelm.blocks import BlockConfig, make_block
-from bridgelm.errors import MissingFile, UserError
+from bridgelm.errors import UserError
 from bridgelm.jsonl import check_regular_file
 
 
@@ -59,11 +59,7 @@ def save_blocks(model: nn.Module, path: str | os.PathLike) -> Path:
 
 def read_block_settings(path: str | os.PathLike) -> tuple[BlockConfig, dict[str, str]]:
     """The BlockConfig and raw metadata stored in a block file."""
-    path = Path(path).expanduser()
-    if path.is_dir() or not path.exists():
-        what = "is a folder" if path.is_dir() else "does not exist"
-        raise MissingFile(f"block file {path} {what}: expected a .safetensors file of blocks")
-    check_regular_file(path, "block file")  # a FIFO or a device: named, never opened
+    path = check_regular_file(path, "block file", "a .safetensors file of blocks")  # a FIFO: named, never opened
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
