@@ -204,8 +204,9 @@ class BridgeGRPOTrainer(GRPOTrainer):
         if given.get("images") is not None or given.get("multimodal_fields") or len(prompt_ids) % width:
             raise UserError(f"BridgeGRPOTrainer: {len(prompt_ids)} text prompt rows expected in runs of {width}")
         firsts = prompt_ids[::width]  # one prompt per group
-        if any(prompt_ids[i] != firsts[i // width] for i in range(len(prompt_ids))):
-            raise ValueError(f"BridgeGRPOTrainer: a run of {width} rows holds different prompts: groups were split")
+        # TRL repeats each prompt num_generations times, which the width divides (checked at __init__)
+        assert all(prompt_ids[i] == firsts[i // width] for i in range(len(prompt_ids))), (
+            f"BridgeGRPOTrainer: a run of {width} rows holds different prompts: groups were split")
         sampling = SamplingConfig(
             n=width, width=width, max_new_tokens=self.max_completion_length, temperature=self.temperature,
             top_p=self.top_p, top_k=self.top_k or 0,
@@ -262,11 +263,9 @@ class BridgeGRPOTrainer(GRPOTrainer):
         arguments forwarded as given (its chunk size read by name)."""
         given = inspect.signature(super()._get_per_token_logps_and_entropies).bind(model, input_ids, *args, **kwargs)
         rows = given.arguments.get("batch_size") or input_ids.size(0)
-        if rows % self.bridge_width or input_ids.size(0) % self.bridge_width:
-            raise ValueError(
-                f"BridgeGRPOTrainer: log-probs of {input_ids.size(0)} rows in chunks of {rows} would split groups of "
-                f"{self.bridge_width}"
-            )
+        assert rows % self.bridge_width == 0 and input_ids.size(0) % self.bridge_width == 0, (  # see check_group_settings
+            f"BridgeGRPOTrainer: log-probs of {input_ids.size(0)} rows in chunks of {rows} would split groups of "
+            f"{self.bridge_width}")
         with grouped_forwards(self.accelerator.unwrap_model(model), self.bridge_width):
             return super()._get_per_token_logps_and_entropies(model, input_ids, *args, **kwargs)
 
