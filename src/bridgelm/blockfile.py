@@ -145,9 +145,9 @@ def _check_tensors(model: nn.Module, path, cfg: BlockConfig, meta: dict, layers:
             "expected floating-point weights (F32, BF16, F16)"
         )
     check_fits(
-        f"{path} ({meta.get('kind')} blocks for base {meta.get('base_model')!r}, hidden size {meta.get('hidden_size')}, "
-        f"{meta.get('num_layers')} layers) does not fit this model ({type(model).__name__}, hidden size "
-        f"{text_cfg.hidden_size}, {len(layers)} layers)", got, expected,
+        f"{path} ({meta.get('kind')} blocks for base {meta.get('base_model')!r}, hidden size "
+        f"{meta.get('hidden_size')}, {meta.get('num_layers')} layers) does not fit this model "
+        f"({type(model).__name__}, hidden size {text_cfg.hidden_size}, {len(layers)} layers)", got, expected,
     )
     return got
 

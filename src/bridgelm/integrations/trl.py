@@ -257,7 +257,8 @@ class BridgeGRPOTrainer(GRPOTrainer):
         arguments forwarded as given (its chunk size read by name)."""
         given = inspect.signature(super()._get_per_token_logps_and_entropies).bind(model, input_ids, *args, **kwargs)
         rows = given.arguments.get("batch_size") or input_ids.size(0)
-        assert rows % self.bridge_width == 0 and input_ids.size(0) % self.bridge_width == 0, (  # see check_group_settings
+        # check_group_settings made the batches multiples of the width
+        assert rows % self.bridge_width == 0 and input_ids.size(0) % self.bridge_width == 0, (
             f"BridgeGRPOTrainer: log-probs of {input_ids.size(0)} rows in chunks of {rows} would split groups of "
             f"{self.bridge_width}")
         with grouped_forwards(self.accelerator.unwrap_model(model), self.bridge_width):
