@@ -11,6 +11,7 @@ import bridgelm
 from bridgelm.engine import SamplingConfig, generate_ids, sampler, step, stream_ids
 from bridgelm.engine.sampler import in_nucleus
 from bridgelm.engine.waves import plan_waves
+from bridgelm.errors import UserError
 from bridgelm.tokenizer import char_tokenizer
 
 EOS = [2, 3, 4, 5, 6]  # several stop ids, so that some samples end early in a random tiny model
@@ -369,8 +370,8 @@ def test_foreign_groups_match_grouped_logits_and_keep_the_draws():
 
 
 def test_foreign_groups_need_whole_blocks_of_prompts():
-    with pytest.raises(ValueError, match="not a multiple of width"):
-        plan_waves([3] * 5, SamplingConfig(n=2, width=2, foreign_groups=True))
+    with pytest.raises(UserError, match="not a multiple of width"):
+        generate_ids(tiny_model("qwen2"), [[1, 2, 3]] * 5, SamplingConfig(n=2, width=2, foreign_groups=True), EOS, 0)
     with pytest.raises(ValueError, match="width x n"):
         SamplingConfig(n=8, width=4, foreign_groups=True, max_batch_sequences=16).validate()
 

@@ -51,7 +51,7 @@ def test_set_rewards_work_group_by_group():
     assert set_rewards("majority", scores, answers, 3).tolist() == [1.0, 1.0, 1.0, 1.0, 1.0, 1.0]
     assert set_rewards("majority", torch.tensor([0.0, 0, 1, 0, 0, 1]), answers, 3).tolist() == [0.0] * 6
     assert set_rewards("distinct", scores, answers, 3).tolist() == [1.0, 0.0, 0.0, 0.0, 1.0, 1.0]
-    with pytest.raises(ValueError, match="5 answers and 6 rewards must be as many, in groups of 3"):
+    with pytest.raises(AssertionError, match="5 answers and 6 rewards must be as many, in groups of 3"):
         set_rewards("majority", scores, answers[:5], 3)
 
 
@@ -235,9 +235,9 @@ def test_between_group_advantages_match_a_loop_and_leave_the_own_group_out():
     assert num[0, 0] == pytest.approx(float(old[0, 0]), abs=1e-3)
     assert not torch.allclose(got, group_advantages(torch.tensor(rewards)))  # not the prompt-wide one
     assert torch.equal(advantages_of("prompt", torch.tensor(rewards), 2), group_advantages(torch.tensor(rewards)))
-    with pytest.raises(ValueError, match=r">= 2 Bridge groups of width 4 per prompt; got 4 rollouts"):
+    with pytest.raises(AssertionError, match=r">= 2 Bridge groups of width 4 per prompt; got 4 rollouts"):
         between_group_advantages(torch.ones(2, 4), 4)
-    with pytest.raises(ValueError, match=r"advantage='x': expected one of prompt, between-groups"):
+    with pytest.raises(AssertionError, match=r"advantage='x': expected one of prompt, between-groups"):
         advantages_of("x", torch.ones(2, 4), 2)
 
 
@@ -254,7 +254,7 @@ def test_sibling_rewards_pay_a_rollout_for_its_siblings():
     # two groups per prompt, compared between groups: it does not
     two = between_group_advantages(whole.view(1, 6), 3)
     assert not torch.allclose(two, between_group_advantages(scores.view(1, 6), 3))
-    with pytest.raises(ValueError, match=r"groups of width >= 2"):
+    with pytest.raises(AssertionError, match=r"groups of width >= 2"):
         sibling_rewards(scores, 1, 1.0)
 
 

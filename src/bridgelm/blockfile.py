@@ -17,7 +17,7 @@ from torch import nn
 
 from bridgelm.attach import FORMAT, attach_blocks, block_config, decoder_layers, new_norm, text_config
 from bridgelm.blocks import BlockConfig, make_block
-from bridgelm.errors import MissingFile, UserError
+from bridgelm.errors import UserError
 from bridgelm.jsonl import check_regular_file
 
 
@@ -59,11 +59,7 @@ def save_blocks(model: nn.Module, path: str | os.PathLike) -> Path:
 
 def read_block_settings(path: str | os.PathLike) -> tuple[BlockConfig, dict[str, str]]:
     """The BlockConfig and raw metadata stored in a block file."""
-    path = Path(path).expanduser()
-    if path.is_dir() or not path.exists():
-        what = "is a folder" if path.is_dir() else "does not exist"
-        raise MissingFile(f"block file {path} {what}: expected a .safetensors file of blocks")
-    check_regular_file(path, "block file")  # a FIFO or a device: named, never opened
+    path = check_regular_file(path, "block file", "a .safetensors file of blocks")  # a FIFO: named, never opened
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}
@@ -148,23 +144,26 @@ def _check_tensors(model: nn.Module, path, cfg: BlockConfig, meta: dict, layers:
             f"{path}: tensor {first} is {dtypes[first]}{f' (and {len(not_float) - 1} more)' if len(not_float) > 1 else ''}: "
             "expected floating-point weights (F32, BF16, F16)"
         )
-    missing = sorted(set(expected) - set(got))
-    unexpected = sorted(set(got) - set(expected))
-    wrong = sorted(k for k in set(got) & set(expected) if got[k] != expected[k])
-    if missing or unexpected or wrong:
-        detail = []
-        if missing:
-            detail.append(f"missing {missing[:3]}")
-        if unexpected:
-            detail.append(f"unexpected {unexpected[:3]}")
-        if wrong:
-            detail.append(", ".join(f"{k}: file {got[k]} vs model {expected[k]}" for k in wrong[:3]))
-        raise UserError(
-            f"{path} ({meta.get('kind')} blocks for base {meta.get('base_model')!r}, hidden size "
-            f"{meta.get('hidden_size')}, {meta.get('num_layers')} layers) does not fit this model "
-            f"({type(model).__name__}, hidden size {text_cfg.hidden_size}, {len(layers)} layers): " + "; ".join(detail)
-        )
+    check_fits(
+        f"{path} ({meta.get('kind')} blocks for base {meta.get('base_model')!r}, hidden size "
+        f"{meta.get('hidden_size')}, {meta.get('num_layers')} layers) does not fit this model "
+        f"({type(model).__name__}, hidden size {text_cfg.hidden_size}, {len(layers)} layers)", got, expected,
+    )
     return got
+
+
+def check_fits(where: str, found: dict[str, tuple], expected: dict[str, tuple], fix: str = "") -> None:
+    """UserError in one line (`where`: what was read, `fix`: what was expected) unless the tensors `found` ({name:
+    shape}) are those `expected`, by name and shape: the one check of every reader that loads tensors into a model
+    (block files, checkpoints' weights, LoRA adapters), before any is copied."""
+    unexpected = sorted(set(found) - set(expected))
+    missing = sorted(set(expected) - set(found))
+    wrong = sorted(k for k in set(found) & set(expected) if tuple(found[k]) != tuple(expected[k]))
+    detail = [f"holds weights the model lacks: {unexpected[:3]}"] if unexpected else []
+    detail += [f"lacks weights of the model: {missing[:3]}"] if missing else []
+    detail += [f"{k} has shape {tuple(found[k])}, the model's is {tuple(expected[k])}" for k in wrong[:3]]
+    if detail:
+        raise UserError(f"{where}: {'; '.join(detail)}{fix}")
 
 
 def check_finite(tensor: torch.Tensor, what: str) -> None:

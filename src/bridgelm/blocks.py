@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from bridgelm.errors import UserError, check_int
+from bridgelm.errors import check_choice, check_int
 from bridgelm.setting import setting
 
 if TYPE_CHECKING:  # the layout object is built one level up, in grouped.py
@@ -41,10 +41,8 @@ class BlockConfig:
     placement: str = setting("ffn", '"ffn": after each feed-forward block (paper default); "attn": after attention')
 
     def __post_init__(self):
-        if self.kind not in KINDS:
-            raise UserError(f"kind={self.kind!r} is not one of {KINDS}")
-        if self.placement not in PLACEMENTS:
-            raise UserError(f"placement={self.placement!r} is not one of {PLACEMENTS}")
+        check_choice("kind", self.kind, KINDS)
+        check_choice("placement", self.placement, PLACEMENTS)
         check_int("num_heads", self.num_heads)
         check_int("head_dim", self.head_dim, 0, note=" (0: the model's own)")
 

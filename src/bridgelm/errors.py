@@ -6,7 +6,8 @@ its traceback. What is which is decided by the exception's type, where the input
 raised:
 
 - `UserError` (a ValueError) is bad input: config validation, the file and data readers, model and block loading
-  and the CLI's parse raise it, once, where the input enters (`check_int` / `check_number` for numbers;
+  and the CLI's parse raise it, once, where the input enters (`check_int` / `check_number` for numbers,
+  `check_choice` for a name among a few;
   `MissingFile` for a file or folder that is not there). Inside the library, a broken invariant (something only
   a bridgelm bug can cause) is an `assert` or a RuntimeError, and keeps its traceback.
 - An OSError about a file (permission denied, is a folder, disk full) is the machine's answer to a path the
@@ -40,6 +41,12 @@ def check_int(name: str, value, low: int = 1, note: str = "") -> None:
     if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < low:
         what = "a positive integer" if low == 1 else f"an integer >= {low}"
         raise UserError(f"{name}={value!r}: expected {what}{note}")
+
+
+def check_choice(name: str, value, options, note: str = "") -> None:
+    """UserError naming `name` unless `value` is one of `options` (listed in the message)."""
+    if value not in options:
+        raise UserError(f"{name}={value!r}: expected one of {', '.join(map(str, options))}{note}")
 
 
 def check_number(

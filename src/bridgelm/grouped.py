@@ -89,8 +89,8 @@ class Groups:
     @staticmethod
     def contiguous_width(batch_size: int, width: int, valid: torch.Tensor | None = None) -> Groups:
         """Layout of `batch_size` rows in consecutive groups of `width` (the sampler's layout)."""
-        if width < 1 or batch_size % width:
-            raise ValueError(f"width={width} must be >= 1 and divide the batch size {batch_size}")
+        assert width >= 1 and batch_size % width == 0, (
+            f"width={width} must be >= 1 and divide the batch size {batch_size}")
         return Groups(batch_size=batch_size, width=width, valid=None if valid is None else valid.bool())
 
 

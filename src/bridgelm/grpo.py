@@ -28,11 +28,9 @@ import torch
 
 
 def _check_rewards(rewards: torch.Tensor) -> None:
-    if rewards.dim() != 2:
-        raise ValueError(f"rewards must be [P, G] (prompts x rollouts), got shape {tuple(rewards.shape)}")
-    if not bool(torch.isfinite(rewards).all()):
-        bad = rewards[~torch.isfinite(rewards)][0].item()
-        raise ValueError(f"rewards hold a non-finite value ({bad}): expected finite numbers")
+    """Invariants: the rewards reach here [P, G] and finite (tasks.check_rewards refused a non-finite one)."""
+    assert rewards.dim() == 2, f"rewards must be [P, G] (prompts x rollouts), got shape {tuple(rewards.shape)}"
+    assert bool(torch.isfinite(rewards).all()), f"rewards hold a non-finite value: {rewards[~torch.isfinite(rewards)]}"
 
 
 def group_advantages(rewards: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
@@ -53,8 +51,9 @@ def between_group_advantages(rewards: torch.Tensor, width: int, eps: float = 1e-
     prompt's other groups -> [P, G]. Exactly 0 in a prompt whose rewards are all equal."""
     _check_rewards(rewards)
     P, G = rewards.shape
-    if width < 1 or G % width or G // width < 2:
-        raise ValueError(f"between-group advantages need >= 2 Bridge groups of width {width} per prompt; got {G} rollouts")
+    # RLConfig.validate refuses rollouts < 2 x width for this advantage
+    assert width >= 1 and G % width == 0 and G // width >= 2, (
+        f"between-group advantages need >= 2 Bridge groups of width {width} per prompt; got {G} rollouts")
     rewards = rewards.float()
     k = G // width
     sums = rewards.view(P, k, width).sum(-1, keepdim=True)  # [P, k, 1]
@@ -71,11 +70,8 @@ ADVANTAGES = ("prompt", "between-groups")
 def advantages_of(kind: str, rewards: torch.Tensor, width: int) -> torch.Tensor:
     """The advantages [P, G] of `kind`: "prompt" (over all G rollouts of a prompt, the paper's) or "between-groups"
     (App. C: each rollout against the prompt's other Bridge groups)."""
-    if kind == "prompt":
-        return group_advantages(rewards)
-    if kind == "between-groups":
-        return between_group_advantages(rewards, width)
-    raise ValueError(f"advantage={kind!r}: expected one of {', '.join(ADVANTAGES)}")
+    assert kind in ADVANTAGES, f"advantage={kind!r}: expected one of {', '.join(ADVANTAGES)}"  # RLConfig checked it
+    return group_advantages(rewards) if kind == "prompt" else between_group_advantages(rewards, width)
 
 
 def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
@@ -85,13 +81,12 @@ def k3_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
 
 
 def _check(logprobs, old_logprobs, advantages, mask) -> None:
-    if logprobs.dim() != 2 or old_logprobs.shape != logprobs.shape or mask.shape != logprobs.shape:
-        raise ValueError(
-            f"logprobs {tuple(logprobs.shape)}, old_logprobs {tuple(old_logprobs.shape)} and mask {tuple(mask.shape)} "
-            "must all be [B, T]"
-        )
-    if advantages.shape != logprobs.shape[:1]:
-        raise ValueError(f"advantages has shape {tuple(advantages.shape)}; expected [B] = [{logprobs.shape[0]}]")
+    """Invariants of the update's tensors (broadcasting would otherwise hide a mismatch)."""
+    assert logprobs.dim() == 2 and old_logprobs.shape == logprobs.shape == mask.shape, (
+        f"logprobs {tuple(logprobs.shape)}, old_logprobs {tuple(old_logprobs.shape)} and mask {tuple(mask.shape)} "
+        "must all be [B, T]")
+    assert advantages.shape == logprobs.shape[:1], (
+        f"advantages has shape {tuple(advantages.shape)}; expected [B] = [{logprobs.shape[0]}]")
 
 
 def _clipped_surrogate(ratio, adv, clip_eps, clip_eps_high):
@@ -134,8 +129,7 @@ def policy_loss(
     stats whenever `ref_logprobs` is given, and enters the loss only when beta != 0.
     """
     _check(logprobs, old_logprobs, advantages, mask)
-    if beta != 0 and ref_logprobs is None:
-        raise ValueError(f"beta={beta} needs ref_logprobs (log-probs of the reference policy); pass them or beta=0")
+    assert beta == 0 or ref_logprobs is not None, f"beta={beta} needs ref_logprobs (log-probs of the reference policy)"
     keep = mask.bool()  # [B, T]
     zero = torch.zeros((), dtype=logprobs.dtype, device=logprobs.device)
     logprobs = torch.where(keep, logprobs, zero)  # padding -> 0, so nothing non-finite enters the graph

@@ -80,19 +80,19 @@ def _take(fd: int, path: Path, flag: str) -> None:
         ) from None
 
 
-def check_regular_file(path: str | os.PathLike, what: str = "file") -> Path:
+def check_regular_file(path: str | os.PathLike, what: str = "file", expected: str = "a regular file") -> Path:
     """`path` (with `~` expanded) if it is a regular file; a folder, FIFO, device or socket is a UserError before
-    anything reads it (a FIFO would block forever, /dev/zero never ends), and a missing path FileNotFoundError."""
+    anything reads it (a FIFO would block forever, /dev/zero never ends), and a missing path a MissingFile; both
+    name the file as `what` and say what was `expected`. The one check of the file readers."""
     path = Path(path).expanduser()
     try:
         mode = path.stat().st_mode
     except FileNotFoundError:
-        raise MissingFile(f"{what} {path} does not exist") from None
-    if stat.S_ISDIR(mode):
-        raise UserError(f"{what} {path} is a folder: expected a file")
+        raise MissingFile(f"{what} {path} does not exist: expected {expected}") from None
     if not stat.S_ISREG(mode):
-        kind = "FIFO (named pipe)" if stat.S_ISFIFO(mode) else "special file (a device or a socket)"
-        raise UserError(f"{what} {path} is a {kind}: expected a regular file")
+        kind = ("folder" if stat.S_ISDIR(mode) else "FIFO (named pipe)" if stat.S_ISFIFO(mode)
+                else "special file (a device or a socket)")  # fmt: skip
+        raise UserError(f"{what} {path} is a {kind}: expected {expected}")
     return path
 
 
@@ -133,9 +133,7 @@ def read_records(path: str | os.PathLike, repair: bool = True, allow_cut: bool =
     path = Path(path).expanduser()
     if not path.exists():
         return []
-    if path.is_dir():
-        raise UserError(f"{path} is a folder: expected a JSON-lines file (one JSON object per line)")
-    raw = check_regular_file(path, "JSON-lines file").read_bytes()
+    raw = check_regular_file(path, "file", "a JSON-lines file (one JSON object per line)").read_bytes()
     lines = raw.split(b"\n")
     records = []
     offset = 0  # where the current line starts

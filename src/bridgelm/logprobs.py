@@ -47,15 +47,13 @@ class TokenBatch:
 
 def pack_rows(rows: Sequence[Row], pad_id: int, device: torch.device | str = "cpu") -> TokenBatch:
     """A TokenBatch of `rows` (order kept). The rows of a group must be adjacent and share their prompt."""
-    if not rows:
-        raise ValueError("no rows to pack: a batch needs at least one group")
+    assert rows, "no rows to pack: a batch needs at least one group"
     first_of: dict[int, int] = {}
     for i, row in enumerate(rows):
-        if len(row.response) == 0:
-            raise ValueError(f"row {i} has an empty response: expected at least one token")
+        assert len(row.response) > 0, f"row {i} has an empty response: expected at least one token"
         j = first_of.setdefault(row.group, i)
-        if j != i and (rows[i - 1].group != row.group or list(rows[j].prompt) != list(row.prompt)):
-            raise ValueError(f"row {i} of group {row.group} is not next to its group or has another prompt")
+        assert j == i or (rows[i - 1].group == row.group and list(rows[j].prompt) == list(row.prompt)), (
+            f"row {i} of group {row.group} is not next to its group or has another prompt")
     B = len(rows)
     S = max(len(r.prompt) + len(r.response) for r in rows)
     T = max(len(r.response) for r in rows)
@@ -188,11 +186,6 @@ class _TokenLogProbs(torch.autograd.Function):
         return grad, None, None, None, None
 
 
-def _check_temperature(temperature: float) -> None:
-    if not temperature > 0:
-        raise ValueError(f"temperature={temperature} must be > 0 to define log-probs")
-
-
 def token_logprobs(
     logits: torch.Tensor,
     targets: torch.Tensor,
@@ -207,13 +200,12 @@ def token_logprobs(
     caller that reads them no more: no second [N, V] tensor (on CPU, its fresh pages cost ~5% of an SFT step of the
     30M benchmark model). Another backward through them then fails on their version counter instead of reading the
     gradient."""
-    _check_temperature(temperature)
+    assert temperature > 0, f"temperature={temperature} must be > 0 to define log-probs"  # the configs refuse it
     return _TokenLogProbs.apply(logits, targets, float(temperature), with_entropy, overwrite)
 
 
 def response_logprobs(model, batch: TokenBatch, temperature: float = 1.0, with_entropy: bool = False) -> LogProbs:
     """Log-probs of the response tokens of `batch`, from one grouped forward."""
-    _check_temperature(temperature)  # before the forward
     logits = forward_logits(model, batch)  # [N, V]
     targets = batch.input_ids[:, 1:][batch.predict[:, :-1]]  # [N], row-major like the kept logits
     flat, h = token_logprobs(logits, targets, temperature, with_entropy, overwrite=True)  # [N] each (logits: ours)

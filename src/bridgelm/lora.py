@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 
 from bridgelm.attach import block_config
+from bridgelm.blockfile import check_fits
 from bridgelm.errors import UserError, check_int, check_number
 from bridgelm.rng import derive_seed
 from bridgelm.setting import setting
@@ -202,14 +203,10 @@ def load_adapter(model: torch.nn.Module, folder: Path) -> None:
     saved = load_file(str(path))
     own = lora_parameters(model)
     want = {PEFT_PREFIX + n.replace(f".{ADAPTER}.", "."): n for n in own}
-    if set(saved) != set(want):
-        odd = sorted(set(saved) ^ set(want))[:2]
-        raise UserError(f"{path}: its LoRA weights are not this model's (e.g. {odd}): expected a run with the same "
-                        "--lora-r and --lora-targets")
+    check_fits(f"{path} (LoRA weights)", {k: tuple(t.shape) for k, t in saved.items()},
+               {key: tuple(own[name].shape) for key, name in want.items()},
+               ": expected a run with the same --lora-r and --lora-targets")
     for key, name in want.items():
-        if saved[key].shape != own[name].shape:
-            raise UserError(f"{path}: {key} has shape {tuple(saved[key].shape)}, the model's is "
-                            f"{tuple(own[name].shape)}: expected the same --lora-r")
         own[name].copy_(saved[key])
 
 
@@ -226,8 +223,7 @@ def load_trained(model: torch.nn.Module, folder: Path) -> None:
     loaded = {}
     for f in sorted(folder.glob("*.safetensors")):
         loaded.update({k: v for k, v in load_file(str(f)).items() if k in blocks})
-    if set(loaded) != set(blocks):
-        raise UserError(f"{folder} lacks {len(set(blocks) - set(loaded))} block tensor(s) of this model: expected a "
-                        "checkpoint of this run")
+    check_fits(f"{folder} (blocks)", {k: tuple(t.shape) for k, t in loaded.items()},
+               {k: tuple(p.shape) for k, p in blocks.items()}, ": expected a checkpoint of this run")
     for name, p in blocks.items():
         p.copy_(loaded[name])

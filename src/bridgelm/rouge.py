@@ -29,9 +29,7 @@ def _scorer(types: tuple[str, ...], stem: bool):
 
 def f1_scores(reference: str, prediction: str, types: Sequence[str] = ROUGE_TYPES, stem: bool = True) -> dict:
     """{type: F1} of `prediction` against `reference` for each ROUGE type ("rouge1", "rouge2", "rougeL", ...)."""
-    for name, text in (("reference", reference), ("prediction", prediction)):
-        if not isinstance(text, str):
-            raise TypeError(f"{name} must be a string, got {type(text).__name__}")
+    assert isinstance(reference, str) and isinstance(prediction, str), (type(reference), type(prediction))
     scores = _scorer(tuple(types), bool(stem)).score(reference, prediction)
     return {t: float(scores[t].fmeasure) for t in types}
 

@@ -11,8 +11,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from bridgelm.errors import MissingFile, UserError
-from bridgelm.jsonl import read_records
+from bridgelm.errors import UserError
+from bridgelm.jsonl import check_regular_file, read_records
 
 
 @dataclass
@@ -26,10 +26,7 @@ def read_warmup(path: str | os.PathLike, tokenizer=None, vocab_size: int | None 
     (the model's that will train on them), the first kept response's token ids must decode to the text sampled
     with them: ids from another tokenizer would be trained on as if they were this model's. With `vocab_size` (the
     model's embedding rows) every id must be below it."""
-    path = Path(path)
-    if not path.is_file():
-        what = "is a folder" if path.is_dir() else "does not exist"
-        raise MissingFile(f"warm-up data {path} {what}: expected a JSONL file written by bridgelm warmup-data")
+    path = check_regular_file(path, "warm-up data", "a JSONL file written by bridgelm warmup-data")
     records = read_records(path, repair=False)
     if not records:
         raise UserError(f"{path} is empty: expected one JSON line per problem (bridgelm warmup-data writes it)")

@@ -65,8 +65,7 @@ def run_stages(stages: list[Stage], timings: Timings, log=print, workers: int = 
     spawned processes of `threads` torch threads each, its output in LOGS/<stage>.log. A failing stage ends the run
     with its error once the stages running beside it are done; Ctrl-C interrupts them (they save a checkpoint)."""
     unknown = sorted({a for s in stages for a in s.after} - {s.name for s in stages})
-    if unknown:
-        raise RuntimeError(f"stages wait on stages that are not in the list: {unknown}")
+    assert not unknown, f"stages wait on stages that are not in the list: {unknown}"
     todo = [s for s in stages if not _skipped(s, log)]
     timings.mine["workers"] = workers
     if workers <= 1:
@@ -85,8 +84,7 @@ def run_stages(stages: list[Stage], timings: Timings, log=print, workers: int = 
                 todo.remove(s)  # submitted only when a worker is free: it starts now
                 log(f"[{s.name}] started (output in {_log_file(logs, s)})")
                 running[pool.submit(_in_worker, s.fn, _log_file(logs, s))] = s
-            if not running:
-                raise RuntimeError(f"stages wait on each other: {[s.name for s in todo]}")
+            assert running, f"stages wait on each other: {[s.name for s in todo]}"
             finished, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in finished:
                 s = running.pop(future)

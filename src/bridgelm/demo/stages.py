@@ -33,8 +33,9 @@ class Context:
     test: object  # Task: held-out test problems
 
     def __post_init__(self):
-        if not isinstance(self.cfg.bf16, bool):  # None would read as fp32 in every stage, whatever run_demo chose
-            raise TypeError(f"Context needs a resolved DemoConfig.bf16 (True or False), not {self.cfg.bf16!r}")
+        # None would read as fp32 in every stage, whatever run_demo chose
+        assert isinstance(self.cfg.bf16, bool), (
+            f"Context needs a resolved DemoConfig.bf16 (True or False), not {self.cfg.bf16!r}")
 
     def sampler(self, path, blocks: Path | None = None) -> torch.nn.Module:
         """A model folder (plus a block file) loaded for sampling: in bf16 when `cfg.bf16` (1.3-1.5x faster on CPU),

@@ -83,8 +83,7 @@ class SlabLayer(CacheLayerMixin):
             self.lazy_initialization(key_states, value_states)
         q = key_states.shape[-2]
         end = self.length + q
-        if end > self.capacity:
-            raise RuntimeError(f"cache capacity {self.capacity} exceeded ({end} positions)")
+        assert end <= self.capacity, f"cache capacity {self.capacity} exceeded ({end} positions)"  # check_prompts' room
         if end > self.keys.shape[2]:
             self.grow(min(self.capacity, rounded(end)))
         self.keys[:, :, self.length : end] = key_states

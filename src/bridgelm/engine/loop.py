@@ -249,9 +249,12 @@ def run_wave(model, prompts, wave: Wave, cfg: SamplingConfig, ends: Ends, keys, 
 
 
 def check_prompts(model, prompts: Sequence[Sequence[int]], cfg: SamplingConfig) -> None:
-    """ValueError unless there are prompts, none empty, each with room for max_new_tokens in the model's context."""
+    """UserError unless there are prompts (whole blocks of `width` with foreign groups), none empty, each with room
+    for max_new_tokens in the model's context: the one check of the prompts, of generate and generate_ids."""
     if len(prompts) == 0:
         raise UserError("prompts is empty: expected at least one prompt")
+    if cfg.foreign_groups and len(prompts) % cfg.width:
+        raise UserError(f"foreign_groups: {len(prompts)} prompts is not a multiple of width={cfg.width}")
     context = getattr(model.config.get_text_config(), "max_position_embeddings", None)
     for i, p in enumerate(prompts):
         if len(p) == 0:

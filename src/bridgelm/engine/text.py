@@ -146,9 +146,7 @@ def stream_text(
     complete, in prompt order. `keys` name the prompts' random streams (see `stream_ids`); `progress` is a
     progress-bar title, or a callable fed the number of completed samples.
     """
-    cfg.validate()
-    if len(texts) == 0:
-        raise UserError("prompts is empty: expected at least one prompt")
+    cfg.validate()  # the prompts are checked as token ids, by stream_ids' check_prompts
     check_prompt_chars(model, tokenizer, texts, cfg.max_new_tokens)  # before tokenizing a line of megabytes
     ids = encode_prompts(tokenizer, texts, chat)
     eos = eos_ids(model, tokenizer, eos_token_id)

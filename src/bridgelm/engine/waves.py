@@ -85,8 +85,7 @@ def _greedy_waves(lengths: Sequence[int], cfg: SamplingConfig, max_rows: int) ->
 def plan_foreign_waves(lengths: Sequence[int], cfg: SamplingConfig) -> list[Wave]:
     """Waves of whole blocks of `width` prompts with all their samples (foreign groups)."""
     w = cfg.width
-    if len(lengths) % w:
-        raise ValueError(f"foreign_groups: {len(lengths)} prompts is not a multiple of width={w}")
+    assert len(lengths) % w == 0, f"foreign_groups: {len(lengths)} prompts is not a multiple of width={w}"
     waves: list[Wave] = []
     current = Wave()
     for start in range(0, len(lengths), w):

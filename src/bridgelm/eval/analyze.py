@@ -55,10 +55,8 @@ def feature_ratio_sums(model, input_ids, attention_mask, group_ids) -> tuple[lis
 
     input_ids, attention_mask [B, S] (right-padded, 1 on real tokens); group_ids [B].
     """
-    if input_ids.dim() != 2 or attention_mask.shape != input_ids.shape:
-        raise ValueError(
-            f"input_ids {tuple(input_ids.shape)} and attention_mask {tuple(attention_mask.shape)} must be equal [B, S]"
-        )
+    assert input_ids.dim() == 2 and attention_mask.shape == input_ids.shape, (
+        f"input_ids {tuple(input_ids.shape)} and attention_mask {tuple(attention_mask.shape)} must be equal [B, S]")
     blocks = _blocks(model)
     valid = attention_mask.bool()  # [B, S]
     sums = [0.0] * len(blocks)
@@ -88,8 +86,7 @@ def feature_ratio_sums(model, input_ids, attention_mask, group_ids) -> tuple[lis
 def block_feature_ratios(model, input_ids, attention_mask, group_ids) -> list[float]:
     """Per layer, the mean over valid tokens of ||block output|| / ||residual stream at the block|| (Figure 7)."""
     sums, count = feature_ratio_sums(model, input_ids, attention_mask, group_ids)
-    if count == 0:
-        raise ValueError("attention_mask has no valid token: expected at least one 1")
+    assert count > 0, "attention_mask has no valid token: expected at least one 1"
     return [s / count for s in sums]
 
 

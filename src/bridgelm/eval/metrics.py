@@ -34,17 +34,11 @@ _SUMMARY_TAUS = (0.25, 0.5, 0.75, 1.0)
 
 
 def _check_counts(n: int, c: int, k: int) -> None:
-    """Validate a (samples, correct, draws) triple."""
-    for name, value in (("n", n), ("c", c), ("k", k)):
+    """Validate a (samples, correct, draws) triple: 1 <= n, 0 <= c <= n, 1 <= k <= n."""
+    for name, value, low, high in (("n", n, 1, None), ("c", c, 0, n), ("k", k, 1, n)):
         check_int(name, value, 0)
-    if n < 1:
-        raise ValueError(f"n={n} must be >= 1")
-    if not c <= n:
-        raise ValueError(f"c={c} must be in [0, n={n}]")
-    if k < 1:
-        raise ValueError(f"k={k} must be >= 1")
-    if k > n:
-        raise ValueError(f"k={k} must be <= n={n}")
+        if value < low or (high is not None and value > high):
+            raise ValueError(f"{name}={value} must be {f'>= {low}' if value < low else f'<= n={n}'}")
 
 
 def _check_tau(tau: float) -> None:

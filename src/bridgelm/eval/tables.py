@@ -58,8 +58,7 @@ def column_title(benchmark: str) -> str:
 
 def table_numbers(rows: dict[str, dict[str, dict]], base: str | None = None) -> dict[str, Any]:
     """Columns, per-row cells, Avg and Delta of a Table-1 style table; rows: {name: {bench: {"mean",...}}}."""
-    if not rows:
-        raise ValueError("no rows: expected at least one run")
+    assert rows, "no rows: expected at least one run"  # report.collect_rows refuses no run directories
     base = base if base is not None else next(iter(rows))
     if base not in rows:
         raise UserError(f"base row {base!r} is not one of the rows {list(rows)}")

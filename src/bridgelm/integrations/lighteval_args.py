@@ -6,7 +6,7 @@ where lighteval is not installed."""
 from __future__ import annotations
 
 from bridgelm.engine.config import check_sampling
-from bridgelm.errors import UserError
+from bridgelm.errors import UserError, check_int
 from bridgelm.integrations.loading import integer, number, positive_int
 
 OWNER = "bridgelm lighteval model"  # how errors name this model
@@ -61,6 +61,5 @@ def sampling_args(args: dict[str, str]) -> dict:
         check_sampling(0.0 if out["temperature"] is None else out["temperature"], out["top_p"])
     except ValueError as err:
         raise UserError(f"{OWNER}: {err}") from None
-    if out["top_k"] < 0:
-        raise UserError(f"{OWNER}: top_k={args['top_k']!r}: expected an integer >= 0 (0 = off)")
+    check_int(f"{OWNER}: top_k", out["top_k"], low=0, note=" (0 = off)")
     return out

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import torch
 
 import bridgelm
-from bridgelm.errors import DataWarning, UserError
+from bridgelm.errors import DataWarning, UserError, check_choice, check_int, check_number
 from bridgelm.models import load_model
 from bridgelm.tokenizer import load_tokenizer
 
@@ -21,8 +21,7 @@ def positive_int(owner: str, name: str, value) -> int:
     """`value` as an integer >= 1 (an int, or its digits as text), or a UserError that names it (`owner`: who asks,
     e.g. "bridgelm backend"); 1.5 is refused, not truncated."""
     number = integer(owner, name, value, "a positive integer")
-    if number < 1:
-        raise UserError(f"{owner}: {name}={value!r}: expected a positive integer")
+    check_int(f"{owner}: {name}", number)
     return number
 
 
@@ -38,13 +37,12 @@ def integer(owner: str, name: str, value, expected: str = "an integer") -> int:
 
 
 def number(owner: str, name: str, value) -> float:
-    """`value` as a finite float, or a UserError naming it."""
+    """`value` as a finite float (a number, or its digits as text), or a UserError naming it."""
     try:
-        out = float(value)
+        out = value if isinstance(value, bool) else float(value)
     except (TypeError, ValueError):
-        out = float("nan")
-    if isinstance(value, bool) or out != out or out in (float("inf"), float("-inf")):
-        raise UserError(f"{owner}: {name}={value!r}: expected a finite number")
+        out = value  # not a number: check_number names it as given
+    check_number(f"{owner}: {name}", out)
     return out
 
 
@@ -55,8 +53,7 @@ def load_bridge_model(owner: str, pretrained: str, blocks: str | None, width: in
     GPU falls back to the CPU with a warning (as lm-eval's hf backend does)."""
     if not pretrained:
         raise UserError(f"{owner}: pretrained={pretrained!r}: expected a model folder or hub id (pretrained=DIR)")
-    if dtype not in DTYPES:
-        raise UserError(f"{owner}: dtype={dtype!r}: expected one of {', '.join(DTYPES)}")
+    check_choice(f"{owner}: dtype", dtype, DTYPES)
     if str(device).startswith("meta"):
         raise UserError(f"{owner}: device={device!r}: the meta device holds no weights to sample from; expected cpu "
                         "or cuda")

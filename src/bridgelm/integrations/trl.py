@@ -63,7 +63,7 @@ from trl.trainer.utils import add_fused_lm_head, disable_dropout_in_model, split
 from bridgelm import lora
 from bridgelm.attach import added_parameters, block_config
 from bridgelm.engine import SamplingConfig, generate_ids
-from bridgelm.errors import UserError, check_int
+from bridgelm.errors import UserError, check_int, check_number
 from bridgelm.grouped import KWARG, Groups
 from bridgelm.rng import derive_seed
 
@@ -115,22 +115,16 @@ def check_sharding(args) -> None:
 def check_group_settings(args, width: int) -> None:
     """Refuse TRL settings that cannot keep Bridge groups of `width` whole (one line, naming the numbers)."""
     name = "BridgeGRPOTrainer"
-    if args.temperature is None or not args.temperature > 0:
-        raise UserError(f"{name}: temperature={args.temperature!r}: expected a temperature > 0 (GRPO samples)")
-    if width < 1 or args.num_generations % width:
-        raise UserError(f"{name}: bridge_width={width} does not divide num_generations={args.num_generations}")
-    if args.per_device_train_batch_size % width:
-        raise UserError(
-            f"{name}: per_device_train_batch_size={args.per_device_train_batch_size} is not a multiple of the Bridge "
-            f"width {width} (num_generations={args.num_generations}): a micro-batch would split a group"
-        )
+    check_number(f"{name}: temperature", args.temperature, 0, open_low=True, note=" (GRPO samples)")
+    # the counts of rows that groups of `width` must fill whole (a batch that splits a group mixes its prompts)
+    counts = {"num_generations": args.num_generations, "per_device_train_batch_size": args.per_device_train_batch_size}
     if args.eval_strategy != "no":
-        n_eval = args.num_generations_eval or args.num_generations
-        if n_eval % width or args.per_device_eval_batch_size % width:
-            raise UserError(
-                f"{name}: num_generations_eval={n_eval} and per_device_eval_batch_size="
-                f"{args.per_device_eval_batch_size} must both be multiples of the Bridge width {width}"
-            )
+        counts["num_generations_eval"] = args.num_generations_eval or args.num_generations
+        counts["per_device_eval_batch_size"] = args.per_device_eval_batch_size
+    split = [key for key, count in counts.items() if count % width]
+    if split:
+        raise UserError(f"{name}: {split[0]}={counts[split[0]]} is not a multiple of the Bridge width {width} "
+                        f"(bridge_width={width}; default: num_generations): a batch would split a group")
     engine_only = {"use_vllm": False, "use_transformers_continuous_batching": False, "min_p": None,
                    "repetition_penalty": 1.0, "generation_kwargs": None}  # settings bridgelm's engine does not take
     for key, default in engine_only.items():
@@ -204,8 +198,9 @@ class BridgeGRPOTrainer(GRPOTrainer):
         if given.get("images") is not None or given.get("multimodal_fields") or len(prompt_ids) % width:
             raise UserError(f"BridgeGRPOTrainer: {len(prompt_ids)} text prompt rows expected in runs of {width}")
         firsts = prompt_ids[::width]  # one prompt per group
-        if any(prompt_ids[i] != firsts[i // width] for i in range(len(prompt_ids))):
-            raise ValueError(f"BridgeGRPOTrainer: a run of {width} rows holds different prompts: groups were split")
+        # TRL repeats each prompt num_generations times, which the width divides (checked at __init__)
+        assert all(prompt_ids[i] == firsts[i // width] for i in range(len(prompt_ids))), (
+            f"BridgeGRPOTrainer: a run of {width} rows holds different prompts: groups were split")
         sampling = SamplingConfig(
             n=width, width=width, max_new_tokens=self.max_completion_length, temperature=self.temperature,
             top_p=self.top_p, top_k=self.top_k or 0,
@@ -262,11 +257,10 @@ class BridgeGRPOTrainer(GRPOTrainer):
         arguments forwarded as given (its chunk size read by name)."""
         given = inspect.signature(super()._get_per_token_logps_and_entropies).bind(model, input_ids, *args, **kwargs)
         rows = given.arguments.get("batch_size") or input_ids.size(0)
-        if rows % self.bridge_width or input_ids.size(0) % self.bridge_width:
-            raise ValueError(
-                f"BridgeGRPOTrainer: log-probs of {input_ids.size(0)} rows in chunks of {rows} would split groups of "
-                f"{self.bridge_width}"
-            )
+        # check_group_settings made the batches multiples of the width
+        assert rows % self.bridge_width == 0 and input_ids.size(0) % self.bridge_width == 0, (
+            f"BridgeGRPOTrainer: log-probs of {input_ids.size(0)} rows in chunks of {rows} would split groups of "
+            f"{self.bridge_width}")
         with grouped_forwards(self.accelerator.unwrap_model(model), self.bridge_width):
             return super()._get_per_token_logps_and_entropies(model, input_ids, *args, **kwargs)
 

@@ -21,7 +21,7 @@ import random
 import re
 from dataclasses import dataclass
 
-from bridgelm.errors import UserError, check_int
+from bridgelm.errors import UserError, check_choice, check_int
 from bridgelm.tasks.base import Task
 
 SPLITS = ("train", "validation", "test")
@@ -95,8 +95,7 @@ def make_problems(
 def accepted_draws(rng: random.Random, size: int, split: str, spec, draw, problem_of, split_of, distinct: bool):
     """Yield `size` draws `draw(rng, spec)` whose problem text `problem_of(draw)` is in `split` (by `split_of`) and,
     when `distinct`, not seen before. The caller may use `rng` between yields (its draws stay in one sequence)."""
-    if split not in SPLITS:
-        raise UserError(f"split={split!r} is not one of {SPLITS}")
+    check_choice("split", split, SPLITS)
     check_int("size", size)
     seen: set[str] = set()
     accepted = attempts = 0

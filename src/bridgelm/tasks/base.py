@@ -274,10 +274,7 @@ def _read_parquet(path: Path, required_fields: Sequence[str], check: RowCheck | 
 
 def read_rows(path: str | Path, required_fields: Sequence[str] = (), check: RowCheck | None = None) -> list[dict]:
     """Rows of a local `.jsonl`, `.json` or `.parquet` file, each checked for `required_fields` and by `check`."""
-    p = Path(path).expanduser()
-    if p.is_dir():
-        raise UserError(f"data file {p} is a folder: expected a {', '.join(LOCAL_SUFFIXES)} file")
-    check_regular_file(p, "data file")
+    p = check_regular_file(path, "data file", f"a {', '.join(LOCAL_SUFFIXES)} file")
     readers = {".jsonl": _read_jsonl, ".json": _read_json, ".parquet": _read_parquet}
     reader = readers.get(p.suffix.lower())
     if reader is None:

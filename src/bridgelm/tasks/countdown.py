@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import ClassVar
 
-from bridgelm.errors import UserError, check_int
+from bridgelm.errors import UserError, check_choice, check_int
 from bridgelm.tasks.answers import last_boxed
 from bridgelm.tasks.base import Task, read_rows, resolve_local
 
@@ -188,8 +188,7 @@ class Countdown(Task):
 
 def split_seed(split: str, seed: int, size: int) -> int:
     """The reasoning-gym seed of problems `seed .. seed + size` of `split` (splits never share a seed)."""
-    if split not in SPLIT_OFFSETS:
-        raise UserError(f"split={split!r} is unknown: expected one of {sorted(SPLIT_OFFSETS)}")
+    check_choice("split", split, sorted(SPLIT_OFFSETS))
     check_int("size", size)
     if seed < 0 or seed + size > SPLIT_STRIDE:
         raise UserError(f"seed={seed} and size={size} must satisfy 0 <= seed, seed + size <= {SPLIT_STRIDE}")

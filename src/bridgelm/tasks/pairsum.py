@@ -50,10 +50,11 @@ class PairSumSpec:
 
 
 def parse(problem: str) -> tuple[list[int], int]:
-    """`37,12,58>070` -> ([37, 12, 58], 70); ValueError when the text is not such a problem."""
+    """`37,12,58>070` -> ([37, 12, 58], 70); ValueError (naming the row's field) when the text is not such a
+    problem."""
     found = _PROBLEM.match(problem.strip().rstrip("="))
     if not found:
-        raise ValueError(f"problem {problem!r} is not numbers and a target such as '37,12,58>070'")
+        raise ValueError(f"field 'problem' is {problem!r}: expected numbers and a target, e.g. '37,12,58>070'")
     return [int(x) for x in found.group(1).split(",")], int(found.group(2))
 
 
@@ -134,12 +135,7 @@ class PairSum(Arith):
 def check_row(row: dict) -> None:
     """ValueError unless `problem` parses, exactly one pair adds up to its target, and `answer` names that pair."""
     problem = row["problem"]
-    try:
-        numbers, target = parse(str(problem))
-    except ValueError:
-        raise ValueError(
-            f"field 'problem' is {problem!r}: expected numbers and a target, e.g. '37,12,58>070'"
-        ) from None
+    numbers, target = parse(str(problem))
     found = pairs_to(numbers, target)
     if len(found) != 1:
         raise ValueError(f"field 'problem' is {problem!r}: {len(found)} pairs add up to {target}; expected exactly 1")

@@ -146,11 +146,9 @@ def make_optimizer(
 
 
 def make_scheduler(optimizer, total_steps: int, warmup_fraction: float, decay: str):
-    """The SFT and RL schedule: `WarmupSchedule` over `total_steps`, warming up for `warmup_fraction` of them."""
-    if decay not in ("constant", "linear"):
-        raise UserError(f"decay={decay!r}: expected 'constant' or 'linear'")
-    if not 0.0 <= warmup_fraction < 1.0:
-        raise UserError(f"warmup_fraction={warmup_fraction} must be in [0, 1)")
+    """The SFT and RL schedule: `WarmupSchedule` over `total_steps`, warming up for `warmup_fraction` of them (checked
+    by OptimConfig.validate)."""
+    assert decay in ("constant", "linear"), f"decay={decay!r}: expected 'constant' or 'linear'"  # each trainer's own
     return scheduled(optimizer, WarmupSchedule(total_steps, int(round(warmup_fraction * total_steps)), decay))
 
 

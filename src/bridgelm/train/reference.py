@@ -42,8 +42,7 @@ def make_reference(skeleton: torch.nn.Module, model: torch.nn.Module, dist: Dist
         ref.tie_weights()  # to_empty gives each module its own tensor
     with torch.no_grad():
         names = [n for n, _ in model.named_parameters()]
-        if [n for n, _ in ref.named_parameters()] != names:
-            raise RuntimeError("the reference's parameters do not face the policy's: expected one layout")
+        assert [n for n, _ in ref.named_parameters()] == names, "the reference's parameters do not face the policy's"
         for dst, src in zip(ref.parameters(), model.parameters(), strict=True):
             dst.copy_(src)
         for dst, src in zip(ref.buffers(), model.buffers(), strict=True):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from bridgelm.engine import SamplingConfig, check_sampling
-from bridgelm.errors import UserError, check_int, check_number
+from bridgelm.errors import UserError, check_choice, check_int, check_number
 from bridgelm.eval.runner import EvalConfig
 from bridgelm.grpo import ADVANTAGES
 from bridgelm.lora import LoraSettings
@@ -122,8 +122,7 @@ class RLConfig:
         check_sampling(self.rollout.temperature, self.rollout.top_p, greedy=False, why=why)
         self.rollout.validate()
         check_one_group("", self.rollout)
-        if self.reward not in REWARDS:
-            raise UserError(f"reward={self.reward!r}: expected one of {', '.join(REWARDS)}")
+        check_choice("reward", self.reward, REWARDS)
         if self.reward == "majority" and G == w:
             raise UserError(
                 f"reward='majority' gives a Bridge group's rollouts one reward, so with one group per prompt "
@@ -131,8 +130,7 @@ class RLConfig:
             )
         self._check_credit()
         if self.rollout_dtype is not None:
-            if self.rollout_dtype not in ROLLOUT_DTYPES:
-                raise UserError(f"rollout_dtype={self.rollout_dtype!r}: expected one of {', '.join(ROLLOUT_DTYPES)}")
+            check_choice("rollout_dtype", self.rollout_dtype, ROLLOUT_DTYPES)
             if self.fsdp and self.rollout_dtype == "float32":
                 raise UserError(
                     "rollout_dtype='float32' with fsdp would keep a whole fp32 copy (4 bytes a parameter) on every "
@@ -142,8 +140,7 @@ class RLConfig:
     def _check_credit(self) -> None:
         """The advantage and sibling credit: each needs several Bridge groups per prompt, as it compares groups."""
         G, w = self.rollout.n, self.rollout.width
-        if self.advantage not in ADVANTAGES:
-            raise UserError(f"advantage={self.advantage!r}: expected one of {', '.join(ADVANTAGES)}")
+        check_choice("advantage", self.advantage, ADVANTAGES)
         if self.advantage == "between-groups" and G < 2 * w:
             raise UserError(
                 f"advantage='between-groups' compares a prompt's Bridge groups, but rollouts={G} at width={w} make one "

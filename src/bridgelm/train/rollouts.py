@@ -147,8 +147,7 @@ def _pairs(replica, model) -> list[tuple[torch.nn.Parameter, torch.nn.Parameter]
     """(replica parameter, policy parameter) of every parameter, in the same order on every rank."""
     out = []
     for (a, dst), (b, src) in zip(replica.named_parameters(), model.named_parameters(), strict=True):
-        if a != b:
-            raise RuntimeError(f"the rollout replica's parameter {a!r} faces the policy's {b!r}: expected one layout")
+        assert a == b, f"the rollout replica's parameter {a!r} faces the policy's {b!r}: expected one layout"
         out.append((dst, src))
     return out
 

@@ -64,8 +64,8 @@ def set_rewards(
         return scores
     if reward == "sibling":
         return sibling_rewards(scores, width, sibling_weight)
-    if len(answers) != scores.numel() or scores.numel() % width:
-        raise ValueError(f"{len(answers)} answers and {scores.numel()} rewards must be as many, in groups of {width}")
+    assert len(answers) == scores.numel() and scores.numel() % width == 0, (
+        f"{len(answers)} answers and {scores.numel()} rewards must be as many, in groups of {width}")
     of_group = {"majority": majority_rewards, "distinct": distinct_rewards}[reward]
     out = []
     for start in range(0, len(answers), width):
@@ -88,8 +88,8 @@ def distinct_rewards(answers: Sequence[str | None], correct: Sequence[bool]) -> 
 
 def sibling_rewards(scores: torch.Tensor, width: int, weight: float) -> torch.Tensor:
     """r_i + weight x (mean of the other rewards of i's group), in groups of `width` consecutive rollouts -> [R]."""
-    if width < 2 or scores.numel() % width:
-        raise ValueError(f"sibling rewards need groups of width >= 2 that divide {scores.numel()} rewards; got {width}")
+    assert width >= 2 and scores.numel() % width == 0, (  # RLConfig refuses reward='sibling' at width 1
+        f"sibling rewards need groups of width >= 2 that divide {scores.numel()} rewards; got {width}")
     groups = scores.float().view(-1, width)  # [groups, w]
     others = (groups.sum(-1, keepdim=True) - groups) / (width - 1)
     return (groups + weight * others).view(-1)

@@ -32,7 +32,7 @@ import torch
 from bridgelm.attach import add_seeded_blocks, added_parameters, block_config
 from bridgelm.blockfile import load_blocks, save_blocks
 from bridgelm.dist import Dist, all_reduce_sum, barrier, prepare_model, setup_distributed
-from bridgelm.errors import UserError, check_int, check_number
+from bridgelm.errors import UserError, check_choice, check_int, check_number
 from bridgelm.jsonl import write_json
 from bridgelm.logprobs import Row, pack_rows, response_logprobs
 from bridgelm.lora import ADAPTER_DIR, LoraSettings, load_adapter, load_trained, save_adapter, train_adapters
@@ -79,8 +79,7 @@ class SFTConfig:
         self.lora.validate()
         self.optim.validate()
         self.run.validate()
-        if self.blocks not in ("bridge", "pmatch"):
-            raise UserError(f"blocks={self.blocks!r}: expected 'bridge' or 'pmatch'")
+        check_choice("blocks", self.blocks, ("bridge", "pmatch"))
         for name in ("epochs", "batch_groups", "micro_batch_groups", "max_length", "min_width", "max_width"):
             check_int(name, getattr(self, name))
         if not 2 <= self.min_width <= self.max_width:

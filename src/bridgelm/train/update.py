@@ -110,8 +110,7 @@ def _split_to(rollouts: Rollouts, micro: list[list[int]], n: int) -> list[list[i
 
     while len(out) < n:
         i = max(range(len(out)), key=padded)
-        if len(out[i]) < 2:
-            raise RuntimeError(f"{sum(map(len, out))} groups cannot make the {n} micro-batches another rank runs")
+        assert len(out[i]) >= 2, f"{sum(map(len, out))} groups cannot make the {n} micro-batches another rank runs"
         half = len(out[i]) // 2
         out[i : i + 1] = [out[i][:half], out[i][half:]]
     return out

@@ -19,7 +19,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from bridgelm.errors import UserError
+from bridgelm.errors import UserError, check_int
 from bridgelm.jsonl import append_record, exclusive, read_records
 from bridgelm.runs import local_source
 from bridgelm.samples import check_lines, run_settings
@@ -70,11 +70,11 @@ def warmup_sampling(n: int, sampling: SamplingConfig | None = None, limit: int |
         sampling if sampling is not None else SamplingConfig(max_new_tokens=MAX_NEW_TOKENS, temperature=0.6, top_p=0.95)
     )
     if base.width != 1:
-        raise ValueError(f"warm-up responses are sampled independently: width must be 1, got {base.width}")
+        raise UserError(f"warm-up responses are sampled independently: width must be 1, got {base.width}")
     cfg = replace(base, n=n, width=1)
     cfg.validate()
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise UserError(f"limit={limit!r} must be a positive integer (or None: every problem)")
+    if limit is not None:
+        check_int("limit", limit, note=" (or None: every problem)")
     return cfg
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from bridgelm import lora
+from bridgelm.blockfile import check_fits
 from bridgelm.dist import Dist, barrier, full_state_dict, load_model_shards, save_shards
 from bridgelm.errors import MissingFile, UserError
 from bridgelm.train.checkpoints import SHARDS, check_layout, write_dir_atomic
@@ -119,23 +120,13 @@ def load_weights(model: torch.nn.Module, folder: str | os.PathLike) -> None:
     for f in files:
         loaded.update(load_file(str(f)))
     own = model.state_dict()
-    unexpected = sorted(set(loaded) - set(own))
-    if unexpected:
-        raise UserError(f"{folder} holds weights the model lacks: {unexpected[:3]}")
-    have = {own[k].data_ptr() for k in own if k in loaded}
-    missing = [k for k in own if k not in loaded and own[k].data_ptr() not in have]
-    if missing:
-        raise UserError(f"{folder} lacks weights of the model: {missing[:3]}")
+    have = {own[k].data_ptr() for k in own if k in loaded}  # a tensor absent from the files may be tied to one there
+    needed = {k: tuple(t.shape) for k, t in own.items() if k in loaded or t.data_ptr() not in have}
+    check_fits(str(folder), {k: tuple(t.shape) for k, t in loaded.items()}, needed)
     bad = next((k for k, t in loaded.items() if t.is_floating_point() and not torch.isfinite(t).all()), None)
     if bad is not None:
         raise UserError(f"{folder}: {bad} holds NaN or infinite values: expected the finite weights of a run that did "
                         "not diverge (no bridgelm run writes such a checkpoint: it was damaged or edited)")
-    wrong = [k for k in loaded if loaded[k].shape != own[k].shape]
-    if wrong:
-        raise UserError(
-            f"{folder}: {wrong[0]} has shape {tuple(loaded[wrong[0]].shape)}, the model's is "
-            f"{tuple(own[wrong[0]].shape)}"
-        )
     with torch.no_grad():
         for name, t in own.items():
             if name in loaded:
