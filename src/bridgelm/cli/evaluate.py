@@ -14,17 +14,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from bridgelm.cli.common import (
-    add_model_args,
-    check_out,
-    load_model_and_tokenizer,
-    load_model_of,
-    positive_int,
-    stop_string,
-    width_is_moot,
-)
+from bridgelm.cli.common import add_model_args, model_source, positive_int, stop_string
 from bridgelm.cli.fields import Flag, Nested, add_fields, build
 from bridgelm.errors import UserError
+from bridgelm.jsonl import check_out
+from bridgelm.source import width_is_moot
 from bridgelm.eval.runner import EvalConfig
 
 
@@ -54,7 +48,7 @@ def _cmd_eval(args) -> None:
             f"(run.json, samples{'.rank*' if dist.world > 1 else ''}.jsonl"
             f"{'' if args.no_score else ', scores.jsonl, metrics.json'})"
         )
-    model, tokenizer = load_model_and_tokenizer(args)
+    model, tokenizer = model_source(args).load()
     what = width_is_moot(model)
     if lead and what and len(cfg.all_widths()) > 1:
         print(
@@ -119,7 +113,7 @@ def _cmd_features(args) -> None:
 
     check_out(args.out, "dir")
     check_run_model(args.run, args.model, args.blocks)
-    model = load_model_of(args, args.blocks)
+    model = model_source(args).load_model()
     out = Path(args.out)
     print(f"bridgelm analyze features: {args.sets} response sets of {args.run} -> {out}/features.json, features.png")
     result = run_feature_ratios(model, args.run, args.sets, args.benchmark, args.width, args.max_tokens)
@@ -143,7 +137,7 @@ def _cmd_siblings(args) -> None:
         sets = run_response_sets(args.run, args.sets, args.benchmark, args.width, args.max_tokens)
     else:
         sets = warmup_response_sets(args.data, args.sets)
-    model = load_model_of(args, args.blocks)
+    model = model_source(args).load_model()
     out = Path(args.out) / "siblings.json"
     print(f"bridgelm analyze siblings: {len(sets)} response sets of {args.run or args.data} -> {out}")
     result = sibling_gain(model, sets)

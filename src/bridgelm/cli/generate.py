@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-from bridgelm.cli.common import (
-    add_model_args,
-    check_out,
-    load_model_and_tokenizer,
-    read_prompts,
-    stop_string,
-    width_is_moot,
-)
+from bridgelm.cli.common import add_model_args, model_source, read_prompts, stop_string
 from bridgelm.cli.fields import add_fields, build
 from bridgelm.engine import SamplingConfig
 from bridgelm.errors import UserError
+from bridgelm.jsonl import check_out
+from bridgelm.source import width_is_moot
 
 
 def _cmd_generate(args) -> None:
@@ -29,7 +24,7 @@ def _cmd_generate(args) -> None:
     check_out(args.out, "file")
     check_free(args.out, folder=False)  # another process writing it: refused before the model loads
     prompts = read_prompts(args.prompts) if args.prompts else [args.prompt]
-    model, tokenizer = load_model_and_tokenizer(args)
+    model, tokenizer = model_source(args).load()
     settings = run_settings(
         "generate", cfg, local_source(args.model), local_source(args.blocks), args.chat, stop=args.stop
     )
