@@ -1,33 +1,10 @@
-"""Arguments shared by several commands (the model to load, prompts, counts, threads) and the checks of their values."""
+"""Arguments shared by several commands (the model to load, counts, stop strings, threads) and the checks of their values."""
 
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from bridgelm.errors import UserError
-
-
-def read_prompts(path: str) -> list[str]:
-    from bridgelm.jsonl import read_records
-
-    if not Path(path).exists():
-        raise UserError(
-            f"--prompts {path} does not exist: expected a JSONL file, one object with a 'prompt' field per line"
-        )
-    rows = read_records(path, repair=False, allow_cut=False)  # written by hand: a cut last line is an error
-    if not rows:
-        raise UserError(f"{path} holds no prompts: expected one JSON object per line with a 'prompt' field")
-    prompts = []
-    for number, row in enumerate(rows, start=1):
-        if not isinstance(row, dict):
-            raise UserError(f"{path}, line {number}: a JSON {type(row).__name__}: expected an object with a 'prompt'")
-        text = row.get("prompt")
-        if not isinstance(text, str) or not text:
-            why = "missing" if "prompt" not in row else f"{text!r}"
-            raise UserError(f"{path}, line {number}: field 'prompt' is {why}: expected non-empty text")
-        prompts.append(text)
-    return prompts
 
 
 def positive_int(text: str) -> int:
