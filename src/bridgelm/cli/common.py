@@ -1,4 +1,4 @@
-"""Arguments shared by several commands (the model to load, counts, stop strings, threads) and the checks of their values."""
+"""Arguments shared by several commands (the model, counts, stop strings, threads) and the checks of their values."""
 
 from __future__ import annotations
 
