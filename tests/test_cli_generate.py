@@ -131,7 +131,7 @@ def test_bf16_on_a_cpu_without_bf16_instructions_is_warned(tmp_path, capsys, mon
     import warnings
 
     from bridgelm import packed
-    from bridgelm.cli.common import warn_slow_bf16
+    from bridgelm.source import warn_slow_bf16
     from bridgelm.errors import DataWarning
 
     monkeypatch.setattr(packed, "half_instructions", lambda dtype: has_bf16)

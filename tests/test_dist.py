@@ -11,7 +11,7 @@ import torch
 import bridgelm.train.rl  # noqa: F401  imported before a test patches dist.setup_distributed, which
 import bridgelm.train.sft  # noqa: F401  these modules bind by name when first imported
 from bridgelm import dist, models
-from bridgelm.cli.common import load_model_of
+from bridgelm.source import ModelSource
 
 
 def _torchrun(monkeypatch, world: int | None, local: int = 0, cuda: bool = True, gpus: int = 8) -> None:
@@ -69,8 +69,8 @@ def test_load_model_of_loads_onto_the_rank_device(monkeypatch, world, local, wan
     _torchrun(monkeypatch, world, local)
     asked = {}
     monkeypatch.setattr(models, "load_model", lambda name, **kwargs: asked.update(kwargs, name=name) or "model")
-    args = SimpleNamespace(model="M", device="cuda", dtype="float32")
-    assert load_model_of(args, None) == "model"
+    source = ModelSource(model="M", device="cuda", dtype="float32")
+    assert source.load_model(None) == "model"
     assert asked["name"] == "M" and asked["device"] == want and asked["blocks"] is None
 
 

@@ -184,23 +184,23 @@ def test_the_device_memory_is_the_default_budget(monkeypatch):
 def test_rl_on_cuda_prints_the_plan_and_refuses_a_run_that_cannot_fit(monkeypatch, capsys):
     from test_rl import CFG, TASK, TOK, policy
 
-    from bridgelm.cli.train import _plan_or_refuse, _rl_setup
+    from bridgelm.launch import plan_or_refuse, rl_setup
     from bridgelm.errors import UserError
 
     model = policy()
-    setup = lambda: _rl_setup(model, TOK, TASK, CFG, "float32")  # noqa: E731
-    _plan_or_refuse("cpu", "rl", setup)  # not a GPU: nothing to plan
+    setup = lambda: rl_setup(model, TOK, TASK, CFG, "float32")  # noqa: E731
+    plan_or_refuse("cpu", "rl", setup)  # not a GPU: nothing to plan
     assert capsys.readouterr().out == ""
     asked = []
     monkeypatch.setattr(plan_fit, "device_memory_gib", lambda device: asked.append(device) or 80.0)
-    _plan_or_refuse("cuda:3", "rl", setup)
+    plan_or_refuse("cuda:3", "rl", setup)
     out = capsys.readouterr().out
     assert asked == ["cuda:3"] and "bridgelm rl: memory per GPU" in out and "of 80 (fits)" in out
     assert "x 10 tokens" in out  # the longest prompt ("5+3=": 4 tokens) + 6 new tokens
     monkeypatch.setattr(plan_fit, "device_memory_gib", lambda device: 1e-6)
     refused = r"needs about 1.5 GiB per GPU \(\w+ phase: weights 0.0, .*; overhead 1.5\), .*a GPU has"
     with pytest.raises(UserError, match=refused):
-        _plan_or_refuse("cuda:0", "rl", setup)
+        plan_or_refuse("cuda:0", "rl", setup)
 
 
 def test_sft_plan_matches_the_hand_calculation():

@@ -6,7 +6,7 @@ import torch
 
 from bridgelm import hardware
 from bridgelm.cli import build_parser, main
-from bridgelm.cli import common
+from bridgelm import source
 
 COMMANDS = {
     "generate": ["generate", "--model", "m", "--prompt", "x", "--out", "o.jsonl"],
@@ -42,9 +42,9 @@ def test_threads_are_set_as_asked_or_by_the_default(monkeypatch):
     try:
         monkeypatch.setattr(hardware, "default_threads", lambda: (1, "a loaded machine"))
         torch.set_num_threads(2)
-        common.set_threads(0)
+        source.set_threads(0)
         assert torch.get_num_threads() == 1
-        common.set_threads(2)
+        source.set_threads(2)
         assert torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(before)

@@ -8,8 +8,8 @@ import pytest
 from conftest import save_tiny_model_dir
 from transformers import AutoTokenizer
 
-from bridgelm.cli.common import load_tokenizer as cli_load_tokenizer
 from bridgelm.errors import DataWarning
+from bridgelm.source import ModelSource
 from bridgelm.engine import encode_prompts
 from bridgelm.tokenizer import char_tokenizer, load_tokenizer, train_bpe, unknown_characters
 
@@ -22,7 +22,7 @@ def test_a_saved_character_tokenizer_keeps_newlines(tmp_path):
     folder = tmp_path / "m"
     _, want = save_tiny_model_dir(folder)
     assert json.loads((folder / "config.json").read_text())["model_type"] == "qwen2"
-    for tok in (load_tokenizer(folder), cli_load_tokenizer(str(folder))):
+    for tok in (load_tokenizer(folder), ModelSource(str(folder)).load_tokenizer()):
         assert tok(TEXT)["input_ids"] == want(TEXT)["input_ids"]
         assert tok.decode(tok(TEXT)["input_ids"]) == TEXT
         assert tok.all_special_tokens == want.all_special_tokens and tok.chat_template == want.chat_template

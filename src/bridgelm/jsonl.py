@@ -1,4 +1,5 @@
-"""Crash-safe files: append-only JSONL that resumes, and atomic whole-file writes.
+"""Crash-safe files: append-only JSONL that resumes, atomic whole-file writes, and outputs checked before any work
+(`check_out`: writable, of the right kind; `exclusive`: one writer).
 
 A line is appended with one write of its complete bytes followed by fsync; should a crash still cut a line,
 `read_records` drops (and truncates away) the unterminated tail, so a re-run redoes exactly that record. Any
@@ -60,6 +61,27 @@ def check_free(path: str | os.PathLike, flag: str = "--out", folder: bool | None
         fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+def check_out(path: str | os.PathLike, kind: str, flag: str = "--out") -> None:
+    """UserError, before any work, for an output path that cannot be written: a folder where a file is expected
+    ("file") or a file where a folder is expected ("dir"), or a place without write permission. Creates nothing."""
+    p = Path(path).expanduser()
+    if kind == "file" and p.is_dir():
+        raise UserError(f"{flag} {path} is a folder: expected a file name")
+    if kind == "dir" and p.exists() and not p.is_dir():
+        raise UserError(f"{flag} {path} is a file: expected a folder (created when missing)")
+    if p.exists():
+        if not os.access(p, os.W_OK | (os.X_OK if p.is_dir() else 0)):
+            raise UserError(
+                f"{flag} {path} is not writable: expected a {'folder' if kind == 'dir' else 'file'} you may write"
+            )
+        return
+    parent = next(q for q in p.absolute().parents if q.exists())
+    if not parent.is_dir():
+        raise UserError(f"{flag} {path}: {parent} is a file, so nothing can be created under it")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise UserError(f"{flag} {path}: folder {parent} is not writable, so {path} cannot be created there")
 
 
 def _lock_file(path: Path, folder: bool | None) -> Path:

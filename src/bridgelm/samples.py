@@ -122,3 +122,55 @@ def _sample_into(model, tokenizer, prompts, todo, out: Path, cfg, settings, chat
             "settings": settings,
         }
         append_record(out, line)
+
+
+def run_generate(
+    cfg: SamplingConfig, source, out: str, prompts_file: str | None = None, prompt: str | None = None,
+    chat: bool = False, stop: Sequence[str] = (),
+) -> int:
+    """`bridgelm generate`: `cfg.n` samples (in groups of `cfg.width`) of the model of `source` (a
+    bridgelm.source.ModelSource) for each prompt of `prompts_file` (JSONL, a 'prompt' a line) or for `prompt`,
+    into `out` (re-runs resume); returns the prompts sampled now."""
+    from bridgelm.jsonl import check_free, check_out
+    from bridgelm.runs import local_source
+    from bridgelm.source import width_is_moot
+
+    cfg.validate()
+    if (prompts_file is None) == (prompt is None):
+        raise UserError("give exactly one of --prompts FILE.jsonl or --prompt TEXT")
+    if prompt is not None and not prompt:
+        raise UserError("--prompt is empty: expected the text of a prompt")
+    check_out(out, "file")
+    check_free(out, folder=False)  # another process writing it: refused before the model loads
+    prompts = read_prompts(prompts_file) if prompts_file else [prompt]
+    model, tokenizer = source.load()
+    settings = run_settings("generate", cfg, local_source(source.model), local_source(source.blocks), chat, stop=stop)
+    print(f"bridgelm generate: {len(prompts)} prompts x {cfg.n} samples (width {cfg.width}) -> {out}")
+    moot = width_is_moot(model)
+    if moot and cfg.width > 1:
+        print(f"bridgelm generate: note: {moot}, so width {cfg.width} samples like width 1: independently")
+    where = f"--prompts {prompts_file}" if prompts_file else "--prompt"
+    made = sample_to_file(model, tokenizer, prompts, out, cfg, settings, chat, stop, source=where)
+    print(f"bridgelm generate: sampled {made} prompts now, {len(prompts) - made} were already in {out}")
+    return made
+
+
+def read_prompts(path: str) -> list[str]:
+    """The prompts of a JSONL file written by hand: one object with a non-empty 'prompt' a line."""
+    if not Path(path).exists():
+        raise UserError(
+            f"--prompts {path} does not exist: expected a JSONL file, one object with a 'prompt' field per line"
+        )
+    rows = read_records(path, repair=False, allow_cut=False)  # written by hand: a cut last line is an error
+    if not rows:
+        raise UserError(f"{path} holds no prompts: expected one JSON object per line with a 'prompt' field")
+    prompts = []
+    for number, row in enumerate(rows, start=1):
+        if not isinstance(row, dict):
+            raise UserError(f"{path}, line {number}: a JSON {type(row).__name__}: expected an object with a 'prompt'")
+        text = row.get("prompt")
+        if not isinstance(text, str) or not text:
+            why = "missing" if "prompt" not in row else f"{text!r}"
+            raise UserError(f"{path}, line {number}: field 'prompt' is {why}: expected non-empty text")
+        prompts.append(text)
+    return prompts

@@ -1,4 +1,4 @@
-"""Command line: argument parsing only; every command builds configs and calls the library.
+"""Command line: argument parsing only; every command builds configs and makes one call into the library.
 
 Each module of this package adds the commands of one family with `add_commands(subparsers)`. The flags of a
 config dataclass are made from its fields by `fields.add_fields`, and the config is built back by `fields.build`:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 from dataclasses import fields, replace
 
-from bridgelm.cli.common import check_out
 from bridgelm.cli.fields import Flag, add_fields, build
 from bridgelm.demo.arms import ARMS, PAPER_ARMS, check_arms
 from bridgelm.demo.config import DemoConfig
 from bridgelm.demo.misalign import check_preambles
 from bridgelm.errors import UserError
+from bridgelm.jsonl import check_out
 from bridgelm.setting import help_of
 
 # The sizes a user may set; every other one is the preset's (DemoConfig(), or DemoConfig.quick() with --quick).

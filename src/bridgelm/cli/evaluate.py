@@ -12,170 +12,40 @@ bridgelm analyze similarity runs/x
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
-from bridgelm.cli.common import (
-    add_model_args,
-    check_out,
-    load_model_and_tokenizer,
-    load_model_of,
-    positive_int,
-    stop_string,
-    width_is_moot,
-)
+from bridgelm.cli.common import add_model_args, model_source, positive_int, stop_string
 from bridgelm.cli.fields import Flag, Nested, add_fields, build
-from bridgelm.errors import UserError
+from bridgelm.eval import launch
 from bridgelm.eval.runner import EvalConfig
 
 
 def _cmd_eval(args) -> None:
-    from bridgelm.dist import Dist
-    from bridgelm.eval.datasets import load_benchmarks
-    from bridgelm.eval.folder import shard_file_name
-    from bridgelm.eval.runner import run_eval
-    from bridgelm.eval.score import METRICS_FILE, score_run, summary_lines
-    from bridgelm.jsonl import check_free
-
-    cfg = build(EvalConfig, args)
-    cfg.validate()
-    check_out(args.out, "dir")
-    benches = load_benchmarks(args.task, args.data, cfg.limit)  # data errors before the model is loaded
-    dist = Dist.from_env()
-    if dist.is_main:  # another eval (or score) writing the run: refused before the model loads
-        check_free(args.out, folder=True)
-    check_free(Path(args.out) / shard_file_name(dist), folder=False)
-    if dist.world > 1:
-        args.device = str(dist.device)
-    lead = dist.is_main
-    if lead:
-        names = ", ".join(f"{b.name} ({len(b.problems)})" for b in benches)
-        print(
-            f"bridgelm eval: {names} x widths {cfg.all_widths()} x {cfg.sampling.n} samples -> {args.out}/ "
-            f"(run.json, samples{'.rank*' if dist.world > 1 else ''}.jsonl"
-            f"{'' if args.no_score else ', scores.jsonl, metrics.json'})"
-        )
-    model, tokenizer = load_model_and_tokenizer(args)
-    what = width_is_moot(model)
-    if lead and what and len(cfg.all_widths()) > 1:
-        print(
-            f"bridgelm eval: note: {what}, so its samples do not depend on the width: widths {cfg.all_widths()} "
-            "sample the same sets (up to the rounding of other batch shapes), each again"
-        )
-    done = run_eval(model, tokenizer, args.task, args.data, cfg, args.out, args.model, args.blocks, dist=dist)
-    who = f"rank {dist.rank}: " if dist.world > 1 else ""
-    what = "problems" if len(cfg.all_widths()) == 1 else f"sets (a problem at one of {len(cfg.all_widths())} widths)"
-    print(f"bridgelm eval: {who}sampled {done['sampled']} {what} now, {done['skipped']} were already in {args.out}")
-    if done["truncated"]:
-        print(
-            f"bridgelm eval: {who}the long document of {done['truncated']} of them was cut to fit the context minus "
-            "--max-new-tokens (recorded as 'truncated' on its line of the samples file)"
-        )
-    if lead and not args.no_score:
-        result = score_run(args.out)
-        print(f"bridgelm eval: metrics -> {Path(args.out) / METRICS_FILE}")
-        for line in summary_lines(result):
-            print(f"bridgelm eval: {line}")
+    launch.run_evaluate(build(EvalConfig, args), model_source(args), args.task, args.data, args.out, not args.no_score)
 
 
 def _cmd_score(args) -> None:
-    from bridgelm.eval.score import METRICS_FILE, SCORES_FILE, score_run, summary_lines
-
-    result = score_run(args.run_dir, allow_partial=args.allow_partial)
-    run = Path(args.run_dir)
-    print(f"bridgelm score: {run / METRICS_FILE}, {run / SCORES_FILE}")
-    for line in summary_lines(result):
-        print(f"bridgelm score: {line}")
+    launch.run_score(args.run_dir, args.allow_partial)
 
 
 def _cmd_report(args) -> None:
-    import json
-
-    from bridgelm.eval.report import write_report
-
     names = [x.strip() for x in args.names.split(",")] if args.names is not None else None
-    check_out(args.out, "dir")
-    path = write_report(args.run_dirs, args.out, names=names, base=args.base)
-    report = json.loads((Path(args.out) / "report.json").read_text())
-    files = ", ".join(Path(f).name for f in report["files"])
-    print(f"bridgelm report: {path} (and report.json{', ' + files if files else ''} in {args.out})")
-    for line in report["setting_differences"]:
-        print(f"bridgelm report: warning: {line}")
-    acc = report["accuracy"]
-    for name, row in acc["rows"].items() if acc["columns"] else ():  # ROUGE-only runs: the non-math lines below
-        avg = "–" if row["avg"] is None else f"{100 * row['avg']:.2f}%"
-        delta = "" if row["delta"] is None else f" (Δ {100 * row['delta']:+.2f} vs {acc['base']})"
-        print(f"bridgelm report: {name}: mean accuracy {avg}{delta}")
-    table2 = report.get("nonmath")
-    for name, cells in (table2 or {}).get("rows", {}).items():
-        shown = [f"{table2['titles'][b]} {100 * cells[b]['mean']:.2f}" for b in table2["columns"] if cells.get(b)]
-        if shown:
-            print(f"bridgelm report: {name}: non-math (ROUGE-1 / accuracy, %): {', '.join(shown)}")
+    launch.run_report(args.run_dirs, args.out, names, args.base)
 
 
 def _cmd_features(args) -> None:
-    from bridgelm.eval.analyze import plot_feature_ratios, run_feature_ratios
-    from bridgelm.eval.folder import check_run_model
-    from bridgelm.jsonl import write_json
-
-    check_out(args.out, "dir")
-    check_run_model(args.run, args.model, args.blocks)
-    model = load_model_of(args, args.blocks)
-    out = Path(args.out)
-    print(f"bridgelm analyze features: {args.sets} response sets of {args.run} -> {out}/features.json, features.png")
-    result = run_feature_ratios(model, args.run, args.sets, args.benchmark, args.width, args.max_tokens)
-    result.update(model=args.model, blocks=args.blocks, run=str(args.run))
-    write_json(out / "features.json", result)
-    plot_feature_ratios({f"{result['kind']} ({Path(args.model).name})": result["ratios"]}, out / "features.png")
-    ratios = ", ".join(f"{r:.4f}" for r in result["ratios"])
-    print(f"bridgelm analyze features: {result['kind']} ratio per layer over {result['tokens']} tokens: {ratios}")
+    launch.run_features(model_source(args), args.run, args.out, args.sets, args.benchmark, args.width, args.max_tokens)
 
 
 def _cmd_siblings(args) -> None:
-    from bridgelm.eval.analyze import run_response_sets, sibling_gain, warmup_response_sets
-    from bridgelm.eval.folder import check_run_model
-    from bridgelm.jsonl import write_json
-
-    if (args.run is None) == (args.data is None):
-        raise UserError("give one of --run (an eval run) or --data (a warm-up file)")
-    check_out(args.out, "dir")
-    if args.run is not None:
-        check_run_model(args.run, args.model, args.blocks)
-        sets = run_response_sets(args.run, args.sets, args.benchmark, args.width, args.max_tokens)
-    else:
-        sets = warmup_response_sets(args.data, args.sets)
-    model = load_model_of(args, args.blocks)
-    out = Path(args.out) / "siblings.json"
-    print(f"bridgelm analyze siblings: {len(sets)} response sets of {args.run or args.data} -> {out}")
-    result = sibling_gain(model, sets)
-    result.update(model=args.model, blocks=args.blocks, source=str(args.run or args.data))
-    write_json(out, result)
-    d = result["diff"]
-    print(
-        f"bridgelm analyze siblings: NLL per response token {result['nll_with_siblings']:.5f} with siblings, "
-        f"{result['nll_alone']:.5f} alone: {d['mean']:+.5f} [{d['low']:+.5f}, {d['high']:+.5f}] over "
-        f"{result['sets']} sets ({result['tokens']} tokens; negative: the siblings help)"
+    launch.run_siblings(
+        model_source(args), args.out, args.run, args.data, args.sets, args.benchmark, args.width, args.max_tokens
     )
 
 
 def _cmd_similarity(args) -> None:
-    from bridgelm.eval.similarity import DEFAULT_EMBEDDER, run_similarity
-
-    out = Path(args.out) if args.out else Path(args.run_dir) / "similarity.json"
-    check_out(str(out), "file")
-    embedder = DEFAULT_EMBEDDER if args.embedding_model is None else (args.embedding_model or None)
-    result = run_similarity(args.run_dir, args.benchmark, args.width, args.max_samples, embedder, out)
-    print(f"bridgelm analyze similarity: -> {out}")
-    for bench, per in result.items():
-        for w, entry in per.items():
-            r, r1 = entry["rouge_l"], entry["rouge_1"]
-            emb = entry.get("embedding", {})
-            tail = f", embedding cosine {emb['cosine']['mean']:.4f}" if "cosine" in emb else ""
-            skipped = f" (embedding skipped: {emb['skipped']})" if "skipped" in emb else ""
-            print(
-                f"bridgelm analyze similarity: {bench} w={w}: ROUGE-L {r['mean']:.4f} "
-                f"[{r['low']:.4f}, {r['high']:.4f}], ROUGE-1 {r1['mean']:.4f} "
-                f"over {entry['problems']} sets{tail}{skipped}"
-            )
+    launch.run_similarity(
+        args.run_dir, args.out, args.benchmark, args.width, args.max_samples, args.embedding_model
+    )
 
 
 def add_commands(sub) -> None:

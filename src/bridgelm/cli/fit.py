@@ -4,6 +4,7 @@ and a config's refusal names the flags the user types (`--steps-per-rollout 8`),
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import re
 import sys
@@ -32,20 +33,23 @@ def fit_steps_per_rollout(cfg, args: argparse.Namespace, world: int, say: bool =
 
 
 def flag_names(parser: argparse.ArgumentParser) -> dict[str, str]:
-    """Each setting's name as a config's messages write it ("steps_per_rollout", "rollouts", "width") -> its flag."""
-    by_flag, by_field, seen = {}, {}, set()
+    """Each setting's name as a config's messages write it ("steps_per_rollout", "rollouts", "width", the dotted
+    "validation.sampling.n") -> its flag."""
+    by_flag, by_field, by_dest, seen = {}, {}, {}, set()
     for action in parser._actions:
         longs = [o for o in action.option_strings if o.startswith("--")]
         if not longs or action.dest in ("help",):
             continue
         by_flag[longs[0][2:].replace("-", "_")] = longs[0]
+        if "." in action.dest:
+            by_dest[action.dest] = longs[0]
         field = action.dest.rsplit(".", 1)[-1]
         if field in seen:
             by_field.pop(field, None)  # "n" of the rollouts and of validation: ambiguous, left as written
         else:
             seen.add(field)
             by_field[field] = longs[0]
-    return {**by_field, **by_flag}
+    return {**by_field, **by_flag, **by_dest}
 
 
 def in_flags(err: Exception, flags: dict[str, str]) -> UserError:
@@ -53,3 +57,15 @@ def in_flags(err: Exception, flags: dict[str, str]) -> UserError:
     names = "|".join(sorted(map(re.escape, flags), key=len, reverse=True))
     text = re.sub(rf"(?<![\w.-])({names})=", lambda m: f"{flags[m.group(1)]} ", str(err)) if names else str(err)
     return UserError(text)
+
+
+@contextlib.contextmanager
+def flag_words(flags: dict[str, str]):
+    """A refused setting (bridgelm.launch.SettingError) raised in the body with every `name=value` of `flags` written
+    as `--flag value` (in_flags); other errors as they are."""
+    from bridgelm.launch import SettingError
+
+    try:
+        yield
+    except SettingError as err:
+        raise in_flags(err, flags) from err

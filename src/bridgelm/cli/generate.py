@@ -2,44 +2,16 @@
 
 from __future__ import annotations
 
-from bridgelm.cli.common import (
-    add_model_args,
-    check_out,
-    load_model_and_tokenizer,
-    read_prompts,
-    stop_string,
-    width_is_moot,
-)
+from bridgelm.cli.common import add_model_args, model_source, stop_string
 from bridgelm.cli.fields import add_fields, build
 from bridgelm.engine import SamplingConfig
-from bridgelm.errors import UserError
 
 
 def _cmd_generate(args) -> None:
-    from bridgelm.jsonl import check_free
-    from bridgelm.runs import local_source
-    from bridgelm.samples import run_settings, sample_to_file
+    from bridgelm.samples import run_generate
 
     cfg = build(SamplingConfig, args)
-    cfg.validate()
-    if (args.prompts is None) == (args.prompt is None):
-        raise UserError("give exactly one of --prompts FILE.jsonl or --prompt TEXT")
-    if args.prompt is not None and not args.prompt:
-        raise UserError("--prompt is empty: expected the text of a prompt")
-    check_out(args.out, "file")
-    check_free(args.out, folder=False)  # another process writing it: refused before the model loads
-    prompts = read_prompts(args.prompts) if args.prompts else [args.prompt]
-    model, tokenizer = load_model_and_tokenizer(args)
-    settings = run_settings(
-        "generate", cfg, local_source(args.model), local_source(args.blocks), args.chat, stop=args.stop
-    )
-    print(f"bridgelm generate: {len(prompts)} prompts x {cfg.n} samples (width {cfg.width}) -> {args.out}")
-    moot = width_is_moot(model)
-    if moot and cfg.width > 1:
-        print(f"bridgelm generate: note: {moot}, so width {cfg.width} samples like width 1: independently")
-    source = f"--prompts {args.prompts}" if args.prompts else "--prompt"
-    made = sample_to_file(model, tokenizer, prompts, args.out, cfg, settings, args.chat, args.stop, source=source)
-    print(f"bridgelm generate: sampled {made} prompts now, {len(prompts) - made} were already in {args.out}")
+    run_generate(cfg, model_source(args), args.out, args.prompts, args.prompt, args.chat, args.stop)
 
 
 def add_commands(sub) -> None:

@@ -1,4 +1,4 @@
-"""bridgelm warmup-data / sft / rl: the training stages (argument parsing only; the work is in bridgelm.train).
+"""bridgelm warmup-data / sft / rl: the training stages (argument parsing only; each calls bridgelm.launch).
 
 bridgelm warmup-data --model M --task gsm8k --data train.jsonl --n 8 --out warmup.jsonl
 bridgelm sft --model M --add bridge --data warmup.jsonl --out sft_run
@@ -9,26 +9,16 @@ torchrun --nproc_per_node 2 -m bridgelm rl ...   (data parallel; add --fsdp to s
 from __future__ import annotations
 
 import argparse
-import functools
-import os
 
 from bridgelm.blocks import KINDS, PLACEMENTS, BlockConfig
-from bridgelm.cli.common import (
-    add_model_args,
-    add_threads_arg,
-    block_heads,
-    check_out,
-    load_model_and_tokenizer,
-    load_model_of,
-    load_tokenizer,
-    warn_slow_bf16,
-)
+from bridgelm.cli.common import add_model_args, add_threads_arg, block_heads, model_source
 from bridgelm.cli.fields import Flag, Nested, add_fields, add_groups, build
-from bridgelm.cli.fit import fit_steps_per_rollout, flag_names, in_flags
+from bridgelm.cli.fit import fit_steps_per_rollout, flag_names, flag_words
 from bridgelm.dist import Dist, DistConfig
-from bridgelm.errors import UserError
 from bridgelm.engine import SamplingConfig
+from bridgelm.errors import UserError
 from bridgelm.grpo import ADVANTAGES
+from bridgelm.source import TaskSource
 from bridgelm.train import warmup_data
 from bridgelm.train.rl_config import RLConfig
 from bridgelm.train.set_rewards import REWARDS
@@ -38,194 +28,46 @@ from bridgelm.train.sft import SFTConfig
 VAL_SPLIT = "test"  # --val-split's default
 
 
-def _main_process() -> bool:
-    """Under torchrun only rank 0 reports."""
-    return os.environ.get("RANK", "0") == "0"
-
-
-def _load_task(name: str, path: str | None, split: str):
-    from bridgelm import tasks
-
-    return tasks.load(name, path, split=split)
-
-
 def _cmd_warmup_data(args) -> None:
-    from bridgelm.runs import local_source
-    from bridgelm.train.warmup_data import make_warmup_data, warmup_sampling
+    from bridgelm.launch import run_warmup_data
 
-    sampling = build(SamplingConfig, args, width=1)
-    try:
-        warmup_sampling(args.n, sampling, args.limit)  # before the model loads
-    except UserError as err:
-        raise in_flags(err, {"n": "--n", "limit": "--limit"}) from err
-    check_out(args.out, "file")
-    if Dist.from_env().world > 1:
-        raise UserError(
-            "warmup-data runs in one process: it does not shard problems, and each torchrun rank would sample every "
-            "problem into the same file; run it without torchrun"
-        )
-    task = _load_task(args.task, args.data, args.split)
-    model, tokenizer = load_model_and_tokenizer(args)
-    count = len(task.examples) if args.limit is None else min(args.limit, len(task.examples))
-    print(f"bridgelm warmup-data: {count} problems x {args.n} samples -> {args.out}")
-    stats = make_warmup_data(
-        model, tokenizer, task, args.out, args.n, sampling, args.chat, args.limit, blocks=local_source(args.blocks)
-    )
-    cut = f", {stats['cut']} correct but cut by --max-new-tokens and left out" if stats["cut"] else ""
-    print(
-        f"bridgelm warmup-data: {stats['kept']} problems kept with {stats['responses']} correct responses, "
-        f"{stats['dropped']} dropped{cut}; accuracy over all samples {stats['accuracy']:.3f}; in {args.out}"
-    )
-
-
-def _join(model, launch: DistConfig) -> None:
-    """Join torchrun's process group (when launched so) with --dist-timeout; the trainer then uses that group."""
-    from bridgelm.dist import setup_distributed
-
-    setup_distributed(next(model.parameters()).device, launch.dist_timeout)
+    sampling, task = build(SamplingConfig, args, width=1), TaskSource(args.task, args.data, args.split)
+    with flag_words({"n": "--n", "limit": "--limit"}):
+        run_warmup_data(model_source(args), task, args.out, args.n, sampling, args.chat, args.limit)
 
 
 def _cmd_sft(args) -> None:
-    from bridgelm import plan
-    from bridgelm.dist import teardown_distributed
-    from bridgelm.tokenizer import check_vocab
-    from bridgelm.train.sft import ensure_blocks, train_sft
-    from bridgelm.warmup_file import read_warmup
+    from bridgelm.launch import run_sft
 
     cfg, launch = build(SFTConfig, args), build(DistConfig, args)
-    try:
-        cfg.lora.validate()  # in flag words (sft's other messages name its settings)
-    except ValueError as err:
-        raise in_flags(err, args.flags) from err
-    cfg.validate()
-    launch.validate()
-    check_out(args.out, "dir")
-    warn_slow_bf16(cfg.optim.bf16, args.device, "--bf16")
-    read_warmup(args.data)  # a bad file is refused before the model loads (train_sft reads it again, with the model)
-    _need_peft(cfg.lora)
-    model = ensure_blocks(load_model_of(args, None), cfg)  # --add's blocks (train_sft keeps them), for the plan
-    _check_lora_targets(model, cfg.lora, args)
-    tokenizer = load_tokenizer(args.model)
-    check_vocab(model, tokenizer, args.model)
-    device = next(model.parameters()).device
-    _plan_or_refuse(device, "sft", lambda: plan.SFTSetup(plan.shape_of(model), cfg, Dist.from_env().world, args.dtype))
-    try:
-        _join(model, launch)
-        res = train_sft(model, tokenizer, args.data, cfg, args.out)
-        if not _main_process():
-            return
-        if res.best_val_ppl is not None:
-            print(f"bridgelm sft: best validation perplexity {res.best_val_ppl:.3f} (epoch {res.best_epoch})")
-        what = "model (LoRA merged, blocks; a folder for --model)" if cfg.lora.enabled else "blocks"
-        print(f"bridgelm sft: {what} in {res.blocks_path}, metrics in {res.out_dir / 'metrics.jsonl'}")
-    finally:
-        teardown_distributed()
+    with flag_words(args.flags):
+        run_sft(cfg, launch, model_source(args), args.data, args.out)
 
 
-def _need_peft(settings) -> None:
-    """With --lora-r: peft installed, checked before the model loads."""
-    if settings.enabled:
-        from bridgelm.lora import require_peft
-
-        require_peft()
-
-
-def _check_lora_targets(model, settings, args) -> None:
-    """With --lora-r: every --lora-targets name a module of the loaded base (outside the blocks), in flag words."""
-    if settings.enabled:
-        from bridgelm.lora import check_targets
-
-        try:
-            check_targets(model, settings)
-        except ValueError as err:
-            raise in_flags(err, {"lora_targets": "--lora-targets"}) from err
-
-
-def _plan_or_refuse(device, command: str, make_setup) -> None:
-    """On a CUDA device: the run's per-GPU memory plan (`make_setup()`, a bridgelm.plan setup; rank 0 prints it), and
-    a run that cannot fit refused, with the numbers, before it starts."""
-    from bridgelm import plan_fit
-
-    budget = plan_fit.device_memory_gib(device)
-    if budget is None:  # not a GPU: nothing to plan against
-        return
-    text = plan_fit.check_fits(make_setup(), budget)
-    if _main_process():
-        print(f"bridgelm {command}: memory per GPU (bridgelm plan)\n{text}")
-
-
-def _rl_setup(model, tokenizer, task, cfg: RLConfig, dtype: str):
-    """The plan's setup of an rl run; its prompts' length is the task's longest prompt."""
-    from bridgelm import plan
-    from bridgelm.engine import encode_prompts
-
-    prompts = encode_prompts(tokenizer, [task.prompt(ex) for ex in task.examples], cfg.chat)
-    return plan.Setup(plan.shape_of(model), cfg, Dist.from_env().world, dtype, max(map(len, prompts)))
-
-
-def _refuse_unread_validation(args, cfg: RLConfig) -> None:
-    """--val-data, --val-split and the --eval-* settings are read only with --val-task: given without it, refused."""
-    if args.val_task:
-        return
-    given = [f"--val-data {args.val_data}"] if args.val_data is not None else []
-    given += [f"--val-split {args.val_split}"] if args.val_split != VAL_SPLIT else []
-    for dest, value in vars(args).items():  # the --eval-* flags' dests: "validation.limit", "validation.sampling.n"
-        path = dest.split(".")
-        if path[0] == "validation" and value != functools.reduce(getattr, path, RLConfig()):
-            given.append(f"--eval-{path[-1].replace('_', '-')} {value}")
-    if given:
-        raise UserError(f"{given[0]} is read only with --val-task (the task to validate on): expected --val-task "
-                        "TASK, or no validation settings")
-
-
-def _cmd_rl(args) -> None:
-    import bridgelm
-    from bridgelm.attach import add_seeded_blocks
-    from bridgelm.dist import teardown_distributed
-    from bridgelm.rng import derive_seed
-    from bridgelm.train.rl import train_rl
-
-    cfg, launch = build(RLConfig, args), build(DistConfig, args)
-    world = Dist.from_env().world
-    cfg = fit_steps_per_rollout(cfg, args, world, say=_main_process())
-    try:
-        cfg.validate(world)  # the launch's processes: refused before any model loads
-    except ValueError as err:
-        raise in_flags(err, args.flags) from err
-    launch.validate()
-    if args.no_blocks and cfg.block_lr is not None:
-        raise UserError(f"--block-lr {cfg.block_lr} with --no-blocks: there are no blocks to train at that rate")
+def _refuse_contradictions(args) -> None:
+    """Flags that contradict each other or that nothing would read: refused as the command line is read (settings
+    of RLConfig that nothing would read are run_rl's to refuse)."""
     block_heads(args)
-    _refuse_unread_validation(args, cfg)
+    if not args.val_task and (args.val_data is not None or args.val_split != VAL_SPLIT):
+        given = f"--val-data {args.val_data}" if args.val_data is not None else f"--val-split {args.val_split}"
+        raise UserError(f"{given} is read only with --val-task (the task to validate on): expected --val-task "
+                        "TASK, or no validation settings")
     if args.blocks and (args.no_blocks or args.add):
         flag = "--no-blocks" if args.no_blocks else f"--add {args.add}"
         raise UserError(f"--blocks {args.blocks} and {flag} contradict each other: expected one of them")
-    check_out(args.out, "dir")
-    _need_peft(cfg.lora)
-    task = _load_task(args.task, args.data, args.split)
-    val_task = _load_task(args.val_task, args.val_data, args.val_split) if args.val_task else None
-    warn_slow_bf16(cfg.optim.bf16, args.device, "--bf16")
-    warn_slow_bf16(cfg.rollout_dtype == "bfloat16", args.device, "--rollout-dtype bfloat16")
-    model, tokenizer = load_model_and_tokenizer(args)
-    have = bridgelm.block_config(model)
-    if args.no_blocks and have is not None:
-        raise UserError(f"--no-blocks, but {args.model} holds {have.kind} blocks; load a model without blocks")
-    if args.add:  # the same blocks on every rank and on every --resume
-        add_seeded_blocks(model, args.add, derive_seed(args.seed, "rl-blocks"), num_heads=block_heads(args))
-    _check_lora_targets(model, cfg.lora, args)
-    device = next(model.parameters()).device
-    _plan_or_refuse(device, "rl", lambda: _rl_setup(model, tokenizer, task, cfg, args.dtype))
-    try:
-        _join(model, launch)
-        res = train_rl(model, tokenizer, task, cfg, args.out, val_task=val_task)
-        if not _main_process():
-            return
-        print(f"bridgelm rl: {res.steps} steps; the trained model is {res.final_dir} (a folder for --model)")
-        if res.best_dir is not None:
-            best = f"{res.best_accuracy:.3f} (step {res.best_step})"
-            print(f"bridgelm rl: best validation accuracy {best} in {res.best_dir}")
-    finally:
-        teardown_distributed()
+
+
+def _cmd_rl(args) -> None:
+    from bridgelm.launch import main_process, run_rl
+
+    cfg, launch = build(RLConfig, args), build(DistConfig, args)
+    cfg = fit_steps_per_rollout(cfg, args, Dist.from_env().world, say=main_process())
+    with flag_words(args.flags):  # a refused setting of RLConfig in the words of its flag (--steps-per-rollout 8)
+        _refuse_contradictions(args)
+        task = TaskSource(args.task, args.data, args.split)
+        val = TaskSource(args.val_task, args.val_data, args.val_split) if args.val_task else None
+        run_rl(cfg, launch, model_source(args), task, args.out, val_task=val, add=args.add,
+               num_heads=block_heads(args), no_blocks=args.no_blocks)
 
 
 # rl --help shows RLConfig's flags in these groups.
@@ -345,7 +187,8 @@ def _add_sft(sub) -> None:
     )
     p.add_argument("--out", required=True, help="run directory: metrics.jsonl, checkpoints/, blocks.safetensors")
     add_fields(p.add_argument_group("distributed (torchrun)"), DistConfig)
-    p.set_defaults(func=_cmd_sft, flags=flag_names(p))
+    # LoRA's refusals in the words of its flags; sft's other messages name its settings
+    p.set_defaults(func=_cmd_sft, flags={k: v for k, v in flag_names(p).items() if k.startswith("lora_")})
 
 
 def _add_rl(sub) -> None:
@@ -367,6 +210,8 @@ def _add_rl(sub) -> None:
                  f"groups (default: {RLConfig.steps_per_rollout}, or the Bridge groups a rank holds when fewer)")
     groups = dict(rollout=ROLLOUT_FLAGS, validation=VALIDATION_FLAGS, lora=LORA_FLAGS, optim=RL_OPTIM_FLAGS,
                   run=RL_RUN_FLAGS, reward=reward, advantage=advantage)
+    before = flag_names(p)
     add_groups(p, RLConfig, RL_GROUPS, steps_per_rollout=steps, **groups)
+    settings = {k: v for k, v in flag_names(p).items() if k not in before}  # RLConfig's refusals, in flag words
     add_fields(p.add_argument_group("distributed (torchrun)"), DistConfig)
-    p.set_defaults(func=_cmd_rl, flags=flag_names(p))
+    p.set_defaults(func=_cmd_rl, flags=settings)

@@ -46,7 +46,7 @@ from bridgelm.train.loop import Run, RunControl, settings_of
 from bridgelm.train.checkpoints import write_dir_atomic
 from bridgelm.train.optim import OptimConfig, gradient_parts, make_optimizer, make_scheduler, optimizer_step
 from bridgelm.train.weights import save_model
-from bridgelm.warmup_file import Problem, read_warmup
+from bridgelm.warmup_file import Problem, WarmupData, load_warmup
 
 BLOCKS_FILE = "blocks.safetensors"  # the best blocks of the run (by validation perplexity)
 MODEL_DIR = "model"  # with LoRA, the best instead: a model folder (LoRA merged, blocks, model/lora/)
@@ -199,17 +199,21 @@ def ensure_blocks(model, cfg: SFTConfig):
     )
 
 
-def train_sft(model, tokenizer, data_path: str | os.PathLike, cfg: SFTConfig, out_dir: str | os.PathLike) -> SFTResult:
-    """Warm up the blocks of `model` (added when absent) on the warm-up file; writes OUT/blocks.safetensors."""
+def train_sft(
+    model, tokenizer, data: str | os.PathLike | WarmupData, cfg: SFTConfig, out_dir: str | os.PathLike
+) -> SFTResult:
+    """Warm up the blocks of `model` (added when absent) on the warm-up file `data` (its path, or the file read:
+    `load_warmup`); writes OUT/blocks.safetensors."""
     cfg.validate()
     out_dir = Path(out_dir)
     dist = setup_distributed(next(model.parameters()).device)
-    problems = read_warmup(data_path, tokenizer, vocab_size=model.get_input_embeddings().num_embeddings)
+    data = data if isinstance(data, WarmupData) else load_warmup(data)
+    problems = data.checked(tokenizer, vocab_size=model.get_input_embeddings().num_embeddings)
     train, val = split_problems(problems, cfg)
     plan = _epoch_plans(train, cfg)  # checked before the run folder is touched
     total = sum(len(b) for b in plan)
     prepare_lora(ensure_blocks(model, cfg), cfg.lora, cfg.seed, "sft")
-    identity = _identity(model, data_path, problems, cfg)
+    identity = _identity(model, data.path, problems, cfg)
     run = Run(out_dir, "sft", identity, cfg.run, dist, best={"val_ppl": None, "epoch": 0})
     params = _trainable_blocks(model, cfg, run, dist)
     parts = gradient_parts(model)

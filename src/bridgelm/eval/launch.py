@@ -1,0 +1,183 @@
+"""The evaluation commands as calls: `run_evaluate` (bridgelm eval), `run_score`, `run_report`, and `run_features`,
+`run_siblings`, `run_similarity` (bridgelm analyze ...) do what the commands do, for the command line and a Python
+user alike: check the output before any work, load what they name, run, write, and say what they wrote.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+from bridgelm.errors import UserError
+from bridgelm.eval.runner import EvalConfig
+from bridgelm.jsonl import check_out, write_json
+from bridgelm.source import ModelSource, width_is_moot
+
+
+def run_evaluate(cfg: EvalConfig, source: ModelSource, task: str, data: list[str], out: str, score: bool = True):
+    """`bridgelm eval`: `cfg.sampling.n` responses per problem of each data file of `task` (a benchmark each) at
+    every width into the run folder `out` (re-runs resume; under torchrun a shard a rank), scored on rank 0 unless
+    not `score`. Returns run_eval's counts."""
+    from bridgelm.dist import Dist
+    from bridgelm.eval.datasets import load_benchmarks
+    from bridgelm.eval.folder import shard_file_name
+    from bridgelm.eval.runner import run_eval
+    from bridgelm.jsonl import check_free
+
+    cfg.validate()
+    check_out(out, "dir")
+    benches = load_benchmarks(task, data, cfg.limit)  # data errors before the model is loaded
+    dist = Dist.from_env()
+    if dist.is_main:  # another eval (or score) writing the run: refused before the model loads
+        check_free(out, folder=True)
+    check_free(Path(out) / shard_file_name(dist), folder=False)
+    if dist.world > 1:
+        source = replace(source, device=str(dist.device))
+    if dist.is_main:
+        names = ", ".join(f"{b.name} ({len(b.problems)})" for b in benches)
+        print(
+            f"bridgelm eval: {names} x widths {cfg.all_widths()} x {cfg.sampling.n} samples -> {out}/ "
+            f"(run.json, samples{'.rank*' if dist.world > 1 else ''}.jsonl"
+            f"{', scores.jsonl, metrics.json' if score else ''})"
+        )
+    model, tokenizer = source.load()
+    what = width_is_moot(model)
+    if dist.is_main and what and len(cfg.all_widths()) > 1:
+        print(
+            f"bridgelm eval: note: {what}, so its samples do not depend on the width: widths {cfg.all_widths()} "
+            "sample the same sets (up to the rounding of other batch shapes), each again"
+        )
+    done = run_eval(model, tokenizer, task, data, cfg, out, source.model, source.blocks, dist=dist)
+    _say_sampled(done, cfg, out, f"rank {dist.rank}: " if dist.world > 1 else "")
+    if dist.is_main and score:
+        run_score(out, command="eval")
+    return done
+
+
+def _say_sampled(done: dict, cfg: EvalConfig, out: str, who: str) -> None:
+    widths = len(cfg.all_widths())
+    what = "problems" if widths == 1 else f"sets (a problem at one of {widths} widths)"
+    print(f"bridgelm eval: {who}sampled {done['sampled']} {what} now, {done['skipped']} were already in {out}")
+    if done["truncated"]:
+        print(
+            f"bridgelm eval: {who}the long document of {done['truncated']} of them was cut to fit the context minus "
+            "--max-new-tokens (recorded as 'truncated' on its line of the samples file)"
+        )
+
+
+def run_score(run_dir: str, allow_partial: bool = False, command: str = "score") -> dict:
+    """`bridgelm score`: grade the samples of an eval run into its metrics.json and scores.jsonl; returns the
+    metrics. An unfinished run is refused unless `allow_partial` (then its missing problems are listed)."""
+    from bridgelm.eval.score import METRICS_FILE, SCORES_FILE, score_run, summary_lines
+
+    result = score_run(run_dir, allow_partial=allow_partial)
+    run = Path(run_dir)
+    if command == "score":
+        print(f"bridgelm score: {run / METRICS_FILE}, {run / SCORES_FILE}")
+    else:
+        print(f"bridgelm {command}: metrics -> {run / METRICS_FILE}")
+    for line in summary_lines(result):
+        print(f"bridgelm {command}: {line}")
+    return result
+
+
+def run_report(run_dirs: list[str], out: str, names: list[str] | None = None, base: str | None = None) -> Path:
+    """`bridgelm report`: tables (markdown) and figures (PNG) over scored runs into the folder `out`; `names` names
+    the rows (equal names merge runs), `base` the row the improvement column compares with. Returns table.md."""
+    from bridgelm.eval.report import write_report
+
+    check_out(out, "dir")
+    path = write_report(run_dirs, out, names=names, base=base)
+    report = json.loads((Path(out) / "report.json").read_text())
+    files = ", ".join(Path(f).name for f in report["files"])
+    print(f"bridgelm report: {path} (and report.json{', ' + files if files else ''} in {out})")
+    for line in report["setting_differences"]:
+        print(f"bridgelm report: warning: {line}")
+    acc = report["accuracy"]
+    for name, row in acc["rows"].items() if acc["columns"] else ():  # ROUGE-only runs: the non-math lines below
+        avg = "–" if row["avg"] is None else f"{100 * row['avg']:.2f}%"
+        delta = "" if row["delta"] is None else f" (Δ {100 * row['delta']:+.2f} vs {acc['base']})"
+        print(f"bridgelm report: {name}: mean accuracy {avg}{delta}")
+    table2 = report.get("nonmath")
+    for name, cells in (table2 or {}).get("rows", {}).items():
+        shown = [f"{table2['titles'][b]} {100 * cells[b]['mean']:.2f}" for b in table2["columns"] if cells.get(b)]
+        if shown:
+            print(f"bridgelm report: {name}: non-math (ROUGE-1 / accuracy, %): {', '.join(shown)}")
+    return path
+
+
+def run_features(source: ModelSource, run: str, out: str, sets: int = 8, benchmark: str | None = None,
+                 width: int | None = None, max_tokens: int = 4096) -> dict:
+    """`bridgelm analyze features`: ||block output|| / ||residual|| per layer over `sets` response sets of the eval
+    run `run`, re-run through the model of `source`, into OUT/features.json and features.png."""
+    from bridgelm.eval.analyze import plot_feature_ratios, run_feature_ratios
+    from bridgelm.eval.folder import check_run_model
+
+    check_out(out, "dir")
+    check_run_model(run, source.model, source.blocks)
+    model = source.load_model()
+    folder = Path(out)
+    print(f"bridgelm analyze features: {sets} response sets of {run} -> {folder}/features.json, features.png")
+    result = run_feature_ratios(model, run, sets, benchmark, width, max_tokens)
+    result.update(model=source.model, blocks=source.blocks, run=str(run))
+    write_json(folder / "features.json", result)
+    plot_feature_ratios({f"{result['kind']} ({Path(source.model).name})": result["ratios"]}, folder / "features.png")
+    ratios = ", ".join(f"{r:.4f}" for r in result["ratios"])
+    print(f"bridgelm analyze features: {result['kind']} ratio per layer over {result['tokens']} tokens: {ratios}")
+    return result
+
+
+def run_siblings(source: ModelSource, out: str, run: str | None = None, data: str | None = None, sets: int = 64,
+                 benchmark: str | None = None, width: int | None = None, max_tokens: int = 4096) -> dict:
+    """`bridgelm analyze siblings`: the NLL of response sets (of the eval run `run`, or the warm-up file `data`)
+    with their siblings as a group against each alone, under the model of `source`, into OUT/siblings.json."""
+    from bridgelm.eval.analyze import run_response_sets, sibling_gain, warmup_response_sets
+    from bridgelm.eval.folder import check_run_model
+
+    if (run is None) == (data is None):
+        raise UserError("give one of --run (an eval run) or --data (a warm-up file)")
+    check_out(out, "dir")
+    if run is not None:
+        check_run_model(run, source.model, source.blocks)
+        response_sets = run_response_sets(run, sets, benchmark, width, max_tokens)
+    else:
+        response_sets = warmup_response_sets(data, sets)
+    model = source.load_model()
+    path = Path(out) / "siblings.json"
+    print(f"bridgelm analyze siblings: {len(response_sets)} response sets of {run or data} -> {path}")
+    result = sibling_gain(model, response_sets)
+    result.update(model=source.model, blocks=source.blocks, source=str(run or data))
+    write_json(path, result)
+    d = result["diff"]
+    print(
+        f"bridgelm analyze siblings: NLL per response token {result['nll_with_siblings']:.5f} with siblings, "
+        f"{result['nll_alone']:.5f} alone: {d['mean']:+.5f} [{d['low']:+.5f}, {d['high']:+.5f}] over "
+        f"{result['sets']} sets ({result['tokens']} tokens; negative: the siblings help)"
+    )
+    return result
+
+
+def run_similarity(run_dir: str, out: str | None = None, benchmark: str | None = None, width: int | None = None,
+                   max_samples: int | None = None, embedding_model: str | None = None) -> dict:
+    """`bridgelm analyze similarity`: mean pairwise ROUGE-L and ROUGE-1 (and embedding cosine: `embedding_model`,
+    None the default MiniLM, '' none) within the response sets of an eval run, into `out` (RUN_DIR/similarity.json)."""
+    from bridgelm.eval.similarity import DEFAULT_EMBEDDER, run_similarity as similarity
+
+    path = Path(out) if out else Path(run_dir) / "similarity.json"
+    check_out(str(path), "file")
+    embedder = DEFAULT_EMBEDDER if embedding_model is None else (embedding_model or None)
+    result = similarity(run_dir, benchmark, width, max_samples, embedder, path)
+    print(f"bridgelm analyze similarity: -> {path}")
+    for bench, per in result.items():
+        for w, entry in per.items():
+            r, r1 = entry["rouge_l"], entry["rouge_1"]
+            emb = entry.get("embedding", {})
+            tail = f", embedding cosine {emb['cosine']['mean']:.4f}" if "cosine" in emb else ""
+            skipped = f" (embedding skipped: {emb['skipped']})" if "skipped" in emb else ""
+            print(
+                f"bridgelm analyze similarity: {bench} w={w}: ROUGE-L {r['mean']:.4f} "
+                f"[{r['low']:.4f}, {r['high']:.4f}], ROUGE-1 {r1['mean']:.4f} "
+                f"over {entry['problems']} sets{tail}{skipped}"
+            )
+    return result
