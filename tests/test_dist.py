@@ -3,7 +3,6 @@
 import json
 from datetime import timedelta
 from dataclasses import replace
-from types import SimpleNamespace
 
 import pytest
 import torch

@@ -18,7 +18,7 @@ from typing import Any
 
 from bridgelm.engine import SamplingConfig, check_stop_strings, stream_text
 from bridgelm.errors import UserError
-from bridgelm.jsonl import append_record, exclusive, read_records
+from bridgelm.jsonl import append_record, check_regular_file, exclusive, read_records
 from bridgelm.runs import SAMPLED_WITH, check_format, check_settings, format_of, source_digests
 
 
@@ -157,10 +157,7 @@ def run_generate(
 
 def read_prompts(path: str) -> list[str]:
     """The prompts of a JSONL file written by hand: one object with a non-empty 'prompt' a line."""
-    if not Path(path).exists():
-        raise UserError(
-            f"--prompts {path} does not exist: expected a JSONL file, one object with a 'prompt' field per line"
-        )
+    path = check_regular_file(path, "--prompts", "a JSONL file, one object with a 'prompt' field per line")
     rows = read_records(path, repair=False, allow_cut=False)  # written by hand: a cut last line is an error
     if not rows:
         raise UserError(f"{path} holds no prompts: expected one JSON object per line with a 'prompt' field")
