@@ -157,7 +157,7 @@ def test_kept_spellings_mean_the_same_fields():
         ),
         (["sft", "--model", "m", "--data", "d", "--out", "o", "--min-width", "1"], "expected 2 <= min_width"),
         (["demo", "--seeds", "0"], "--seeds 0 must be >= 1"),
-        (["warmup-data", "--model", "m", "--task", "t", "--out", "o", "--limit", "0"], "--limit 0 must be a positive"),
+        (["warmup-data", "--model", "m", "--task", "t", "--out", "o", "--limit", "0"], "--limit 0: expected a positive integer"),
         (
             ["generate", "--model", "m", "--prompt", "x", "--out", "o", "--compact-fraction", "2"],
             "compact_fraction=2.0",

@@ -105,7 +105,7 @@ def test_demo_settings_read_at_the_end_are_checked_at_the_start(tmp_path, capsys
 def test_every_comparison_a_run_makes_can_be_the_primary():
     from dataclasses import replace
 
-    from bridgelm.cli.demo import check_primary, comparisons
+    from bridgelm.demo.config import check_primary, comparisons
     from bridgelm.demo.config import DemoConfig
 
     cfg = replace(DemoConfig.quick(), arms=["bridge_tuned", "pmatch_tuned", "bridge_attn"])

@@ -172,6 +172,7 @@ def usable_cores() -> int:
     return max(1, cores)
 
 
+MAX_THREADS = 4096  # torch.set_num_threads overflows a C int far above any machine's core count
 _TORCH_DEFAULT_THREADS = torch.get_num_threads()  # torch's own default (physical cores), before anyone sets it
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from bridgelm.errors import UserError
+from bridgelm.hardware import MAX_THREADS
 
 
 def positive_int(text: str) -> int:
@@ -29,7 +30,6 @@ def stop_string(text: str) -> str:
     return text
 
 
-MAX_THREADS = 4096  # torch.set_num_threads overflows a C int far above any machine's core count
 
 
 def thread_count(text: str) -> int:

@@ -10,8 +10,11 @@ from bridgelm.blocks import BlockConfig
 from bridgelm.demo import arms as registry
 from bridgelm.demo.base import BaseConfig
 from bridgelm.demo.control import ControlConfig
+from bridgelm.demo.misalign import check_preambles
 from bridgelm.engine import SamplingConfig
+from bridgelm.errors import UserError
 from bridgelm.eval.runner import EvalConfig, eval_sampling
+from bridgelm.hardware import MAX_THREADS
 from bridgelm.setting import setting
 from bridgelm.tasks import anysum
 from bridgelm.train.loop import RunControl
@@ -132,6 +135,22 @@ class DemoConfig:
     workers: int = setting(2, "stages that do not wait on each other run in "
                               "this many processes at once (1: one by one)")
 
+    def validate(self) -> None:
+        """The demo's own settings, each bad one refused in one line naming its flag, before any stage runs."""
+        registry.check_arms(self.arms)
+        check_preambles(self.misalignment)
+        repeated = sorted({p for p in self.misalignment if self.misalignment.count(p) > 1})
+        if repeated:
+            raise UserError(f"--misalignment names the preamble {repeated[0]} more than once: expected distinct "
+                            "preambles")
+        check_primary(self)
+        if self.seeds is not None and self.seeds < 1:
+            raise UserError(f"--seeds {self.seeds} must be >= 1")
+        if self.workers < 1:
+            raise UserError(f"--workers {self.workers} must be >= 1")
+        if not 0 <= self.threads <= MAX_THREADS:
+            raise UserError(f"--threads {self.threads} must be in [0, {MAX_THREADS}] (0: torch's default)")
+
     @staticmethod
     def quick() -> DemoConfig:
         tokens = 32
@@ -167,6 +186,27 @@ class DemoConfig:
             control=quick_control(),
             seeds=1,
         )
+
+
+def comparisons(cfg: DemoConfig) -> list[str]:
+    """The paired differences the report of `cfg`'s arms can name (demo/results.py: `controls`, `extra_arms`)."""
+    names = ["bridge-rlvr", "bridge-pmatch", f"w{cfg.eval.sampling.width}-w1", "foreign-w1", "sets-all bridge-rlvr",
+             "sets-any bridge-rlvr"]
+    for arm in (a for a in cfg.arms if a not in registry.PAPER_ARMS):
+        names += [f"{arm}-{'bridge' if registry.ARMS[arm].bridge else 'pmatch'}", f"{arm}-rlvr"]
+    if {"bridge_tuned", "pmatch_tuned"} <= set(cfg.arms):
+        names.append("bridge_tuned-pmatch_tuned")
+    return names
+
+
+def check_primary(cfg: DemoConfig) -> None:
+    """--primary names one of the differences the run's arms make, before the run (the report reads it at the end)."""
+    names = comparisons(cfg)
+    if cfg.primary not in names:
+        extra = next((a for a in registry.ARMS if cfg.primary.startswith(f"{a}-") and a not in cfg.arms), None)
+        hint = f" (--arms {extra} runs that arm)" if extra and extra not in registry.PAPER_ARMS else ""
+        raise UserError(f"--primary {cfg.primary!r}: expected one of the comparisons of these arms: "
+                        f"{', '.join(names)}{hint}")
 
 
 def quick_control() -> ControlConfig:

@@ -34,7 +34,7 @@ from bridgelm.demo.graph import arm_results, demo_stages, run_dirs
 from bridgelm.demo.report import write_demo_report
 from bridgelm.demo.runner import Timings, run_stages
 from bridgelm.errors import UserError
-from bridgelm.jsonl import read_json_object, write_atomic, write_json
+from bridgelm.jsonl import check_out, read_json_object, write_atomic, write_json
 from bridgelm.runs import check_settings, jsonable, refuse_run_folder
 from bridgelm.train.loop import dotted
 
@@ -43,8 +43,11 @@ __all__ = ["DemoConfig", "choose_bf16", "record_settings", "run_demo"]
 
 def run_demo(out: str | Path, cfg: DemoConfig, quick: bool = False, log=print) -> Path:
     """Every stage of the miniature pipeline into `out`; returns the path of report.md."""
+    cfg.validate()
+    check_out(out, "dir")
     out = Path(out)
     refuse_run_folder(out, "demo")  # an eval or training run's folder: its files and the demo's would mix
+    log(f"bridgelm demo: every stage writes under {out} (a finished stage is skipped on a re-run)")
     out.mkdir(parents=True, exist_ok=True)
     cfg, timings = _start(out, cfg, quick, log)
     ctx = _base_and_tasks(out, cfg, quick, timings, log)
@@ -54,6 +57,7 @@ def run_demo(out: str | Path, cfg: DemoConfig, quick: bool = False, log=print) -
     run_stages(stages, timings, log, workers, threads, logs=out / "logs")
     report = write_demo_report(out, cfg, run_dirs(ctx), arm_results(ctx), timings.seconds, quick, timings.peaks)
     log(f"[report] {report}")
+    log(f"bridgelm demo: report at {report} (numbers in {report.parent / 'results.json'})")
     return report
 
 
