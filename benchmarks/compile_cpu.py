@@ -2,7 +2,7 @@
 
     python benchmarks/compile_cpu.py --threads 1 --json    # 16 and 128 rows, bf16 where the CPU has it
 
-The benchmark's random 30M model (`generate.bench_model`) samples 2 and 16 prompts x 8 (plain, and Bridge at width
+The benchmark's random 30M model (`bench_models.bench_model`) samples 2 and 16 prompts x 8 (plain, and Bridge at width
 8) with `compile=False` (packed oneDNN linears, the CPU default) and `compile=True`, no EOS, so every call decodes
 `--new-tokens` steps. One untimed call of each at the timed shape first: its excess over the median is the compile
 time, printed apart. Then `--repeats` interleaved rounds; printed per (rows, model): tok/s of each and
@@ -23,7 +23,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from generate import bench_model, timed, with_random_bridge  # noqa: E402
+from bench_models import bench_model, timed, with_random_bridge  # noqa: E402
 from gpu_rows import ragged_prompts  # noqa: E402
 from vllm_compare import spread  # noqa: E402
 

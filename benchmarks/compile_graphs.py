@@ -22,7 +22,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from generate import shape_model, with_random_bridge  # noqa: E402
+from bench_models import shape_model, with_random_bridge  # noqa: E402
 from gpu_rows import TOY, ragged_prompts  # noqa: E402
 
 from bridgelm.engine import SamplingConfig, generate_ids  # noqa: E402

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))  # the tested reference: test_engine.teacher_forced_logprobs
 
 import torch  # noqa: E402
-from generate import shape_model, with_random_bridge  # noqa: E402
+from bench_models import shape_model, with_random_bridge  # noqa: E402
 
 from bridgelm.engine import SamplingConfig, generate_ids  # noqa: E402
 from bridgelm.hardware import copy_bandwidth  # noqa: E402

@@ -33,7 +33,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
-from generate import bench_model, with_random_bridge  # noqa: E402
+from bench_models import bench_model, with_random_bridge  # noqa: E402
 
 import bridgelm  # noqa: E402
 from bridgelm.hardware import bf16_by_flags, default_threads, matmul_flops  # noqa: E402

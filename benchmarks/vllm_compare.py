@@ -136,8 +136,9 @@ def section(args, dtype_name: str, layers: int, smollm2: bool) -> dict:
     SmolLM2 (GSM8K questions) or the random 30M model (saved to a folder vLLM loads), in `dtype_name`, at this
     run's threads pinned to the same cores in both processes. -> {rows: comparison} (vllm_compare)."""
     import torch
-    from generate import bench_model, encode_prompts, gsm8k_questions, run_engine, timed, with_random_bridge
+    from bench_models import bench_model, gsm8k_questions, run_engine, timed, with_random_bridge
 
+    from bridgelm.engine import encode_prompts
     from bridgelm.pretrained import load_smollm2, smollm2_dir
 
     dtype = getattr(torch, dtype_name)
