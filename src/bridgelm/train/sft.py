@@ -42,7 +42,7 @@ from bridgelm.rng import derive_seed, generator
 from bridgelm.runs import fingerprint, local_source, model_fingerprint
 from bridgelm.setting import setting
 from bridgelm.train.batches import autocast, chunks
-from bridgelm.train.loop import Run, RunControl, settings_of
+from bridgelm.train.loop import Run, RunControl, mode, settings_of
 from bridgelm.train.checkpoints import write_dir_atomic
 from bridgelm.train.optim import OptimConfig, gradient_parts, make_optimizer, make_scheduler, optimizer_step
 from bridgelm.train.weights import save_model
@@ -170,16 +170,14 @@ def batch_backward(model, groups: list[list[Row]], cfg: SFTConfig, pad_id: int, 
 @torch.no_grad()
 def validation_loss(model, groups: list[list[Row]], cfg: SFTConfig, pad_id: int, dist: Dist) -> float:
     """Mean next-token NLL over the response tokens of the validation groups (all ranks)."""
-    was_training = model.training
-    model.eval()
     nll, tokens = 0.0, 0
-    for micro in chunks(groups[dist.rank :: dist.world], cfg.micro_batch_groups):
-        batch = pack_rows([r for g in micro for r in g], pad_id, dist.device)
-        with autocast(dist.device, cfg.optim.bf16):
-            lp = response_logprobs(model, batch).logprobs
-        nll -= float((lp * batch.response_mask).sum())
-        tokens += batch.tokens
-    model.train(was_training)
+    with mode(model, False):
+        for micro in chunks(groups[dist.rank :: dist.world], cfg.micro_batch_groups):
+            batch = pack_rows([r for g in micro for r in g], pad_id, dist.device)
+            with autocast(dist.device, cfg.optim.bf16):
+                lp = response_logprobs(model, batch).logprobs
+            nll -= float((lp * batch.response_mask).sum())
+            tokens += batch.tokens
     nll, tokens = all_reduce_sum([nll, tokens], dist)
     return nll / max(tokens, 1.0)
 
@@ -227,9 +225,7 @@ def train_sft(
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     stats = _stats(train, val, val_groups, plan)
     run.say(f"bridgelm sft: {len(train)} training problems, {len(val)} held out, {total} steps -> {out_dir}")
-    was_training = model.training
-    model.train()
-    with run.running(total, "SFT"):
+    with mode(model, True), run.running(total, "SFT"):
         for step in range(run.step, total):
             epoch, index = flat[step]
             epoch_end = index == len(plan[epoch]) - 1
@@ -240,8 +236,8 @@ def train_sft(
                 part_norms: dict[str, float] = {}
                 norm = optimizer_step(params, optimizer, scheduler, cfg.optim.max_grad_norm, dist, parts, part_norms)
                 run.state["step"] = step + 1
-                record = {"step": step + 1, "epoch": epoch + 1, "loss": loss, "lr": lr, "grad_norm": norm}
-                record.update({f"grad_norm_{k}": v for k, v in part_norms.items()}, tokens=tokens)
+                record = {"step": step + 1, "epoch": epoch + 1, "loss": loss, "lr": lr, "grad_norm": norm,
+                          **{f"grad_norm_{k}": v for k, v in part_norms.items()}, "tokens": tokens}  # fmt: skip
                 record.update(_speed(plan[epoch][index], tokens, time.perf_counter() - t0))
                 if epoch_end:
                     best = _best_writer(model, tokenizer, best_path)
@@ -250,7 +246,6 @@ def train_sft(
             run.save_if_due(now=epoch_end)  # and at the end of every epoch
     barrier(dist)
     (load_trained if cfg.lora.enabled else load_blocks)(model, best_path)  # the model ends with the best weights
-    model.train(was_training)
     best = run.state["best"]
     return SFTResult(run.history, best_path, best["val_ppl"], best["epoch"], run.step, out_dir, stats)
 
