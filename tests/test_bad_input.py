@@ -226,6 +226,10 @@ def test_commands_refuse_an_empty_problem_before_loading_the_model(tmp_path, cap
         ("rl", ["--eval-top-p", "5"], "--eval-top-p 5.0: expected a finite number in (0, 1]"),
         ("rl", ["--eval-n", "0"], "--eval-n 0: expected a positive integer"),
         ("rl", ["--eval-width", "0"], "--eval-width 0: expected a positive integer"),
+        ("rl", ["--eval-max-new-tokens", "0"], "--eval-max-new-tokens 0: expected a positive integer"),  # not None
+        ("rl", ["--eval-limit", "0"], "--eval-limit 0: expected a positive integer"),
+        ("rl", ["--eval-n", "4", "--eval-width", "3"], "--eval-width 3 does not divide --eval-n 4"),
+        ("rl", ["--rollouts", "4", "--width", "3"], "--width 3 must divide --rollouts 4"),
         ("sft", ["--lr", "nan"], "lr=nan: expected a finite number > 0"),
         ("sft", ["--lr", "inf"], "lr=inf: expected a finite number > 0"),
         ("sft", ["--weight-decay", "-5"], "weight_decay=-5.0: expected a finite number >= 0"),
