@@ -143,7 +143,7 @@ def test_bad_data_file_names_file_line_and_field(tmp_path, capsys):
     missing.write_text('{"problem": "1+1=", "answer": "2"}\n{"problem": "2+2="}\n')
     broken = tmp_path / "broken.jsonl"
     broken.write_text('{"problem": "1+1=", "answer": "2"}\n{"problem": \n{"problem": "3", "answer": "3"}\n')
-    for path, expected in ((missing, f"{missing}:2: missing field 'answer'"), (broken, f"{broken}:2: malformed JSON")):
+    for path, expected in ((missing, f"{missing}, line 2: missing field 'answer'"), (broken, f"{broken}, line 2: malformed JSON")):
         with pytest.raises(SystemExit):
             main(["eval", "--model", str(tmp_path / "m"), "--data", str(path), "--out", str(tmp_path / "r")])
         assert expected in capsys.readouterr().err
