@@ -349,7 +349,7 @@ def _model_cases(root: Path, tmp: Path):
     return [
         (["--model", tmp / "no-such-model"], f"model folder {tmp / 'no-such-model'} does not exist"),
         (["--model", root / "m" / "config.json"], "is a file: expected a model folder"),
-        (["--model", root / "cut"], f"{root / 'cut' / 'config.json'} is not valid JSON (line"),
+        (["--model", root / "cut"], f"{root / 'cut' / 'config.json'}: malformed JSON ("),
         (["--model", root / "trunc"], f"{root / 'trunc' / 'model.safetensors'} is unreadable"),
         (
             ["--model", root / "shape"],

@@ -351,7 +351,8 @@ def test_overlapping_or_missing_problems_are_reported(tmp_path, model_tok):
     assert "(**partial run**: toy w=2: 1 problem not sampled)" in render_markdown(report)
     # a damaged metrics.json is one line that says how to write it again (it was a JSONDecodeError or a TypeError)
     metrics = run / S.METRICS_FILE
-    for damage, expected in (('{"format": ', "is not valid JSON"), ("[]", "is not a metrics.json of bridgelm")):
+    cases = (('{"format": ', ": malformed JSON (Expecting value at column 12)"), ("[]", "is not a metrics.json of bridgelm"))
+    for damage, expected in cases:
         metrics.write_text(damage)
         with pytest.raises(UserError, match=re.escape(expected) + ".*`bridgelm score .*` writes it again"):
             build_report([str(run)])

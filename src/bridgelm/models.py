@@ -18,7 +18,7 @@ from bridgelm.attach import MODEL_TYPE, has_block_type
 from bridgelm.adapter import load_blocks
 from bridgelm.blockfile import check_finite
 from bridgelm.errors import UserError, check_int
-from bridgelm.jsonl import json_kind
+from bridgelm.jsonl import read_json_object
 
 # Every load says it: a model folder's own code (auto_map) is never run, and transformers never asks whether to.
 NO_REMOTE_CODE = {"trust_remote_code": False}
@@ -180,13 +180,7 @@ def check_model_folder(name_or_path: str | os.PathLike, weights: bool = False) -
     config = folder / "config.json"
     if not config.is_file():
         raise UserError(f"model folder {name} has no config.json: expected a folder written by save_pretrained")
-    try:
-        parsed = json.loads(config.read_bytes().decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
-        where = f" (line {err.lineno}, column {err.colno}: {err.msg})" if isinstance(err, json.JSONDecodeError) else ""
-        raise UserError(f"{config} is not valid JSON{where}: a cut or damaged file? expected a model config") from err
-    if not isinstance(parsed, dict):
-        raise UserError(f"{config} holds a JSON {json_kind(parsed)}: expected a model config (a JSON object)")
+    read_json_object(config, "a model config")
     for file in _safetensors_files(folder):  # what from_pretrained will read
         try:
             with safe_open(str(file), framework="pt"):
