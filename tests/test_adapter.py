@@ -162,7 +162,8 @@ def test_bad_adapter_folders_are_one_line(tmp_path):
     cases = [
         (lambda: config.unlink(), rf"block file {out} is a folder: expected .* adapter folder with its {CONFIG_FILE}"),
         (lambda: config.write_text("[1, 2]"), rf"{config} holds a JSON array: expected an adapter config"),
-        (lambda: config.write_text("{not json"), rf"{config} is malformed JSON"),
+        (lambda: config.write_text("{not json"),
+         rf"{config}: malformed JSON \(.* at column 2\): expected an adapter config"),
         (lambda: config.write_text(json.dumps({k: v for k, v in record.items() if k != "base_model_digest"})),
          rf"{config} lacks base_model_digest: expected"),
         (lambda: config.write_text(json.dumps({**record, "format": "old"})), r"has format 'old': expected"),

@@ -120,7 +120,7 @@ def test_generate_resumes_from_another_spelling_of_the_model_folder(models, tmp_
         (b"hello world\n", "line 1: malformed JSON"),  # a text file with one line
         (b"hello world", "line 1: malformed JSON"),  # unterminated, but not the start of a record
         (b'{"index": 0}\n{"index": \n', "line 2: malformed JSON"),  # a malformed last line that ends properly
-        (b'{"index": 0}\n[1, 2]\n', "line 2: a JSON list, expected a JSON object"),
+        (b'{"index": 0}\n[1, 2]\n', "line 2: a JSON array: expected one JSON object per line"),
         (b'{"index": 0}\n{"text": "caf\xe9"}\n', "line 2: not UTF-8 text (byte 0xe9"),
     ],
 )
@@ -130,6 +130,19 @@ def test_read_records_refuses_what_is_not_a_record_and_leaves_it(tmp_path, conte
     with pytest.raises(UserError, match=re.escape(expected)):
         read_records(path)
     assert path.read_bytes() == content
+
+
+def test_data_files_and_files_written_by_hand_have_one_reader(tmp_path):
+    """A task's data file and a file of records written by hand (allow_cut=False: --prompts) are read by one reader
+    (jsonl.json_lines): the same line gets the same refusal, naming the file and the line."""
+    path = tmp_path / "f.jsonl"
+    path.write_bytes(b'{"problem": "1+2", "answer": "3"}\n{"problem": "1", "problem": "2", "answer": "3"}\n')
+    expected = f"{path}, line 2: field 'problem' is given twice in one object: expected each field once"
+    with pytest.raises(UserError, match=re.escape(expected)):
+        tasks.load("arith", str(path))
+    with pytest.raises(UserError, match=re.escape(expected)):
+        read_records(path, repair=False, allow_cut=False)
+    assert read_records(path, repair=False)[1] == {"problem": "2", "answer": "3"}  # our own files: as json reads
 
 
 def test_only_an_unterminated_record_is_a_cut_line(tmp_path):
@@ -191,7 +204,7 @@ def test_bad_rows_are_refused_on_load_by_line(tmp_path, task, row, expected):
     }[task]
     path = _jsonl(tmp_path / "test.jsonl", [good, row])
     assert len(tasks.load(task, str(_jsonl(tmp_path / "ok.jsonl", [good])))) == 1
-    with pytest.raises(UserError, match=f"test.jsonl:2: {expected}"):
+    with pytest.raises(UserError, match=f"test.jsonl, line 2: {expected}"):
         tasks.load(task, str(path))
 
 
@@ -202,7 +215,7 @@ def test_commands_refuse_an_empty_problem_before_loading_the_model(tmp_path, cap
     )
     out = tmp_path / ("w.jsonl" if command == "warmup-data" else "out")
     line = _fails(capsys, [command, "--model", tmp_path / "no-model", "--task", "gsm8k", "--data", data, "--out", out])
-    assert f"{data}:2: field 'question' is ''" in line
+    assert f"{data}, line 2: field 'question' is ''" in line
     assert not out.exists()
 
 
@@ -226,6 +239,10 @@ def test_commands_refuse_an_empty_problem_before_loading_the_model(tmp_path, cap
         ("rl", ["--eval-top-p", "5"], "--eval-top-p 5.0: expected a finite number in (0, 1]"),
         ("rl", ["--eval-n", "0"], "--eval-n 0: expected a positive integer"),
         ("rl", ["--eval-width", "0"], "--eval-width 0: expected a positive integer"),
+        ("rl", ["--eval-max-new-tokens", "0"], "--eval-max-new-tokens 0: expected a positive integer"),  # not None
+        ("rl", ["--eval-limit", "0"], "--eval-limit 0: expected a positive integer"),
+        ("rl", ["--eval-n", "4", "--eval-width", "3"], "--eval-width 3 does not divide --eval-n 4"),
+        ("rl", ["--rollouts", "4", "--width", "3"], "--width 3 must divide --rollouts 4"),
         ("sft", ["--lr", "nan"], "lr=nan: expected a finite number > 0"),
         ("sft", ["--lr", "inf"], "lr=inf: expected a finite number > 0"),
         ("sft", ["--weight-decay", "-5"], "weight_decay=-5.0: expected a finite number >= 0"),
@@ -332,7 +349,7 @@ def _model_cases(root: Path, tmp: Path):
     return [
         (["--model", tmp / "no-such-model"], f"model folder {tmp / 'no-such-model'} does not exist"),
         (["--model", root / "m" / "config.json"], "is a file: expected a model folder"),
-        (["--model", root / "cut"], f"{root / 'cut' / 'config.json'} is not valid JSON (line"),
+        (["--model", root / "cut"], f"{root / 'cut' / 'config.json'}: malformed JSON ("),
         (["--model", root / "trunc"], f"{root / 'trunc' / 'model.safetensors'} is unreadable"),
         (
             ["--model", root / "shape"],
@@ -486,7 +503,7 @@ def test_data_that_is_a_folder_or_not_utf8(models, tmp_path, capsys):
     assert "model folder" in _fails(capsys, [*base, "--data", folder])
     latin = tmp_path / "latin.jsonl"
     latin.write_bytes(b'{"problem": "1+2", "answer": "3"}\n{"problem": "1+2", "answer": "3", "note": "caf\xe9"}\n')
-    assert f"{latin}:2: not UTF-8 text (byte 0xe9)" in _fails(capsys, [*base, "--data", latin])
+    assert f"{latin}, line 2: not UTF-8 text (byte 0xe9 at column 47)" in _fails(capsys, [*base, "--data", latin])
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_bytes(b'{"prompt": "caf\xe9"}\n')
     line = _fails(capsys, ["generate", "--model", models / "m", "--prompts", prompts, "--out", tmp_path / "s.jsonl"])

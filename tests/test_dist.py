@@ -53,7 +53,7 @@ def test_dist_from_env_takes_the_rank_device(monkeypatch):
     assert (place.rank, place.world, place.local_rank, place.device) == (2, 4, 2, torch.device("cuda:2"))
     _torchrun(monkeypatch, 4, local=2, cuda=False)
     assert dist.Dist.from_env("cpu").device == torch.device("cpu")
-    with pytest.raises(ValueError, match="device cuda:2: this machine has no CUDA GPU"):
+    with pytest.raises(ValueError, match="device 'cuda:2': this machine has no CUDA GPU"):
         dist.Dist.from_env("cuda")
 
 
@@ -61,6 +61,8 @@ def test_a_rank_beyond_the_gpus_is_refused_before_loading(monkeypatch):
     _torchrun(monkeypatch, 8, local=5, gpus=4)
     with pytest.raises(models.UserError, match=r"device 'cuda:5': this machine has 4 CUDA GPU\(s\)"):
         models.check_device(dist.rank_device("cuda"))
+    with pytest.raises(models.UserError, match=r"device 'cuda:5': this machine has 4 CUDA GPU\(s\)"):
+        dist.Dist.from_env("cuda")  # the one check of a device, where the rank's device is decided
 
 
 @pytest.mark.parametrize("world, local, want", [(None, 0, "cuda"), (4, 3, "cuda:3")])

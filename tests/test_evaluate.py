@@ -143,7 +143,7 @@ def test_bad_data_file_names_file_line_and_field(tmp_path, capsys):
     missing.write_text('{"problem": "1+1=", "answer": "2"}\n{"problem": "2+2="}\n')
     broken = tmp_path / "broken.jsonl"
     broken.write_text('{"problem": "1+1=", "answer": "2"}\n{"problem": \n{"problem": "3", "answer": "3"}\n')
-    for path, expected in ((missing, f"{missing}:2: missing field 'answer'"), (broken, f"{broken}:2: malformed JSON")):
+    for path, expected in ((missing, f"{missing}, line 2: missing field 'answer'"), (broken, f"{broken}, line 2: malformed JSON")):
         with pytest.raises(SystemExit):
             main(["eval", "--model", str(tmp_path / "m"), "--data", str(path), "--out", str(tmp_path / "r")])
         assert expected in capsys.readouterr().err
@@ -351,7 +351,8 @@ def test_overlapping_or_missing_problems_are_reported(tmp_path, model_tok):
     assert "(**partial run**: toy w=2: 1 problem not sampled)" in render_markdown(report)
     # a damaged metrics.json is one line that says how to write it again (it was a JSONDecodeError or a TypeError)
     metrics = run / S.METRICS_FILE
-    for damage, expected in (('{"format": ', "is not valid JSON"), ("[]", "is not a metrics.json of bridgelm")):
+    cases = (('{"format": ', ": malformed JSON (Expecting value at column 12)"), ("[]", "is not a metrics.json of bridgelm"))
+    for damage, expected in cases:
         metrics.write_text(damage)
         with pytest.raises(UserError, match=re.escape(expected) + ".*`bridgelm score .*` writes it again"):
             build_report([str(run)])

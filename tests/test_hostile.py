@@ -128,7 +128,7 @@ def test_data_numbers_that_a_float_cannot_hold_are_refused(tmp_path, number):
 
     path = tmp_path / "math.jsonl"
     path.write_text('{"problem": "p", "answer": 1}\n{"problem": "p", "answer": %s}\n' % number)
-    with pytest.raises(UserError, match=r"math.jsonl:2: .*(beyond a float's range|not a number)"):
+    with pytest.raises(UserError, match=r"math.jsonl, line 2: .*(beyond a float's range|not a number)"):
         read_rows(path, ("problem", "answer"))
     path.write_text('{"problem": "p", "answer": 0.0}\n{"problem": "p", "answer": 2.5e-3}\n')
     assert [r["answer"] for r in read_rows(path, ("problem", "answer"))] == [0.0, 0.0025]
@@ -483,7 +483,7 @@ def test_data_rows_and_block_files_that_are_not_what_they_claim(tmp_path):
 
     path = tmp_path / "gsm8k.jsonl"
     path.write_text('{"question": "half a pair \\ud800", "answer": "#### 1"}\n')  # valid JSON, not text
-    with pytest.raises(UserError, match=r"gsm8k.jsonl:1: a string holds \\ud800"):
+    with pytest.raises(UserError, match=r"gsm8k.jsonl, line 1: a string holds \\ud800"):
         read_rows(path, ("question", "answer"))
     fifo = tmp_path / "blocks.safetensors"
     os.mkfifo(fifo)

@@ -299,7 +299,7 @@ def test_a_data_line_nested_too_deep_is_one_line(model_dir, tmp_path, capsys):
     data = tmp_path / "deep.jsonl"
     data.write_text("[" * 200_000 + "]" * 200_000 + "\n")
     line = _fails(capsys, ["eval", "--model", model_dir, "--task", "arith", "--data", data, "--out", tmp_path / "e"])
-    assert f"{data}:1: nests deeper than JSON is read here" in line
+    assert f"{data}, line 1: nests deeper than JSON is read here" in line
     line = _fails(capsys, ["generate", "--model", model_dir, "--prompts", data, "--out", tmp_path / "s.jsonl"])
     assert f"{data}, line 1: nests deeper than JSON is read here" in line
 

@@ -119,7 +119,7 @@ def test_a_data_number_too_long_for_python_is_one_line_without_python_advice(mod
     data = tmp_path / "d.jsonl"
     data.write_text('{"question": "1+1=", "answer": ' + "9" * 5000 + "}\n")
     line = _fails(capsys, ["eval", "--model", model_dir, "--task", "numeric", "--data", data, "--out", tmp_path / "e"])
-    assert f"{data}:1: a number of 5000 digits: expected at most 4300 digits" in line
+    assert f"{data}, line 1: a number of 5000 digits: expected at most 4300 digits" in line
     assert "set_int_max_str_digits" not in line
 
 
@@ -134,5 +134,5 @@ def test_a_data_row_that_repeats_a_field_is_refused_not_read_as_its_last(model_d
     data = tmp_path / "d.jsonl"
     data.write_text('{"question": "1+1=", "question": "2+2=", "answer": "2"}\n')
     line = _fails(capsys, ["eval", "--model", model_dir, "--task", "numeric", "--data", data, "--out", tmp_path / "e"])
-    assert f"{data}:1: field 'question' is given twice in one object: expected each field once" in line
+    assert f"{data}, line 1: field 'question' is given twice in one object: expected each field once" in line
     assert not (tmp_path / "e").exists()

@@ -130,10 +130,10 @@ def test_gpqa_letter_extraction(completion, letter):
 def test_gpqa_bad_rows_name_row_and_field(tmp_path):
     rows = _gpqa_rows(2)
     rows[1]["Incorrect Answer 2"] = None
-    with pytest.raises(ValueError, match=r"g.jsonl:2: field 'Incorrect Answer 2' is None: expected non-empty text"):
+    with pytest.raises(ValueError, match=r"g.jsonl, line 2: field 'Incorrect Answer 2' is None: expected non-empty text"):
         tasks.load("gpqa", _jsonl(tmp_path / "g.jsonl", rows))
     del rows[0]["Correct Answer"]
-    with pytest.raises(ValueError, match=r"g2.jsonl:1: missing field 'Correct Answer'"):
+    with pytest.raises(ValueError, match=r"g2.jsonl, line 1: missing field 'Correct Answer'"):
         tasks.load("gpqa", _jsonl(tmp_path / "g2.jsonl", rows))
 
 
@@ -200,9 +200,9 @@ def test_zebra_grid_mode_rows(tmp_path):
 
 def test_zebra_bad_rows(tmp_path):
     bad = {**_grid_row(), "solution": {"header": ["House", "Name"], "rows": [["1", "Arnold", "extra"]]}}
-    with pytest.raises(ValueError, match=r"z.jsonl:1: solution has header of 2 columns and rows of lengths \[3\]"):
+    with pytest.raises(ValueError, match=r"z.jsonl, line 1: solution has header of 2 columns and rows of lengths \[3\]"):
         tasks.load("zebra", _jsonl(tmp_path / "z.jsonl", [bad]))
-    with pytest.raises(ValueError, match=r"z2.jsonl:2: has fields \['prompt'\]: expected puzzle, solution"):
+    with pytest.raises(ValueError, match=r"z2.jsonl, line 2: has fields \['prompt'\]: expected puzzle, solution"):
         tasks.load("zebra", _jsonl(tmp_path / "z2.jsonl", [_grid_row(), {"prompt": "p"}]))
     # fields of the wrong type: once an AttributeError or a TypeError, or accepted
     for row, expected in (
@@ -212,14 +212,14 @@ def test_zebra_bad_rows(tmp_path):
         ({**_grid_row(), "solution": {"header": 5, "rows": [[1]]}}, "expected 'header' a list and 'rows' a list of"),
         ({**_grid_row(), "solution": {"header": ["H", "N"], "rows": [5]}}, "expected 'header' a list and 'rows' a"),
     ):
-        with pytest.raises(ValueError, match=re.escape("z3.jsonl:1: ") + ".*" + re.escape(expected)):
+        with pytest.raises(ValueError, match=re.escape("z3.jsonl, line 1: ") + ".*" + re.escape(expected)):
             tasks.load("zebra", _jsonl(tmp_path / "z3.jsonl", [row]))
     gpqa = {f: "text" for f in ("Question", "Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2")}
     for row, expected in (
         ({**gpqa, "Incorrect Answer 3": "t", "Question": ["q"]}, "field 'Question' is ['q']: expected non-empty"),
         ({**gpqa, "Incorrect Answer 3": "t", "Correct Answer": True}, "field 'Correct Answer' is True: expected"),
     ):
-        with pytest.raises(ValueError, match=re.escape(f"g.jsonl:1: {expected}")):
+        with pytest.raises(ValueError, match=re.escape(f"g.jsonl, line 1: {expected}")):
             tasks.load("gpqa", _jsonl(tmp_path / "g.jsonl", [row]))
 
 

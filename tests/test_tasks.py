@@ -275,13 +275,13 @@ def test_read_rows_missing_field_names_file_line_and_field(tmp_path):
     with pytest.raises(ValueError) as info:
         base.read_rows(path, ("question", "answer"))
     message = str(info.value)
-    assert str(path) in message and ":2" in message and "'answer'" in message
+    assert str(path) in message and ", line 2" in message and "'answer'" in message
 
 
 def test_read_rows_malformed_line_names_file_and_line(tmp_path):
     path = tmp_path / "rows.jsonl"
     path.write_text('{"problem": "p", "answer": "1"}\n\n{"problem": "p", "answer": \n', encoding="utf-8")
-    with pytest.raises(ValueError, match=r"rows\.jsonl:3: malformed JSON"):
+    with pytest.raises(ValueError, match=r"rows\.jsonl, line 3: malformed JSON"):
         base.read_rows(path, ("problem", "answer"))
 
 
@@ -456,7 +456,7 @@ def test_pairsum_file_rows_are_checked(tmp_path):
         if message is None:
             assert load("pairsum", str(bad)).examples[0]["answer"] == "12+37"
         else:
-            with pytest.raises(ValueError, match=r"bad\.jsonl:1: field " + re.escape(message)):
+            with pytest.raises(ValueError, match=r"bad\.jsonl, line 1: field " + re.escape(message)):
                 load("pairsum", str(bad))
 
 
@@ -491,7 +491,7 @@ def test_numeric_asks_as_written_and_grades_the_number(tmp_path):
 def test_numeric_rows_are_checked(tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"question": "What is 7 + 5?", "answer": "twelve"}\n')
-    with pytest.raises(ValueError, match="bad.jsonl:1: field 'answer' is 'twelve': expected a single number"):
+    with pytest.raises(ValueError, match="bad.jsonl, line 1: field 'answer' is 'twelve': expected a single number"):
         tasks.load("numeric", str(bad))
     with pytest.raises(ValueError, match="no default data"):
         tasks.load("numeric")

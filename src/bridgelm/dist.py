@@ -77,9 +77,9 @@ class Dist:
         """The place torchrun describes through RANK / WORLD_SIZE / LOCAL_RANK (one process when unset); joins nothing.
         Its device is `rank_device(device)`."""
         world, rank, local = _torchrun_env()
-        place = torch.device(rank_device(device))
-        if place.type == "cuda" and not torch.cuda.is_available():
-            raise UserError(f"device {place}: this machine has no CUDA GPU (or torch was built without CUDA)")
+        place = rank_device(device)
+        check_device(place)
+        place = torch.device(place)
         if world == 1:
             return Dist(device=place)
         return Dist(rank, world, local, place)
@@ -100,13 +100,31 @@ def rank_device(requested: str | torch.device | None) -> str:
     One process: `requested` as it is (None: cpu). Under torchrun (WORLD_SIZE > 1) a CUDA request (cuda, cuda:i)
     becomes cuda:LOCAL_RANK, the rank's own GPU, whatever index it named; None becomes cuda:LOCAL_RANK when CUDA is
     available, else cpu; any other request stays as it is. A device this machine lacks (cuda:LOCAL_RANK beyond its
-    GPUs) is left for `models.check_device` to refuse in one line.
+    GPUs) is refused by `check_device` (Dist.from_env asks it) in one line.
     """
     world, _, local = _torchrun_env()
     wanted = "cpu" if requested is None and (world == 1 or not torch.cuda.is_available()) else str(requested or "cuda")
     if world > 1 and wanted.split(":")[0] == "cuda":
         return f"cuda:{local}"
     return wanted
+
+
+def check_device(device: str | torch.device) -> None:
+    """UserError unless `device` names a device of this machine (cpu, cuda:i with i < the GPU count, mps, meta)."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as err:
+        raise UserError(f"device {device!r} is not a device name: expected cpu, cuda, cuda:0, ...") from err
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise UserError(
+                f"device {device!r}: this machine has no CUDA GPU (or torch was built without CUDA); use cpu"
+            )
+        if dev.index is not None and dev.index >= count:
+            raise UserError(f"device {device!r}: this machine has {count} CUDA GPU(s), cuda:0 to cuda:{count - 1}")
+    if dev.type == "mps" and not torch.backends.mps.is_available():
+        raise UserError(f"device {device!r}: MPS is not available on this machine; use cpu")
 
 
 def setup_distributed(device: str | torch.device | None = None, timeout_minutes: float | None = None) -> Dist:

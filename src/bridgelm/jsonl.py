@@ -13,8 +13,10 @@ import contextlib
 import errno
 import fcntl
 import json
+import math
 import os
 import stat
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -149,41 +151,112 @@ def read_records(path: str | os.PathLike, repair: bool = True, allow_cut: bool =
 
     Only an unterminated last line that begins like a record (`{`) is a line cut by a crash: it is dropped, and
     cut off the file when `repair`, so that the caller redoes that record (`allow_cut=False`, for files written
-    by hand: an error too). Any other line that is not a JSON object (malformed, not UTF-8, a list, plain text)
-    is a UserError naming the file and line, and the file is left as it is: it is not one of ours.
+    by hand: an error too, and the file is read as strictly as a data file, `STRICT`). Any other line that is not
+    a JSON object (malformed, not UTF-8, a list, plain text) is a UserError naming the file and line, and the file
+    is left as it is: it is not one of ours.
     """
     path = Path(path).expanduser()
     if not path.exists():
         return []
     raw = check_regular_file(path, "file", "a JSON-lines file (one JSON object per line)").read_bytes()
+    rows, cut = json_lines(raw, path, allow_cut=allow_cut, strict=not allow_cut)
+    if repair and cut is not None:
+        with open(path, "r+b") as f:
+            f.truncate(cut)
+    elif repair and raw.strip() and not raw.endswith(b"\n"):  # a complete last record without its newline
+        with open(path, "ab") as f:
+            f.write(b"\n")
+    return [row for _, row in rows]
+
+
+def json_lines(
+    raw: bytes, path: str | os.PathLike, allow_cut: bool = False, strict: bool = True
+) -> tuple[list[tuple[int, dict[str, Any]]], int | None]:
+    """The JSON objects of `raw` (the bytes of `path`), one a line, each with its line number (blank lines skipped),
+    read by `parse_json`; and where the unterminated last line starts when `allow_cut` and it is a record cut by a
+    crash (None: none is). The one reader of JSON lines: any other line that is not a JSON object is a UserError
+    naming the file and the line."""
     lines = raw.split(b"\n")
-    records = []
+    rows = []
     offset = 0  # where the current line starts
     for number, line in enumerate(lines, start=1):
         if line.strip():
-            unterminated = number == len(lines)
-            try:
-                record = json.loads(line.decode("utf-8"))
-            except RecursionError:
-                raise UserError(f"{path}, line {number}: nests deeper than JSON is read here: expected one JSON "
-                                "object per line") from None
-            except (UnicodeDecodeError, json.JSONDecodeError) as err:
-                if allow_cut and unterminated and line.lstrip().startswith(b"{"):
-                    if repair:
-                        with open(path, "r+b") as f:
-                            f.truncate(offset)
-                    return records
-                raise UserError(f"{path}, line {number}: {_not_json(err)}: expected one JSON object per line") from err
-            if not isinstance(record, dict):
-                raise UserError(f"{path}, line {number}: a JSON {type(record).__name__}, expected a JSON object")
-            if b"\\ud" in line.lower():  # an escaped surrogate: text only when it comes in a pair
-                check_text(record, f"{path}, line {number}")
-            records.append(record)
+            if allow_cut and number == len(lines) and line.lstrip().startswith(b"{") and not _parses(line):
+                return rows, offset
+            where = f"{path}, line {number}"
+            row = parse_json(line, where, "one JSON object per line", strict)
+            if not isinstance(row, dict):
+                raise UserError(f"{where}: a JSON {json_kind(row)}: expected one JSON object per line")
+            rows.append((number, row))
         offset += len(line) + 1
-    if repair and raw.strip() and not raw.endswith(b"\n"):  # a complete last record without its newline
-        with open(path, "ab") as f:
-            f.write(b"\n")
-    return records
+    return rows, None
+
+
+def _parses(line: bytes) -> bool:
+    """Whether `line` is JSON at all (a last line that is not may have been cut by a crash)."""
+    try:
+        json.loads(line.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return False
+    except (RecursionError, ValueError):  # JSON, refused by parse_json with its reason
+        pass
+    return True
+
+
+def _finite_float(text: str) -> float:
+    """A JSON number as a float, unless the float would not be that number: 1e400 (inf) and 1e-400 (0.0) are
+    ValueErrors that say to write such a number as a string."""
+    value = float(text)
+    if math.isinf(value) or (value == 0 and any(c in "123456789" for c in text.split("e")[0].split("E")[0])):
+        raise ValueError(f"the number {text} is beyond a float's range: write it as a string (\"{text}\")")
+    return value
+
+
+def _whole_number(text: str) -> int:
+    """A JSON integer, unless it has more digits than Python turns into an int (sys.get_int_max_str_digits)."""
+    limit = sys.get_int_max_str_digits()
+    if limit and len(text.lstrip("-")) > limit:
+        raise ValueError(f"a number of {len(text.lstrip('-'))} digits: expected at most {limit} digits (write a longer "
+                         "one as a string)")
+    return int(text)
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
+    """A JSON object whose keys are each given once (json keeps the last of a repeated key, silently)."""
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise ValueError(f"field {key!r} is given twice in one object: expected each field once")
+        seen.add(key)
+    return dict(pairs)
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number: expected a finite number or a string")
+
+
+# How files users write are read: numbers a float holds, each key once, no NaN or Infinity.
+STRICT = dict(parse_float=_finite_float, parse_int=_whole_number, parse_constant=_no_constant,
+              object_pairs_hook=_unique_keys)
+
+
+def parse_json(data: bytes, where: str, expected: str, strict: bool = True) -> Any:
+    """The JSON value of `data` (UTF-8), read `STRICT`ly unless not `strict` (files bridgelm wrote, whose numbers
+    may be NaN); anything else (not UTF-8, malformed, nested past the parser's depth, a number no float holds, a
+    repeated key, a lone surrogate) is a UserError "`where`: what is wrong (and where in it): expected `expected`".
+    The one JSON parser of the files bridgelm reads."""
+    try:
+        text = data.decode("utf-8")
+        value = json.loads(text, **(STRICT if strict else {}))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise UserError(f"{where}: {_not_json(err)}: expected {expected}") from None
+    except RecursionError:
+        raise UserError(f"{where}: nests deeper than JSON is read here: expected {expected}") from None
+    except ValueError as err:  # STRICT's refusals, and an int of more digits than Python reads
+        raise UserError(f"{where}: {err}") from None
+    if "\\ud" in text.lower():  # an escaped surrogate: text only in a pair (JSON escapes are its one source)
+        check_text(value, where)
+    return value
 
 
 def check_text(record: Any, where: str) -> None:
@@ -204,26 +277,29 @@ def json_kind(value: Any) -> str:
     return kinds.get(type(value), "number")
 
 
-def read_json_object(path: str | os.PathLike, expected: str) -> dict[str, Any]:
-    """A JSON file that must hold an object (a run's state file: trainer.json, demo.json), read whole; anything
-    else (not UTF-8, malformed, nested past the parser's depth, an array or null) is a UserError naming the file
-    and `expected` ("a demo folder's settings")."""
+def read_json_object(path: str | os.PathLike, expected: str, strict: bool = False) -> dict[str, Any]:
+    """A JSON file that must hold an object (a run's state file: trainer.json, demo.json; a model's config.json),
+    read whole by `parse_json` (`strict`: as a file users write); anything else (not UTF-8, malformed, nested past
+    the parser's depth, an array or null) is a UserError naming the file and `expected` ("a demo folder's
+    settings")."""
     path = Path(path)
-    try:
-        value = json.loads(path.read_bytes().decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise UserError(f"{path} is {_not_json(err)}: expected {expected} (a JSON object)") from None
-    except RecursionError:
-        raise UserError(f"{path} nests deeper than JSON is read here: expected {expected} (a JSON object)") from None
+    value = parse_json(path.read_bytes(), str(path), f"{expected} (a JSON object)", strict)
     if not isinstance(value, dict):
         raise UserError(f"{path} holds a JSON {json_kind(value)}: expected {expected} (a JSON object)")
     return value
 
 
-def _not_json(err: Exception) -> str:
+def _not_json(err: UnicodeDecodeError | json.JSONDecodeError) -> str:
+    """What is wrong, and where: at a line and column in a text of several lines, else at a column."""
     if isinstance(err, UnicodeDecodeError):
-        return f"not UTF-8 text (byte 0x{err.object[err.start]:02x} at column {err.start + 1})"
-    return f"malformed JSON ({err.msg})"
+        data, at = err.object, err.start
+        what, line, column = f"not UTF-8 text (byte 0x{data[at]:02x}", data.count(b"\n", 0, at) + 1, at + 1
+        column -= data.rfind(b"\n", 0, at) + 1
+        lines = data.rstrip().count(b"\n") + 1
+    else:
+        what, line, column = f"malformed JSON ({err.msg}", err.lineno, err.colno
+        lines = err.doc.rstrip().count("\n") + 1
+    return f"{what} at {f'line {line} column {column}' if lines > 1 else f'column {column}'})"
 
 
 def write_atomic(path: str | os.PathLike, text: str | bytes) -> Path:

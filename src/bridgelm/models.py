@@ -17,8 +17,9 @@ from torch import nn
 from bridgelm.attach import MODEL_TYPE, has_block_type
 from bridgelm.adapter import load_blocks
 from bridgelm.blockfile import check_finite
+from bridgelm.dist import check_device
 from bridgelm.errors import UserError, check_int
-from bridgelm.jsonl import json_kind
+from bridgelm.jsonl import read_json_object
 
 # Every load says it: a model folder's own code (auto_map) is never run, and transformers never asks whether to.
 NO_REMOTE_CODE = {"trust_remote_code": False}
@@ -58,24 +59,6 @@ def enable_checkpointing(model: nn.Module) -> None:
     latter. Chosen by which the model has, not by a version string."""
     enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
     enable({"use_reentrant": False})
-
-
-def check_device(device: str | torch.device) -> None:
-    """UserError unless `device` names a device of this machine (cpu, cuda:i with i < the GPU count, mps, meta)."""
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as err:
-        raise UserError(f"device {device!r} is not a device name: expected cpu, cuda, cuda:0, ...") from err
-    if dev.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count == 0:
-            raise UserError(
-                f"device {device!r}: this machine has no CUDA GPU (or torch was built without CUDA); use cpu"
-            )
-        if dev.index is not None and dev.index >= count:
-            raise UserError(f"device {device!r}: this machine has {count} CUDA GPU(s), cuda:0 to cuda:{count - 1}")
-    if dev.type == "mps" and not torch.backends.mps.is_available():
-        raise UserError(f"device {device!r}: MPS is not available on this machine; use cpu")
 
 
 def load_config(name_or_path: str, weights: bool = False, **kwargs):
@@ -180,13 +163,7 @@ def check_model_folder(name_or_path: str | os.PathLike, weights: bool = False) -
     config = folder / "config.json"
     if not config.is_file():
         raise UserError(f"model folder {name} has no config.json: expected a folder written by save_pretrained")
-    try:
-        parsed = json.loads(config.read_bytes().decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
-        where = f" (line {err.lineno}, column {err.colno}: {err.msg})" if isinstance(err, json.JSONDecodeError) else ""
-        raise UserError(f"{config} is not valid JSON{where}: a cut or damaged file? expected a model config") from err
-    if not isinstance(parsed, dict):
-        raise UserError(f"{config} holds a JSON {json_kind(parsed)}: expected a model config (a JSON object)")
+    read_json_object(config, "a model config")
     for file in _safetensors_files(folder):  # what from_pretrained will read
         try:
             with safe_open(str(file), framework="pt"):

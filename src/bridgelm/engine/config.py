@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -13,12 +14,15 @@ from bridgelm.setting import setting
 MIN_TEMPERATURE = 1e-6
 
 
-def check_sampling(temperature: float, top_p: float, prefix: str = "", greedy: bool = True, why: str = "") -> None:
-    """UserError naming `prefix + "temperature"` / `prefix + "top_p"` unless temperature is 0 (when `greedy`) or at
-    least MIN_TEMPERATURE, and top_p is in (0, 1]; NaN and infinities are refused. `why` ends the message of a
-    temperature refused where sampling cannot be greedy."""
-    check_number(f"{prefix}top_p", top_p, 0, 1, open_low=True)
-    name = f"{prefix}temperature"
+def check_sampling(
+    temperature: float, top_p: float, names: Mapping[str, str] | None = None, greedy: bool = True, why: str = ""
+) -> None:
+    """UserError naming `temperature` / `top_p` (as `names` words them: the flags' names) unless temperature is 0
+    (when `greedy`) or at least MIN_TEMPERATURE, and top_p is in (0, 1]; NaN and infinities are refused. `why` ends
+    the message of a temperature refused where sampling cannot be greedy."""
+    names = names or {}
+    check_number(names.get("top_p", "top_p"), top_p, 0, 1, open_low=True)
+    name = names.get("temperature", "temperature")
     if greedy and temperature == 0 and not isinstance(temperature, bool):
         return
     check_number(name, temperature, 0, open_low=not greedy, note=" (0 = greedy)" if greedy else why)
@@ -49,21 +53,25 @@ class SamplingConfig:
     pack_weights: bool = setting(True, "eager CPU decoding packs linear weights "
                                        "for oneDNN once per wave (bridgelm.packed)")
 
-    def validate(self) -> None:
-        for name in ("n", "width", "max_new_tokens", "max_batch_sequences", "max_batch_tokens"):
-            check_int(name, getattr(self, name))
+    def validate(self, names: Mapping[str, str] | None = None, greedy: bool = True, why: str = "") -> None:
+        """UserError unless these settings can be sampled. `names`: how the messages name a field (its flag's words,
+        e.g. {"n": "rollouts"}; else the field's own name); `greedy`, `why`: as check_sampling's."""
+        name = {f.name: (names or {}).get(f.name, f.name) for f in fields(self)}
+        for field in ("n", "width", "max_new_tokens", "max_batch_sequences", "max_batch_tokens"):
+            check_int(name[field], getattr(self, field))
         if self.n % self.width and not self.foreign_groups:
-            raise UserError(f"width={self.width} must divide n={self.n}")
-        check_sampling(self.temperature, self.top_p)
-        check_int("top_k", self.top_k, low=0, note=" (0 = off)")
-        check_number("compact_fraction", self.compact_fraction, 0, 1, note=" (0: at every finished group)")
+            raise UserError(f"{name['width']}={self.width} must divide {name['n']}={self.n}")
+        check_sampling(self.temperature, self.top_p, name, greedy=greedy, why=why)
+        check_int(name["top_k"], self.top_k, low=0, note=" (0 = off)")
+        check_number(name["compact_fraction"], self.compact_fraction, 0, 1, note=" (0: at every finished group)")
         if self.max_batch_sequences < self.width:
             raise UserError(
-                f"max_batch_sequences={self.max_batch_sequences} must hold at least one group of width {self.width}"
+                f"{name['max_batch_sequences']}={self.max_batch_sequences} must hold at least one group of "
+                f"{name['width']}={self.width} rows"
             )
         if self.foreign_groups and self.max_batch_sequences < self.width * self.n:
             raise UserError(
-                f"foreign_groups: max_batch_sequences={self.max_batch_sequences} must hold width x n = "
+                f"foreign_groups: {name['max_batch_sequences']}={self.max_batch_sequences} must hold width x n = "
                 f"{self.width * self.n} rows (the samples of `width` prompts decoded together)"
             )
 

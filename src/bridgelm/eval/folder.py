@@ -13,7 +13,6 @@ Used by bridgelm.eval.runner, bridgelm.eval.score, bridgelm.eval.report and brid
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import time
@@ -23,7 +22,7 @@ from typing import Any
 from bridgelm.dist import Dist
 from bridgelm.errors import MissingFile, UserError
 from bridgelm.eval.datasets import benchmark_difference
-from bridgelm.jsonl import read_records
+from bridgelm.jsonl import parse_json, read_records
 from bridgelm.runs import (
     RUN_FILE,
     SAMPLED_WITH,
@@ -66,10 +65,7 @@ def read_eval_run(run_dir: str | os.PathLike) -> dict[str, Any]:
     path = Path(run_dir) / RUN_FILE
     if not path.is_file():
         raise MissingFile(f"{path} does not exist: {run_dir} is not an eval run (made by bridgelm eval --out)")
-    try:
-        run = json.loads(path.read_bytes().decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise UserError(f"{path} is not valid JSON ({err}): expected the run.json of bridgelm eval") from err
+    run = parse_json(path.read_bytes(), str(path), "the run.json of bridgelm eval", strict=False)
     check_format(run_dir, run, "eval", expected="a folder made by bridgelm eval --out")
     _check_run_fields(run, path)
     return run

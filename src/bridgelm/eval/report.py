@@ -35,7 +35,7 @@ from bridgelm.eval.tables import (
     table_5,
     table_numbers,
 )
-from bridgelm.jsonl import write_atomic, write_json
+from bridgelm.jsonl import parse_json, write_atomic, write_json
 from bridgelm.runs import SAMPLED_WITH
 
 # ---------------------------------------------------------------------------------------------- rows
@@ -60,10 +60,7 @@ def load_metrics(run_dir: str | os.PathLike) -> dict[str, Any]:
         result = score_run(run_dir)
     else:
         again = f"`bridgelm score {run_dir}` writes it again"
-        try:
-            result = json.loads(path.read_bytes().decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise UserError(f"{path} is not valid JSON ({err}): {again}") from err
+        result = parse_json(path.read_bytes(), str(path), f"a metrics.json of bridgelm; {again}", strict=False)
         if not _metrics_shape(result):
             raise UserError(
                 f"{path} is not a metrics.json of bridgelm (expected a 'run' object and 'benchmarks' with an entry per "

@@ -30,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from pathlib import Path
@@ -85,23 +85,27 @@ class EvalConfig:
         widths = self.all_widths()
         return self.sampling.width if self.sampling.width in widths else max(widths)
 
-    def validate(self) -> None:
-        n = self.sampling.n
-        check_int("n", n)
+    def validate(self, names: Mapping[str, str] | None = None) -> None:
+        """UserError unless every width can be sampled. `names`: how messages name a setting of `sampling` and
+        `limit` (its flag's words, e.g. {"n": "eval_n"}; else the field's own name)."""
+        names = names or {}
+        n, n_name = self.sampling.n, names.get("n", "n")
+        check_int(n_name, n)
         widths = self.all_widths()
         for w in widths:
-            check_int("widths entry", w)
+            which = "widths entry" if self.widths else names.get("width", "width")  # None samples `width` alone
+            check_int(which, w)
             if n % w:
-                which = f"widths entry {w}" if self.widths else f"width={w}"  # widths=None samples `width` alone
-                raise UserError(f"{which} does not divide n={n}: every width must divide n")
+                which = f"widths entry {w}" if self.widths else f"{which}={w}"
+                raise UserError(f"{which} does not divide {n_name}={n}: every width must divide {n_name}")
         dup = sorted({w for w in widths if widths.count(w) > 1})
         if dup:
             raise UserError(f"widths lists {dup[0]} more than once: {widths}")
         if self.limit is not None:
-            check_int("limit", self.limit, note=" (or None: all problems)")
+            check_int(names.get("limit", "limit"), self.limit, note=" (or None: all problems)")
         check_int("gpass_k", self.gpass_k)
         for w in widths:
-            self.sampling_at(w).validate()
+            self.sampling_at(w).validate(names)
         check_stop_strings(self.stop)
 
     def sampling_at(self, width: int) -> SamplingConfig:

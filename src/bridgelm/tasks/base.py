@@ -10,16 +10,14 @@ parses), so a bad row is refused on load, by line, instead of being sampled and 
 
 from __future__ import annotations
 
-import json
 import math
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
 from bridgelm.errors import MissingFile, UserError
-from bridgelm.jsonl import check_regular_file, check_text
+from bridgelm.jsonl import check_regular_file, json_lines, parse_json
 
 # The DeepSeek-R1 evaluation instruction appended to every math-style problem.
 BOXED_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
@@ -169,88 +167,20 @@ def _check_row(row: Any, required_fields: Sequence[str], where: str, check: RowC
     return row
 
 
-def _decode(raw: bytes, path: Path, line: int | None = None) -> str:
-    """UTF-8 text of `raw`, else a UserError naming the file, the line and the bad byte."""
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        if line is None:
-            line = raw.count(b"\n", 0, exc.start) + 1
-        raise UserError(
-            f"{path}:{line}: not UTF-8 text (byte 0x{raw[exc.start]:02x}): expected a UTF-8 encoded file"
-        ) from exc
-
-
-def finite_float(text: str) -> float:
-    """A JSON number as a float, unless the float would not be that number: 1e400 (inf) and 1e-400 (0.0) are
-    ValueErrors that say to write such a number as a string."""
-    value = float(text)
-    if math.isinf(value) or (value == 0 and any(c in "123456789" for c in text.split("e")[0].split("E")[0])):
-        raise ValueError(f"the number {text} is beyond a float's range: write it as a string (\"{text}\")")
-    return value
-
-
-def whole_number(text: str) -> int:
-    """A JSON integer, unless it has more digits than Python turns into an int (sys.get_int_max_str_digits)."""
-    limit = sys.get_int_max_str_digits()
-    if limit and len(text.lstrip("-")) > limit:
-        raise ValueError(f"a number of {len(text.lstrip('-'))} digits: expected at most {limit} digits (write a longer "
-                         "one as a string)")
-    return int(text)
-
-
-def unique_keys(pairs: list[tuple[str, Any]]) -> dict:
-    """A JSON object whose keys are each given once (json keeps the last of a repeated key, silently)."""
-    seen: set[str] = set()
-    for key, _ in pairs:
-        if key in seen:
-            raise ValueError(f"field {key!r} is given twice in one object: expected each field once")
-        seen.add(key)
-    return dict(pairs)
-
-
-def _no_constant(name: str) -> float:
-    raise ValueError(f"{name} is not a number: expected a finite number or a string")
-
-
-def _parse(text: str, path: Path, line: int | None, expected: str) -> Any:
-    """JSON `text` (line `line` of `path`, None: all of it) read strictly (numbers a float holds, each key once, no
-    NaN), or a UserError naming the file and line."""
-    where = str(path) if line is None else f"{path}:{line}"
-    try:
-        data = json.loads(text, parse_float=finite_float, parse_int=whole_number, parse_constant=_no_constant,
-                          object_pairs_hook=unique_keys)
-    except json.JSONDecodeError as exc:
-        what = "malformed JSON" if line is None else "malformed JSON line"
-        raise UserError(f"{path}:{exc.lineno if line is None else line}: {what} ({exc.msg})") from exc
-    except RecursionError:
-        raise UserError(f"{where}: nests deeper than JSON is read here: expected {expected}") from None
-    except ValueError as exc:
-        raise UserError(f"{where}: {exc}") from exc
-    if "\\ud" in text.lower():  # an escaped surrogate: text only in a pair (JSON escapes are its one source)
-        check_text(data, where)
-    return data
-
-
 def _read_jsonl(path: Path, required_fields: Sequence[str], check: RowCheck | None = None) -> list[dict]:
-    """Rows of a JSON-lines file; blank lines are skipped."""
-    rows = []
-    for lineno, raw in enumerate(path.read_bytes().splitlines(), start=1):
-        line = _decode(raw, path, lineno)
-        if not line.strip():
-            continue
-        row = _parse(line, path, lineno, "a row object")
-        rows.append(_check_row(row, required_fields, f"{path}:{lineno}", check))
-    return rows
+    """Rows of a JSON-lines file (jsonl.json_lines: strict, blank lines skipped)."""
+    rows, _ = json_lines(path.read_bytes(), path)
+    return [_check_row(row, required_fields, f"{path}, line {number}", check) for number, row in rows]
 
 
 def _read_json(path: Path, required_fields: Sequence[str], check: RowCheck | None = None) -> list[dict]:
     """Rows of a JSON file holding a list of objects or {"data": [...]}."""
-    data = _parse(_decode(path.read_bytes(), path), path, None, "a list of row objects")
+    expected = 'a list of row objects or {"data": [...]}'
+    data = parse_json(path.read_bytes(), str(path), expected)
     if isinstance(data, dict) and isinstance(data.get("data"), list):
         data = data["data"]
     if not isinstance(data, list):
-        raise UserError(f'{path}: expected a list of objects or {{"data": [...]}}')
+        raise UserError(f"{path}: expected {expected}")
     return [_check_row(row, required_fields, f"{path}: item {i}", check) for i, row in enumerate(data, 1)]
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from bridgelm.engine import SamplingConfig, check_sampling
+from bridgelm.engine import SamplingConfig
 from bridgelm.errors import UserError, check_choice, check_int, check_number
 from bridgelm.eval.runner import EvalConfig
 from bridgelm.grpo import ADVANTAGES
@@ -98,17 +98,17 @@ class RLConfig:
             )
 
     def _check_rollouts(self, world: int) -> None:
+        check_int("steps", self.steps)
+        check_int("prompts_per_step", self.prompts_per_step)
+        why = " (GRPO's log-probs are at logits / T)"  # no greedy rollouts
+        self.rollout.validate({"n": "rollouts"}, greedy=False, why=why)
         G, w = self.rollout.n, self.rollout.width
-        counts = {"steps": self.steps, "prompts_per_step": self.prompts_per_step, "rollouts": G, "width": w,
-                  "max_new_tokens": self.rollout.max_new_tokens}
-        for name, value in counts.items():
-            check_int(name, value)
         if G < 2:
             raise UserError(
                 f"rollouts={G} must be >= 2: GRPO's advantages compare the rollouts of a prompt, and one rollout has "
                 "nothing to be compared with"
             )
-        if G % w:
+        if G % w:  # what SamplingConfig lets foreign_groups leave (rollouts are Bridge groups of one prompt)
             raise UserError(f"width={w} must divide rollouts={G} (G % w == 0)")
         if self.prompts_per_step % world:
             raise UserError(f"prompts_per_step={self.prompts_per_step} must be divisible by the {world} processes")
@@ -118,9 +118,6 @@ class RLConfig:
                 f"steps_per_rollout={self.steps_per_rollout} mini-batches need at least one Bridge group each, but a "
                 f"rank holds {self.prompts_per_step // world} prompts x {G // w} groups = {groups}"
             )
-        why = " (GRPO's log-probs are at logits / T)"  # no greedy rollouts
-        check_sampling(self.rollout.temperature, self.rollout.top_p, greedy=False, why=why)
-        self.rollout.validate()
         check_one_group("", self.rollout)
         check_choice("reward", self.reward, REWARDS)
         if self.reward == "majority" and G == w:
@@ -198,19 +195,14 @@ class RLConfig:
 
     def _check_validation(self) -> None:
         """The validation's settings, checked before training rather than after it (named as their flags are)."""
-        v = self.validation.sampling
-        check_sampling(v.temperature, v.top_p, prefix="eval_")
-        for name, value in (("eval_n", v.n), ("eval_width", v.width), ("eval_max_new_tokens", v.max_new_tokens)):
-            if value is not None:
-                check_int(name, value)
-        if self.validation.limit is not None:
-            check_int("eval_limit", self.validation.limit)
         check_int("eval_every", self.eval_every, low=0, note=" (0: only after the last step)")
-        if v.n % v.width:
-            raise UserError(f"eval_width={v.width} must divide eval_n={v.n}")
         validation = validation_sampling(self)
-        validation.validate()
+        validation.validate(EVAL_NAMES)
         check_one_group("eval_", validation.sampling)
+
+
+# How the validation's settings are named in messages: as their flags (--eval-n, ...).
+EVAL_NAMES = {name: f"eval_{name}" for name in ("n", "width", "max_new_tokens", "temperature", "top_p", "limit")}
 
 
 def check_one_group(prefix: str, s: SamplingConfig) -> None:
@@ -231,7 +223,7 @@ def validation_sampling(cfg: RLConfig) -> EvalConfig:
     them), and when its max_new_tokens is None, their max_new_tokens."""
     v, r = cfg.validation, cfg.rollout
     bounds = {"max_batch_sequences": r.max_batch_sequences, "max_batch_tokens": r.max_batch_tokens}
-    max_new_tokens = v.sampling.max_new_tokens or r.max_new_tokens
+    max_new_tokens = r.max_new_tokens if v.sampling.max_new_tokens is None else v.sampling.max_new_tokens
     sampling = replace(v.sampling, max_new_tokens=max_new_tokens, seed=derive_seed(cfg.seed, "eval"), **bounds)
     return replace(v, sampling=sampling, chat=cfg.chat)
 
