@@ -81,15 +81,12 @@ class BridgeBlock(nn.Module):
             slots = qkv[idx].view(G, w, S, 3, H, Dh)  # gather rows into [G, w_max] slots
             used = groups.slot_used[:, None, :].expand(G, S, w)  # [G, S, w]
             key_ok = used if valid is None else used & valid[idx].transpose(1, 2)
-        # each [G x S, H, w, Dh]: attention runs over w, one problem per (group, position). Four dimensions, not
-        # five: sdpa's fused kernels (flash on the CPU, memory-efficient on CUDA) take 4-D inputs; a 5-D call runs
-        # the unfused math path (about 3x the ops at decode).
-        q, k, v = (t.reshape(G * S, H, w, Dh) for t in slots.permute(3, 0, 2, 4, 1, 5))
+        q, k, v = slots.permute(3, 0, 2, 4, 1, 5)  # each [G, S, H, w, Dh]: attention runs over w
         mask = None
         if key_ok is not None:  # keys: valid rows of the group, and always the row itself
             eye = torch.eye(w, dtype=torch.bool, device=h.device)
-            mask = (key_ok[:, :, None, :] | eye).reshape(G * S, 1, w, w)  # [G x S, 1, w(query), w(key)]
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask).view(G, S, H, w, Dh)
+            mask = (key_ok[:, :, None, :] | eye)[:, :, None]  # [G, S, 1, w(query), w(key)]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [G, S, H, w, Dh]
         out = out.permute(0, 3, 1, 2, 4)  # [G, w, S, H, Dh]
         if groups.contiguous:
             out = out.reshape(B, S, H * Dh)
