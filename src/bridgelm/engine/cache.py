@@ -159,9 +159,11 @@ class SlabCache(Cache):
         self._mark_static()
 
     def _mark_static(self) -> None:
-        # Fixed addresses for CUDA graphs: the cache is mutated in place, never copied into the graph.
+        # Fixed addresses for CUDA graphs: the cache is mutated in place, never copied into the graph. guard=False
+        # (torch 2.13's default; 2.8's is True): no guard on the tensors' identity, so a new generate call's
+        # cache reuses the compiled step instead of compiling it again.
         if not torch.compiler.is_compiling():
             for layer in self.layers:
                 if layer.is_initialized:
-                    torch._dynamo.mark_static_address(layer.keys)
-                    torch._dynamo.mark_static_address(layer.values)
+                    torch._dynamo.mark_static_address(layer.keys, guard=False)
+                    torch._dynamo.mark_static_address(layer.values, guard=False)
