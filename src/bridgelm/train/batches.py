@@ -1,4 +1,5 @@
-"""Training's batch helpers: micro-batches of groups (`chunks`), per-row values as [B, T] tensors, bf16 autocast.
+"""Training's batch helpers: micro-batches of groups (`chunks`), per-row values as [B, T] tensors, bf16 autocast, a
+model's train/eval mode for a block (`mode`).
 
 The grouped token batches themselves and their teacher-forced log-probs are `bridgelm.logprobs`'.
 """
@@ -6,6 +7,7 @@ The grouped token batches themselves and their teacher-forced log-probs are `bri
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import contextmanager
 
 import torch
 
@@ -24,3 +26,14 @@ def chunks(items: Sequence, size: int) -> list[list]:
 def autocast(device: torch.device, bf16: bool):
     """bf16 autocast on `device` when asked (a no-op context otherwise)."""
     return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16, enabled=bf16)
+
+
+@contextmanager
+def mode(model, training: bool):
+    """`model` in training (True) or eval mode inside the block, its own mode restored after it."""
+    was = model.training
+    model.train(training)
+    try:
+        yield model
+    finally:
+        model.train(was)

@@ -99,17 +99,6 @@ def settings_of(cfg, free: tuple[str, ...] = ()) -> dict[str, Any]:
     return jsonable({k: v for k, v in dotted(settings).items() if k not in free})
 
 
-@contextmanager
-def mode(model, training: bool):
-    """`model` in training (True) or eval mode inside the block, its own mode restored after it."""
-    was = model.training
-    model.train(training)
-    try:
-        yield model
-    finally:
-        model.train(was)
-
-
 def dotted(settings: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     """A dict of settings whose nested dicts are spread out by dotted key: {"rollout": {"n": 8}} -> {"rollout.n": 8}."""
     out: dict[str, Any] = {}

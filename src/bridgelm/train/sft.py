@@ -41,8 +41,8 @@ from bridgelm.models import enable_checkpointing
 from bridgelm.rng import derive_seed, generator
 from bridgelm.runs import fingerprint, local_source, model_fingerprint
 from bridgelm.setting import setting
-from bridgelm.train.batches import autocast, chunks
-from bridgelm.train.loop import Run, RunControl, mode, settings_of
+from bridgelm.train.batches import autocast, chunks, mode
+from bridgelm.train.loop import Run, RunControl, settings_of
 from bridgelm.train.checkpoints import write_dir_atomic
 from bridgelm.train.optim import OptimConfig, gradient_parts, make_optimizer, make_scheduler, optimizer_step
 from bridgelm.train.weights import save_model
@@ -223,14 +223,12 @@ def train_sft(
     best_path = out_dir / (MODEL_DIR if cfg.lora.enabled else BLOCKS_FILE)
     run.left_behind = lambda: _left_behind(run.state["best"]["epoch"], bool(val_groups), best_path)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    stats = _stats(train, val, val_groups, plan)
     run.say(f"bridgelm sft: {len(train)} training problems, {len(val)} held out, {total} steps -> {out_dir}")
     with mode(model, True), run.running(total, "SFT"):
         for step in range(run.step, total):
             epoch, index = flat[step]
             epoch_end = index == len(plan[epoch]) - 1
-            t0 = time.perf_counter()
-            lr = scheduler.get_last_lr()[0]
+            t0, lr = time.perf_counter(), scheduler.get_last_lr()[0]
             loss, tokens = batch_backward(model, plan[epoch][index], cfg, pad, dist)
             with run.update():
                 part_norms: dict[str, float] = {}
@@ -246,7 +244,7 @@ def train_sft(
             run.save_if_due(now=epoch_end)  # and at the end of every epoch
     barrier(dist)
     (load_trained if cfg.lora.enabled else load_blocks)(model, best_path)  # the model ends with the best weights
-    best = run.state["best"]
+    best, stats = run.state["best"], _stats(train, val, val_groups, plan)
     return SFTResult(run.history, best_path, best["val_ppl"], best["epoch"], run.step, out_dir, stats)
 
 
