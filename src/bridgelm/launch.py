@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 
 from bridgelm.blocks import BlockConfig
 from bridgelm.dist import Dist, DistConfig
@@ -39,11 +38,6 @@ def settings_checked():
         raise
     except UserError as err:
         raise SettingError(str(err)) from err
-
-
-def main_process() -> bool:
-    """Under torchrun only rank 0 reports."""
-    return os.environ.get("RANK", "0") == "0"
 
 
 def run_warmup_data(
@@ -101,7 +95,7 @@ def run_sft(cfg: SFTConfig, launch: DistConfig, source: ModelSource, data: str, 
     plan_or_refuse(next(model.parameters()).device, "sft", setup)
     with _joined(model, launch):
         res = train_sft(model, tokenizer, warmup, cfg, out)
-        if main_process():
+        if Dist.from_env().is_main:  # under torchrun only rank 0 reports
             if res.best_val_ppl is not None:
                 print(f"bridgelm sft: best validation perplexity {res.best_val_ppl:.3f} (epoch {res.best_epoch})")
             what = "model (LoRA merged, blocks; a folder for --model)" if cfg.lora.enabled else "blocks"
@@ -136,7 +130,7 @@ def run_rl(
     plan_or_refuse(next(model.parameters()).device, "rl", setup)
     with _joined(model, launch):
         res = train_rl(model, tokenizer, problems, cfg, out, val_task=val_problems)
-        if main_process():
+        if Dist.from_env().is_main:
             print(f"bridgelm rl: {res.steps} steps; the trained model is {res.final_dir} (a folder for --model)")
             if res.best_dir is not None:
                 best = f"{res.best_accuracy:.3f} (step {res.best_step})"
@@ -217,7 +211,7 @@ def plan_or_refuse(device, command: str, make_setup) -> None:
     if budget is None:  # not a GPU: nothing to plan against
         return
     text = plan_fit.check_fits(make_setup(), budget)
-    if main_process():
+    if Dist.from_env().is_main:
         print(f"bridgelm {command}: memory per GPU (bridgelm plan)\n{text}")
 
 

@@ -58,10 +58,11 @@ def _refuse_contradictions(args) -> None:
 
 
 def _cmd_rl(args) -> None:
-    from bridgelm.launch import main_process, run_rl
+    from bridgelm.launch import run_rl
 
     cfg, launch = build(RLConfig, args), build(DistConfig, args)
-    cfg = fit_steps_per_rollout(cfg, args, Dist.from_env().world, say=main_process())
+    here = Dist.from_env()
+    cfg = fit_steps_per_rollout(cfg, args, here.world, say=here.is_main)
     with flag_words(args.flags):  # a refused setting of RLConfig in the words of its flag (--steps-per-rollout 8)
         _refuse_contradictions(args)
         task = TaskSource(args.task, args.data, args.split)
