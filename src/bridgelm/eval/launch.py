@@ -22,7 +22,7 @@ def run_evaluate(cfg: EvalConfig, source: ModelSource, task: str, data: list[str
     from bridgelm.dist import Dist
     from bridgelm.eval.datasets import load_benchmarks
     from bridgelm.eval.folder import shard_file_name
-    from bridgelm.eval.runner import run_eval
+    from bridgelm.eval.runner import sample_benchmarks
     from bridgelm.jsonl import check_free
 
     cfg.validate()
@@ -48,7 +48,7 @@ def run_evaluate(cfg: EvalConfig, source: ModelSource, task: str, data: list[str
             f"bridgelm eval: note: {what}, so its samples do not depend on the width: widths {cfg.all_widths()} "
             "sample the same sets (up to the rounding of other batch shapes), each again"
         )
-    done = run_eval(model, tokenizer, task, data, cfg, out, source.model, source.blocks, dist=dist)
+    done = sample_benchmarks(model, tokenizer, benches, task, cfg, out, source.model, source.blocks, dist=dist)
     _say_sampled(done, cfg, out, f"rank {dist.rank}: " if dist.world > 1 else "")
     if dist.is_main and score:
         run_score(out, command="eval")

@@ -162,9 +162,26 @@ def run_eval(
     group needed while sampling), returns once every rank has finished.
     """
     cfg.validate()
-    dist = dist or Dist.from_env()
     benches = load_benchmarks(task_or_name, data_paths, cfg.limit)
     task_name = task_or_name.name if isinstance(task_or_name, Task) else task_or_name
+    return sample_benchmarks(model, tokenizer, benches, task_name, cfg, out_dir, model_id, blocks, progress, dist)
+
+
+def sample_benchmarks(
+    model,
+    tokenizer,
+    benches: Sequence[Benchmark],
+    task_name: str,
+    cfg: EvalConfig,
+    out_dir: str | os.PathLike,
+    model_id: str,
+    blocks: str | None = None,
+    progress: bool = True,
+    dist: Dist | None = None,
+) -> dict[str, Any]:
+    """`run_eval` on benchmarks already read (`load_benchmarks`) with a validated `cfg`: what `bridgelm eval` runs
+    once it has checked the data before loading the model."""
+    dist = dist or Dist.from_env()
     run_dir = Path(out_dir)
     settings = eval_settings(cfg, benches, task_name, model_id, blocks)
     budget = prompt_budget(model, cfg.sampling.max_new_tokens)
