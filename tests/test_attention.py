@@ -142,6 +142,10 @@ def test_gradient_checkpointing_keeps_the_engines_decode_attention(monkeypatch):
     monkeypatch.setattr(
         attention, "matmul_attention", lambda q, *a, **k: queries.append(q.shape[2]) or real(q, *a, **k)
     )
+    shared = attention.shared_prompt_attention  # the decode steps' path, each prompt's keys held once
+    monkeypatch.setattr(
+        attention, "shared_prompt_attention", lambda q, *a, **k: queries.append(q.shape[2]) or shared(q, *a, **k)
+    )
     monkeypatch.setattr(packed, "half_instructions", lambda dtype: True)  # a CPU with AVX-512 BF16, say
     cfg = SamplingConfig(n=2, width=2, max_new_tokens=4, temperature=1.0, seed=3, pack_weights=False)
     model = bridgelm.add_bridge(tiny_model(dtype=torch.bfloat16))

@@ -25,27 +25,31 @@ def test_buckets_are_few_and_hold_at_most_one_and_a_half_times_what_they_must():
 
 
 def test_the_decode_step_reads_the_dense_slab_in_place(monkeypatch):
-    """bf16 on a CPU with bf16 instructions (the two-matmul attention): every decode step hands the attention the
-    cache's whole slab, a dense tensor (no copy of the cache per step and layer), of a multiple of READ_STEP
-    positions, grown as the samples pass 64 positions; the log-probs still follow grouped_logits."""
+    """bf16 on a CPU with bf16 instructions (the two-matmul attention): every decode step hands the attention each
+    prompt's keys once and the rows' own positions as the cache's whole slab, dense tensors (no copy of the cache
+    per step and layer), the slab a multiple of READ_STEP positions, grown as the samples pass 64 positions; the
+    log-probs still follow grouped_logits."""
     monkeypatch.setattr(packed, "half_instructions", lambda dtype: True)
     seen = []
-    real = attention.matmul_attention
+    real = attention.shared_prompt_attention
 
-    def spy(query, key, value, mask, scale, causal):
-        if query.shape[2] == 1:  # decode steps (the prefill reads its own positions)
-            seen.append((key.is_contiguous() and value.is_contiguous(), key.shape[2], mask.shape[-1]))
-        return real(query, key, value, mask, scale, causal)
+    def spy(query, key, value, shared, mask, scale):
+        dense = all(t.is_contiguous() for t in (key, value, shared.keys, shared.values))
+        seen.append((dense, shared.keys.shape[:3], key.shape[:3], mask.shape[-1]))
+        return real(query, key, value, shared, mask, scale)
 
-    monkeypatch.setattr(attention, "matmul_attention", spy)
+    monkeypatch.setattr(attention, "shared_prompt_attention", spy)
     model = randomize_blocks(bridgelm.add_bridge(tiny_model(dtype=torch.bfloat16)), std=0.2)
     torch.manual_seed(8)
     prompts = [torch.randint(7, 97, (n,)).tolist() for n in (4, 9)]
     cfg = SamplingConfig(n=4, width=2, max_new_tokens=70, temperature=1.0, top_p=1.0, seed=2)
     results = generate_ids(model, prompts, cfg, [], 0)
-    assert seen and all(dense for dense, _, _ in seen)
-    assert {length for _, length, _ in seen} == {64, 79}  # grown once, at 64 positions, to the capacity 9 + 70
-    assert all(length == masked for _, length, masked in seen)
+    assert len(seen) == 69 * 2  # every decode step (the first token comes from the prefill), both layers
+    assert all(dense for dense, *_ in seen)
+    heads = model.config.num_key_value_heads
+    assert {prompt for _, prompt, _, _ in seen} == {(2, heads, 9)}  # 2 prompts, held once, left-padded to 9
+    assert {own for _, _, own, _ in seen} == {(8, heads, 64), (8, heads, 70)}  # 8 rows; grown once, to 79 - 9
+    assert all(prompt[2] + own[2] == masked for _, prompt, own, masked in seen)
     want = torch.cat(teacher_forced_logprobs(model, prompts, results, 2, 1.0))
     got = torch.cat([torch.tensor(s.logprobs) for r in results for s in r])
     assert torch.isfinite(got).all() and (got - want).abs().mean() < 0.05

@@ -28,6 +28,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 from bridgelm import packed
+from bridgelm.prompt_attention import shared_prompt_attention
 
 NAME = "bridgelm_sdpa"  # the name under which transformers finds `attention`
 # Where the matmul path wins on CPU (benchmarks/attention.py, 2 cores): half-precision queries, either one query
@@ -35,6 +36,7 @@ NAME = "bridgelm_sdpa"  # the name under which transformers finds `attention`
 # keys (training rows: 1.8-4.7x at 64-128 keys, even at 192, 0.3-0.7x from 256 on). In float32 the fused kernel is
 # as fast (0.85-1.1x), so float32 stays with it.
 MAX_KEYS = 128
+SHARED = "bridgelm_shared_prompt"  # the attribute of a cache's key tensor that carries its shared prompt
 HALF = (torch.bfloat16, torch.float16)
 
 
@@ -97,10 +99,21 @@ def _covered(query, key, value, attention_mask, dropout, kwargs) -> bool:
 
 
 def attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None, **kw):
-    """transformers' attention signature: query [B, H, S, D], key/value [B, KVH, L, D] -> ([B, S, H, D], None)."""
-    if not _covered(query, key, value, attention_mask, dropout, kw):
+    """transformers' attention signature: query [B, H, S, D], key/value [B, KVH, L, D] -> ([B, S, H, D], None).
+
+    A key tagged with a shared prompt (SHARED, set by the engine's cache) holds only the rows' own positions after
+    it (`bridgelm.prompt_attention`)."""
+    shared = getattr(key, SHARED, None)
+    covered = _covered(query, key, value, attention_mask, dropout, kw)
+    if shared is not None and not (covered and query.shape[2] == 1):
+        key, value = shared.expanded(key, value)  # whole rows again, for the backend that takes this call
+        shared, covered = None, _covered(query, key, value, attention_mask, dropout, kw)
+    if not covered:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kw)
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    if shared is not None:
+        out = shared_prompt_attention(query, key, value, shared, attention_mask, scale)
+        return out.transpose(1, 2).contiguous(), None
     causal = kw.get("is_causal")
     causal = getattr(module, "is_causal", True) if causal is None else causal
     out = matmul_attention(query, key, value, attention_mask, scale, bool(causal))

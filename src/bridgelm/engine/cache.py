@@ -2,7 +2,10 @@
 
 A wave prefills each distinct prompt once into a `SlabCache` of capacity (longest prompt + max_new_tokens), then
 `select_rows` copies each prompt's row to its samples and later drops the rows of finished groups. Decoding writes
-one position per step into the slab, with no concatenation.
+one position per step into the slab, with no concatenation. Where the decode step's attention reads a shared prompt
+(`share_prompts`, the eager step under bridgelm's attention) each prompt's keys and values stay once per prompt
+(`bridgelm.prompt_attention.SharedPrompt`) and the slab holds only the rows' own positions after them; the layer
+tags its key slab with the shared part (the attribute `bridgelm.attention.SHARED`), where the attention finds it.
 
 Reads in place (`whole_reads`, set where the decode step hands the model a ready mask): the slab holds the live
 positions rounded up to a multiple of READ_STEP, grown by that much when they reach its end (a copy of the cache
@@ -18,6 +21,9 @@ from __future__ import annotations
 
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
+
+from bridgelm.attention import SHARED
+from bridgelm.prompt_attention import PromptRows, SharedPrompt
 
 READ_STEP = 64  # the slab grows by this many positions (eager), and the compiled step's buckets start here
 
@@ -56,6 +62,8 @@ class SlabLayer(CacheLayerMixin):
         self.whole_reads = whole_reads  # decode steps read the whole slab (see the module's docstring)
         self.slot: torch.Tensor | None = None  # [1] long: static mode's write position (see SlabCache.make_static)
         self.read = capacity  # static mode: the positions a step reads (SlabCache.set_read)
+        self.shared: SharedPrompt | None = None  # the prompt, once per prompt (share_prompts); the slab holds
+        self.prompt = 0  # positions [prompt, length) then: the rows' own
 
     def lazy_initialization(self, key_states, value_states) -> None:
         B, H, q, Dk = key_states.shape
@@ -68,11 +76,32 @@ class SlabLayer(CacheLayerMixin):
     def grow(self, size: int) -> None:
         """A slab of `size` positions holding the written ones (the rest zeros, never attended)."""
         if self.is_initialized and self.keys.shape[2] < size:
+            written = self.length - self.prompt
             for name in ("keys", "values"):
                 old = getattr(self, name)
                 new = old.new_zeros(*old.shape[:2], size, old.shape[3])
-                new[:, :, : self.length] = old[:, :, : self.length]
+                new[:, :, :written] = old[:, :, :written]
                 setattr(self, name, new)
+            self._tag()
+
+    def share_prompt(self, rows: PromptRows) -> None:
+        """Hold the prompt written so far once per prompt (the P rows of the prefill) and give the B `rows` an empty
+        slab of their own positions after it."""
+        if not self.is_initialized:
+            return
+        assert self.whole_reads and self.slot is None, "a shared prompt needs whole reads and the eager step"
+        self.prompt = self.length
+        keys, values = (t[:, :, : self.length].contiguous() for t in (self.keys, self.values))
+        size = min(self.capacity - self.prompt, READ_STEP)
+        B = rows.src.numel()
+        self.keys = keys.new_zeros(B, keys.shape[1], size, keys.shape[3])
+        self.values = values.new_zeros(B, values.shape[1], size, values.shape[3])
+        self.shared = SharedPrompt(keys, values, rows)
+        self._tag()
+
+    def _tag(self) -> None:
+        if self.shared is not None:  # the attention finds the prompt on the key tensor it is handed
+            setattr(self.keys, SHARED, self.shared)
 
     def update(self, key_states, value_states, *args, **kwargs):
         if self.slot is not None:  # static: one position per row at `slot`; the mask hides unwritten positions
@@ -84,14 +113,16 @@ class SlabLayer(CacheLayerMixin):
         q = key_states.shape[-2]
         end = self.length + q
         assert end <= self.capacity, f"cache capacity {self.capacity} exceeded ({end} positions)"  # check_prompts' room
-        if end > self.keys.shape[2]:
-            self.grow(min(self.capacity, rounded(end)))
-        self.keys[:, :, self.length : end] = key_states
-        self.values[:, :, self.length : end] = value_states
+        at, stop = self.length - self.prompt, end - self.prompt  # in the slab
+        if stop > self.keys.shape[2]:
+            self.grow(min(self.capacity - self.prompt, rounded(stop)))
+        self.keys[:, :, at:stop] = key_states
+        self.values[:, :, at:stop] = value_states
         decode = q == 1 and end > 1  # a step after the prefill (whose mask transformers builds to `end`)
         self.length = end
         if self.whole_reads and decode:  # the whole slab, dense, under the caller's mask
             return self.keys, self.values
+        assert self.shared is None, "a shared prompt is read by decode steps only"
         return self.keys[:, :, :end], self.values[:, :, :end]
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
@@ -105,11 +136,15 @@ class SlabLayer(CacheLayerMixin):
     def get_max_length(self) -> int:
         return self.capacity
 
-    def select_rows(self, rows: torch.Tensor) -> None:
-        """Keep (and repeat) the rows `rows [B']` of the batch, in that order."""
+    def select_rows(self, rows: torch.Tensor, kept: PromptRows | None = None, prompts=None) -> None:
+        """Keep (and repeat) the rows `rows [B']` of the batch, in that order (shared prompt: `kept` places them,
+        and only the prompts `prompts` stay, None: all)."""
         if self.is_initialized:
             self.keys = self.keys.index_select(0, rows)
             self.values = self.values.index_select(0, rows)
+            if self.shared is not None:
+                self.shared = self.shared.select(rows, kept, prompts)
+            self._tag()
 
 
 class SlabCache(Cache):
@@ -124,7 +159,9 @@ class SlabCache(Cache):
         layer = self.layers[0]
         if layer.slot is not None:
             return layer.read
-        return min(layer.capacity, rounded(live)) if layer.whole_reads else live
+        if not layer.whole_reads:
+            return live
+        return layer.prompt + min(layer.capacity - layer.prompt, rounded(live - layer.prompt))
 
     def set_read(self, live: int) -> int:
         """Static mode: the next steps read `live` positions rounded up to a `bucket` (at most the capacity);
@@ -143,10 +180,25 @@ class SlabCache(Cache):
                 layer.read = keep.shape[-1]
 
     def select_rows(self, rows: torch.Tensor) -> None:
+        kept = prompts = None
+        shared = self.layers[0].shared if self.layers else None
+        if shared is not None:  # the rows' prompts, renumbered when some have no row left
+            src = shared.rows.src[rows]
+            used = torch.unique(src)  # sorted
+            if used.numel() < shared.keys.shape[0]:
+                src, prompts = torch.searchsorted(used, src), used
+            kept = PromptRows.of(src, used.numel())
         for layer in self.layers:
-            layer.select_rows(rows)
+            layer.select_rows(rows, kept, prompts)
         if self.layers and self.layers[0].slot is not None:
             self._mark_static()
+
+    def share_prompts(self, src: torch.Tensor, prompts: int) -> None:
+        """After the prefill of `prompts` prompts: rows continuing prompt src [B] each, the prompts' keys and values
+        held once (`bridgelm.prompt_attention`) instead of copied to each row (`select_rows(src)`)."""
+        rows = PromptRows.of(src, prompts)
+        for layer in self.layers:
+            layer.share_prompt(rows)
 
     def make_static(self, slot: torch.Tensor) -> None:
         """Static mode for a compiled decode step: every layer writes one position per row at `slot` ([1] long,

@@ -1,9 +1,9 @@
 """The engine's loop, token ids in and out: `stream_ids` yields each prompt's n samples as soon as they are done.
 
 Prompts stream through the batch in waves (`bridgelm.engine.waves`). A wave prefills each distinct prompt ONCE
-(left-padded, ragged lengths, per-row position ids) into a preallocated cache, then copies the cache rows to the
-prompt's samples: the samples of a group are identical there, so Bridge acts on identical rows and prefill needs no
-grouping. Samples j*w .. (j+1)*w-1 of a prompt form one Bridge group; the rows of a wave are contiguous groups,
+(left-padded, ragged lengths, per-row position ids) into a preallocated cache, then points the prompt's samples at
+its cache row (held once: `bridgelm.prompt_attention`, where the step's attention reads it so) or copies the row to
+them: the samples of a group are identical there, so Bridge acts on identical rows and prefill needs no grouping. Samples j*w .. (j+1)*w-1 of a prompt form one Bridge group; the rows of a wave are contiguous groups,
 so the blocks use the reshape layout (no gather). A row that emitted EOS at step t is still fed at t+1 (its EOS is
 valid at that position, its siblings attend to it) and masked from then on, exactly as `grouped_logits` defines
 validity. Groups whose rows all finished are dropped from the batch.
@@ -30,7 +30,7 @@ from bridgelm.engine import sampler
 from bridgelm.engine.cache import SlabCache, slab_capacity
 from bridgelm.engine.config import SamplingConfig
 from bridgelm.engine.randomness import SampleRandomness
-from bridgelm.engine.step import Stepper, bucket_keep, decodes_compiled, reads_whole
+from bridgelm.engine.step import Stepper, bucket_keep, decodes_compiled, reads_whole, shares_prompts
 from bridgelm.engine.waves import Wave, plan_waves
 from bridgelm.errors import UserError
 from bridgelm.packed import packed_linears
@@ -137,8 +137,9 @@ def prefill(model, prompts: Sequence[Sequence[int]], wave: Wave, pad_id: int, ca
     return cache, mask, lengths, out.logits[:, -1]
 
 
-def expand(cache: SlabCache, mask, lengths, logits, wave: Wave, cfg: SamplingConfig) -> tuple[Batch, torch.Tensor]:
-    """Copy each prompt's cache row, mask and logits to its samples -> (the batch, logits [B, V])."""
+def expand(cache: SlabCache, mask, lengths, logits, wave: Wave, cfg: SamplingConfig, shared: bool = False):
+    """Copy each prompt's cache row (`shared`: only point its samples at it), mask and logits to its samples
+    -> (the batch, logits [B, V])."""
     device = mask.device
     P = len(wave.jobs)
     counts = torch.tensor([j.count for j in wave.jobs], device=device)
@@ -148,7 +149,10 @@ def expand(cache: SlabCache, mask, lengths, logits, wave: Wave, cfg: SamplingCon
     if cfg.foreign_groups:  # batch order [block, sample j, prompt of the block]: groups of `width` prompts
         rows = rows.view(P // cfg.width, cfg.width, cfg.n).transpose(1, 2).reshape(-1)
         src = src[rows]
-    cache.select_rows(src)
+    if shared:
+        cache.share_prompts(src, P)
+    else:
+        cache.select_rows(src)
     alive = torch.ones(B, dtype=torch.bool, device=device)
     return Batch(cache, mask[src], lengths[src].clone(), rows, alive, alive), logits[src]
 
@@ -225,7 +229,8 @@ def run_wave(model, prompts, wave: Wave, cfg: SamplingConfig, ends: Ends, keys, 
     compiled = decodes_compiled(model, cfg, device)
     deferred = sampler.defers_draws(device, cfg)
     capacity = slab_capacity(wave.longest + cfg.max_new_tokens, compiled)  # compiled: a bucket and a spare slot
-    batch, logits = expand(*prefill(model, prompts, wave, ends.pad_id, capacity), wave, cfg)
+    filled = prefill(model, prompts, wave, ends.pad_id, capacity)
+    batch, logits = expand(*filled, wave, cfg, shares_prompts(model, compiled))
     stepper = Stepper.build(model, batch.cache, cfg, compiled, deferred)
     out = Outputs.empty(len(batch.rows), cfg.max_new_tokens, ends.pad_id, device)
     rand = None

@@ -145,6 +145,14 @@ def reads_whole(model) -> bool:
     return _static_mask_ok(model)
 
 
+def shares_prompts(model, compiled: bool) -> bool:
+    """Whether a wave's cache holds each prompt's keys and values once, not once per sample
+    (`bridgelm.prompt_attention`): eager steps that read the whole slab, under bridgelm's attention (the model
+    switched to it by `fast_attention`), which reads the shared prompt."""
+    impl = getattr(model.config.get_text_config(), "_attn_implementation", None)
+    return not compiled and reads_whole(model) and impl == ATTENTION
+
+
 def _static_mask_ok(model) -> bool:
     """Whether every layer can take one ready 4D mask: full attention with the sdpa (or bridgelm's) or eager
     backend. The compiled step needs it; other models get the 2D padding mask."""
