@@ -13,7 +13,6 @@ import bridgelm
 from bridgelm import attention
 from bridgelm.attention import matmul_attention
 from bridgelm.engine import SamplingConfig, generate_ids
-from bridgelm.engine import loop
 from bridgelm.prompt_attention import PromptRows, SharedPrompt, shared_prompt_attention
 
 
@@ -71,12 +70,10 @@ def test_calls_it_does_not_cover_see_the_whole_rows():
     assert torch.allclose(got, want, atol=1e-6)
 
 
-def _forced_shared(monkeypatch, shared: bool):
-    """float32 through bridgelm's attention (which float32 leaves to sdpa by default), the prompt shared or not."""
+def _through_bridgelm_attention(monkeypatch):
+    """float32 through bridgelm's attention (which float32 leaves to sdpa by default)."""
     monkeypatch.setattr(attention, "wins", lambda model: True)
     monkeypatch.setattr(attention, "_covered", lambda *a: True)
-    real = loop.shares_prompts
-    monkeypatch.setattr(loop, "shares_prompts", lambda model, compiled: shared and real(model, compiled))
 
 
 @pytest.mark.parametrize("foreign", [False, True])
@@ -96,10 +93,9 @@ def test_the_engine_holding_each_prompt_once_samples_what_it_samples_with_copies
         return real_share(cache, src, count)
 
     monkeypatch.setattr(bridgelm.engine.cache.SlabCache, "share_prompts", spy)
-    _forced_shared(monkeypatch, True)
+    _through_bridgelm_attention(monkeypatch)
     shared = generate_ids(model, prompts, cfg, EOS[:1], 0)
-    _forced_shared(monkeypatch, False)
-    copied = generate_ids(model, prompts, cfg, EOS[:1], 0)
+    copied = generate_ids(model, prompts, replace(cfg, share_prompts=False), EOS[:1], 0)
     assert held == [(4, 16)]  # 4 prompts held once for 16 rows
     lengths = [len(s.token_ids) for r in shared for s in r]
     assert min(lengths) < 20 and max(lengths) == 70  # groups dropped long before the end

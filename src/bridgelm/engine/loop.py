@@ -230,7 +230,7 @@ def run_wave(model, prompts, wave: Wave, cfg: SamplingConfig, ends: Ends, keys, 
     deferred = sampler.defers_draws(device, cfg)
     capacity = slab_capacity(wave.longest + cfg.max_new_tokens, compiled)  # compiled: a bucket and a spare slot
     filled = prefill(model, prompts, wave, ends.pad_id, capacity)
-    batch, logits = expand(*filled, wave, cfg, shares_prompts(model, compiled))
+    batch, logits = expand(*filled, wave, cfg, cfg.share_prompts and shares_prompts(model, compiled))
     stepper = Stepper.build(model, batch.cache, cfg, compiled, deferred)
     out = Outputs.empty(len(batch.rows), cfg.max_new_tokens, ends.pad_id, device)
     rand = None
