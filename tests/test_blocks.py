@@ -57,14 +57,10 @@ def test_block_matches_algorithm_1(group_ids, dtype, tol):
     valid[1, 3:] = False  # rows ending early
     valid[4, 1:] = False
     valid[6, 4:] = False
+    got = block(x, Groups.build(group_ids, valid)).float()
     want = reference_bridge(block, x, group_ids, valid)
-    got = {}
-    for grad in (True, False):  # the 5-D sdpa call that training keeps, and the 4-D one of sampling (fused kernels)
-        with torch.set_grad_enabled(grad):
-            got[grad] = block(x, Groups.build(group_ids, valid)).float()
-        assert torch.isfinite(got[grad]).all()
-        assert close(got[grad][valid], want[valid], tol), (grad, (got[grad][valid] - want[valid]).abs().max())
-    assert close(got[False][valid], got[True][valid], tol), "the 4-D and 5-D calls differ"
+    assert torch.isfinite(got).all()
+    assert close(got[valid], want[valid], tol), (got[valid] - want[valid]).abs().max()
 
 
 @pytest.mark.parametrize("arch", sorted(ARCHS))

@@ -86,27 +86,13 @@ class BridgeBlock(nn.Module):
         if key_ok is not None:  # keys: valid rows of the group, and always the row itself
             eye = torch.eye(w, dtype=torch.bool, device=h.device)
             mask = (key_ok[:, :, None, :] | eye)[:, :, None]  # [G, S, 1, w(query), w(key)]
-        out = group_attention(q, k, v, mask).permute(0, 3, 1, 2, 4)  # [G, w, S, H, Dh]
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)  # [G, S, H, w, Dh]
+        out = out.permute(0, 3, 1, 2, 4)  # [G, w, S, H, Dh]
         if groups.contiguous:
             out = out.reshape(B, S, H * Dh)
         else:
             out = out.reshape(G * w, S, H * Dh)[groups.slot_of_row]
         return self.o_proj(out)
-
-
-def group_attention(q, k, v, mask: torch.Tensor | None) -> torch.Tensor:
-    """Attention over a group's rows: q, k, v [G, S, H, w, Dh], mask [G, S, 1, w, w] bool or None -> [G, S, H, w, Dh].
-
-    Without gradients (sampling, the trainers' reference and old-log-prob passes) one 4-D call, [G x S, H, w, Dh],
-    which sdpa's fused kernels take (flash on the CPU, memory-efficient on CUDA): a 5-D call runs the unfused math
-    path, about 3x the ops of a decode step's Bridge attention. With gradients the 5-D call stays: what it keeps
-    for the backward is what `bridgelm plan` counts (the fused kernels keep less)."""
-    if torch.is_grad_enabled() and q.requires_grad:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    G, S, H, w, Dh = q.shape
-    q, k, v = (t.reshape(G * S, H, w, Dh) for t in (q, k, v))
-    mask = None if mask is None else mask.reshape(G * S, 1, w, w)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask).view(G, S, H, w, Dh)
 
 
 class PMatchBlock(nn.Module):
