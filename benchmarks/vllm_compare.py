@@ -6,16 +6,23 @@ runs bridgelm's plain engine, its Bridge engine and vLLM on the same prompt toke
 temperature and top-p, at the same threads pinned to the same cores, in rotated order; the ratios
 `plain_over_vllm` and `bridge_over_vllm` are taken repeat by repeat and reported as min / median / max. vLLM's
 start-up (model load, compilation) is reported apart (`vllm_startup_seconds`), as is each engine's first call.
+
+While bridgelm's engines are timed, vLLM's processes are stopped (SIGSTOP, then SIGCONT): idle, they kept polling
+for work on the same pinned cores (`vllm_idle_cpu_share`: the cores' worth of CPU they took beside the engines'
+untimed first calls, where they are left running).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 CHILD = Path(__file__).resolve().parent / "vllm_child.py"
@@ -90,6 +97,43 @@ class VllmChild:
         return {"tokens": out["tokens"], "seconds": round(out["seconds"], 3),
                 "tok_per_s": round(out["tokens"] / out["seconds"], 1)}  # fmt: skip
 
+    def processes(self) -> list[int]:
+        """The child and every process under it (vLLM's front end, engine core and worker)."""
+        parents: dict[int, list[int]] = {}
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                fields = stat.read_text().rsplit(")", 1)[1].split()  # after the name: state, ppid, ...
+                parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+        out, todo = [], [self.proc.pid]
+        while todo:
+            pid = todo.pop()
+            out.append(pid)
+            todo += parents.get(pid, [])
+        return out
+
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system) spent so far by the live processes of `processes`."""
+        ticks = 0
+        for pid in self.processes():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                ticks += int(fields[11]) + int(fields[12])  # utime, stime
+        return ticks / os.sysconf("SC_CLK_TCK")
+
+    @contextlib.contextmanager
+    def held(self):
+        """vLLM's processes stopped for the duration (SIGSTOP, then SIGCONT)."""
+        pids = self.processes()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+
     def close(self) -> None:
         if self.proc.poll() is None:
             try:
@@ -110,11 +154,18 @@ def compare_with_vllm(child: VllmChild, engines: dict, prompts, args, timed) -> 
     engine_plain and engine_bridge) and vLLM on `prompts` (token ids); `timed(fn)` times one call."""
     s = dict(n=args.n, max_tokens=args.new_tokens, temperature=args.temperature, top_p=args.top_p)
     runs = {**engines, "vllm": None}
-    first = {name: (timed(fn) if fn else child.run(prompts, **s)) for name, fn in runs.items()}  # warm-up
+    cpu, start = child.cpu_seconds(), time.perf_counter()
+    first = {name: timed(fn) for name, fn in engines.items()}  # warm-up, vLLM idle beside them
+    idle_share = (child.cpu_seconds() - cpu) / (time.perf_counter() - start)
+    first["vllm"] = child.run(prompts, **s)
     names, measured = list(runs), {name: [] for name in runs}
     for r in range(args.repeats):
         for name in names[r % len(names) :] + names[: r % len(names)]:
-            measured[name].append(timed(runs[name]) if runs[name] else child.run(prompts, **s))
+            if runs[name] is None:
+                measured[name].append(child.run(prompts, **s))
+                continue
+            with child.held():  # vLLM's idle processes off the cores while an engine is timed
+                measured[name].append(timed(runs[name]))
     tps = {name: [m["tok_per_s"] for m in series] for name, series in measured.items()}
     out = {
         "rows": len(prompts) * args.n,
@@ -122,6 +173,7 @@ def compare_with_vllm(child: VllmChild, engines: dict, prompts, args, timed) -> 
         "vllm_startup_seconds": round(child.startup_seconds, 1),
         "vllm_preload": child.preload,
         "first_call_seconds": {name: f["seconds"] for name, f in first.items()},
+        "vllm_idle_cpu_share": round(idle_share, 3),  # cores' worth of CPU vLLM took, idle, beside the first calls
         "tok_per_s": {name: spread(v) for name, v in tps.items()},
         "runs": measured,
     }

@@ -96,6 +96,41 @@ def test_a_child_that_fails_is_one_line_with_its_log(tmp_path, monkeypatch):
     child.close()
 
 
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def test_vllm_is_held_still_while_the_engines_are_timed(tmp_path, monkeypatch):
+    """Idle, vLLM's processes poll for work on the pinned cores: while an engine is timed the child and every
+    process under it are stopped (state T), and they run again for vLLM's own calls; the CPU they take idle beside
+    the engines' first calls is reported."""
+    monkeypatch.setenv("FAKE_VLLM_LOG", str(tmp_path / "vllm.jsonl"))
+    setup = {"model": "m", "dtype": "float32", "threads": 1, "cores": vllm_compare.pinned_cores(1), "seed": 0,
+             "max_num_seqs": 4, "max_model_len": 16}  # fmt: skip
+    child = vllm_compare.VllmChild(str(fake_python(tmp_path, body="sleep 300 &")), setup)  # a process under it
+    pids = child.processes()
+    try:
+        assert len(pids) == 2 and pids[0] == child.proc.pid
+        states = []
+
+        def engine():
+            states.append([_state(p) for p in pids])
+            return 8
+
+        args = argparse.Namespace(n=2, new_tokens=4, temperature=1.0, top_p=1.0, repeats=2)
+        out = vllm_compare.compare_with_vllm(
+            child, {"engine_plain": engine}, [[1, 2]], args, lambda fn: {"tokens": fn(), "seconds": 1.0, "tok_per_s": 8}
+        )
+        assert "T" not in states[0]  # the first call: vLLM left running beside it, its idle CPU measured
+        assert states[1:] == [["T", "T"]] * 2  # the timed repeats
+        assert all(_state(p) != "T" for p in pids)  # running again
+        assert out["vllm_idle_cpu_share"] >= 0 and child.cpu_seconds() >= 0
+    finally:
+        child.close()
+        for pid in pids[1:]:
+            os.kill(pid, 9)
+
+
 def test_vllm_gets_the_libraries_its_cpu_guide_preloads(tmp_path, monkeypatch):
     """Intel's OpenMP from the venv vLLM's wheel installed it in (lib/libiomp5.so beside bin/python), handed to the
     child in LD_PRELOAD; none where the venv has none."""
