@@ -56,8 +56,8 @@ class SharedPrompt:
     values: torch.Tensor  # [P, KVH, Lp, Dv]
     rows: PromptRows
 
-    def select(self, rows: torch.Tensor, kept: PromptRows, prompts: torch.Tensor | None) -> SharedPrompt:
-        """The rows `rows` kept (`kept`: their places), and only the prompts `prompts` (None: all)."""
+    def select(self, kept: PromptRows, prompts: torch.Tensor | None) -> SharedPrompt:
+        """The rows kept (`kept`: their prompts and places), and only the prompts `prompts` (None: all)."""
         if prompts is None:
             return SharedPrompt(self.keys, self.values, kept)
         return SharedPrompt(self.keys.index_select(0, prompts), self.values.index_select(0, prompts), kept)

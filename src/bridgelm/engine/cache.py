@@ -143,7 +143,7 @@ class SlabLayer(CacheLayerMixin):
             self.keys = self.keys.index_select(0, rows)
             self.values = self.values.index_select(0, rows)
             if self.shared is not None:
-                self.shared = self.shared.select(rows, kept, prompts)
+                self.shared = self.shared.select(kept, prompts)
             self._tag()
 
 
