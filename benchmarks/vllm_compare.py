@@ -121,12 +121,16 @@ class VllmChild:
         return ticks / os.sysconf("SC_CLK_TCK")
 
     @contextlib.contextmanager
-    def held(self):
-        """vLLM's processes stopped for the duration (SIGSTOP, then SIGCONT)."""
+    def held(self, timeout: float = 5.0):
+        """vLLM's processes stopped for the duration (SIGSTOP, then SIGCONT); entered once each has stopped (a
+        signal takes effect a moment after it is sent)."""
         pids = self.processes()
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGSTOP)
+        deadline = time.monotonic() + timeout
+        while any(state(pid) not in ("T", "t", None) for pid in pids) and time.monotonic() < deadline:
+            time.sleep(0.001)
         try:
             yield
         finally:
@@ -143,6 +147,14 @@ class VllmChild:
             except (BrokenPipeError, subprocess.TimeoutExpired):
                 self.proc.kill()
         self.log.close()
+
+
+def state(pid: int) -> str | None:
+    """A process's state letter (R running, S sleeping, T stopped, ...), None when it is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
 
 
 def spread(values: list[float]) -> dict:

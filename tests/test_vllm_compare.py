@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -96,10 +97,6 @@ def test_a_child_that_fails_is_one_line_with_its_log(tmp_path, monkeypatch):
     child.close()
 
 
-def _state(pid: int) -> str:
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-
-
 def test_vllm_is_held_still_while_the_engines_are_timed(tmp_path, monkeypatch):
     """Idle, vLLM's processes poll for work on the pinned cores: while an engine is timed the child and every
     process under it are stopped (state T), and they run again for vLLM's own calls; the CPU they take idle beside
@@ -114,7 +111,7 @@ def test_vllm_is_held_still_while_the_engines_are_timed(tmp_path, monkeypatch):
         states = []
 
         def engine():
-            states.append([_state(p) for p in pids])
+            states.append([vllm_compare.state(p) for p in pids])
             return 8
 
         args = argparse.Namespace(n=2, new_tokens=4, temperature=1.0, top_p=1.0, repeats=2)
@@ -123,7 +120,10 @@ def test_vllm_is_held_still_while_the_engines_are_timed(tmp_path, monkeypatch):
         )
         assert "T" not in states[0]  # the first call: vLLM left running beside it, its idle CPU measured
         assert states[1:] == [["T", "T"]] * 2  # the timed repeats
-        assert all(_state(p) != "T" for p in pids)  # running again
+        deadline = time.monotonic() + 5  # SIGCONT takes effect a moment after it is sent
+        while any(vllm_compare.state(p) == "T" for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert all(vllm_compare.state(p) != "T" for p in pids)  # running again
         assert out["vllm_idle_cpu_share"] >= 0 and child.cpu_seconds() >= 0
     finally:
         child.close()
