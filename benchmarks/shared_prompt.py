@@ -28,6 +28,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_models import gsm8k_questions, timed, with_random_bridge  # noqa: E402
 
 from bridgelm.engine import SamplingConfig, encode_prompts, generate_ids  # noqa: E402
+from bridgelm.engine.loop import share_pays  # noqa: E402
+from bridgelm.engine.waves import plan_waves  # noqa: E402
 from bridgelm.pretrained import load_smollm2  # noqa: E402
 
 
@@ -52,7 +54,7 @@ def main() -> None:
     qs, k = gsm8k_questions(args.prompts * args.questions), args.questions
     prompts = encode_prompts(tok, ["\n\n".join(qs[i * k : (i + 1) * k]) for i in range(args.prompts)], chat=True)
     cfg = SamplingConfig(n=args.n, width=args.width, max_new_tokens=args.new_tokens, temperature=1.0, top_p=1.0)
-    layouts = {"shared": cfg, "copies": replace(cfg, share_prompts=False)}
+    layouts = {"shared": replace(cfg, share_prompts=True), "copies": replace(cfg, share_prompts=False)}
     for m in engines.values():  # warm-up: first-call allocations and oneDNN's kernels
         run(m, prompts[:2], replace(cfg, max_new_tokens=4))
     runs: dict[str, list[dict]] = {}
@@ -61,7 +63,8 @@ def main() -> None:
             order = list(layouts.items())[:: 1 if rep % 2 == 0 else -1]  # alternate which layout goes first
             for layout, c in order:
                 runs.setdefault(f"{name}_{layout}", []).append(timed(lambda: run(m, prompts, c)))
-    out = {"threads": args.threads, "rows": args.prompts * args.n, "prompt_tokens": sorted(map(len, prompts))}
+    out = {"threads": args.threads, "rows": args.prompts * args.n, "prompt_tokens": sorted(map(len, prompts)),
+           "default": "shared" if share_pays(plan_waves([len(p) for p in prompts], cfg)[0]) else "copies"}
     for key, series in runs.items():
         out[key] = {"tok_per_s": round(statistics.median(r["tok_per_s"] for r in series), 1), "runs": series}
     for name in engines:
@@ -73,7 +76,8 @@ def main() -> None:
         print(f"{name}: tok/s shared {out[f'{name}_shared']['tok_per_s']}, copies {out[f'{name}_copies']['tok_per_s']}"
               f"; shared / copies min, median, max {out[f'{name}_shared_over_copies']}; peak MB {peaks}", flush=True)
     print(f"{out['rows']} rows, prompts of {out['prompt_tokens'][0]}-{out['prompt_tokens'][-1]} tokens, "
-          f"{args.new_tokens} new tokens, {args.threads} threads, {args.repeats} repeats")
+          f"{args.new_tokens} new tokens, {args.threads} threads, {args.repeats} repeats; the default here: "
+          f"{out['default']} (bridgelm.engine.loop.share_pays)")
     if args.json:
         print(json.dumps(out))
 

@@ -42,7 +42,7 @@ def test_the_decode_step_reads_the_dense_slab_in_place(monkeypatch):
     model = randomize_blocks(bridgelm.add_bridge(tiny_model(dtype=torch.bfloat16)), std=0.2)
     torch.manual_seed(8)
     prompts = [torch.randint(7, 97, (n,)).tolist() for n in (4, 9)]
-    cfg = SamplingConfig(n=4, width=2, max_new_tokens=70, temperature=1.0, top_p=1.0, seed=2)
+    cfg = SamplingConfig(n=4, width=2, max_new_tokens=70, temperature=1.0, top_p=1.0, seed=2, share_prompts=True)
     results = generate_ids(model, prompts, cfg, [], 0)
     assert len(seen) == 69 * 2  # every decode step (the first token comes from the prefill), both layers
     assert all(dense for dense, *_ in seen)

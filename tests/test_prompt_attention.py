@@ -12,7 +12,8 @@ from test_engine import EOS, teacher_forced_logprobs
 import bridgelm
 from bridgelm import attention
 from bridgelm.attention import matmul_attention
-from bridgelm.engine import SamplingConfig, generate_ids
+from bridgelm.engine import SamplingConfig, generate_ids, loop
+from bridgelm.engine.waves import plan_waves
 from bridgelm.prompt_attention import PromptRows, SharedPrompt, shared_prompt_attention
 
 
@@ -84,7 +85,7 @@ def test_the_engine_holding_each_prompt_once_samples_what_it_samples_with_copies
     torch.manual_seed(0)
     prompts = [torch.randint(7, 97, (n,)).tolist() for n in (5, 2, 9, 3)]
     cfg = SamplingConfig(n=4, width=2, max_new_tokens=70, temperature=0.9, top_p=0.9, seed=3, compact_fraction=0.2)
-    cfg = replace(cfg, foreign_groups=foreign)
+    cfg = replace(cfg, foreign_groups=foreign, share_prompts=True)
     held = []
     real_share = bridgelm.engine.cache.SlabCache.share_prompts
 
@@ -122,3 +123,23 @@ def test_compaction_drops_prompts_with_no_row_left():
     assert torch.equal(layer.keys[:, :, :1], step[[0, 1, 4, 5]])
     assert getattr(layer.keys, attention.SHARED) is layer.shared  # the attention finds it on the slab
     assert cache.read_length(8) == 6 + 34  # the prompt, then the own slab: READ_STEP capped by what is left
+
+
+def test_by_default_the_prompt_is_held_once_where_the_copies_would_be_large(monkeypatch):
+    """share_prompts=None: a wave shares its prompts when copies would add SHARE_MIN_POSITIONS prompt positions
+    (where it was measured to pay), and copies them below that."""
+    assert loop.SHARE_MIN_POSITIONS == 16_384
+    held = []
+    real = bridgelm.engine.cache.SlabCache.share_prompts
+    monkeypatch.setattr(bridgelm.engine.cache.SlabCache, "share_prompts", lambda c, *a: held.append(a) or real(c, *a))
+    _through_bridgelm_attention(monkeypatch)
+    model = tiny_model()
+    cfg = SamplingConfig(n=8, max_new_tokens=2, temperature=0.0)
+    assert cfg.share_prompts is None
+    small = [[7] * 20] * 2  # copies would add 2 x 7 x 20 = 280 positions
+    large = [[7] * 200] * 8  # n=16: 8 x 15 x 200 = 24,000
+    generate_ids(model, small, cfg, [], 0)
+    assert held == []
+    generate_ids(model, large, replace(cfg, n=16), [], 0)
+    assert len(held) == 1 and held[0][1] == 8
+    assert not loop.share_pays(plan_waves([292] * 8, cfg)[0]) and loop.share_pays(plan_waves([293] * 8, cfg)[0])

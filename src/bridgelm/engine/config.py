@@ -52,8 +52,9 @@ class SamplingConfig:
     compile: bool | None = setting(None, "torch.compile the decode step; None: where it wins (CUDA), see compile_wins")
     pack_weights: bool = setting(True, "eager CPU decoding packs linear weights "
                                        "for oneDNN once per wave (bridgelm.packed)")
-    share_prompts: bool = setting(True, "the eager step holds each prompt's keys and values once, not once per "
-                                        "sample (bridgelm.prompt_attention); False: copies, as before")
+    share_prompts: bool | None = setting(None, "the eager step holds each prompt's keys and values once, not once "
+                                               "per sample (bridgelm.prompt_attention); None: where it pays "
+                                               "(engine.loop.share_pays); False: a copy per sample")
 
     def validate(self, names: Mapping[str, str] | None = None, greedy: bool = True, why: str = "") -> None:
         """UserError unless these settings can be sampled. `names`: how the messages name a field (its flag's words,

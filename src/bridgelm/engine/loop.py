@@ -112,6 +112,18 @@ class StepEnd(NamedTuple):
     group_alive: torch.Tensor  # [G] bool: groups with a live row
 
 
+# Prompt positions that copies per sample would add to a wave's cache, from which holding each prompt once pays:
+# it saves their reads at every step, for a dozen more small ops per layer (docs/benchmarks.md: SmolLM2, 2 threads,
+# 16 rows x ~110-token prompts, 1.6k positions: 0.90x; 128 rows x ~500, 68k: 1.25x; 128 x ~140, 18k: 0.98-1.14x).
+SHARE_MIN_POSITIONS = 16_384
+
+
+def share_pays(wave: Wave) -> bool:
+    """Whether the wave's samples hold each prompt once by default: the copies would add SHARE_MIN_POSITIONS."""
+    rows = sum(job.count for job in wave.jobs)
+    return (rows - len(wave.jobs)) * wave.longest >= SHARE_MIN_POSITIONS
+
+
 def prefill(model, prompts: Sequence[Sequence[int]], wave: Wave, pad_id: int, capacity: int):
     """Each distinct prompt of the wave once through the model, left-padded to the longest: -> (cache [P rows],
     mask [P, capacity] bool, lengths [P], logits [P, V] of each prompt's next token)."""
@@ -230,7 +242,8 @@ def run_wave(model, prompts, wave: Wave, cfg: SamplingConfig, ends: Ends, keys, 
     deferred = sampler.defers_draws(device, cfg)
     capacity = slab_capacity(wave.longest + cfg.max_new_tokens, compiled)  # compiled: a bucket and a spare slot
     filled = prefill(model, prompts, wave, ends.pad_id, capacity)
-    batch, logits = expand(*filled, wave, cfg, cfg.share_prompts and shares_prompts(model, compiled))
+    share = share_pays(wave) if cfg.share_prompts is None else cfg.share_prompts
+    batch, logits = expand(*filled, wave, cfg, share and shares_prompts(model, compiled))
     stepper = Stepper.build(model, batch.cache, cfg, compiled, deferred)
     out = Outputs.empty(len(batch.rows), cfg.max_new_tokens, ends.pad_id, device)
     rand = None
