@@ -38,15 +38,18 @@ def exact_fp32_matmuls():
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
 
 
-@pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize(
+    "compile,share", [(False, None), (False, True), (True, None)], ids=["eager", "shared-prompt", "compiled"]
+)
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
-def test_gpu_logprobs_equal_cpu_grouped_logits(arch, compile):
+def test_gpu_logprobs_equal_cpu_grouped_logits(arch, compile, share):
     cpu_model = bridged(arch)
     model = copy.deepcopy(cpu_model).to(CUDA)
     torch.manual_seed(0)
     prompts = [torch.randint(7, 97, (n,)).tolist() for n in (5, 2, 9, 3)]  # ragged
     cfg = SamplingConfig(
-        n=8, width=4, max_new_tokens=20, temperature=0.9, top_p=0.9, seed=3, compile=compile, max_batch_sequences=16
+        n=8, width=4, max_new_tokens=20, temperature=0.9, top_p=0.9, seed=3, compile=compile, max_batch_sequences=16,
+        share_prompts=share,  # True: each prompt's keys held once (bridgelm.prompt_attention) on the GPU too
     )
     results = generate_ids(model, prompts, cfg, EOS, 0)
     lengths = [len(s.token_ids) for r in results for s in r]
