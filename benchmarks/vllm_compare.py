@@ -101,8 +101,8 @@ class VllmChild:
         """The child and every process under it (vLLM's front end, engine core and worker)."""
         parents: dict[int, list[int]] = {}
         for stat in Path("/proc").glob("[0-9]*/stat"):
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                fields = stat.read_text().rsplit(")", 1)[1].split()  # after the name: state, ppid, ...
+            fields = stat_fields(int(stat.parent.name))
+            if fields:
                 parents.setdefault(int(fields[1]), []).append(int(stat.parent.name))
         out, todo = [], [self.proc.pid]
         while todo:
@@ -115,8 +115,8 @@ class VllmChild:
         """CPU time (user + system) spent so far by the live processes of `processes`."""
         ticks = 0
         for pid in self.processes():
-            with contextlib.suppress(OSError, ValueError, IndexError):
-                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            fields = stat_fields(pid)
+            if fields:
                 ticks += int(fields[11]) + int(fields[12])  # utime, stime
         return ticks / os.sysconf("SC_CLK_TCK")
 
@@ -149,12 +149,19 @@ class VllmChild:
         self.log.close()
 
 
+def stat_fields(pid: int) -> list[str]:
+    """The fields of /proc/PID/stat after the process's name (state, ppid, ..., utime at 11, stime at 12); []
+    when the process is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []
+
+
 def state(pid: int) -> str | None:
     """A process's state letter (R running, S sleeping, T stopped, ...), None when it is gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
+    fields = stat_fields(pid)
+    return fields[0] if fields else None
 
 
 def spread(values: list[float]) -> dict:
