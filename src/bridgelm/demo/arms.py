@@ -58,6 +58,9 @@ ARMS: dict[str, Arm] = {
         "Bridge, sibling credit", "bridge", "bridge", groups=2, equal="prompts",
         rl={"reward": "sibling", "advantage": "between-groups"},
     ),
+    # RLVR at App. C's rollouts per step (2 x 8 independent rollouts per prompt, Bridge's prompts per step): what
+    # App. C's extra rollouts alone give
+    "rlvr_2x": Arm("RLVR only, 16 rollouts per prompt", groups=2, equal="prompts"),
     "bridge_tuned": Arm("Bridge, lrs chosen on validation", "bridge", "bridge", search="lrs"),
     "pmatch_tuned": Arm("P-Match, lrs chosen on validation", "pmatch", "pmatch", search="lrs"),
 }

@@ -113,7 +113,8 @@ class DemoConfig:
     arms: list[str] = setting(default_factory=list, help="RL arms beside RLVR only, P-Match and Bridge "
                                                          "(demo/arms.py): bridge_cold, bridge_attn, "
                                                          "bridge_blocks, bridge_2groups, bridge_majority, "
-                                                         "bridge_appc, bridge_sibling, bridge_tuned, pmatch_tuned")
+                                                         "bridge_appc, bridge_sibling, rlvr_2x, bridge_tuned, "
+                                                         "pmatch_tuned")
     blocks_lrs: list[float] = setting(default_factory=lambda: [1e-3, 3e-3], help="candidate block lrs of bridge_blocks")
     lr_grid: list[float] = setting(
         default_factory=lambda: [1e-4, 1e-3, 3e-3],
