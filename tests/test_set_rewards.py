@@ -171,7 +171,8 @@ def test_demo_arms_of_app_c(tmp_path, monkeypatch):
     appc.validate()
     sib.validate()
     # RLVR at App. C's rollouts: the same prompts and rollouts per step, one advantage over all 16, no blocks
-    x2 = rl_config(DemoConfig(arms=["rlvr_2x"], bf16=False), "rlvr_2x", 0)
+    x2_cfg = DemoConfig(arms=["rlvr_2x"], bf16=False, seeds=3)
+    x2 = rl_config(x2_cfg, "rlvr_2x", 0)
     assert (x2.prompts_per_step, x2.rollout.n, x2.advantage, x2.reward) == (16, 16, "prompt", "sample")
     assert rl_config(cfg, "rlvr", 0).rollout.n == 8 and not ARMS["rlvr_2x"].blocks and not ARMS["rlvr_2x"].bridge
     assert eval_config(cfg, "bridge_majority", 0).widths == list(cfg.eval.widths)
@@ -192,11 +193,10 @@ def test_demo_arms_of_app_c(tmp_path, monkeypatch):
     assert after["recipe rl bridge_sibling seed 1"] == ("recipe sft bridge seed 1",)
     assert after["recipe foreign siblings bridge_sibling seed 1"] == ("recipe rl bridge_sibling seed 1",)
     # rlvr_2x starts from the base model like RLVR only, is evaluated at width 1, and has no recipe control
-    x2_ctx = stages.Context(out=tmp_path, cfg=DemoConfig(arms=["rlvr_2x"], bf16=False, seeds=3), base_dir=tmp_path / "base",
-                            tokenizer=None, train=None, test=None)
+    x2_ctx = replace(ctx, cfg=x2_cfg)
     x2_after = {stage.name: stage.after for stage in demo_stages(x2_ctx)}
     assert x2_after["rl rlvr_2x seed 0"] == x2_after["rl rlvr seed 0"] == ()
-    assert eval_config(x2_ctx.cfg, "rlvr_2x", 0).widths == [1]
+    assert eval_config(x2_cfg, "rlvr_2x", 0).widths == [1]
     assert not any(name.startswith("recipe rl rlvr_2x") for name in x2_after)
 
 

@@ -65,6 +65,7 @@ ARMS: dict[str, Arm] = {
     "pmatch_tuned": Arm("P-Match, lrs chosen on validation", "pmatch", "pmatch", search="lrs"),
 }
 TITLES = {BASE: "Base", **{name: arm.title for name, arm in ARMS.items()}}
+OPTIONAL_ARMS = tuple(name for name in ARMS if name not in PAPER_ARMS)  # what `--arms` may add
 ORDER = (BASE, *ARMS)  # rows of the report's tables
 
 

@@ -111,10 +111,7 @@ class DemoConfig:
         help="the positive control's model, GRPO and evaluation",
     )
     arms: list[str] = setting(default_factory=list, help="RL arms beside RLVR only, P-Match and Bridge "
-                                                         "(demo/arms.py): bridge_cold, bridge_attn, "
-                                                         "bridge_blocks, bridge_2groups, bridge_majority, "
-                                                         "bridge_appc, bridge_sibling, rlvr_2x, bridge_tuned, "
-                                                         "pmatch_tuned")
+                                                         f"(demo/arms.py): {', '.join(registry.OPTIONAL_ARMS)}")
     blocks_lrs: list[float] = setting(default_factory=lambda: [1e-3, 3e-3], help="candidate block lrs of bridge_blocks")
     lr_grid: list[float] = setting(
         default_factory=lambda: [1e-4, 1e-3, 3e-3],
