@@ -1,5 +1,7 @@
 """The two-matmul attention against PyTorch's sdpa (float64 math kernel as the reference), and its switch."""
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -11,6 +13,7 @@ from bridgelm import attention, packed
 from bridgelm.attention import fast_attention, matmul_attention
 from bridgelm.logprobs import Row, forward_logits, pack_rows
 from bridgelm.models import enable_checkpointing
+from bridgelm.scores import keys_first, scores_of
 
 
 def reference(q, k, v, mask, scale, causal):
@@ -200,3 +203,34 @@ def test_a_query_with_every_key_masked_stays_finite():
     assert torch.isfinite(out).all()
     want = reference(q, k, v, mask, 0.3, False)
     assert torch.allclose(out[:, :, 2:].double(), want[:, :, 2:], atol=0.05)  # the live queries
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_scores_put_the_keys_first_and_equal_q_k_transposed(dtype):
+    """`scores_of` multiplies k q^T on CPU in bf16 for a few queries per row (a decode step's stacked heads) against
+    many keys, q k^T otherwise: float32 scores, contiguous, within the output's rounding of the float64 product
+    either way."""
+    torch.manual_seed(0)
+    q, k = torch.randn(6, 3, 3, 64, dtype=dtype), torch.randn(6, 3, 64, 64, dtype=dtype)
+    long_q = torch.randn(6, 3, 96, 64, dtype=dtype)
+    assert keys_first(q, k) == (dtype == torch.bfloat16)  # float32 keeps q k^T (MKL: faster so)
+    assert not keys_first(long_q, k) and not keys_first(q, k[:, :, :32])  # many queries; few keys
+    for query in (q, long_q):
+        got = scores_of(query, k)
+        want = query.double() @ k.double().transpose(-1, -2)
+        assert got.dtype == torch.float32 and got.is_contiguous() and got.shape == want.shape
+        size = query.double().abs() @ k.double().abs().transpose(-1, -2)  # what the rounding errors scale with
+        ulp = 2**-8 if dtype == torch.bfloat16 else 2**-16  # bf16: the output's rounding; float32: accumulation
+        assert ((got.double() - want).abs() <= ulp * size).all()
+
+
+def test_the_orders_benchmark_times_both_orders_of_the_same_scores(monkeypatch):
+    """`benchmarks/attention.py --decode-orders` on a small shape: both orders timed, and equal where the kernels
+    compute them alike (float32 here: the same products summed; reported, not assumed, elsewhere)."""
+    monkeypatch.syspath_prepend(str(Path(__file__).parent.parent / "benchmarks"))
+    import attention as bench  # benchmarks/attention.py
+
+    monkeypatch.setattr(bench, "LAYERS", 3)
+    r = bench.measure_orders((4, 4, 2, 8, 16), torch.float32, repeats=2)
+    assert r["q_first_us"] > 0 and r["k_first_us"] > 0 and r["q_first_over_k_first"] > 0
+    assert isinstance(r["bit_equal"], bool)

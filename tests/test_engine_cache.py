@@ -11,7 +11,7 @@ from test_engine import EOS, teacher_forced_logprobs
 import bridgelm
 from bridgelm import attention, packed
 from bridgelm.engine import SamplingConfig, generate_ids
-from bridgelm.engine.cache import READ_STEP, SlabCache, bucket
+from bridgelm.engine.cache import READ_STEP, SlabCache, bucket, grow_step, rounded
 from bridgelm.engine.waves import plan_waves
 
 
@@ -24,10 +24,23 @@ def test_buckets_are_few_and_hold_at_most_one_and_a_half_times_what_they_must():
     assert all(n <= bucket(n) <= max(READ_STEP, 1.5 * n) for n in range(1, 8193))
 
 
+def test_an_eager_slab_grows_by_steps_of_about_twice_the_root_of_its_size():
+    """`rounded(n)`, the size of an eager slab holding n positions: at least n, at most one step more, the step a
+    power of two near 2 sqrt(n) (16 to 256), and the same for every n up to it (a slab is read at the size it grew
+    to until it is full)."""
+    assert [grow_step(n) for n in (0, 64, 65, 256, 257, 1024, 1025, 4096, 4097, 10**6)] == [
+        16, 16, 32, 32, 64, 64, 128, 128, 256, 256,
+    ]  # fmt: skip
+    for n in range(1, 20_000):
+        size = rounded(n)
+        assert n <= size < n + grow_step(n) and size % grow_step(n) == 0
+        assert rounded(size) == size and rounded(n + (size - n) // 2) == size
+
+
 def test_the_decode_step_reads_the_dense_slab_in_place(monkeypatch):
     """bf16 on a CPU with bf16 instructions (the two-matmul attention): every decode step hands the attention each
     prompt's keys once and the rows' own positions as the cache's whole slab, dense tensors (no copy of the cache
-    per step and layer), the slab a multiple of READ_STEP positions, grown as the samples pass 64 positions; the
+    per step and layer), the slab grown in steps (`rounded`) as the samples pass its end; the
     log-probs still follow grouped_logits."""
     monkeypatch.setattr(packed, "half_instructions", lambda dtype: True)
     seen = []
@@ -48,7 +61,8 @@ def test_the_decode_step_reads_the_dense_slab_in_place(monkeypatch):
     assert all(dense for dense, *_ in seen)
     heads = model.config.num_key_value_heads
     assert {prompt for _, prompt, _, _ in seen} == {(2, heads, 9)}  # 2 prompts, held once, left-padded to 9
-    assert {own for _, _, own, _ in seen} == {(8, heads, 64), (8, heads, 70)}  # 8 rows; grown once, to 79 - 9
+    # 8 rows; the own slab grown by 16 up to 64 positions, then to what is left: 79 - 9
+    assert {own for _, _, own, _ in seen} == {(8, heads, n) for n in (16, 32, 48, 64, 70)}
     assert all(prompt[2] + own[2] == masked for _, prompt, own, masked in seen)
     want = torch.cat(teacher_forced_logprobs(model, prompts, results, 2, 1.0))
     got = torch.cat([torch.tensor(s.logprobs) for r in results for s in r])
@@ -77,13 +91,16 @@ def test_a_slab_grows_keeping_what_was_written():
     k = torch.randn(2, 3, 60, 4)
     keys, _ = layer.update(k, k.clone())
     assert keys.shape[2] == 60 and layer.keys.shape[2] == 64  # the prefill reads its own positions
+    sizes = set()
     for t in range(60, 150):
         step = torch.full((2, 3, 1, 4), float(t))
         keys, values = layer.update(step, step.clone())
-        assert keys.shape[2] == cache.read_length(t + 1) == min(150, -(-(t + 1) // 64) * 64)
+        assert keys.shape[2] == cache.read_length(t + 1) == min(150, rounded(t + 1))
+        sizes.add(keys.shape[2])
         assert keys.is_contiguous()
     assert torch.equal(layer.keys[:, :, :60], k) and torch.equal(layer.values[:, :, 60:, 0], torch.arange(60.0, 150)
                                                                   .expand(2, 3, 90))  # fmt: skip
+    assert sizes == {64, 96, 128, 150}  # grown by 32 past 64 positions, then to the capacity
     with pytest.raises(AssertionError, match="capacity 150 exceeded"):
         layer.update(step, step)
 

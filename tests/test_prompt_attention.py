@@ -25,6 +25,22 @@ def test_prompt_rows_place_every_row_in_one_slot_of_its_prompt():
     assert torch.equal(rows.where // 3, src)  # the slot belongs to the row's prompt
     assert int((rows.slots == 6).sum()) == 12 - 6  # the rest empty
     assert rows.where.unique().numel() == 6
+    assert not rows.in_order
+    in_order = PromptRows.of(torch.tensor([0, 0, 1, 1, 2, 2]), 3)  # as a wave starts: k rows per prompt, in order
+    assert in_order.in_order and torch.equal(in_order.where, torch.arange(6))
+    assert not PromptRows.of(torch.tensor([0, 0, 1, 2, 2]), 3).in_order  # a prompt short of a row
+
+
+def test_rows_in_order_skip_the_gathers_with_the_same_result():
+    """A layout with every prompt's rows in order (`in_order`) takes no gathers, and gives what the gathers give."""
+    got, _, shared, (own_k, own_v) = _case(torch.bfloat16, [0, 0, 1, 1, 2, 2])
+    assert shared.rows.in_order
+    gathered = replace(shared, rows=replace(shared.rows, in_order=False))
+    g = torch.Generator().manual_seed(0)
+    query = torch.randn(6, 4, 1, 8, generator=g).to(torch.bfloat16)
+    mask = (torch.rand(6, 12, generator=g) > 0.3)[:, None, None, :]
+    fast = shared_prompt_attention(query, own_k, own_v, shared, mask, 0.3)
+    assert torch.equal(fast, shared_prompt_attention(query, own_k, own_v, gathered, mask, 0.3))
 
 
 def _case(dtype, src, prompts=3, heads=4, kv_heads=2, Lp=7, Lg=5, D=8, seed=0):
@@ -122,7 +138,8 @@ def test_compaction_drops_prompts_with_no_row_left():
     assert torch.equal(layer.shared.rows.src, torch.tensor([0, 0, 1, 1]))
     assert torch.equal(layer.keys[:, :, :1], step[[0, 1, 4, 5]])
     assert getattr(layer.keys, attention.SHARED) is layer.shared  # the attention finds it on the slab
-    assert cache.read_length(8) == 6 + 34  # the prompt, then the own slab: READ_STEP capped by what is left
+    assert cache.read_length(8) == 6 + 16  # the prompt, then the own slab: its first step (16 positions)
+    assert cache.read_length(39) == 6 + 34  # ... grown, capped by what is left
 
 
 def test_by_default_the_prompt_is_held_once_where_the_copies_would_be_large(monkeypatch):

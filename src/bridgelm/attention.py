@@ -29,6 +29,7 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 from bridgelm import packed
 from bridgelm.prompt_attention import shared_prompt_attention
+from bridgelm.scores import scores_of
 
 NAME = "bridgelm_sdpa"  # the name under which transformers finds `attention`
 # Where the matmul path wins on CPU (benchmarks/attention.py, 2 cores): half-precision queries, either one query
@@ -60,8 +61,7 @@ def matmul_attention(
         # result. (cuBLAS takes the strided slice as it is.)
         key, value = key.contiguous(), value.contiguous()
     q = (query * scale).reshape(B, KVH, rep * S, D)  # heads of a key/value head stacked: [B, KVH, rep*S, D]
-    scores = torch.matmul(q, key.transpose(-1, -2)).view(B, KVH, rep, S, L)  # [B, KVH, rep, S, L]
-    scores = scores.to(torch.promote_types(scores.dtype, torch.float32))  # a fresh tensor either way
+    scores = scores_of(q, key).view(B, KVH, rep, S, L)  # [B, KVH, rep, S, L]
     if mask is None and causal and S > 1:
         mask = torch.ones(S, L, dtype=torch.bool, device=query.device).tril(L - S)  # [S, L]
     if mask is not None:

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
+from bridgelm.scores import scores_of
+
 
 @dataclass
 class PromptRows:
@@ -31,10 +33,11 @@ class PromptRows:
     where: torch.Tensor  # [B] long: each row's slot, prompt * k + its rank among the prompt's rows
     slots: torch.Tensor  # [P * k] long: the row in each slot, B for an empty one
     k: int  # slots per prompt: the most rows a prompt has
+    in_order: bool = False  # row b in slot b: every prompt has k rows, in prompt order (no gathers needed)
 
     @classmethod
     def of(cls, src: torch.Tensor, prompts: int) -> PromptRows:
-        """src [B] long, each in [0, prompts) (a host sync: k)."""
+        """src [B] long, each in [0, prompts) (host syncs: k, in_order)."""
         B = src.numel()
         counts = torch.bincount(src, minlength=prompts)
         k = max(int(counts.max()), 1)
@@ -45,7 +48,8 @@ class PromptRows:
         where[order] = src[order] * k + rank
         slots = torch.full((prompts * k,), B, dtype=torch.long, device=src.device)
         slots[where] = torch.arange(B, device=src.device)
-        return cls(src, where, slots, k)
+        in_order = B == prompts * k and bool((where == torch.arange(B, device=src.device)).all())
+        return cls(src, where, slots, k, in_order)
 
 
 @dataclass
@@ -72,14 +76,15 @@ class SharedPrompt:
 def _by_prompt(x: torch.Tensor, rows: PromptRows) -> torch.Tensor:
     """x [B, KVH, r, N] -> [P, KVH, k * r, N]: each prompt's rows stacked in their slots (zeros in empty ones)."""
     B, KVH, r, N = x.shape
-    padded = torch.cat([x, x.new_zeros(1, KVH, r, N)])[rows.slots]  # [P * k, KVH, r, N]
+    padded = x if rows.in_order else torch.cat([x, x.new_zeros(1, KVH, r, N)])[rows.slots]  # [P * k, KVH, r, N]
     return padded.view(-1, rows.k, KVH, r, N).transpose(1, 2).reshape(-1, KVH, rows.k * r, N)
 
 
 def _by_row(x: torch.Tensor, rows: PromptRows, r: int) -> torch.Tensor:
     """x [P, KVH, k * r, N] -> [B, KVH, r, N]: the inverse of `_by_prompt` (empty slots left out)."""
     P, KVH, _, N = x.shape
-    return x.view(P, KVH, rows.k, r, N).transpose(1, 2).reshape(P * rows.k, KVH, r, N)[rows.where]
+    out = x.view(P, KVH, rows.k, r, N).transpose(1, 2).reshape(P * rows.k, KVH, r, N)
+    return out if rows.in_order else out[rows.where]
 
 
 def shared_prompt_attention(
@@ -91,10 +96,9 @@ def shared_prompt_attention(
     KVH = key.shape[1]
     rep, Lp = H // KVH, shared.keys.shape[2]
     q = (query * scale).reshape(B, KVH, rep, D)  # a row's query heads stacked on their key/value head
-    prompt_scores = torch.matmul(_by_prompt(q, shared.rows), shared.keys.transpose(-1, -2))  # [P, KVH, k*rep, Lp]
-    own_scores = torch.matmul(q, key.transpose(-1, -2))  # [B, KVH, rep, Lg]
-    scores = torch.cat([_by_row(prompt_scores, shared.rows, rep), own_scores], dim=-1)  # [B, KVH, rep, L]
-    scores = scores.to(torch.promote_types(scores.dtype, torch.float32))
+    prompt_scores = scores_of(_by_prompt(q, shared.rows), shared.keys)  # [P, KVH, k*rep, Lp]
+    own_scores = scores_of(q, key)  # [B, KVH, rep, Lg]
+    scores = torch.cat([_by_row(prompt_scores, shared.rows, rep), own_scores], dim=-1)  # [B, KVH, rep, L] float32
     if mask is not None and mask.dtype == torch.bool:  # the lowest finite value, as matmul_attention's
         scores = scores.masked_fill_(~mask.view(B, 1, 1, -1), torch.finfo(scores.dtype).min)
     elif mask is not None:  # additive

@@ -8,13 +8,14 @@ one position per step into the slab, with no concatenation. Where the decode ste
 tags its key slab with the shared part (the attribute `bridgelm.attention.SHARED`), where the attention finds it.
 
 Reads in place (`whole_reads`, set where the decode step hands the model a ready mask): the slab holds the live
-positions rounded up to a multiple of READ_STEP, grown by that much when they reach its end (a copy of the cache
-every READ_STEP steps), and a decode step reads the whole slab under the mask: a dense tensor, which the
-attention's matmuls take as it is, where a slice [:, :, :live] of a larger slab is strided and was copied whole at
-every step and layer (7.8% of a SmolLM2 decode step, issue 50). `make_static` fixes every shape for the compiled
-step: the slab then holds its whole capacity (a `bucket`), each layer writes at one slot and returns the live
-positions rounded up to a `bucket` (`set_read`), which the attention mask covers (`read_as`: the read length is
-the mask's, a symbolic size under torch.compile, so one compile serves every read bucket).
+positions rounded up to a multiple of a step that grows with them (`rounded`: 16 up to 64 positions, 32 up to 256,
+...), grown by that step when they reach its end (a copy of the cache), and a decode step reads the whole slab under
+the mask: a dense tensor, which the attention's matmuls take as it is, where a slice [:, :, :live] of a larger slab
+is strided and was copied whole at every step and layer (7.8% of a SmolLM2 decode step, issue 50). `make_static`
+fixes every shape for the compiled step: the slab then holds its whole capacity (a `bucket`), each layer writes at
+one slot and returns the live positions rounded up to a `bucket` (`set_read`), which the attention mask covers
+(`read_as`: the read length is the mask's, a symbolic size under torch.compile, so one compile serves every read
+bucket).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 from bridgelm.attention import SHARED
 from bridgelm.prompt_attention import PromptRows, SharedPrompt
 
-READ_STEP = 64  # the slab grows by this many positions (eager), and the compiled step's buckets start here
+READ_STEP = 64  # the compiled step's buckets start here
 
 
 def bucket(n: int) -> int:
@@ -44,9 +45,21 @@ def slab_capacity(positions: int, compiled: bool) -> int:
     return bucket(positions) + 1 if compiled else positions
 
 
+def grow_step(n: int) -> int:
+    """The positions by which an eager slab holding n grows: the smallest power of two s from 16 with s^2 >= 4n, at
+    most 256 (16 up to 64 positions, 32 up to 256, 64 up to 1024, ...). Growing copies the slab, once every s steps;
+    in between each step reads s / 2 unwritten positions on average: about 2 sqrt(n) balances the two."""
+    s = 16
+    while s * s < 4 * n and s < 256:
+        s *= 2
+    return s
+
+
 def rounded(n: int) -> int:
-    """n positions rounded up to a multiple of READ_STEP."""
-    return -(-n // READ_STEP) * READ_STEP
+    """n positions rounded up to a multiple of `grow_step(n)`: the size of an eager slab holding n. Constant from one
+    size to the next (the steps change at 64, 256, 1024 and 4096, multiples of every smaller step)."""
+    s = grow_step(n)
+    return -(-n // s) * s
 
 
 class SlabLayer(CacheLayerMixin):
@@ -92,7 +105,7 @@ class SlabLayer(CacheLayerMixin):
         assert self.whole_reads and self.slot is None, "a shared prompt needs whole reads and the eager step"
         self.prompt = self.length
         keys, values = (t[:, :, : self.length].contiguous() for t in (self.keys, self.values))
-        size = min(self.capacity - self.prompt, READ_STEP)
+        size = min(self.capacity - self.prompt, grow_step(0))
         B = rows.src.numel()
         self.keys = keys.new_zeros(B, keys.shape[1], size, keys.shape[3])
         self.values = values.new_zeros(B, values.shape[1], size, values.shape[3])
