@@ -8,7 +8,7 @@ import torch
 from conftest import randomize_blocks, tiny_model
 
 import bridgelm
-from bridgelm.engine import SamplingConfig, generate_ids, sampler, step, stream_ids
+from bridgelm.engine import SamplingConfig, generate_ids, sampler, step, stream_ids, text
 from bridgelm.engine.sampler import in_nucleus
 from bridgelm.engine.waves import plan_waves
 from bridgelm.errors import UserError
@@ -232,6 +232,23 @@ def test_text_api_with_a_tokenizer_chat_and_stop_strings():
         assert ("1" in s.text) == s.finished or tok.eos_token_id in s.token_ids
         if "1" in s.text:
             assert s.text.endswith("1") and s.text.count("1") == 1
+
+
+class _ByteTokenizer:
+    """One token per UTF-8 byte, as byte-level BPE splits characters it has no merge for (a Chinese character: 3)."""
+
+    def decode(self, ids, skip_special_tokens=True):
+        return bytes(ids).decode("utf-8", errors="replace")
+
+
+def test_a_stop_string_of_many_tokens_per_character_is_found():
+    """The stop check decodes a tail long enough for the stop string in bytes, not characters: a 6-character string
+    of 18 byte tokens ends the sample at its last token, and not before."""
+    stop_string = "答案是四十二"  # 6 characters, 18 bytes
+    stop = text.stop_checker(_ByteTokenizer(), [stop_string, "end"])
+    ids = list("数学的".encode()) + list(stop_string.encode()) + list("。".encode())
+    ends = [t for t in range(1, len(ids) + 1) if stop(ids[:t])]
+    assert ends and ends[0] == len("数学的".encode()) + len(stop_string.encode())
 
 
 def test_generate_takes_one_sampling_config_and_changes_of_it():

@@ -91,7 +91,8 @@ def shared_prompt_attention(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, shared: SharedPrompt, mask, scale: float
 ) -> torch.Tensor:
     """One decode step's attention. query [B, H, 1, D]; key/value [B, KVH, Lg, D] the rows' own positions, after the
-    prompt's Lp (H a multiple of KVH); mask [B, 1, 1, Lp + Lg] bool (True = attend) or None. -> [B, H, 1, Dv]."""
+    prompt's Lp (H a multiple of KVH); mask [B, 1, 1, Lp + Lg], one row per batch row: bool (True = attend),
+    additive float, or None. -> [B, H, 1, Dv]."""
     B, H, _, D = query.shape
     KVH = key.shape[1]
     rep, Lp = H // KVH, shared.keys.shape[2]

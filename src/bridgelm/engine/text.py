@@ -116,13 +116,15 @@ def check_stop_strings(stop_strings: Sequence[str]) -> None:
 
 
 def stop_checker(tokenizer, stop_strings: Sequence[str]) -> Callable[[list[int]], bool] | None:
-    """A `stop(token_ids)` that looks for any stop string in the decoded tail of a sample."""
+    """A `stop(token_ids)` that looks for any stop string in the decoded tail of a sample: the last (longest stop
+    string's UTF-8 bytes + 4) tokens. A token holds at least a byte in every tokenizer (byte-level BPE splits a
+    Chinese character into up to three), so the tail holds the whole string whenever the sample ends with it."""
     if isinstance(stop_strings, str):
         stop_strings = [stop_strings]  # one stop string, not its characters
     check_stop_strings(stop_strings)
     if not stop_strings:
         return None
-    longest = max(len(s) for s in stop_strings)
+    longest = max(len(s.encode("utf-8")) for s in stop_strings)  # bytes, not characters
 
     def stop(token_ids: list[int]) -> bool:
         tail = tokenizer.decode(token_ids[-(longest + 4) :], skip_special_tokens=True)
