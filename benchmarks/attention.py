@@ -16,6 +16,7 @@ has layers (keys read from memory, not from the CPU's caches, as a decode step m
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import time
@@ -120,7 +121,7 @@ def measure_orders(shape, dtype, repeats: int) -> dict:
     keys = [torch.randn(B, KVH, L, D, generator=g, dtype=dtype) for _ in range(LAYERS)]
     q_first = lambda k: torch.matmul(q, k.transpose(-1, -2)).float()  # noqa: E731
     same = torch.equal(q_first(keys[0]), scores_of(q, keys[0]))  # bit for bit (oneDNN's bf16 kernels: yes)
-    layer = iter(range(10**9))
+    layer = itertools.count()
     calls = {
         "q_first": lambda: q_first(keys[next(layer) % LAYERS]),
         "k_first": lambda: scores_of(q, keys[next(layer) % LAYERS]),

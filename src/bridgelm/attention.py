@@ -29,7 +29,7 @@ from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 from bridgelm import packed
 from bridgelm.prompt_attention import shared_prompt_attention
-from bridgelm.scores import scores_of
+from bridgelm.scores import HALF, scores_of
 
 NAME = "bridgelm_sdpa"  # the name under which transformers finds `attention`
 # Where the matmul path wins on CPU (benchmarks/attention.py, 2 cores): half-precision queries, either one query
@@ -38,7 +38,6 @@ NAME = "bridgelm_sdpa"  # the name under which transformers finds `attention`
 # as fast (0.85-1.1x), so float32 stays with it.
 MAX_KEYS = 128
 SHARED = "bridgelm_shared_prompt"  # the attribute of a cache's key tensor that carries its shared prompt
-HALF = (torch.bfloat16, torch.float16)
 
 
 def matmul_attention(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 KEYS_FIRST_MIN = 48  # `keys_first`: keys per row from which k q^T pays, and 8 per query (measured, below)
-HALF = (torch.bfloat16, torch.float16)
+HALF = (torch.bfloat16, torch.float16)  # the half-precision dtypes (bridgelm.attention reads them here too)
 
 
 def keys_first(q: torch.Tensor, key: torch.Tensor) -> bool:
