@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from bench_models import gsm8k_questions, timed, with_random_bridge  # noqa: E402
 
 from bridgelm.engine import SamplingConfig, encode_prompts, generate_ids  # noqa: E402
-from bridgelm.engine.loop import share_pays  # noqa: E402
+from bridgelm.engine.batch import share_pays  # noqa: E402
 from bridgelm.engine.waves import plan_waves  # noqa: E402
 from bridgelm.pretrained import load_smollm2  # noqa: E402
 
@@ -77,7 +77,7 @@ def main() -> None:
               f"; shared / copies min, median, max {out[f'{name}_shared_over_copies']}; peak MB {peaks}", flush=True)
     print(f"{out['rows']} rows, prompts of {out['prompt_tokens'][0]}-{out['prompt_tokens'][-1]} tokens, "
           f"{args.new_tokens} new tokens, {args.threads} threads, {args.repeats} repeats; the default here: "
-          f"{out['default']} (bridgelm.engine.loop.share_pays)")
+          f"{out['default']} (bridgelm.engine.batch.share_pays)")
     if args.json:
         print(json.dumps(out))
 

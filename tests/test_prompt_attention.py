@@ -12,7 +12,7 @@ from test_engine import EOS, teacher_forced_logprobs
 import bridgelm
 from bridgelm import attention
 from bridgelm.attention import matmul_attention
-from bridgelm.engine import SamplingConfig, generate_ids, loop
+from bridgelm.engine import SamplingConfig, batch, generate_ids
 from bridgelm.engine.waves import plan_waves
 from bridgelm.prompt_attention import PromptRows, SharedPrompt, shared_prompt_attention
 
@@ -145,7 +145,7 @@ def test_compaction_drops_prompts_with_no_row_left():
 def test_by_default_the_prompt_is_held_once_where_the_copies_would_be_large(monkeypatch):
     """share_prompts=None: a wave shares its prompts when copies would add SHARE_MIN_POSITIONS prompt positions
     (where it was measured to pay), and copies them below that."""
-    assert loop.SHARE_MIN_POSITIONS == 16_384
+    assert batch.SHARE_MIN_POSITIONS == 16_384
     held = []
     real = bridgelm.engine.cache.SlabCache.share_prompts
     monkeypatch.setattr(bridgelm.engine.cache.SlabCache, "share_prompts", lambda c, *a: held.append(a) or real(c, *a))
@@ -159,4 +159,4 @@ def test_by_default_the_prompt_is_held_once_where_the_copies_would_be_large(monk
     assert held == []
     generate_ids(model, large, replace(cfg, n=16), [], 0)
     assert len(held) == 1 and held[0][1] == 8
-    assert not loop.share_pays(plan_waves([292] * 8, cfg)[0]) and loop.share_pays(plan_waves([293] * 8, cfg)[0])
+    assert not batch.share_pays(plan_waves([292] * 8, cfg)[0]) and batch.share_pays(plan_waves([293] * 8, cfg)[0])

@@ -83,8 +83,8 @@ def _by_prompt(x: torch.Tensor, rows: PromptRows) -> torch.Tensor:
 def _by_row(x: torch.Tensor, rows: PromptRows, r: int) -> torch.Tensor:
     """x [P, KVH, k * r, N] -> [B, KVH, r, N]: the inverse of `_by_prompt` (empty slots left out)."""
     P, KVH, _, N = x.shape
-    out = x.view(P, KVH, rows.k, r, N).transpose(1, 2).reshape(P * rows.k, KVH, r, N)
-    return out if rows.in_order else out[rows.where]
+    out = x.view(P, KVH, rows.k, r, N).transpose(1, 2).reshape(P * rows.k, KVH, r, N)  # a view where P is 1
+    return out.contiguous() if rows.in_order else out[rows.where]
 
 
 def shared_prompt_attention(

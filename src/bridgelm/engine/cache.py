@@ -77,6 +77,17 @@ class SlabLayer(CacheLayerMixin):
         self.read = capacity  # static mode: the positions a step reads (SlabCache.set_read)
         self.shared: SharedPrompt | None = None  # the prompt, once per prompt (share_prompts); the slab holds
         self.prompt = 0  # positions [prompt, length) then: the rows' own
+        self.wraps = False  # a ring: position p is written at slab column (p - prompt) % own (SlabCache.admit)
+
+    @property
+    def own(self) -> int:
+        """The slab columns a row can hold after the shared prompt (all of them without one)."""
+        return self.capacity - self.prompt
+
+    def column(self, position: int) -> int:
+        """The slab column of the wave's position `position` (a ring once rows were refilled)."""
+        at = position - self.prompt
+        return at % self.own if self.wraps else at
 
     def lazy_initialization(self, key_states, value_states) -> None:
         B, H, q, Dk = key_states.shape
@@ -125,8 +136,9 @@ class SlabLayer(CacheLayerMixin):
             self.lazy_initialization(key_states, value_states)
         q = key_states.shape[-2]
         end = self.length + q
-        assert end <= self.capacity, f"cache capacity {self.capacity} exceeded ({end} positions)"  # check_prompts' room
-        at, stop = self.length - self.prompt, end - self.prompt  # in the slab
+        assert self.wraps or end <= self.capacity, f"cache capacity {self.capacity} exceeded ({end} positions)"
+        at = self.column(self.length)  # in the slab
+        stop = at + q
         if stop > self.keys.shape[2]:
             self.grow(min(self.capacity - self.prompt, rounded(stop)))
         self.keys[:, :, at:stop] = key_states
@@ -137,6 +149,29 @@ class SlabLayer(CacheLayerMixin):
             return self.keys, self.values
         assert self.shared is None, "a shared prompt is read by decode steps only"
         return self.keys[:, :, :end], self.values[:, :, :end]
+
+    def admit_rows(self, rows: torch.Tensor, fresh: SlabLayer, src: torch.Tensor) -> None:
+        """Rows `rows [R]` start the prompts prefilled in `fresh` (row r the prompt src[r]), right-aligned to end
+        just before the next write; the slab, grown to its capacity, becomes a ring (copies per row)."""
+        self.grow(self.own)
+        self.wraps = True
+        n = fresh.length
+        cols = torch.tensor([self.column(self.length - n + i) for i in range(n)], device=rows.device)
+        self.keys[rows[:, None], :, cols] = fresh.keys[src, :, :n].transpose(1, 2)  # [R, n, H, D] either side
+        self.values[rows[:, None], :, cols] = fresh.values[src, :, :n].transpose(1, 2)
+
+    def admit_prompts(self, fresh: SlabLayer, used: torch.Tensor, kept: PromptRows) -> None:
+        """The prompts prefilled in `fresh` join the shared prompt (left-padded to its length); only the prompts
+        `used` stay (of the old ones, then the new ones), read by the rows `kept`."""
+        self.wraps = True
+        shared, n = self.shared, fresh.length
+        parts = []
+        for old, new in ((shared.keys, fresh.keys), (shared.values, fresh.values)):
+            padded = new.new_zeros(new.shape[0], new.shape[1], self.prompt, new.shape[3])
+            padded[:, :, self.prompt - n :] = new[:, :, :n]
+            parts.append(torch.cat([old, padded]).index_select(0, used))
+        self.shared = SharedPrompt(*parts, kept)
+        self._tag()
 
     def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
         if self.slot is not None:
@@ -174,7 +209,35 @@ class SlabCache(Cache):
             return layer.read
         if not layer.whole_reads:
             return live
-        return layer.prompt + min(layer.capacity - layer.prompt, rounded(live - layer.prompt))
+        size = min(layer.own, rounded(live - layer.prompt))
+        return layer.prompt + max(size, layer.keys.shape[2] if layer.is_initialized else 0)
+
+    def column(self, position: int) -> int:
+        """The mask column of the wave's position `position` (`SlabLayer.column`, after the shared prompt)."""
+        layer = self.layers[0]
+        return position if layer.slot is not None else layer.prompt + layer.column(position)
+
+    def prompt_columns(self, n: int) -> torch.Tensor:
+        """The mask columns of the n positions before the next write, where `admit` puts a new prompt."""
+        layer = self.layers[0]
+        if layer.shared is not None:
+            return torch.arange(layer.prompt - n, layer.prompt)
+        return torch.tensor([self.column(layer.length - n + i) for i in range(n)])
+
+    def admit(self, rows: torch.Tensor, fresh: SlabCache, src: torch.Tensor) -> None:
+        """The batch rows `rows [R]` (a finished group's) start anew on the prompts prefilled in `fresh`, row r on
+        its prompt src[r]: the prompt ends just before the next write (at `prompt_columns`), and from there the
+        slab is a ring (a row holds at most its prompt and max_new_tokens, at most the capacity)."""
+        shared = self.layers[0].shared
+        if shared is None:
+            for layer, new in zip(self.layers, fresh.layers):
+                layer.admit_rows(rows, new, src)
+            return
+        src_all = shared.rows.src.index_copy(0, rows, src + shared.keys.shape[0])
+        used = torch.unique(src_all)  # sorted: the prompts some row still reads
+        kept = PromptRows.of(torch.searchsorted(used, src_all), used.numel())
+        for layer, new in zip(self.layers, fresh.layers):
+            layer.admit_prompts(new, used, kept)
 
     def set_read(self, live: int) -> int:
         """Static mode: the next steps read `live` positions rounded up to a `bucket` (at most the capacity);

@@ -48,13 +48,15 @@ class SamplingConfig:
     max_batch_tokens: int = setting(262_144, "rows x (longest prompt + max_new_tokens) of a wave, at most")
     compact_fraction: float = setting(0.125, "drop finished groups once they are this "
                                              "fraction of the batch (0: each one)")
+    refill: bool = setting(True, "eager steps: a finished group's rows take a waiting prompt's group "
+                                 "(bridgelm.engine.refill); False: waves")
     foreign_groups: bool = setting(False, "control: group sample j of `width` different prompts (see docs/engine.md)")
     compile: bool | None = setting(None, "torch.compile the decode step; None: where it wins (CUDA), see compile_wins")
     pack_weights: bool = setting(True, "eager CPU decoding packs linear weights "
                                        "for oneDNN once per wave (bridgelm.packed)")
     share_prompts: bool | None = setting(None, "the eager step holds each prompt's keys and values once, not once "
                                                "per sample (bridgelm.prompt_attention); None: where it pays "
-                                               "(engine.loop.share_pays); False: a copy per sample")
+                                               "(engine.batch.share_pays); False: a copy per sample")
 
     def validate(self, names: Mapping[str, str] | None = None, greedy: bool = True, why: str = "") -> None:
         """UserError unless these settings can be sampled. `names`: how the messages name a field (its flag's words,

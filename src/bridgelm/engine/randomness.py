@@ -32,40 +32,54 @@ def _stream_seed(*keys) -> int:
 
 
 class SampleRandomness:
-    """The uniforms of every sample of a wave, fixed by (seed, prompt key, sample index, step, attempt).
+    """The uniforms of the samples in a batch's slots, fixed by (seed, prompt key, sample index, step, attempt).
 
     The first ROUNDS attempts of a step come from a table drawn once per prompt; the rare later attempts from a
-    generator seeded with the full coordinates. The engine sets `rows` and `step` before each step's draws.
+    generator seeded with the full coordinates. A slot holds one sample at a time (`assign`: a wave's rows at its
+    start, a waiting prompt's group in the slots of a finished one). The engine sets `rows` (each batch row's slot)
+    and `step` (each batch row's own step) before each step's draws.
     """
 
     ROUNDS = DEFERRED_ROUNDS  # table attempts per step; the GPU sampler makes them all at once
 
-    def __init__(self, seed: int, jobs: Sequence[Job], keys: Sequence, n: int, steps: int, device):
-        parts, self.coords = [], []
+    def __init__(self, seed: int, keys: Sequence, n: int, steps: int, slots: int, device):
+        self.seed, self.keys, self.n, self.steps = seed, keys, n, steps
+        self.table = torch.zeros(slots, steps, self.ROUNDS, device=device)  # [slots, steps, ROUNDS]
+        self.coords: list[tuple | None] = [None] * slots  # (prompt key, sample index) of each slot
+        self.rows = None  # [B] slot of each batch row, set every step
+        self.step = None  # [B] long: each batch row's step, set every step (see `at`)
+
+    def assign(self, slots: Sequence[int], jobs: Sequence[Job]) -> None:
+        """The samples of `jobs`, in order, take the slots `slots` (one each)."""
+        parts, at = [], 0
         for job in jobs:
-            key = keys[job.prompt]
-            g = torch.Generator().manual_seed(_stream_seed(seed, key))
+            key = self.keys[job.prompt]
+            g = torch.Generator().manual_seed(_stream_seed(self.seed, key))
             # Drawn step-major, so that the draws of step t do not depend on max_new_tokens (prefix-consistent).
-            table = torch.rand(steps, n, self.ROUNDS, generator=g).transpose(0, 1)  # [n, steps, ROUNDS]
+            table = torch.rand(self.steps, self.n, self.ROUNDS, generator=g).transpose(0, 1)  # [n, steps, ROUNDS]
             parts.append(table[job.first : job.first + job.count])
-            self.coords += [(key, job.first + j) for j in range(job.count)]
-        self.table = torch.cat(parts).to(device)  # [B, steps, ROUNDS]
-        self.seed = seed
-        self.rows = None  # [B'] wave row of each batch row, set every step
-        self.step = 0
+            for j in range(job.count):
+                self.coords[slots[at + j]] = (key, job.first + j)
+            at += job.count
+        assert at == len(slots), f"{at} samples for {len(slots)} slots"
+        index = torch.as_tensor(list(slots), dtype=torch.long, device=self.table.device)
+        self.table[index] = torch.cat(parts).to(self.table.device)
+
+    def at(self, batch_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The slots and steps of `batch_rows`; a finished group waiting for its rows to be refilled counts its
+        steps on past the table, and its draws are not used: read at the last step."""
+        return self.rows[batch_rows], self.step[batch_rows].clamp(max=self.steps - 1)
 
     def rounds(self, batch_rows: torch.Tensor) -> torch.Tensor:
         """The uniforms of attempts 0..ROUNDS-1 of the current step: [len(batch_rows), ROUNDS], one gather."""
-        return self.table[self.rows[batch_rows], self.step]
+        return self.table[self.at(batch_rows)]
 
     def __call__(self, batch_rows: torch.Tensor, attempt: int) -> torch.Tensor:
-        rows = self.rows[batch_rows]
+        rows, steps = self.at(batch_rows)
         if attempt < self.ROUNDS:
-            return self.table[rows, self.step, attempt]
+            return self.table[rows, steps, attempt]
         out = [
-            torch.rand(
-                1, generator=torch.Generator().manual_seed(_stream_seed(self.seed, *self.coords[r], self.step, attempt))
-            )
-            for r in rows.tolist()
+            torch.rand(1, generator=torch.Generator().manual_seed(_stream_seed(self.seed, *self.coords[r], t, attempt)))
+            for r, t in zip(rows.tolist(), steps.tolist())
         ]
         return torch.cat(out).to(self.table.device)
