@@ -10,7 +10,7 @@ from test_engine import EOS, teacher_forced_logprobs
 from test_prompt_attention import _through_bridgelm_attention
 
 import bridgelm
-from bridgelm.engine import SamplingConfig, cache, generate_ids, loop, step, stream_ids
+from bridgelm.engine import SamplingConfig, cache, generate_ids, loop, sampler, step, stream_ids
 from bridgelm.engine.refill import freed_groups, merged, refill_plan
 from bridgelm.engine.waves import Job, plan_waves
 
@@ -114,3 +114,32 @@ def test_one_prompt_held_once_for_all_its_rows(monkeypatch):
     shared = generate_ids(model, [[10, 11, 12]], replace(cfg, share_prompts=True), EOS, 0)
     copied = generate_ids(model, [[10, 11, 12]], replace(cfg, share_prompts=False), EOS, 0)
     assert [s.token_ids for s in shared[0]] == [s.token_ids for s in copied[0]]
+
+
+@pytest.mark.parametrize("draws", [False, True])
+def test_the_compiled_step_refills_rows_in_its_bucket_with_the_same_samples(monkeypatch, draws):
+    """Static shapes: the batch stays at its bucket while groups wait, the write slot goes around the ring; the
+    samples are those of one eager wave, the log-probs grouped_logits'. `draws`: the GPU's step that draws inside
+    (forced here), whose draws of a step with new rows are made again from their prefill's logits."""
+    model = randomize_blocks(bridgelm.add_bridge(tiny_model()), std=0.2)
+    torch.manual_seed(6)
+    prompts = [torch.randint(7, 97, (n,)).tolist() for n in (5, 2, 9, 3, 12, 4)]
+    cfg = SamplingConfig(n=4, width=2, max_new_tokens=10, temperature=0.9, top_p=0.9, seed=3)
+    big = generate_ids(model, prompts, cfg, EOS, 0)
+    if draws:
+        monkeypatch.setattr(sampler, "defers_draws", lambda device, cfg: True)
+    admitted, columns = [], []
+    _spy(monkeypatch, loop, "admit", admitted, lambda *a: len(a[5]))
+    real_column = cache.SlabCache.column
+
+    def column(c, position):
+        columns.append((position, real_column(c, position)))
+        return columns[-1][1]
+
+    monkeypatch.setattr(cache.SlabCache, "column", column)
+    small = generate_ids(model, prompts, replace(cfg, compile=True, max_batch_sequences=4), EOS, 0)
+    assert len(admitted) >= 4 and any(col < position for position, col in columns)  # refilled, around the ring
+    assert [s.token_ids for r in small for s in r] == [s.token_ids for r in big for s in r]
+    want = teacher_forced_logprobs(model, prompts, small, 2, 0.9)
+    for s, ref in zip([s for r in small for s in r], want):
+        assert torch.allclose(torch.tensor(s.logprobs), ref, atol=2e-3)

@@ -81,8 +81,9 @@ class SlabLayer(CacheLayerMixin):
 
     @property
     def own(self) -> int:
-        """The slab columns a row can hold after the shared prompt (all of them without one)."""
-        return self.capacity - self.prompt
+        """The slab columns a row can hold after the shared prompt (all of them without one; static mode: but the
+        spare slot)."""
+        return self.capacity - self.prompt - (self.slot is not None)
 
     def column(self, position: int) -> int:
         """The slab column of the wave's position `position` (a ring once rows were refilled)."""
@@ -150,13 +151,13 @@ class SlabLayer(CacheLayerMixin):
         assert self.shared is None, "a shared prompt is read by decode steps only"
         return self.keys[:, :, :end], self.values[:, :, :end]
 
-    def admit_rows(self, rows: torch.Tensor, fresh: SlabLayer, src: torch.Tensor) -> None:
+    def admit_rows(self, rows: torch.Tensor, fresh: SlabLayer, src: torch.Tensor, position: int) -> None:
         """Rows `rows [R]` start the prompts prefilled in `fresh` (row r the prompt src[r]), right-aligned to end
-        just before the next write; the slab, grown to its capacity, becomes a ring (copies per row)."""
+        just before the write of `position`; the slab, grown to its capacity, becomes a ring (copies per row)."""
         self.grow(self.own)
         self.wraps = True
         n = fresh.length
-        cols = torch.tensor([self.column(self.length - n + i) for i in range(n)], device=rows.device)
+        cols = torch.tensor([self.column(position - n + i) for i in range(n)], device=rows.device)
         self.keys[rows[:, None], :, cols] = fresh.keys[src, :, :n].transpose(1, 2)  # [R, n, H, D] either side
         self.values[rows[:, None], :, cols] = fresh.values[src, :, :n].transpose(1, 2)
 
@@ -213,25 +214,27 @@ class SlabCache(Cache):
         return layer.prompt + max(size, layer.keys.shape[2] if layer.is_initialized else 0)
 
     def column(self, position: int) -> int:
-        """The mask column of the wave's position `position` (`SlabLayer.column`, after the shared prompt)."""
+        """The mask column (and static mode's write slot) of the wave's position `position` (`SlabLayer.column`,
+        after the shared prompt)."""
         layer = self.layers[0]
-        return position if layer.slot is not None else layer.prompt + layer.column(position)
+        return layer.prompt + layer.column(position)
 
-    def prompt_columns(self, n: int) -> torch.Tensor:
-        """The mask columns of the n positions before the next write, where `admit` puts a new prompt."""
+    def prompt_columns(self, n: int, position: int) -> torch.Tensor:
+        """The mask columns of the n positions before `position`, where `admit` puts a new prompt."""
         layer = self.layers[0]
         if layer.shared is not None:
             return torch.arange(layer.prompt - n, layer.prompt)
-        return torch.tensor([self.column(layer.length - n + i) for i in range(n)])
+        return torch.tensor([self.column(position - n + i) for i in range(n)])
 
-    def admit(self, rows: torch.Tensor, fresh: SlabCache, src: torch.Tensor) -> None:
+    def admit(self, rows: torch.Tensor, fresh: SlabCache, src: torch.Tensor, position: int) -> None:
         """The batch rows `rows [R]` (a finished group's) start anew on the prompts prefilled in `fresh`, row r on
-        its prompt src[r]: the prompt ends just before the next write (at `prompt_columns`), and from there the
-        slab is a ring (a row holds at most its prompt and max_new_tokens, at most the capacity)."""
+        its prompt src[r]: the prompt ends just before the write of the wave's `position` (at `prompt_columns`),
+        and from there the slab is a ring (a row holds at most its prompt and max_new_tokens, at most the
+        capacity). Static mode: written in place, the same addresses."""
         shared = self.layers[0].shared
         if shared is None:
             for layer, new in zip(self.layers, fresh.layers):
-                layer.admit_rows(rows, new, src)
+                layer.admit_rows(rows, new, src, position)
             return
         src_all = shared.rows.src.index_copy(0, rows, src + shared.keys.shape[0])
         used = torch.unique(src_all)  # sorted: the prompts some row still reads
@@ -242,7 +245,7 @@ class SlabCache(Cache):
     def set_read(self, live: int) -> int:
         """Static mode: the next steps read `live` positions rounded up to a `bucket` (at most the capacity);
         -> that read length."""
-        read = min(self.layers[0].capacity, bucket(live))
+        read = min(self.layers[0].own, bucket(live))  # a ring (refilled rows) is read whole
         for layer in self.layers:
             layer.read = read
         return read

@@ -174,7 +174,6 @@ def run_stream(model, prompts, first: Wave, waiting: list[Job], cfg: SamplingCon
     (`bridgelm.engine.refill`), as (prompt, sample index, sample) when its row is emptied. `on_step(k)` hears of k
     more finished samples."""
     compiled = decodes_compiled(model, cfg, next(model.parameters()).device)
-    assert not (compiled and waiting), "the compiled step keeps waves"
     deferred = sampler.defers_draws(next(model.parameters()).device, cfg)
     batch, logits, stepper, out, owners, rand = start(model, prompts, first, cfg, ends, keys, compiled, deferred)
     waiting = list(waiting)
@@ -184,9 +183,10 @@ def run_stream(model, prompts, first: Wave, waiting: list[Job], cfg: SamplingCon
         freed = [] if end is None else freed_groups(end.group_alive, end.live, cfg, len(waiting))
         if freed:
             yield from harvest(out, owners, batch.rows.view(-1, cfg.width)[freed].reshape(-1).tolist(), on_step)
-            logits, jobs, rows = admit(model, prompts, batch, logits, waiting[: len(freed)], freed, step, cfg,
+            logits, jobs, rows = admit(model, prompts, batch, logits, waiting[: len(freed)], freed, step, at, cfg,
                                        ends.pad_id)
             del waiting[: len(freed)]
+            drawn = None  # the compiled step drew from the old rows' logits
             slots = batch.rows[rows].tolist()
             for slot, owner in zip(slots, owners_of(jobs)):
                 owners[slot] = owner
@@ -229,14 +229,12 @@ def check_prompts(model, prompts: Sequence[Sequence[int]], cfg: SamplingConfig) 
             )
 
 
-def streams(model, lengths: Sequence[int], cfg: SamplingConfig) -> list[tuple[Wave, list[Job]]]:
+def streams(lengths: Sequence[int], cfg: SamplingConfig) -> list[tuple[Wave, list[Job]]]:
     """The batches to decode, each a first wave and the groups waiting for its rows: one refilled stream where
-    `refill_plan` gives one and the step is eager, else the waves one after another."""
+    `refill_plan` gives one, else the waves one after another."""
     waves = plan_waves(lengths, cfg)
     plan = refill_plan(lengths, cfg, waves)
-    if plan is None or decodes_compiled(model, cfg, next(model.parameters()).device):
-        return [(wave, []) for wave in waves]
-    return [plan]
+    return [(wave, []) for wave in waves] if plan is None else [plan]
 
 
 def stream_ids(
@@ -274,7 +272,7 @@ def stream_ids(
     packed = packed_linears(model) if pack else contextlib.nullcontext()
     try:
         with fast_attention(model), packed:
-            for first, waiting in streams(model, [len(p) for p in prompts], cfg):
+            for first, waiting in streams([len(p) for p in prompts], cfg):
                 for prompt, j, sample in run_stream(model, prompts, first, waiting, cfg, ends, keys, progress):
                     pending.setdefault(prompt, [None] * cfg.n)[j] = sample
                     while ready in pending and all(x is not None for x in pending[ready]):

@@ -11,7 +11,8 @@ random streams (`SampleRandomness.assign`), counting their own steps. The draws 
 only the batch's shape (so its rounding) differs.
 
 The batch holds as many rows as the bounds allow for the stream's longest prompt + max_new_tokens (`refill_plan`).
-The compiled step (static shapes) and foreign groups (whole blocks of prompts) keep waves.
+The compiled step keeps its shapes (the batch stays at its bucket while groups wait; the ring is read whole, one
+read bucket). Foreign groups (whole blocks of prompts) keep waves.
 """
 
 from __future__ import annotations
@@ -60,10 +61,11 @@ def freed_groups(group_alive: torch.Tensor, live: int, cfg: SamplingConfig, wait
 
 
 def admit(model, prompts, batch: Batch, logits: torch.Tensor, groups: Sequence[Job], freed: Sequence[int], step: int,
-          cfg: SamplingConfig, pad_id: int) -> tuple[torch.Tensor, list[Job], torch.Tensor]:
+          at: int, cfg: SamplingConfig, pad_id: int) -> tuple[torch.Tensor, list[Job], torch.Tensor]:
     """The waiting `groups` take the rows of the finished groups `freed` (one each, in order), starting at the
-    batch's `step`: their prompts prefilled and written into the cache, their rows' mask, positions and state
-    reset, their first logits in place of the old rows' logits [B, V].
+    batch's `step`: their prompts prefilled and written into the cache to end before the write of the wave's
+    position `at`, their rows' mask, positions and state reset, their first logits in place of the old rows'
+    logits [B, V].
     -> (logits, the groups as jobs (consecutive groups of a prompt merged), their batch rows [R] in job order)."""
     device = logits.device
     w = cfg.width
@@ -72,9 +74,9 @@ def admit(model, prompts, batch: Batch, logits: torch.Tensor, groups: Sequence[J
     fresh, mask, lengths, first_logits = prefill(model, prompts, wave, pad_id, wave.longest)
     counts = torch.tensor([j.count for j in wave.jobs], device=device)
     src = torch.repeat_interleave(torch.arange(len(wave.jobs), device=device), counts)  # [R] prompt of each row
-    batch.cache.admit(rows, fresh, src)
+    batch.cache.admit(rows, fresh, src, at)
     new_mask = torch.zeros(rows.numel(), batch.mask.shape[1], dtype=torch.bool, device=device)
-    new_mask[:, batch.cache.prompt_columns(wave.longest).to(device)] = mask[src, : wave.longest]
+    new_mask[:, batch.cache.prompt_columns(wave.longest, at).to(device)] = mask[src, : wave.longest]
     batch.mask = batch.mask.index_copy(0, rows, new_mask)
     batch.pos = batch.pos.index_copy(0, rows, lengths[src])
     batch.alive = batch.alive.index_fill(0, rows, True)

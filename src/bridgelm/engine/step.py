@@ -9,8 +9,10 @@ draws in one graph). Compiled shapes are bucketed: the cache writes each step at
 finished groups moves the batch to the next smaller bucket (`bucket_keep`: half the groups, padded with finished
 ones), so a wave meets a few shapes. The read length is a symbolic size of the compiled graph, taken from the
 mask: one compile serves every read bucket (CUDA graphs still record one replay per bucket, which is quick),
-where a graph per bucket cost a 1.5B model over a minute of inductor each (gpu_check on an H200, issue 47). The default (`compile=None`) compiles where it
-wins, CUDA (see docs/engine.md for the CPU's measurements). `Stepper` runs a wave's steps either way.
+where a graph per bucket cost a 1.5B model over a minute of inductor each (gpu_check on an H200, issue 47). Refilled
+rows (`bridgelm.engine.refill`) keep the batch's bucket, and the write slot goes around the slab's ring
+(`cache.SlabCache.column`). The default (`compile=None`) compiles where it wins, CUDA (see docs/engine.md for the
+CPU's measurements). `Stepper` runs a batch's steps either way.
 """
 
 from __future__ import annotations
@@ -217,7 +219,7 @@ class Stepper:
             valid = None if all_valid else valid
             keep = mask[:, : cache.read_length(at + 1)]
             return decode_logits(self.model, cache, inputs, pos, keep, valid, self.width), None
-        self.slot.fill_(at)  # every layer writes there; the mask covers the positions read, a bucket
+        self.slot.fill_(cache.column(at))  # every layer writes there; the mask covers the positions read, a bucket
         mask = mask[:, : cache.set_read(at + 1)]
         torch._dynamo.maybe_mark_dynamic(mask, 1)  # the read bucket: a symbolic size, not a graph per bucket
         if not self.draws:
