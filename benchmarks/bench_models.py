@@ -4,6 +4,7 @@ they time (`run_engine`), the timer with its peak memory (`timed`), and GSM8K pr
 from __future__ import annotations
 
 import os
+import statistics
 import threading
 import time
 from pathlib import Path
@@ -167,6 +168,12 @@ def timed(fn) -> dict:
     if torch.cuda.is_available():
         out["cuda_peak_mb"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
     return out
+
+
+def ratio_range(runs: list[dict], others: list[dict]) -> list[float]:
+    """[min, median, max] of tok/s ratios taken within each repeat (runs[i] / others[i])."""
+    ratios = [a["tok_per_s"] / b["tok_per_s"] for a, b in zip(runs, others)]
+    return [round(min(ratios), 3), round(statistics.median(ratios), 3), round(max(ratios), 3)]
 
 
 def run_engine(model, prompts, n, width, new_tokens, temperature, top_p, pad_id, compile, pack=True):

@@ -1,4 +1,4 @@
-"""The engine refilling finished groups' rows with waiting prompts (SamplingConfig.refill, the default) against waves,
+"""The engine refilling finished groups' rows with waiting prompts (SamplingConfig.refill=True) against waves,
 in one run: tok/s and the share of decoded rows that were live, plain and Bridge, interleaved repeats.
 
 SmolLM2-135M-Instruct in bf16 on GSM8K questions in its chat template, sampled at the paper's settings (temperature
@@ -25,7 +25,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_models import gsm8k_questions, timed, with_random_bridge  # noqa: E402
+from bench_models import gsm8k_questions, ratio_range, timed, with_random_bridge  # noqa: E402
 
 from bridgelm.engine import SamplingConfig, encode_prompts, eos_ids, generate_ids, step  # noqa: E402
 from bridgelm.pretrained import load_smollm2  # noqa: E402
@@ -76,7 +76,7 @@ def main() -> None:
     prompts = encode_prompts(tok, gsm8k_questions(args.prompts), chat=True)
     eos = eos_ids(model, tok)
     cfg = SamplingConfig(n=args.n, max_new_tokens=args.new_tokens, max_batch_sequences=args.rows, seed=0)
-    modes = {"refill": cfg, "waves": replace(cfg, refill=False)}
+    modes = {"refill": replace(cfg, refill=True), "waves": cfg}
     for m, w in engines.values():  # warm-up: first-call allocations and oneDNN's kernels
         generate_ids(m, prompts[:2], replace(cfg, width=w, max_new_tokens=4), eos, tok.pad_token_id or 0)
     runs: dict[str, list[dict]] = {}
@@ -90,9 +90,7 @@ def main() -> None:
     for key, series in runs.items():
         out[key] = {"tok_per_s": round(statistics.median(r["tok_per_s"] for r in series), 1), "runs": series}
     for name in engines:
-        ratios = [a["tok_per_s"] / b["tok_per_s"] for a, b in zip(runs[f"{name}_refill"], runs[f"{name}_waves"])]
-        out[f"{name}_refill_over_waves"] = [round(min(ratios), 3), round(statistics.median(ratios), 3),
-                                            round(max(ratios), 3)]  # fmt: skip
+        out[f"{name}_refill_over_waves"] = ratio_range(runs[f"{name}_refill"], runs[f"{name}_waves"])
         live = {mode: runs[f"{name}_{mode}"][0]["live_fraction"] for mode in modes}
         print(f"{name}: tok/s refill {out[f'{name}_refill']['tok_per_s']}, waves {out[f'{name}_waves']['tok_per_s']}; "
               f"refill / waves min, median, max {out[f'{name}_refill_over_waves']}; live fraction {live}", flush=True)

@@ -25,7 +25,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_models import gsm8k_questions, timed, with_random_bridge  # noqa: E402
+from bench_models import gsm8k_questions, ratio_range, timed, with_random_bridge  # noqa: E402
 
 from bridgelm.engine import SamplingConfig, encode_prompts, generate_ids  # noqa: E402
 from bridgelm.engine.batch import share_pays  # noqa: E402
@@ -68,9 +68,7 @@ def main() -> None:
     for key, series in runs.items():
         out[key] = {"tok_per_s": round(statistics.median(r["tok_per_s"] for r in series), 1), "runs": series}
     for name in engines:
-        ratios = [a["tok_per_s"] / b["tok_per_s"] for a, b in zip(runs[f"{name}_shared"], runs[f"{name}_copies"])]
-        out[f"{name}_shared_over_copies"] = [round(min(ratios), 3), round(statistics.median(ratios), 3),
-                                             round(max(ratios), 3)]  # fmt: skip
+        out[f"{name}_shared_over_copies"] = ratio_range(runs[f"{name}_shared"], runs[f"{name}_copies"])
         peaks = {layout: max(r["peak_mb"] for r in runs[f"{name}_{layout}"]) for layout in layouts}
         out[f"{name}_peak_mb"] = peaks
         print(f"{name}: tok/s shared {out[f'{name}_shared']['tok_per_s']}, copies {out[f'{name}_copies']['tok_per_s']}"

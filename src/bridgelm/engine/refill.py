@@ -1,18 +1,20 @@
 """Refilling a batch: the rows of a finished group take a waiting prompt's group, so a stream needs no waves.
 
-A wave decodes until its longest sample ends while its finished groups idle (at 256 GSM8K rows x 256 tokens under a
-64-row bound, the rows' live steps were 82-92% of rows x steps; a GRPO rollout of 4096 tokens waits on its longest
-sample). Refilling (eager steps, where a stream needs more than one wave): the prompts' groups queue in prompt order
-and, once finished groups are `compact_fraction` of the batch (the rule by which waves drop them), waiting groups
-take their rows. Their prompts are prefilled alone (each distinct prompt once) and written right-aligned to end just
-before the batch's next write (`SlabCache.admit`: the slab becomes a ring, so rows of any age share one write
-column); their samples draw their first tokens from the prefill's logits at the batch's next draw, with their own
-random streams (`SampleRandomness.assign`), counting their own steps. The draws are a wave's: per-sample streams,
-only the batch's shape (so its rounding) differs.
+A wave decodes until its longest sample ends while its finished groups idle or are dropped (at 256 GSM8K rows x 256
+tokens under a 64-row bound, the rows' live steps were 82-92% of rows x steps). Refilling (`SamplingConfig.refill`,
+where a stream needs more than one wave): the prompts' groups queue in prompt order and, once finished groups are
+`compact_fraction` of the batch (the rule by which waves drop them), waiting groups take their rows. Their prompts
+are prefilled alone (each distinct prompt once) and written right-aligned to end just before the batch's next write
+(`SlabCache.admit`: the slab becomes a ring, so rows of any age share one write column); their samples draw their
+first tokens from the prefill's logits at the batch's next draw, with their own random streams
+(`SampleRandomness.assign`), counting their own steps. The draws are a wave's: per-sample streams, only the
+batch's shape (so its rounding) differs.
 
-The batch holds as many rows as the bounds allow for the stream's longest prompt + max_new_tokens (`refill_plan`).
-The compiled step keeps its shapes (the batch stays at its bucket while groups wait; the ring is read whole, one
-read bucket). Foreign groups (whole blocks of prompts) keep waves.
+The cost, and why it is off by default: a ring is read whole at every step (longest prompt + max_new_tokens per
+row), where a wave reads what it has written; on SmolLM2 on CPU that outweighed the rows it keeps live
+(docs/engine.md). The batch holds as many rows as the bounds allow for the stream's longest prompt +
+max_new_tokens (`refill_plan`). The compiled step keeps its shapes (the batch stays at its bucket while groups
+wait; the ring is read whole, one read bucket). Foreign groups (whole blocks of prompts) keep waves.
 """
 
 from __future__ import annotations
