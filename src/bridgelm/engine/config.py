@@ -48,8 +48,8 @@ class SamplingConfig:
     max_batch_tokens: int = setting(262_144, "rows x (longest prompt + max_new_tokens) of a wave, at most")
     compact_fraction: float = setting(0.125, "drop finished groups once they are this "
                                              "fraction of the batch (0: each one)")
-    refill: bool = setting(False, "a finished group's rows take a waiting prompt's group (bridgelm.engine.refill; "
-                                  "slower than waves where measured, docs/engine.md); False: waves")
+    refill: bool = setting(False, "a finished group's rows take a waiting prompt's group (bridgelm.engine.refill: "
+                                  "faster or slower than waves by workload, docs/engine.md); False: waves")
     foreign_groups: bool = setting(False, "control: group sample j of `width` different prompts (see docs/engine.md)")
     compile: bool | None = setting(None, "torch.compile the decode step; None: where it wins (CUDA), see compile_wins")
     pack_weights: bool = setting(True, "eager CPU decoding packs linear weights "

@@ -31,9 +31,9 @@ import torch
 
 from bridgelm.attention import fast_attention
 from bridgelm.engine import sampler
+from bridgelm.engine.batch import Batch, GeneratedIds, Outputs, expand, prefill, share_pays
 from bridgelm.engine.cache import slab_capacity
 from bridgelm.engine.config import SamplingConfig
-from bridgelm.engine.batch import Batch, GeneratedIds, Outputs, expand, prefill, share_pays
 from bridgelm.engine.randomness import SampleRandomness
 from bridgelm.engine.refill import admit, freed_groups, refill_plan
 from bridgelm.engine.step import Stepper, bucket_keep, decodes_compiled, shares_prompts
