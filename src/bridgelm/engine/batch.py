@@ -75,6 +75,11 @@ class Batch:
     valid: torch.Tensor  # [B] bool: rows whose last token is a real input (live ones and a just-emitted EOS)
     start: torch.Tensor  # [B] long: the wave's step at which each row's sample began (its step 0)
 
+    def steps(self, step: int, limit: int) -> torch.Tensor:
+        """Each row's own step at the batch's `step`, at most limit - 1 (max_new_tokens: the last a sample has; a
+        finished group waiting for its rows to be refilled counts on past it, and nothing it draws is kept)."""
+        return (step - self.start).clamp(max=limit - 1)
+
     def keep(self, keep: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
         """Keep the rows `keep [B']` (finished groups dropped) -> the kept rows of inputs [B]."""
         self.cache.select_rows(keep)

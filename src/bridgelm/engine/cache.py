@@ -90,6 +90,10 @@ class SlabLayer(CacheLayerMixin):
         at = position - self.prompt
         return at % self.own if self.wraps else at
 
+    def columns_before(self, position: int, n: int) -> torch.Tensor:
+        """The slab columns of the n positions before `position` (where a refilled row's prompt goes)."""
+        return torch.tensor([self.column(position - n + i) for i in range(n)])
+
     def lazy_initialization(self, key_states, value_states) -> None:
         B, H, q, Dk = key_states.shape
         size = min(self.capacity, rounded(q)) if self.whole_reads else self.capacity
@@ -157,7 +161,7 @@ class SlabLayer(CacheLayerMixin):
         self.grow(self.own)
         self.wraps = True
         n = fresh.length
-        cols = torch.tensor([self.column(position - n + i) for i in range(n)], device=rows.device)
+        cols = self.columns_before(position, n).to(rows.device)
         self.keys[rows[:, None], :, cols] = fresh.keys[src, :, :n].transpose(1, 2)  # [R, n, H, D] either side
         self.values[rows[:, None], :, cols] = fresh.values[src, :, :n].transpose(1, 2)
 
@@ -224,7 +228,7 @@ class SlabCache(Cache):
         layer = self.layers[0]
         if layer.shared is not None:
             return torch.arange(layer.prompt - n, layer.prompt)
-        return torch.tensor([self.column(position - n + i) for i in range(n)])
+        return layer.columns_before(position, n)  # copies: no prompt before the slab's columns
 
     def admit(self, rows: torch.Tensor, fresh: SlabCache, src: torch.Tensor, position: int) -> None:
         """The batch rows `rows [R]` (a finished group's) start anew on the prompts prefilled in `fresh`, row r on

@@ -36,7 +36,7 @@ from bridgelm.engine.cache import slab_capacity
 from bridgelm.engine.config import SamplingConfig
 from bridgelm.engine.randomness import SampleRandomness
 from bridgelm.engine.refill import admit, freed_groups, refill_plan
-from bridgelm.engine.step import Stepper, bucket_keep, decodes_compiled, shares_prompts
+from bridgelm.engine.step import Stepper, bucket_keep, decodes_compiled, group_rows, shares_prompts
 from bridgelm.engine.waves import Job, Wave, plan_waves
 from bridgelm.errors import UserError
 from bridgelm.packed import packed_linears
@@ -65,9 +65,8 @@ def record(out: Outputs, rows, steps, tok, lp, alive, ends: Ends) -> torch.Tenso
     """The step's writes that depend on its tokens tok, lp [B], at each row's own step steps [B] -> done [B]
     (emitted EOS or a stop string now)."""
     # Rows that finished earlier keep what they hold; index writes, no boolean masks (no device sync).
-    at = steps.clamp(max=out.tokens.shape[1] - 1)  # a finished group waiting for refill counts on
-    out.tokens[rows, at] = torch.where(alive, tok, out.tokens[rows, at])
-    out.logprobs[rows, at] = torch.where(alive, lp, out.logprobs[rows, at])
+    out.tokens[rows, steps] = torch.where(alive, tok, out.tokens[rows, steps])
+    out.logprobs[rows, steps] = torch.where(alive, lp, out.logprobs[rows, steps])
     done = alive & torch.isin(tok, ends.eos)
     if ends.stop is not None:
         for b in torch.nonzero(alive & ~done)[:, 0].tolist():
@@ -76,12 +75,11 @@ def record(out: Outputs, rows, steps, tok, lp, alive, ends: Ends) -> torch.Tenso
     return done
 
 
-def settle(batch: Batch, out: Outputs, step: int, drawn, logits, ends: Ends, cfg, rand) -> StepEnd:
-    """One step's bookkeeping after its draws (tokens, logprobs, unsure or None): record them, end the samples that
-    ended (or reached max_new_tokens), sync once; rows the deferred draws left unsure are redrawn
-    (`sampler.finish_deferred`) and recorded again."""
+def settle(batch: Batch, out: Outputs, steps, drawn, logits, ends: Ends, cfg, rand) -> StepEnd:
+    """One step's bookkeeping after its draws (tokens, logprobs, unsure or None), at each row's own step steps [B]:
+    record them, end the samples that ended (or reached max_new_tokens), sync once; rows the deferred draws left
+    unsure are redrawn (`sampler.finish_deferred`) and recorded again."""
     tok, lp, unsure = drawn
-    steps = step - batch.start  # each row's own step
     room = steps < cfg.max_new_tokens - 1  # rows that may go on after this step
     batch.valid = batch.alive  # inputs of the next step: live tokens, a just-emitted EOS included
     out.lengths[batch.rows] += batch.alive.long()
@@ -127,7 +125,7 @@ def next_logits(stepper: Stepper, batch: Batch, end: StepEnd, step: int, at: int
     batch.mask[:, batch.cache.column(at)] = True  # the input token's own slot
     u = None
     if stepper.draws:  # the next step's draws too, with its uniforms
-        rand.rows, rand.step = batch.rows, step - batch.start
+        rand.rows, rand.step = batch.rows, batch.steps(step, cfg.max_new_tokens)
         u = rand.rounds(torch.arange(len(batch.rows), device=inputs.device))  # [B, DEFERRED_ROUNDS]
     logits, drawn = stepper(batch.cache, inputs, batch.pos, batch.mask, batch.valid, end.all_valid, at, u)
     batch.pos = batch.pos + 1
@@ -173,8 +171,8 @@ def run_stream(model, prompts, first: Wave, waiting: list[Job], cfg: SamplingCon
     """Every sample of the wave `first` and of the `waiting` groups, which take the rows of finished groups
     (`bridgelm.engine.refill`), as (prompt, sample index, sample) when its row is emptied. `on_step(k)` hears of k
     more finished samples."""
-    compiled = decodes_compiled(model, cfg, next(model.parameters()).device)
-    deferred = sampler.defers_draws(next(model.parameters()).device, cfg)
+    device = next(model.parameters()).device
+    compiled, deferred = decodes_compiled(model, cfg, device), sampler.defers_draws(device, cfg)
     batch, logits, stepper, out, owners, rand = start(model, prompts, first, cfg, ends, keys, compiled, deferred)
     waiting = list(waiting)
     buffers, drawn, end = sampler.SamplerBuffers(), None, None  # drawn: the step's draws, made inside the compiled step
@@ -182,21 +180,22 @@ def run_stream(model, prompts, first: Wave, waiting: list[Job], cfg: SamplingCon
     for step in itertools.count():
         freed = [] if end is None else freed_groups(end.group_alive, end.live, cfg, len(waiting))
         if freed:
-            yield from harvest(out, owners, batch.rows.view(-1, cfg.width)[freed].reshape(-1).tolist(), on_step)
-            logits, jobs, rows = admit(model, prompts, batch, logits, waiting[: len(freed)], freed, step, at, cfg,
-                                       ends.pad_id)
+            rows = group_rows(torch.tensor(freed, device=device), cfg.width)
+            slots = batch.rows[rows].tolist()
+            yield from harvest(out, owners, slots, on_step)
+            logits, jobs = admit(model, prompts, batch, logits, waiting[: len(freed)], rows, step, at, ends.pad_id)
             del waiting[: len(freed)]
             drawn = None  # the compiled step drew from the old rows' logits
-            slots = batch.rows[rows].tolist()
             for slot, owner in zip(slots, owners_of(jobs)):
                 owners[slot] = owner
             if rand is not None:
                 rand.assign(slots, jobs)
+        steps = batch.steps(step, cfg.max_new_tokens)
         if rand is not None:
-            rand.rows, rand.step = batch.rows, step - batch.start
+            rand.rows, rand.step = batch.rows, steps
         if drawn is None:
             drawn = sampler.draw(logits, cfg, rand, buffers, deferred)
-        end = settle(batch, out, step, drawn, logits, ends, cfg, rand)
+        end = settle(batch, out, steps, drawn, logits, ends, cfg, rand)
         if on_step is not None:
             on_step(end.n_done)
         if end.live == 0 and not waiting:

@@ -47,7 +47,7 @@ class SampleRandomness:
         self.table = torch.zeros(slots, steps, self.ROUNDS, device=device)  # [slots, steps, ROUNDS]
         self.coords: list[tuple | None] = [None] * slots  # (prompt key, sample index) of each slot
         self.rows = None  # [B] slot of each batch row, set every step
-        self.step = None  # [B] long: each batch row's step, set every step (see `at`)
+        self.step = None  # [B] long: each batch row's step (`Batch.steps`), set every step
 
     def assign(self, slots: Sequence[int], jobs: Sequence[Job]) -> None:
         """The samples of `jobs`, in order, take the slots `slots` (one each)."""
@@ -65,17 +65,12 @@ class SampleRandomness:
         index = torch.as_tensor(list(slots), dtype=torch.long, device=self.table.device)
         self.table[index] = torch.cat(parts).to(self.table.device)
 
-    def at(self, batch_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The slots and steps of `batch_rows`; a finished group waiting for its rows to be refilled counts its
-        steps on past the table, and its draws are not used: read at the last step."""
-        return self.rows[batch_rows], self.step[batch_rows].clamp(max=self.steps - 1)
-
     def rounds(self, batch_rows: torch.Tensor) -> torch.Tensor:
         """The uniforms of attempts 0..ROUNDS-1 of the current step: [len(batch_rows), ROUNDS], one gather."""
-        return self.table[self.at(batch_rows)]
+        return self.table[self.rows[batch_rows], self.step[batch_rows]]
 
     def __call__(self, batch_rows: torch.Tensor, attempt: int) -> torch.Tensor:
-        rows, steps = self.at(batch_rows)
+        rows, steps = self.rows[batch_rows], self.step[batch_rows]
         if attempt < self.ROUNDS:
             return self.table[rows, steps, attempt]
         out = [

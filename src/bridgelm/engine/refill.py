@@ -62,16 +62,13 @@ def freed_groups(group_alive: torch.Tensor, live: int, cfg: SamplingConfig, wait
     return torch.nonzero(~group_alive)[:waiting, 0].tolist()
 
 
-def admit(model, prompts, batch: Batch, logits: torch.Tensor, groups: Sequence[Job], freed: Sequence[int], step: int,
-          at: int, cfg: SamplingConfig, pad_id: int) -> tuple[torch.Tensor, list[Job], torch.Tensor]:
-    """The waiting `groups` take the rows of the finished groups `freed` (one each, in order), starting at the
-    batch's `step`: their prompts prefilled and written into the cache to end before the write of the wave's
-    position `at`, their rows' mask, positions and state reset, their first logits in place of the old rows'
-    logits [B, V].
-    -> (logits, the groups as jobs (consecutive groups of a prompt merged), their batch rows [R] in job order)."""
+def admit(model, prompts, batch: Batch, logits: torch.Tensor, groups: Sequence[Job], rows: torch.Tensor, step: int,
+          at: int, pad_id: int) -> tuple[torch.Tensor, list[Job]]:
+    """The waiting `groups` take the batch rows `rows [R]` (finished groups', in order, a group's rows each),
+    starting at the batch's `step`: their prompts prefilled and written into the cache to end before the write of
+    the wave's position `at`, their rows' mask, positions and state reset, their first logits in place of the old
+    rows' logits [B, V]. -> (logits, the groups as jobs: consecutive groups of a prompt merged, rows in order)."""
     device = logits.device
-    w = cfg.width
-    rows = (torch.tensor(list(freed), device=device)[:, None] * w + torch.arange(w, device=device)).reshape(-1)
     wave = Wave(merged(groups), max(len(prompts[g.prompt]) for g in groups))
     fresh, mask, lengths, first_logits = prefill(model, prompts, wave, pad_id, wave.longest)
     counts = torch.tensor([j.count for j in wave.jobs], device=device)
@@ -83,4 +80,4 @@ def admit(model, prompts, batch: Batch, logits: torch.Tensor, groups: Sequence[J
     batch.pos = batch.pos.index_copy(0, rows, lengths[src])
     batch.alive = batch.alive.index_fill(0, rows, True)
     batch.start = batch.start.index_fill(0, rows, step)
-    return logits.index_copy(0, rows, first_logits[src].to(logits.dtype)), wave.jobs, rows
+    return logits.index_copy(0, rows, first_logits[src].to(logits.dtype)), wave.jobs

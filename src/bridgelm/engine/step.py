@@ -89,6 +89,11 @@ def compiled_step(device, draws: bool) -> Callable:
     return _COMPILED[mode, fn.__name__]
 
 
+def group_rows(groups: torch.Tensor, width: int) -> torch.Tensor:
+    """The batch rows of contiguous groups `groups [G']` of `width` rows, in order: [G' * width]."""
+    return (groups[:, None] * width + torch.arange(width, device=groups.device)).reshape(-1)
+
+
 def bucket_keep(group_alive: torch.Tensor, width: int, live: int) -> torch.Tensor | None:
     """Compiled mode's compaction: rows of the next smaller bucket (half the groups: the `live` live ones, padded
     with finished ones, order kept), or None when the live groups do not fit in half or the groups are odd in
@@ -98,7 +103,7 @@ def bucket_keep(group_alive: torch.Tensor, width: int, live: int) -> torch.Tenso
         return None
     order = torch.argsort((~group_alive).long(), stable=True)[: groups // 2]  # live groups first
     kept = order.sort().values  # [G/2] groups, in batch order
-    return (kept[:, None] * width + torch.arange(width, device=kept.device)).reshape(-1)
+    return group_rows(kept, width)
 
 
 def decodes_compiled(model, cfg: SamplingConfig, device) -> bool:
