@@ -143,6 +143,15 @@ def test_validation_samples_from_the_bf16_copy_and_the_reference_is_resharded(tw
         assert fsdp["ref_gathered"] == [0, 0]  # no parameter of the reference left unsharded
 
 
+def test_teardown_waits_for_every_rank(two_procs):
+    """A rank leaves the process group only once every rank is there (a gloo rank torn down while another still
+    talks to it can abort), so rank 0 waits in teardown for rank 1, which came LATE_S late."""
+    import rl_dist
+
+    waited = json.loads((two_procs / "teardown_rank0.json").read_text())
+    assert waited >= 0.8 * rl_dist.LATE_S
+
+
 MICRO = Path(__file__).parent / "dist_scripts" / "fsdp_micro.py"
 
 

@@ -145,8 +145,13 @@ def setup_distributed(device: str | torch.device | None = None, timeout_minutes:
     return Dist(torch_dist.get_rank(), torch_dist.get_world_size(), place.local_rank, place.device)
 
 
-def teardown_distributed() -> None:
+def teardown_distributed(wait: bool = True) -> None:
+    """Leave the process group. With `wait` (a normal end), every rank first meets at a barrier, so that none tears
+    its transport down while another still talks to it (gloo can abort a rank then); without it (an error path,
+    where another rank may never come), at once."""
     if torch_dist.is_initialized():
+        if wait and torch_dist.get_world_size() > 1:
+            torch_dist.barrier()
         torch_dist.destroy_process_group()
 
 

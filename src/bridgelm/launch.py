@@ -175,14 +175,16 @@ def _with_blocks(model, source: ModelSource, cfg: RLConfig, add: str | None, num
 @contextlib.contextmanager
 def _joined(model, launch: DistConfig):
     """Inside torchrun's process group (when launched so; its timeout launch.dist_timeout), which the trainer then
-    uses; left on the way out, whatever happened."""
+    uses; left on the way out: after every rank gets there when the run ends, at once when it raised."""
     from bridgelm.dist import setup_distributed, teardown_distributed
 
     try:
         setup_distributed(next(model.parameters()).device, launch.dist_timeout)
         yield
-    finally:
-        teardown_distributed()
+    except BaseException:
+        teardown_distributed(wait=False)
+        raise
+    teardown_distributed()
 
 
 def _need_peft(settings) -> None:

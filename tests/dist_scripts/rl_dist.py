@@ -6,6 +6,7 @@
   then an FSDP run interrupted by Ctrl-C and resumed; then an FSDP run in mixed precision (bf16).
 - `replica_against_gathered`: a bf16 rollout replica of an FSDP policy against the policy gathered to rank 0;
   `train_with_bf16_copy(fsdp)`: 2-step runs sampling from a bf16 copy, sharded and not, with their rollouts.
+- the end: rank 1 leaves LATE_S late; each rank's time in `teardown_distributed` (rank 0 waits for rank 1).
 
     torchrun --nproc_per_node 2 tests/dist_scripts/rl_dist.py OUT_DIR
 """
@@ -13,6 +14,7 @@
 import json
 import os
 import sys
+import time
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -33,6 +35,7 @@ from bridgelm.train import (  # noqa: E402
 from bridgelm.train.rollouts import Rollouts  # noqa: E402
 
 PROMPTS, G, W = 4, 4, 2  # 4 prompts x 4 rollouts in groups of 2: 8 Bridge groups
+LATE_S = 1.0
 
 
 def model_and_tokenizer():
@@ -247,7 +250,11 @@ def main(out: str) -> None:
     result = train_mixed_precision(dist, out / "train_fsdp_bf16")
     if dist.is_main:
         (out / "train_fsdp_bf16.json").write_text(json.dumps(result))
+    if dist.rank == 1:
+        time.sleep(LATE_S)  # the last rank to leave: rank 0's teardown waits for it
+    start = time.perf_counter()
     teardown_distributed()
+    (out / f"teardown_rank{dist.rank}.json").write_text(json.dumps(time.perf_counter() - start))
 
 
 if __name__ == "__main__":
