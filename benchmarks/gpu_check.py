@@ -27,6 +27,10 @@ DIR/logs/ROW.log. The table follows at the end; --json adds one object of every 
                               its own: --only cuda_tests)
   grpo_step        100 / 150  benchmarks/train.py --repeats 1: one GRPO step of bridgelm against TRL's GRPOTrainer
                               (needs trl; without it the row says so and the others stand)
+  refill           120 / 240  tok/s of 256 samples ending raggedly (mean ~1/3 of 1,024 tokens) through 64 rows, the
+                              1.5B shape at 8 layers, compiled: finished groups' rows refilled (SamplingConfig.refill)
+                              against plain waves, each warmed on its timed call. Not in the default run
+                              (--only refill); its estimate is a guess until a GPU has run it
 
 Estimates: what each row took on an H200 from a cold cache (2026-11-27), where it finished; a child's start-up
 (Python, torch, CUDA context) is ~15 s of it. The inductor compile of the 1.5B decode step took over a minute per
@@ -83,7 +87,7 @@ class Row:
 # of compiles since (one graph, not four) and cuda_tests from the 11 of its 15 tests that passed in 120 s.
 ROWS = [Row("env", 17, 45), Row("engine_eager", 27, 60), Row("engine_compiled", 45, 90), Row("host_syncs", 22, 45),
         Row("decode", 140, 240), Row("fsdp_rollout", 18, 45), Row("cuda_tests", 170, 300, default=False),
-        Row("grpo_step", 100, 150)]
+        Row("grpo_step", 100, 150), Row("refill", 120, 240, default=False)]
 BUDGET_S = 470.0  # the default run's ceiling: under 8 minutes, within one 10-minute command of a 15-minute slot
 MIN_ROW_S = 10.0  # a row is not started with less of the budget left
 

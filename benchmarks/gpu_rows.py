@@ -32,9 +32,9 @@ def settings(dry: bool) -> dict:
     """Sizes of the checks: the paper's 1.5B shape in bf16 on a GPU, a toy model in fp32 on the CPU."""
     if dry:
         return {"device": "cpu", "dtype": torch.float32, "shape": "30m", "overrides": TOY, "rows": 8, "tokens": 16,
-                "copy_mib": 64}
+                "copy_mib": 64, "refill_layers": 2, "refill_tokens": 24}
     return {"device": "cuda", "dtype": torch.bfloat16, "shape": "ds-qwen-1.5b", "overrides": {}, "rows": 64,
-            "tokens": 128, "copy_mib": 1024}
+            "tokens": 128, "copy_mib": 1024, "refill_layers": 8, "refill_tokens": 1024}
 
 
 def model_for(s: dict, layers: int | None = None):
@@ -120,6 +120,36 @@ def decode_speed(model, s: dict) -> dict:
            "recompiles_in_timed_run": sum(counters["recompiles"].values()) - recompiles}
     if s["device"] == "cuda":
         out["peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 2)
+    return out
+
+
+def refill_speed(model, s: dict) -> dict:
+    """tok/s of a stream of 4 waves whose samples end raggedly, with finished groups' rows refilled from waiting
+    prompts against plain waves (compiled where the engine compiles), each warmed up once on its timed call.
+
+    With random weights the next token is close to uniform, so a set of end ids holding ~3/tokens of the vocabulary
+    ends a sample after about tokens/3 steps, some only at max_new_tokens: the ragged lengths RL rollouts meet. Waves
+    decode until their longest sample ends; refill keeps the rows busy but reads its whole ring every step."""
+    rows, tokens, vocab = s["rows"], s["refill_tokens"], model.config.vocab_size
+    ends = list(range(5, vocab, max(1, (vocab - 5) * 3 // tokens)))
+    prompts = ragged_prompts(rows, vocab, seed=2)  # x n=4 samples: 4 waves of `rows` rows
+    out = {"rows": rows, "samples": 4 * rows, "max_new_tokens": tokens, "end_ids": len(ends)}
+    tokens_of = {}
+    for refill in (False, True):
+        name = "refill" if refill else "waves"
+        cfg = SamplingConfig(n=4, width=4, max_new_tokens=tokens, temperature=1.0, top_p=1.0, seed=2,
+                             max_batch_sequences=rows, refill=refill)
+        say(f"refill row: {name}, warm-up")
+        warm_s = _timed(lambda: generate_ids(model, prompts, cfg, eos_token_ids=ends, pad_token_id=0), s)[1]
+        say(f"refill row: {name}, warm-up took {warm_s:.1f} s; the timed run")
+        results, seconds = _timed(lambda: generate_ids(model, prompts, cfg, eos_token_ids=ends, pad_token_id=0), s)
+        made = sum(len(x.token_ids) for r in results for x in r)
+        tokens_of[name] = [x.token_ids for r in results for x in r]
+        out |= {f"{name}_tok_per_s": round(made / seconds, 1), f"{name}_s": round(seconds, 3),
+                f"{name}_compile_s": round(max(warm_s - seconds, 0.0), 2)}
+    out["mean_length"] = round(made / out["samples"], 1)
+    out["refill_over_waves"] = round(out["refill_tok_per_s"] / out["waves_tok_per_s"], 3)
+    out["same_samples"] = tokens_of["refill"] == tokens_of["waves"]  # exact in float32; bf16 rounding may part them
     return out
 
 
@@ -219,6 +249,8 @@ def row(name: str, dry: bool) -> dict[str, dict]:
         return {"decode": decode, "memory": {"peak_gib": decode.get("peak_gib"), "planned_gib": planned_gib(model, s)}}
     if name == "fsdp_rollout":
         return {name: fsdp_rollout(s)}
+    if name == "refill":
+        return {name: refill_speed(model_for(s, layers=s["refill_layers"]), s)}
     raise SystemExit(f"gpu_rows: unknown row {name!r}")
 
 

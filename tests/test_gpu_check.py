@@ -28,7 +28,7 @@ def test_gpu_check_dry_run_reports_every_check(tmp_path):
     assert on_disk[0]["row"] == "run" and on_disk[0]["dry_run"] is True
     assert {r["row"]: {k: v for k, v in r.items() if k != "row"} for r in on_disk[1:]} == out  # every row, as printed
     assert [r["row"] for r in on_disk[1:]] == ["env", "engine_eager", "engine_compiled", "host_syncs", "decode",
-                                               "memory", "fsdp_rollout", "cuda_tests", "grpo_step"]
+                                               "memory", "fsdp_rollout", "cuda_tests", "grpo_step", "refill"]
     assert all(r["status"] == "ok" and r["wall_s"] > 0 for r in out.values())
     assert out["env"]["device"] == "cpu" and out["env"]["torch"].startswith(tuple("0123456789"))
     assert "skipped" in out["cuda_tests"]["summary"]  # no CUDA here: test_cuda.py skips, with its reason
@@ -44,6 +44,9 @@ def test_gpu_check_dry_run_reports_every_check(tmp_path):
     assert out["grpo_step"]["ours_bridge_over_trl_bridge"] > 0  # TRL + Bridge (BridgeGRPOTrainer) ran too
     assert out["fsdp_rollout"]["same_tokens"] is True
     assert out["host_syncs"]["per_step"] is None  # no CUDA on the CPU
+    refill = out["refill"]  # several waves of ragged samples, refilled and not: the same samples (float32)
+    assert refill["same_samples"] is True and 1 < refill["mean_length"] < refill["max_new_tokens"]
+    assert refill["refill_tok_per_s"] > 0 and refill["waves_tok_per_s"] > 0 and refill["refill_over_waves"] > 0
 
 
 def test_a_timed_out_child_is_a_row_and_the_rows_before_it_stay(tmp_path):
