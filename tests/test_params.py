@@ -75,3 +75,18 @@ def test_blocks_of_a_meta_model_are_built_on_meta(monkeypatch):
     row = count(meta_model(preset="ds-qwen-7b"), "ds-qwen-7b", num_heads=10000)
     assert set(built_on) == {"meta"} and len(built_on) == 28
     assert row.added == 28 * (3584 + 4 * 3584 * 10000 * 128)  # norm + q, k, v, o of 10000 heads of 128
+
+
+def test_a_model_with_its_own_blocks_is_counted_with_them(tmp_path, capsys):
+    """A trained run's folder (blocks saved with the model) is counted, not refused: its own blocks, named in the
+    row, and the original parts as without them."""
+    import bridgelm
+
+    model = tiny_model()
+    bridgelm.add_bridge(model, num_heads=2)
+    model.save_pretrained(tmp_path / "with")
+    tiny_model().save_pretrained(tmp_path / "without")
+    main(["params", "--model", str(tmp_path / "with"), "--model", str(tmp_path / "without"), "--heads", "2"])
+    rows = _rows(capsys.readouterr().out)
+    own, fresh = rows[f"{tmp_path / 'with'} (its own bridge blocks, 2 heads)"], rows[str(tmp_path / "without")]
+    assert own == fresh and float(own[3]) > 0  # every part, the blocks and the totals alike

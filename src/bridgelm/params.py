@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from bridgelm.attach import add_bridge, add_pmatch, added_parameters, decoder_layers
+from bridgelm.attach import add_bridge, add_pmatch, added_parameters, block_config, decoder_layers
 from bridgelm.errors import UserError
 from bridgelm.models import load_config
 
@@ -103,8 +103,14 @@ def meta_model(preset: str | None = None, model_dir: str | None = None, config=N
 
 
 def count(model, name: str, kind: str = "bridge", num_heads: int = 4) -> ParamCounts:
-    """Count `model`'s parameters by part, then add `kind` blocks (on its device) and count those."""
+    """Count `model`'s parameters by part, then add `kind` blocks (on its device) and count those; a model that has
+    blocks (a trained run's) is counted with its own, named in the row."""
     seen: set[int] = set()
+    own = block_config(model)
+    if own is None:
+        (add_bridge if kind == "bridge" else add_pmatch)(model, num_heads=num_heads)
+    else:
+        name = f"{name} (its own {own.kind} blocks, {own.num_heads} heads)"
 
     def total(params) -> int:
         n = 0
@@ -114,6 +120,7 @@ def count(model, name: str, kind: str = "bridge", num_heads: int = 4) -> ParamCo
                 n += p.numel()
         return n
 
+    added = total(added_parameters(model).values())  # first: the parts below leave them out
     embed_head = total(model.get_input_embeddings().parameters())
     head = model.get_output_embeddings()
     if head is not None:
@@ -122,8 +129,6 @@ def count(model, name: str, kind: str = "bridge", num_heads: int = 4) -> ParamCo
     attn = total(p for layer in layers for p in layer.self_attn.parameters())
     ffn = total(p for layer in layers for p in layer.mlp.parameters())
     other = total(model.parameters())
-    (add_bridge if kind == "bridge" else add_pmatch)(model, num_heads=num_heads)
-    added = sum(p.numel() for p in added_parameters(model).values())
     return ParamCounts(name, embed_head, attn, ffn, other, added)
 
 
