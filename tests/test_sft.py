@@ -351,3 +351,19 @@ def test_cli_warmup_data_then_sft(tmp_path, capsys, monkeypatch):
     with pytest.raises(SystemExit) as err:
         main(["sft", "--model", str(tmp_path / "m"), "--blocks", "pmatch", "--data", str(empty), "--out", "x"])
     assert err.value.code == 2 and "unrecognized arguments: --blocks pmatch" in capsys.readouterr().err
+
+
+def test_blocks_the_model_has_are_warmed_up_only_as_described():
+    """A model that has blocks is warmed up as it is; settings that describe other blocks (which the run would
+    record) are refused by name, where they were silently ignored."""
+    from bridgelm.errors import UserError
+
+    model = tiny_model()
+    bridgelm.add_bridge(model, num_heads=2)
+    same = replace(CFG, blocks="bridge", num_heads=2, placement="ffn")
+    assert sft.ensure_blocks(model, same) is model
+    for change, named in [({"num_heads": 4}, "num_heads=4 (the model's: 2)"),
+                          ({"placement": "attn"}, "placement='attn' (the model's: 'ffn')"),
+                          ({"blocks": "pmatch"}, "blocks='pmatch' (the model's: 'bridge')")]:
+        with pytest.raises(UserError, match=re.escape(named)):
+            sft.ensure_blocks(model, replace(same, **change))

@@ -186,11 +186,18 @@ def validation_loss(model, groups: list[list[Row]], cfg: SFTConfig, pad_id: int,
 
 
 def ensure_blocks(model, cfg: SFTConfig):
-    """Add `cfg.blocks` blocks (seeded) unless the model already has blocks of that kind."""
+    """Add `cfg.blocks` blocks (seeded) unless the model already has blocks: then they are warmed up, and must be
+    what cfg describes (its kind, num_heads and placement, which the run records)."""
     have = block_config(model)
     if have is not None:
-        if have.kind != cfg.blocks:
-            raise UserError(f"the model already has {have.kind} blocks but blocks={cfg.blocks!r} was asked")
+        asked = {"blocks": cfg.blocks, "num_heads": cfg.num_heads, "placement": cfg.placement}
+        held = {"blocks": have.kind, "num_heads": have.num_heads, "placement": have.placement}
+        differ = [f"{k}={asked[k]!r} (the model's: {held[k]!r})" for k in asked if asked[k] != held[k]]
+        if differ:
+            raise UserError(
+                f"the model already has {have.kind} blocks, which sft warms up as they are, but {', '.join(differ)} "
+                "was asked: give the model's settings, or a model without blocks"
+            )
         return model
     return add_seeded_blocks(
         model, cfg.blocks, derive_seed(cfg.seed, "sft-blocks"), num_heads=cfg.num_heads, placement=cfg.placement
