@@ -426,6 +426,33 @@ def test_out_of_the_wrong_kind(models, tmp_path, capsys, command, out_kind):
     assert out_kind == "dir" and not any(out.iterdir()) or out_kind == "file" and out.read_text() == "keep me\n"
 
 
+@pytest.mark.parametrize("command", ["eval", "sft", "rl"])
+def test_a_folder_of_files_no_run_wrote_is_left_alone(models, tmp_path, capsys, command):
+    """--out holding files but no run.json (blocks saved by hand, notes, another output) is refused before the model
+    loads, every file as it was; an empty folder, or one holding only hidden files, is a new run's."""
+    out = tmp_path / "mine"
+    (out / "best").mkdir(parents=True)
+    (out / "best" / "notes.txt").write_text("keep me\n")
+    for name in ("blocks.safetensors", "metrics.json", "scores.jsonl"):
+        (out / name).write_text("keep me\n")
+    data = _jsonl(tmp_path / "d.jsonl", [{"question": "1+1", "answer": "#### 2"}])
+    argv = {
+        "eval": ["eval", "--model", models / "m", "--task", "gsm8k", "--data", data],
+        "rl": ["rl", "--model", models / "m", "--task", "gsm8k", "--data", data],
+        "sft": ["sft", "--model", models / "m", "--data", data],
+    }[command]
+    line = _fails(capsys, [*argv, "--out", out])
+    assert f"--out {out} holds best, blocks.safetensors, metrics.json, scores.jsonl but no run.json" in line
+    assert (out / "best" / "notes.txt").read_text() == "keep me\n" and len(list(out.iterdir())) == 4
+    assert all((out / n).read_text() == "keep me\n" for n in ("blocks.safetensors", "metrics.json", "scores.jsonl"))
+    from bridgelm.runs import check_run_folder
+
+    hidden = tmp_path / "hidden"
+    hidden.mkdir()
+    (hidden / ".lock").write_text("")
+    check_run_folder(hidden, command)  # bridgelm's own lock (a run stopped before it wrote anything): a new run's
+
+
 def test_a_folder_that_is_not_an_eval_run(models, tmp_path, capsys):
     """eval into an SFT run's folder, and the readers of samples on a folder that is no eval run: one line each,
     saying what the folder is."""

@@ -19,6 +19,7 @@ from bridgelm.dist import Dist, DistConfig
 from bridgelm.engine import SamplingConfig
 from bridgelm.errors import UserError
 from bridgelm.jsonl import check_out
+from bridgelm.runs import check_run_folder
 from bridgelm.source import ModelSource, TaskSource, warn_slow_bf16
 from bridgelm.train.rl_config import RLConfig
 from bridgelm.train.sft import SFTConfig
@@ -84,6 +85,7 @@ def run_sft(cfg: SFTConfig, launch: DistConfig, source: ModelSource, data: str, 
         cfg.validate()
     launch.validate()
     check_out(out, "dir")
+    check_run_folder(out, "sft")
     warn_slow_bf16(cfg.optim.bf16, source.device, "--bf16")
     warmup = load_warmup(data)  # a bad file is refused before the model loads (checked against it in train_sft)
     _need_peft(cfg.lora)
@@ -118,6 +120,7 @@ def run_rl(
         _refuse_unread(cfg, val_task, no_blocks)
     launch.validate()
     check_out(out, "dir")
+    check_run_folder(out, "rl")
     _need_peft(cfg.lora)
     problems = task.load()
     val_problems = val_task.load() if val_task is not None else None

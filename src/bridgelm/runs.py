@@ -66,6 +66,22 @@ def refuse_run_folder(folder: str | os.PathLike, command: str, resumable: bool =
     )
 
 
+def check_run_folder(folder: str | os.PathLike, command: str, flag: str = "--out") -> None:
+    """UserError, before any work, when `folder` holds files but no run.json: what no bridgelm run wrote there (a
+    model's or another run's files, one's own notes), which a new run would overwrite or mix with. Hidden entries
+    (bridgelm's locks among them) are not counted."""
+    path = Path(folder).expanduser()
+    if not path.is_dir() or (path / RUN_FILE).exists():
+        return
+    found = sorted(e.name for e in path.iterdir() if not e.name.startswith("."))
+    if found:
+        shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
+        raise UserError(
+            f"{flag} {folder} holds {shown} but no {RUN_FILE} of a bridgelm {command} run: expected a new or empty "
+            "folder, or a run's own to resume; use another --out"
+        )
+
+
 def check_format(where: str | os.PathLike, recorded: Any, kind: str, expected: str) -> None:
     """UserError in one line unless `recorded` (a parsed run.json, or a samples line's settings) is this bridgelm's
     format of `kind`: it names another kind of output and `expected` (what was expected instead: "a folder made by

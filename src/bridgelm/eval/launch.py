@@ -12,6 +12,7 @@ from pathlib import Path
 from bridgelm.errors import UserError
 from bridgelm.eval.runner import EvalConfig
 from bridgelm.jsonl import check_out, write_json
+from bridgelm.runs import check_run_folder
 from bridgelm.source import ModelSource, width_is_moot
 
 
@@ -27,6 +28,7 @@ def run_evaluate(cfg: EvalConfig, source: ModelSource, task: str, data: list[str
 
     cfg.validate()
     check_out(out, "dir")
+    check_run_folder(out, "eval")
     benches = load_benchmarks(task, data, cfg.limit)  # data errors before the model is loaded
     dist = Dist.from_env()
     if dist.is_main:  # another eval (or score) writing the run: refused before the model loads

@@ -195,12 +195,12 @@ class Run:
 
     def _running(self, total: int, desc: str) -> Iterator[Run]:
         self.total = total
+        if self.dist.is_main:  # first: a folder with a run's files but no run.json is refused as not a run's
+            write_json(self.out_dir / RUN_FILE, {**format_of(self.kind), "identity": self.identity})
         self.metrics = MetricsLog(
             self.out_dir / METRICS, enabled=self.dist.is_main, tensorboard=self.control.tensorboard
         )
         self.metrics.keep_until(self.step)
-        if self.dist.is_main:
-            write_json(self.out_dir / RUN_FILE, {**format_of(self.kind), "identity": self.identity})
         self.bar = progress_bar(
             total, self.step, f"{desc} -> {self.out_dir}", self.control.progress and self.dist.is_main
         )
