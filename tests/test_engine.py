@@ -320,6 +320,18 @@ def test_generation_is_prefix_consistent_in_max_new_tokens():
     assert [s.token_ids[:6] for r in long for s in r] == [s.token_ids for r in short for s in r]
 
 
+def test_more_samples_keep_the_first_ones():
+    """Sample j's draws are its own (seed, prompt, j): at width 1 the first samples of n = 1, 2 and 4 are the same,
+    so a run can be widened to more samples (pass@k at larger k) without changing those it has."""
+    model = tiny_model()
+    prompts = [[10, 11, 12], [20, 21]]
+    runs = {n: generate_ids(model, prompts, SamplingConfig(n=n, width=1, max_new_tokens=8, temperature=1.0,
+                                                            top_p=1.0, seed=5), [], 0) for n in (1, 2, 4)}
+    for n in (1, 2):
+        assert [[s.token_ids for s in r[:n]] for r in runs[4]] == [[s.token_ids for s in r] for r in runs[n]]
+    assert runs[4][0][0].token_ids != runs[4][0][1].token_ids  # the samples differ from each other
+
+
 def test_bf16_logprobs_follow_grouped_logits():
     """In bf16 the engine and the teacher-forced forward round differently; they still agree closely."""
     model = randomize_blocks(bridgelm.add_bridge(tiny_model(dtype=torch.bfloat16)), std=0.2)

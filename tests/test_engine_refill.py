@@ -144,3 +144,35 @@ def test_the_compiled_step_refills_rows_in_its_bucket_with_the_same_samples(monk
     want = teacher_forced_logprobs(model, prompts, small, 2, 0.9)
     for s, ref in zip([s for r in small for s in r], want):
         assert torch.allclose(torch.tensor(s.logprobs), ref, atol=2e-3)
+
+
+def test_a_model_that_builds_its_own_masks_keeps_waves():
+    """Sliding-window layers build their masks from the cache's length, which a ring does not have: refill falls
+    back to waves there (it crashed at the first refill), with the waves' samples."""
+    model = tiny_model("mistral", sliding_window=4)
+    prompts = [[10, 11, 12], [20, 21], [30, 31, 32, 33]]
+    cfg = SamplingConfig(n=2, width=1, max_new_tokens=8, temperature=1.0, top_p=1.0, seed=0, max_batch_sequences=2)
+    refilled = generate_ids(model, prompts, replace(cfg, refill=True), EOS, 0)
+    assert [[s.token_ids for s in r] for r in refilled] == [[s.token_ids for s in r] for r in
+                                                            generate_ids(model, prompts, cfg, EOS, 0)]
+    assert not step.reads_whole(model) and step.reads_whole(tiny_model())
+
+
+def test_rows_waiting_for_a_refill_stay_within_the_context(monkeypatch):
+    """A finished row keeps its last position while its group waits (it counted on past the model's context): under
+    a RoPE scaled by the batch's largest position (rope_type "dynamic") refill gives one wave's samples."""
+    model = tiny_model("llama", max_position_embeddings=32,
+                       rope_parameters={"rope_type": "dynamic", "factor": 4.0, "rope_theta": 10.0})
+    torch.manual_seed(174)
+    prompts = [torch.randint(7, 97, (n,)).tolist() for n in (2, 20, 2, 20, 18, 2, 5, 5, 2)]
+    ends = list(range(7, 20))  # frequent ends: rows finish early and wait
+    cfg = SamplingConfig(n=2, width=1, max_new_tokens=12, temperature=1.0, top_p=1.0, seed=174, compact_fraction=0.5)
+    big = generate_ids(model, prompts, cfg, ends, 0)
+    fed = []
+    _spy(monkeypatch, step, "decode_step", fed, lambda model, cache, tokens, pos, *a: int(pos.max()))
+    small = generate_ids(model, prompts, replace(cfg, max_batch_sequences=4, refill=True), ends, 0)
+    assert max(fed) < 32  # every position fed is one of the context's
+    flat = lambda res: [s for r in res for s in r]  # noqa: E731
+    assert [s.token_ids for s in flat(small)] == [s.token_ids for s in flat(big)]
+    for a, b in zip(flat(small), flat(big)):
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-5)

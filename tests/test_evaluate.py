@@ -257,7 +257,7 @@ def test_a_folder_of_an_older_format_is_refused_in_one_line(tmp_path, model_tok,
     line = capsys.readouterr().err.strip().splitlines()[-1]  # after the model's loading bars
     assert line == (
         f"bridgelm generate: error: {samples} has no format version (written by an older bridgelm), and bridgelm "
-        "generate reads version 2 only: start a new --out"
+        f"generate reads version {FORMATS['generate']} only: start a new --out"
     )
 
 

@@ -36,7 +36,7 @@ from bridgelm.engine.cache import slab_capacity
 from bridgelm.engine.config import SamplingConfig
 from bridgelm.engine.randomness import SampleRandomness
 from bridgelm.engine.refill import admit, freed_groups, refill_plan
-from bridgelm.engine.step import Stepper, bucket_keep, decodes_compiled, group_rows, shares_prompts
+from bridgelm.engine.step import Stepper, bucket_keep, decodes_compiled, group_rows, reads_whole, shares_prompts
 from bridgelm.engine.waves import Job, Wave, plan_waves
 from bridgelm.errors import UserError
 from bridgelm.packed import packed_linears
@@ -128,7 +128,9 @@ def next_logits(stepper: Stepper, batch: Batch, end: StepEnd, step: int, at: int
         rand.rows, rand.step = batch.rows, batch.steps(step, cfg.max_new_tokens)
         u = rand.rounds(torch.arange(len(batch.rows), device=inputs.device))  # [B, DEFERRED_ROUNDS]
     logits, drawn = stepper(batch.cache, inputs, batch.pos, batch.mask, batch.valid, end.all_valid, at, u)
-    batch.pos = batch.pos + 1
+    # The next step feeds a real token where a row is alive now; a finished row stays at its last position (one
+    # waiting for a refill would run past the context, and RoPEs scaled by the batch's largest position change).
+    batch.pos = batch.pos + batch.alive.long()
     return logits, drawn
 
 
@@ -161,7 +163,7 @@ def start(model, prompts, first: Wave, cfg: SamplingConfig, ends: Ends, keys, co
     owners = owners_of(first.jobs)
     rand = None
     if cfg.temperature > 0:
-        rand = SampleRandomness(cfg.seed, keys, cfg.n, cfg.max_new_tokens, len(owners), device)
+        rand = SampleRandomness(cfg.seed, keys, cfg.max_new_tokens, len(owners), device)
         rand.assign(range(len(owners)), first.jobs)
     return batch, logits, stepper, out, owners, rand
 
@@ -228,11 +230,12 @@ def check_prompts(model, prompts: Sequence[Sequence[int]], cfg: SamplingConfig) 
             )
 
 
-def streams(lengths: Sequence[int], cfg: SamplingConfig) -> list[tuple[Wave, list[Job]]]:
+def streams(lengths: Sequence[int], cfg: SamplingConfig, ring: bool = True) -> list[tuple[Wave, list[Job]]]:
     """The batches to decode, each a first wave and the groups waiting for its rows: one refilled stream where
-    `refill_plan` gives one, else the waves one after another."""
+    `refill_plan` gives one (and `ring`: the model reads the slab whole, so a ring), else the waves one after
+    another."""
     waves = plan_waves(lengths, cfg)
-    plan = refill_plan(lengths, cfg, waves)
+    plan = refill_plan(lengths, cfg, waves) if ring else None
     return [(wave, []) for wave in waves] if plan is None else [plan]
 
 
@@ -271,7 +274,7 @@ def stream_ids(
     packed = packed_linears(model) if pack else contextlib.nullcontext()
     try:
         with fast_attention(model), packed:
-            for first, waiting in streams([len(p) for p in prompts], cfg):
+            for first, waiting in streams([len(p) for p in prompts], cfg, reads_whole(model)):
                 for prompt, j, sample in run_stream(model, prompts, first, waiting, cfg, ends, keys, progress):
                     pending.setdefault(prompt, [None] * cfg.n)[j] = sample
                     while ready in pending and all(x is not None for x in pending[ready]):

@@ -34,16 +34,17 @@ def _stream_seed(*keys) -> int:
 class SampleRandomness:
     """The uniforms of the samples in a batch's slots, fixed by (seed, prompt key, sample index, step, attempt).
 
-    The first ROUNDS attempts of a step come from a table drawn once per prompt; the rare later attempts from a
-    generator seeded with the full coordinates. A slot holds one sample at a time (`assign`: a wave's rows at its
+    The first ROUNDS attempts of a step come from a table drawn once per sample (so sample j's draws do not depend
+    on n: more samples of a prompt keep the first ones); the rare later attempts from a generator seeded with the
+    full coordinates. A slot holds one sample at a time (`assign`: a wave's rows at its
     start, a waiting prompt's group in the slots of a finished one). The engine sets `rows` (each batch row's slot)
     and `step` (each batch row's own step) before each step's draws.
     """
 
     ROUNDS = DEFERRED_ROUNDS  # table attempts per step; the GPU sampler makes them all at once
 
-    def __init__(self, seed: int, keys: Sequence, n: int, steps: int, slots: int, device):
-        self.seed, self.keys, self.n, self.steps = seed, keys, n, steps
+    def __init__(self, seed: int, keys: Sequence, steps: int, slots: int, device):
+        self.seed, self.keys, self.steps = seed, keys, steps
         self.table = torch.zeros(slots, steps, self.ROUNDS, device=device)  # [slots, steps, ROUNDS]
         self.coords: list[tuple | None] = [None] * slots  # (prompt key, sample index) of each slot
         self.rows = None  # [B] slot of each batch row, set every step
@@ -51,19 +52,17 @@ class SampleRandomness:
 
     def assign(self, slots: Sequence[int], jobs: Sequence[Job]) -> None:
         """The samples of `jobs`, in order, take the slots `slots` (one each)."""
-        parts, at = [], 0
+        parts = []
         for job in jobs:
             key = self.keys[job.prompt]
-            g = torch.Generator().manual_seed(_stream_seed(self.seed, key))
-            # Drawn step-major, so that the draws of step t do not depend on max_new_tokens (prefix-consistent).
-            table = torch.rand(self.steps, self.n, self.ROUNDS, generator=g).transpose(0, 1)  # [n, steps, ROUNDS]
-            parts.append(table[job.first : job.first + job.count])
-            for j in range(job.count):
-                self.coords[slots[at + j]] = (key, job.first + j)
-            at += job.count
-        assert at == len(slots), f"{at} samples for {len(slots)} slots"
+            for j in range(job.first, job.first + job.count):
+                self.coords[slots[len(parts)]] = (key, j)
+                g = torch.Generator().manual_seed(_stream_seed(self.seed, key, j))
+                # Step-major: the draws of step t do not depend on max_new_tokens (prefix-consistent).
+                parts.append(torch.rand(self.steps, self.ROUNDS, generator=g))  # [steps, ROUNDS]
+        assert len(parts) == len(slots), f"{len(parts)} samples for {len(slots)} slots"
         index = torch.as_tensor(list(slots), dtype=torch.long, device=self.table.device)
-        self.table[index] = torch.cat(parts).to(self.table.device)
+        self.table[index] = torch.stack(parts).to(self.table.device)
 
     def rounds(self, batch_rows: torch.Tensor) -> torch.Tensor:
         """The uniforms of attempts 0..ROUNDS-1 of the current step: [len(batch_rows), ROUNDS], one gather."""

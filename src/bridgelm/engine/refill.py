@@ -14,7 +14,9 @@ The cost, and why it is off by default: a ring is read whole at every step (long
 row), where a wave reads what it has written; on SmolLM2 on CPU that outweighed the rows it keeps live
 (docs/engine.md). The batch holds as many rows as the bounds allow for the stream's longest prompt +
 max_new_tokens (`refill_plan`). The compiled step keeps its shapes (the batch stays at its bucket while groups
-wait; the ring is read whole, one read bucket). Foreign groups (whole blocks of prompts) keep waves.
+wait; the ring is read whole, one read bucket). Foreign groups (whole blocks of prompts) keep waves, and so do
+models that build their masks from the cache's length (`step.reads_whole` false: sliding-window layers), which a
+ring does not have.
 """
 
 from __future__ import annotations
