@@ -426,6 +426,15 @@ def test_out_of_the_wrong_kind(models, tmp_path, capsys, command, out_kind):
     assert out_kind == "dir" and not any(out.iterdir()) or out_kind == "file" and out.read_text() == "keep me\n"
 
 
+@pytest.mark.parametrize("argv, expected", [
+    (["score", "a", "b"], "bridgelm score: error: unrecognized arguments: b"),
+    (["analyze", "siblings", "--model", "m", "--run", "r", "--out", "o", "--bogus", "1"],
+     "bridgelm analyze siblings: error: unrecognized arguments: --bogus 1"),
+])
+def test_an_argument_no_command_takes_is_refused_by_its_command(capsys, argv, expected):
+    assert _fails(capsys, argv).startswith(expected)
+
+
 @pytest.mark.parametrize("command", ["eval", "sft", "rl"])
 def test_a_folder_of_files_no_run_wrote_is_left_alone(models, tmp_path, capsys, command):
     """--out holding files but no run.json (blocks saved by hand, notes, another output) is refused before the model

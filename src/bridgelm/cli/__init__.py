@@ -75,6 +75,20 @@ def refuse_empty_paths(args: argparse.Namespace) -> None:
             sys.exit(2)
 
 
+def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """parse_args, but an argument no parser took is refused by the command it was given to (`bridgelm score:
+    error: unrecognized arguments: ...`), where argparse names the top parser."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        command = parser
+        while subs := [a for a in command._actions if isinstance(a, argparse._SubParsersAction)]:
+            if getattr(args, subs[0].dest, None) not in subs[0].choices:
+                break
+            command = subs[0].choices[getattr(args, subs[0].dest)]
+        command.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run one command. Bad input ends it with `bridgelm <command>: error: ...` and exit code 2 (see
     bridgelm.errors); any other exception is a bug: it is announced as one and raised with its traceback."""
@@ -82,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     parser = build_parser()
-    args = parser.parse_args(config_file.expand(parser, sys.argv[1:] if argv is None else list(argv)))
+    args = parse(parser, config_file.expand(parser, sys.argv[1:] if argv is None else list(argv)))
     expand_home(args)
     refuse_empty_paths(args)
     prog = " ".join(["bridgelm", args.command, *([args.analysis] if getattr(args, "analysis", None) else [])])
