@@ -384,3 +384,23 @@ def test_a_checkpoint_of_another_format_or_layout_is_refused_in_one_line(tmp_pat
         checkpoints.check_layout(folder, sharded=False)
     (folder / checkpoints.SHARDS).mkdir()  # shards without their metadata: damaged
     assert checkpoints.checkpoint_damage(folder).startswith("shards/.metadata")
+
+
+def test_weights_are_written_with_the_mode_of_any_new_file(tmp_path):
+    """safetensors makes its files 0o600; a saved block file and a checkpoint folder take the umask's mode instead,
+    so that others of a team can read them (as every other output)."""
+    import os
+
+    from safetensors.torch import save_file
+
+    mask = os.umask(0o022)
+    try:
+        model = bridgelm.add_bridge(tiny_model())
+        blocks = bridgelm.save_blocks(model, tmp_path / "b.safetensors")
+        final = checkpoints.write_dir_atomic(
+            tmp_path / "ckpt", lambda tmp: save_file({"w": torch.zeros(2)}, str(tmp / "model.safetensors"))
+        )
+    finally:
+        os.umask(mask)
+    assert oct(os.stat(blocks).st_mode & 0o777) == oct(0o644)
+    assert oct(os.stat(final / "model.safetensors").st_mode & 0o777) == oct(0o644)

@@ -18,7 +18,7 @@ from torch import nn
 from bridgelm.attach import FORMAT, attach_blocks, block_config, decoder_layers, new_norm, text_config
 from bridgelm.blocks import BlockConfig, make_block
 from bridgelm.errors import UserError
-from bridgelm.jsonl import check_regular_file
+from bridgelm.jsonl import as_umask, check_regular_file
 
 
 def _block_state(model: nn.Module, cfg: BlockConfig) -> dict[str, torch.Tensor]:
@@ -53,6 +53,7 @@ def save_blocks(model: nn.Module, path: str | os.PathLike) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     save_file(state, str(tmp), metadata=meta)
+    as_umask(tmp)
     os.replace(tmp, path)
     return path
 

@@ -302,6 +302,19 @@ def _not_json(err: UnicodeDecodeError | json.JSONDecodeError) -> str:
     return f"{what} at {f'line {line} column {column}' if lines > 1 else f'column {column}'})"
 
 
+def as_umask(path: str | os.PathLike) -> None:
+    """Give the file `path`, or every file and folder under the folder `path`, the mode a new file gets (0o666 or
+    0o777 less the umask): safetensors' save_file makes its files 0o600, unreadable to the rest of a team."""
+    mask = os.umask(0)
+    os.umask(mask)
+    path = Path(path)
+    if path.is_dir():
+        for sub in path.rglob("*"):
+            os.chmod(sub, (0o777 if sub.is_dir() else 0o666) & ~mask)
+    else:
+        os.chmod(path, 0o666 & ~mask)
+
+
 def write_atomic(path: str | os.PathLike, text: str | bytes) -> Path:
     """Write `text` to `path` through a temporary file and a rename: readers never see half a file."""
     path = Path(path)

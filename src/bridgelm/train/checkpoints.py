@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from bridgelm.errors import DataWarning, MissingFile, UserError
-from bridgelm.jsonl import json_kind, read_json_object
+from bridgelm.jsonl import as_umask, json_kind, read_json_object
 from bridgelm.rng import rng_state
 from bridgelm.runs import METRICS, check_format
 
@@ -49,6 +49,7 @@ def write_dir_atomic(final: str | os.PathLike, write: Callable[[Path], None]) ->
     tmp.mkdir()
     try:
         write(tmp)
+        as_umask(tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
