@@ -102,6 +102,10 @@ def test_generate_refuses_to_resume_with_other_prompts(models, tmp_path, capsys)
         ]
     )
     assert [r["index"] for r in read_records(out)] == [0, 1, 2]
+    before = out.read_bytes()  # fewer prompts than the file holds: said so, not "another file"
+    line = _fails(capsys, args + ["--prompts", first])
+    assert f"holds samples of prompt 3, but --prompts {first} has 2 prompts now (a shorter file)" in line
+    assert out.read_bytes() == before
 
 
 def test_generate_resumes_from_another_spelling_of_the_model_folder(models, tmp_path, monkeypatch):

@@ -280,7 +280,7 @@ def test_warmup_data_filters_and_resumes(tmp_path):
     more = make_warmup_data(base_model(), TOK, longer, out, n=4, sampling=sampling, progress=False)
     assert more["sampled_now"] == 2 and [r["index"] for r in read_records(out)] == list(range(8))
     shorter = EvenTask("even", task.examples[:3])
-    with pytest.raises(ValueError, match=r"line 4: sampled from another problem .*\(it has 3 problems\)"):
+    with pytest.raises(ValueError, match=r"line 4: holds problem 4, but the data has 3 problems now \(a lower --limit"):
         make_warmup_data(base_model(), TOK, shorter, out, n=4, sampling=sampling, progress=False)
     with pytest.raises(ValueError, match="width must be 1"):
         make_warmup_data(base_model(), TOK, task, tmp_path / "x.jsonl", sampling=replace(sampling, n=4, width=2))

@@ -51,6 +51,11 @@ def check_prompts(path: Path, done: list[dict], prompts: Sequence[str], source: 
     """UserError when a line of `path` was sampled from another prompt than the one now at its index."""
     for rec in done:
         i = rec["index"]
+        if i >= len(prompts):
+            raise UserError(
+                f"{path} holds samples of prompt {i + 1}, but {source} has {len(prompts)} prompts now (a shorter "
+                "file): expected at least as many as it was sampled from; use another --out"
+            )
         now = prompts[i] if 0 <= i < len(prompts) else None
         if rec.get("prompt") != now:
             shown = "none" if now is None else f"{_short(now)!r}"

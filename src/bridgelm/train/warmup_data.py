@@ -119,8 +119,13 @@ def _check_problems(out: Path, done: list[dict], task, examples) -> None:
     file, or one edited since). Lines of files written before lines held a fingerprint are not checked."""
     for number, rec in enumerate(done, start=1):
         i = rec["index"]
-        if "problem" in rec and (i >= len(examples) or rec["problem"] != task.digest([examples[i]])):
-            now = f"problem {i + 1} differs" if i < len(examples) else f"it has {len(examples)} problems"
+        if "problem" in rec and i >= len(examples):
+            raise UserError(
+                f"{out}, line {number}: holds problem {i + 1}, but the data has {len(examples)} problems now (a lower "
+                "--limit, or a shorter data file): expected at least as many as it was sampled from; use another --out"
+            )
+        if "problem" in rec and rec["problem"] != task.digest([examples[i]]):
+            now = f"problem {i + 1} differs"
             raise UserError(
                 f"{out}, line {number}: sampled from another problem than the data holds now ({now}): another data "
                 "file, or one edited since; use another --out"
