@@ -9,6 +9,7 @@ import torch
 from conftest import randomize_blocks, save_tiny_model_dir, tiny_model
 
 import bridgelm
+from bridgelm.source import ModelSource
 from bridgelm.eval.analyze import block_feature_ratios, set_nll, sibling_gain
 from bridgelm.eval.similarity import embedding_similarity, pair_similarity, rouge_l, set_similarity
 from bridgelm.cli import main
@@ -183,7 +184,7 @@ def test_set_nll_against_reference_and_zero_without_cross_attention():
         sibling_gain(tiny_model(num_hidden_layers=2), sets, progress=False)
 
 
-def test_analyze_siblings_command(tmp_path, capsys):
+def test_analyze_siblings_command(tmp_path, capsys, monkeypatch):
     _, tok = save_tiny_model_dir(tmp_path / "m", blocks="bridge")
     sets = _sets(len(tok))
     warm = tmp_path / "warmup.jsonl"
@@ -210,3 +211,10 @@ def test_analyze_siblings_command(tmp_path, capsys):
         with pytest.raises(SystemExit) as exit_info:
             main(["analyze", "siblings", "--model", str(tmp_path / "m"), "--out", str(tmp_path / "o")] + bad)
         assert exit_info.value.code == 2 and message in capsys.readouterr().err
+    save_tiny_model_dir(tmp_path / "plain")  # no blocks: refused before it loads, nothing printed or written
+    monkeypatch.setattr(ModelSource, "load_model", lambda *a, **k: pytest.fail("loaded"))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["analyze", "siblings", "--model", str(tmp_path / "plain"), "--data", str(warm), "--out", str(out / "x")])
+    captured = capsys.readouterr()
+    assert exit_info.value.code == 2 and "has no Bridge or P-Match blocks and no --blocks" in captured.err
+    assert captured.out == "" and not (out / "x").exists()

@@ -9,9 +9,11 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+from bridgelm.attach import has_block_type
 from bridgelm.errors import UserError
 from bridgelm.eval.runner import EvalConfig
 from bridgelm.jsonl import check_out, write_json
+from bridgelm.models import load_config
 from bridgelm.runs import check_run_folder
 from bridgelm.source import ModelSource, width_is_moot
 
@@ -140,6 +142,11 @@ def run_siblings(source: ModelSource, out: str, run: str | None = None, data: st
     if (run is None) == (data is None):
         raise UserError("give one of --run (an eval run) or --data (a warm-up file)")
     check_out(out, "dir")
+    if source.blocks is None and not has_block_type(load_config(source.model)):
+        raise UserError(  # refused before the model loads (sibling_gain says it again for a model given in Python)
+            f"{source.model} has no Bridge or P-Match blocks and no --blocks were given: its samples cannot read each "
+            "other, so siblings are worth 0 by construction; expected a model with blocks"
+        )
     if run is not None:
         check_run_model(run, source.model, source.blocks)
         response_sets = run_response_sets(run, sets, benchmark, width, max_tokens)
