@@ -56,7 +56,7 @@ def check_prompts(path: Path, done: list[dict], prompts: Sequence[str], source: 
                 f"{path} holds samples of prompt {i + 1}, but {source} has {len(prompts)} prompts now (a shorter "
                 "file): expected at least as many as it was sampled from; use another --out"
             )
-        now = prompts[i] if 0 <= i < len(prompts) else None
+        now = prompts[i] if i >= 0 else None
         if rec.get("prompt") != now:
             shown = "none" if now is None else f"{_short(now)!r}"
             raise UserError(

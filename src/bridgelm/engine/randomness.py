@@ -36,9 +36,9 @@ class SampleRandomness:
 
     The first ROUNDS attempts of a step come from a table drawn once per sample (so sample j's draws do not depend
     on n: more samples of a prompt keep the first ones); the rare later attempts from a generator seeded with the
-    full coordinates. A slot holds one sample at a time (`assign`: a wave's rows at its
-    start, a waiting prompt's group in the slots of a finished one). The engine sets `rows` (each batch row's slot)
-    and `step` (each batch row's own step) before each step's draws.
+    full coordinates. A slot holds one sample at a time (`assign`: a wave's rows at its start, a waiting prompt's
+    group in the slots of a finished one). The engine sets `rows` (each batch row's slot) and `step` (each batch
+    row's own step) before each step's draws.
     """
 
     ROUNDS = DEFERRED_ROUNDS  # table attempts per step; the GPU sampler makes them all at once
