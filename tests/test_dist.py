@@ -2,7 +2,6 @@
 
 import json
 from datetime import timedelta
-from dataclasses import replace
 
 import pytest
 import torch
