@@ -73,6 +73,22 @@ def test_lm_evals_hf_backend_loads_the_blocks(tmp_path):
     assert torch.equal(lm.model(input_ids=ids).logits, model.eval()(input_ids=ids).logits)
 
 
+def test_a_loader_that_picks_the_class_from_architectures_loads_the_blocks(tmp_path):
+    """config.json names no transformers class (it named the base's, so TRL's loader built the bare base from a
+    path): TRL falls back to AutoModelForCausalLM, which builds the blocks; a reload saves the same name."""
+    import transformers
+
+    model, _ = save_tiny_model_dir(tmp_path / "a", blocks="bridge")
+    saved = json.loads((tmp_path / "a" / "config.json").read_text())
+    assert saved["architectures"] == ["BridgeQwen2ForCausalLM"] and not hasattr(transformers, saved["architectures"][0])
+    assert "auto_map" not in saved  # no code of its own
+    trl_utils = pytest.importorskip("trl.trainer.utils", reason="trl is not installed")
+    loaded = trl_utils.create_model_from_path(str(tmp_path / "a"))
+    assert bridgelm.block_config(loaded) == bridgelm.block_config(model)
+    loaded.save_pretrained(tmp_path / "b")
+    assert json.loads((tmp_path / "b" / "config.json").read_text())["architectures"] == saved["architectures"]
+
+
 def test_a_folder_of_an_older_layout_is_refused_in_one_line(tmp_path):
     save_tiny_model_dir(tmp_path, blocks="bridge")
     config = json.loads((tmp_path / "config.json").read_text())

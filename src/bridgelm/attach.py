@@ -216,16 +216,23 @@ def added_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
 # --- The "bridgelm" model type: what a model with blocks saves as, and what transformers loads it with -------------
 
 MODEL_TYPE = "bridgelm"
+ARCH_PREFIX = "Bridge"  # the classes of models with blocks, and their config.json's architectures: "BridgeQwen2..."
 
 
 class _BridgeConfig:
     """Mixin of the config classes of models with blocks (`bridge_config_class`): the config keeps behaving as its
     base class (`model_type` included) and serialises as the "bridgelm" model type, its base type recorded."""
 
+    # No code of its own (an empty auto_map, never saved): loaders that read it (TRL's, from a path) fall back to
+    # AutoModelForCausalLM, as they do for the architecture named in config.json, which no transformers class has.
+    auto_map: dict = {}
+
     def to_dict(self) -> dict:
         out = super().to_dict()
         out["base_model_type"] = out["model_type"]
         out["model_type"] = MODEL_TYPE
+        names = out.get("architectures") or []  # the base's class would load the bare base from a path
+        out["architectures"] = [a if a.startswith(ARCH_PREFIX) else ARCH_PREFIX + a for a in names]
         return out
 
     def __reduce__(self):  # the class is made at run time: pickle names its base class instead
@@ -285,7 +292,7 @@ def _bridge_model_class(base: type, config_class: type) -> type:
         attach_blocks(self, _recorded(config))
 
     return type(
-        f"Bridge{base.__name__}", (base,), {"__init__": __init__, "config_class": config_class, "__module__": __name__}
+        ARCH_PREFIX + base.__name__, (base,), {"__init__": __init__, "config_class": config_class, "__module__": __name__}
     )
 
 
