@@ -230,12 +230,11 @@ def check_prompts(model, prompts: Sequence[Sequence[int]], cfg: SamplingConfig) 
             )
 
 
-def streams(lengths: Sequence[int], cfg: SamplingConfig, ring: bool = True) -> list[tuple[Wave, list[Job]]]:
+def streams(lengths: Sequence[int], cfg: SamplingConfig, ring: bool) -> list[tuple[Wave, list[Job]]]:
     """The batches to decode, each a first wave and the groups waiting for its rows: one refilled stream where
-    `refill_plan` gives one (and `ring`: the model reads the slab whole, so a ring), else the waves one after
-    another."""
+    `refill_plan` gives one (`ring`: whether the model can read a ring), else the waves one after another."""
     waves = plan_waves(lengths, cfg)
-    plan = refill_plan(lengths, cfg, waves) if ring else None
+    plan = refill_plan(lengths, cfg, waves, ring)
     return [(wave, []) for wave in waves] if plan is None else [plan]
 
 

@@ -41,10 +41,13 @@ def merged(groups: Sequence[Job]) -> list[Job]:
     return jobs
 
 
-def refill_plan(lengths: Sequence[int], cfg: SamplingConfig, waves: Sequence[Wave]) -> tuple[Wave, list[Job]] | None:
+def refill_plan(
+    lengths: Sequence[int], cfg: SamplingConfig, waves: Sequence[Wave], ring: bool = True
+) -> tuple[Wave, list[Job]] | None:
     """The first batch of a refilled stream and the groups that wait for its rows (prompt order), or None where the
-    `waves` serve: one wave, foreign groups, `refill` off, or bounds that hold no group of the longest prompt."""
-    if len(waves) < 2 or cfg.foreign_groups or not cfg.refill:
+    `waves` serve: one wave, foreign groups, `refill` off, a model that cannot read a ring (not `ring`:
+    `step.reads_whole` false), or bounds that hold no group of the longest prompt."""
+    if len(waves) < 2 or cfg.foreign_groups or not cfg.refill or not ring:
         return None
     longest = max(lengths)  # every row may come to hold it
     rows = min(cfg.max_batch_sequences, cfg.max_batch_tokens // (longest + cfg.max_new_tokens))
