@@ -67,6 +67,7 @@ def trainer(tmp_path, blocks: bool = True, reward=length_reward, saved: bool = F
         ({"repetition_penalty": 1.1}, ["repetition_penalty=1.1"]),
         ({"temperature": 0.0}, ["temperature=0.0", "> 0"]),
         ({"use_vllm": True}, ["use_vllm=True"]),
+        ({"mask_truncated_completions": True}, ["mask_truncated_completions=True", "bridge_width=4"]),
         ({"bridge_width": 0}, ["bridge_width=0", "positive integer"]),
     ],
 )
@@ -331,3 +332,27 @@ if __name__ == "__main__":
 
     torch.set_num_threads(1)
     ranks_run(sys.argv[1])
+
+
+def test_a_resumed_run_draws_the_rollouts_of_the_run_it_resumes(tmp_path, monkeypatch):
+    """Rollout seeds survive a resume: the run resumed from step 1's checkpoint draws at step 2 what the run that
+    went on drew there, and not step 1's draws again (TRL restarts its micro-step counter on resume)."""
+    import bridgelm.integrations.trl as trl_module
+
+    drawn = []
+
+    def recording(*args, **kwargs):
+        groups = trl_module_generate(*args, **kwargs)
+        drawn.append([s.token_ids for g in groups for s in g])
+        return groups
+
+    trl_module_generate = trl_module.generate_ids
+    monkeypatch.setattr(trl_module, "generate_ids", recording)
+    settings = dict(steps_per_generation=1, save_strategy="steps", save_steps=1, max_steps=2)
+    torch.manual_seed(0)
+    trainer(tmp_path / "whole", **settings).train()
+    whole, drawn[:] = list(drawn), []
+    assert len(whole) == 2 and whole[0] != whole[1]
+    torch.manual_seed(0)
+    trainer(tmp_path / "resumed", **settings).train(resume_from_checkpoint=str(tmp_path / "whole/checkpoint-1"))
+    assert drawn == [whole[1]]

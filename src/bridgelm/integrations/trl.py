@@ -38,8 +38,10 @@ What changes against GRPOTrainer, and nothing else (rewards, advantages and the 
 Settings it cannot honour are refused at construction, in one line naming the setting: batch settings that would
 split a group, a width that is not a positive integer, temperature 0, FSDP and DeepSpeed ZeRO-3 (rollouts would
 decode on sharded weights), vLLM, continuous batching and `rollout_func` (their rollouts would not be Bridge groups),
-sampling settings the engine does not take (min_p, repetition_penalty, generation_kwargs), and sync_ref_model
-with peft_config (as GRPOTrainer refuses it). Text prompts, plain or conversational; no images. TRL's private
+sampling settings the engine does not take (min_p, repetition_penalty, generation_kwargs), mask_truncated_completions
+at a width above 1 (a truncated sibling would be hidden from its group in training, not while sampling), and
+sync_ref_model with peft_config (as GRPOTrainer refuses it). Rollout seeds are keyed by the optimizer step, so a
+resumed run draws what the run it resumes would have drawn. Text prompts, plain or conversational; no images. TRL's private
 methods are wrapped with their arguments forwarded as given.
 """
 
@@ -131,6 +133,10 @@ def check_group_settings(args, width: int) -> None:
         if getattr(args, key, default) not in (default, {}):
             raise UserError(f"{name}: {key}={getattr(args, key)!r}: rollouts come from bridgelm's engine, which "
                             f"samples with temperature, top_p and top_k only: leave {key} at {default!r}")
+    if width > 1 and getattr(args, "mask_truncated_completions", False):
+        raise UserError(f"{name}: mask_truncated_completions=True at bridge_width={width}: TRL masks a truncated "
+                        "completion out of every forward, so its siblings' blocks would not read it in training, "
+                        "though they read it while sampling: leave it False, or bridge_width=1")
 
 
 def group_shuffle(batch: dict, width: int) -> dict:
@@ -204,7 +210,7 @@ class BridgeGRPOTrainer(GRPOTrainer):
         sampling = SamplingConfig(
             n=width, width=width, max_new_tokens=self.max_completion_length, temperature=self.temperature,
             top_p=self.top_p, top_k=self.top_k or 0,
-            seed=derive_seed(self.args.seed, "trl-rollouts", self._step, self.accelerator.process_index),
+            seed=self._rollout_seed(),
         )
         model = base_of(self.accelerator.unwrap_model(self.model))  # with peft: the model its LoRA layers are in
         training = model.training
@@ -217,6 +223,15 @@ class BridgeGRPOTrainer(GRPOTrainer):
         finally:
             model.train(training)
         return [sample.token_ids for group in drawn for sample in group], None
+
+    def _rollout_seed(self) -> int:
+        """A seed no other rollout call of this run takes, the same when the run resumes: keyed by the optimizer
+        step (which a resume restores, where TRL's own micro-step counter restarts at 0), train or eval, the call's
+        place within that step, and the rank."""
+        key = (self.state.global_step, "train" if self.model.training else "eval")
+        calls = getattr(self, "_rollout_calls", {})
+        self._rollout_calls = {key: calls.get(key, 0) + 1}
+        return derive_seed(self.args.seed, "trl-rollouts", *key, calls.get(key, 0), self.accelerator.process_index)
 
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
         """TRL's save, but with peft one model folder: the LoRA merged into the base, the blocks, lora/ (the
