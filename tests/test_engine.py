@@ -8,7 +8,7 @@ import torch
 from conftest import randomize_blocks, tiny_model
 
 import bridgelm
-from bridgelm.engine import SamplingConfig, generate_ids, sampler, step, stream_ids, text
+from bridgelm.engine import SamplingConfig, encode_prompts, generate_ids, sampler, step, stream_ids, text
 from bridgelm.engine.sampler import in_nucleus
 from bridgelm.engine.waves import plan_waves
 from bridgelm.errors import UserError
@@ -249,6 +249,23 @@ def test_a_stop_string_of_many_tokens_per_character_is_found():
     ids = list("数学的".encode()) + list(stop_string.encode()) + list("。".encode())
     ends = [t for t in range(1, len(ids) + 1) if stop(ids[:t])]
     assert ends and ends[0] == len("数学的".encode()) + len(stop_string.encode())
+
+
+def test_a_stop_string_that_is_a_special_token_ends_the_sample():
+    """A stop string may be a special token that is not EOS (a chat turn's end): it ends the sample there, though the
+    sample's text, decoded without special tokens, does not show it."""
+    tok = char_tokenizer("0123456789+=")
+    stop = text.stop_checker(tok, ["<|user|>"])
+    ids = tok("1+2=3")["input_ids"]
+    assert not stop(ids) and stop(ids + [tok.convert_tokens_to_ids("<|user|>")])
+
+
+def test_a_prompt_that_starts_with_bos_gets_no_second_one():
+    """A tokenizer that adds BOS adds it to a plain prompt, but not to one that already starts with it (a chat
+    template's output, as lm-eval hands it over)."""
+    tok = char_tokenizer("0123456789+=", add_bos=True)
+    plain, templated = encode_prompts(tok, ["1+2=", tok.bos_token + "1+2="])
+    assert plain == templated and plain.count(tok.bos_token_id) == 1 and plain[0] == tok.bos_token_id
 
 
 def test_generate_takes_one_sampling_config_and_changes_of_it():

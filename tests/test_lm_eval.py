@@ -189,3 +189,27 @@ def test_bridgelm_lm_eval_help_is_lm_evals_help(capsys):
     with pytest.raises(SystemExit) as exit_:
         main(["lm-eval", "--help"])
     assert exit_.value.code in (0, None) and "Language Model Evaluation Harness" in capsys.readouterr().out
+
+
+def test_loglikelihood_equals_the_hf_backends_scores(tmp_path):
+    """Scores as lm-eval's own hf backend gives them, on a tokenizer that adds BOS: BOS first, a context's trailing
+    spaces moved to the continuation, an empty context, a context that holds its BOS already."""
+    import torch
+    from lm_eval.models.huggingface import HFLM
+
+    from bridgelm.tokenizer import char_tokenizer
+    from conftest import tiny_model
+
+    tok = char_tokenizer("0123456789+-=() abc\n", add_bos=True)
+    tiny_model(vocab_size=len(tok), eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id).save_pretrained(
+        tmp_path)
+    tok.save_pretrained(tmp_path)
+    pairs = [("1+2=", "3"), ("1+2= ", "3 a"), ("", "12"), (tok.bos_token + "3+1=", "4"), ("(2)", "\n")]
+    requests = [SimpleNamespace(args=pair) for pair in pairs]
+    ours_lm = backend.BridgeLM(pretrained=str(tmp_path))  # its tokenizer handed to both (AutoTokenizer drops spaces)
+    ours = ours_lm.loglikelihood(requests, disable_tqdm=True)
+    hf = HFLM(pretrained=str(tmp_path), tokenizer=ours_lm.tokenizer, device="cpu", dtype=torch.float32,
+              batch_size=1).loglikelihood(requests, disable_tqdm=True)
+    assert len(ours) == len(hf) == len(pairs)
+    for (a, greedy_a), (b, greedy_b) in zip(ours, hf):
+        assert a == pytest.approx(b, abs=1e-4) and greedy_a == greedy_b

@@ -91,7 +91,8 @@ def encode_prompts(tokenizer, prompts: Sequence[str], chat: bool = False, warn: 
             if isinstance(ids, dict) or hasattr(ids, "input_ids"):
                 ids = ids["input_ids"]
         else:
-            ids = tokenizer(text, add_special_tokens=True)["input_ids"]
+            bos = tokenizer.bos_token  # a text that starts with it (a chat template's output) holds its own
+            ids = tokenizer(text, add_special_tokens=not (bos and text.startswith(bos)))["input_ids"]
         unknown = unknown_characters(tokenizer, text, ids) if warn else None
         if unknown:
             unread.append((i, unknown))
@@ -127,7 +128,7 @@ def stop_checker(tokenizer, stop_strings: Sequence[str]) -> Callable[[list[int]]
     longest = max(len(s.encode("utf-8")) for s in stop_strings)  # bytes, not characters
 
     def stop(token_ids: list[int]) -> bool:
-        tail = tokenizer.decode(token_ids[-(longest + 4) :], skip_special_tokens=True)
+        tail = tokenizer.decode(token_ids[-(longest + 4) :])  # special tokens kept: a stop string may be one
         return any(s in tail for s in stop_strings)
 
     return stop

@@ -11,7 +11,8 @@ A task with `repeats: N` hands `generate_until` the N copies of each request sid
 object). They are regrouped here: the N samples of a request are drawn together by the engine, in Bridge groups of
 `width` (which must divide N), so that siblings read each other as in `bridgelm eval`. Requests with equal
 generation settings and repeats are sampled in one engine call. `loglikelihood` scores each request alone (a
-group of one: what Bridge changes is sampling); `loglikelihood_rolling` (perplexity) is not offered.
+group of one: what Bridge changes is sampling), tokenized as lm-eval's hf backend tokenizes it (its BOS included);
+`loglikelihood_rolling` (perplexity) is not offered.
 
 Model arguments: pretrained (folder or hub id), blocks (a block file; a folder saved with its blocks needs none),
 width (default 1), seed, dtype (float32, bfloat16, float16), device, max_new_tokens (when a task gives no
@@ -33,12 +34,12 @@ from lm_eval.api.registry import register_model
 import bridgelm
 from bridgelm.errors import UserError
 from bridgelm.integrations.loading import (
-    continuation_logprob,
     cut_at_stop,
     integer,
     load_bridge_model,
     number,
     positive_int,
+    score_ids,
 )
 
 OWNER = "bridgelm backend"  # how errors name this backend
@@ -62,6 +63,27 @@ def request_runs(requests: Sequence) -> list[tuple[int, int]]:
         runs += [(s, min(per, start + count - s)) for s in range(start, start + count, per)]
         start += count
     return runs
+
+
+def encode_pair(tokenizer, context: str, continuation: str) -> tuple[list[int], list[int]]:
+    """(context ids, continuation ids) as lm-eval's hf backend makes them, so that scores compare: the context's
+    trailing spaces move to the continuation; the pair is encoded whole with the tokenizer's own special tokens
+    (its BOS, where it adds one; none when the text already starts with it) and cut at the context's length; an
+    empty context is the BOS (else EOS) token."""
+    if not context:
+        cont = tokenizer(continuation, add_special_tokens=False)["input_ids"]
+        prefix = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+        return ([prefix], cont) if not cont or cont[0] != prefix else (cont[:1], cont[1:])
+    spaces = len(context) - len(context.rstrip())
+    if spaces:
+        context, continuation = context[:-spaces], context[-spaces:] + continuation
+
+    def encode(text: str) -> list[int]:
+        bos = tokenizer.bos_token
+        return tokenizer(text, add_special_tokens=not (bos and text.startswith(bos)))["input_ids"]
+
+    whole, ctx = encode(context + continuation), encode(context)
+    return ctx, whole[len(ctx):]
 
 
 def sampling_settings(gen_kwargs: dict, default_max_new_tokens: int) -> dict:
@@ -152,7 +174,8 @@ class BridgeLM(LM):
         from tqdm.auto import tqdm
 
         scored = tqdm(requests, desc="loglikelihood", disable=disable_tqdm)
-        return [continuation_logprob(self.model, self.tokenizer, *r.args, max_length=self.max_length) for r in scored]
+        pairs = (encode_pair(self.tokenizer, *r.args) for r in scored)
+        return [score_ids(self.model, ctx, cont, max_length=self.max_length) for ctx, cont in pairs]
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         raise UserError(
