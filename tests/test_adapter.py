@@ -80,12 +80,17 @@ def test_other_base_refused_same_weights_other_name_warned(tmp_path):
         bridgelm.load_blocks(_base(), out)  # same name, same digest: silent
 
 
-def test_single_file_form_is_unchanged(tmp_path):
+def test_the_single_file_form_checks_the_base_too(tmp_path):
     model = _trained()
     path = bridgelm.save_blocks(model, tmp_path / "b.safetensors")
     assert path.is_file() and not (tmp_path / CONFIG_FILE).exists()
-    fresh = bridgelm.load_blocks(_base(seed=1), path)  # a block file records no digest: loaded as before
+    fresh = bridgelm.load_blocks(_base(), path)
     assert bridgelm.block_config(fresh) == bridgelm.block_config(model)
+    other = _base(seed=1)  # another base of the same shapes: refused by its digest, as the folder form refuses it
+    with pytest.raises(UserError, match=r"b.safetensors holds blocks trained on base .*digest sha256:.*expected the "
+                                        "base model the blocks were trained on"):
+        bridgelm.load_blocks(other, path)
+    assert bridgelm.block_config(other) is None
     with pytest.raises(UserError, match="push_to_hub with .*b.safetensors: expected an adapter folder"):
         bridgelm.save_blocks(model, tmp_path / "b.safetensors", push_to_hub=True)
 

@@ -359,7 +359,7 @@ def _model_and_blocks(tmp_path, seed=1):
 def test_a_block_file_replaced_at_the_same_path_is_refused_by_name(tmp_path, capsys):
     import bridgelm
     from bridgelm.cli import main
-    from conftest import randomize_blocks, tiny_model
+    from conftest import randomize_blocks
 
     model_dir, blocks = _model_and_blocks(tmp_path)
     run = tmp_path / "run"
@@ -370,7 +370,7 @@ def test_a_block_file_replaced_at_the_same_path_is_refused_by_name(tmp_path, cap
     recorded = json.loads((run / "run.json").read_text())
     assert recorded["blocks_digest"].startswith("sha256:") and recorded["model_digest"].startswith("sha256:")
     # as sft does when validation improves: other blocks at the same path
-    other = randomize_blocks(bridgelm.add_bridge(tiny_model(vocab_size=21, eos_token_id=20, pad_token_id=0)), seed=7)
+    other = randomize_blocks(bridgelm.add_bridge(bridgelm.load_model(model_dir)), seed=7)  # the same base
     bridgelm.save_blocks(other, blocks)
     (run / "samples.jsonl").write_bytes(before[: before.index(b"\n") + 1])  # as if cut short: the re-run resumes
     before = (run / "samples.jsonl").read_bytes()

@@ -6,16 +6,13 @@ folder: `blocks.safetensors` (the same block file) and `bridge_config.json`, whi
 settings. A name that is neither an existing file nor folder is a hub id, fetched with huggingface_hub's
 `snapshot_download`; `save_blocks(..., push_to_hub=True)` uploads the folder with `upload_folder`.
 
-The digest (`base_digest`) is sha256 over every base parameter's name and shape and 16 values sampled at evenly
-spaced positions, rounded to bfloat16 so that float32, bfloat16 and float16 loads of one bf16 checkpoint agree.
-It reads 16 numbers per tensor (no pass over the weights), so it costs milliseconds on a 7B model; it tells apart
-different checkpoints and sizes, not a deliberate edit of an unsampled weight. Loading onto a base of another digest
-is refused in one line; a base of the same digest under another name is warned about.
+The digest (`blockfile.base_digest`, recorded in the block file too) tells the base the blocks were trained on
+apart from another of the same shapes. Loading onto a base of another digest is refused in one line; a base of the
+same digest under another name is warned about.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import warnings
@@ -25,7 +22,8 @@ import torch
 from torch import nn
 
 from bridgelm import blockfile
-from bridgelm.attach import FORMAT, added_parameters, block_config
+from bridgelm.attach import FORMAT, block_config
+from bridgelm.blockfile import base_digest
 from bridgelm.errors import UserError
 from bridgelm.jsonl import read_json_object, write_json
 
@@ -33,23 +31,6 @@ CONFIG_FILE = "bridge_config.json"
 BLOCKS_FILE = "blocks.safetensors"
 _FIELDS = ("format", "base_model", "base_model_digest", "kind", "num_heads", "head_dim", "placement", "model_type")
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
-_SAMPLES = 16
-
-
-def base_digest(model: nn.Module) -> str:
-    """sha256 over the base's parameter names, shapes and a few sampled values (the blocks left out)."""
-    added = set(added_parameters(model))
-    h = hashlib.sha256()
-    for name, p in model.named_parameters():
-        if name in added:
-            continue
-        h.update(f"{name}:{tuple(p.shape)};".encode())
-        if p.is_meta or p.numel() == 0:
-            continue
-        flat = p.detach().reshape(-1)
-        idx = torch.arange(_SAMPLES, device=flat.device) * (flat.numel() - 1) // (_SAMPLES - 1)  # exact on any device
-        h.update(flat[idx].to(torch.bfloat16).float().cpu().numpy().tobytes())
-    return "sha256:" + h.hexdigest()
 
 
 def _is_file_form(path: Path) -> bool:
@@ -73,7 +54,7 @@ def save_blocks(
     cfg = block_config(model)  # config, written last, completes the folder
     _, meta = blockfile.read_block_settings(path / BLOCKS_FILE)
     record = {k: meta[k] for k in _FIELDS if k in meta}
-    record.update(base_model_digest=base_digest(model), num_heads=cfg.num_heads, head_dim=cfg.head_dim)
+    record.update(num_heads=cfg.num_heads, head_dim=cfg.head_dim)
     record.update(hidden_size=int(meta["hidden_size"]), num_layers=int(meta["num_layers"]), weights=BLOCKS_FILE)
     write_json(path / CONFIG_FILE, record)
     if push_to_hub:

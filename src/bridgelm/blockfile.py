@@ -1,11 +1,19 @@
 """Block files: only the added blocks, in one safetensors file with their settings as metadata.
 
-`save_blocks` writes them atomically; `load_blocks` checks a file's kind, settings, tensor names and shapes against
-the model, and that every tensor is finite, before the model is touched, then adds the blocks when it has none.
+`save_blocks` writes them atomically; `load_blocks` checks a file's kind, settings, base, tensor names and shapes
+against the model, and that every tensor is finite, before the model is touched, then adds the blocks when it has
+none.
+
+The base is checked by digest (`base_digest`): sha256 over every base parameter's name and shape and 16 values
+sampled at evenly spaced positions, rounded to bfloat16 so that float32, bfloat16 and float16 loads of one bf16
+checkpoint agree; the blocks and LoRA weights are left out, and peft's `base_layer` names read as the plain ones. It
+reads 16 numbers per tensor (no pass over the weights), so it costs milliseconds on a 7B model; it tells apart
+different checkpoints and sizes (Qwen2.5-1.5B from Qwen2.5-Math-1.5B), not a deliberate edit of an unsampled weight.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import asdict
 from pathlib import Path
@@ -15,7 +23,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from bridgelm.attach import FORMAT, attach_blocks, block_config, decoder_layers, new_norm, text_config
+from bridgelm.attach import FORMAT, added_parameters, attach_blocks, block_config, decoder_layers, new_norm, text_config
 from bridgelm.blocks import BlockConfig, make_block
 from bridgelm.errors import UserError
 from bridgelm.jsonl import as_umask, check_regular_file
@@ -28,6 +36,25 @@ def _block_state(model: nn.Module, cfg: BlockConfig) -> dict[str, torch.Tensor]:
         for name, t in getattr(layer, cfg.kind).state_dict().items():
             state[f"layers.{i}.{name}"] = t
     return state
+
+
+_SAMPLES = 16  # values of each base tensor that the digest reads
+
+
+def base_digest(model: nn.Module) -> str:
+    """sha256 over the base's parameter names, shapes and a few sampled values (blocks and LoRA weights left out)."""
+    added = set(added_parameters(model))
+    h = hashlib.sha256()
+    for name, p in model.named_parameters():
+        if name in added or ".lora_" in name:
+            continue
+        h.update(f"{name.replace('.base_layer.', '.')}:{tuple(p.shape)};".encode())
+        if p.is_meta or p.numel() == 0:
+            continue
+        flat = p.detach().reshape(-1)
+        idx = torch.arange(_SAMPLES, device=flat.device) * (flat.numel() - 1) // (_SAMPLES - 1)  # exact on any device
+        h.update(flat[idx].to(torch.bfloat16).float().cpu().numpy().tobytes())
+    return "sha256:" + h.hexdigest()
 
 
 def _base_name(model: nn.Module) -> str:
@@ -46,6 +73,7 @@ def save_blocks(model: nn.Module, path: str | os.PathLike) -> Path:
         **{k: str(v) for k, v in asdict(cfg).items()},
         "format": FORMAT,
         "base_model": _base_name(model),
+        "base_model_digest": base_digest(model),
         "model_type": str(model.config.model_type),
         "hidden_size": str(text_cfg.hidden_size),
         "num_layers": str(len(decoder_layers(model))),
@@ -85,7 +113,8 @@ def read_block_settings(path: str | os.PathLike) -> tuple[BlockConfig, dict[str,
 
 
 # What a block file's metadata records: the blocks' settings and the architecture they were trained in.
-_SETTINGS = ("kind", "num_heads", "head_dim", "placement", "model_type", "hidden_size", "num_layers")
+_SETTINGS = ("kind", "num_heads", "head_dim", "placement", "model_type", "hidden_size", "num_layers",
+             "base_model_digest")
 _FLOATS = ("F64", "F32", "F16", "BF16")  # safetensors' names of the dtypes a block's weights may have
 
 
@@ -109,6 +138,13 @@ def load_blocks(model: nn.Module, path: str | os.PathLike) -> nn.Module:
         )
     layers = decoder_layers(model)
     got = _check_tensors(model, path, cfg, meta, layers)
+    digest = base_digest(model)
+    if meta["base_model_digest"] != digest:
+        raise UserError(
+            f"{path} holds blocks trained on base {meta.get('base_model')!r} (weights digest "
+            f"{meta['base_model_digest'][:19]}), and this model ({_base_name(model)!r}) has digest {digest[:19]}: "
+            "expected the base model the blocks were trained on"
+        )
     if existing is None:
         attach_blocks(model, cfg)
     with safe_open(str(path), framework="pt") as f:
