@@ -64,6 +64,23 @@ def test_lora_wraps_the_base_projections_only_and_the_blocks_train_beside_it():
     assert layer.scaling["default"] == 4.0 and layer.r["default"] == 2
 
 
+def test_a_block_file_of_a_model_with_lora_loads_onto_its_base(tmp_path):
+    """The base digest a block file records leaves LoRA out (trained LoRA weights, peft's base_layer names): the
+    blocks saved mid-run load back onto the run's base with its LoRA, and onto the bare base; not onto another."""
+    from bridgelm.blockfile import base_digest
+
+    model = lora.add_lora(policy(), LORA, seed=0)
+    with torch.no_grad():
+        for p in lora.lora_parameters(model).values():
+            p.add_(0.5)  # trained
+    assert base_digest(model) == base_digest(policy()) != base_digest(policy(seed=1))
+    path = bridgelm.save_blocks(model, tmp_path / "b.safetensors")
+    bridgelm.load_blocks(lora.add_lora(policy(), LORA, seed=1), path)
+    bridgelm.load_blocks(policy(), path)
+    with pytest.raises(ValueError, match="digest"):  # UserError is a ValueError
+        bridgelm.load_blocks(policy(seed=1), path)
+
+
 def test_saved_folder_is_one_unit_merged_with_its_blocks_and_the_adapter(tmp_path):
     model = lora.add_lora(policy(), LORA, seed=0)
     with torch.no_grad():
