@@ -154,7 +154,6 @@ def test_add_bridge_refuses_a_head_dim_below_one():
 
 
 def test_non_finite_blocks_and_weights_are_refused_by_name(tmp_path):
-    import torch
     from safetensors.torch import load_file, save_file
 
     import bridgelm

@@ -18,7 +18,6 @@ import re
 import warnings
 from pathlib import Path
 
-import torch
 from torch import nn
 
 from bridgelm import blockfile
