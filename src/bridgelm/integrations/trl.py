@@ -41,8 +41,8 @@ decode on sharded weights), vLLM, continuous batching and `rollout_func` (their 
 sampling settings the engine does not take (min_p, repetition_penalty, generation_kwargs), mask_truncated_completions
 at a width above 1 (a truncated sibling would be hidden from its group in training, not while sampling), and
 sync_ref_model with peft_config (as GRPOTrainer refuses it). Rollout seeds are keyed by the optimizer step, so a
-resumed run draws what the run it resumes would have drawn. Text prompts, plain or conversational; no images. TRL's private
-methods are wrapped with their arguments forwarded as given.
+resumed run draws what the run it resumes would have drawn. Text prompts, plain or conversational; no images.
+TRL's private methods are wrapped with their arguments forwarded as given.
 """
 
 from __future__ import annotations
