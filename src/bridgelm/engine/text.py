@@ -71,6 +71,13 @@ def pad_id(tokenizer, eos: Sequence[int]) -> int:
     return eos[0] if eos else 0
 
 
+def encode_text(tokenizer, text: str) -> list[int]:
+    """`text`'s token ids with the tokenizer's own special tokens (its BOS, where it adds one), but none when the
+    text already starts with the BOS text (a chat template's output, as lm-eval hands it over): one BOS, not two."""
+    bos = tokenizer.bos_token
+    return list(tokenizer(text, add_special_tokens=not (bos and text.startswith(bos)))["input_ids"])
+
+
 def encode_prompts(tokenizer, prompts: Sequence[str], chat: bool = False, warn: bool = True) -> list[list[int]]:
     """Token ids of each prompt; with `chat`, through the tokenizer's chat template (generation prompt added). Prompts
     with characters the tokenizer can only encode as its unknown token (a character vocabulary's <pad>) are encoded
@@ -91,8 +98,7 @@ def encode_prompts(tokenizer, prompts: Sequence[str], chat: bool = False, warn: 
             if isinstance(ids, dict) or hasattr(ids, "input_ids"):
                 ids = ids["input_ids"]
         else:
-            bos = tokenizer.bos_token  # a text that starts with it (a chat template's output) holds its own
-            ids = tokenizer(text, add_special_tokens=not (bos and text.startswith(bos)))["input_ids"]
+            ids = encode_text(tokenizer, text)
         unknown = unknown_characters(tokenizer, text, ids) if warn else None
         if unknown:
             unread.append((i, unknown))

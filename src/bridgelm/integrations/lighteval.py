@@ -10,7 +10,8 @@ name; the model arguments ride in that name. A one-line file does (`bridge_model
 A task's sampling metrics (pass@k, G-Pass@k, mG-Pass with n samples) set each document's `num_samples`; those n
 samples are drawn together by the engine in Bridge groups of `width` (which must divide n), so that siblings read
 each other as in `bridgelm eval`. Documents with equal settings are sampled in one engine call. `loglikelihood`
-scores each choice alone (a group of one: what Bridge changes is sampling); perplexity is not offered. Responses
+scores each choice alone (a group of one: what Bridge changes is sampling), encoded as lighteval's transformers
+backend encodes it (`encode_choice`); perplexity is not offered. Responses
 are not cached by lighteval: a folder may hold new weights under the same name.
 
 Model arguments: pretrained (folder or hub id), blocks (a block file; a folder saved with its blocks needs none),
@@ -27,9 +28,25 @@ from lighteval.tasks.prompt_manager import PromptManager
 from lighteval.tasks.requests import Doc
 
 import bridgelm
+from bridgelm.engine import encode_text
 from bridgelm.errors import UserError
 from bridgelm.integrations.lighteval_args import OWNER, parse_model_args, sampling_args
-from bridgelm.integrations.loading import continuation_logprob, cut_at_stop, load_bridge_model
+from bridgelm.integrations.loading import cut_at_stop, load_bridge_model, score_ids
+
+def encode_choice(tokenizer, context: str, choice: str) -> tuple[list[int], list[int]]:
+    """(context ids, choice ids) as lighteval's transformers backend encodes a loglikelihood request (pairwise): the
+    context's trailing spaces moved to the choice, the two encoded apart, the choice without special tokens, a
+    trailing EOS dropped from the context; the context with BOS as the engine adds it to the same prompt when it
+    samples (one, where lighteval's backend doubles a chat template's), BOS (else EOS) alone when it is empty."""
+    spaces = len(context) - len(context.rstrip())
+    if spaces:
+        context, choice = context[:-spaces], context[-spaces:] + choice
+    ctx = encode_text(tokenizer, context) if context else []
+    if ctx and ctx[-1] == tokenizer.eos_token_id:
+        ctx = ctx[:-1]
+    start = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+    return ctx or [start], tokenizer(choice, add_special_tokens=False)["input_ids"]
+
 
 class _NoCache:
     """lighteval's pipeline hands a model's sample cache the task registry; this model keeps no cache."""
@@ -99,12 +116,15 @@ class BridgeLightevalModel(LightevalModel):
         return out
 
     def loglikelihood(self, docs: list[Doc]) -> list[ModelResponse]:
-        """log p(choice | prompt) of each choice of each document, each scored alone."""
+        """log p(choice | prompt) of each choice of each document, each scored alone; contexts longer than the
+        model's positions lose their first tokens."""
         out = []
         for doc in docs:
             context = self.prompts.prepare_prompt(doc)
-            scores = [continuation_logprob(self.model, self._tokenizer, context, choice) for choice in doc.choices]
-            out.append(ModelResponse(input=context, logprobs=[lp for lp, _ in scores],
+            pairs = [encode_choice(self._tokenizer, context, choice) for choice in doc.choices]
+            scores = [score_ids(self.model, ctx, cont, max_length=self.max_length) for ctx, cont in pairs]
+            out.append(ModelResponse(input=context, input_tokens=pairs[0][0] if pairs else [],
+                                     output_tokens=[cont for _, cont in pairs], logprobs=[lp for lp, _ in scores],
                                      argmax_logits_eq_gold=[greedy for _, greedy in scores]))
         return out
 

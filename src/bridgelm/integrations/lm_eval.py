@@ -32,6 +32,7 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
 import bridgelm
+from bridgelm.engine import encode_text
 from bridgelm.errors import UserError
 from bridgelm.integrations.loading import (
     cut_at_stop,
@@ -77,12 +78,7 @@ def encode_pair(tokenizer, context: str, continuation: str) -> tuple[list[int], 
     spaces = len(context) - len(context.rstrip())
     if spaces:
         context, continuation = context[:-spaces], context[-spaces:] + continuation
-
-    def encode(text: str) -> list[int]:
-        bos = tokenizer.bos_token
-        return tokenizer(text, add_special_tokens=not (bos and text.startswith(bos)))["input_ids"]
-
-    whole, ctx = encode(context + continuation), encode(context)
+    whole, ctx = encode_text(tokenizer, context + continuation), encode_text(tokenizer, context)
     return ctx, whole[len(ctx):]
 
 

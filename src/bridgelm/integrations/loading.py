@@ -71,18 +71,6 @@ def load_bridge_model(owner: str, pretrained: str, blocks: str | None, width: in
     return model, load_tokenizer(tokenizer or pretrained, **at), torch.device(device)
 
 
-def continuation_logprob(model, tokenizer, context: str, continuation: str, max_length: int | None = None
-                         ) -> tuple[float, bool]:
-    """log p(continuation | context) under `model` alone (a group of one), and whether every continuation token is
-    the greedy one. The pair is tokenized whole, without special tokens, and cut where the context's tokens end,
-    when they are a prefix (lighteval's prompts hold their own specials)."""
-    ctx = tokenizer(context, add_special_tokens=False)["input_ids"] if context else []
-    whole = tokenizer(context + continuation, add_special_tokens=False)["input_ids"]
-    cont = whole[len(ctx):] if whole[: len(ctx)] == ctx else tokenizer(continuation, add_special_tokens=False)[
-        "input_ids"]
-    return score_ids(model, whole[: len(whole) - len(cont)] or [tokenizer.eos_token_id], cont, max_length)
-
-
 @torch.no_grad()
 def score_ids(model, ctx: list[int], cont: list[int], max_length: int | None = None) -> tuple[float, bool]:
     """log p(cont | ctx) under `model` alone (a group of one), and whether every `cont` token is the greedy one.
