@@ -217,3 +217,22 @@ def test_loglikelihood_equals_lighteval_transformers_backend(tmp_path):
             query + c for c in choices]  # the text scored is the context and the choice, whole
         normed = [lp / len(t) for lp, t in zip(got.logprobs, got.output_tokens)]  # per token of each choice
         assert metric.compute(doc=doc, model_response=got) == float(normed.index(max(normed)) == 0)
+
+
+def test_a_long_prompt_gets_the_new_tokens_that_fit(setup):
+    """A document whose prompt and generation size pass the model's positions gets the tokens that fit, with a
+    warning (lighteval's backend cuts them so), instead of ending the whole evaluation; the other documents keep
+    theirs; a prompt that fills every position is refused in one line naming its task."""
+    from lighteval.tasks.requests import Doc
+
+    from bridgelm.errors import DataWarning
+
+    model = make_model(model_name(setup, width=1))
+    short = Doc(query="1+2=", choices=["3"], gold_index=0, task_name="t", generation_size=16, stop_sequences=[])
+    long = Doc(query="1+2=" * 61, choices=["3"], gold_index=0, task_name="t", generation_size=16, stop_sequences=[])
+    with pytest.warns(DataWarning, match="prompt of 244 tokens: its samples get 12 new tokens, not 16"):
+        got = model.greedy_until([short, long])
+    assert all(len(t) <= n for r, n in zip(got, (16, 12)) for t in r.output_tokens) and got[0].text != got[1].text
+    full = Doc(query="1+2=" * 64, choices=["3"], gold_index=0, task_name="t", generation_size=16, stop_sequences=[])
+    with pytest.raises(UserError, match="a document of t has a prompt of 256 tokens, which fills the model's 256"):
+        model.greedy_until([full])

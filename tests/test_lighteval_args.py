@@ -56,3 +56,11 @@ def test_good_arguments_are_typed():
     got = sampling_args(parse_model_args("pretrained=DIR,width=2,seed=-3,temperature=0.7,top_p=0.9,top_k=5"))
     assert got == {"width": 2, "seed": -3, "max_new_tokens": 256, "temperature": 0.7, "top_p": 0.9, "top_k": 5}
     assert sampling_args(parse_model_args("pretrained=DIR"))["temperature"] is None  # by the documents' samples
+
+
+def test_the_system_prompt_comes_last_and_keeps_its_commas():
+    args = parse_model_args("pretrained=DIR,width=2,system_prompt=Think first, then answer, with a number.")
+    assert args == {"pretrained": "DIR", "width": "2", "system_prompt": "Think first, then answer, with a number."}
+    assert parse_model_args("pretrained=DIR")  # no system prompt: none
+    with pytest.raises(UserError, match="model argument width is given twice"):  # what comes before is still checked
+        parse_model_args("pretrained=DIR,width=2,width=3,system_prompt=a, b")

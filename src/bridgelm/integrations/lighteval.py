@@ -17,10 +17,12 @@ are not cached by lighteval: a folder may hold new weights under the same name.
 Model arguments: pretrained (folder or hub id), blocks (a block file; a folder saved with its blocks needs none),
 width (default 1), seed, dtype (float32, bfloat16, float16), device, max_new_tokens (when a task gives no
 generation size), temperature (default: 0, greedy, for a document of one sample; 1.0 for several), top_p, top_k,
-chat (1: the tokenizer's chat template), system_prompt.
+chat (1: the tokenizer's chat template), system_prompt (last: it takes the rest of the name, commas included).
 """
 
 from __future__ import annotations
+
+import warnings
 
 from lighteval.models.abstract_model import LightevalModel
 from lighteval.models.model_output import ModelResponse
@@ -29,7 +31,7 @@ from lighteval.tasks.requests import Doc
 
 import bridgelm
 from bridgelm.engine import encode_text
-from bridgelm.errors import UserError
+from bridgelm.errors import DataWarning, UserError
 from bridgelm.integrations.lighteval_args import OWNER, parse_model_args, sampling_args
 from bridgelm.integrations.loading import cut_at_stop, load_bridge_model, score_ids
 
@@ -94,8 +96,23 @@ class BridgeLightevalModel(LightevalModel):
             )
         temperature = self.temperature if self.temperature is not None else (0.0 if n == 1 else 1.0)
         stops = () if self.chat else tuple(s for s in doc.stop_sequences or () if s)  # chat: EOS ends a turn
-        return {"n": n, "max_new_tokens": doc.generation_size or self.max_new_tokens, "stop_strings": stops,
-                "temperature": temperature, "top_p": self.top_p, "top_k": self.top_k}
+        return {"n": n, "max_new_tokens": self.new_tokens(doc, doc.generation_size or self.max_new_tokens),
+                "stop_strings": stops, "temperature": temperature, "top_p": self.top_p, "top_k": self.top_k}
+
+    def new_tokens(self, doc: Doc, wanted: int) -> int:
+        """`wanted`, or the positions the document's prompt leaves when fewer (cut with a warning, as lighteval's
+        backend cuts them); a prompt that leaves none is refused, naming its task."""
+        length = len(encode_text(self._tokenizer, self.prompts.prepare_prompt(doc)))
+        room = self.max_length - length
+        if room < 1:
+            raise UserError(f"{OWNER}: a document of {doc.task_name or 'a task'} has a prompt of {length} tokens, "
+                            f"which fills the model's {self.max_length} positions: expected shorter prompts (fewer "
+                            "few-shot examples) or a model with more positions")
+        if room < wanted:
+            warnings.warn(f"{OWNER}: a document of {doc.task_name or 'a task'} has a prompt of {length} tokens: its "
+                          f"samples get {room} new tokens, not {wanted} (the model has {self.max_length} positions)",
+                          DataWarning, stacklevel=2)
+        return min(wanted, room)
 
     def greedy_until(self, docs: list[Doc]) -> list[ModelResponse]:
         """Each document's num_samples samples, drawn in Bridge groups; one engine call per distinct settings."""

@@ -5,6 +5,8 @@ where lighteval is not installed."""
 
 from __future__ import annotations
 
+import re
+
 from bridgelm.engine.config import check_sampling
 from bridgelm.errors import UserError, check_int
 from bridgelm.integrations.loading import integer, number, positive_int
@@ -15,8 +17,12 @@ ARGUMENTS = ("pretrained", "blocks", "width", "seed", "dtype", "device", "max_ne
 
 
 def parse_model_args(text: str) -> dict[str, str]:
-    """"pretrained=DIR,width=4" -> {"pretrained": "DIR", "width": "4"}; unknown or repeated keys are refused."""
+    """"pretrained=DIR,width=4" -> {"pretrained": "DIR", "width": "4"}; unknown or repeated keys are refused.
+    system_prompt comes last and takes the rest of the text, commas included."""
     args = {}
+    prompt = re.search(r"(?:^|,)\s*system_prompt=", text)
+    if prompt:
+        text, args["system_prompt"] = text[: prompt.start()], text[prompt.end():].strip()
     for part in filter(None, (p.strip() for p in text.split(","))):
         key, eq, value = part.partition("=")
         if not eq:
