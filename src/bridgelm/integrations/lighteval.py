@@ -86,7 +86,7 @@ class BridgeLightevalModel(LightevalModel):
     def max_length(self) -> int:
         return int(getattr(self.model.config, "max_position_embeddings", 2048))
 
-    def settings(self, doc: Doc) -> dict:
+    def settings(self, doc: Doc, prompt: str) -> dict:
         """bridgelm.generate's settings for `doc` (its sample count, generation size and stop sequences)."""
         n = doc.num_samples
         if n % self.width:
@@ -96,13 +96,13 @@ class BridgeLightevalModel(LightevalModel):
             )
         temperature = self.temperature if self.temperature is not None else (0.0 if n == 1 else 1.0)
         stops = () if self.chat else tuple(s for s in doc.stop_sequences or () if s)  # chat: EOS ends a turn
-        return {"n": n, "max_new_tokens": self.new_tokens(doc, doc.generation_size or self.max_new_tokens),
+        return {"n": n, "max_new_tokens": self.new_tokens(doc, prompt, doc.generation_size or self.max_new_tokens),
                 "stop_strings": stops, "temperature": temperature, "top_p": self.top_p, "top_k": self.top_k}
 
-    def new_tokens(self, doc: Doc, wanted: int) -> int:
+    def new_tokens(self, doc: Doc, prompt: str, wanted: int) -> int:
         """`wanted`, or the positions the document's prompt leaves when fewer (cut with a warning, as lighteval's
         backend cuts them); a prompt that leaves none is refused, naming its task."""
-        length = len(encode_text(self._tokenizer, self.prompts.prepare_prompt(doc)))
+        length = len(encode_text(self._tokenizer, prompt))
         room = self.max_length - length
         if room < 1:
             raise UserError(f"{OWNER}: a document of {doc.task_name or 'a task'} has a prompt of {length} tokens, "
@@ -116,15 +116,16 @@ class BridgeLightevalModel(LightevalModel):
 
     def greedy_until(self, docs: list[Doc]) -> list[ModelResponse]:
         """Each document's num_samples samples, drawn in Bridge groups; one engine call per distinct settings."""
+        prompts = [self.prompts.prepare_prompt(doc) for doc in docs]  # each once: its length and its samples
         calls: dict[tuple, list[int]] = {}  # settings -> the documents sampled in one engine call
         for i, doc in enumerate(docs):
-            calls.setdefault(tuple(sorted(self.settings(doc).items())), []).append(i)
+            calls.setdefault(tuple(sorted(self.settings(doc, prompts[i]).items())), []).append(i)
         out: list[ModelResponse | None] = [None] * len(docs)
         for settings, indices in calls.items():
             kwargs = dict(settings)
-            prompts = [self.prompts.prepare_prompt(docs[i]) for i in indices]
-            drawn = bridgelm.generate(self.model, self._tokenizer, prompts, width=self.width, seed=self.seed, **kwargs)
-            for i, prompt, samples in zip(indices, prompts, drawn):
+            texts = [prompts[i] for i in indices]
+            drawn = bridgelm.generate(self.model, self._tokenizer, texts, width=self.width, seed=self.seed, **kwargs)
+            for i, prompt, samples in zip(indices, texts, drawn):
                 out[i] = ModelResponse(
                     input=prompt,
                     text=[cut_at_stop(s.text, kwargs["stop_strings"]) for s in samples],
