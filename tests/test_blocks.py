@@ -63,6 +63,30 @@ def test_block_matches_algorithm_1(group_ids, dtype, tol):
     assert close(got[valid], want[valid], tol), (got[valid] - want[valid]).abs().max()
 
 
+@pytest.mark.parametrize("dtype,tol", DTYPES)
+@pytest.mark.parametrize("history", [None, 1, 6], ids=["all-valid", "one-column", "six-columns"])
+def test_one_position_matches_algorithm_1(history, dtype, tol):
+    """A decode step's input (one position, contiguous groups) takes the 4-D path with the step's mask made once;
+    it equals the loop reference on live rows, and rows that ended stay finite."""
+    model = randomize_blocks(bridgelm.add_bridge(tiny_model(dtype=dtype)))
+    block = model.model.layers[0].bridge
+    torch.manual_seed(4)
+    group_ids = [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2]
+    x = torch.randn(12, 1, 64).to(dtype)
+    valid = None
+    if history is not None:
+        valid = torch.ones(12, history, dtype=torch.bool)
+        valid[[1, 2, 5, 6, 7], -1] = False  # ended rows; one group down to one live row
+        valid[0, 0] = history == 1  # an earlier column says nothing about this position
+    groups = Groups.contiguous_width(12, 4, valid)
+    got = block(x, groups).float()
+    last = torch.ones(12, 1, dtype=torch.bool) if valid is None else valid[:, -1:]
+    want = reference_bridge(block, x, group_ids, last)
+    assert torch.isfinite(got).all()
+    assert close(got[last], want[last], tol), (got[last] - want[last]).abs().max()
+    assert (groups._last_keys is not None) == (valid is not None)  # the one-position path ran and kept its mask
+
+
 @pytest.mark.parametrize("arch", sorted(ARCHS))
 @pytest.mark.parametrize("kind", ["bridge", "pmatch"])
 @pytest.mark.parametrize("placement", ["ffn", "attn"])

@@ -67,6 +67,8 @@ class BridgeBlock(nn.Module):
         B, S, _ = h.shape
         assert groups.batch_size == B, f"bridge_groups describes {groups.batch_size} rows but the batch has {B}"
         qkv = self.qkv_proj(h)  # [B, S, 3*H*Dh]
+        if S == 1 and groups.contiguous:
+            return self.o_proj(_one_position(qkv, groups, H, Dh))
         valid = groups.valid  # [B, S'] with S' >= S: the current inputs are its last S positions
         if valid is not None:
             valid = valid[:, -S:]
@@ -93,6 +95,16 @@ class BridgeBlock(nn.Module):
         else:
             out = out.reshape(G * w, S, H * Dh)[groups.slot_of_row]
         return self.o_proj(out)
+
+
+def _one_position(qkv: torch.Tensor, groups: Groups, H: int, Dh: int) -> torch.Tensor:
+    """Algorithm 1 at one position (a decode step), contiguous groups: qkv [B, 1, 3*H*Dh] -> [B, 1, H*Dh]. The same
+    attention as the general path, as one 4-D sdpa call (its fused kernel; sdpa runs the general path's 5-D call
+    unfused), with the mask made once per step (`Groups.last_position_keys`), not once per layer."""
+    B, w = groups.batch_size, groups.width
+    q, k, v = qkv.view(B // w, w, 3, H, Dh).permute(2, 0, 3, 1, 4)  # each [G, H, w, Dh]
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=groups.last_position_keys())  # [G, H, w, Dh]
+    return out.transpose(1, 2).reshape(B, 1, H * Dh)
 
 
 class PMatchBlock(nn.Module):

@@ -16,7 +16,7 @@ Without `bridge_groups` every row is its own group (width 1), which is independe
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -33,10 +33,23 @@ class Groups:
     index: torch.Tensor | None = None  # [G, w_max] long: row of each slot (gathered layout only; pads -> 0)
     slot_used: torch.Tensor | None = None  # [G, w_max] bool: slot holds a real row (gathered layout only)
     slot_of_row: torch.Tensor | None = None  # [B] long: flat slot index g*w_max+j of each row (gathered only)
+    _last_keys: torch.Tensor | None = field(default=None, repr=False, compare=False)  # last_position_keys' cache
 
     @property
     def contiguous(self) -> bool:
         return self.index is None
+
+    def last_position_keys(self) -> torch.Tensor | None:
+        """Contiguous layout: which keys each row reads at the last position, [G, 1, w(query), w(key)] bool (the
+        valid rows of its group, and always itself), or None when every row is valid. Made once per layout, for
+        every layer of a decode step."""
+        if self.valid is None:
+            return None
+        if self._last_keys is None:
+            w = self.width
+            eye = torch.eye(w, dtype=torch.bool, device=self.valid.device)
+            self._last_keys = self.valid[:, -1].reshape(-1, 1, 1, w) | eye
+        return self._last_keys
 
     @staticmethod
     def build(group_ids: torch.Tensor | list[int], valid: torch.Tensor | None = None) -> Groups:
