@@ -3,6 +3,7 @@ through lighteval's own Pipeline and through `lighteval custom` with a local tas
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -80,7 +81,7 @@ def setup(tmp_path_factory):
 
 
 def model_name(setup, width=WIDTH, extra="") -> str:
-    return f"pretrained={setup / 'model'},width={width}{extra}"
+    return f"pretrained={setup / 'model'},width={width},chat=0{extra}"  # plain prompts, as the direct samples'
 
 
 def make_model(name: str):
@@ -158,10 +159,29 @@ def test_bad_model_arguments_are_refused(setup):
         make_model(f"pretrained={setup / 'model'},top_k=1.5")
     with pytest.raises(UserError, match="'width4': expected key=value"):
         make_model(f"pretrained={setup / 'model'},width4")
+    with pytest.raises(UserError, match="^bridgelm lighteval model: device='tpu' is not a device name"):
+        make_model(f"pretrained={setup / 'model'},device=tpu")
+    with pytest.raises(UserError, match="^bridgelm lighteval model: .*no-such-file"):
+        make_model(f"pretrained={setup / 'model'},blocks=no-such-file.safetensors")
     model = make_model(model_name(setup))
     doc = Doc(query="1+2=", choices=["3"], gold_index=0, num_samples=3, task_name="t")
     with pytest.raises(UserError, match="width=4 does not divide the 3 sample"):
         model.greedy_until([doc])
+
+
+def test_prompts_use_the_chat_template_where_the_tokenizer_has_one(setup, tmp_path):
+    """As lighteval's own backends: the template by default where the tokenizer has one, chat=0 plain."""
+    from lighteval.tasks.requests import Doc
+
+    doc = Doc(query="1+2=", choices=["3"], gold_index=0, num_samples=1, task_name="t")
+    templated = make_model(f"pretrained={setup / 'model'},width={WIDTH}")  # the char tokenizer has a template
+    assert templated.chat and templated.prompts.prepare_prompt(doc) == "<|user|>1+2=<|assistant|>"
+    plain = make_model(f"pretrained={setup / 'model'},width={WIDTH},chat=0")
+    assert not plain.chat and plain.prompts.prepare_prompt(doc) == "1+2="
+    shutil.copytree(setup / "model", tmp_path / "bare")
+    (tmp_path / "bare" / "chat_template.jinja").unlink()  # a tokenizer without one: plain by default
+    bare = make_model(f"pretrained={tmp_path / 'bare'},width={WIDTH}")
+    assert not bare.chat and bare.prompts.prepare_prompt(doc) == "1+2="
 
 
 def test_width_needs_bridge_blocks(tmp_path):
@@ -200,7 +220,7 @@ def test_loglikelihood_equals_lighteval_transformers_backend(tmp_path):
     tiny_model(vocab_size=len(tok), eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
                bos_token_id=tok.bos_token_id).save_pretrained(tmp_path / "m")
     tok.save_pretrained(tmp_path / "m")
-    ours = make_model(f"pretrained={tmp_path / 'm'}")
+    ours = make_model(f"pretrained={tmp_path / 'm'},chat=0")
     ref = TransformersModel(TransformersModelConfig(model_name=str(tmp_path / "m"), dtype="float32", batch_size=1,
                                                     cache_dir=str(tmp_path / "cache")))
     ref._tokenizer = load_tokenizer(str(tmp_path / "m"))  # AutoTokenizer reads this tiny folder as another class

@@ -17,7 +17,8 @@ are not cached by lighteval: a folder may hold new weights under the same name.
 Model arguments: pretrained (folder or hub id), blocks (a block file; a folder saved with its blocks needs none),
 width (default 1), seed, dtype (float32, bfloat16, float16), device, max_new_tokens (when a task gives no
 generation size), temperature (default: 0, greedy, for a document of one sample; 1.0 for several), top_p, top_k,
-chat (1: the tokenizer's chat template), system_prompt (last: it takes the rest of the name, commas included).
+chat (1: prompts in the tokenizer's chat template, 0: plain; by default, as lighteval's own backends, the
+template where the tokenizer has one), system_prompt (last: it takes the rest of the name, commas included).
 """
 
 from __future__ import annotations
@@ -66,11 +67,13 @@ class BridgeLightevalModel(LightevalModel):
         sampling = sampling_args(args)  # checked before the model loads
         self.width, self.seed, self.max_new_tokens = sampling["width"], sampling["seed"], sampling["max_new_tokens"]
         self.temperature, self.top_p, self.top_k = sampling["temperature"], sampling["top_p"], sampling["top_k"]
-        self.chat = args.get("chat", "0") == "1"
         self.model, self._tokenizer, _ = load_bridge_model(
             OWNER, args["pretrained"], args.get("blocks"), self.width, args.get("dtype", "float32"),
             args.get("device", "cpu"),
         )
+        # as lighteval's own backends decide: the chat template where the tokenizer has one, unless chat= says
+        has_template = getattr(self._tokenizer, "chat_template", None) is not None
+        self.chat = has_template if "chat" not in args else args["chat"] == "1"
         self.prompts = PromptManager(self.chat, self._tokenizer, args.get("system_prompt"))
         self._cache = _NoCache()
 

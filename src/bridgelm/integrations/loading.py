@@ -10,6 +10,7 @@ from collections.abc import Sequence
 import torch
 
 import bridgelm
+from bridgelm.dist import check_device
 from bridgelm.errors import DataWarning, UserError, check_choice, check_int, check_number
 from bridgelm.models import load_model
 from bridgelm.tokenizer import load_tokenizer
@@ -54,21 +55,38 @@ def load_bridge_model(owner: str, pretrained: str, blocks: str | None, width: in
     if not pretrained:
         raise UserError(f"{owner}: pretrained={pretrained!r}: expected a model folder or hub id (pretrained=DIR)")
     check_choice(f"{owner}: dtype", dtype, DTYPES)
-    if str(device).startswith("meta"):
-        raise UserError(f"{owner}: device={device!r}: the meta device holds no weights to sample from; expected cpu "
-                        "or cuda")
-    if str(device).startswith("cuda") and not torch.cuda.is_available():
-        warnings.warn(f"{owner}: device {device} asked for, but there is no CUDA GPU: running on the CPU",
-                      DataWarning, stacklevel=3)
-        device = "cpu"
+    device = _sampling_device(owner, device)
     at = {"revision": revision} if revision else {}  # a hub id's branch, tag or commit (model and tokenizer)
-    model = load_model(pretrained, blocks=blocks or None, dtype=DTYPES[dtype], device=device, **at).eval()
+    try:
+        model = load_model(pretrained, blocks=blocks or None, dtype=DTYPES[dtype], device=device, **at).eval()
+    except UserError as err:  # a folder, block file or hub id that does not load: said as this integration's
+        raise UserError(f"{owner}: {err}") from None
     if width > 1 and bridgelm.block_config(model) is None:
         raise UserError(
             f"{owner}: width={width} needs a model with Bridge blocks, and {pretrained} has none: "
             "give blocks=FILE, or width=1"
         )
     return model, load_tokenizer(tokenizer or pretrained, **at), torch.device(device)
+
+
+def _sampling_device(owner: str, device: str) -> str:
+    """`device` checked as a device name of this machine, a CUDA one without a GPU turned into the CPU."""
+    try:
+        kind = torch.device(device).type
+    except (RuntimeError, TypeError):
+        raise UserError(f"{owner}: device={device!r} is not a device name: expected cpu, cuda or cuda:N") from None
+    if kind == "meta":
+        raise UserError(f"{owner}: device={device!r}: the meta device holds no weights to sample from; expected cpu "
+                        "or cuda")
+    if kind == "cuda" and not torch.cuda.is_available():
+        warnings.warn(f"{owner}: device {device} asked for, but there is no CUDA GPU: running on the CPU",
+                      DataWarning, stacklevel=4)
+        return "cpu"
+    try:
+        check_device(device)
+    except UserError as err:
+        raise UserError(f"{owner}: {err}") from None
+    return device
 
 
 @torch.no_grad()
