@@ -808,6 +808,10 @@ def test_training_in_bf16_on_a_cpu_without_bf16_instructions_is_warned(tmp_path,
     assert "--bf16 on" not in _fails.stderr
     _fails(capsys, rl)
     assert "warning" not in _fails.stderr
+    _fails(capsys, [*rl, "--val-task", "gsm8k"])  # the best checkpoint chosen on the test split: said at the start
+    assert "the best checkpoint (best/) is chosen on gsm8k's test split" in _fails.stderr
+    _fails(capsys, [*rl, "--val-task", "gsm8k", "--val-data", data])  # a held-out file of the user's: no note
+    assert "test split" not in _fails.stderr
 
 
 @pytest.mark.parametrize("command", ["rl", "sft"])

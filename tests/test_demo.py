@@ -370,7 +370,7 @@ def test_paper_effects_are_scaled_by_this_runs_rlvr_gain_and_placed_against_the_
     scaled = "Scaled by RLVR's gain (this project's assumption, not the paper's: +4.20 points there), it would be "
     assert unscaled in line and scaled + "+7.9 points [+7.1, +8.6] here, above the interval" in line
     assert line.index(unscaled) < line.index(scaled)
-    assert f"the smallest difference these seeds detect: {smallest['bridge-rlvr']:.1f} points" in line
+    assert f"found 80% of the time at {smallest['bridge-rlvr']:.1f} points" in line
     pmatch = next(x for x in lines if "P-Match" in x)  # +1.09 points under [3, 9]; scaled [5.8, 7.1]: overlapping
     assert "is below the interval: the effect here is larger" in pmatch and "here, inside the interval" in pmatch
     width = next(x for x in lines if "w=8 beats" in x)
@@ -387,10 +387,31 @@ def test_paper_effects_are_scaled_by_this_runs_rlvr_gain_and_placed_against_the_
     small["paper_effects"] = paper_effects(small["diffs"], gain)
     line = next(x for x in verdict(arms, small, DemoConfig()).splitlines() if "more than RLVR alone" in x)
     assert "**shown, but smaller than the paper's effect, which lies above the interval**" in line
+    # one seed: an arm against another is one training run against another, not a test of the method; w=8 against
+    # w=1 (same weights) still reads as a claim
+    one = dict(small, seeds=1, diffs={**small["diffs"], "w8-w1": {"mean": 0.2, "low": 0.15, "high": 0.25}})
+    lines = verdict(arms, one, DemoConfig()).splitlines()
+    rlvr = next(x for x in lines if "more than RLVR alone" in x)
+    assert "**above 0 for this one training run; seed-to-seed variation is not measured, so this does not test the " \
+        "method**" in rlvr and "reproduced" not in rlvr and "shown" not in rlvr
+    assert "**reproduced**" in next(x for x in lines if "w=8 beats" in x)
+    # the positive control's outcome comes first; the secondary claims are said to be uncorrected leads
+    failed = {"shown": {"w8-w1": True, "foreign-w1": False}}
+    first = verdict(arms, dict(ctl, positive_control=failed), DemoConfig()).splitlines()
+    assert first[0].startswith("- The positive control **failed**") and "Only the primary comparison" in first[-1]
+    passed = verdict(arms, dict(ctl, positive_control={"shown": {"w8-w1": True, "foreign-w1": True}}), DemoConfig())
+    assert passed.splitlines()[0].startswith("- The positive control **passed**")
+    off = verdict(arms, ctl, DemoConfig(positive_control=False)).splitlines()[0]
+    assert off.startswith("- No positive control ran")
+    # --primary w8-w1 beside an extra Bridge arm (which has a w8-w1 of its own): one primary claim, the main one
+    extra = dict(ctl, primary="w8-w1", extra_arms={"bridge_tuned": {"w8-w1": {"mean": 0.1, "low": 0.05, "high": 0.15},
+                                                                  "power": {"w8-w1": 1.0}, "seeds": 3}})
+    lines = verdict(arms, extra, DemoConfig(primary="w8-w1")).splitlines()
+    assert [x for x in lines if x.startswith("- (primary)")] == [next(x for x in lines if "w=8 beats" in x)]
 
 
 def test_blocks_only_arm_takes_its_lr_from_validation_problems(tmp_path, capsys):
-    """--arms bridge_blocks: seed 0 runs at every candidate block lr, each is scored on validation problems (never the
+    """--arms bridge_blocks: a seed no evaluated run has runs every candidate block lr, each scored on validation (never the
     test split), the best is recorded and the arm's runs use it with the base frozen; results.json says which and
     why, and the arm's recipe runs on the control task at that rate."""
     from bridgelm.demo import lr_search
@@ -412,17 +433,22 @@ def test_blocks_only_arm_takes_its_lr_from_validation_problems(tmp_path, capsys)
     bo = results["extra_arms"]["bridge_blocks"]
     assert set(bo["power"]) == {"w4-w1", "bridge_blocks-bridge", "bridge_blocks-rlvr"}
     assert bo["w4-w1"]["low"] <= bo["w4-w1"]["mean"] <= bo["w4-w1"]["high"]
-    done = json.loads((out / "rl_bridge_blocks_s0" / "done.json").read_text())
-    assert done == json.loads((lr_search.candidate_dir(out, "bridge_blocks", lrs) / "done.json").read_text())
+    # the evaluated seed 0 is trained afresh at the chosen rate: no candidate run (the validation winner's luck) is
+    # among the runs compared on test problems
+    evaluated = json.loads((out / "rl_bridge_blocks_s0" / "run.json").read_text())["identity"]
+    winner = json.loads((lr_search.candidate_dir(out, "bridge_blocks", lrs) / "run.json").read_text())["identity"]
+    assert evaluated["seed"] == 0 and winner["seed"] == lr_search.TUNE_SEED >= 1
+    assert evaluated["optim.lr"] == winner["optim.lr"] == best
     trained = json.loads((lr_search.candidate_dir(out, "bridge_blocks", (3e-3, None)) / "run.json").read_text())
     assert trained["identity"]["optim.lr"] == 3e-3 and trained["identity"]["freeze_base"] is True
     recipe = json.loads((out / "control" / "recipe" / "rl_bridge_blocks_s0" / "run.json").read_text())["identity"]
     assert recipe["optim.lr"] == best and recipe["freeze_base"] is True and recipe["beta"] == trained["identity"]["beta"]
     assert set(results["recipe_control"]) == {"bridge", "bridge_blocks"}
-    # every candidate of the search ran the control too (seed 0), whatever was chosen
+    # every candidate of the search ran the control too (at the search's seed), whatever was chosen
     cands = results["recipe_control"]["bridge_blocks"]["candidates"]
     assert set(cands) == {"lr0.001", "lr0.003"} and all(c["seeds"] == 1 and "learns" in c for c in cands.values())
-    ident = json.loads((out / "control" / "recipe" / "rl_bridge_blocks_lr0.003_s0" / "run.json").read_text())
+    ident = json.loads((out / "control" / "recipe" / f"rl_bridge_blocks_lr0.003_s{lr_search.TUNE_SEED}" / "run.json")
+                       .read_text())
     assert ident["identity"]["optim.lr"] == 3e-3 and "candidate lr0.003" in text
     assert "## The other arms" in text and "chosen on validation problems" in text and "bridge_blocks" in results["arms"]
     # the misalignment dose-response: preamble 0 is the control itself, preamble 3 its own base model and runs

@@ -6,6 +6,7 @@ import itertools
 import json
 import math
 import random
+import statistics
 
 import numpy as np
 import pytest
@@ -226,30 +227,44 @@ def test_paired_difference_against_a_loop_reference():
     rng = np.random.default_rng(1)
     a = rng.random((3, 40))
     b = a - 0.1 + 0.05 * rng.standard_normal((3, 40))
-    got = intervals.paired_difference(a, b, n_boot=300, seed=7)
-    # Slow reference: the same resampling, written as loops.
+    # One seed: the percentile bootstrap over problems, written as loops.
+    got = intervals.paired_difference(a[:1], b[:1], n_boot=300, seed=7)
     ref_rng = np.random.default_rng(7)
     means = []
     for _ in range(300):
-        seeds = ref_rng.integers(0, 3, size=3)
+        ref_rng.integers(0, 1, size=1)  # the seed drawn (always seed 0)
         problems = ref_rng.integers(0, 40, size=40)
-        means.append(sum(a[s, p] - b[s, p] for s in seeds for p in problems) / (3 * 40))
-    assert got["mean"] == pytest.approx(float((a - b).mean()))
-    boot = float(np.quantile(means, 0.025)), float(np.quantile(means, 0.975))
-    # 3 seeds: the wider of the bootstrap and a t-interval over the 3 seed means (written out here)
-    seed_means = (a - b).mean(axis=1)
-    half = 4.303 * seed_means.std(ddof=1) / 3**0.5
-    t = seed_means.mean() - half, seed_means.mean() + half
-    wider = t if t[1] - t[0] > boot[1] - boot[0] else boot
-    assert (got["low"], got["high"]) == pytest.approx(wider)
-    assert got["interval"] == ("t over 3 seeds" if wider == t else "bootstrap")
-    many = intervals.paired_difference(np.tile(a, (4, 1)), np.tile(b, (4, 1)), n_boot=50)  # 12 seeds: bootstrap alone
-    assert many["interval"] == "bootstrap"
+        means.append(sum(a[0, p] - b[0, p] for p in problems) / 40)
+    assert got["mean"] == pytest.approx(float((a[0] - b[0]).mean()))
+    assert (got["low"], got["high"]) == pytest.approx((np.quantile(means, 0.025), np.quantile(means, 0.975)))
+    assert got["interval"] == "bootstrap over problems (1 seed)"
+    # 3 seeds: the seeds' part with t(2), the problems' with the normal, written out here.
+    got = intervals.paired_difference(a, b)
+    d = a - b
+    seed_means = [sum(d[s]) / 40 for s in range(3)]
+    problem_means = [sum(d[:, p]) / 3 for p in range(40)]
+    seed_half = 4.303 * statistics.stdev(seed_means) / 3**0.5
+    problem_half = 1.959964 * statistics.stdev(problem_means) / 40**0.5
+    half = (seed_half**2 + problem_half**2) ** 0.5
+    assert (got["low"], got["high"]) == pytest.approx((d.mean() - half, d.mean() + half))
+    assert got["interval"] == "t over 3 seeds, with problems"
     assert 0 < got["low"] < 0.1 < got["high"] < 0.2  # the true shift 0.1 is inside, 0 is outside
     # Pairing matters: a shared per-problem difficulty cancels, so the interval is narrow.
     hard = rng.random(40)[None, :] * np.ones((3, 1))
     paired = intervals.paired_difference(hard + 0.01, hard, n_boot=200)
     assert paired["high"] - paired["low"] < 1e-9
+
+
+def test_paired_intervals_cover_the_truth_at_many_seeds():
+    """1,000 simulated studies d[s, p] = mu + seed effect + problem effect + noise, 10 seeds x 240 problems: the 95%
+    interval holds mu in at least 94.5% of them (95.5% here; the two-way bootstrap it replaced held it in 92.9%)."""
+    rng = np.random.default_rng(0)
+    held = 0
+    for _ in range(1000):
+        d = 0.03 + rng.normal(0, 0.04, (10, 1)) + rng.normal(0, 0.1, (1, 240)) + rng.normal(0, 0.1, (10, 240))
+        got = intervals.paired_difference(d, np.zeros_like(d))
+        held += got["low"] <= 0.03 <= got["high"]
+    assert held / 1000 >= 0.945, held / 1000
 
 
 def test_paired_difference_refuses_mismatched_shapes():
@@ -286,8 +301,8 @@ def test_group_metrics_measure_each_bridge_group_not_random_subsets():
 def test_t_quantiles_match_scipy():
     from scipy import stats
 
-    for df, q in enumerate(intervals.T_975, start=1):
-        assert q == pytest.approx(stats.t.ppf(0.975, df), abs=1e-3)
+    for df in range(1, 201):
+        assert intervals.t_975(df) == pytest.approx(stats.t.ppf(0.975, df), abs=1e-3)
 
 
 def test_a_few_seeds_that_disagree_widen_the_interval():
@@ -297,4 +312,4 @@ def test_a_few_seeds_that_disagree_widen_the_interval():
     shift = np.array([0.0, 0.1, 0.2])[:, None]
     a = rng.random((3, 200)) * 0.01 + shift
     got = intervals.paired_difference(a, np.zeros_like(a), n_boot=200)
-    assert got["interval"] == "t over 3 seeds" and got["low"] < 0 < 0.2 < got["high"]
+    assert got["interval"] == "t over 3 seeds, with problems" and got["low"] < 0 < 0.2 < got["high"]

@@ -244,8 +244,8 @@ def sft_seeds(cfg: DemoConfig) -> tuple[int, ...]:
 
 
 def sft_seed_of(cfg: DemoConfig, seed: int) -> int:
-    """The SFT run that RL seed `seed` starts from."""
-    return seed if cfg.sft_per_seed else 0
+    """The SFT run that RL seed `seed` starts from (a seed past the evaluated ones, the rate search's: SFT seed 0)."""
+    return seed if cfg.sft_per_seed and seed < cfg.seeds else 0
 
 
 def lr_candidates(cfg: DemoConfig, arm: str) -> list[tuple[float, float | None]]:

@@ -96,7 +96,7 @@ def eval_stages(ctx: st.Context) -> list[Stage]:
 
 
 def search_stages(ctx: st.Context, arm: str) -> list[Stage]:
-    """An arm's rates chosen on validation problems: seed 0's run at every candidate, each evaluated on validation
+    """An arm's rates chosen on validation problems: the TUNE_SEED run at every candidate, each evaluated on validation
     problems, then the choice (DIR/lr_<arm>.json). None for an arm without a search."""
     stages, out, cfg = [], ctx.out, ctx.cfg
     candidates = lr_candidates(cfg, arm)
@@ -157,7 +157,7 @@ def recipe_stages(ctx: st.Context) -> list[Stage]:
     for seed in range(cfg.seeds):
         for arm in arms:
             stages += _recipe_arm_stages(ctx, dirs, arm, seed)
-    for arm, named in recipe_candidates(cfg).items():  # every rate a search compares, at seed 0
+    for arm, named in recipe_candidates(cfg).items():  # every rate a search compares, at the search's seed
         for name, label in named.items():
             stages += _recipe_arm_stages(ctx, dirs, arm, lr_search.TUNE_SEED, (label, name))
     return stages
@@ -174,7 +174,7 @@ def recipe_candidates(cfg) -> dict[str, dict[str, str]]:
 
 def _recipe_arm_stages(ctx: st.Context, dirs, arm: str, seed: int, candidate: tuple | None = None) -> list[Stage]:
     """An arm's recipe run of `seed` and its two evaluations; `candidate` (label, name): a search candidate's run at
-    its own rates, named without a seed (it belongs to the search, at seed 0)."""
+    its own rates, named without a seed (it belongs to the search, at its seed)."""
     cfg, spec = ctx.cfg, ARMS[arm]
     after = ("control base",) if spec.sft is None else (f"recipe sft {spec.sft} seed {sft_seed_of(cfg, seed)}",)
     label, tag, lrs = arm, f"{arm} seed {seed}", None

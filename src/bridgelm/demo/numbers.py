@@ -47,9 +47,9 @@ def per_problem_sets(run_dir: Path, width: int, k: int, tau: float) -> list[floa
 
 
 def power(diffs: dict) -> dict[str, float]:
-    """The smallest difference each paired comparison detects (80% power, two-sided 5%), in points: its standard error
-    read off its 95% interval (width / (2 x 1.96)), times 2.8. The same seeds and problems detect nothing smaller; a
-    claim below this size is not tested by the run, whatever its interval says."""
+    """The difference each paired comparison finds 80% of the time (two-sided 5%), in points: its standard error read
+    off its 95% interval (width / (2 x 1.96)), times 2.8. Smaller differences are found less often, so a null here
+    does not exclude them; an interval that excludes 0 is a finding whatever this says."""
     return {
         key: round(100 * (Z_TEST + Z_POWER) * (d["high"] - d["low"]) / (2 * Z_TEST), 2) for key, d in diffs.items()
     }

@@ -26,6 +26,7 @@ from pathlib import Path
 from bridgelm.demo.arms import ARMS
 from bridgelm.demo.control import HINT_TOKENS, ControlDirs, evaluate, sibling_results
 from bridgelm.demo.base import make_problems, make_task
+from bridgelm.demo.lr_search import TUNE_SEED
 
 LEARNS_SHARE = 0.25  # a recipe learns a sibling channel when w8 − w1 reaches this share of the majority's headroom
 
@@ -148,12 +149,12 @@ def arm_result(demo, dirs: RecipeDirs, label: str, seeds=None) -> dict | None:
 
 def results(demo, dirs: RecipeDirs, arms: tuple[str, ...], candidates: dict) -> dict:
     """`recipe_control` of results.json: {arm: arm_result} for every Bridge arm whose recipe ran; a searched arm's
-    also has "candidates": {candidate: arm_result of seed 0}, every rate its search compared, so that the report
+    also has "candidates": {candidate: arm_result of the search's seed}, every rate its search compared, so that the report
     can say whether any of them learns a channel where the chosen one does not. `candidates`: {arm: {candidate
     name: label}}."""
     out = {arm: r for arm in recipe_arms(arms) if (r := arm_result(demo, dirs, arm)) is not None}
     for arm, named in candidates.items():
-        found = {name: r for name, label in named.items() if (r := arm_result(demo, dirs, label, [0])) is not None}
+        found = {name: r for name, label in named.items() if (r := arm_result(demo, dirs, label, [TUNE_SEED])) is not None}
         if found:
             out.setdefault(arm, {})["candidates"] = found
     return out

@@ -106,7 +106,7 @@ def extra_arms_section(extra: dict, searched: dict, cfg) -> list[str]:
     for arm, d in extra.items():
         for key, diff in d.items():
             if isinstance(diff, dict) and "mean" in diff:
-                role = "primary" if key == cfg.primary else "secondary"
+                role = "primary" if key == cfg.primary and key.startswith(f"{arm}-") else "secondary"
                 rows.append([f"{TITLES[arm]}: {key} ({role})", diff_text(diff), f"{d['power'][key]:.1f}", str(d["seeds"])])
     lines = ["## The other arms", "", markdown_table(
         ["Paired difference (seeds and problems)", "Mean and 95% interval", "Detects (points)", "Seeds"], rows), ""]
@@ -114,7 +114,7 @@ def extra_arms_section(extra: dict, searched: dict, cfg) -> list[str]:
         if choice:
             val = ", ".join(f"{name}: {_pct(acc)}%" for name, acc in choice["validation_accuracy"].items())
             blr = "" if choice["block_lr"] is None else f", block lr {choice['block_lr']:g}"
-            lines += [f"{TITLES[arm]}: lr {choice['lr']:g}{blr}, chosen on validation problems (seed 0; {val}).", ""]
+            lines += [f"{TITLES[arm]}: lr {choice['lr']:g}{blr}, chosen on validation problems (runs of a seed no evaluated run has; {val}).", ""]
     return lines
 
 
