@@ -317,7 +317,7 @@ def test_sft_stage_summary_without_held_out_problems():
 
 
 def test_paper_effects_are_scaled_by_this_runs_rlvr_gain_and_placed_against_the_interval():
-    from bridgelm.demo.report import verdict
+    from bridgelm.demo.verdict import verdict
     from bridgelm.demo.results import paper_contrasts, paper_effects
 
     paper = paper_contrasts()  # the smallest share of RLVR's gain over the paper's three models, from its tables

@@ -7,10 +7,10 @@ A full-model arm at the demo's RL rate (1e-4) leaves its blocks little room to l
 outside pilot on the positive control: +1.7 points of w=8 − w=1 at the Bridge arm's recipe, +13.8 with the blocks at
 3e-3), so the blocks get a rate of their own here.
 
-How: seed 0's RL run is made at every candidate (lr, block_lr); each is evaluated on held-out *validation* problems
-at the arm's main width; the candidate with the best accuracy (the smaller rates on a tie) is recorded in
-DIR/lr_<arm>.json with every candidate's accuracy, and seeds 1.. run at it (seed 0's candidate run is the arm's seed
-0). Only then is the arm evaluated on the test problems, like every other arm.
+How: an RL run of TUNE_SEED (a seed no evaluated run has, from SFT seed 0) is made at every candidate (lr, block_lr);
+each is evaluated on held-out *validation* problems at the arm's main width; the candidate with the best accuracy
+(the smaller rates on a tie) is recorded in DIR/lr_<arm>.json with every candidate's accuracy, and every evaluated
+seed 0.. is trained afresh at it. Only then is the arm evaluated on the test problems, like every other arm.
 """
 
 from __future__ import annotations
