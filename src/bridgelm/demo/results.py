@@ -4,7 +4,7 @@ Per arm and seed: accuracy with its interval, coverage, G-Pass@k at every tau*k,
 width. The controls say whether Bridge uses its siblings: (a) interaction, the share of samples that change when the
 same draws are made at width w instead of 1; (b) foreign siblings, accuracy when a group holds samples of different
 problems; (c) P-Match, the parameter control. Differences between arms are paired (same problems, same seeds) with
-95% bootstrap intervals over seeds and problems (`metrics.paired_difference`), and set against the paper's effect
+95% intervals over seeds and problems (`intervals.paired_difference`), and set against the paper's effect
 scaled to this run (`paper_effects`). demo/report.py writes them as DIR/report.md.
 """
 

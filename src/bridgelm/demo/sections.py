@@ -30,7 +30,7 @@ def recipe_section(recipe: dict | None, cfg) -> list[str]:
     for arm, r in recipe.items():
         if "learns" in r:
             rows.append(row(TITLES[arm], r))
-        for name, c in r.get("candidates", {}).items():  # the search's candidates, seed 0
+        for name, c in r.get("candidates", {}).items():  # the search's candidates, at its TUNE_SEED
             rows.append(row(f"{TITLES[arm]}, candidate {name}", c))
     head = ["Arm's recipe on the control task", f"w={w} − w=1", "foreign − w=1", "Headroom (majority − w=1, points)",
             "Learns a sibling channel", "Seeds"]
