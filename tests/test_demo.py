@@ -410,6 +410,26 @@ def test_paper_effects_are_scaled_by_this_runs_rlvr_gain_and_placed_against_the_
     assert [x for x in lines if x.startswith("- (primary)")] == [next(x for x in lines if "w=8 beats" in x)]
 
 
+def test_a_choice_from_the_older_search_is_refused(tmp_path):
+    """lr_<arm>.json made by the search that reused its winner's run as seed 0 is refused in one line, before any
+    stage runs and wherever the choice is read; the current search's choice is read."""
+    from bridgelm.demo import lr_search
+    from bridgelm.errors import UserError
+
+    path = lr_search.choice_file(tmp_path, "bridge_tuned")
+    choice = {"lr": 1e-4, "block_lr": 3e-3, "validation_accuracy": {"lr0.0001_blr0.003": 0.5}}
+    path.write_text(json.dumps({**choice, "seed": lr_search.TUNE_SEED}))
+    lr_search.check_choices(tmp_path)
+    assert lr_search.chosen(tmp_path, "bridge_tuned") == (1e-4, 3e-3)
+    assert lr_search.results(tmp_path, "bridge_tuned") == choice
+    for old in ({**choice, "seed": 0}, choice):
+        path.write_text(json.dumps(old))
+        refused = f"made by an older search \\(candidates at seed 0, not {lr_search.TUNE_SEED}\\): use another --out"
+        for read in (lr_search.check_choices, lambda out: lr_search.chosen(out, "bridge_tuned")):
+            with pytest.raises(UserError, match=refused):
+                read(tmp_path)
+
+
 def test_blocks_only_arm_takes_its_lr_from_validation_problems(tmp_path, capsys):
     """--arms bridge_blocks: a seed no evaluated run has runs every candidate block lr, each scored on validation (never the
     test split), the best is recorded and the arm's runs use it with the base frozen; results.json says which and

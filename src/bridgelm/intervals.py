@@ -70,7 +70,7 @@ def paired_difference(
         problems = rng.integers(0, P, size=P)
         means[i] = d[np.ix_(seeds, problems)].mean()
     low, high = np.quantile(means, [alpha / 2.0, 1.0 - alpha / 2.0])
-    kind = "bootstrap over problems (1 seed)" if S == 1 else "bootstrap"
+    kind = "bootstrap over problems (1 seed)" if S == 1 else f"bootstrap over {S} seeds and problems"
     return {"mean": float(d.mean()), "low": float(low), "high": float(high), "interval": kind}
 
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from bridgelm.errors import UserError
+
 # The RL seed of the candidates' runs: one that no evaluated run has (seeds 0..S-1), so that the winner's luck on
 # validation is not carried into the comparison on test problems (the winner's run reused as seed 0 biased the tuned
 # arm upward: +0.6 points with no true effect, in simulation). Its runs start from SFT seed 0.
@@ -84,9 +86,24 @@ def stage_choose(ctx, arm: str) -> dict:
     return {"lr": best[0], "block_lr": best[1], "validation_accuracy": accuracy, "seed": TUNE_SEED}
 
 
+def _choice(path: Path) -> dict:
+    """DIR/lr_<arm>.json, refused when an older search made it (its winner's run was reused as seed 0)."""
+    choice = json.loads(path.read_text())
+    if choice.get("seed") != TUNE_SEED:
+        raise UserError(f"{path} was made by an older search (candidates at seed {choice.get('seed', 0)}, not "
+                        f"{TUNE_SEED}): use another --out")
+    return choice
+
+
+def check_choices(out: Path) -> None:
+    """Refuse a folder whose choices an older search made, before any stage runs."""
+    for path in sorted(out.glob("lr_*.json")):
+        _choice(path)
+
+
 def chosen(out: Path, arm: str) -> tuple[float, float | None]:
     """The (lr, block_lr) chosen for `arm`."""
-    choice = json.loads(choice_file(out, arm).read_text())
+    choice = _choice(choice_file(out, arm))
     return float(choice["lr"]), None if choice["block_lr"] is None else float(choice["block_lr"])
 
 
@@ -102,5 +119,5 @@ def results(out: Path, arm: str) -> dict | None:
     path = choice_file(out, arm)
     if not path.exists():
         return None
-    choice = json.loads(path.read_text())
+    choice = _choice(path)
     return {k: choice[k] for k in ("lr", "block_lr", "validation_accuracy")}

@@ -31,6 +31,7 @@ from bridgelm.demo import stages as st
 from bridgelm.demo.base import PRETRAIN_FILE, make_problems, make_task, pretrain
 from bridgelm.demo.config import DemoConfig
 from bridgelm.demo.graph import arm_results, demo_stages, run_dirs
+from bridgelm.demo.lr_search import check_choices
 from bridgelm.demo.report import write_demo_report
 from bridgelm.demo.runner import Timings, run_stages
 from bridgelm.errors import UserError
@@ -89,6 +90,7 @@ def _start(out: Path, cfg: DemoConfig, quick: bool, log) -> tuple[DemoConfig, Ti
             f"warning: bf16 matmuls run at {peaks['bf16_tflops']} TFLOP/s here against fp32's {peaks['fp32_tflops']}: "
             "this demo will take many times longer than in fp32 (--no-bf16, with another --out)"
         )
+    check_choices(out)
     record_settings(out, {"quick": quick, **asdict(cfg), "precision": why})
     return cfg, Timings(out, peaks)
 

@@ -34,8 +34,7 @@ def _interval_claim(text: str, key: str, ctl: dict, sign: int = 1) -> list[str]:
         word = (f"{'above' if low > 0 else 'below'} 0 for this one training run; seed-to-seed variation is not "
                 "measured, so this does not test the method")
     role = "primary" if key == ctl.get("primary", "bridge-rlvr") else "secondary"
-    line = f"- ({role}) {text}: **{word}** ({diff_text(d)}, {d.get('interval', 'bootstrap')} interval paired over "
-    line += f"{ctl['seeds']} seed(s) and problems"
+    line = f"- ({role}) {text}: **{word}** ({diff_text(d)}, paired 95% interval: {d.get('interval', 'bootstrap')}"
     smallest = ctl.get("power", {}).get(key)
     line += f"; found 80% of the time at {smallest:.1f} points)" if smallest is not None else ")"
     if effect is not None:
@@ -110,8 +109,9 @@ def verdict(arms: dict, ctl: dict, cfg) -> str:
             )
         )
     gain = ctl.get("rlvr_gain")
-    if gain is not None:
-        lines.append(_claim("RLVR improves on the base model", gain["low"] > 0, diff_text(gain)))
+    if gain is not None:  # a claim about RLVR's training runs, read like the arms' differences
+        view = {**ctl, "diffs": {"rlvr-base": gain}, "power": {}, "paper_effects": {}}
+        lines += _interval_claim("RLVR improves on the base model", "rlvr-base", view)
     lines += _interval_claim(
         f"Bridge answers more consistently: a Bridge group of {k} is all right more often than {k} of RLVR's "
         "independent samples", "sets-all bridge-rlvr", ctl)
