@@ -103,7 +103,7 @@ def _one_position(qkv: torch.Tensor, groups: Groups, H: int, Dh: int) -> torch.T
     unfused), with the mask made once per step (`Groups.last_position_keys`), not once per layer."""
     B, w = groups.batch_size, groups.width
     q, k, v = qkv.view(B // w, w, 3, H, Dh).permute(2, 0, 3, 1, 4)  # each [G, H, w, Dh]
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=groups.last_position_keys())  # [G, H, w, Dh]
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=groups.last_position_keys(q.dtype))  # [G, H, w, Dh]
     return out.transpose(1, 2).reshape(B, 1, H * Dh)
 
 

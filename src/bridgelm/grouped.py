@@ -39,16 +39,18 @@ class Groups:
     def contiguous(self) -> bool:
         return self.index is None
 
-    def last_position_keys(self) -> torch.Tensor | None:
-        """Contiguous layout: which keys each row reads at the last position, [G, 1, w(query), w(key)] bool (the
-        valid rows of its group, and always itself), or None when every row is valid. Made once per layout, for
-        every layer of a decode step."""
+    def last_position_keys(self, dtype: torch.dtype) -> torch.Tensor | None:
+        """Contiguous layout: which keys each row reads at the last position, as an additive mask [G, 1, w(query),
+        w(key)] of `dtype` (0 for the valid rows of its group, and always for itself; -inf for the others), or None
+        when every row is valid. Made once per layout, for every layer of a decode step (sdpa would turn a bool mask
+        into this one in every layer)."""
         if self.valid is None:
             return None
-        if self._last_keys is None:
+        if self._last_keys is None or self._last_keys.dtype != dtype:
             w = self.width
             eye = torch.eye(w, dtype=torch.bool, device=self.valid.device)
-            self._last_keys = self.valid[:, -1].reshape(-1, 1, 1, w) | eye
+            keys = self.valid[:, -1].reshape(-1, 1, 1, w) | eye
+            self._last_keys = torch.zeros(keys.shape, dtype=dtype, device=keys.device).masked_fill_(~keys, -torch.inf)
         return self._last_keys
 
     @staticmethod
