@@ -114,7 +114,7 @@ def test_analyze_commands(tmp_path, capsys):
     assert siblings["sets"] == 3 and siblings["responses"] == 6  # the first group (width 2) of each problem; the
     # width-1 samples are no sets (one response: no siblings)
     assert siblings["diff"]["mean"] != 0.0 and siblings["source"] == str(run)
-    main(["analyze", "similarity", str(run), "--embedding-model", ""])
+    main(["analyze", "similarity", "--run", str(run), "--embedding-model", ""])
     similarity = json.loads((run / "similarity.json").read_text())
     assert similarity["toy"]["2"]["problems"] == 3 and 0.0 <= similarity["toy"]["2"]["rouge_l"]["mean"] <= 1.0
     assert 0.0 <= similarity["toy"]["2"]["rouge_1"]["mean"] <= 1.0

@@ -476,8 +476,10 @@ def test_a_folder_that_is_not_an_eval_run(models, tmp_path, capsys):
     line = _fails(capsys, ["eval", "--model", models / "m", "--task", "gsm8k", "--data", data, "--out", sft])
     assert f"{sft} is a bridgelm sft training run" in line
     assert json.loads((sft / "run.json").read_text()) == {"kind": "sft", "identity": {}}
-    line = _fails(capsys, ["analyze", "similarity", tmp_path / "nope", "--embedding-model", ""])
+    line = _fails(capsys, ["analyze", "similarity", "--run", tmp_path / "nope", "--embedding-model", ""])
     assert f"{tmp_path / 'nope'} is not an eval run" in line
+    line = _fails(capsys, ["analyze", "similarity", "--run", sft, "--out", tmp_path / "simdir"])
+    assert f"--out {tmp_path / 'simdir'}: expected a .json file" in line and not (tmp_path / "simdir").exists()
 
 
 def test_score_reads_a_hand_edited_run_as_one_line(models, tmp_path, capsys):

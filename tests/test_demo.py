@@ -1,6 +1,7 @@
 """`bridgelm demo --quick`: the whole pipeline at toy sizes, end to end, then resumed (every stage skipped)."""
 
 import json
+import re
 import shutil
 from functools import partial
 from pathlib import Path
@@ -44,10 +45,18 @@ def test_quick_demo_runs_every_stage_and_resumes(tmp_path, capsys):
     assert results["paper_effects"] == paper_effects(results["diffs"], results["rlvr_gain"])
     # The smallest difference each comparison detects: 2.8 standard errors read off its interval. A toy run can pair
     # identical outcomes (Bridge's tiny toy blocks can leave bf16 samples unchanged at every width): a zero-width
-    # interval, and power 0.
+    # interval, whose power is not estimable (None, and said so in the report).
     assert set(results["power"]) == set(results["diffs"])
     for key, d in results["diffs"].items():
-        assert results["power"][key] == round(100 * 2.8 * (d["high"] - d["low"]) / (2 * 1.96), 2) >= 0
+        expected = round(100 * 2.8 * (d["high"] - d["low"]) / (2 * 1.96), 2) if d["high"] > d["low"] else None
+        assert results["power"][key] == expected
+    assert "at 0.0 points" not in text
+    # the report and the terminal in words: the base model's size, the stages' times, the warm-up's counts
+    params = json.loads((out / "base" / "pretrain.json").read_text())["params"]
+    assert results["base_params"] == params and f"a {params / 1e6:.2f}M parameter model" in text
+    assert "Stage times: base " in text and "{" not in text.split("Stage times: ")[1].split("\n")[0]
+    assert re.search(r"\[warmup\] done in \d+s: \d+ of \d+ problems kept \(\d+ correct responses\), base accuracy", printed)
+    assert re.search(r"\[eval foreign siblings seed 0\] done in \d+s: Bridge with foreign siblings: w=", printed)
     assert set(results["rlvr_gain"]) == {"mean", "low", "high", "interval"}
     assert "foreign siblings" in text and "Departures from the paper" in text
     # The positive control ran at every seed: its paired differences, accuracies and power (issue 39's keys).
@@ -408,6 +417,16 @@ def test_paper_effects_are_scaled_by_this_runs_rlvr_gain_and_placed_against_the_
                                                                   "power": {"w8-w1": 1.0}, "seeds": 3}})
     lines = verdict(arms, extra, DemoConfig(primary="w8-w1")).splitlines()
     assert [x for x in lines if x.startswith("- (primary)")] == [next(x for x in lines if "w=8 beats" in x)]
+
+
+def test_power_of_an_interval_without_width_is_not_estimable():
+    """A zero-width interval (every problem's difference the same) has no standard error to read: its power is None
+    and the report says so, where a width gives 2.8 standard errors in points."""
+    from bridgelm.demo.numbers import power, power_text
+
+    found = power({"flat": {"mean": 0.0, "low": 0.0, "high": 0.0}, "wide": {"mean": 0.0, "low": -0.0196, "high": 0.0196}})
+    assert found == {"flat": None, "wide": 2.8}
+    assert power_text(found["flat"]) == "not estimable (no variation)" and power_text(found["wide"]) == "2.8"
 
 
 def test_a_choice_from_the_older_search_is_refused(tmp_path):

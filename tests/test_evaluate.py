@@ -294,6 +294,11 @@ def test_scoring_real_math_rows(tmp_path, model_tok, shared_data):
     assert entry["problems"] == 2 and entry["missing"] == [] and set(entry["budgets"]) == {"1", "2", "4", "8"}
     assert 0.0 <= entry["metrics"]["accuracy"]["mean"] <= 1.0 and 1 <= entry["mean_length"] <= 8
     assert json.loads((run / "metrics.json").read_text()) == result
+    assert result["gpass_k"] == 4  # the k the metrics used: 8 capped at n
+    for w in ("1", "2"):  # the random model's samples mostly cut at 8 tokens: the summary says so, share and cap
+        cut = round(100 * (1 - result["avg"][w]["finished"]))
+        assert cut > 50 and f"warning: {cut}% of samples were cut at max_new_tokens 8 (raise --max-new-tokens)" in (
+            S.summary_line(result, int(w)))
 
     # fake samples with boxed answers: what scoring counts, majority vote and budgets
     g0, g1 = math[0]["answer"], math[1]["answer"]
@@ -307,6 +312,7 @@ def test_scoring_real_math_rows(tmp_path, model_tok, shared_data):
     finished = {("math500", 0): [True, True, False, True]}
     _fabricate(run, texts, lengths, finished)
     result = S.score_run(run, progress=False)
+    assert result["avg"]["1"]["finished"] > 0.5 and "warning" not in S.summary_line(result, 1)
     for w in ("1", "2"):
         m = result["benchmarks"]["math500"][w]
         assert m["metrics"]["accuracy"]["mean"] == pytest.approx(0.5)  # (3/4 + 1/4) / 2

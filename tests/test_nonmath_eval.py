@@ -181,7 +181,7 @@ def test_table_2_and_table_5_layouts(tmp_path, model_dir, capsys):
                 _fabricate(run, {0: answers[task], 1: answers[task]})
             main(["score", str(run)])
         rows[name] = runs
-    main(["analyze", "similarity", str(rows["bridge"]["xsum"]), "--embedding-model", ""])
+    main(["analyze", "similarity", "--run", str(rows["bridge"]["xsum"]), "--embedding-model", ""])
     out = tmp_path / "report"
     dirs = [
         str(rows[n][t]) for n in ("base", "bridge") for t in ("countdown", "gpqa", "xsum", "zebra", "cnn_dailymail")

@@ -6,7 +6,7 @@ bridgelm score runs/x
 bridgelm report runs/base runs/bridge --names base,bridge --out reports/x
 bridgelm analyze features --model DIR --run runs/x --out reports/features
 bridgelm analyze siblings --model DIR (--run runs/x | --data warmup.jsonl) --out reports/siblings
-bridgelm analyze similarity runs/x
+bridgelm analyze similarity --run runs/x                 (writes runs/x/similarity.json, which report reads)
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ def _cmd_siblings(args) -> None:
 
 def _cmd_similarity(args) -> None:
     launch.run_similarity(
-        args.run_dir, args.out, args.benchmark, args.width, args.max_samples, args.embedding_model
+        args.run, args.out, args.benchmark, args.width, args.max_samples, args.embedding_model
     )
 
 
@@ -138,10 +138,10 @@ def _add_analyze(sub) -> None:
     s = asub.add_parser(
         "similarity", help="mean pairwise ROUGE-L and ROUGE-1 (rouge-score; and embedding cosine) within response sets"
     )
-    s.add_argument("run_dir")
+    s.add_argument("--run", required=True, help="eval run whose response sets are compared")
     s.add_argument("--benchmark", help="only this benchmark")
     s.add_argument("--width", type=positive_int, help="only this width")
     s.add_argument("--max-samples", type=positive_int, help="first responses of each set only (pairs grow as n^2)")
     s.add_argument("--embedding-model", help="local sentence-transformers model (default: MiniLM-L6; '' = skip)")
-    s.add_argument("--out", help="output JSON (default RUN_DIR/similarity.json)")
+    s.add_argument("--out", help="a .json file (default RUN/similarity.json, which bridgelm report reads)")
     s.set_defaults(func=_cmd_similarity)

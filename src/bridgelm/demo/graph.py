@@ -33,7 +33,7 @@ def demo_stages(ctx: st.Context) -> list[Stage]:
     cfg, out = ctx.cfg, ctx.out
     stages = control_stages(cfg, control_dirs(out)) if cfg.positive_control else []  # first: beside the others
     warmup = partial(st.recorded, out / "warmup.done", st.stage_warmup, ctx)
-    stages.append(Stage("warmup", out / "warmup.done", warmup, json.dumps))
+    stages.append(Stage("warmup", out / "warmup.done", warmup, st.warmup_summary))
     for seed in sft_seeds(cfg):
         for kind in sft_kinds(cfg):
             done = ctx.sft_dir(kind, seed) / "done.json"  # blocks.safetensors appears at the first epoch's end
@@ -89,7 +89,7 @@ def eval_stages(ctx: st.Context) -> list[Stage]:
             stages.append(Stage(f"eval {arm} seed {seed}", ctx.eval_dir(arm, seed) / "metrics.json", fn, summary, after))
         if cfg.foreign_control:
             fn = partial(st.stage_eval, ctx, "bridge", seed, foreign=True)
-            summary, after = partial(st.eval_summary, arm="bridge"), (f"rl bridge seed {seed}",)
+            summary, after = partial(st.eval_summary, arm="Bridge with foreign siblings"), (f"rl bridge seed {seed}",)
             name = f"eval foreign siblings seed {seed}"
             stages.append(Stage(name, ctx.foreign_dir(seed) / "metrics.json", fn, summary, after))
     return stages
@@ -147,7 +147,7 @@ def recipe_stages(ctx: st.Context) -> list[Stage]:
     cfg, dirs = ctx.cfg, rc.RecipeDirs(control_dirs(ctx.out))
     arms = rc.recipe_arms(rl_arms(cfg))
     warm = dirs.root / "warmup.done"
-    stages = [Stage("recipe warmup", warm, partial(st.recorded, warm, rc.stage_warmup, cfg, dirs), json.dumps,
+    stages = [Stage("recipe warmup", warm, partial(st.recorded, warm, rc.stage_warmup, cfg, dirs), st.warmup_summary,
                     ("control base",))]
     for seed in sft_seeds(cfg):
         for kind in dict.fromkeys(ARMS[a].sft for a in arms if ARMS[a].sft):

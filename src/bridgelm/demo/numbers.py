@@ -46,13 +46,20 @@ def per_problem_sets(run_dir: Path, width: int, k: int, tau: float) -> list[floa
     return [statistics.fmean(sum(r["correct"][i : i + k]) >= need for i in range(0, r["n"], k)) for r in scores]
 
 
-def power(diffs: dict) -> dict[str, float]:
+def power(diffs: dict) -> dict[str, float | None]:
     """The difference each paired comparison finds 80% of the time (two-sided 5%), in points: its standard error read
     off its 95% interval (width / (2 x 1.96)), times 2.8. Smaller differences are found less often, so a null here
-    does not exclude them; an interval that excludes 0 is a finding whatever this says."""
+    does not exclude them; an interval that excludes 0 is a finding whatever this says. None for an interval of no
+    width (every problem's difference the same, as at toy sizes): nothing to read a standard error from."""
     return {
-        key: round(100 * (Z_TEST + Z_POWER) * (d["high"] - d["low"]) / (2 * Z_TEST), 2) for key, d in diffs.items()
+        key: round(100 * (Z_TEST + Z_POWER) * (d["high"] - d["low"]) / (2 * Z_TEST), 2)
+        if d["high"] > d["low"] else None
+        for key, d in diffs.items()
     }
+
+
+def power_text(points: float | None) -> str:
+    return "not estimable (no variation)" if points is None else f"{points:.1f}"
 
 
 def sibling_test(one: list, wide: list, foreign: list, w: int) -> dict:

@@ -9,7 +9,6 @@ to this run.
 
 from __future__ import annotations
 
-import json
 import statistics
 from pathlib import Path
 
@@ -233,9 +232,17 @@ def _opening(cfg, results: dict) -> list[str]:
         f"temperature {cfg.eval.sampling.temperature}, top-p {cfg.eval.sampling.top_p}; "
         f"RL over {results['seeds']} seed(s). Machine: "
         f"{results['machine']}; matmul peak measured when the stages ran: {_peaks_text(results['matmul_peaks'])}. "
-        f"{_precision_text(cfg, why)} Stage times (s): {json.dumps(results['timings_s'])}.",
+        f"{_precision_text(cfg, why)} Stage times: {_times_text(results['timings_s'])}.",
         "",
     ]
+
+
+def _times_text(seconds: dict) -> str:
+    return ", ".join(f"{name} {value:.1f} s" for name, value in seconds.items()) or "none recorded"
+
+
+def _size_text(params: int | None) -> str:
+    return "small" if params is None else f"{params / 1e6:.2f}M"
 
 
 def _tables(cfg, results: dict) -> list[str]:
@@ -276,7 +283,8 @@ def _closing(cfg, results: dict, figures: list[str]) -> list[str]:
         "",
         verdict(results["arms"], results, cfg),
         "",
-        "The miniature is a 1-2M parameter model on a synthetic task, trained for minutes: it tests the mechanics",
+        f"The miniature is a {_size_text(results['base_params'])} parameter model on a synthetic task, trained for "
+        "minutes: it tests the mechanics",
         "of the method and its direction, not the paper's numbers. Differences are paired (same test problems,",
         "same seeds, same random draws) with 95% intervals that count both the seeds' and the problems' variation",
         "(with one seed, the problems' only: such an interval speaks of that training run). An interval",

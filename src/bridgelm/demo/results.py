@@ -303,7 +303,9 @@ def demo_results(out: Path, cfg, dirs: RunDirs, found: dict, timings: dict, quic
     "lr_search"); `peaks`: the matmul peaks measured by each invocation that ran stages, with the stages it ran."""
     arms = collect(dirs.eval, cfg)
     settings = json.loads((out / "demo.json").read_text()) if (out / "demo.json").exists() else {}
+    base = out / "base" / "pretrain.json"
     results = {
+        "base_params": json.loads(base.read_text())["params"] if base.exists() else None,
         **controls(arms, dirs.eval, dirs.foreign, cfg),  # seeds, interaction, foreign_siblings, diffs, rlvr_gain, ...
         **found,
         "extra_arms": extra_arms(dirs.eval, cfg),

@@ -4,6 +4,7 @@ the arms beyond the paper's three (with their rates chosen on validation problem
 from __future__ import annotations
 
 from bridgelm.demo.arms import TITLES
+from bridgelm.demo.numbers import power_text
 from bridgelm.eval.tables import markdown_table, pct
 
 
@@ -62,8 +63,8 @@ def control_section(pc: dict | None) -> list[str]:
         "result on the main task says nothing about Bridge"
     )
     rows = [
-        ["Bridge w=8 − Bridge w=1 (same weights, same draws)", diff_text(pc["w8-w1"]), f"{pc['power']['w8-w1']:.1f}"],
-        ["Bridge w=8 with foreign siblings − w=1", diff_text(pc["foreign-w1"]), f"{pc['power']['foreign-w1']:.1f}"],
+        ["Bridge w=8 − Bridge w=1 (same weights, same draws)", diff_text(pc["w8-w1"]), power_text(pc["power"]["w8-w1"])],
+        ["Bridge w=8 with foreign siblings − w=1", diff_text(pc["foreign-w1"]), power_text(pc["power"]["foreign-w1"])],
     ]
     return [
         "## Positive control: noisy clues, where the siblings carry the answer",
@@ -107,7 +108,8 @@ def extra_arms_section(extra: dict, searched: dict, cfg) -> list[str]:
         for key, diff in d.items():
             if isinstance(diff, dict) and "mean" in diff:
                 role = "primary" if key == cfg.primary and key.startswith(f"{arm}-") else "secondary"
-                rows.append([f"{TITLES[arm]}: {key} ({role})", diff_text(diff), f"{d['power'][key]:.1f}", str(d["seeds"])])
+                detects = power_text(d["power"][key])
+                rows.append([f"{TITLES[arm]}: {key} ({role})", diff_text(diff), detects, str(d["seeds"])])
     lines = ["## The other arms", "", markdown_table(
         ["Paired difference (seeds and problems)", "Mean and 95% interval", "Detects (points)", "Seeds"], rows), ""]
     for arm, choice in searched.items():

@@ -157,6 +157,11 @@ def stage_trace(ctx: Context, seed: int) -> dict:
     return {"seed": seed, "width": wide, "points": rows}
 
 
+def warmup_summary(stats: dict) -> str:
+    return (f"{stats['kept']} of {stats['problems']} problems kept ({stats['responses']} correct responses), base "
+            f"accuracy {100 * stats['accuracy']:.1f}%")
+
+
 def sft_summary(result: dict) -> str:
     if result["best_val_ppl"] is None:  # too few kept warm-up problems to hold any out
         return f"{result['steps']} steps, no held-out problems (blocks of the last epoch)"

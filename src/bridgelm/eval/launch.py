@@ -174,6 +174,9 @@ def run_similarity(run_dir: str, out: str | None = None, benchmark: str | None =
     from bridgelm.eval.similarity import DEFAULT_EMBEDDER, run_similarity as similarity
 
     path = Path(out) if out else Path(run_dir) / "similarity.json"
+    if path.suffix != ".json":
+        raise UserError(f"--out {out}: expected a .json file to write (default RUN/similarity.json, which bridgelm "
+                        "report reads), not a folder")
     check_out(str(path), "file")
     embedder = DEFAULT_EMBEDDER if embedding_model is None else (embedding_model or None)
     result = similarity(run_dir, benchmark, width, max_samples, embedder, path)

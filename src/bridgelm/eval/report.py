@@ -316,7 +316,7 @@ def _metric_sections(report: dict[str, Any]) -> list[str]:
         out.append(
             "Variance: the variance of ROUGE-1 F1 x 100 across one prompt's responses, mean over prompts (points², "
             "lower = more consistent). Similarity: mean pairwise ROUGE-L F1 x 100 (and embedding cosine x 100) "
-            "within a prompt's responses, from `bridgelm analyze similarity RUN` (higher = more alike)."
+            "within a prompt's responses, from `bridgelm analyze similarity --run RUN` (higher = more alike)."
         )
     return out
 

@@ -129,7 +129,7 @@ def _score_locked(run_dir: Path, task: Task | None, allow_partial: bool, progres
     finally:
         if bar is not None:
             bar.close()
-    gpass_k = int(run.get("gpass_k", 8))
+    gpass_k = min(int(run.get("gpass_k", 8)), int(run["n"]))  # the k used: capped at n
     result: dict[str, Any] = {
         "format": FORMATS["eval"],
         "run": {k: run.get(k) for k in ("model", "blocks", "task", "n", "widths", "width", "max_new_tokens")},
@@ -234,10 +234,23 @@ def summary_line(result: dict[str, Any], width: int | None = None) -> str:
         variance = 1e4 * m["score_variance"]["mean"]
         return head + (
             f"mean {CONTINUOUS} (ROUGE-1 F1) {100 * m[CONTINUOUS]['mean']:.2f}, per-prompt {CONTINUOUS} variance "
-            f"{variance:.2f} (points²), mean length {avg['mean_length']:.0f} tokens"
+            f"{variance:.2f} (points²), mean length {avg['mean_length']:.0f} tokens" + _cut_text(result, avg)
         )
     parts = [f"accuracy {100 * m['accuracy']['mean']:.2f}%", f"coverage@n {100 * m['coverage@n']['mean']:.2f}%"]
     if "majority_vote" in m:
         parts.append(f"majority vote {100 * m['majority_vote']['mean']:.2f}%")
     parts.append(f"mean length {avg['mean_length']:.0f} tokens")
-    return head + ", ".join(parts)
+    return head + ", ".join(parts) + _cut_text(result, avg)
+
+
+CUT_WARNING = 0.5  # the share of samples cut by max_new_tokens above which the summary says so
+
+
+def _cut_text(result: dict[str, Any], avg: dict[str, Any]) -> str:
+    """A warning when most samples ended at max_new_tokens, not by themselves: their scores then say more about the
+    cap than about the model."""
+    cut = 1.0 - avg["finished"]
+    if cut <= CUT_WARNING:
+        return ""
+    cap = result["run"]["max_new_tokens"]
+    return f"; warning: {100 * cut:.0f}% of samples were cut at max_new_tokens {cap} (raise --max-new-tokens)"

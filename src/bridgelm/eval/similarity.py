@@ -8,7 +8,7 @@
 - Embedding similarity (the paper's BERTScore stands in for it) needs sentence-transformers and a model that is
   already on disk; otherwise it is skipped with the reason. Nothing is ever downloaded.
 
-    bridgelm analyze similarity runs/x
+    bridgelm analyze similarity --run runs/x
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ Avg(base) in percentage points. Non-math benchmarks (paper Table 2): runs of the
 zebra and countdown, one column each in that order; ROUGE-1 F1 for summarisation, accuracy for the others; no Avg
 (the columns measure different things). Output stability (paper Table 5): the mean per-prompt variance of the
 summarisation score (in points², i.e. of ROUGE-1 x 100), and the mean pairwise similarity of a run's responses where
-`bridgelm analyze similarity RUN` has written RUN/similarity.json (ROUGE-L; embedding cosine when computed).
+`bridgelm analyze similarity --run RUN` has written RUN/similarity.json (ROUGE-L; embedding cosine when computed).
 
 Used by bridgelm.eval.report and bridgelm.demo.results.
 """
