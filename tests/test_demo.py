@@ -134,6 +134,8 @@ def test_quick_demo_runs_every_stage_and_resumes(tmp_path, capsys):
     main(["demo", "--quick", "--seeds", "2", "--out", str(out)])
     again = capsys.readouterr().out
     assert "base model: reusing" in again
+    assert f"precision: {'bf16' if results['settings']['bf16'] else 'fp32'}" in again  # the first run's choice, said so
+    assert f"kept from this folder's earlier stages, which chose it: {results['precision']['why']}" in again
     for stage in ("[warmup]", "[sft bridge seed 1]", "[sft pmatch seed 0]", "[rl rlvr seed 1]", "[eval base seed 0]"):
         assert f"{stage} already done" in again
     # the stage times keep the machine speed measured when they were taken, not the re-run's
@@ -216,6 +218,10 @@ def test_a_folder_of_other_settings_is_refused(tmp_path):
     with pytest.raises(UserError, match=refused):
         record_settings(tmp_path, {**settings, "sft_per_seed": False})
     assert json.loads((tmp_path / "demo.json").read_text())["seeds"] == 5  # a refused run records nothing
+    # --quick against a full folder: the one cause of its many differences, said first and alone
+    with pytest.raises(UserError, match=f"^{tmp_path} was made without --quick: leave out --quick to continue it, or "
+                       "use another --out$"):
+        record_settings(tmp_path, {**settings, "quick": True, "warmup_problems": 4})
 
 
 def test_precision_is_bf16_only_where_its_matmul_is_fast(tmp_path):

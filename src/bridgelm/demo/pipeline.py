@@ -77,6 +77,9 @@ def _start(out: Path, cfg: DemoConfig, quick: bool, log) -> tuple[DemoConfig, Ti
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    check_settings_of(out, {"quick": quick, **asdict(cfg)})  # before the peaks' seconds: a refusal comes at once
+    check_choices(out)
+    earlier = (out / "base").exists()  # the folder's stages chose the precision (choose_bf16)
     peaks = matmul_peaks()
     log(f"this machine now: fp32 matmul {peaks['fp32_tflops']} TFLOP/s, bf16 {peaks['bf16_tflops']} TFLOP/s")
     bf16, why = choose_bf16(cfg, peaks, out)
@@ -84,26 +87,37 @@ def _start(out: Path, cfg: DemoConfig, quick: bool, log) -> tuple[DemoConfig, Ti
     if cfg.seeds is None:
         cfg = replace(cfg, seeds=DEFAULT_SEEDS[bf16])
         log(f"seeds: {cfg.seeds} ({'bf16' if bf16 else 'fp32'}'s default; --seeds N for more, added to this folder)")
-    log(f"precision: {'bf16 forwards (fp32 weights in training)' if bf16 else 'fp32'}, {why}")
+    kept = f"kept from this folder's earlier stages, which chose it: {why}" if earlier else why
+    log(f"precision: {'bf16 forwards (fp32 weights in training)' if bf16 else 'fp32'}, {kept}")
     if bf16 and bf16_is_slow(peaks["bf16_tflops"], peaks["fp32_tflops"]):
         log(
             f"warning: bf16 matmuls run at {peaks['bf16_tflops']} TFLOP/s here against fp32's {peaks['fp32_tflops']}: "
             "this demo will take many times longer than in fp32 (--no-bf16, with another --out)"
         )
-    check_choices(out)
     record_settings(out, {"quick": quick, **asdict(cfg), "precision": why})
     return cfg, Timings(out, peaks)
 
 
+def check_settings_of(out: Path, settings: dict) -> None:
+    """Refuse `settings` where OUT/demo.json records others (all but RERUN_MAY_CHANGE) for the folder's stages, so
+    that a re-run does not mix its runs with another setting's under one label; --quick against a full folder (or
+    the reverse) is said first, as the one cause of its many differences."""
+    record = out / "demo.json"
+    if not record.is_file():
+        return
+    saved = read_json_object(record, DEMO_JSON)
+    if saved.get("quick") != settings["quick"]:
+        raise UserError(f"{out} was made {'with' if saved.get('quick') else 'without'} --quick: "
+                        f"{'add' if saved.get('quick') else 'leave out'} --quick to continue it, or use another --out")
+    now, saved = dotted(jsonable(settings)), dotted(saved)  # nested configs by dotted key: a difference is named
+    keys = [k for k in now if k.split(".")[0] not in RERUN_MAY_CHANGE]
+    check_settings(record, saved, now, keys, fix="use another --out")
+
+
 def record_settings(out: Path, settings: dict) -> None:
-    """OUT/demo.json: the folder's settings, checked first against those its stages were made with (all but
-    RERUN_MAY_CHANGE), so that a re-run does not mix its runs with another setting's under one label."""
-    settings, record = jsonable(settings), out / "demo.json"
-    if record.is_file():  # nested configs compared by dotted key, so that a difference is named (rl.optim.lr)
-        now, saved = dotted(settings), dotted(read_json_object(record, DEMO_JSON))
-        keys = [k for k in now if k.split(".")[0] not in RERUN_MAY_CHANGE]
-        check_settings(record, saved, now, keys, fix="use another --out")
-    write_json(record, settings)
+    """OUT/demo.json: the folder's settings, checked first (`check_settings_of`), then written."""
+    check_settings_of(out, settings)
+    write_json(out / "demo.json", jsonable(settings))
 
 
 def _base_and_tasks(out: Path, cfg: DemoConfig, quick: bool, timings: Timings, log) -> st.Context:
