@@ -86,6 +86,25 @@ def test_report_of_two_runs(tmp_path, model_tok, capsys):
     assert report["setting_differences"] == [] and "Not like for like" not in table
 
 
+def test_report_says_when_it_scores_a_run_or_reports_another_width(tmp_path, model_tok, capsys):
+    """A run without metrics.json is scored first, and the terminal says so; a partial run with no scores at its
+    own width is reported at the width it has, with a warning (in report.json and the terminal), not silently."""
+    run = _scored_run(tmp_path / "a", model_tok, {"aime24": [1, 0]}, [1, 2])
+    (run / "metrics.json").unlink()
+    main(["report", str(run), "--out", str(tmp_path / "r1")])
+    said = capsys.readouterr().out
+    assert f"bridgelm report: {run} is not scored yet: scoring it first (-> {run / 'metrics.json'})" in said
+    assert json.loads((tmp_path / "r1" / "report.json").read_text())["setting_differences"] == []
+    recs = [r for r in read_records(run / "samples.jsonl") if r["width"] == 1]  # w=2, the run's width, not sampled
+    (run / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    S.score_run(run, allow_partial=True, progress=False)
+    main(["report", str(run), "--out", str(tmp_path / "r2")])
+    said = capsys.readouterr().out
+    line = "run: aime24 has no scores at its run's width 2 (a partial run): reported at w=1"
+    assert json.loads((tmp_path / "r2" / "report.json").read_text())["setting_differences"] == [line]
+    assert f"bridgelm report: warning: {line}" in said and "scoring it first" not in said
+
+
 def test_report_says_when_rows_differ_in_settings(tmp_path, model_tok, capsys):
     """A row sampled hotter, on other data for one benchmark: the report names each difference, in table.md, in
     report.json and on the terminal."""

@@ -57,6 +57,7 @@ def load_metrics(run_dir: str | os.PathLike) -> dict[str, Any]:
     path = Path(run_dir) / METRICS_FILE
     if not path.is_file():
         read_eval_run(run_dir)  # a clear error when this is not a run at all
+        print(f"bridgelm report: {run_dir} is not scored yet: scoring it first (-> {path})", flush=True)
         result = score_run(run_dir)
     else:
         again = f"`bridgelm score {run_dir}` writes it again"
@@ -106,6 +107,7 @@ def collect_rows(run_dirs: Sequence[str], names: Sequence[str] | None = None) ->
             task = result["run"].get("task")
             row["benchmarks"][bench] = {
                 "width": width,
+                "main_width": main,  # the run's own: `width` differs when a partial run has no scores there
                 "widths": per_width,
                 "run": str(run_dir),
                 "task": task,
@@ -123,7 +125,8 @@ LIKE_FOR_LIKE = tuple(k for k in SAMPLED_WITH if k not in ("width", "seed"))
 
 def setting_differences(rows: dict[str, dict]) -> list[str]:
     """One line per (benchmark, setting) whose value differs between the rows that report the benchmark: the
-    sampling settings of LIKE_FOR_LIKE, and the benchmark's data (its problem count and digest)."""
+    sampling settings of LIKE_FOR_LIKE, and the benchmark's data (its problem count and digest); first, one per
+    benchmark reported at another width than its run's (a partial run without scores at it)."""
 
     def value(entry: dict, bench: str, key: str):
         settings = entry.get("settings") or {}
@@ -131,7 +134,10 @@ def setting_differences(rows: dict[str, dict]) -> list[str]:
             return next((b.get(key) for b in settings.get("benchmarks", []) if b.get("name") == bench), None)
         return settings.get(key)
 
-    lines = []
+    lines = [
+        f"{name}: {bench} has no scores at its run's width {b['main_width']} (a partial run): reported at w={b['width']}"
+        for name, row in rows.items() for bench, b in row["benchmarks"].items() if b["width"] != b["main_width"]
+    ]
     benches = dict.fromkeys(b for row in rows.values() for b in row["benchmarks"])
     for bench in benches:
         having = {name: row["benchmarks"][bench] for name, row in rows.items() if bench in row["benchmarks"]}
