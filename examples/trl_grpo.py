@@ -1,6 +1,7 @@
 """GRPO with Bridge groups through TRL: a complete script (imports, a reward function, a conversational dataset).
 
     python examples/trl_grpo.py --output-dir grpo-out          # SmolLM2-135M-Instruct (hub), fresh Bridge blocks
+    python examples/trl_grpo.py --model DIR --output-dir out    # a local model folder (offline: no download)
     python examples/trl_grpo.py --toy --output-dir /tmp/toy     # a tiny random model: seconds on a CPU
 
 The prompts are conversational (lists of messages), so an Instruct model sees its chat template and answers; the
@@ -13,11 +14,14 @@ from __future__ import annotations
 import argparse
 import random
 import re
+import sys
 
 from datasets import Dataset
 
 import bridgelm
+from bridgelm.errors import UserError
 from bridgelm.integrations.trl import BridgeGRPOConfig, BridgeGRPOTrainer
+from bridgelm.tokenizer import load_tokenizer
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
@@ -60,7 +64,8 @@ def toy_model_and_tokenizer():
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--output-dir", required=True)
-    parser.add_argument("--toy", action="store_true", help="a tiny random model instead of " + MODEL)
+    parser.add_argument("--model", default=MODEL, help=f"a hub id or a local model folder (default {MODEL})")
+    parser.add_argument("--toy", action="store_true", help="a tiny random model instead of --model")
     parser.add_argument("--max-steps", type=int, default=None, help="default: 2 with --toy, else 50")
     parser.add_argument("--report-to", default="none", help="TRL's trackers: none, tensorboard, wandb, ...")
     opts = parser.parse_args(argv)
@@ -68,9 +73,11 @@ def main(argv=None) -> None:
     if opts.toy:
         model, tokenizer = toy_model_and_tokenizer()
     else:
-        from transformers import AutoTokenizer
-
-        model, tokenizer = bridgelm.load_model(MODEL), AutoTokenizer.from_pretrained(MODEL)
+        try:
+            model, tokenizer = bridgelm.load_model(opts.model), load_tokenizer(opts.model)
+        except UserError as err:  # no such folder, and no network for a hub id: one line, not a traceback
+            print(f"trl_grpo.py: error: {err}", file=sys.stderr)
+            sys.exit(2)
     bridgelm.add_bridge(model)  # zero-initialised blocks: the model starts as it was; GRPO trains them
 
     args = BridgeGRPOConfig(
