@@ -120,6 +120,22 @@ def test_analyze_commands(tmp_path, capsys):
     assert 0.0 <= similarity["toy"]["2"]["rouge_1"]["mean"] <= 1.0
     printed = capsys.readouterr().out
     assert "ROUGE-L" in printed and "ROUGE-1" in printed
+    # --out: never another command's run folder, nor the same analysis of another run (the same one is re-run)
+    before = (sib / "siblings.json").read_bytes()
+    (sib / "siblings.json").write_text(json.dumps({**siblings, "source": "elsewhere"}))
+    refusals = (
+        (["features", "--out", str(run)], f"--out {run} holds a bridgelm eval run: expected a folder of the analysis's own"),
+        (["siblings", "--out", str(sib)], f"--out {sib} holds the siblings.json of another analysis (source 'elsewhere')"),
+    )
+    for flags, message in refusals:
+        with pytest.raises(SystemExit) as err:
+            main(["analyze", *flags, "--model", str(tmp_path / "m"), "--run", str(run)])
+        msg = capsys.readouterr().err
+        assert err.value.code == 2 and message in msg, msg
+    assert not (run / "features.json").exists()
+    (sib / "siblings.json").write_bytes(before)
+    main(["analyze", "siblings", "--model", str(tmp_path / "m"), "--run", str(run), "--out", str(sib)])
+    assert json.loads((sib / "siblings.json").read_text())["diff"] == siblings["diff"]
     for flags, message in (
         (["features", "--sets", "0"], "argument --sets: '0' is not a positive integer"),
         (["features", "--sets", "-1"], "argument --sets: '-1' is not a positive integer"),

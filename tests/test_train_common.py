@@ -137,6 +137,12 @@ def test_config_check_names_fields(tmp_path):
     runs.check_settings(tmp_path, {"lr": 1.0, "steps": 3}, {"lr": 1.0, "steps": 3})
     with pytest.raises(ValueError, match=r"lr: saved 1.0 vs now 2.0"):
         runs.check_settings(tmp_path, {"lr": 1.0, "steps": 3}, {"lr": 2.0, "steps": 3})
+    # a file's fingerprint: "changed" only at the same path; another path is another file, named by its path alone
+    saved = {"blocks": "a.safetensors", "blocks_digest": "sha256:1"}
+    with pytest.raises(ValueError, match=r"\(blocks: the file changed since the run began \(sha256:1 vs now sha256:2\)\)"):
+        runs.check_settings(tmp_path, saved, {**saved, "blocks_digest": "sha256:2"})
+    with pytest.raises(ValueError, match=r"\(blocks: saved 'a.safetensors' vs now 'b.safetensors'\)"):
+        runs.check_settings(tmp_path, saved, {"blocks": "b.safetensors", "blocks_digest": "sha256:2"})
 
 
 def test_fresh_run_refuses_a_used_directory(tmp_path):

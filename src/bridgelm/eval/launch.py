@@ -12,9 +12,9 @@ from pathlib import Path
 from bridgelm.attach import has_block_type
 from bridgelm.errors import UserError
 from bridgelm.eval.runner import EvalConfig
-from bridgelm.jsonl import check_out, write_json
+from bridgelm.jsonl import check_out, read_json_object, write_json
 from bridgelm.models import load_config
-from bridgelm.runs import check_run_folder
+from bridgelm.runs import check_run_folder, run_kind
 from bridgelm.source import ModelSource, width_is_moot
 
 
@@ -111,6 +111,22 @@ def run_report(run_dirs: list[str], out: str, names: list[str] | None = None, ba
     return path
 
 
+def _check_analysis_out(out: str, name: str, identity: dict) -> None:
+    """--out of an analysis: a folder of its own (not another command's run folder), and not one holding the same
+    analysis of another model or run (a re-run of the same one replaces it)."""
+    check_out(out, "dir")
+    folder = Path(out)
+    if (folder / "run.json").is_file():
+        kind = run_kind(read_json_object(folder / "run.json", "a bridgelm run.json")) or "unknown"
+        raise UserError(f"--out {out} holds a bridgelm {kind} run: expected a folder of the analysis's own")
+    if (folder / name).is_file():
+        earlier = read_json_object(folder / name, f"a {name} of bridgelm analyze")
+        other = {k: v for k, v in identity.items() if earlier.get(k) != v}
+        if other:
+            was = ", ".join(f"{k} {earlier.get(k)!r}" for k in other)
+            raise UserError(f"--out {out} holds the {name} of another analysis ({was}): use another --out")
+
+
 def run_features(source: ModelSource, run: str, out: str, sets: int = 8, benchmark: str | None = None,
                  width: int | None = None, max_tokens: int = 4096) -> dict:
     """`bridgelm analyze features`: ||block output|| / ||residual|| per layer over `sets` response sets of the eval
@@ -118,7 +134,7 @@ def run_features(source: ModelSource, run: str, out: str, sets: int = 8, benchma
     from bridgelm.eval.analyze import plot_feature_ratios, run_feature_ratios
     from bridgelm.eval.folder import check_run_model
 
-    check_out(out, "dir")
+    _check_analysis_out(out, "features.json", {"model": source.model, "blocks": source.blocks, "run": str(run)})
     check_run_model(run, source.model, source.blocks)
     model = source.load_model()
     folder = Path(out)
@@ -141,7 +157,8 @@ def run_siblings(source: ModelSource, out: str, run: str | None = None, data: st
 
     if (run is None) == (data is None):
         raise UserError("give one of --run (an eval run) or --data (a warm-up file)")
-    check_out(out, "dir")
+    identity = {"model": source.model, "blocks": source.blocks, "source": str(run or data)}
+    _check_analysis_out(out, "siblings.json", identity)
     if source.blocks is None and not has_block_type(load_config(source.model)):
         raise UserError(  # refused before the model loads (sibling_gain says it again for a model given in Python)
             f"{source.model} has no Bridge or P-Match blocks and no --blocks were given: its samples cannot read each "
