@@ -430,3 +430,12 @@ def test_eval_at_several_widths_says_when_the_width_changes_nothing(tmp_path, ca
         by_width.setdefault(rec["width"], {})[rec["index"]] = [s["token_ids"] for s in rec["samples"]]
     if blocks != "bridge":
         assert by_width[1] == by_width[2]
+    # --foreign-groups, a control of Bridge's siblings, is said to change nothing where no sample reads another
+    argv = ["eval", "--model", str(tmp_path / "m"), "--data", data, "--n", "2", "--max-new-tokens", "2", "--no-score"]
+    for widths, moot in (("2", blocks != "bridge"), ("1", True)):
+        out = tmp_path / f"fg{widths}"
+        main([*argv, "--widths", widths, "--width", widths, "--foreign-groups", "--out", str(out)])
+        said = capsys.readouterr().out
+        assert ("bridgelm eval: note: --foreign-groups changes nothing here: " in said) is moot, said
+        if moot and widths == "1":
+            assert "at width 1 a sample has no siblings" in said or "so no sample reads another" in said

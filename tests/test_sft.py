@@ -142,8 +142,9 @@ def test_resume_after_interrupt_is_exact(tmp_path, monkeypatch, capsys):
     straight = base_model()
     train_sft(straight, TOK, path, CFG, tmp_path / "a")
     original = interrupt_on_call(monkeypatch, sft, "batch_backward", 3)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt) as stop:
         train_sft(base_model(), TOK, path, CFG, tmp_path / "b")
+    assert stop.value.said  # the trainer said what it saved: the command line adds no "interrupted" of its own
     monkeypatch.setattr(sft, "batch_backward", original)
     assert checkpoints.latest_checkpoint(tmp_path / "b").name == "step-00000002"
     said = capsys.readouterr().out
@@ -303,8 +304,9 @@ def test_interrupted_warmup_data_says_what_it_wrote(tmp_path, monkeypatch, capsy
     task = EvenTask("even", [{"a": i} for i in range(6)])
     out = tmp_path / "warmup.jsonl"
     sampling = SamplingConfig(max_new_tokens=8, temperature=1.0, top_p=1.0, max_batch_sequences=8)
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt) as stop:
         make_warmup_data(base_model(), TOK, task, out, n=4, sampling=sampling, progress=False)
+    assert stop.value.said
     assert [r["index"] for r in read_records(out)] == [0, 1]
     said = capsys.readouterr().err
     assert f"interrupted; 2 of the 6 problems to sample were written to {out} (2 of 6 in all)" in said

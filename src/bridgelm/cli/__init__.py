@@ -104,7 +104,8 @@ def main(argv: list[str] | None = None) -> None:
     try:
         args.func(args)
     except KeyboardInterrupt as err:
-        print(f"{prog}: interrupted", file=sys.stderr)  # the trainers and the demo say what they saved
+        if not getattr(err, "said", False):  # the trainers and warmup-data say what they saved
+            print(f"{prog}: interrupted", file=sys.stderr)
         sys.exit(0 if getattr(err, "saved", False) else 130)  # 0: every rank stopped at one step, saved (train.agree)
     except Exception as err:
         message = user_message(err)

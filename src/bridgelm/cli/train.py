@@ -69,7 +69,7 @@ def _cmd_rl(args) -> None:
         task = TaskSource(args.task, args.data, args.split)
         val = TaskSource(args.val_task, args.val_data, args.val_split) if args.val_task else None
         if val is not None and val.split == "test" and args.val_data is None and here.is_main:
-            print(f"note: the best checkpoint (best/) is chosen on {val.name}'s test split (the paper's protocol): "
+            print(f"bridgelm rl: note: the best checkpoint (best/) is chosen on {val.name}'s test split (the paper's protocol): "
                   "its score on that split is optimistic; --val-split validation (where the task has one) or a "
                   "held-out --val-data keeps the test split for the final evaluation", file=sys.stderr)
         run_rl(cfg, launch, model_source(args), task, args.out, val_task=val, add=args.add,

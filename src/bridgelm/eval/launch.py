@@ -52,6 +52,9 @@ def run_evaluate(cfg: EvalConfig, source: ModelSource, task: str, data: list[str
             f"bridgelm eval: note: {what}, so its samples do not depend on the width: widths {cfg.all_widths()} "
             "sample the same sets (up to the rounding of other batch shapes), each again"
         )
+    if dist.is_main and cfg.sampling.foreign_groups and (what or max(cfg.all_widths()) == 1):
+        why = f"{what}, so no sample reads another" if what else "at width 1 a sample has no siblings"
+        print(f"bridgelm eval: note: --foreign-groups changes nothing here: {why}")
     done = sample_benchmarks(model, tokenizer, benches, task, cfg, out, source.model, source.blocks, dist=dist)
     _say_sampled(done, cfg, out, f"rank {dist.rank}: " if dist.world > 1 else "")
     if dist.is_main and score:

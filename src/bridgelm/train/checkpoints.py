@@ -191,8 +191,8 @@ def resume_point(out_dir: Path, resume: bool) -> Path | None:
     latest = latest_checkpoint(out_dir)
     if not resume and (latest is not None or (out_dir / METRICS).exists()):
         raise UserError(
-            f"{out_dir} already holds a run ({latest or out_dir / METRICS}); pass resume=True (--resume) "
-            "to continue it, or choose another output directory"
+            f"{out_dir} already holds a run ({latest or out_dir / METRICS}); continue it with --resume "
+            "(resume=True in Python), or choose another output directory"
         )
     if latest is None:
         return None

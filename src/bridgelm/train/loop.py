@@ -209,6 +209,7 @@ class Run:
             if self.saved_at != self.step or latest_checkpoint(self.out_dir) is None:
                 self.save()
         except KeyboardInterrupt as err:
+            err.said = True  # what was saved is said below: the command line adds no second line
             name = f"bridgelm {self.kind}"
             if self.in_update or (self.dist.world > 1 and not isinstance(err, StoppedTogether)):  # ranks apart
                 where = "inside step {}'s update" if self.in_update else "at once in step {}"

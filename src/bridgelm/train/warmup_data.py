@@ -89,7 +89,8 @@ def _make(model, tokenizer, task, examples, out: Path, cfg, settings, chat, prog
     if todo:
         try:
             _sample_and_write(model, tokenizer, task, examples, todo, cfg, settings, chat, out, progress)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as err:
+            err.said = True  # the command line adds no second line
             now = len(read_records(out)) - len(done)
             print(
                 f"\nbridgelm warmup-data: interrupted; {now} of the {len(todo)} problems to sample were written to "
