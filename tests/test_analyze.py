@@ -143,7 +143,7 @@ def test_analyze_commands(tmp_path, capsys):
         (["features", "--width", "x"], "argument --width: 'x' is not a positive integer"),
         (["siblings", "--sets", "0"], "argument --sets: '0' is not a positive integer"),
         (["siblings", "--max-tokens", "-2"], "argument --max-tokens: '-2' is not a positive integer"),
-        (["siblings", "--width", "1"], "width=1: a set of one response has no siblings"),
+        (["siblings", "--width", "1"], "--width 1: a set of one response has no siblings"),
     ):
         with pytest.raises(SystemExit) as err:
             main(["analyze", *flags, "--model", str(tmp_path / "m"), "--run", str(run), "--out", str(tmp_path / "x")])

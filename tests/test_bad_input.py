@@ -247,17 +247,17 @@ def test_commands_refuse_an_empty_problem_before_loading_the_model(tmp_path, cap
         ("rl", ["--eval-limit", "0"], "--eval-limit 0: expected a positive integer"),
         ("rl", ["--eval-n", "4", "--eval-width", "3"], "--eval-width 3 does not divide --eval-n 4"),
         ("rl", ["--rollouts", "4", "--width", "3"], "--width 3 must divide --rollouts 4"),
-        ("sft", ["--lr", "nan"], "lr=nan: expected a finite number > 0"),
-        ("sft", ["--lr", "inf"], "lr=inf: expected a finite number > 0"),
-        ("sft", ["--weight-decay", "-5"], "weight_decay=-5.0: expected a finite number >= 0"),
-        ("sft", ["--max-grad-norm", "nan"], "max_grad_norm=nan: expected a finite number (<= 0: no clipping)"),
-        ("sft", ["--val-count", "-1"], "val_count=-1: expected an integer >= 0"),
-        ("sft", ["--warmup-fraction", "1.5"], "warmup_fraction=1.5: expected a finite number in [0, 1)"),  # once
+        ("sft", ["--lr", "nan"], "--lr nan: expected a finite number > 0"),
+        ("sft", ["--lr", "inf"], "--lr inf: expected a finite number > 0"),
+        ("sft", ["--weight-decay", "-5"], "--weight-decay -5.0: expected a finite number >= 0"),
+        ("sft", ["--max-grad-norm", "nan"], "--max-grad-norm nan: expected a finite number (<= 0: no clipping)"),
+        ("sft", ["--val-count", "-1"], "--val-count -1: expected an integer >= 0"),
+        ("sft", ["--warmup-fraction", "1.5"], "--warmup-fraction 1.5: expected a finite number in [0, 1)"),  # once
         ("rl", ["--warmup-fraction", "1"], "--warmup-fraction 1.0: expected a finite number in [0, 1)"),
-        ("generate", ["--temperature", "1e-45"], "temperature=1e-45: expected 0 (greedy) or at least 1e-06"),
-        ("generate", ["--top-p", "nan"], "top_p=nan: expected a finite number in (0, 1]"),
-        ("generate", ["--max-batch-tokens", "0"], "max_batch_tokens=0: expected a positive integer"),
-        ("generate", ["--max-batch-sequences", "-5"], "max_batch_sequences=-5: expected a positive integer"),
+        ("generate", ["--temperature", "1e-45"], "--temperature 1e-45: expected 0 (greedy) or at least 1e-06"),
+        ("generate", ["--top-p", "nan"], "--top-p nan: expected a finite number in (0, 1]"),
+        ("generate", ["--max-batch-tokens", "0"], "--max-batch-tokens 0: expected a positive integer"),
+        ("generate", ["--max-batch-sequences", "-5"], "--max-batch-sequences -5: expected a positive integer"),
     ],
 )
 def test_training_and_sampling_numbers_that_cannot_work(tmp_path, capsys, command, flags, expected):

@@ -153,14 +153,15 @@ def test_kept_spellings_mean_the_same_fields():
         (["eval", "--model", "m", "--out", "o", "--widths", "1,x"], "--widths entry 'x' is not an integer"),
         (
             ["generate", "--model", "m", "--prompt", "x", "--out", "o", "--top-p", "2"],
-            "top_p=2.0: expected a finite number in (0, 1]",
+            "--top-p 2.0: expected a finite number in (0, 1]",
         ),
         (["sft", "--model", "m", "--data", "d", "--out", "o", "--min-width", "1"], "expected 2 <= min_width"),
         (["demo", "--seeds", "0"], "--seeds 0 must be >= 1"),
+        (["eval", "--model", "m", "--data", "d", "--out", "o", "--n", "-3"], "--n -3: expected a positive integer"),
         (["warmup-data", "--model", "m", "--task", "t", "--out", "o", "--limit", "0"], "--limit 0: expected a positive integer"),
         (
             ["generate", "--model", "m", "--prompt", "x", "--out", "o", "--compact-fraction", "2"],
-            "compact_fraction=2.0",
+            "--compact-fraction 2.0",
         ),
         (["demo", "--threads", "-1", "--out", "never-made"], "--threads -1 must be in [0, 4096] (0: torch's default)"),
         (["rl", "--model", "m", "--task", "t", "--out", "o", "--rollouts", "1", "--width", "1"], "--rollouts 1 must"),

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
 import sys
 import warnings
 from importlib.metadata import PackageNotFoundError, version
@@ -44,6 +45,24 @@ def build_parser() -> argparse.ArgumentParser:
         importlib.import_module(f"bridgelm.cli.{family}").add_commands(sub)
     config_file.add_to_commands(sub)
     return parser
+
+
+def _in_flag_words(parser: argparse.ArgumentParser, args: argparse.Namespace, message: str) -> str:
+    """A message that opens with a setting as a config names it ("n=-3: expected a positive integer"), opened with
+    the command's flag instead ("--n -3: ..."), where the command has a flag of that name."""
+    from bridgelm.cli.fit import flag_names
+
+    match = re.match(r"([a-z_]+)=(\S+?):", message)
+    if match is None:
+        return message
+    command = parser
+    for name in (args.command, getattr(args, "analysis", None)):
+        sub = next((a for a in command._actions if isinstance(a, argparse._SubParsersAction)), None)
+        if name is None or sub is None or name not in sub.choices:
+            break
+        command = sub.choices[name]
+    flag = flag_names(command).get(match.group(1)) if command is not parser else None
+    return message if flag is None else f"{flag} {match.group(2)}:{message[match.end():]}"
 
 
 TEXT_ARGS = ("prompt", "stop")  # flags whose values are text, not paths
@@ -116,7 +135,8 @@ def main(argv: list[str] | None = None) -> None:
                 file=sys.stderr,
             )
             raise
-        print(f"{prog}: error: {' '.join(message.split())}", file=sys.stderr)
+        message = _in_flag_words(parser, args, " ".join(message.split()))
+        print(f"{prog}: error: {message}", file=sys.stderr)
         sys.exit(2)
     finally:
         warnings.showwarning = show
