@@ -560,7 +560,11 @@ def test_data_that_is_a_folder_or_not_utf8(models, tmp_path, capsys):
     line = _fails(
         capsys, ["generate", "--model", models / "m", "--blocks", folder, "--prompt", "1", "--out", tmp_path / "b"]
     )
-    assert f"block file {folder} is a folder: expected a .safetensors file" in line
+    assert f"block file {folder} is a folder: expected a .safetensors file" in line and "--model" not in line
+    line = _fails(  # a model folder with its blocks (an rl checkpoint) given as --blocks: said what it is
+        capsys, ["generate", "--model", models / "m", "--blocks", models / "mb", "--prompt", "1", "--out", tmp_path / "c"]
+    )
+    assert line.endswith("It holds a model (config.json): give it as --model, blocks included.")
 
 
 def test_gsm8k_without_data_offline(tmp_path, capsys, monkeypatch):

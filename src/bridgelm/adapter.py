@@ -104,9 +104,11 @@ def read_adapter_config(folder: Path) -> dict:
     """An adapter folder's bridge_config.json, every field present; anything else one line naming the file."""
     config = folder / CONFIG_FILE
     if not config.is_file():
+        model = " It holds a model (config.json): give it as --model, blocks included." if (
+            folder / "config.json").is_file() else ""
         raise UserError(
             f"block file {folder} is a folder: expected a .safetensors file of blocks, or an adapter folder with its "
-            f"{CONFIG_FILE} (written by save_blocks)"
+            f"{CONFIG_FILE} (written by save_blocks).{model}"
         )
     record = read_json_object(config, "an adapter config written by save_blocks")
     missing = [k for k in _FIELDS if k not in record]

@@ -150,13 +150,14 @@ def run_generate(
     prompts = read_prompts(prompts_file) if prompts_file else [prompt]
     model, tokenizer = source.load()
     settings = run_settings("generate", cfg, local_source(source.model), local_source(source.blocks), chat, stop=stop)
-    print(f"bridgelm generate: {len(prompts)} prompts x {cfg.n} samples (width {cfg.width}) -> {out}")
+    print(f"bridgelm generate: {_count(len(prompts), 'prompt')} x {_count(cfg.n, 'sample')} (width {cfg.width}) "
+          f"-> {out}")
     moot = width_is_moot(model)
     if moot and cfg.width > 1:
         print(f"bridgelm generate: note: {moot}, so width {cfg.width} samples like width 1: independently")
     where = f"--prompts {prompts_file}" if prompts_file else "--prompt"
     made = sample_to_file(model, tokenizer, prompts, out, cfg, settings, chat, stop, source=where)
-    print(f"bridgelm generate: sampled {made} prompts now, {len(prompts) - made} were already in {out}")
+    print(f"bridgelm generate: sampled {_count(made, 'prompt')} now, {len(prompts) - made} were already in {out}")
     return made
 
 
@@ -176,3 +177,7 @@ def read_prompts(path: str) -> list[str]:
             raise UserError(f"{path}, line {number}: field 'prompt' is {why}: expected non-empty text")
         prompts.append(text)
     return prompts
+
+
+def _count(k: int, noun: str) -> str:
+    return f"{k} {noun}{'' if k == 1 else 's'}"
