@@ -104,7 +104,21 @@ def _tokens(parser, path: str, key, flag: str, action: argparse.Action, value) -
         parser.error(f"{FLAG} {path}: {key}={value!r}: expected one value, not a list")
     if isinstance(value, dict) or value is None:
         parser.error(f"{FLAG} {path}: {key}={value!r}: expected a value for {flag}")
+    _check_type(parser, path, key, action, _text(value))
     return [flag, _text(value)]
+
+
+def _check_type(parser, path: str, key, action: argparse.Action, text: str) -> None:
+    """The file's value converted as its flag converts it, so that a bad one is refused naming the file, not only the
+    flag it became (argparse would say "argument --n: invalid int value")."""
+    if action.type is None or action.choices is not None:
+        return
+    try:
+        action.type(text)
+    except (TypeError, ValueError, argparse.ArgumentTypeError) as err:
+        name = getattr(action.type, "__name__", "value")
+        why = str(err) if isinstance(err, argparse.ArgumentTypeError) else f"not a valid {name}"
+        parser.error(f"{FLAG} {path}: {key}={text!r}: {why}")
 
 
 def _text(value) -> str:
