@@ -27,7 +27,7 @@ def test_paper_bridge_column(capsys):
 
 
 def test_pmatch_column_equals_bridge(capsys):
-    main(["params", "--preset", "ds-qwen-7b", "--kind", "pmatch"])
+    main(["params", "--preset", "ds-qwen-7b", "--add", "pmatch"])
     assert _rows(capsys.readouterr().out)["ds-qwen-7b"][3] == "0.21"
 
 
@@ -86,7 +86,7 @@ def test_a_model_with_its_own_blocks_is_counted_with_them(tmp_path, capsys):
     bridgelm.add_bridge(model, num_heads=2)
     model.save_pretrained(tmp_path / "with")
     tiny_model().save_pretrained(tmp_path / "without")
-    main(["params", "--model", str(tmp_path / "with"), "--model", str(tmp_path / "without"), "--heads", "2"])
+    main(["params", "--model", str(tmp_path / "with"), "--model", str(tmp_path / "without"), "--num-heads", "2"])
     rows = _rows(capsys.readouterr().out)
     own, fresh = rows[f"{tmp_path / 'with'} (its own bridge blocks, 2 heads)"], rows[str(tmp_path / "without")]
     assert own == fresh and float(own[3]) > 0  # every part, the blocks and the totals alike
