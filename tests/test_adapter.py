@@ -93,6 +93,10 @@ def test_the_single_file_form_checks_the_base_too(tmp_path):
     assert bridgelm.block_config(other) is None
     with pytest.raises(UserError, match="push_to_hub with .*b.safetensors: expected an adapter folder"):
         bridgelm.save_blocks(model, tmp_path / "b.safetensors", push_to_hub=True)
+    for typo in ("b.bin", "b.pt", "b.safetensor"):  # a weight file's name that is not .safetensors: no folder made
+        with pytest.raises(UserError, match=f"cannot save blocks to .*{typo}: expected a name ending in .safetensors"):
+            bridgelm.save_blocks(model, tmp_path / typo)
+        assert not (tmp_path / typo).exists()
 
 
 def test_load_model_takes_an_adapter_folder(tmp_path):

@@ -144,6 +144,7 @@ def test_analyze_commands(tmp_path, capsys):
         (["siblings", "--sets", "0"], "argument --sets: '0' is not a positive integer"),
         (["siblings", "--max-tokens", "-2"], "argument --max-tokens: '-2' is not a positive integer"),
         (["siblings", "--width", "1"], "--width 1: a set of one response has no siblings"),
+        (["features", "--width", "3"], "has no sampled problems at width 3: it has toy at widths 1, 2"),
     ):
         with pytest.raises(SystemExit) as err:
             main(["analyze", *flags, "--model", str(tmp_path / "m"), "--run", str(run), "--out", str(tmp_path / "x")])

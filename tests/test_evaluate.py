@@ -439,3 +439,23 @@ def test_eval_at_several_widths_says_when_the_width_changes_nothing(tmp_path, ca
         assert ("bridgelm eval: note: --foreign-groups changes nothing here: " in said) is moot, said
         if moot and widths == "1":
             assert "at width 1 a sample has no siblings" in said or "so no sample reads another" in said
+
+
+def test_an_interrupted_eval_says_what_it_kept_once(tmp_path, capsys, monkeypatch):
+    """Ctrl-C while eval samples: one line saying where the samples so far are and that the same command continues
+    (the command line's own "interrupted" is not added), exit code 130."""
+    def ctrl_c(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    save_tiny_model_dir(tmp_path / "m")
+    monkeypatch.setattr(E, "sample_benchmarks", ctrl_c)
+    run = tmp_path / "run"
+    with pytest.raises(SystemExit) as stop:
+        main(["eval", "--model", str(tmp_path / "m"), "--data", str(_toy(tmp_path / "toy.jsonl", 2)), "--n", "2", "--widths", "1,2",
+              "--out", str(run)])
+    said = capsys.readouterr()
+    err = said.err
+    assert stop.value.code == 130 and err.count(": interrupted") == 1, err
+    # --width outside --widths: the width the tables report instead is said
+    assert "note: --width 8 (the width tables report) is not among --widths 1,2: they report w=2, the widest" in said.out
+    assert f"bridgelm eval: interrupted; the problems sampled so far are kept in {run}; the same command continues" in err

@@ -32,6 +32,10 @@ _FIELDS = ("format", "base_model", "base_model_digest", "kind", "num_heads", "he
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
 
 
+# Suffixes of a weight file that a folder's name would not have: a typo for .safetensors, refused by save_blocks
+WEIGHT_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".safetensor", ".st", ".gguf", ".npz", ".pkl")
+
+
 def _is_file_form(path: Path) -> bool:
     return path.suffix == ".safetensors" and not path.is_dir()
 
@@ -43,6 +47,9 @@ def save_blocks(
     """Write the blocks to a block file (a name ending in .safetensors) or an adapter folder (anything else);
     with push_to_hub, also upload the folder to the hub repo `repo_id` (default: the folder's name)."""
     path = Path(path)
+    if path.suffix.lower() in WEIGHT_SUFFIXES and not path.is_dir():
+        raise UserError(f"cannot save blocks to {path}: expected a name ending in .safetensors (a block file) or "
+                        "an adapter folder (a name without a weight file's suffix)")
     if _is_file_form(path):
         if push_to_hub:
             raise UserError(f"push_to_hub with {path}: expected an adapter folder (a path not ending in .safetensors)")

@@ -10,7 +10,9 @@ path included), or to append to a file of an older format. A second process on t
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -156,9 +158,21 @@ def run_generate(
     if moot and cfg.width > 1:
         print(f"bridgelm generate: note: {moot}, so width {cfg.width} samples like width 1: independently")
     where = f"--prompts {prompts_file}" if prompts_file else "--prompt"
-    made = sample_to_file(model, tokenizer, prompts, out, cfg, settings, chat, stop, source=where)
+    with kept_on_interrupt("bridgelm generate", f"the prompts sampled so far are kept in {out}"):
+        made = sample_to_file(model, tokenizer, prompts, out, cfg, settings, chat, stop, source=where)
     print(f"bridgelm generate: sampled {_count(made, 'prompt')} now, {len(prompts) - made} were already in {out}")
     return made
+
+
+@contextlib.contextmanager
+def kept_on_interrupt(name: str, kept: str):
+    """Ctrl-C in the body said as what was kept and how to go on (the command line adds no line of its own)."""
+    try:
+        yield
+    except KeyboardInterrupt as err:
+        print(f"\n{name}: interrupted; {kept}; the same command continues after them", file=sys.stderr)
+        err.said = True
+        raise
 
 
 def read_prompts(path: str) -> list[str]:

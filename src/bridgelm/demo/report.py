@@ -186,6 +186,9 @@ def plot_training(curves: dict[str, list[float]], path: Path) -> Path | None:
         window = max(1, len(ys) // 10)
         smooth = [statistics.fmean(ys[max(0, i - window + 1) : i + 1]) for i in range(len(ys))]
         ax.plot(range(1, len(ys) + 1), [100 * y for y in smooth], label=name)
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole
     ax.set_xlabel("GRPO step")
     ax.set_ylabel("mean reward of rollouts (%), smoothed")
     ax.grid(alpha=0.3)

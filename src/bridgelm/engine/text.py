@@ -91,7 +91,7 @@ def encode_prompts(tokenizer, prompts: Sequence[str], chat: bool = False, warn: 
             raise UserError(f"prompt {i} is empty or not a string: {text!r}")
         if chat:
             if not getattr(tokenizer, "chat_template", None):
-                raise UserError("chat=True but the tokenizer has no chat template")
+                raise UserError("chat: the tokenizer has no chat template: leave out --chat (chat=False in Python)")
             ids = tokenizer.apply_chat_template(
                 [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
             )

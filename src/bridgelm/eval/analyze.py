@@ -113,9 +113,22 @@ def _run_sets(
         if (benchmark is None or k[0] == benchmark) and (k[1] == width if width is not None else k[1] >= min_width)
     )
     if not keys:
-        widths = f"width={width!r}" if width is not None else f"a width of at least {min_width}"
-        raise UserError(f"{run_dir} has no sampled problems for benchmark={benchmark!r} and {widths}")
+        raise UserError(f"{run_dir} has no sampled problems {_where(benchmark, width, min_width)}: it has "
+                        f"{_has(records)}")
     return records, _pick(keys, sets)
+
+
+def _where(benchmark: str | None, width: int | None, min_width: int) -> str:
+    at = f"at width {width}" if width is not None else f"at a width of {min_width} or more"
+    return at if benchmark is None else f"of benchmark {benchmark!r} {at}"
+
+
+def _has(records: dict) -> str:
+    """The benchmarks and widths a run's samples hold, for a message."""
+    found: dict[str, set] = {}
+    for bench, w, *_ in records:
+        found.setdefault(bench, set()).add(w)
+    return "; ".join(f"{b} at widths {', '.join(map(str, sorted(ws)))}" for b, ws in sorted(found.items())) or "none"
 
 
 def run_feature_ratios(

@@ -163,11 +163,11 @@ def _plot_panels(curves: dict[str, dict[int, dict[str, float]]], path, xlabel: s
         for name, curve in curves.items():
             xs = sorted(curve)
             ax.plot(xs, [100 * curve[x][metric] for x in xs], marker="o", label=name)
-        if log2:
-            from matplotlib.ticker import ScalarFormatter
-
+        if log2:  # ticks at the widths or budgets measured, written as the integers they are
+            ticks = sorted({x for curve in curves.values() for x in curve})
             ax.set_xscale("log", base=2)
-            ax.xaxis.set_major_formatter(ScalarFormatter())
+            ax.set_xticks(ticks, [str(int(x)) for x in ticks])
+            ax.minorticks_off()
         ax.set_ylim(bottom=0)
         ax.set_title(title)
         ax.set_xlabel(xlabel)

@@ -15,6 +15,7 @@ from bridgelm.eval.runner import EvalConfig
 from bridgelm.jsonl import check_out, read_json_object, write_json
 from bridgelm.models import load_config
 from bridgelm.runs import check_run_folder, run_kind
+from bridgelm.samples import kept_on_interrupt
 from bridgelm.source import ModelSource, width_is_moot
 
 
@@ -38,6 +39,9 @@ def run_evaluate(cfg: EvalConfig, source: ModelSource, task: str, data: list[str
     check_free(Path(out) / shard_file_name(dist), folder=False)
     if dist.world > 1:
         source = replace(source, device=str(dist.device))
+    if dist.is_main and cfg.main_width() != cfg.sampling.width:
+        print(f"bridgelm eval: note: --width {cfg.sampling.width} (the width tables report) is not among --widths "
+              f"{','.join(map(str, cfg.all_widths()))}: they report w={cfg.main_width()}, the widest")
     if dist.is_main:
         names = ", ".join(f"{b.name} ({len(b.problems)})" for b in benches)
         print(
@@ -55,7 +59,8 @@ def run_evaluate(cfg: EvalConfig, source: ModelSource, task: str, data: list[str
     if dist.is_main and cfg.sampling.foreign_groups and (what or max(cfg.all_widths()) == 1):
         why = f"{what}, so no sample reads another" if what else "at width 1 a sample has no siblings"
         print(f"bridgelm eval: note: --foreign-groups changes nothing here: {why}")
-    done = sample_benchmarks(model, tokenizer, benches, task, cfg, out, source.model, source.blocks, dist=dist)
+    with kept_on_interrupt("bridgelm eval", f"the problems sampled so far are kept in {out}"):
+        done = sample_benchmarks(model, tokenizer, benches, task, cfg, out, source.model, source.blocks, dist=dist)
     _say_sampled(done, cfg, out, f"rank {dist.rank}: " if dist.world > 1 else "")
     if dist.is_main and score:
         run_score(out, command="eval")

@@ -138,7 +138,8 @@ def run_similarity(
         if (benchmark is None or key[0] == benchmark) and (width is None or key[1] == width):
             groups.setdefault(key[:2], []).append([s["text"] for s in records[key]["samples"]])
     if not groups:
-        raise UserError(f"{run_dir} has no sampled problems for benchmark={benchmark!r}, width={width!r}")
+        where = ("" if benchmark is None else f" of benchmark {benchmark!r}") + ("" if width is None else f" at width {width}")
+        raise UserError(f"{run_dir} has no sampled problems{where}: --benchmark and --width name what it holds")
     result: dict[str, dict] = {}
     for (bench, w), sets in groups.items():
         entry = set_similarity(sets, max_samples, progress)

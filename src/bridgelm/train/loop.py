@@ -210,7 +210,7 @@ class Run:
                 self.save()
         except KeyboardInterrupt as err:
             err.said = True  # what was saved is said below: the command line adds no second line
-            name = f"bridgelm {self.kind}"
+            name = "bridgelm demo: pre-training" if self.kind == "pretrain" else f"bridgelm {self.kind}"
             if self.in_update or (self.dist.world > 1 and not isinstance(err, StoppedTogether)):  # ranks apart
                 where = "inside step {}'s update" if self.in_update else "at once in step {}"
                 self.say(f"\n{name}: stopped {where.format(self.step + 1)}; not saved (last: {self.saved_at})")
