@@ -128,7 +128,7 @@ def test_a_dist_timeout_that_cannot_work_is_refused_before_the_model_loads(tmp_p
     with pytest.raises(SystemExit) as err:
         main([*args, *model, "--dist-timeout", value])
     assert err.value.code == 2
-    assert f"dist_timeout={float(value)}: expected a finite number in (0, 525600.0] (minutes)" in capsys.readouterr().err
+    assert f"--dist-timeout {float(value)}: expected a finite number in (0, 525600.0] (minutes)" in capsys.readouterr().err
 
 
 def test_rollouts_under_fsdp_sample_from_a_bf16_replica_and_a_fp32_one_is_refused():
