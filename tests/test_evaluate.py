@@ -451,11 +451,13 @@ def test_an_interrupted_eval_says_what_it_kept_once(tmp_path, capsys, monkeypatc
     monkeypatch.setattr(E, "sample_benchmarks", ctrl_c)
     run = tmp_path / "run"
     with pytest.raises(SystemExit) as stop:
-        main(["eval", "--model", str(tmp_path / "m"), "--data", str(_toy(tmp_path / "toy.jsonl", 2)), "--n", "2", "--widths", "1,2",
-              "--out", str(run)])
+        data = str(_toy(tmp_path / "toy.jsonl", 2))
+        main(["eval", "--model", str(tmp_path / "m"), "--data", data, "--n", "2", "--widths", "1,2", "--out", str(run)])
     said = capsys.readouterr()
     err = said.err
     assert stop.value.code == 130 and err.count(": interrupted") == 1, err
     # --width outside --widths: the width the tables report instead is said
-    assert "note: --width 8 (the width tables report) is not among --widths 1,2: they report w=2, the widest" in said.out
-    assert f"bridgelm eval: interrupted; the problems sampled so far are kept in {run}; the same command continues" in err
+    noted = "note: --width 8 (the width tables report) is not among --widths 1,2: they report w=2, the widest"
+    assert noted in said.out
+    assert f"bridgelm eval: interrupted; the problems sampled so far are kept in {run}; the same command continues" in (
+        err)

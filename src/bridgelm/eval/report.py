@@ -135,7 +135,8 @@ def setting_differences(rows: dict[str, dict]) -> list[str]:
         return settings.get(key)
 
     lines = [
-        f"{name}: {bench} has no scores at its run's width {b['main_width']} (a partial run): reported at w={b['width']}"
+        f"{name}: {bench} has no scores at its run's width {b['main_width']} (a partial run): "
+        f"reported at w={b['width']}"
         for name, row in rows.items() for bench, b in row["benchmarks"].items() if b["width"] != b["main_width"]
     ]
     benches = dict.fromkeys(b for row in rows.values() for b in row["benchmarks"])

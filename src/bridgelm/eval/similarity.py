@@ -138,7 +138,8 @@ def run_similarity(
         if (benchmark is None or key[0] == benchmark) and (width is None or key[1] == width):
             groups.setdefault(key[:2], []).append([s["text"] for s in records[key]["samples"]])
     if not groups:
-        where = ("" if benchmark is None else f" of benchmark {benchmark!r}") + ("" if width is None else f" at width {width}")
+        where = "" if benchmark is None else f" of benchmark {benchmark!r}"
+        where += "" if width is None else f" at width {width}"
         raise UserError(f"{run_dir} has no sampled problems{where}: --benchmark and --width name what it holds")
     result: dict[str, dict] = {}
     for (bench, w), sets in groups.items():
