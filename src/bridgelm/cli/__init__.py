@@ -50,9 +50,10 @@ def build_parser() -> argparse.ArgumentParser:
 def _in_flag_words(parser: argparse.ArgumentParser, args: argparse.Namespace, message: str) -> str:
     """A message that opens with a setting as a config names it ("n=-3: expected a positive integer"), opened with
     the command's flag instead ("--n -3: ..."), where the command has a flag of that name."""
-    from bridgelm.cli.fit import flag_names
+    from bridgelm.cli.fit import flag_names, in_flags
+    from bridgelm.errors import UserError
 
-    match = re.match(r"([a-z_]+)=(\S+?):", message)
+    match = re.match(r"([a-z_]+)=\S+?:", message)
     if match is None:
         return message
     command = parser
@@ -62,7 +63,7 @@ def _in_flag_words(parser: argparse.ArgumentParser, args: argparse.Namespace, me
             break
         command = sub.choices[name]
     flag = flag_names(command).get(match.group(1)) if command is not parser else None
-    return message if flag is None else f"{flag} {match.group(2)}:{message[match.end():]}"
+    return message if flag is None else str(in_flags(UserError(message), {match.group(1): flag}))
 
 
 TEXT_ARGS = ("prompt", "stop")  # flags whose values are text, not paths

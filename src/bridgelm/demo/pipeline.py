@@ -79,7 +79,7 @@ def _start(out: Path, cfg: DemoConfig, quick: bool, log) -> tuple[DemoConfig, Ti
         torch.set_num_threads(cfg.threads)
     check_settings_of(out, {"quick": quick, **asdict(cfg)})  # before the peaks' seconds: a refusal comes at once
     check_choices(out)
-    earlier = (out / "base").exists()  # the folder's stages chose the precision (choose_bf16)
+    earlier = _precision_made(out) is not None  # the folder's stages chose the precision
     peaks = matmul_peaks()
     log(f"this machine now: fp32 matmul {peaks['fp32_tflops']} TFLOP/s, bf16 {peaks['bf16_tflops']} TFLOP/s")
     bf16, why = choose_bf16(cfg, peaks, out)
@@ -150,19 +150,26 @@ BF16_MARGIN = 1.2  # bf16 is chosen where its matmul peak is at least this many 
 # 2-4x, one without 0.01x or less)
 
 
+def _precision_made(out: Path) -> bool | None:
+    """Whether the folder's stages run in bf16, by its base model's settings (else demo.json's while the base model
+    trains); None before any stage began."""
+    marker, saved = out / "base" / PRETRAIN_FILE, out / "demo.json"
+    if marker.is_file():
+        return json.loads(marker.read_text())["config"]["bf16"]
+    if (out / "base").exists() and saved.is_file():
+        return read_json_object(saved, DEMO_JSON).get("bf16")
+    return None
+
+
 def choose_bf16(cfg: DemoConfig, peaks: dict, out: Path) -> tuple[bool, str]:
     """Whether the demo's forwards run in bf16 (`DemoConfig.bf16`), and why: as the folder's earlier stages (its base
     model's settings, else demo.json while the base model trains), so that a re-run skips them and its runs stay
     alike (a flag asking for the other precision is refused; the reason is the one demo.json recorded when they
     began); else as asked; else bf16 where this machine's bf16 matmul peak, measured at the start, is at least
     BF16_MARGIN times its fp32 one (CPUs without AVX-512 run bf16 matmuls ~100x slower than fp32 ones)."""
-    marker, saved = out / "base" / PRETRAIN_FILE, out / "demo.json"
+    saved = out / "demo.json"
     record = read_json_object(saved, DEMO_JSON) if saved.is_file() else {}  # the settings of its first stages
-    made = None
-    if marker.is_file():
-        made = json.loads(marker.read_text())["config"]["bf16"]
-    elif (out / "base").exists() and record:
-        made = record["bf16"]
+    made = _precision_made(out)
     flag = {True: "--bf16", False: "--no-bf16"}
     if made is None:
         if cfg.bf16 is not None:
