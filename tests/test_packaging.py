@@ -20,16 +20,16 @@ def _requirements() -> list[Requirement]:
     return [Requirement(line) for line in lines]
 
 
-def _pins() -> dict[str, Version]:
+def _pins(name: str = "constraints.txt") -> dict[str, Version]:
     pins = {}
-    for line in (ROOT / "constraints.txt").read_text().splitlines():
+    for line in (ROOT / name).read_text().splitlines():
         line = line.split("#")[0].strip()
         if not line:
             continue
         req = Requirement(line)
         (spec,) = req.specifier  # exactly one clause, ==X
-        assert spec.operator == "==", f"constraints.txt: {line!r} is not an exact pin"
-        assert canonicalize_name(req.name) not in pins, f"constraints.txt pins {req.name} twice"
+        assert spec.operator == "==", f"{name}: {line!r} is not an exact pin"
+        assert canonicalize_name(req.name) not in pins, f"{name} pins {req.name} twice"
         pins[canonicalize_name(req.name)] = Version(spec.version)
     return pins
 
@@ -56,6 +56,17 @@ def test_python_range_and_the_makefile_torch():
     torch_pin = f"torch=={_pins()['torch']}"
     assert torch_pin in makefile, f"the Makefile installs a torch other than constraints.txt's {torch_pin}"
     assert makefile.count("-c constraints.txt") >= 3  # torch, the project, the GGUF weights
+
+
+def test_lightevals_environment_differs_from_ours_only_where_lighteval_moves_a_package():
+    """make test-lighteval: our pins, then lighteval's second step, which moves the packages docs/tasks.md names."""
+    ours, theirs = _pins(), _pins("constraints-lighteval.txt")
+    moved = {name for name in ours.keys() & theirs.keys() if ours[name] != theirs[name]}
+    assert moved == {"latex2sympy2-extended", "fsspec", "nltk", "xxhash"}, moved
+    assert theirs["lighteval"] == Version("0.13.0") and theirs["xxhash"] < Version("4")
+    makefile = (ROOT / "Makefile").read_text()
+    assert "-c constraints-lighteval.txt lighteval 'xxhash<4'" in makefile
+    assert "make test-lighteval" in (ROOT / ".ci" / "run").read_text()
 
 
 def test_the_floors_venv_pins_every_requirement_at_its_floor_and_the_readme_says_the_same():
