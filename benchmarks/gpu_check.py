@@ -16,7 +16,8 @@ DIR/logs/ROW.log. The table follows at the end; --json adds one object of every 
   engine_eager     27 / 60    largest |log-prob - grouped_logits'| of the eager engine (Bridge blocks, ragged prompts)
   engine_compiled  45 / 90    the same for the compiled decode step; compile seconds; dynamo's graphs, graph breaks
                               and recompiles while it ran
-  host_syncs       22 / 45    synchronising CUDA calls per decode step of the eager engine (set_sync_debug_mode)
+  host_syncs       22 / 45    synchronising CUDA calls of the eager engine (set_sync_debug_mode): per decode step
+                              (the slope between 16 and 48 tokens) and per call (prefill, samples handed back)
   decode           140 / 240  tok/s of the paper's 1.5B shape (bf16, 64 rows, 128 new tokens, compiled) against its
                               bandwidth roofline. Warmed up on the timed shape itself (same prompts, same settings,
                               so the same graphs); the warm-up's extra seconds are compile_s, apart from decode_s;

@@ -74,20 +74,25 @@ def engine_error(model, compile: bool, s: dict) -> dict:
     return out
 
 
-def host_syncs(model, s: dict) -> float | None:
-    """Synchronising CUDA calls per decode step of the eager engine (None without CUDA)."""
+def host_syncs(model, s: dict) -> dict:
+    """Synchronising CUDA calls of the eager engine: per decode step (the slope between two lengths of the same
+    generation) and per call (prefill and handing the samples back); None without CUDA."""
     if s["device"] != "cuda":
-        return None
+        return {"per_step": None, "per_call": None}
     prompts = ragged_prompts(8, model.config.vocab_size)
-    cfg = SamplingConfig(n=4, width=4, max_new_tokens=32, compile=False)
-    torch.cuda.set_sync_debug_mode("warn")
-    try:
-        with warnings.catch_warnings(record=True) as seen:
-            warnings.simplefilter("always")
-            generate_ids(model, prompts, cfg, eos_token_ids=[], pad_token_id=0)
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
-    return round(sum("synchroniz" in str(w.message) for w in seen) / cfg.max_new_tokens, 2)
+    counts = {}
+    for tokens in (16, 48):
+        cfg = SamplingConfig(n=4, width=4, max_new_tokens=tokens, compile=False)
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                generate_ids(model, prompts, cfg, eos_token_ids=[], pad_token_id=0)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+        counts[tokens] = sum("synchroniz" in str(w.message) for w in seen)
+    per_step = (counts[48] - counts[16]) / 32
+    return {"per_step": round(per_step, 2), "per_call": round(counts[16] - 16 * per_step, 1)}
 
 
 def decode_speed(model, s: dict) -> dict:
@@ -241,7 +246,7 @@ def row(name: str, dry: bool) -> dict[str, dict]:
     if name in ("engine_eager", "engine_compiled"):
         return {name: engine_error(model_for(s, layers=2), name == "engine_compiled", s)}
     if name == "host_syncs":
-        return {name: {"per_step": host_syncs(model_for(s), s)}}
+        return {name: host_syncs(model_for(s), s)}
     if name == "decode":
         model = model_for(s)
         say(f"decode: {s['shape']} built, {sum(p.numel() for p in model.parameters()) / 1e9:.2f}B parameters")

@@ -43,7 +43,7 @@ def test_gpu_check_dry_run_reports_every_check(tmp_path):
     assert out["grpo_step"]["ours_seconds"] > 0 and out["grpo_step"]["trl_seconds"] > 0
     assert out["grpo_step"]["ours_bridge_over_trl_bridge"] > 0  # TRL + Bridge (BridgeGRPOTrainer) ran too
     assert out["fsdp_rollout"]["same_tokens"] is True
-    assert out["host_syncs"]["per_step"] is None  # no CUDA on the CPU
+    assert (out["host_syncs"]["per_step"], out["host_syncs"]["per_call"]) == (None, None)  # no CUDA on the CPU
     refill = out["refill"]  # several waves of ragged samples, refilled and not: the same samples (float32)
     assert refill["same_samples"] is True and 1 < refill["mean_length"] < refill["max_new_tokens"]
     assert refill["refill_tok_per_s"] > 0 and refill["waves_tok_per_s"] > 0 and refill["refill_over_waves"] > 0

@@ -50,7 +50,9 @@ class Outputs:
     def samples(self, slots: Sequence[int]) -> list[GeneratedIds]:
         """The samples in `slots`, which are then emptied for others."""
         index = torch.as_tensor(list(slots), dtype=torch.long, device=self.tokens.device)
-        tokens, logprobs, lengths, ended = (t[index] for t in (self.tokens, self.logprobs, self.lengths, self.ended))
+        # One copy to the host each (not a sync per row and value), then the rows are cut there.
+        held = (self.tokens, self.logprobs, self.lengths, self.ended)
+        tokens, logprobs, lengths, ended = [t[index].cpu() for t in held]
         self.tokens[index], self.logprobs[index], self.lengths[index], self.ended[index] = self.pad_id, 0.0, 0, False
         if not bool(torch.isfinite(logprobs).all()):  # checked where the results reach the host
             raise UserError(
@@ -131,9 +133,9 @@ def expand(cache: SlabCache, mask, lengths, logits, wave: Wave, cfg: SamplingCon
     -> (the batch, logits [B, V])."""
     device = mask.device
     P = len(wave.jobs)
+    B = sum(j.count for j in wave.jobs)  # counted on the host: no device sync
     counts = torch.tensor([j.count for j in wave.jobs], device=device)
-    src = torch.repeat_interleave(torch.arange(P, device=device), counts)  # [B] prompt of each row
-    B = int(counts.sum())
+    src = torch.repeat_interleave(torch.arange(P, device=device), counts, output_size=B)  # [B] prompt of each row
     rows = torch.arange(B, device=device)  # wave row (prompt-major sample order) of each batch row
     if cfg.foreign_groups:  # batch order [block, sample j, prompt of the block]: groups of `width` prompts
         rows = rows.view(P // cfg.width, cfg.width, cfg.n).transpose(1, 2).reshape(-1)
