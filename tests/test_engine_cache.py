@@ -144,3 +144,28 @@ def test_the_compiled_step_reads_buckets_and_matches_grouped_logits(monkeypatch)
         assert torch.allclose(torch.tensor(s.logprobs), ref, atol=2e-3), (torch.tensor(s.logprobs) - ref).abs().max()
     eager = generate_ids(model, prompts, replace(cfg, compile=False), [], 0)
     assert [s.token_ids for r in eager for s in r] == [s.token_ids for r in results for s in r]
+
+
+def test_the_cache_goes_by_the_name_the_models_forward_takes():
+    """transformers 5.24 renamed forward's `past_key_values` to `cache` (the old name warns, and goes in 5.40): the
+    engine hands its cache by the name the model's forward takes, and samples the same either way."""
+    from bridgelm.engine.step import cache_arg
+
+    model = tiny_model()
+    bridgelm.add_bridge(model)
+    randomize_blocks(model)
+    old_name, seen = cache_arg(model), []
+
+    class Renamed(type(model)):
+        def forward(self, input_ids=None, attention_mask=None, position_ids=None, cache=None, **kwargs):
+            assert "past_key_values" not in kwargs
+            seen.append(cache)
+            return super().forward(input_ids, attention_mask, position_ids, **{old_name: cache}, **kwargs)
+
+    prompts, cfg = [[7, 8, 9], [10, 11]], SamplingConfig(n=4, width=2, max_new_tokens=6, seed=3)
+    before = generate_ids(model, prompts, cfg, eos_token_ids=EOS, pad_token_id=0)
+    model.__class__ = Renamed
+    assert cache_arg(model) == "cache"
+    after = generate_ids(model, prompts, cfg, eos_token_ids=EOS, pad_token_id=0)
+    assert seen and all(isinstance(c, SlabCache) for c in seen)  # prefill and every decode step
+    assert [[s.token_ids for s in r] for r in after] == [[s.token_ids for s in r] for r in before]

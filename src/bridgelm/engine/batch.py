@@ -16,7 +16,7 @@ import torch
 
 from bridgelm.engine.cache import SlabCache
 from bridgelm.engine.config import SamplingConfig
-from bridgelm.engine.step import reads_whole
+from bridgelm.engine.step import cache_arg, reads_whole
 from bridgelm.engine.waves import Wave
 from bridgelm.errors import UserError
 
@@ -120,7 +120,7 @@ def prefill(model, prompts: Sequence[Sequence[int]], wave: Wave, pad_id: int, ca
         input_ids=ids,
         attention_mask=mask[:, :L].long(),
         position_ids=positions,
-        past_key_values=cache,
+        **{cache_arg(model): cache},
         use_cache=True,
         logits_to_keep=1,
     )

@@ -18,6 +18,7 @@ CPU's measurements). `Stepper` runs a batch's steps either way.
 from __future__ import annotations
 
 from collections.abc import Callable
+import inspect
 import warnings
 from dataclasses import dataclass
 
@@ -31,19 +32,23 @@ from bridgelm.engine.config import SamplingConfig
 from bridgelm.grouped import KWARG, Groups
 
 _COMPILED: dict[tuple[str, str], Callable] = {}
+_CACHE_ARG: dict[type, str] = {}  # a plain dict: torch.compile reads it as a constant inside the decode step
+
+
+def cache_arg(model) -> str:
+    """The name `model`'s forward takes its KV cache by: `cache` from transformers 5.24 (where `past_key_values`
+    warns, and goes in 5.40), `past_key_values` before."""
+    kind = type(model)
+    if kind not in _CACHE_ARG:
+        _CACHE_ARG[kind] = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    return _CACHE_ARG[kind]
 
 
 def decode_step(model, cache: Cache, tokens: torch.Tensor, positions: torch.Tensor, mask, groups) -> torch.Tensor:
     """One token per row through the model. tokens, positions [B] -> next-token logits [B, V]."""
     extra = {KWARG: groups} if groups is not None else {}
-    out = model(
-        input_ids=tokens[:, None],
-        position_ids=positions[:, None],
-        attention_mask=mask,
-        past_key_values=cache,
-        use_cache=True,
-        **extra,
-    )
+    extra[cache_arg(model)] = cache
+    out = model(input_ids=tokens[:, None], position_ids=positions[:, None], attention_mask=mask, use_cache=True, **extra)
     return out.logits[:, -1]
 
 
