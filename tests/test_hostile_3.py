@@ -70,6 +70,29 @@ def test_a_planted_shard_index_is_refused_unread(tmp_path):
     assert not marker.exists()
 
 
+def test_an_index_that_python_3_13_wrote_reads_back(tmp_path, monkeypatch):
+    """Python 3.13 pickles a path as pathlib._local.PosixPath (its path classes moved there): DCP's index of a
+    checkpoint written there names it (StorageMeta.checkpoint_id), and a resume on any Python reads it back."""
+    import sys
+    import types
+    from pathlib import Path
+
+    from bridgelm.shards import read_metadata
+
+    folder = tmp_path / "shards"
+    _shards(folder)
+    index = read_metadata(folder)
+    local = sys.modules.get("pathlib._local")
+    if local is None:  # Python 3.11 and 3.12: a stand-in module of that name, as 3.13 has it
+        local = types.ModuleType("pathlib._local")
+        local.PosixPath = type("PosixPath", (type(Path()),), {"__module__": "pathlib._local"})
+        monkeypatch.setitem(sys.modules, "pathlib._local", local)
+    index.storage_meta.checkpoint_id = local.PosixPath(folder)
+    (folder / ".metadata").write_bytes(pickle.dumps(index))
+    assert b"pathlib._local" in (folder / ".metadata").read_bytes()
+    assert read_metadata(folder).storage_meta.checkpoint_id == folder
+
+
 def test_a_planted_non_tensor_item_is_refused_unread(tmp_path):
     from bridgelm.shards import load_shards
 

@@ -49,6 +49,9 @@ _ALLOWED = {
     ("torch.serialization", "_get_layout"): torch.serialization._get_layout,
     ("pathlib", "PosixPath"): Path().__class__,
     ("pathlib", "WindowsPath"): Path().__class__,
+    # Python 3.13 moved the path classes into pathlib._local, and pickles a path under that name
+    ("pathlib._local", "PosixPath"): Path().__class__,
+    ("pathlib._local", "WindowsPath"): Path().__class__,
 }
 
 
