@@ -119,7 +119,7 @@ def decode_speed(model, s: dict) -> dict:
     bytes_per_step += rows * (12 + tokens // 2) * kv * torch.finfo(s["dtype"]).bits // 8  # mean context
     roof = rows * copy_bandwidth(s["device"], mib=s["copy_mib"]) / bytes_per_step
     out = {"tok_per_s": round(made / seconds, 1), "bw_roofline_tok_per_s": round(roof, 1),
-           "over_bw_roofline": round(made / seconds / roof, 3), "decode_s": round(seconds, 3),
+           "over_bw_roofline": float(f"{made / seconds / roof:.3g}"), "decode_s": round(seconds, 3),
            "compile_s": round(max(warm_s - seconds, 0.0), 2), "warmup_s": round(warm_s, 2),
            "graphs_in_timed_run": counters["stats"]["unique_graphs"] - graphs,
            "recompiles_in_timed_run": sum(counters["recompiles"].values()) - recompiles}
