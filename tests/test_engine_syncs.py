@@ -37,7 +37,8 @@ class HostSyncs(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = str(func)
-        if name in SYNCING_OPS or (name == "aten.repeat_interleave.Tensor" and (kwargs or {}).get("output_size") is None):
+        sized = (kwargs or {}).get("output_size") is not None
+        if name in SYNCING_OPS or (name == "aten.repeat_interleave.Tensor" and not sized):
             self.count += self._read(args[0])
         out = func(*args, **(kwargs or {}))
         if isinstance(out, torch.Tensor) and any(map(self._host, args)):  # made from host copies: on the host too

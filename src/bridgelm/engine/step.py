@@ -48,7 +48,8 @@ def decode_step(model, cache: Cache, tokens: torch.Tensor, positions: torch.Tens
     """One token per row through the model. tokens, positions [B] -> next-token logits [B, V]."""
     extra = {KWARG: groups} if groups is not None else {}
     extra[cache_arg(model)] = cache
-    out = model(input_ids=tokens[:, None], position_ids=positions[:, None], attention_mask=mask, use_cache=True, **extra)
+    out = model(input_ids=tokens[:, None], position_ids=positions[:, None], attention_mask=mask, use_cache=True,
+                **extra)
     return out.logits[:, -1]
 
 
