@@ -3,6 +3,7 @@
 import pytest
 import torch
 from conftest import randomize_blocks, tiny_model
+from packaging.version import Version
 from torch import nn
 
 import bridgelm
@@ -42,11 +43,17 @@ def _plain_and_packed(layer: nn.Linear, x: torch.Tensor) -> tuple[torch.Tensor, 
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("shape, out", SHAPES)
 def test_packed_linear_equals_nn_linear_bit_for_bit(bias, shape, out):
-    """Widths up to SmolLM2's (576 and 1536 features)."""
+    """Widths up to SmolLM2's (576 and 1536 features). Bit for bit from torch 2.13 (constraints.txt's); at the floor,
+    torch 2.8, F.linear sums 576- and 1536-long rows in another order: a few outputs one bfloat16 rounding apart."""
     torch.manual_seed(0)
     layer = nn.Linear(shape[-1], out, bias=bias).to(torch.bfloat16)
     want, got = _plain_and_packed(layer, torch.randn(shape).to(torch.bfloat16))
-    assert torch.equal(got, want)
+    if Version(torch.__version__.split("+")[0]) >= Version("2.13"):
+        assert torch.equal(got, want)
+        return
+    ulp = torch.finfo(torch.bfloat16).eps * want.float().abs().clamp(min=torch.finfo(torch.bfloat16).tiny)
+    apart = (got.float() - want.float()).abs()
+    assert bool((apart <= ulp).all()) and int((apart > 0).sum()) <= 1e-3 * want.numel()
 
 
 @needs_fp32

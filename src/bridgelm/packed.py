@@ -6,7 +6,8 @@ pays again at each token. A float32 `F.linear` goes to ATen's BLAS (MKL), which 
 of oneDNN's rate. `packed_linears(model)` reorders each `nn.Linear` weight once, with the op that inductor's weight
 freezing uses (`torch.ops.mkldnn._reorder_linear_weight`), and routes the module's forward to
 `torch.ops.mkldnn._linear_pointwise` on the packed copy until the context exits.
-- bfloat16: the kernel `F.linear` would run, so the same results bit for bit (tested).
+- bfloat16: the kernel `F.linear` would run, so the same results bit for bit (tested, torch 2.13). torch 2.8's
+  `F.linear` sums long rows in another order: about 1 output in 10^4 then differs by one bfloat16 rounding.
 - float32: oneDNN's kernel instead of MKL's, so results equal to float32 rounding, not bit for bit (tested against
   float64).
 The measured gains: docs/engine.md.
