@@ -128,14 +128,21 @@ def prefill(model, prompts: Sequence[Sequence[int]], wave: Wave, pad_id: int, ca
     return cache, mask, lengths, out.logits[:, -1]
 
 
+def prompt_of_rows(wave: Wave, device) -> torch.Tensor:
+    """The wave's prompt (index into wave.jobs) of each of its rows, prompt-major [rows]; sized on the host, so no
+    device sync."""
+    counts = [j.count for j in wave.jobs]
+    index = torch.arange(len(counts), device=device)
+    return torch.repeat_interleave(index, torch.tensor(counts, device=device), output_size=sum(counts))
+
+
 def expand(cache: SlabCache, mask, lengths, logits, wave: Wave, cfg: SamplingConfig, shared: bool = False):
     """Copy each prompt's cache row (`shared`: only point its samples at it), mask and logits to its samples
     -> (the batch, logits [B, V])."""
     device = mask.device
     P = len(wave.jobs)
-    B = sum(j.count for j in wave.jobs)  # counted on the host: no device sync
-    counts = torch.tensor([j.count for j in wave.jobs], device=device)
-    src = torch.repeat_interleave(torch.arange(P, device=device), counts, output_size=B)  # [B] prompt of each row
+    src = prompt_of_rows(wave, device)  # [B]
+    B = len(src)
     rows = torch.arange(B, device=device)  # wave row (prompt-major sample order) of each batch row
     if cfg.foreign_groups:  # batch order [block, sample j, prompt of the block]: groups of `width` prompts
         rows = rows.view(P // cfg.width, cfg.width, cfg.n).transpose(1, 2).reshape(-1)

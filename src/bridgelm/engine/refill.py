@@ -25,7 +25,7 @@ from collections.abc import Sequence
 
 import torch
 
-from bridgelm.engine.batch import Batch, prefill
+from bridgelm.engine.batch import Batch, prefill, prompt_of_rows
 from bridgelm.engine.config import SamplingConfig
 from bridgelm.engine.waves import Job, Wave
 
@@ -76,8 +76,7 @@ def admit(model, prompts, batch: Batch, logits: torch.Tensor, groups: Sequence[J
     device = logits.device
     wave = Wave(merged(groups), max(len(prompts[g.prompt]) for g in groups))
     fresh, mask, lengths, first_logits = prefill(model, prompts, wave, pad_id, wave.longest)
-    counts = torch.tensor([j.count for j in wave.jobs], device=device)
-    src = torch.repeat_interleave(torch.arange(len(wave.jobs), device=device), counts)  # [R] prompt of each row
+    src = prompt_of_rows(wave, device)  # [R]
     batch.cache.admit(rows, fresh, src, at)
     new_mask = torch.zeros(rows.numel(), batch.mask.shape[1], dtype=torch.bool, device=device)
     new_mask[:, batch.cache.prompt_columns(wave.longest, at).to(device)] = mask[src, : wave.longest]
