@@ -22,6 +22,7 @@ from bridgelm.engine import SamplingConfig, check_stop_strings, stream_text
 from bridgelm.errors import UserError
 from bridgelm.jsonl import append_record, check_regular_file, exclusive, read_records
 from bridgelm.runs import SAMPLED_WITH, check_format, check_settings, format_of, source_digests
+from bridgelm.stop import stop_on_sigterm
 
 
 def run_settings(
@@ -166,9 +167,11 @@ def run_generate(
 
 @contextlib.contextmanager
 def kept_on_interrupt(name: str, kept: str):
-    """Ctrl-C in the body said as what was kept and how to go on (the command line adds no line of its own)."""
+    """Ctrl-C or SIGTERM in the body said as what was kept and how to go on (the command line adds no line of its
+    own)."""
     try:
-        yield
+        with stop_on_sigterm():
+            yield
     except KeyboardInterrupt as err:
         print(f"\n{name}: interrupted; {kept}; the same command continues after them", file=sys.stderr)
         err.said = True

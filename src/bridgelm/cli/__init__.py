@@ -113,6 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     """Run one command. Bad input ends it with `bridgelm <command>: error: ...` and exit code 2 (see
     bridgelm.errors); any other exception is a bug: it is announced as one and raised with its traceback."""
     from bridgelm.errors import show_data_warnings, user_message
+    from bridgelm.stop import exit_code
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     parser = build_parser()
@@ -126,7 +127,7 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt as err:
         if not getattr(err, "said", False):  # the trainers and warmup-data say what they saved
             print(f"{prog}: interrupted", file=sys.stderr)
-        sys.exit(0 if getattr(err, "saved", False) else 130)  # 0: every rank stopped at one step, saved (train.agree)
+        sys.exit(0 if getattr(err, "saved", False) else exit_code(err))  # 0: all ranks saved one step (train.agree)
     except Exception as err:
         message = user_message(err)
         if message is None:

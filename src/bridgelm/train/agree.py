@@ -5,7 +5,8 @@
   ranks that never come. So with several ranks the signal only sets a flag (`StopSignals`), and every rank reads
   all the flags at one fixed collective, once a step, after the update (`Run.save_if_due`): there they all save the
   same step and stop together (`StoppedTogether`; the command exits 0). A second signal stops the rank at once,
-  unsaved. One process keeps Ctrl-C as KeyboardInterrupt (train.loop saves the last finished step).
+  unsaved. One process keeps Ctrl-C as KeyboardInterrupt and makes SIGTERM one (bridgelm.stop; train.loop saves
+  the last finished step).
 - Resuming: rank 0's newest whole checkpoint is the one every rank resumes from (`agreed_resume_point`), each
   rank's own view of the folder (a shared filesystem caching attributes) notwithstanding; a rank that lacks it
   refuses, and so every rank does, in one line naming it.
@@ -22,6 +23,7 @@ from pathlib import Path
 
 from bridgelm.dist import Dist, all_reduce_max
 from bridgelm.errors import UserError
+from bridgelm.stop import SIGNALS, stop_on_sigterm
 from bridgelm.train.checkpoints import CHECKPOINTS, checkpoint_damage, checkpoint_name, read_info, resume_point
 
 
@@ -33,8 +35,8 @@ class StoppedTogether(KeyboardInterrupt):
 
 class StopSignals:
     """With several ranks, inside the block: SIGINT and SIGTERM set a flag that `agreed()` reads on every rank at
-    once; a second signal raises KeyboardInterrupt at once (`hard`: nothing may be saved then). One process: nothing
-    changes."""
+    once; a second signal raises KeyboardInterrupt at once (`hard`: nothing may be saved then). One process: SIGTERM
+    raises `stop.Interrupted` as Ctrl-C raises KeyboardInterrupt."""
 
     def __init__(self, dist: Dist):
         self.dist = dist
@@ -43,8 +45,11 @@ class StopSignals:
         self.old: dict[int, object] = {}
 
     def __enter__(self) -> StopSignals:
-        if self.dist.world > 1 and threading.current_thread() is threading.main_thread():
-            self.old = {s: signal.signal(s, self._handler) for s in (signal.SIGINT, signal.SIGTERM)}
+        if self.dist.world == 1:
+            self.alone = stop_on_sigterm()
+            self.alone.__enter__()
+        elif threading.current_thread() is threading.main_thread():
+            self.old = {s: signal.signal(s, self._handler) for s in SIGNALS}
         return self
 
     def _handler(self, signum, frame) -> None:
@@ -59,6 +64,8 @@ class StopSignals:
     def __exit__(self, *exc) -> bool:
         for s, old in self.old.items():
             signal.signal(s, old)
+        if self.dist.world == 1:
+            self.alone.__exit__(*exc)
         return False
 
     def agreed(self) -> bool:

@@ -23,11 +23,12 @@ Design notes:
   that differs.
 - One writer: rank 0 holds the run folder's lock (bridgelm.jsonl.exclusive) while the run goes, so a second process
   training into the same folder is refused at once (already when its Run is made), instead of both writing it.
-- A step's update is atomic for Ctrl-C: the first Ctrl-C lets it finish and then saves a checkpoint of it; a second
-  stops at once, and nothing is saved (the weights may be half updated); a Ctrl-C outside an update saves the last
-  finished step. With several ranks Ctrl-C and SIGTERM are a flag that all ranks read once a step (train.agree):
-  all save the same step and stop, and all resume from rank 0's newest checkpoint. A resumed run restores optimiser, schedule, global RNG, step and the trainer's extras
-  (`run.state`), drops metrics records after the checkpoint, and continues bit for bit.
+- A step's update is atomic for Ctrl-C and SIGTERM alike (bridgelm.stop): the first signal lets it finish and then
+  saves a checkpoint of it; a second stops at once, and nothing is saved (the weights may be half updated); a signal
+  outside an update saves the last finished step. With several ranks both are a flag that all ranks read once a step
+  (train.agree): all save the same step and stop, and all resume from rank 0's newest checkpoint. A resumed run
+  restores optimiser, schedule, global RNG, step and the trainer's extras (`run.state`), drops metrics records after
+  the checkpoint, and continues bit for bit.
 
 Used by bridgelm.train.sft, bridgelm.train.rl and bridgelm.demo.base; tested through their tests
 (tests/test_sft.py, tests/test_rl.py, tests/test_train_distributed.py) and tests/test_train_common.py.
@@ -39,9 +40,7 @@ import contextlib
 import json
 import math
 import os
-import signal
 import sys
-import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -54,6 +53,7 @@ from bridgelm.jsonl import append_record, check_free, exclusive, read_records, w
 from bridgelm.rng import set_rng_state
 from bridgelm.runs import METRICS, RUN_FILE, check_format, check_settings, format_of, jsonable, refuse_run_folder
 from bridgelm.setting import setting
+from bridgelm.stop import DeferInterrupt
 from bridgelm.train.agree import StoppedTogether, StopSignals, agreed_resume_point
 from bridgelm.train.checkpoints import (
     CHECKPOINTS,
@@ -357,39 +357,8 @@ def progress_bar(total: int, initial: int = 0, desc: str = "", enabled: bool = T
     return tqdm(total=total, initial=initial, desc=desc, unit="step", dynamic_ncols=True)
 
 
-# ---------------------------------------------------------------------------------------------- Ctrl-C
-
-
-class DeferInterrupt:
-    """Hold back Ctrl-C inside the block (a step's updates) and raise it as KeyboardInterrupt at the end.
-
-    A second Ctrl-C raises at once. Only the main thread can install the handler; elsewhere this does nothing.
-    """
-
-    def __enter__(self):
-        self.hit = False
-        self.old = None
-        if threading.current_thread() is threading.main_thread():
-            self.old = signal.signal(signal.SIGINT, self._handler)
-        return self
-
-    def _handler(self, signum, frame):
-        if self.hit:
-            raise KeyboardInterrupt
-        self.hit = True
-        print("\ninterrupted: finishing this step, then saving a checkpoint (Ctrl-C again: stop now)", file=sys.stderr)
-
-    def __exit__(self, exc_type, exc, tb):
-        if self.old is not None:
-            signal.signal(signal.SIGINT, self.old)
-        if self.hit and exc_type is None:
-            raise KeyboardInterrupt
-        return False
-
-
 __all__ = [
     "RUN_FIELD",
-    "DeferInterrupt",
     "MetricsLog",
     "Run",
     "RunControl",

@@ -22,6 +22,7 @@ from pathlib import Path
 from bridgelm.errors import UserError, check_int
 from bridgelm.jsonl import append_record, exclusive, read_records
 from bridgelm.runs import local_source
+from bridgelm.stop import stop_on_sigterm
 from bridgelm.samples import check_lines, run_settings
 from bridgelm.engine import SamplingConfig, stream_text
 from bridgelm.tasks.base import check_rewards, is_correct
@@ -88,7 +89,8 @@ def _make(model, tokenizer, task, examples, out: Path, cfg, settings, chat, prog
     stats = {"problems": len(examples), "sampled_now": len(todo), "out": str(out)}
     if todo:
         try:
-            _sample_and_write(model, tokenizer, task, examples, todo, cfg, settings, chat, out, progress)
+            with stop_on_sigterm():  # SIGTERM as Ctrl-C: the problems written are said
+                _sample_and_write(model, tokenizer, task, examples, todo, cfg, settings, chat, out, progress)
         except KeyboardInterrupt as err:
             err.said = True  # the command line adds no second line
             now = len(read_records(out)) - len(done)

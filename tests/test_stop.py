@@ -1,0 +1,91 @@
+"""SIGTERM stops a command as Ctrl-C does (bridgelm.stop): a trainer in one process saves its last finished step and
+exits 143, an update is finished first, and the handlers before are restored."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from conftest import tiny_model
+from test_sft import TOK, write_warmup
+
+from bridgelm.samples import kept_on_interrupt
+from bridgelm.stop import DeferInterrupt, Interrupted, exit_code, stop_on_sigterm
+from bridgelm.train.checkpoints import TRAINER_INFO, checkpoint_name
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def signal_me(signum: int) -> None:
+    os.kill(os.getpid(), signum)
+    time.sleep(0.05)  # the handler runs at the next bytecode of the main thread
+
+
+def test_sigterm_raises_interrupted_inside_the_block_and_the_old_handler_comes_back():
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Interrupted) as stop:
+        with stop_on_sigterm():
+            signal_me(signal.SIGTERM)
+    assert isinstance(stop.value, KeyboardInterrupt) and exit_code(stop.value) == 143
+    assert signal.getsignal(signal.SIGTERM) is before
+    assert exit_code(KeyboardInterrupt()) == 130  # a plain Ctrl-C
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_in_an_update_waits_for_its_end(signum, capsys):
+    finished = False
+    with pytest.raises(Interrupted) as stop:
+        with stop_on_sigterm(), DeferInterrupt():
+            signal_me(signum)
+            finished = True  # the rest of the update still runs
+    assert finished and stop.value.signum == signum
+    assert f"{signal.Signals(signum).name}: finishing this step" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_second_signal_in_an_update_stops_it_at_once():
+    reached = False
+    with pytest.raises(Interrupted) as stop:
+        with stop_on_sigterm(), DeferInterrupt():
+            signal_me(signal.SIGINT)
+            signal_me(signal.SIGTERM)
+            reached = True
+    assert not reached and stop.value.signum == signal.SIGTERM
+
+
+def test_eval_and_generate_say_what_they_kept_on_sigterm(capsys):
+    with pytest.raises(Interrupted) as stop:
+        with kept_on_interrupt("bridgelm eval", "the problems sampled so far are kept in runs/x"):
+            signal_me(signal.SIGTERM)
+    assert stop.value.said and "bridgelm eval: interrupted; the problems sampled so far" in capsys.readouterr().err
+
+
+def test_sft_stopped_by_sigterm_saves_its_last_step_and_says_how_to_go_on(tmp_path):
+    """What `timeout`, Slurm and `docker stop` do to a one-process run: before, it died unsaved."""
+    folder = tmp_path / "model"
+    model = tiny_model(vocab_size=len(TOK), eos_token_id=TOK.eos_token_id, pad_token_id=TOK.pad_token_id)
+    model.save_pretrained(folder)
+    TOK.save_pretrained(folder)
+    write_warmup(tmp_path / "warmup.jsonl")
+    out = tmp_path / "run"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
+    cmd = [sys.executable, "-m", "bridgelm", "sft", "--model", str(folder), "--add", "bridge", "--data",
+           str(tmp_path / "warmup.jsonl"), "--epochs", "1000", "--batch-groups", "2", "--val-count", "0",
+           "--no-progress", "--out", str(out)]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = out / "metrics.jsonl"
+    deadline = time.monotonic() + 300
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 2):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    said, err = proc.communicate(timeout=300)
+    assert proc.returncode == 143, err[-3000:]
+    steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+    assert f"interrupted; checkpoint of step {steps[-1]}" in said and "the same command with --resume" in said
+    assert (out / "checkpoints" / checkpoint_name(steps[-1]) / TRAINER_INFO).is_file()
+    assert "Traceback" not in err
