@@ -58,6 +58,8 @@ def test_generate_writes_and_resumes(tmp_path, capsys):
         main(args[:-2] + ["--seed", "9", "--out", str(out)])
     assert "seed: file 0 vs now 9" in capsys.readouterr().err
     assert out.read_bytes() == before
+    main([*args[:7], "--width", "1", *args[9:-1], str(tmp_path / "alone.jsonl")])  # Bridge blocks at width 1: said
+    assert "note: width 1: each of a prompt's 4 samples is its Bridge blocks' only one" in capsys.readouterr().out
     # other prompts at the same indices: refused, naming the line's index, and the file is untouched
     edited = _prompts(tmp_path, ["1+2=", "9+9=", "5-1=", "a b"])
     with pytest.raises(SystemExit):
@@ -106,7 +108,7 @@ def test_generate_single_prompt_and_bad_input(tmp_path, capsys):
                 str(tmp_path / "x.jsonl"),
             ]
         )
-    assert "width=2 must divide n=3" in capsys.readouterr().err
+    assert "--width 2 must divide --n 3" in capsys.readouterr().err
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "1+1="}\n{"text": "no prompt"}\n')
     with pytest.raises(SystemExit):

@@ -131,7 +131,7 @@ def test_widths_must_divide_n(tmp_path, capsys):
     assert "widths entry 3 does not divide n=4" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(base)  # no --widths: the default width 8 alone
-    assert "width=8 does not divide n=4: every width must divide n" in capsys.readouterr().err
+    assert "--width 8 (its default) does not divide --n 4: every width must divide n" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(base + ["--widths", "1,x"])
     assert "--widths entry 'x' is not an integer" in capsys.readouterr().err

@@ -158,10 +158,11 @@ def test_blocks_are_counted_and_a_model_folder_is_read_for_its_config_only(tmp_p
         (["--preset", "ds-qwen-7b", "--fsdp", "--gpu-memory-gib", "80"], "--fsdp with --world-size 1: FSDP shards "
          "the model over several processes: expected --world-size 2 or more, or no --fsdp"),  # fmt: skip
         (["--preset", "ds-qwen-7b", "--max-batch-tokens", "2000", "--gpu-memory-gib", "80"],
-         "max_batch_tokens=2000 cannot hold one Bridge group of width=4 rows of max_new_tokens=512 tokens and a "
-         "prompt: expected at least 2052 (4 x (512 + 1))"),  # fmt: skip
+         "--max-batch-tokens 2000 cannot hold one Bridge group of --width 4 (its default) rows of --max-new-tokens "
+         "512 (its default) tokens and a prompt: expected at least 2052 (4 x (512 + 1))"),  # fmt: skip
         (["--preset", "ds-qwen-7b", "--eval-width", "8", "--eval-n", "8", "--max-batch-tokens", "4000",
-          "--gpu-memory-gib", "80"], "cannot hold one Bridge group of eval_width=8 rows of eval_max_new_tokens=512"),
+          "--gpu-memory-gib", "80"],
+         "cannot hold one Bridge group of --eval-width 8 rows of --eval-max-new-tokens 512 (its default)"),
         (["--preset", "ds-qwen-7b", "--max-batch-tokens", "9000", "--prompt-tokens", "3000",
           "--gpu-memory-gib", "80"],
          "rollouts: max_batch_tokens=9000 holds 2 rows of 3512 tokens, less than one Bridge group of 4: expected at "

@@ -158,6 +158,10 @@ def run_generate(
     moot = width_is_moot(model)
     if moot and cfg.width > 1:
         print(f"bridgelm generate: note: {moot}, so width {cfg.width} samples like width 1: independently")
+    elif not moot and cfg.width == 1 and cfg.n > 1:
+        print(f"bridgelm generate: note: width 1: each of a prompt's {cfg.n} samples is its Bridge blocks' only "
+              "one, so they are drawn independently; --width W (a divisor of --n) draws groups of W that read each "
+              "other")
     where = f"--prompts {prompts_file}" if prompts_file else "--prompt"
     with kept_on_interrupt("bridgelm generate", f"the prompts sampled so far are kept in {out}"):
         made = sample_to_file(model, tokenizer, prompts, out, cfg, settings, chat, stop, source=where)

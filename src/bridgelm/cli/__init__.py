@@ -48,13 +48,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _in_flag_words(parser: argparse.ArgumentParser, args: argparse.Namespace, message: str) -> str:
-    """A message that opens with a setting as a config names it ("n=-3: expected a positive integer"), opened with
-    the command's flag instead ("--n -3: ..."), where the command has a flag of that name."""
-    from bridgelm.cli.fit import flag_names, in_flags
-    from bridgelm.errors import UserError
+    """A message that opens with a setting as a config names it ("width=8 does not divide n=4: ..."), written in the
+    command's flags instead ("--width 8 (its default) does not divide --n 4: ..."): every `name=value` of it whose
+    name is a flag of the command, a value the user left at its default said to be one."""
+    from bridgelm.cli.fit import flag_names
 
-    match = re.match(r"([a-z_]+)=\S+?:", message)
-    if match is None:
+    if re.match(r"[a-z_]+=\S", message) is None:
         return message
     command = parser
     for name in (args.command, getattr(args, "analysis", None)):
@@ -62,8 +61,20 @@ def _in_flag_words(parser: argparse.ArgumentParser, args: argparse.Namespace, me
         if name is None or sub is None or name not in sub.choices:
             break
         command = sub.choices[name]
-    flag = flag_names(command).get(match.group(1)) if command is not parser else None
-    return message if flag is None else str(in_flags(UserError(message), {match.group(1): flag}))
+    if command is parser:
+        return message
+    flags = flag_names(command)
+    actions = {o: a for a in command._actions for o in a.option_strings}
+
+    def in_words(m: re.Match) -> str:
+        flag = flags.get(m.group(1))
+        if flag is None:
+            return m.group()
+        action = actions[flag]
+        default = " (its default)" if getattr(args, action.dest, None) == action.default else ""
+        return f"{flag} {m.group(2)}{default}"
+
+    return re.sub(r"(?<![\w.-])([a-z_][\w.]*)=([^\s:;,)]+)", in_words, message)
 
 
 TEXT_ARGS = ("prompt", "stop")  # flags whose values are text, not paths
