@@ -17,6 +17,7 @@ from typing import Any
 from bridgelm.engine.config import SamplingConfig, with_settings
 from bridgelm.engine.loop import stream_ids
 from bridgelm.errors import DataWarning, UserError
+from bridgelm.progress import bar as progress_bar
 from bridgelm.tokenizer import unknown_characters
 
 
@@ -161,9 +162,7 @@ def stream_text(
     eos = eos_ids(model, tokenizer, eos_token_id)
     bar = None
     if isinstance(progress, str):
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(texts) * cfg.n, desc=progress, unit="sample")
+        bar = progress_bar(len(texts) * cfg.n, progress, "sample")
     update = bar.update if bar is not None else progress
     try:
         stop = stop_checker(tokenizer, stop_strings)

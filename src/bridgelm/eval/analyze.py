@@ -36,6 +36,7 @@ from bridgelm.grouped import KWARG, Groups
 from bridgelm.intervals import bootstrap_ci
 from bridgelm.jsonl import write_atomic
 from bridgelm.logprobs import Row, pack_rows, response_logprobs
+from bridgelm.progress import bar as progress_bar
 
 # ---------------------------------------------------------------------------------------------- features
 
@@ -150,9 +151,7 @@ def run_feature_ratios(
     totals, count = None, 0
     bar = None
     if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(chosen), desc="feature ratios", unit="set")
+        bar = progress_bar(len(chosen), "feature ratios", "set")
     try:
         for key in chosen:
             rec = records[key]
@@ -247,9 +246,7 @@ def sibling_gain(model, sets: Sequence[tuple[Sequence[int], Sequence[Sequence[in
     tokens, per_set = 0, []
     bar = None
     if progress:
-        from tqdm.auto import tqdm
-
-        bar = tqdm(total=len(sets), desc="sibling NLL", unit="set")
+        bar = progress_bar(len(sets), "sibling NLL", "set")
     try:
         for prompt_ids, responses in sets:
             a, b, n = set_nll(model, prompt_ids, responses)

@@ -43,6 +43,7 @@ from bridgelm.eval.folder import check_same_run, done_keys, read_eval_run, shard
 from bridgelm.errors import UserError, check_int
 from bridgelm.eval.prompts import fit_prompt, prompt_budget
 from bridgelm.jsonl import append_record, exclusive, write_json
+from bridgelm.progress import bar as progress_bar
 from bridgelm.runs import RUN_FILE, SAMPLED_WITH, format_of, local_source, source_digests
 from bridgelm.setting import setting
 from bridgelm.tasks import Task
@@ -268,10 +269,8 @@ def _sample_all_sets(model, tokenizer, benches, todo, cfg: EvalConfig, budget, o
     when `progress`; returns how many problems had their long document cut."""
     bar = None
     if progress:
-        from tqdm.auto import tqdm
-
         total = sum(len(v) for v in todo.values())
-        bar = tqdm(total=total * cfg.sampling.n, desc=f"sampling -> {out}", unit="sample", position=dist.rank)
+        bar = progress_bar(total * cfg.sampling.n, f"sampling -> {out}", "sample", position=dist.rank)
     step = bar.update if bar is not None else (lambda k: None)
     truncated = 0
     try:

@@ -29,6 +29,7 @@ from bridgelm.eval import metrics as M
 from bridgelm.eval.datasets import Benchmark, benchmark_difference, load_benchmarks
 from bridgelm.eval.folder import read_eval_run, read_samples
 from bridgelm.jsonl import check_free, exclusive, write_atomic, write_json
+from bridgelm.progress import bar as progress_bar
 from bridgelm.runs import FORMATS
 from bridgelm.tasks import Task
 from bridgelm.tasks.base import is_correct
@@ -120,10 +121,8 @@ def _score_locked(run_dir: Path, task: Task | None, allow_partial: bool, progres
     missing = _missing_problems(run_dir, run, records, benches, allow_partial)
     bar = None
     if progress:
-        from tqdm.auto import tqdm
-
         total = sum(len(r["samples"]) for r in records.values())
-        bar = tqdm(total=total, desc=f"grading -> {run_dir / METRICS_FILE}", unit="sample")
+        bar = progress_bar(total, f"grading -> {run_dir / METRICS_FILE}", "sample")
     try:
         scores = [s for b in benches for s in _grade_benchmark(b, widths, records, bar)]
     finally:

@@ -25,6 +25,7 @@ from bridgelm.errors import UserError
 from bridgelm.eval.folder import read_samples
 from bridgelm.intervals import bootstrap_ci
 from bridgelm.jsonl import write_json
+from bridgelm.progress import bar as progress_bar
 
 # Similarity measures of `set_similarity`, each an F1 from rouge-score.
 SIMILARITY_METRICS = ("rouge_l", "rouge_1")
@@ -67,12 +68,9 @@ def set_similarity(
     """
     per_problem: dict[str, list[float]] = {m: [] for m in SIMILARITY_METRICS}
     pairs = 0
-    items = samples_by_problem
-    if progress:
-        from tqdm.auto import tqdm
-
-        items = tqdm(items, desc="ROUGE-L / ROUGE-1", unit="problem")
-    for texts in items:
+    bar = progress_bar(len(samples_by_problem), "ROUGE-L / ROUGE-1", "problem", enabled=progress)
+    for texts in samples_by_problem:
+        bar.update(1)
         texts = list(texts)[:max_samples] if max_samples else list(texts)
         if len(texts) < 2:
             continue
@@ -80,6 +78,7 @@ def set_similarity(
         for m in SIMILARITY_METRICS:
             per_problem[m].append(means[m])
         pairs += count
+    bar.close()
     if not per_problem["rouge_l"]:
         raise UserError("no response set has 2 or more responses: nothing to compare")
     out: dict[str, Any] = {}

@@ -53,6 +53,7 @@ from bridgelm.jsonl import append_record, check_free, exclusive, read_records, w
 from bridgelm.rng import set_rng_state
 from bridgelm.runs import METRICS, RUN_FILE, check_format, check_settings, format_of, jsonable, refuse_run_folder
 from bridgelm.setting import setting
+from bridgelm.progress import bar as progress_bar
 from bridgelm.stop import DeferInterrupt
 from bridgelm.train.agree import StoppedTogether, StopSignals, agreed_resume_point
 from bridgelm.train.checkpoints import (
@@ -202,7 +203,7 @@ class Run:
         )
         self.metrics.keep_until(self.step)
         self.bar = progress_bar(
-            total, self.step, f"{desc} -> {self.out_dir}", self.control.progress and self.dist.is_main
+            total, f"{desc} -> {self.out_dir}", "step", self.control.progress and self.dist.is_main, initial=self.step
         )
         try:
             yield self
@@ -332,29 +333,9 @@ class MetricsLog:
             self.writer.close()
 
 
-class _NoBar:
-    def update(self, n=1):
-        pass
-
-    def set_postfix(self, *a, **k):
-        pass
-
-    def close(self):
-        pass
-
-
 def progress_fields(**fields: Any) -> dict[str, str]:
     """The fields a progress bar shows: those with no value yet (None or "") left out, floats to 4 digits."""
     return {k: f"{v:.4g}" if isinstance(v, float) else str(v) for k, v in fields.items() if v is not None and v != ""}
-
-
-def progress_bar(total: int, initial: int = 0, desc: str = "", enabled: bool = True):
-    """A tqdm bar (or a silent stand-in)."""
-    if not enabled:
-        return _NoBar()
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, initial=initial, desc=desc, unit="step", dynamic_ncols=True)
 
 
 __all__ = [
@@ -363,7 +344,6 @@ __all__ = [
     "Run",
     "RunControl",
     "dotted",
-    "progress_bar",
     "progress_fields",
     "settings_of",
 ]

@@ -1,0 +1,41 @@
+"""Progress bars (bridgelm.progress): tqdm on a terminal, a few plain lines in a log."""
+
+import io
+import sys
+
+from bridgelm.progress import NoBar, bar
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_off_a_terminal_a_bar_is_a_few_plain_lines(capsys):
+    progress = bar(1000, "sampling -> out.jsonl", "sample")
+    for _ in range(1000):
+        progress.update(1)
+    progress.close()
+    err = capsys.readouterr().err
+    assert "\r" not in err and "\x1b" not in err
+    lines = err.splitlines()
+    assert 1 <= len(lines) <= 3, lines  # the first state and the last: at most one line per LOG_SECONDS between
+    assert lines[-1].startswith("sampling -> out.jsonl: 100%") and "1000/1000" in lines[-1]
+
+
+def test_on_a_terminal_it_is_tqdms_bar_redrawn_in_place(monkeypatch):
+    screen = Terminal()
+    monkeypatch.setattr(sys, "stderr", screen)
+    progress = bar(3, "grading", "sample", initial=1)
+    progress.update(2)
+    progress.close()
+    assert "\r" in screen.getvalue() and "3/3" in screen.getvalue()
+
+
+def test_a_disabled_bar_writes_nothing(capsys):
+    progress = bar(5, "x", "step", enabled=False)
+    assert isinstance(progress, NoBar)
+    progress.update(5)
+    progress.set_postfix(loss="1")
+    progress.close()
+    assert capsys.readouterr().err == ""
