@@ -88,7 +88,11 @@ def test_generate_single_prompt_and_bad_input(tmp_path, capsys):
         ]
     )
     assert len(read_records(out)) == 1
-    assert "note:" not in capsys.readouterr().out  # width 1: nothing to say
+    said = capsys.readouterr().out
+    assert "note:" not in said or "samples is empty" in said  # width 1: nothing to say of it
+    samples = [s["text"] for s in read_records(out)[0]["samples"]]
+    assert ("note: every one of the 2 samples is empty: an Instruct model sampled without --chat" in said) == (
+        not any(t.strip() for t in samples))
     wide = ["generate", "--model", str(tmp_path / "m"), "--prompt", "1+1=", "--n", "2", "--width", "2"]
     main(wide + ["--max-new-tokens", "3", "--out", str(tmp_path / "wide.jsonl")])
     assert "note: it has no Bridge blocks, so width 2 samples like width 1" in capsys.readouterr().out

@@ -162,6 +162,22 @@ def _fabricate(run: Path, texts_by_problem: dict, lengths=None, finished=None):
     (run / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
 
 
+def test_a_run_whose_every_sample_is_empty_says_so(tmp_path, model_tok):
+    """What an Instruct model sampled without --chat often does: it ends at once, and every score is 0."""
+    model, tok = model_tok
+    run = tmp_path / "run"
+    E.run_eval(model, tok, "math", [str(_toy(tmp_path / "toy.jsonl", 2))],
+               E.EvalConfig(sampling=E.eval_sampling(n=2, width=2, max_new_tokens=4)), run, "tiny", progress=False)
+    _fabricate(run, {("toy", 0): ["", " "], ("toy", 1): ["\n", ""]})
+    result = S.score_run(run, progress=False)
+    assert result["samples"] == result["empty_samples"] == 4 and result["run"]["chat"] is False
+    note = "note: every one of the 4 samples is empty: an Instruct model sampled without --chat often ends at once"
+    assert S.summary_lines(result)[-1] == note
+    _fabricate(run, {("toy", 0): ["", " "], ("toy", 1): ["4", ""]})
+    result = S.score_run(run, progress=False)
+    assert result["empty_samples"] == 3 and not any("note" in line for line in S.summary_lines(result))
+
+
 def test_a_cut_gsm8k_sample_counts_only_with_an_explicit_answer(tmp_path, model_tok):
     """GSM8K falls back on a completion's last number; a sample cut by the token limit has not answered yet, so its
     last number ("Step 3: ...") is not its answer. A box, '####' or 'the answer is' still counts, cut or not."""

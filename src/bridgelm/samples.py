@@ -166,7 +166,19 @@ def run_generate(
     with kept_on_interrupt("bridgelm generate", f"the prompts sampled so far are kept in {out}"):
         made = sample_to_file(model, tokenizer, prompts, out, cfg, settings, chat, stop, source=where)
     print(f"bridgelm generate: sampled {_count(made, 'prompt')} now, {len(prompts) - made} were already in {out}")
+    texts = [s["text"] for rec in read_records(out) for s in rec["samples"]]
+    if note := empty_note(len(texts), sum(not t.strip() for t in texts), chat):
+        print(f"bridgelm generate: {note}")
     return made
+
+
+def empty_note(samples: int, empty: int, chat: bool) -> str | None:
+    """A note when every sample is empty (None otherwise): what an Instruct model sampled without a chat template
+    often does."""
+    if not samples or empty < samples:
+        return None
+    hint = ": an Instruct model sampled without --chat often ends at once" if not chat else ""
+    return f"note: every one of the {samples} samples is empty{hint}"
 
 
 @contextlib.contextmanager

@@ -31,6 +31,7 @@ from bridgelm.eval.folder import read_eval_run, read_samples
 from bridgelm.jsonl import check_free, exclusive, write_atomic, write_json
 from bridgelm.progress import bar as progress_bar
 from bridgelm.runs import FORMATS
+from bridgelm.samples import empty_note
 from bridgelm.tasks import Task
 from bridgelm.tasks.base import is_correct
 
@@ -121,8 +122,8 @@ def _score_locked(run_dir: Path, task: Task | None, allow_partial: bool, progres
     missing = _missing_problems(run_dir, run, records, benches, allow_partial)
     bar = None
     if progress:
-        total = sum(len(r["samples"]) for r in records.values())
-        bar = progress_bar(total, f"grading -> {run_dir / METRICS_FILE}", "sample")
+        bar = progress_bar(sum(len(r["samples"]) for r in records.values()), f"grading -> {run_dir / METRICS_FILE}",
+                           "sample")
     try:
         scores = [s for b in benches for s in _grade_benchmark(b, widths, records, bar)]
     finally:
@@ -131,7 +132,9 @@ def _score_locked(run_dir: Path, task: Task | None, allow_partial: bool, progres
     gpass_k = min(int(run.get("gpass_k", 8)), int(run["n"]))  # the k used: capped at n
     result: dict[str, Any] = {
         "format": FORMATS["eval"],
-        "run": {k: run.get(k) for k in ("model", "blocks", "task", "n", "widths", "width", "max_new_tokens")},
+        "run": {k: run.get(k) for k in ("model", "blocks", "task", "n", "widths", "width", "max_new_tokens", "chat")},
+        "samples": sum(len(r["samples"]) for r in records.values()),
+        "empty_samples": sum(not s["text"].strip() for r in records.values() for s in r["samples"]),
         "gpass_k": gpass_k,
         "benchmarks": {},
         "avg": {},
@@ -217,8 +220,11 @@ def _grade_benchmark(b: Benchmark, widths: list[int], records: dict, bar) -> lis
 
 
 def summary_lines(result: dict[str, Any]) -> list[str]:
-    """`summary_line` at every width the run has scores at, narrowest first."""
-    return [summary_line(result, int(w)) for w in sorted(result["avg"], key=int)] or [summary_line(result)]
+    """`summary_line` at every width the run has scores at, narrowest first; a note when every sample is empty."""
+    lines = [summary_line(result, int(w)) for w in sorted(result["avg"], key=int)] or [summary_line(result)]
+    if note := empty_note(result.get("samples", 0), result.get("empty_samples", 0), result["run"].get("chat")):
+        lines.append(note)
+    return lines
 
 
 def summary_line(result: dict[str, Any], width: int | None = None) -> str:
