@@ -506,6 +506,10 @@ def test_resume_refuses_another_configuration(tmp_path):
         train_rl(policy(), TOK, TASK, resuming(CFG, steps=1, validation=more), tmp_path)
     with pytest.raises(ValueError, match="already holds a run"):
         train_rl(policy(), TOK, TASK, replace(CFG, steps=1), tmp_path)
+    # a longer run is a new one, from this one's model
+    with pytest.raises(ValueError, match=r"steps: saved 1 vs now 2\).*a new run \(another --out\) from its model, "
+                                         r"blocks included: --model \S+step-0+1 "):
+        train_rl(policy(), TOK, TASK, resuming(CFG, steps=2), tmp_path)
     # the same number of problems, one of them changed: other training data is refused by its digest
     other = AddTask(TASK.name, [{**TASK.examples[0], "a": TASK.examples[0]["a"] + 1}, *TASK.examples[1:]])
     with pytest.raises(ValueError, match=r"digest: the data's fingerprint changed \(sha256:\w+ vs now sha256:\w+\)"):

@@ -139,7 +139,12 @@ class Run:
         self.resume_from = agreed_resume_point(self.out_dir, control.resume, dist)  # rank 0's, on every rank
         if self.resume_from is not None:
             saved = read_info(self.resume_from).get("identity", {})
-            check_settings(self.resume_from, saved, identity, fix="use another --out, or the settings of that run")
+            fix = "use another --out, or the settings of that run"
+            longer = kind == "rl" and saved.get("steps") != identity.get("steps")
+            if longer and (self.resume_from / "config.json").is_file():  # a model folder (under FSDP: the last one)
+                fix += (f"; to train on past it, a new run (another --out) from its model, blocks included: --model "
+                        f"{self.resume_from} (the optimiser and the schedule start afresh)")
+            check_settings(self.resume_from, saved, identity, fix=fix)
         self.state: dict[str, Any] = {"step": 0, **state}  # steps done, and the trainer's extras
         self.saved_at = 0  # step of the last checkpoint
         self.in_update = False  # inside `update()`: a KeyboardInterrupt there leaves nothing to save
