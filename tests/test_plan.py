@@ -155,6 +155,7 @@ def test_blocks_are_counted_and_a_model_folder_is_read_for_its_config_only(tmp_p
         (["--preset", "ds-qwen-7b", "--gpu-memory-gib", "-1"], "'-1' is not a positive number of GiB"),
         (["--preset", "nope", "--gpu-memory-gib", "80"], "--preset nope: expected one of ds-qwen-1.5b"),
         (["--gpu-memory-gib", "80"], "give one of --model and --preset"),
+        ([], "give one of --model and --preset"),  # the model first, then the GPU's memory
         (["--preset", "ds-qwen-7b", "--fsdp", "--gpu-memory-gib", "80"], "--fsdp with --world-size 1: FSDP shards "
          "the model over several processes: expected --world-size 2 or more, or no --fsdp"),  # fmt: skip
         (["--preset", "ds-qwen-7b", "--max-batch-tokens", "2000", "--gpu-memory-gib", "80"],

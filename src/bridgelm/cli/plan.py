@@ -75,10 +75,11 @@ def _cmd_plan(args) -> None:
                         "--world-size 2 or more, or no --fsdp")
     cfg.validate(args.world_size)
     block_heads(args)
+    model = _model(args)  # which model first: the budget is asked for only once there is one to plan
     budget = args.gpu_memory_gib if args.gpu_memory_gib is not None else plan_fit.device_memory_gib()
     if budget is None:
         raise UserError("no CUDA device here to read the GPU's memory from: give it, e.g. --gpu-memory-gib 80")
-    setup = plan.Setup(plan.shape_of(_model(args)), cfg, args.world_size, args.dtype, args.prompt_tokens)
+    setup = plan.Setup(plan.shape_of(model), cfg, args.world_size, args.dtype, args.prompt_tokens)
     rows = plan.plan_rows(setup)
     total = plan.per_gpu(rows) / plan.GIB
     print(plan_fit.table(setup, rows, budget))
