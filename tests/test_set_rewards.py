@@ -140,7 +140,7 @@ def test_cli_refuses_a_set_reward_the_task_cannot_grade(tmp_path, capsys):
         main([*args, "--reward", "distinct"])
     last = capsys.readouterr().err.strip().splitlines()[-1]  # above it: the model's loading bar
     assert err.value.code == 2
-    assert last.startswith("bridgelm rl: error: reward='distinct' needs a task whose problems have several correct")
+    assert last.startswith("bridgelm rl: error: --reward 'distinct' needs a task whose problems have several correct")
     with pytest.raises(SystemExit) as err:
         main([*args, "--reward", "best"])
     assert err.value.code == 2 and "invalid choice: 'best'" in capsys.readouterr().err
