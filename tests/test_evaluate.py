@@ -5,6 +5,7 @@ import os
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -202,6 +203,26 @@ def test_a_cut_gsm8k_sample_counts_only_with_an_explicit_answer(tmp_path, model_
     samples = [[Sample([], [], [], cut, finished) for finished in (False, True)]]
     assert E.grade_samples(task, rows[:1], samples) == [[False, True]]
     assert task.graded_text(cut, finished=False) == "" and task.graded_text(cut, finished=True) == cut
+
+
+def test_a_data_folder_is_read_at_the_split_asked_for(tmp_path, model_tok):
+    """--split train reads FOLDER/train.jsonl (the benchmark named as that file is), run.json records it, scoring
+    re-reads it, and a re-run at another split is refused by name."""
+    model, tok = model_tok
+    (tmp_path / "toys").mkdir()
+    _toy(tmp_path / "toys" / "test.jsonl", 2)
+    _write_rows(tmp_path / "toys" / "train.jsonl", [{"problem": "7+7=", "answer": "14"}])
+    assert [b.name for b in B.load_benchmarks("math", [str(tmp_path / "toys")])] == ["toys"]
+    cfg = E.EvalConfig(sampling=E.eval_sampling(n=2, width=2, max_new_tokens=3), split="train")
+    run = tmp_path / "run"
+    E.run_eval(model, tok, "math", [str(tmp_path / "toys")], cfg, run, "tiny", progress=False)
+    settings = json.loads((run / "run.json").read_text())
+    assert settings["split"] == "train" and [b["name"] for b in settings["benchmarks"]] == ["toys_train"]
+    assert len(read_records(run / "samples.jsonl")) == 1  # the train split's one problem, at one width
+    assert S.score_run(run, progress=False)["benchmarks"]["toys_train"]["2"]["problems"] == 1
+    with pytest.raises(ValueError, match="split: run 'train' vs now 'test'"):
+        E.run_eval(model, tok, "math", [str(tmp_path / "toys")], replace(cfg, split="test"), run, "tiny",
+                   progress=False)
 
 
 def test_a_split_named_file_is_named_after_its_folder(tmp_path, model_tok):

@@ -32,9 +32,9 @@ METRICS = "metrics.jsonl"  # a training run's metrics, one record per step
 # The format version of each kind of output that a re-run continues or a reader reads, by the command that writes
 # it; every run.json (and every line of a samples file, in its settings) records {"kind": ..., "format": ...}. A
 # folder or file of another version is refused (`check_format`): this bridgelm is unreleased and reads only its own.
-# eval, generate, warmup-data 3 and rl 4: each sample's random stream its own (bridgelm.engine.randomness), so a run
-# of an older version would resume with other draws.
-FORMATS = {"eval": 3, "sft": 3, "rl": 4, "pretrain": 2, "generate": 3, "warmup-data": 3, "checkpoint": 3}
+# generate, warmup-data 3 and rl 4: each sample's random stream its own (bridgelm.engine.randomness), so a run of an
+# older version would resume with other draws; eval 4: run.json records the split its data folders were read at.
+FORMATS = {"eval": 4, "sft": 3, "rl": 4, "pretrain": 2, "generate": 3, "warmup-data": 3, "checkpoint": 3}
 
 
 def format_of(kind: str) -> dict[str, Any]:

@@ -40,11 +40,13 @@ class Benchmark:
 SPLIT_STEMS = ("test", "train", "validation", "val", "dev")
 
 
-def benchmark_name(task_name: str, path: str | os.PathLike) -> str:
+def benchmark_name(task_name: str, path: str | os.PathLike, split: str = "test") -> str:
     """The benchmark name of a data file: its stem (math500.jsonl -> math500), or for a file named after its split,
     its folder's name (gsm8k/test.jsonl -> gsm8k; gsm8k/train.jsonl -> gsm8k_train), the task's for a file given
-    without a folder (test.jsonl -> the task's name)."""
+    without a folder (test.jsonl -> the task's name). A data folder is named as its file of `split` would be."""
     src = Path(path).expanduser()
+    if src.is_dir():
+        src = src / f"{split}.jsonl"
     stem = src.stem if src.suffix else src.name
     if stem.lower() not in SPLIT_STEMS:
         return stem
@@ -52,10 +54,12 @@ def benchmark_name(task_name: str, path: str | os.PathLike) -> str:
     return folder if stem.lower() == "test" else f"{folder}_{stem}"
 
 
-def load_benchmarks(task_or_name: Task | str, data_paths: Sequence[str] | None = None, limit: int | None = None):
+def load_benchmarks(task_or_name: Task | str, data_paths: Sequence[str] | None = None, limit: int | None = None,
+                    split: str = "test"):
     """Benchmarks of a run: one per data file of the registry task `task_or_name`, or the Task object itself.
 
-    Without data files a task name gives one benchmark from the task's default source, named after the task.
+    Without data files a task name gives one benchmark from the task's default source, named after the task; a data
+    folder, or the task's source, is read at `split`.
     """
     from bridgelm import tasks
 
@@ -69,9 +73,10 @@ def load_benchmarks(task_or_name: Task | str, data_paths: Sequence[str] | None =
         found = [(task_or_name.name, None, task_or_name)]
     elif isinstance(task_or_name, str):
         if not paths:
-            found = [(task_or_name, None, tasks.load(task_or_name))]
+            found = [(task_or_name, None, tasks.load(task_or_name, split=split))]
         else:
-            found = [(benchmark_name(task_or_name, p), local_source(p), tasks.load(task_or_name, p)) for p in paths]
+            found = [(benchmark_name(task_or_name, p, split), local_source(p), tasks.load(task_or_name, p, split))
+                     for p in paths]
     else:
         raise TypeError(f"task_or_name must be a Task or a task name, got {type(task_or_name).__name__}")
     benches = []

@@ -45,6 +45,7 @@ SAME_RUN = (
     "benchmarks",
     *("widths" if k == "width" else k for k in SAMPLED_WITH),
     "limit",
+    "split",
 )
 
 

@@ -32,7 +32,7 @@ def run_evaluate(cfg: EvalConfig, source: ModelSource, task: str, data: list[str
     cfg.validate()
     check_out(out, "dir")
     check_run_folder(out, "eval")
-    benches = load_benchmarks(task, data, cfg.limit)  # data errors before the model is loaded
+    benches = load_benchmarks(task, data, cfg.limit, cfg.split)  # data errors before the model is loaded
     dist = Dist.from_env()
     if dist.is_main:  # another eval (or score) writing the run: refused before the model loads
         check_free(out, folder=True)

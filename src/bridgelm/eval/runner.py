@@ -75,6 +75,7 @@ class EvalConfig:
     chat: bool = setting(False, "wrap prompts with the tokenizer's chat template")
     stop: list[str] = setting(default_factory=list, help="stop strings that end a sample early")
     limit: int | None = setting(None, "only the first `limit` problems of each benchmark (smoke runs); None = all")
+    split: str = setting("test", "split read from a data folder (FOLDER/SPLIT.jsonl) or from the hub's copy")
     gpass_k: int = setting(8, "k of G-Pass@k_tau (capped at n)")
 
     def all_widths(self) -> list[int]:
@@ -134,6 +135,7 @@ def eval_settings(
         "widths": cfg.all_widths(),
         "width": cfg.main_width(),  # the width tables report
         "limit": cfg.limit,
+        "split": cfg.split,
         "gpass_k": cfg.gpass_k,
         "max_batch_sequences": s.max_batch_sequences,
         "max_batch_tokens": s.max_batch_tokens,
@@ -163,7 +165,7 @@ def run_eval(
     group needed while sampling), returns once every rank has finished.
     """
     cfg.validate()
-    benches = load_benchmarks(task_or_name, data_paths, cfg.limit)
+    benches = load_benchmarks(task_or_name, data_paths, cfg.limit, cfg.split)
     task_name = task_or_name.name if isinstance(task_or_name, Task) else task_or_name
     return sample_benchmarks(model, tokenizer, benches, task_name, cfg, out_dir, model_id, blocks, progress, dist)
 

@@ -57,7 +57,7 @@ def _grading_benchmarks(run: dict, task: Task | None) -> list[Benchmark]:
             "score_run(run_dir, task=<the Task object>)"
         )
     else:
-        benches = load_benchmarks(run["task"], [p for p in paths if p is not None], run.get("limit"))
+        benches = load_benchmarks(run["task"], [p for p in paths if p is not None], run.get("limit"), run["split"])
     _benchmark_check(run, benches)
     return benches
 
