@@ -86,6 +86,15 @@ def test_report_of_two_runs(tmp_path, model_tok, capsys):
     assert report["setting_differences"] == [] and "Not like for like" not in table
 
 
+def test_a_row_without_a_mean_says_which_benchmark_it_lacks(tmp_path, model_tok, capsys):
+    both = _scored_run(tmp_path / "a", model_tok, {"aime24": [1, 0], "amc23": [2, 2]}, [2])
+    one = _scored_run(tmp_path / "b", model_tok, {"aime24": [3, 1]}, [2])
+    main(["report", str(both), str(one), "--names", "both,one", "--out", str(tmp_path / "report")])
+    said = capsys.readouterr().out
+    assert "bridgelm report: both: mean accuracy 31.25%" in said  # aime24 (1/4 + 0) / 2, amc23 2/4: their mean
+    assert "bridgelm report: one: mean accuracy – (not scored on amc23)" in said
+
+
 def test_report_says_when_it_scores_a_run_or_reports_another_width(tmp_path, model_tok, capsys):
     """A run without metrics.json is scored first, and the terminal says so; a partial run with no scores at its
     own width is reported at the width it has, with a warning (in report.json and the terminal), not silently."""

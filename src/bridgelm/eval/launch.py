@@ -108,7 +108,8 @@ def run_report(run_dirs: list[str], out: str, names: list[str] | None = None, ba
         print(f"bridgelm report: warning: {line}")
     acc = report["accuracy"]
     for name, row in acc["rows"].items() if acc["columns"] else ():  # ROUGE-only runs: the non-math lines below
-        avg = "–" if row["avg"] is None else f"{100 * row['avg']:.2f}%"
+        lacks = [b for b, cell in row["cells"].items() if cell is None]  # no mean over benchmarks it lacks
+        avg = f"– (not scored on {', '.join(lacks)})" if row["avg"] is None else f"{100 * row['avg']:.2f}%"
         delta = "" if row["delta"] is None else f" (Δ {100 * row['delta']:+.2f} vs {acc['base']})"
         print(f"bridgelm report: {name}: mean accuracy {avg}{delta}")
     table2 = report.get("nonmath")
