@@ -156,6 +156,10 @@ def test_blocks_are_counted_and_a_model_folder_is_read_for_its_config_only(tmp_p
         (["--preset", "nope", "--gpu-memory-gib", "80"], "--preset nope: expected one of ds-qwen-1.5b"),
         (["--gpu-memory-gib", "80"], "give one of --model and --preset"),
         ([], "give one of --model and --preset"),  # the model first, then the GPU's memory
+        (["--preset", "ds-qwen-7b", "--world-size", "8", "--fsdp", "--gpu-memory-gib", "80"],
+         "--steps-per-rollout 8 (its default) mini-batches need at least one Bridge group each, but a rank holds 1 "
+         "prompts x 2 groups = 2: expected at least --prompts-per-step 32 (over 8 processes), or at most "
+         "--steps-per-rollout 2"),  # fmt: skip
         (["--preset", "ds-qwen-7b", "--fsdp", "--gpu-memory-gib", "80"], "--fsdp with --world-size 1: FSDP shards "
          "the model over several processes: expected --world-size 2 or more, or no --fsdp"),  # fmt: skip
         (["--preset", "ds-qwen-7b", "--max-batch-tokens", "2000", "--gpu-memory-gib", "80"],
@@ -163,7 +167,7 @@ def test_blocks_are_counted_and_a_model_folder_is_read_for_its_config_only(tmp_p
          "512 (its default) tokens and a prompt: expected at least 2052 (4 x (512 + 1))"),  # fmt: skip
         (["--preset", "ds-qwen-7b", "--eval-width", "8", "--eval-n", "8", "--max-batch-tokens", "4000",
           "--gpu-memory-gib", "80"],
-         "cannot hold one Bridge group of --eval-width 8 rows of --eval-max-new-tokens 512 (its default)"),
+         "cannot hold one Bridge group of --eval-width 8 rows of --eval-max-new-tokens 512 tokens"),
         (["--preset", "ds-qwen-7b", "--max-batch-tokens", "9000", "--prompt-tokens", "3000",
           "--gpu-memory-gib", "80"],
          "rollouts: max_batch_tokens=9000 holds 2 rows of 3512 tokens, less than one Bridge group of 4: expected at "
@@ -269,7 +273,8 @@ def test_plan_recommends_the_bound_that_fills_one_wave_a_rank(capsys):
     command = got["command"].split()
     assert command[:6] == ["torchrun", "--nproc_per_node", "8", "-m", "bridgelm", "rl"]
     assert "--max-batch-tokens 294912" in got["command"] and f"recommended: {got['command']}" in out
-    again = [w for w in command[6:] if w not in ("--model", "MODEL", "--task", "TASK", "--out", "OUT")]
+    assert command[6:10] == ["--model", "MODEL", "--device", "cuda"]  # rl's default device is the CPU
+    again = [w for w in command[10:] if w not in ("--task", "TASK", "--out", "OUT")]
     main(["plan", "--preset", "ds-qwen-7b", "--world-size", "8", "--prompt-tokens", "512", *again,
           "--gpu-memory-gib", "80", "--json"])  # fmt: skip
     planned = json.loads(capsys.readouterr().out.splitlines()[-1])

@@ -71,8 +71,9 @@ def _in_flag_words(parser: argparse.ArgumentParser, args: argparse.Namespace, me
         if flag is None:
             return m.group()
         action = actions[flag]
-        default = " (its default)" if getattr(args, action.dest, None) == action.default else ""
-        return f"{flag} {m.group(2)}{default}"
+        value = getattr(args, action.dest, None)
+        left = value == action.default and m.group(2) in (str(value), repr(value))  # the value it runs with: a default
+        return f"{flag} {m.group(2)}{' (its default)' if left else ''}"
 
     return re.sub(r"(?<![\w.-])([a-z_][\w.]*)=([^\s:;,)]+)", in_words, message)
 

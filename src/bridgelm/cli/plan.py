@@ -117,7 +117,7 @@ def _command(args, cfg: RLConfig) -> list[str]:
     launch = ["bridgelm", "rl"]
     if args.world_size > 1:
         launch = ["torchrun", "--nproc_per_node", str(args.world_size), "-m", "bridgelm", "rl"]
-    words = [*launch, "--model", args.model or "MODEL"]
+    words = [*launch, "--model", args.model or "MODEL", "--device", "cuda"]  # the plan is of GPUs: rl's default is cpu
     if args.add:
         words += ["--add", args.add]
         words += ["--num-heads", str(args.num_heads)] if block_heads(args) != BlockConfig.num_heads else []

@@ -114,9 +114,11 @@ class RLConfig:
             raise UserError(f"prompts_per_step={self.prompts_per_step} must be divisible by the {world} processes")
         groups = self.prompts_per_step // world * (G // w)
         if groups < self.steps_per_rollout:
+            enough = world * -(-self.steps_per_rollout // (G // w))  # the fewest prompts a step that hold them
             raise UserError(
                 f"steps_per_rollout={self.steps_per_rollout} mini-batches need at least one Bridge group each, but a "
-                f"rank holds {self.prompts_per_step // world} prompts x {G // w} groups = {groups}"
+                f"rank holds {self.prompts_per_step // world} prompts x {G // w} groups = {groups}: expected at least "
+                f"prompts_per_step={enough} (over {world} processes), or at most steps_per_rollout={groups}"
             )
         check_one_group("", self.rollout)
         check_choice("reward", self.reward, REWARDS)
