@@ -91,3 +91,20 @@ def test_the_draw_at_top_p_1_scans_no_vocabulary(monkeypatch, deferred):
     results = generate_ids(bridgelm.add_bridge(model), [[10, 11, 12], [20, 21]], cfg, [], 0)
     assert widths and max(widths) <= sampler.BLOCK < V
     assert all(len(s.token_ids) == 6 for r in results for s in r)
+
+
+def test_a_seed_is_an_integer_taken_by_value():
+    """numpy's integers seed as Python's do (a loop over np.arange(3) reproduces seeds 0, 1, 2); anything else that
+    is not an integer >= 0 is refused in one line, not hashed into other draws."""
+    import numpy as np
+
+    from bridgelm.errors import UserError
+    from bridgelm.tokenizer import char_tokenizer
+
+    tok = char_tokenizer("0123456789+= ")
+    model = tiny_model(vocab_size=len(tok), eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    draw = lambda seed: [s.text for s in bridgelm.generate(model, tok, ["1+1="], n=4, max_new_tokens=6, seed=seed)[0]]
+    assert draw(np.int64(1)) == draw(1) != draw(2)
+    for bad in (1.0, "1", None, -1, True):
+        with pytest.raises(UserError, match=rf"seed={bad!r}: expected an integer >= 0"):
+            draw(bad)

@@ -10,6 +10,7 @@ Used by the trainers, the CLI and bridgelm.runs (trainer state); tested by tests
 from __future__ import annotations
 
 import hashlib
+import numbers
 import random
 from typing import Any
 
@@ -17,9 +18,15 @@ import torch
 
 
 def derive_seed(*keys: Any) -> int:
-    """A 63-bit seed from (seed, name, step, ...): stable across processes and Python versions."""
-    digest = hashlib.blake2b(repr(keys).encode(), digest_size=8).digest()
+    """A 63-bit seed from (seed, name, step, ...): stable across processes and Python versions; an integer key is
+    taken by value (numpy's int64 1 seeds as 1 does)."""
+    digest = hashlib.blake2b(repr(by_value(keys)).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & (2**63 - 1)
+
+
+def by_value(keys: tuple) -> tuple:
+    """`keys` with every integer as a Python int, so that the repr a seed is hashed from is the value's."""
+    return tuple(int(k) if isinstance(k, numbers.Integral) and not isinstance(k, bool) else k for k in keys)
 
 
 def generator(*keys: Any) -> torch.Generator:

@@ -68,6 +68,7 @@ class SamplingConfig:
             raise UserError(f"{name['width']}={self.width} must divide {name['n']}={self.n}")
         check_sampling(self.temperature, self.top_p, name, greedy=greedy, why=why)
         check_int(name["top_k"], self.top_k, low=0, note=" (0 = off)")
+        check_int(name["seed"], self.seed, low=0)
         check_number(name["compact_fraction"], self.compact_fraction, 0, 1, note=" (0: at every finished group)")
         if self.max_batch_sequences < self.width:
             raise UserError(

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from bridgelm.engine.waves import Job
+from bridgelm.rng import by_value
 
 # uniform(rows, attempt) -> [len(rows)] uniforms in [0, 1): the draws of those batch rows, `attempt`-th try.
 Uniform = Callable[[torch.Tensor, int], torch.Tensor]
@@ -27,7 +28,7 @@ def generator_uniform(generator: torch.Generator | None) -> Uniform:
 
 
 def _stream_seed(*keys) -> int:
-    digest = hashlib.sha256(repr(keys).encode()).digest()
+    digest = hashlib.sha256(repr(by_value(keys)).encode()).digest()
     return int.from_bytes(digest[:8], "little") & (2**63 - 1)
 
 
