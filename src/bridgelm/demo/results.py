@@ -243,7 +243,7 @@ def departures(cfg) -> list[str]:
     """Where the miniature departs from the paper's settings (Appendix A), one line each."""
     lines = [
         f"SFT lr {cfg.sft.optim.lr:g} (paper 2e-5) and RL lr {cfg.rl.optim.lr:g} (paper 1e-6): the paper's rates are "
-        "for 1.5B-8B models; a 2M model needs larger steps",
+        "for 1.5B-8B models; a model of a few million parameters needs larger steps",
         f"RL: {cfg.rl.steps} steps of {cfg.rl.prompts_per_step} prompts x {cfg.rl.rollout.n} rollouts (paper: 1000 steps of "
         f"56 x 8), Bridge width {cfg.rl.rollout.width} while training",
         f"Block heads {cfg.blocks.num_heads} of dim {cfg.blocks.head_dim} (paper: 4 heads of the host's head dim)",
