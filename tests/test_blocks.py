@@ -433,3 +433,17 @@ def test_block_file_that_does_not_fit_leaves_model_untouched(tmp_path):
     junk.write_bytes(b"not a safetensors file")
     with pytest.raises(ValueError, match="junk.safetensors"):
         bridgelm.load_blocks(tiny_model(), junk)
+
+
+def test_grouped_logits_refuses_a_group_whose_rows_are_left_padded_apart():
+    """Left padding shifts a row against its siblings (position s is another token of each): refused in one line,
+    where right padding, or a group padded alike, is what the blocks read."""
+    model = tiny_model()
+    randomize_blocks(bridgelm.add_bridge(model))
+    ids = torch.tensor([[3, 4, 5, 6, 7], [0, 3, 4, 5, 8]])
+    left = torch.tensor([[1, 1, 1, 1, 1], [0, 1, 1, 1, 1]])
+    with pytest.raises(ValueError, match="rows 0 and 1 of group 0 start after 0 and 1 padding tokens"):
+        bridgelm.grouped_logits(model, ids, left, [0, 0])
+    bridgelm.grouped_logits(model, ids, left, [0, 1])  # apart, each row is its own group: nothing to shift
+    right = torch.tensor([[3, 4, 5, 6, 7], [3, 4, 5, 8, 0]])
+    bridgelm.grouped_logits(model, right, torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]]), [0, 0])

@@ -109,6 +109,19 @@ class Groups:
         return Groups(batch_size=batch_size, width=width, valid=None if valid is None else valid.bool())
 
 
+def _check_aligned(group_ids: list, leading_pads: list[int]) -> None:
+    """ValueError unless the rows of each group start at the same position (as many padding tokens before them)."""
+    first: dict = {}
+    for row, (g, pads) in enumerate(zip(group_ids, leading_pads)):
+        other = first.setdefault(g, (row, pads))
+        if other[1] != pads:
+            raise ValueError(
+                f"rows {other[0]} and {row} of group {g} start after {other[1]} and {pads} padding tokens: a Bridge "
+                "block meets a group's rows at the same positions, so left padding shifts one against the other; "
+                "expected right-padded rows (tokenizer(..., padding_side='right'))"
+            )
+
+
 def grouped_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, group_ids) -> torch.Tensor:
     """Teacher-forced forward of a grouped batch; returns logits [B, S, V].
 
@@ -129,6 +142,7 @@ def grouped_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
             f"group_ids has {group_ids.numel()} entries (shape {tuple(group_ids.shape)}); "
             f"expected one per row of input_ids, i.e. {input_ids.shape[0]}"
         )
+    _check_aligned(group_ids.tolist(), (attention_mask.cumsum(1) == 0).sum(1).tolist())
     device = model.get_input_embeddings().weight.device  # inputs built on the CPU serve a model on a GPU
     input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
     groups = Groups.build(group_ids, attention_mask)
