@@ -191,7 +191,12 @@ def test_bridgelm_lm_eval_help_is_lm_evals_help(capsys):
 
     with pytest.raises(SystemExit) as exit_:
         main(["lm-eval", "--help"])
-    assert exit_.value.code in (0, None) and "Language Model Evaluation Harness" in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert exit_.value.code in (0, None) and "Language Model Evaluation Harness" in said
+    assert said.startswith("The bridgelm backend: --model bridgelm") and "width (default 1)" in said  # before it
+    with pytest.raises(SystemExit):
+        main(["lm-eval", "run", "--help"])
+    assert capsys.readouterr().out.startswith("The bridgelm backend")
 
 
 def test_loglikelihood_equals_the_hf_backends_scores(tmp_path):

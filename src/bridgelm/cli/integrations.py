@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 import traceback
 
 from bridgelm.errors import UserError
@@ -17,6 +18,8 @@ def _cmd_lm_eval(args) -> None:
         raise UserError(
             f"bridgelm lm-eval needs lm-evaluation-harness ({err}): pip install 'bridgelm[lm-eval]'"
         ) from err
+    if args.lm_eval_help or {"-h", "--help"} & set(args.lm_eval_args):  # lm-eval's help knows nothing of the backend
+        print(backend_help())
     sys.argv = ["lm-eval", *(["--help"] if args.lm_eval_help else []), *args.lm_eval_args]
     try:
         cli_evaluate()
@@ -24,6 +27,15 @@ def _cmd_lm_eval(args) -> None:
         if isinstance(err, UserError) or "/lm_eval/" not in traceback.extract_tb(err.__traceback__)[-1].filename:
             raise
         raise UserError(f"lm-eval: {str(err).strip().splitlines()[0] if str(err).strip() else repr(err)}") from err
+
+
+def backend_help() -> str:
+    """What `--model bridgelm` takes: the backend's own docstring from its model arguments on, then lm-eval's help."""
+    import bridgelm.integrations.lm_eval as backend
+
+    arguments = " ".join(backend.__doc__.split("Model arguments:", 1)[1].split())
+    text = f"The bridgelm backend: --model bridgelm --model_args pretrained=DIR,blocks=FILE,width=8. Model arguments: "
+    return textwrap.fill(text + arguments, 100) + "\n\nlm-evaluation-harness's own help follows.\n"
 
 
 def add_commands(sub) -> None:
