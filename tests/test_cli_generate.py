@@ -156,3 +156,18 @@ def test_bf16_on_a_cpu_without_bf16_instructions_is_warned(tmp_path, capsys, mon
     err = capsys.readouterr().err
     assert "bridgelm generate: warning: --dtype bfloat16 on this CPU, which has no bf16 matmul instructions" in err
     assert len(read_records(out)) == 1
+
+
+def test_a_cpu_run_on_a_machine_with_gpus_is_warned(tmp_path, capsys, monkeypatch):
+    """--device defaults to the CPU: where CUDA GPUs are present, a command says so (once, as a warning)."""
+    import torch
+
+    save_tiny_model_dir(tmp_path / "m")
+    args = ["generate", "--model", str(tmp_path / "m"), "--prompt", "1+1=", "--n", "1", "--max-new-tokens", "2"]
+    main([*args, "--out", str(tmp_path / "a.jsonl")])
+    assert "GPU" not in capsys.readouterr().err  # no CUDA here: nothing to say
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    main([*args, "--out", str(tmp_path / "b.jsonl")])
+    warned = "bridgelm generate: warning: computing on the CPU while this machine has 2 CUDA GPU(s): --device cuda"
+    assert warned in capsys.readouterr().err

@@ -63,6 +63,7 @@ class ModelSource:
         warn_slow_bf16(self.dtype == "bfloat16", self.device)
         set_threads(self.threads)
         device = rank_device(self.device)
+        warn_idle_gpus(device)
         blocks = self.blocks if blocks is True else blocks
         return load_model(self.model, blocks=blocks, dtype=dtype_of(self.dtype), device=device)
 
@@ -111,6 +112,15 @@ def warn_slow_bf16(asked: bool, device, flag: str = "--dtype bfloat16") -> None:
             DataWarning,
             stacklevel=2,
         )
+
+
+def warn_idle_gpus(device: str) -> None:
+    """A DataWarning when a command computes on the CPU (`--device`'s default) of a machine with CUDA GPUs."""
+    import torch
+
+    if torch.device(device).type == "cpu" and torch.cuda.is_available():
+        warnings.warn(f"computing on the CPU while this machine has {torch.cuda.device_count()} CUDA GPU(s): "
+                      "--device cuda computes there", DataWarning, stacklevel=2)
 
 
 def set_threads(threads: int) -> None:
