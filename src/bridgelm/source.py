@@ -118,7 +118,7 @@ def warn_idle_gpus(device: str) -> None:
     """A DataWarning when a command computes on the CPU (`--device`'s default) of a machine with CUDA GPUs."""
     import torch
 
-    if torch.device(device).type == "cpu" and torch.cuda.is_available():
+    if str(device).split(":")[0] == "cpu" and torch.cuda.is_available():  # a device name checked later, where used
         warnings.warn(f"computing on the CPU while this machine has {torch.cuda.device_count()} CUDA GPU(s): "
                       "--device cuda computes there", DataWarning, stacklevel=2)
 
