@@ -447,3 +447,9 @@ def test_grouped_logits_refuses_a_group_whose_rows_are_left_padded_apart():
     bridgelm.grouped_logits(model, ids, left, [0, 1])  # apart, each row is its own group: nothing to shift
     right = torch.tensor([[3, 4, 5, 6, 7], [3, 4, 5, 8, 0]])
     bridgelm.grouped_logits(model, right, torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 1, 0]]), [0, 0])
+
+
+@pytest.mark.parametrize("not_a_model", ["gpt2", torch.nn.Linear(3, 3)])
+def test_add_bridge_refuses_what_is_not_a_causal_lm_in_one_line(not_a_model):
+    with pytest.raises(ValueError, match=r"add_bridge\((str|Linear)\): expected a Hugging Face causal LM"):
+        bridgelm.add_bridge(not_a_model)

@@ -108,3 +108,13 @@ def test_a_seed_is_an_integer_taken_by_value():
     for bad in (1.0, "1", None, -1, True):
         with pytest.raises(UserError, match=rf"seed={bad!r}: expected an integer >= 0"):
             draw(bad)
+
+
+def test_settings_as_a_dict_are_refused_naming_the_keywords_form():
+    from bridgelm.errors import UserError
+    from bridgelm.tokenizer import char_tokenizer
+
+    tok = char_tokenizer("0123456789+= ")
+    model = tiny_model(vocab_size=len(tok), eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    with pytest.raises(UserError, match=r"cfg=\{'n': 2\}: expected a SamplingConfig, or the settings as keywords"):
+        bridgelm.generate(model, tok, ["1+1="], cfg={"n": 2})

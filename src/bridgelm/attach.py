@@ -123,6 +123,9 @@ def text_config(model):
 
 
 def _resolve(model: nn.Module, kind: str, num_heads: int, head_dim: int | None, placement: str) -> BlockConfig:
+    if not isinstance(model, nn.Module) or not hasattr(model, "config"):
+        raise UserError(f"add_{kind}({type(model).__name__}): expected a Hugging Face causal LM (a PreTrainedModel, "
+                        "e.g. AutoModelForCausalLM.from_pretrained(...)), not a model's name or another module")
     cfg = text_config(model)
     if head_dim is not None:
         check_int("head_dim", head_dim, note=" (None: the model's own head dim)")

@@ -84,6 +84,8 @@ class SamplingConfig:
 
 def with_settings(cfg: SamplingConfig | None, changes: dict[str, Any]) -> SamplingConfig:
     """`cfg` (None: `SamplingConfig()`) with `changes` of its fields; a name that is no field is refused in one line."""
+    if cfg is not None and not isinstance(cfg, SamplingConfig):
+        raise UserError(f"cfg={cfg!r}: expected a SamplingConfig, or the settings as keywords (n=8, width=4)")
     names = [f.name for f in fields(SamplingConfig)]
     unknown = [k for k in changes if k not in names]
     if unknown:
