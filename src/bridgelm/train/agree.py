@@ -16,6 +16,7 @@ Used by bridgelm.train.loop (Run); tested by tests/test_train_distributed.py (te
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import threading
@@ -45,9 +46,9 @@ class StopSignals:
         self.old: dict[int, object] = {}
 
     def __enter__(self) -> StopSignals:
+        self.alone = contextlib.ExitStack()
         if self.dist.world == 1:
-            self.alone = stop_on_sigterm()
-            self.alone.__enter__()
+            self.alone.enter_context(stop_on_sigterm())
         elif threading.current_thread() is threading.main_thread():
             self.old = {s: signal.signal(s, self._handler) for s in SIGNALS}
         return self
@@ -64,8 +65,7 @@ class StopSignals:
     def __exit__(self, *exc) -> bool:
         for s, old in self.old.items():
             signal.signal(s, old)
-        if self.dist.world == 1:
-            self.alone.__exit__(*exc)
+        self.alone.close()
         return False
 
     def agreed(self) -> bool:
