@@ -109,6 +109,15 @@ def test_load_model_takes_an_adapter_folder(tmp_path):
     torch.testing.assert_close(_logits(again), _logits(base), rtol=0, atol=0)
 
 
+def test_a_base_loaded_by_a_relative_path_is_recorded_absolute(tmp_path, monkeypatch):
+    """The block file names its base so that it can be found again from any folder (run.json does the same)."""
+    save_tiny_model_dir(tmp_path / "m")
+    monkeypatch.chdir(tmp_path)
+    model = bridgelm.add_bridge(bridgelm.load_model("m"))
+    adapter = bridgelm.save_blocks(model, tmp_path / "adapter")
+    assert json.loads((adapter / CONFIG_FILE).read_text())["base_model"] == str((tmp_path / "m").resolve())
+
+
 @pytest.fixture
 def fake_hub(tmp_path, monkeypatch):
     """huggingface_hub's create_repo / upload_folder / snapshot_download as copies into and out of a local folder."""

@@ -118,3 +118,15 @@ def test_settings_as_a_dict_are_refused_naming_the_keywords_form():
     model = tiny_model(vocab_size=len(tok), eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     with pytest.raises(UserError, match=r"cfg=\{'n': 2\}: expected a SamplingConfig, or the settings as keywords"):
         bridgelm.generate(model, tok, ["1+1="], cfg={"n": 2})
+
+
+@pytest.mark.parametrize("eos", [-1, 10**6, "x", [2, 99]])
+def test_an_end_id_the_model_cannot_draw_is_refused(eos):
+    """An eos_token_id outside the vocabulary would never end a sample (every one would run to max_new_tokens)."""
+    from bridgelm.errors import UserError
+    from bridgelm.tokenizer import char_tokenizer
+
+    tok = char_tokenizer("0123456789+= ")
+    model = tiny_model(vocab_size=len(tok), eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    with pytest.raises(UserError, match=rf"eos_token_id=.*: expected a token id from 0 to {len(tok) - 1}"):
+        bridgelm.generate(model, tok, ["1+1="], n=1, max_new_tokens=2, eos_token_id=eos)

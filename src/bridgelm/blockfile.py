@@ -58,7 +58,9 @@ def base_digest(model: nn.Module) -> str:
 
 
 def _base_name(model: nn.Module) -> str:
-    return str(getattr(model.config, "_name_or_path", "") or type(model).__name__)
+    """The base model as a reader can find it again: a local folder made absolute, a hub id as it is."""
+    name = str(getattr(model.config, "_name_or_path", "") or type(model).__name__)
+    return str(Path(name).resolve()) if name and Path(name).is_dir() else name
 
 
 def save_blocks(model: nn.Module, path: str | os.PathLike) -> Path:

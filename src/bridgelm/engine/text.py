@@ -8,6 +8,7 @@ their files. `generate` is the same, from one SamplingConfig and keyword changes
 
 from __future__ import annotations
 
+import numbers
 import sys
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -33,9 +34,15 @@ class Sample:
 
 
 def eos_ids(model, tokenizer=None, override: int | Sequence[int] | None = None) -> list[int]:
-    """EOS ids: the override, else the generation config's (one or several), else the tokenizer's."""
+    """EOS ids: the override (each an id of the model's vocabulary), else the generation config's (one or several),
+    else the tokenizer's."""
     if override is not None:
-        return [override] if isinstance(override, int) else list(override)
+        ids = [override] if isinstance(override, numbers.Integral) else list(override)
+        vocab = model.get_output_embeddings().weight.shape[0]
+        for i in ids:  # an id the model cannot draw would never end a sample
+            if not isinstance(i, numbers.Integral) or isinstance(i, bool) or not 0 <= i < vocab:
+                raise UserError(f"eos_token_id={i!r}: expected a token id from 0 to {vocab - 1} (the model's vocabulary)")
+        return [int(i) for i in ids]
     gen = getattr(model, "generation_config", None)
     ids = getattr(gen, "eos_token_id", None) if gen is not None else None
     if ids is None and tokenizer is not None:
