@@ -130,3 +130,24 @@ def test_an_end_id_the_model_cannot_draw_is_refused(eos):
     model = tiny_model(vocab_size=len(tok), eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     with pytest.raises(UserError, match=rf"eos_token_id=.*: expected a token id from 0 to {len(tok) - 1}"):
         bridgelm.generate(model, tok, ["1+1="], n=1, max_new_tokens=2, eos_token_id=eos)
+
+
+def test_keys_make_a_prompts_samples_independent_of_the_list_around_it():
+    """By default a prompt's streams are keyed by its position; with `keys`, a subset or a shuffled list at the same
+    seed draws each prompt's samples again."""
+    from bridgelm.errors import UserError
+    from bridgelm.tokenizer import char_tokenizer
+
+    tok = char_tokenizer("0123456789+-=() ")
+    model = tiny_model(vocab_size=len(tok), eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    prompts, keys = ["1+1=", "2+3=", "10-4=", "(3)"], [10, 11, 12, 13]
+
+    def texts(ps, ks=None):
+        drawn = bridgelm.generate(model, tok, ps, n=4, width=2, max_new_tokens=6, seed=3, keys=ks)
+        return {p: [s.text for s in samples] for p, samples in zip(ps, drawn)}
+
+    assert texts(prompts[::-1], keys[::-1]) == texts(prompts, keys) == {**texts(prompts[2:], keys[2:]),
+                                                                        **texts(prompts[:2], keys[:2])}
+    assert texts(prompts[::-1]) != texts(prompts)  # keyed by position: another order, other samples
+    with pytest.raises(UserError, match=r"keys has 3 entries: expected one per prompt \(4\)"):
+        texts(prompts, keys[:3])

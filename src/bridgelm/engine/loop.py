@@ -261,7 +261,8 @@ def stream_ids(
     eos = torch.tensor(list(eos_token_ids) or [-1], dtype=torch.long, device=device)  # [-1]: only max_new_tokens
     if keys is None:
         keys = list(range(len(prompts)))
-    assert len(keys) == len(prompts), f"keys has {len(keys)} entries: expected one per prompt ({len(prompts)})"
+    if len(keys) != len(prompts):
+        raise UserError(f"keys has {len(keys)} entries: expected one per prompt ({len(prompts)})")
     # Packed weights serve the eager step only: the compiled one would see new tensors every wave and recompile.
     pack = cfg.pack_weights and not decodes_compiled(model, cfg, device)
     was_training = model.training

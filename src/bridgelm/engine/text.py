@@ -191,6 +191,7 @@ def generate(
     stop_strings: Sequence[str] = (),
     eos_token_id: int | Sequence[int] | None = None,
     progress: bool | None = None,
+    keys: Sequence | None = None,
     **overrides: Any,
 ) -> list[list[Sample]]:
     """Sample `cfg.n` responses per prompt; samples j*width .. (j+1)*width-1 of a prompt form one Bridge group.
@@ -198,10 +199,12 @@ def generate(
     `cfg` (default: `SamplingConfig()`) with `overrides` of its fields: `generate(model, tok, prompts, n=8, width=4)`.
     Returns, per prompt, a list of n `Sample` (`stream_text`, collected). Works with and without Bridge blocks
     (width 1 = independent). `progress`: a progress bar on stderr; None (default): when stderr is a terminal.
+    `keys`: one per prompt, what its samples' random streams are keyed by (default: its position in `prompts`); a
+    prompt under the same key and seed draws the same samples whatever else the list holds, in any order.
     """
     cfg = with_settings(cfg, overrides)
     if progress is None:
         progress = sys.stderr.isatty()
     title = "sampling" if progress else None
-    stream = stream_text(model, tokenizer, prompts, cfg, None, chat, stop_strings, eos_token_id, title)
+    stream = stream_text(model, tokenizer, prompts, cfg, keys, chat, stop_strings, eos_token_id, title)
     return [samples for _, samples in stream]
