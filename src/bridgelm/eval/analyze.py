@@ -149,9 +149,7 @@ def run_feature_ratios(
     records, chosen = _run_sets(run_dir, sets, benchmark, width, max_tokens)
     device = next(model.parameters()).device
     totals, count = None, 0
-    bar = None
-    if progress:
-        bar = progress_bar(len(chosen), "feature ratios", "set")
+    bar = progress_bar(len(chosen), "feature ratios", "set", enabled=progress)
     try:
         for key in chosen:
             rec = records[key]
@@ -168,11 +166,9 @@ def run_feature_ratios(
             )
             totals = sums if totals is None else [a + b for a, b in zip(totals, sums)]
             count += n
-            if bar is not None:
-                bar.update(1)
+            bar.update(1)
     finally:
-        if bar is not None:
-            bar.close()
+        bar.close()
     return {
         "ratios": [t / count for t in totals],
         "kind": block_config(model).kind,
@@ -244,19 +240,15 @@ def sibling_gain(model, sets: Sequence[tuple[Sequence[int], Sequence[Sequence[in
         )
     together = alone = 0.0
     tokens, per_set = 0, []
-    bar = None
-    if progress:
-        bar = progress_bar(len(sets), "sibling NLL", "set")
+    bar = progress_bar(len(sets), "sibling NLL", "set", enabled=progress)
     try:
         for prompt_ids, responses in sets:
             a, b, n = set_nll(model, prompt_ids, responses)
             together, alone, tokens = together + a, alone + b, tokens + n
             per_set.append((a - b) / n)
-            if bar is not None:
-                bar.update(1)
+            bar.update(1)
     finally:
-        if bar is not None:
-            bar.close()
+        bar.close()
     low, high = bootstrap_ci(per_set)
     cfg = block_config(model)
     return {

@@ -269,20 +269,16 @@ def _open_run(run_dir: Path, settings: dict, dist: Dist) -> bool:
 def _sample_all_sets(model, tokenizer, benches, todo, cfg: EvalConfig, budget, out: Path, progress, dist) -> int:
     """Sample every (benchmark, width) of `todo` ({(name, width): problem indices}) into `out`, with a progress bar
     when `progress`; returns how many problems had their long document cut."""
-    bar = None
-    if progress:
-        total = sum(len(v) for v in todo.values())
-        bar = progress_bar(total * cfg.sampling.n, f"sampling -> {out}", "sample", position=dist.rank)
-    step = bar.update if bar is not None else (lambda k: None)
+    total = sum(len(v) for v in todo.values()) * cfg.sampling.n
+    bar = progress_bar(total, f"sampling -> {out}", "sample", enabled=progress, position=dist.rank)
     truncated = 0
     try:
         for b in benches:
             for w in cfg.all_widths():
                 if todo[(b.name, w)]:
-                    truncated += _sample_set(model, tokenizer, b, w, todo[(b.name, w)], cfg, budget, out, step)
+                    truncated += _sample_set(model, tokenizer, b, w, todo[(b.name, w)], cfg, budget, out, bar.update)
     finally:
-        if bar is not None:
-            bar.close()
+        bar.close()
     return truncated
 
 

@@ -120,20 +120,17 @@ def _score_locked(run_dir: Path, task: Task | None, allow_partial: bool, progres
     benches = _grading_benchmarks(run, task)
     widths = [int(w) for w in run["widths"]]
     missing = _missing_problems(run_dir, run, records, benches, allow_partial)
-    bar = None
-    if progress:
-        bar = progress_bar(sum(len(r["samples"]) for r in records.values()), f"grading -> {run_dir / METRICS_FILE}",
-                           "sample")
+    samples = sum(len(r["samples"]) for r in records.values())
+    bar = progress_bar(samples, f"grading -> {run_dir / METRICS_FILE}", "sample", enabled=progress)
     try:
         scores = [s for b in benches for s in _grade_benchmark(b, widths, records, bar)]
     finally:
-        if bar is not None:
-            bar.close()
+        bar.close()
     gpass_k = min(int(run.get("gpass_k", 8)), int(run["n"]))  # the k used: capped at n
     result: dict[str, Any] = {
         "format": FORMATS["eval"],
         "run": {k: run.get(k) for k in ("model", "blocks", "task", "n", "widths", "width", "max_new_tokens", "chat")},
-        "samples": sum(len(r["samples"]) for r in records.values()),
+        "samples": samples,
         "empty_samples": sum(not s["text"].strip() for r in records.values() for s in r["samples"]),
         "gpass_k": gpass_k,
         "benchmarks": {},
@@ -210,8 +207,7 @@ def _grade_benchmark(b: Benchmark, widths: list[int], records: dict, bar) -> lis
     for start in range(0, len(pairs), GRADE_BATCH):
         chunk = pairs[start : start + GRADE_BATCH]
         rewards.extend(float(x) for x in b.task.reward_many(chunk))
-        if bar is not None:
-            bar.update(len(chunk))
+        bar.update(len(chunk))
     scores, at = [], 0
     for r in recs:
         scores.append(_problem_score(r, rewards[at : at + len(r["samples"])], b.task))
