@@ -104,6 +104,8 @@ def main(argv=None) -> None:
     trainer.save_model(opts.output_dir)  # model type "bridgelm": loads with its blocks, or not at all
     tokenizer.save_pretrained(opts.output_dir)
     print(f"saved the trained model (Bridge blocks included) to {opts.output_dir}")
+    trainer.accelerator.wait_for_everyone()  # under torchrun or accelerate launch: every rank done, then the
+    trainer.accelerator.end_training()  # process group ends before the interpreter (else a rank can abort at exit)
 
 
 if __name__ == "__main__":
