@@ -4,6 +4,7 @@ bridgelm warmup-data --model M --task gsm8k --data train.jsonl --n 8 --out warmu
 bridgelm sft --model M --add bridge --data warmup.jsonl --out sft_run
 bridgelm rl --model M --blocks sft_run/blocks.safetensors --task gsm8k --data train.jsonl --out rl_run
 torchrun --nproc_per_node 2 -m bridgelm rl ...   (data parallel; add --fsdp to shard the model)
+bridgelm consolidate rl_run/checkpoints/step-00000300 --out rl_run_step300   (an --fsdp checkpoint as a model folder)
 """
 
 from __future__ import annotations
@@ -148,11 +149,27 @@ VALIDATION_FLAGS = Nested(
 )
 
 
+def _cmd_consolidate(args) -> None:
+    from bridgelm.train.consolidate import consolidate
+
+    out = consolidate(args.checkpoint, args.out, args.model)
+    print(f"bridgelm consolidate: the model of {args.checkpoint} is {out} (a folder for --model)")
+
+
 def add_commands(sub) -> None:
-    """Register warmup-data, sft and rl on `sub`."""
+    """Register warmup-data, sft, rl and consolidate on `sub`."""
     _add_warmup_data(sub)
     _add_sft(sub)
     _add_rl(sub)
+    _add_consolidate(sub)
+
+
+def _add_consolidate(sub) -> None:
+    p = sub.add_parser("consolidate", help="an --fsdp run's checkpoint (each rank's shards) as one model folder")
+    p.add_argument("checkpoint", help="RUN/checkpoints/step-N of an rl run with --fsdp")
+    p.add_argument("--out", required=True, help="the model folder to write (a new folder)")
+    p.add_argument("--model", help="the run's base model, where it has moved (default: the one the run recorded)")
+    p.set_defaults(func=_cmd_consolidate)
 
 
 def _add_warmup_data(sub) -> None:

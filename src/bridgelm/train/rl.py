@@ -9,7 +9,8 @@ randomness (sampling seed, mini-batch shuffles, data order) derives from (seed, 
 same weights as an uninterrupted one.
 
 Outputs in OUT: metrics.jsonl (one record per step), checkpoints/step-N/ (each a model directory that
-`bridgelm.load_model` reads, plus trainer_state.pt and trainer.json; the last `keep_last` are kept), best/ (best
+`bridgelm.load_model` reads, plus trainer_state.pt and trainer.json; the last `keep_last` are kept; under FSDP each
+rank's shards, the last one a model directory as well, the others made one by `bridgelm consolidate`), best/ (best
 validation accuracy), run.json.
 
     bridgelm rl --model M --add bridge --task gsm8k --data train.jsonl --out rl_run

@@ -1,0 +1,103 @@
+"""A model folder from an FSDP checkpoint's shards: `bridgelm consolidate RUN/checkpoints/step-N --out DIR`.
+
+Under `--fsdp` a run's checkpoints before its last hold each rank's shards of model and optimiser (`shards/`) and no
+model folder: only a resume at the same world size reads them. Here one process rebuilds the run's model from what
+the checkpoint's trainer.json records (the base model, its blocks), reads every rank's shards of the weights into it
+(bridgelm.shards: nothing unpickled freely, the optimiser's left unread) and writes a model folder as the run's
+last checkpoint holds one: `save_pretrained` weights (the run's fp32 master weights), config, and the base's
+tokenizer. It runs on the CPU, without a process group, in the memory of one fp32 copy of the model.
+
+    bridgelm consolidate rl_run/checkpoints/step-00000300 --out rl_run_step300
+    bridgelm eval --model rl_run_step300 --task math ...
+
+Used by bridgelm.cli.train; tested by tests/test_consolidate.py.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import asdict
+from pathlib import Path
+
+from bridgelm.errors import UserError
+from bridgelm.runs import model_fingerprint
+from bridgelm.source import ModelSource
+from bridgelm.train.checkpoints import LAYOUTS, SHARDS, checkpoint_damage, read_info, write_dir_atomic
+
+
+def consolidate(checkpoint: str | os.PathLike, out: str | os.PathLike, model: str | None = None) -> Path:
+    """Write the weights of the FSDP checkpoint folder `checkpoint` as a model folder `out` (a folder that does not
+    exist yet, or an empty one); `model` names the run's base model where it has moved (None: the one the
+    checkpoint records). Returns `out`. Bad input (not a sharded checkpoint, a damaged one, a model the shards do
+    not fit) is a UserError in one line, and nothing is written."""
+    checkpoint, out = Path(checkpoint), Path(out)
+    identity = _sharded_identity(checkpoint)
+    _check_out(out)
+    base = model or identity.get("model")
+    if not base:
+        raise UserError(f"checkpoint {checkpoint} records no base model: expected --model, the run's --model")
+    if model is None and identity.get("model_digest") not in (None, model_fingerprint(base)):
+        warnings.warn(f"model {base} changed since the run began (its files differ from the ones the run read): its "
+                      "tokenizer and config are written with the run's weights", stacklevel=2)
+    policy, tokenizer = ModelSource(base).load()
+    _with_run_blocks(policy, identity.get("blocks"), checkpoint)
+    _read_weights(policy, checkpoint)
+    from bridgelm.train.weights import save_model
+
+    return write_dir_atomic(out, lambda tmp: save_model(policy, tokenizer, tmp))
+
+
+def _sharded_identity(checkpoint: Path) -> dict:
+    """The run identity a whole, sharded checkpoint records; one line for anything else."""
+    if not checkpoint.is_dir():
+        raise UserError(f"checkpoint {checkpoint} is not a folder: expected RUN/checkpoints/step-N of an --fsdp run")
+    info = read_info(checkpoint)
+    if info.get("layout") != LAYOUTS[True]:
+        raise UserError(f"checkpoint {checkpoint} is not sharded ({info.get('layout')} layout): it is a model folder "
+                        "already; give it as --model")
+    damage = checkpoint_damage(checkpoint)
+    if damage is not None:
+        raise UserError(f"checkpoint {checkpoint} is damaged ({damage}): expected a whole checkpoint")
+    identity = info.get("identity")
+    if not isinstance(identity, dict):
+        raise UserError(f"checkpoint {checkpoint}: its trainer.json records no run identity: expected one written "
+                        "by bridgelm rl")
+    return identity
+
+
+def _check_out(out: Path) -> None:
+    from bridgelm.jsonl import check_out
+
+    check_out(out, "dir")
+    if out.is_dir() and any(out.iterdir()):
+        raise UserError(f"--out {out} already holds files, which this would replace: expected a new folder")
+
+
+def _with_run_blocks(policy, recorded: dict | None, checkpoint: Path) -> None:
+    """Attach the blocks the run trained (fresh: the shards overwrite them) unless the base holds them already."""
+    from bridgelm.attach import attach_blocks, block_config
+    from bridgelm.blocks import BlockConfig
+
+    have = block_config(policy)
+    if have is None and recorded is not None:
+        attach_blocks(policy, BlockConfig(**recorded))
+    elif (None if have is None else asdict(have)) != recorded:
+        raise UserError(f"checkpoint {checkpoint} records blocks {recorded}, and its base model holds {have}: "
+                        "expected the run's --model")
+
+
+def _read_weights(policy, checkpoint: Path) -> None:
+    """The weights of every rank's shards into `policy` (its own tensors filled in place), all of them checked."""
+    from bridgelm.shards import load_shards
+
+    state = {"model": policy.state_dict()}
+    try:
+        with warnings.catch_warnings():  # DCP's note that it loads in one process: as meant
+            warnings.filterwarnings("ignore", "torch.distributed is disabled", UserWarning)
+            load_shards(state, checkpoint / SHARDS)
+    except (RuntimeError, ValueError) as err:  # a model of other names or shapes than the run's
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise UserError(f"checkpoint {checkpoint}: its shards do not fit the model ({first[:200]}): expected the "
+                        "run's --model") from None
+    policy.load_state_dict(state["model"])
