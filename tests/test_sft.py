@@ -246,10 +246,13 @@ class EvenTask(Task):
         return 1.0 if len(completion) % 2 == 0 else 0.0
 
 
+WARMUP_SAMPLING = SamplingConfig(max_new_tokens=40, temperature=1.0, top_p=1.0)  # some samples end, some are cut
+
+
 def test_warmup_data_filters_and_resumes(tmp_path):
     task = EvenTask("even", [{"a": i} for i in range(6)])
     out = tmp_path / "warmup.jsonl"
-    sampling = SamplingConfig(max_new_tokens=40, temperature=1.0, top_p=1.0)  # some samples end, some are cut
+    sampling = WARMUP_SAMPLING
     stats = make_warmup_data(base_model(), TOK, task, out, n=4, sampling=sampling, progress=False)
     records = read_records(out)
     assert [r["index"] for r in records] == list(range(6)) and stats["sampled_now"] == 6
@@ -285,6 +288,49 @@ def test_warmup_data_filters_and_resumes(tmp_path):
         make_warmup_data(base_model(), TOK, shorter, out, n=4, sampling=sampling, progress=False)
     with pytest.raises(ValueError, match="width must be 1"):
         make_warmup_data(base_model(), TOK, task, tmp_path / "x.jsonl", sampling=replace(sampling, n=4, width=2))
+
+
+def test_warmup_data_under_torchrun_samples_each_problem_once_and_merges_the_parts(tmp_path):
+    """2 CPU ranks sample their shares into parts, and rank 0 merges them: the file one process writes, problem for
+    problem (each problem's draws are keyed by its index), and no part left."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).parent / "dist_scripts" / "warmup_dist.py"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script)]
+    proc = subprocess.run(cmd + [str(tmp_path)], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    task = EvenTask("even", [{"a": i} for i in range(7)])
+    alone = make_warmup_data(base_model(), TOK, task, tmp_path / "alone.jsonl", n=4, sampling=WARMUP_SAMPLING,
+                             progress=False)
+    merged = read_records(tmp_path / "warmup.jsonl")
+    assert [r["index"] for r in merged] == list(range(7)) and merged == read_records(tmp_path / "alone.jsonl")
+    assert sorted(p.name for p in tmp_path.glob("warmup*")) == ["warmup.jsonl"]  # the parts are gone
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [s["sampled_now"] for s in ranks] == [4, 3]  # problems 0, 2, 4, 6 and 1, 3, 5
+    assert {k: ranks[0][k] for k in ("kept", "dropped", "responses")} == {
+        k: alone[k] for k in ("kept", "dropped", "responses")}  # rank 0 counts the whole file
+    assert alone["kept"] > 0
+
+
+def test_parts_an_interrupted_torchrun_left_are_done_and_merged_by_any_later_run(tmp_path):
+    task = EvenTask("even", [{"a": i} for i in range(6)])
+    whole = tmp_path / "whole.jsonl"
+    make_warmup_data(base_model(), TOK, task, whole, n=4, sampling=WARMUP_SAMPLING, progress=False)
+    lines = whole.read_text().splitlines(keepends=True)
+    out = tmp_path / "warmup.jsonl"
+    out.write_text(lines[1])
+    (tmp_path / "warmup.rank1.jsonl").write_text(lines[3] + lines[5][:20])  # a 2-rank run stopped mid-line
+    (tmp_path / "warmup.rank2.jsonl").write_text(lines[0])  # and one of 3 ranks before it
+    stats = make_warmup_data(base_model(), TOK, task, out, n=4, sampling=WARMUP_SAMPLING, progress=False)
+    assert stats["sampled_now"] == 3  # problems 2, 4 and the cut 5
+    got = read_records(out)
+    assert sorted(r["index"] for r in got) == list(range(6)) and len(got) == 6
+    assert got == sorted(read_records(whole), key=lambda r: [1, 2, 4, 5, 0, 3].index(r["index"]))
+    assert not list(tmp_path.glob("warmup.rank*"))
 
 
 def test_interrupted_warmup_data_says_what_it_wrote(tmp_path, monkeypatch, capsys):
@@ -327,18 +373,6 @@ def test_cli_warmup_data_then_sft(tmp_path, capsys, monkeypatch):
     )
     assert len(read_records(tmp_path / "w.jsonl")) == 4 and "kept" in capsys.readouterr().out
     assert read_records(tmp_path / "w.jsonl")[0]["settings"]["blocks"] is None
-    # under torchrun every rank would sample every problem into the one file: refused before anything is done
-    monkeypatch.setenv("WORLD_SIZE", "2")
-    monkeypatch.setenv("RANK", "0")
-    with pytest.raises(SystemExit) as err:
-        main(
-            ["warmup-data", "--model", str(tmp_path / "m"), "--task", "gsm8k", "--data", str(data)]
-            + ["--out", str(tmp_path / "w2.jsonl")]
-        )
-    assert err.value.code == 2 and "warmup-data runs in one process" in capsys.readouterr().err
-    assert not (tmp_path / "w2.jsonl").exists()
-    monkeypatch.delenv("WORLD_SIZE")
-    monkeypatch.delenv("RANK")
     sft_args = ["sft", "--model", str(tmp_path / "m"), "--add", "pmatch", "--out", str(tmp_path / "sft")]
     main([*sft_args, "--data", str(write_warmup(tmp_path / "hand.jsonl")), "--epochs", "1", "--val-count", "2"])
     assert (tmp_path / "sft" / "blocks.safetensors").is_file()

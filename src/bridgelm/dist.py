@@ -40,6 +40,8 @@ from bridgelm.setting import setting
 
 Bundle = TypeVar("Bundle")
 MAX_TIMEOUT = 365 * 24 * 60.0  # minutes: the longest --dist-timeout
+# How long ranks that sample their own share of problems (eval, warmup-data) wait at the end for the slowest one.
+SLOWEST_RANK_TIMEOUT = timedelta(days=3)
 
 
 @dataclass

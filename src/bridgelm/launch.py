@@ -53,18 +53,20 @@ def run_warmup_data(
     with settings_checked():
         warmup_sampling(n, sampling, limit)  # before the model loads
     check_out(out, "file")
-    if Dist.from_env().world > 1:
-        raise UserError(
-            "warmup-data runs in one process: it does not shard problems, and each torchrun rank would sample every "
-            "problem into the same file; run it without torchrun"
-        )
+    dist = Dist.from_env()
+    if dist.world > 1:
+        source = dataclasses.replace(source, device=str(dist.device))  # each rank on its own GPU
     problems = task.load()
     model, tokenizer = source.load()
     count = len(problems.examples) if limit is None else min(limit, len(problems.examples))
-    print(f"bridgelm warmup-data: {count} problems x {n} samples -> {out}")
+    parts = f" (each of {dist.world} processes its share, merged at the end)" if dist.world > 1 else ""
+    if dist.is_main:
+        print(f"bridgelm warmup-data: {count} problems x {n} samples -> {out}{parts}")
     stats = make_warmup_data(
-        model, tokenizer, problems, out, n, sampling, chat, limit, blocks=local_source(source.blocks)
+        model, tokenizer, problems, out, n, sampling, chat, limit, blocks=local_source(source.blocks), dist=dist
     )
+    if not dist.is_main:
+        return stats
     cut = f", {stats['cut']} correct but cut by --max-new-tokens and left out" if stats["cut"] else ""
     print(
         f"bridgelm warmup-data: {stats['kept']} problems kept with {stats['responses']} correct responses, "

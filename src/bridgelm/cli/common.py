@@ -52,6 +52,13 @@ def add_threads_arg(p) -> None:
     )
 
 
+def add_num_samples(p, dest: str) -> None:
+    """--num-samples, the same as the command's --n: under torchrun, whose own parser takes --n for an abbreviation
+    of its options (--nnodes, --nproc-per-node), only this one reaches the command."""
+    p.add_argument("--num-samples", dest=dest, metavar="N", type=int, default=argparse.SUPPRESS,
+                   help="same as --n (torchrun takes --n for its own options)")
+
+
 def add_model_args(p) -> None:
     p.add_argument("--model", required=True, help="model directory or hub id")
     p.add_argument("--blocks", help="a block file (save_blocks / bridgelm sft), an adapter folder or its hub id")

@@ -11,9 +11,8 @@ bridgelm analyze similarity --run runs/x                 (writes runs/x/similari
 
 from __future__ import annotations
 
-import argparse
 
-from bridgelm.cli.common import add_model_args, model_source, positive_int, stop_string
+from bridgelm.cli.common import add_model_args, add_num_samples, model_source, positive_int, stop_string
 from bridgelm.cli.fields import Flag, Nested, add_fields, build
 from bridgelm.eval import launch
 from bridgelm.eval.runner import EvalConfig
@@ -98,14 +97,7 @@ def _add_eval(sub) -> None:
         ),
         stop=Flag(type=stop_string),
     )
-    p.add_argument(
-        "--num-samples",
-        dest="sampling.n",
-        metavar="N",
-        type=int,
-        default=argparse.SUPPRESS,
-        help="same as --n (torchrun takes --n for its own options)",
-    )
+    add_num_samples(p, "sampling.n")
     p.add_argument("--out", required=True, help="run directory (re-runs resume; other settings are refused)")
     p.add_argument("--no-score", action="store_true", help="only sample; score later with bridgelm score")
     p.set_defaults(func=_cmd_eval)

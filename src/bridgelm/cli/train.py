@@ -13,7 +13,7 @@ import argparse
 import sys
 
 from bridgelm.blocks import KINDS, PLACEMENTS, BlockConfig
-from bridgelm.cli.common import add_model_args, add_threads_arg, block_heads, model_source
+from bridgelm.cli.common import add_model_args, add_num_samples, add_threads_arg, block_heads, model_source
 from bridgelm.cli.fields import Flag, Nested, add_fields, add_groups, build
 from bridgelm.cli.fit import fit_steps_per_rollout, flag_names, flag_words
 from bridgelm.dist import Dist, DistConfig
@@ -186,9 +186,10 @@ def _add_warmup_data(sub) -> None:
         # not the sampling config's default: warm-up answers may be long worked solutions (make_warmup_data's own)
         max_new_tokens=Flag(default=warmup_data.MAX_NEW_TOKENS),
     )
+    add_num_samples(p, "n")
     p.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template")
     p.add_argument("--limit", type=int, help="first problems only")
-    p.add_argument("--out", required=True, help="warm-up JSONL (re-runs resume)")
+    p.add_argument("--out", required=True, help="warm-up JSONL (re-runs resume; under torchrun, ranks' parts beside it)")
     p.set_defaults(func=_cmd_warmup_data)
 
 

@@ -32,11 +32,10 @@ import json
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from bridgelm.dist import Dist, all_reduce_sum, barrier, unsharded
+from bridgelm.dist import SLOWEST_RANK_TIMEOUT, Dist, all_reduce_sum, barrier, unsharded
 from bridgelm.engine import Sample, SamplingConfig, check_stop_strings, stream_text
 from bridgelm.eval.datasets import Benchmark, load_benchmarks
 from bridgelm.eval.folder import check_same_run, done_keys, read_eval_run, shard_file_name, shard_files, wait_for
@@ -52,8 +51,6 @@ from bridgelm.tasks.base import check_rewards, is_correct
 # How long ranks other than 0 wait for rank 0 to write run.json.
 RUN_WAIT_SECONDS = 600.0
 
-# How long ranks wait at the final barrier for the slowest shard.
-BARRIER_TIMEOUT = timedelta(days=3)
 
 
 def eval_sampling(**changes: Any) -> SamplingConfig:
@@ -206,7 +203,7 @@ def sample_benchmarks(
             if created and dist.world == 1 and not shard_files(run_dir):
                 _take_back(run_dir, fresh)
             raise
-    barrier(dist, BARRIER_TIMEOUT)  # every shard is complete when this returns
+    barrier(dist, SLOWEST_RANK_TIMEOUT)  # every shard is complete when this returns
     done = {"sampled": total, "skipped": owned - total, "problems": owned, "truncated": truncated}
     return {"run_dir": str(run_dir), "shard": str(out), **done}
 

@@ -6,21 +6,32 @@ correct answer cut by max_new_tokens is not kept: trained on, it would teach the
 
 One JSON line per processed problem, appended as problems complete, so a re-run continues after the last one
 (a dropped problem has a line too, with "kept": false). Lines carry the sampling settings; a re-run with other
-settings is refused. A resumed run samples the remaining problems with the same seed, which is not the same draw
-as an uninterrupted run would have made.
+settings is refused. A problem's answers are drawn from its own random streams (keyed by its index), so a resumed
+run, or one over another number of processes, draws each problem as an uninterrupted one does (up to the rounding
+of other batch shapes).
+
+Under torchrun every rank samples its share of the problems (round-robin) into its own part beside the output
+(warmup.rank{R}.jsonl); when the slowest rank is done, rank 0 appends the parts' lines to the output (one atomic
+write) and removes them. A re-run, with any number of processes, reads the output and any parts left by an
+interrupted run as done.
 
     bridgelm warmup-data --model M --task gsm8k --data train.jsonl --n 8 --out warmup.jsonl
+    torchrun --nproc_per_node 8 -m bridgelm warmup-data --model M --device cuda ... --out warmup.jsonl
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import sys
+from contextlib import ExitStack
 from dataclasses import replace
 from pathlib import Path
 
+from bridgelm.dist import SLOWEST_RANK_TIMEOUT, Dist, barrier
 from bridgelm.errors import UserError, check_int
-from bridgelm.jsonl import append_record, exclusive, read_records
+from bridgelm.jsonl import append_record, exclusive, read_records, write_atomic
 from bridgelm.runs import local_source
 from bridgelm.stop import stop_on_sigterm
 from bridgelm.samples import check_lines, run_settings
@@ -43,13 +54,15 @@ def make_warmup_data(
     limit: int | None = None,
     progress: bool = True,
     blocks: str | None = None,
+    dist: Dist | None = None,
 ) -> dict:
-    """Sample, grade and filter responses to `task.examples[:limit]` into `out`; returns counts.
+    """Sample, grade and filter responses to `task.examples[:limit]` into `out`; returns counts (under torchrun,
+    rank 0's count the whole output, another rank's its own part).
 
     `sampling` sets max_new_tokens, temperature, top_p, seed and batch bounds (default: the paper's 0.6 / 0.95
     with MAX_NEW_TOKENS new tokens); its n and width are replaced by `n` and 1.
     """
-    out = Path(out)
+    out, dist = Path(out), dist or Dist.from_env()
     cfg = warmup_sampling(n, sampling, limit)
     examples = task.examples[:limit] if limit is not None else task.examples
     if not examples:
@@ -57,8 +70,41 @@ def make_warmup_data(
     model_id = local_source(str(getattr(model.config, "_name_or_path", "") or type(model).__name__))
     # blocks: the file the model's came from
     settings = run_settings("warmup-data", cfg, model_id, blocks, chat, task=task.name)
-    with exclusive(out, folder=False):  # a second process on `out` is refused at once
-        return _make(model, tokenizer, task, examples, out, cfg, settings, chat, progress)
+    own = part_file(out, dist)
+    with ExitStack() as locks:  # a second launch on `out` is refused at once: rank 0 locks it, each rank its part
+        for path in {out, own} if dist.is_main else {own}:
+            locks.enter_context(exclusive(path, folder=False))
+        stats = _make(model, tokenizer, task, examples, out, own, cfg, settings, chat, progress and dist.is_main, dist)
+        barrier(dist, SLOWEST_RANK_TIMEOUT)  # every part is whole when this returns
+        if dist.is_main:
+            merge_parts(out)
+    return {**stats, **_counts(read_records(out if dist.is_main else own))}
+
+
+def part_file(out: Path, dist: Dist) -> Path:
+    """The file this process appends its lines to: `out` itself, or its part under torchrun (warmup.rank{R}.jsonl)."""
+    return out if dist.world == 1 else out.with_name(f"{out.stem}.rank{dist.rank}{out.suffix}")
+
+
+def part_files(out: Path) -> list[Path]:
+    """The parts beside `out` that ranks of a run under torchrun wrote (and rank 0 has not merged yet), by rank."""
+    pattern = re.compile(rf"{re.escape(out.stem)}\.rank(\d+){re.escape(out.suffix)}")
+    found = {int(m.group(1)): p for p in out.parent.glob(f"{out.stem}.rank*") if (m := pattern.fullmatch(p.name))}
+    return [found[r] for r in sorted(found)]
+
+
+def merge_parts(out: Path) -> None:
+    """Append the lines of the parts beside `out` that it does not hold yet, by problem, in one atomic write; then
+    remove the parts (a crash between the two leaves lines in both, read once)."""
+    parts = part_files(out)
+    if not parts:
+        return
+    have = {r["index"] for r in read_records(out)}
+    new = {r["index"]: r for p in parts for r in read_records(p) if r["index"] not in have}
+    lines = "".join(json.dumps(new[i], ensure_ascii=False) + "\n" for i in sorted(new))
+    write_atomic(out, (out.read_bytes() if out.exists() else b"") + lines.encode())
+    for p in parts:
+        p.unlink()
 
 
 def warmup_sampling(n: int, sampling: SamplingConfig | None = None, limit: int | None = None) -> SamplingConfig:
@@ -79,30 +125,36 @@ def warmup_sampling(n: int, sampling: SamplingConfig | None = None, limit: int |
     return cfg
 
 
-def _make(model, tokenizer, task, examples, out: Path, cfg, settings, chat, progress) -> dict:
-    """make_warmup_data's work, under the lock of `out`."""
-    done = read_records(out)
-    check_lines(out, done, settings)
-    _check_problems(out, done, task, examples)
+def _make(model, tokenizer, task, examples, out: Path, own: Path, cfg, settings, chat, progress, dist: Dist) -> dict:
+    """make_warmup_data's work for this process, under the locks: the lines of `out` and of every part are done,
+    this process's share of the others is sampled into `own`."""
+    done = []
+    for path in dict.fromkeys([out, own, *part_files(out)]):
+        mine = path == own or (path == out and dist.is_main)  # another rank's part may be written now: read, not cut
+        lines = read_records(path, repair=mine)
+        check_lines(path, lines, settings)
+        _check_problems(path, lines, task, examples)
+        done += lines
     have = {rec["index"] for rec in done}
-    todo = [i for i in range(len(examples)) if i not in have]
+    todo = [i for i in range(len(examples)) if dist.owns(i) and i not in have]
     stats = {"problems": len(examples), "sampled_now": len(todo), "out": str(out)}
     if todo:
+        before = len(read_records(own))
         try:
             with stop_on_sigterm():  # SIGTERM as Ctrl-C: the problems written are said
-                _sample_and_write(model, tokenizer, task, examples, todo, cfg, settings, chat, out, progress)
+                _sample_and_write(model, tokenizer, task, examples, todo, cfg, settings, chat, own, progress)
         except KeyboardInterrupt as err:
             err.said = True  # the command line adds no second line
-            now = len(read_records(out)) - len(done)
+            now = len(read_records(own)) - before
             print(
                 f"\nbridgelm warmup-data: interrupted; {now} of the {len(todo)} problems to sample were written to "
-                f"{out} ({len(done) + now} of {len(examples)} in all). A problem is written once every answer of its "
+                f"{own} ({len(have) + now} of {len(examples)} in all). A problem is written once every answer of its "
                 f"wave has ended (--max-batch-sequences {cfg.max_batch_sequences} rows are sampled together, a smaller "
                 "value writes sooner); the same command continues after the last one written",
                 file=sys.stderr,
             )
             raise
-    return {**stats, **_counts(read_records(out))}
+    return stats
 
 
 def _counts(records: list[dict]) -> dict:
