@@ -453,3 +453,28 @@ def test_grouped_logits_refuses_a_group_whose_rows_are_left_padded_apart():
 def test_add_bridge_refuses_what_is_not_a_causal_lm_in_one_line(not_a_model):
     with pytest.raises(ValueError, match=r"add_bridge\((str|Linear)\): expected a Hugging Face causal LM"):
         bridgelm.add_bridge(not_a_model)
+
+
+def test_a_composite_model_takes_blocks_in_its_language_part(tmp_path):
+    """Gemma 3 with its vision tower (AutoModelForCausalLM builds Gemma3ForConditionalGeneration): the block sizes
+    come from its text config (the composite config has no hidden_size of its own); saved, it loads with them."""
+    from transformers import AutoModelForCausalLM, Gemma3Config
+
+    text = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=16, vocab_size=97, sliding_window=16)
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                  patch_size=14)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(Gemma3Config(text_config=text, vision_config=vision,
+                                                          mm_tokens_per_image=4)).eval()
+    assert not hasattr(model.config, "hidden_size")
+    ids = torch.randint(3, 97, (4, 6))
+    base = model(input_ids=ids).logits
+    bridgelm.add_bridge(model)
+    assert bridgelm.grouped_logits(model, ids, torch.ones_like(ids), [0, 0, 1, 1]).equal(base)
+    randomize_blocks(model)
+    model.save_pretrained(tmp_path / "g3")
+    again = bridgelm.load_model(str(tmp_path / "g3"))
+    assert bridgelm.block_config(again) == bridgelm.block_config(model)
+    got = bridgelm.grouped_logits(again, ids, torch.ones_like(ids), [0, 0, 1, 1])
+    assert torch.allclose(got, bridgelm.grouped_logits(model, ids, torch.ones_like(ids), [0, 0, 1, 1]), atol=1e-6)

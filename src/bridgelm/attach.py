@@ -118,8 +118,8 @@ def block_config(model: nn.Module) -> BlockConfig | None:
 
 
 def text_config(model):
-    cfg = model.config
-    return cfg.gettext_config() if hasattr(cfg, "gettext_config") else cfg
+    """The config of the model's language part: its own, or a composite model's text config (Gemma 3, Mistral 3)."""
+    return model.config.get_text_config()
 
 
 def _resolve(model: nn.Module, kind: str, num_heads: int, head_dim: int | None, placement: str) -> BlockConfig:

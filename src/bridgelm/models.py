@@ -104,7 +104,8 @@ def check_model_config(config, name: str | os.PathLike) -> None:
     """UserError in one line unless the config's sizes can make a model: each a positive integer, the hidden size
     split evenly into heads (unless head_dim is given), the heads into key/value groups. The one check of
     load_model, plan and params (transformers accepts 0 heads, or 14 heads in groups of 3, until a forward fails)."""
-    sizes = {key: getattr(config, key, None) for key in _SIZES}
+    text = config.get_text_config()  # a composite model's (Gemma 3, Mistral 3) language part
+    sizes = {key: getattr(text, key, None) for key in _SIZES}
     for key, value in sizes.items():
         if value is not None:
             check_int(f"model {name}: config.json has {key}", value)

@@ -107,7 +107,7 @@ class Shape:
 
 def shape_of(model) -> Shape:
     """The Shape of a (meta-device) model."""
-    c = model.config
+    c = model.config.get_text_config()  # a composite model's (Gemma 3, Mistral 3) language part
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
     unique = {id(p): p.numel() for p in model.parameters()}
