@@ -227,3 +227,32 @@ def test_cli_blocks_takes_an_adapter_folder(tmp_path, capsys):
     assert exit_.value.code == 2 and "Traceback" not in err
     assert "trained on base" in err.strip().splitlines()[-1] and "digest" in err.strip().splitlines()[-1]
     assert not (tmp_path / "t.jsonl").exists()
+
+
+def test_blocks_that_cannot_fit_are_refused_before_the_weights_load(tmp_path, monkeypatch):
+    """A missing block file, one of another architecture or size, an adapter folder of one: said from the headers
+    and the config alone, before from_pretrained reads the weights (minutes for a large model)."""
+    from bridgelm import models
+
+    model, _ = save_tiny_model_dir(tmp_path / "m", blocks="bridge")
+    bridgelm.save_blocks(model, tmp_path / "b.safetensors")
+    bridgelm.save_blocks(model, tmp_path / "folder")
+    small = tiny_model(hidden_size=32, vocab_size=model.config.vocab_size)
+    small.save_pretrained(tmp_path / "small")
+    wide = tiny_model("llama", vocab_size=model.config.vocab_size)
+    wide.save_pretrained(tmp_path / "llama")
+    loads = []
+    real = models._from_pretrained
+    monkeypatch.setattr(models, "_from_pretrained", lambda *a: loads.append(a) or real(*a))
+    cases = [
+        ("small", tmp_path / "b.safetensors", r"hidden size 64, 2 layers\) does not fit this model \(hidden size 32"),
+        ("small", tmp_path / "folder", "does not fit this model"),
+        ("llama", tmp_path / "b.safetensors", "trained in a qwen2 model .* this model is a llama"),
+        ("small", tmp_path / "nope.safetensors", "nope.safetensors does not exist"),
+    ]
+    for base, blocks, match in cases:
+        with pytest.raises(UserError, match=match):
+            bridgelm.load_model(str(tmp_path / base), blocks=blocks)
+    assert loads == []
+    bridgelm.load_model(str(tmp_path / "small"))  # the same bases load without them
+    assert len(loads) == 1

@@ -90,6 +90,21 @@ def load_blocks(
     return _load_folder(model, _download(str(path), revision, token))
 
 
+def check_local_blocks(path: str | os.PathLike, config) -> None:
+    """Before a model of `config` loads: a block file or adapter folder that is missing, not one, or made for
+    another architecture is a UserError in one line (`blockfile.check_architecture`). A hub id is checked once
+    fetched, by `load_blocks`."""
+    p = Path(path).expanduser()
+    if p.is_dir():
+        read_adapter_config(p)
+        if not (p / BLOCKS_FILE).exists():
+            return  # load_blocks names what the folder lacks
+        p = p / BLOCKS_FILE
+    elif not (p.exists() or p.suffix == ".safetensors" or not _HUB_ID.fullmatch(str(path))):
+        return
+    blockfile.check_architecture(p, config)
+
+
 def _download(repo_id: str, revision: str | None, token: str | None) -> Path:
     import huggingface_hub
     from huggingface_hub import constants, errors

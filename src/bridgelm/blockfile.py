@@ -120,18 +120,33 @@ _SETTINGS = ("kind", "num_heads", "head_dim", "placement", "model_type", "hidden
 _FLOATS = ("F64", "F32", "F16", "BF16")  # safetensors' names of the dtypes a block's weights may have
 
 
+def check_architecture(path: str | os.PathLike, config) -> None:
+    """UserError in one line unless the block file `path` is one and was trained in a model of `config`'s type,
+    hidden size and depth: what its header says, checked against the config before the weights load (minutes for
+    a large model). `load_blocks` checks every tensor and the base's digest once the model is there."""
+    _, meta = read_block_settings(path)
+    text = config.get_text_config()
+    if meta["model_type"] != str(config.model_type):
+        raise UserError(
+            f"{path} holds blocks trained in a {meta['model_type']} model ({meta.get('base_model')!r}), and this model "
+            f"is a {config.model_type}: expected blocks of this architecture"
+        )
+    if (meta["hidden_size"], meta["num_layers"]) != (str(text.hidden_size), str(text.num_hidden_layers)):
+        raise UserError(
+            f"{path} ({meta['kind']} blocks for base {meta.get('base_model')!r}, hidden size {meta['hidden_size']}, "
+            f"{meta['num_layers']} layers) does not fit this model (hidden size {text.hidden_size}, "
+            f"{text.num_hidden_layers} layers): expected the blocks of this base model"
+        )
+
+
 def load_blocks(model: nn.Module, path: str | os.PathLike) -> nn.Module:
     """Load a block file into `model`, adding the blocks first when the model has none.
 
     Everything is checked before the model is touched: kind and settings against blocks already attached,
     and every tensor's name and shape against what the model's blocks would hold.
     """
+    check_architecture(path, model.config)
     cfg, meta = read_block_settings(path)
-    if meta["model_type"] != str(model.config.model_type):
-        raise UserError(
-            f"{path} holds blocks trained in a {meta['model_type']} model ({meta.get('base_model')!r}), and this model "
-            f"is a {model.config.model_type}: expected blocks of this architecture"
-        )
     existing = block_config(model)
     if existing is not None and existing != cfg:
         raise UserError(

@@ -15,7 +15,7 @@ from safetensors import safe_open
 from torch import nn
 
 from bridgelm.attach import MODEL_TYPE, has_block_type
-from bridgelm.adapter import load_blocks
+from bridgelm.adapter import check_local_blocks, load_blocks
 from bridgelm.blockfile import check_finite
 from bridgelm.dist import check_device
 from bridgelm.errors import UserError, check_int
@@ -44,6 +44,8 @@ def load_model(name_or_path: str, blocks: str | os.PathLike | None = None, dtype
             f"model {name_or_path} has {recorded.get('kind')} blocks of its own (recorded in its config.json), which "
             f"blocks={str(blocks)!r} would replace: load that file into the model without blocks, or leave it out"
         )
+    if blocks is not None:
+        check_local_blocks(blocks, config)  # a wrong --blocks is said before the weights load
     # A config with blocks is a "bridgelm" model type: AutoModelForCausalLM builds them and loads their tensors.
     model = _from_pretrained(name_or_path, config, dtype, kwargs).to(device)
     if blocks is not None:
