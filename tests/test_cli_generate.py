@@ -171,3 +171,16 @@ def test_a_cpu_run_on_a_machine_with_gpus_is_warned(tmp_path, capsys, monkeypatc
     main([*args, "--out", str(tmp_path / "b.jsonl")])
     warned = "bridgelm generate: warning: computing on the CPU while this machine has 2 CUDA GPU(s): --device cuda"
     assert warned in capsys.readouterr().err
+
+
+def test_under_torchrun_each_rank_names_itself_in_its_warnings_and_errors(tmp_path, capsys, monkeypatch):
+    save_tiny_model_dir(tmp_path / "m")
+    prompts = _prompts(tmp_path, ["1+2=", "Why?"])  # "W", "h", "y", "?": characters the tokenizer lacks
+    args = ["generate", "--model", str(tmp_path / "m"), "--prompts", str(prompts), "--n", "2", "--width", "1"]
+    main(args + ["--max-new-tokens", "2", "--out", str(tmp_path / "a.jsonl")])
+    assert "bridgelm generate: warning: 1 of 2 prompts hold characters" in capsys.readouterr().err
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    with pytest.raises(SystemExit):
+        main(args + ["--max-new-tokens", "0", "--out", str(tmp_path / "b.jsonl")])
+    assert capsys.readouterr().err.startswith("bridgelm generate [rank 1]: error: --max-new-tokens 0")

@@ -121,6 +121,13 @@ def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespac
     return args
 
 
+def _rank_tag() -> str:
+    """" [rank R]" under torchrun, where every rank prints its own warnings and errors (about its own share of the
+    work), so that eight alike lines say whose each is; "" in one process."""
+    world, rank = os.environ.get("WORLD_SIZE", "1"), os.environ.get("RANK", "0")
+    return f" [rank {rank}]" if world.isdigit() and int(world) > 1 else ""
+
+
 def main(argv: list[str] | None = None) -> None:
     """Run one command. Bad input ends it with `bridgelm <command>: error: ...` and exit code 2 (see
     bridgelm.errors); any other exception is a bug: it is announced as one and raised with its traceback."""
@@ -133,6 +140,7 @@ def main(argv: list[str] | None = None) -> None:
     expand_home(args)
     refuse_empty_paths(args)
     prog = " ".join(["bridgelm", args.command, *([args.analysis] if getattr(args, "analysis", None) else [])])
+    prog += _rank_tag()
     show = show_data_warnings(prog)
     try:
         args.func(args)
