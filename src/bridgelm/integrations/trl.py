@@ -118,6 +118,10 @@ def check_group_settings(args, width: int) -> None:
     """Refuse TRL settings that cannot keep Bridge groups of `width` whole (one line, naming the numbers)."""
     name = "BridgeGRPOTrainer"
     check_number(f"{name}: temperature", args.temperature, 0, open_low=True, note=" (GRPO samples)")
+    try:  # top_p, top_k, max_completion_length: what the engine would refuse at the first rollout
+        rollout_sampling(args, width, seed=0).validate()
+    except UserError as err:
+        raise UserError(f"{name}: {err}") from None
     # the counts of rows that groups of `width` must fill whole (a batch that splits a group mixes its prompts)
     counts = {"num_generations": args.num_generations, "per_device_train_batch_size": args.per_device_train_batch_size}
     if args.eval_strategy != "no":
@@ -137,6 +141,12 @@ def check_group_settings(args, width: int) -> None:
         raise UserError(f"{name}: mask_truncated_completions=True at bridge_width={width}: TRL masks a truncated "
                         "completion out of every forward, so its siblings' blocks would not read it in training, "
                         "though they read it while sampling: leave it False, or bridge_width=1")
+
+
+def rollout_sampling(args, width: int, seed: int) -> SamplingConfig:
+    """The engine's sampling for one rollout call: groups of `width` rows, with TRL's sampling settings."""
+    return SamplingConfig(n=width, width=width, max_new_tokens=args.max_completion_length,
+                          temperature=args.temperature, top_p=args.top_p, top_k=args.top_k or 0, seed=seed)
 
 
 def group_shuffle(batch: dict, width: int) -> dict:
@@ -207,11 +217,7 @@ class BridgeGRPOTrainer(GRPOTrainer):
         # TRL repeats each prompt num_generations times, which the width divides (checked at __init__)
         assert all(prompt_ids[i] == firsts[i // width] for i in range(len(prompt_ids))), (
             f"BridgeGRPOTrainer: a run of {width} rows holds different prompts: groups were split")
-        sampling = SamplingConfig(
-            n=width, width=width, max_new_tokens=self.max_completion_length, temperature=self.temperature,
-            top_p=self.top_p, top_k=self.top_k or 0,
-            seed=self._rollout_seed(),
-        )
+        sampling = rollout_sampling(self.args, width, self._rollout_seed())
         model = base_of(self.accelerator.unwrap_model(self.model))  # with peft: the model its LoRA layers are in
         training = model.training
         model.eval()
