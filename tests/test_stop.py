@@ -89,3 +89,21 @@ def test_sft_stopped_by_sigterm_saves_its_last_step_and_says_how_to_go_on(tmp_pa
     assert f"interrupted; checkpoint of step {steps[-1]}" in said and "the same command with --resume" in said
     assert (out / "checkpoints" / checkpoint_name(steps[-1]) / TRAINER_INFO).is_file()
     assert "Traceback" not in err
+
+
+def test_a_rank_waiting_for_the_slowest_leaves_at_ctrl_c(tmp_path):
+    """eval and warmup-data ranks whose share is done wait for the slowest: Ctrl-C there reaches Python at once (the
+    wait runs in a thread), where a blocking wait held it until torchrun killed the rank (SIGKILL after 30 s)."""
+    script = ROOT / "tests" / "dist_scripts" / "barrier_interrupt.py"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script)]
+    proc = subprocess.Popen(cmd + [str(tmp_path)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "rank1-waiting").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.2)
+    time.sleep(2)  # in the wait
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert (tmp_path / "rank1-interrupted").exists(), err[-3000:]
+    assert "forcefully exiting via 9" not in err

@@ -26,6 +26,7 @@ Used by bridgelm.eval.runner and bridgelm.train; tested by tests/test_train_dist
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
@@ -166,11 +167,26 @@ def barrier(dist: Dist, timeout: timedelta | None = None) -> None:
         torch_dist.barrier()
         return
     kwargs = {} if timeout is None else {"timeout": timeout}
-    torch_dist.init_process_group("gloo", rank=dist.rank, world_size=dist.world, **kwargs)
-    try:
-        torch_dist.barrier()
-    finally:
+    met: list[BaseException | None] = []
+
+    def meet() -> None:  # joining blocks until every rank joins, and the barrier until every rank is there
+        try:
+            torch_dist.init_process_group("gloo", rank=dist.rank, world_size=dist.world, **kwargs)
+            torch_dist.barrier()
+            met.append(None)
+        except BaseException as err:  # noqa: BLE001 - raised again in the main thread
+            met.append(err)
+
+    # In a thread of its own, so that Ctrl-C or SIGTERM ends a rank waiting here at once: Python runs its signal
+    # handlers in the main thread, and only between bytecodes (torchrun would kill a rank blocked in C++ after 30 s).
+    waiting = threading.Thread(target=meet, name="bridgelm-barrier", daemon=True)
+    waiting.start()
+    while waiting.is_alive():
+        waiting.join(0.1)
+    if torch_dist.is_initialized():
         torch_dist.destroy_process_group()
+    if met[0] is not None:
+        raise met[0]
 
 
 def all_reduce_sum(values: Sequence[float], dist: Dist) -> list[float]:
