@@ -327,9 +327,8 @@ def test_parts_an_interrupted_torchrun_left_are_done_and_merged_by_any_later_run
     (tmp_path / "warmup.rank2.jsonl").write_text(lines[0])  # and one of 3 ranks before it
     stats = make_warmup_data(base_model(), TOK, task, out, n=4, sampling=WARMUP_SAMPLING, progress=False)
     assert stats["sampled_now"] == 3  # problems 2, 4 and the cut 5
-    got = read_records(out)
-    assert sorted(r["index"] for r in got) == list(range(6)) and len(got) == 6
-    assert got == sorted(read_records(whole), key=lambda r: [1, 2, 4, 5, 0, 3].index(r["index"]))
+    # the file an uninterrupted run writes, line for line (in the problems' order, whatever was written where)
+    assert out.read_bytes() == whole.read_bytes()
     assert not list(tmp_path.glob("warmup.rank*"))
 
 

@@ -94,15 +94,14 @@ def part_files(out: Path) -> list[Path]:
 
 
 def merge_parts(out: Path) -> None:
-    """Append the lines of the parts beside `out` that it does not hold yet, by problem, in one atomic write; then
-    remove the parts (a crash between the two leaves lines in both, read once)."""
+    """`out` with the lines of the parts beside it, each problem once, in the order of the problems (as one process
+    writes them: a file, and an SFT run on it, that does not depend on where a run was stopped), in one atomic write;
+    then the parts removed (a crash between the two leaves lines in both, read once)."""
     parts = part_files(out)
     if not parts:
         return
-    have = {r["index"] for r in read_records(out)}
-    new = {r["index"]: r for p in parts for r in read_records(p) if r["index"] not in have}
-    lines = "".join(json.dumps(new[i], ensure_ascii=False) + "\n" for i in sorted(new))
-    write_atomic(out, (out.read_bytes() if out.exists() else b"") + lines.encode())
+    records = {r["index"]: r for p in [*reversed(parts), out] for r in read_records(p)}
+    write_atomic(out, "".join(json.dumps(records[i], ensure_ascii=False) + "\n" for i in sorted(records)))
     for p in parts:
         p.unlink()
 
@@ -146,11 +145,13 @@ def _make(model, tokenizer, task, examples, out: Path, own: Path, cfg, settings,
         except KeyboardInterrupt as err:
             err.said = True  # the command line adds no second line
             now = len(read_records(own)) - before
+            share = f"of this process's {len(todo)} problems" if dist.world > 1 else f"of the {len(todo)} problems"
+            total = "" if dist.world > 1 else f" ({len(have) + now} of {len(examples)} in all)"
             print(
-                f"\nbridgelm warmup-data: interrupted; {now} of the {len(todo)} problems to sample were written to "
-                f"{own} ({len(have) + now} of {len(examples)} in all). A problem is written once every answer of its "
-                f"wave has ended (--max-batch-sequences {cfg.max_batch_sequences} rows are sampled together, a smaller "
-                "value writes sooner); the same command continues after the last one written",
+                f"\nbridgelm warmup-data: interrupted; {now} {share} to sample were written to {own}{total}. A problem "
+                f"is written once every answer of its wave has ended (--max-batch-sequences {cfg.max_batch_sequences} "
+                "rows are sampled together, a smaller value writes sooner); the same command continues after the "
+                "last one written",
                 file=sys.stderr,
             )
             raise
