@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 
 import bridgelm
 from bridgelm.cli import main
-from bridgelm.errors import UserError
+from bridgelm.errors import DataWarning, UserError
 from bridgelm.train.consolidate import consolidate
 
 
@@ -72,6 +72,10 @@ def test_what_is_not_a_whole_sharded_checkpoint_is_refused_in_one_line(fsdp_run,
         assert "\n" not in str(err.value) and not (tmp_path / "out").exists()
 
     refused(tmp_path / "none", "is not a folder: expected RUN/checkpoints/step-N of an --fsdp run")
+    run = fsdp_run / "run"
+    refused(run, r"is a run folder \(its newest checkpoint: .*step-00000002\): expected a checkpoint")
+    refused(run / "checkpoints", r"holds the run's checkpoints \(the newest: .*step-00000002\)")
+    refused(fsdp_run / "m", r"is a model folder already \(give it as --model\)")
     whole = tmp_path / "whole"
     shutil.copytree(_step(fsdp_run, 2), whole)
     info = json.loads((whole / "trainer.json").read_text())
@@ -102,5 +106,8 @@ def test_a_base_model_changed_since_the_run_is_warned_and_a_moved_one_named(fsdp
     info = json.loads((run_copy / "trainer.json").read_text())
     info["identity"]["model"] = str(moved)
     (run_copy / "trainer.json").write_text(json.dumps(info))
-    with pytest.warns(UserWarning, match="changed since the run began"):
+    with pytest.warns(DataWarning, match="changed since the run began"):
         consolidate(run_copy, tmp_path / "b")
+    shutil.move(moved, tmp_path / "gone")
+    with pytest.raises(UserError, match=f"base model {moved} is not there any more .*: expected --model where"):
+        consolidate(run_copy, tmp_path / "c")

@@ -20,10 +20,19 @@ import warnings
 from dataclasses import asdict
 from pathlib import Path
 
-from bridgelm.errors import UserError
-from bridgelm.runs import model_fingerprint
+from bridgelm.errors import DataWarning, UserError
+from bridgelm.runs import RUN_FILE, model_fingerprint
 from bridgelm.source import ModelSource
-from bridgelm.train.checkpoints import LAYOUTS, SHARDS, checkpoint_damage, read_info, write_dir_atomic
+from bridgelm.train.checkpoints import (
+    CHECKPOINTS,
+    LAYOUTS,
+    SHARDS,
+    TRAINER_INFO,
+    checkpoint_damage,
+    list_checkpoints,
+    read_info,
+    write_dir_atomic,
+)
 
 
 def consolidate(checkpoint: str | os.PathLike, out: str | os.PathLike, model: str | None = None) -> Path:
@@ -37,9 +46,13 @@ def consolidate(checkpoint: str | os.PathLike, out: str | os.PathLike, model: st
     base = model or identity.get("model")
     if not base:
         raise UserError(f"checkpoint {checkpoint} records no base model: expected --model, the run's --model")
-    if model is None and identity.get("model_digest") not in (None, model_fingerprint(base)):
-        warnings.warn(f"model {base} changed since the run began (its files differ from the ones the run read): its "
-                      "tokenizer and config are written with the run's weights", stacklevel=2)
+    if model is None and identity.get("model_digest") is not None:  # a local folder when the run began
+        if not Path(base).is_dir():
+            raise UserError(f"the run's base model {base} is not there any more (moved or removed): expected --model "
+                            "where it is now")
+        if identity["model_digest"] != model_fingerprint(base):
+            warnings.warn(f"model {base} changed since the run began (its files differ from the ones the run read): "
+                          "its tokenizer and config are written with the run's weights", DataWarning, stacklevel=2)
     policy, tokenizer = ModelSource(base).load()
     _with_run_blocks(policy, identity.get("blocks"), checkpoint)
     _read_weights(policy, checkpoint)
@@ -52,6 +65,9 @@ def _sharded_identity(checkpoint: Path) -> dict:
     """The run identity a whole, sharded checkpoint records; one line for anything else."""
     if not checkpoint.is_dir():
         raise UserError(f"checkpoint {checkpoint} is not a folder: expected RUN/checkpoints/step-N of an --fsdp run")
+    if not (checkpoint / TRAINER_INFO).is_file():
+        raise UserError(f"{checkpoint} {_what_instead(checkpoint)}: expected a checkpoint of an --fsdp run, "
+                        "RUN/checkpoints/step-N")
     info = read_info(checkpoint)
     if info.get("layout") != LAYOUTS[True]:
         raise UserError(f"checkpoint {checkpoint} is not sharded ({info.get('layout')} layout): it is a model folder "
@@ -64,6 +80,19 @@ def _sharded_identity(checkpoint: Path) -> dict:
         raise UserError(f"checkpoint {checkpoint}: its trainer.json records no run identity: expected one written "
                         "by bridgelm rl")
     return identity
+
+
+def _what_instead(folder: Path) -> str:
+    """What a folder given for a checkpoint holds instead (it has no trainer.json)."""
+    if (folder / CHECKPOINTS).is_dir() or (folder / RUN_FILE).is_file():
+        steps = list_checkpoints(folder)
+        return f"is a run folder (its newest checkpoint: {steps[-1]})" if steps else "is a run folder with no checkpoint"
+    if folder.name == CHECKPOINTS:
+        steps = list_checkpoints(folder.parent)
+        return f"holds the run's checkpoints (the newest: {steps[-1]})" if steps else "holds no checkpoint"
+    if (folder / "config.json").is_file():
+        return "is a model folder already (give it as --model)"
+    return f"holds no {TRAINER_INFO} (a checkpoint cut before its last write, or not one)"
 
 
 def _check_out(out: Path) -> None:
