@@ -68,11 +68,13 @@ def test_simple_evaluate_draws_each_requests_repeats_as_bridge_groups(setup, gen
 
 
 def test_bridgelm_lm_eval_runs_lm_evals_command_line(setup, tmp_path):
+    """device and batch_size as model arguments, as documented: lm-eval's command line passes its own --device and
+    --batch_size (their defaults, cuda:0 and 1, when not given) beside them, and the model argument wins."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     proc = subprocess.run(
         [sys.executable, "-m", "bridgelm", "lm-eval", "run", "--model", "bridgelm", "--model_args",
-         f"pretrained={setup / 'model'},width={WIDTH}", "--tasks", "tiny_repeat", "--include_path",
-         str(setup / "tasks"), "--device", "cpu", "--output_path", str(tmp_path / "out")],
+         f"pretrained={setup / 'model'},width={WIDTH},device=cpu,batch_size=auto", "--tasks", "tiny_repeat",
+         "--include_path", str(setup / "tasks"), "--output_path", str(tmp_path / "out")],
         capture_output=True, text=True, env=env, timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -221,3 +223,13 @@ def test_loglikelihood_equals_the_hf_backends_scores(tmp_path):
     assert len(ours) == len(hf) == len(pairs)
     for (a, greedy_a), (b, greedy_b) in zip(ours, hf):
         assert a == pytest.approx(b, abs=1e-4) and greedy_a == greedy_b
+
+
+def test_importing_the_backend_keeps_lm_evals_own_backends():
+    """A notebook that imports the backend and compares with `hf` in the same process: lm-eval registers its own
+    backends only into an empty registry, so they are registered before `bridgelm` is."""
+    code = ("import bridgelm.integrations.lm_eval\nfrom lm_eval.api.registry import get_model\n"
+            "print(get_model('hf').__name__, get_model('bridgelm').__name__)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert proc.returncode == 0 and proc.stdout.split() == ["HFLM", "BridgeLM"], proc.stderr[-2000:]

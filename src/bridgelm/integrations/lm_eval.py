@@ -28,6 +28,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 
+import lm_eval.models  # noqa: F401 - lm-eval's own backends (hf, vllm, ...): registered first, or never in this process
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
@@ -129,8 +130,21 @@ class BridgeLM(LM):
             OWNER, pretrained, blocks, self.width, dtype, device, revision=revision, tokenizer=tokenizer
         )
         if self.max_length is None:
-            self.max_length = getattr(self.model.config, "max_position_embeddings", None)
+            self.max_length = getattr(self.model.config.get_text_config(), "max_position_embeddings", None)
         self.pretrained = pretrained
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None) -> BridgeLM:
+        """lm-eval's command line hands its --device and --batch_size (their defaults too: cuda:0, 1) beside the
+        model arguments; device or batch_size given as a model argument is the one meant, and wins."""
+        extra = {k: v for k, v in (additional_config or {}).items() if v is not None and k not in arg_dict}
+        return cls(**arg_dict, **extra)
+
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: dict | None = None) -> BridgeLM:
+        from lm_eval.utils import simple_parse_args_string
+
+        return cls.create_from_arg_obj(simple_parse_args_string(arg_string), additional_config)
 
     @property
     def tokenizer_name(self) -> str:
