@@ -78,7 +78,8 @@ def main(argv=None) -> None:
         except UserError as err:  # no such folder, and no network for a hub id: one line, not a traceback
             print(f"trl_grpo.py: error: {err}", file=sys.stderr)
             sys.exit(2)
-    bridgelm.add_bridge(model)  # zero-initialised blocks: the model starts as it was; GRPO trains them
+    if bridgelm.block_config(model) is None:  # a folder saved with its blocks (this script's output) goes on with them
+        bridgelm.add_bridge(model)  # zero-initialised blocks: the model starts as it was; GRPO trains them
 
     args = BridgeGRPOConfig(
         output_dir=opts.output_dir,

@@ -474,6 +474,8 @@ def test_eval_at_several_widths_says_when_the_width_changes_nothing(tmp_path, ca
         main([*argv, "--widths", widths, "--width", widths, "--foreign-groups", "--out", str(out)])
         said = capsys.readouterr().out
         assert ("bridgelm eval: note: --foreign-groups changes nothing here: " in said) is moot, said
+        single = "so width 2 samples like width 1: independently" in said  # one width: a forgotten --blocks
+        assert single == (widths == "2" and blocks != "bridge"), said
         if moot and widths == "1":
             assert "at width 1 a sample has no siblings" in said or "so no sample reads another" in said
 

@@ -24,6 +24,11 @@ def test_trl_grpo_example_trains_and_saves_a_model_with_blocks(tmp_path):
 
     model = AutoModelForCausalLM.from_pretrained(tmp_path)  # the saved folder loads with its blocks
     assert bridgelm.block_config(model).kind == "bridge"
+    # and trains on from there, its blocks kept (they were added a second time: an error)
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "trl_grpo.py"), "--model", str(tmp_path),
+                           "--max-steps", "1", "--output-dir", str(tmp_path / "again")], capture_output=True,
+                          text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
 
 
 def test_trl_grpo_example_refuses_a_missing_model_in_one_line(tmp_path):

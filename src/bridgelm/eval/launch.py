@@ -56,6 +56,8 @@ def run_evaluate(cfg: EvalConfig, source: ModelSource, task: str, data: list[str
             f"bridgelm eval: note: {what}, so its samples do not depend on the width: widths {cfg.all_widths()} "
             "sample the same sets (up to the rounding of other batch shapes), each again"
         )
+    elif dist.is_main and what and cfg.main_width() > 1:  # a forgotten --blocks: its tables would say w=8
+        print(f"bridgelm eval: note: {what}, so width {cfg.main_width()} samples like width 1: independently")
     if dist.is_main and cfg.sampling.foreign_groups and (what or max(cfg.all_widths()) == 1):
         why = f"{what}, so no sample reads another" if what else "at width 1 a sample has no siblings"
         print(f"bridgelm eval: note: --foreign-groups changes nothing here: {why}")
