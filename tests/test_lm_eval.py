@@ -186,6 +186,11 @@ def test_generation_shows_progress_unless_lm_eval_disables_it(setup, capsys):
     assert "sampling: 100%" in capsys.readouterr().err
     lm.generate_until(_requests("1+2=", 1), disable_tqdm=True)
     assert "sampling" not in capsys.readouterr().err
+    scored = [SimpleNamespace(args=("1+2=", "3"))]
+    lm.loglikelihood(scored)  # bridgelm's bar, which TQDM_DISABLE=1 silences (tests/test_progress.py)
+    assert "loglikelihood: 100%" in capsys.readouterr().err
+    lm.loglikelihood(scored, disable_tqdm=True)
+    assert capsys.readouterr().err == ""
 
 
 def test_bridgelm_lm_eval_help_is_lm_evals_help(capsys):

@@ -1,6 +1,8 @@
 """Progress bars (bridgelm.progress): tqdm on a terminal, a few plain lines in a log."""
 
 import io
+import os
+import subprocess
 import sys
 
 from bridgelm.progress import NoBar, bar
@@ -39,3 +41,12 @@ def test_a_disabled_bar_writes_nothing(capsys):
     progress.set_postfix(loss="1")
     progress.close()
     assert capsys.readouterr().err == ""
+
+
+def test_tqdm_disable_silences_every_bar():
+    """The README's TQDM_DISABLE=1 (tqdm reads it when it is imported: a process of its own)."""
+    code = "from bridgelm.progress import bar\nb = bar(3, 'counting', 'it')\nb.update(3)\nb.close()"
+    shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    silent = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                            env={**os.environ, "TQDM_DISABLE": "1"})
+    assert "counting: 100%" in shown.stderr and silent.returncode == 0 and silent.stderr == ""

@@ -181,11 +181,15 @@ class BridgeLM(LM):
         return out
 
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
-        from tqdm.auto import tqdm
+        from bridgelm.progress import bar
 
-        scored = tqdm(requests, desc="loglikelihood", disable=disable_tqdm)
-        pairs = (encode_pair(self.tokenizer, *r.args) for r in scored)
-        return [score_ids(self.model, ctx, cont, max_length=self.max_length) for ctx, cont in pairs]
+        shown, scores = bar(len(requests), "loglikelihood", "request", enabled=not disable_tqdm), []
+        for request in requests:  # the bar as every bridgelm bar (TQDM_DISABLE=1 silences it)
+            context, continuation = encode_pair(self.tokenizer, *request.args)
+            scores.append(score_ids(self.model, context, continuation, max_length=self.max_length))
+            shown.update(1)
+        shown.close()
+        return scores
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         raise UserError(
