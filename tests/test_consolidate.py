@@ -76,6 +76,9 @@ def test_what_is_not_a_whole_sharded_checkpoint_is_refused_in_one_line(fsdp_run,
     refused(run, r"is a run folder \(its newest checkpoint: .*step-00000002\): expected a checkpoint")
     refused(run / "checkpoints", r"holds the run's checkpoints \(the newest: .*step-00000002\)")
     refused(fsdp_run / "m", r"is a model folder already \(give it as --model\)")
+    with pytest.raises(UserError, match=r"has no config.json: .* \(it holds an --fsdp checkpoint's shards: `bridgelm "
+                                        r"consolidate` makes it one\)"):
+        bridgelm.load_model(str(_step(fsdp_run, 1)))  # where a user meets it first: --model
     whole = tmp_path / "whole"
     shutil.copytree(_step(fsdp_run, 2), whole)
     info = json.loads((whole / "trainer.json").read_text())
@@ -87,8 +90,14 @@ def test_what_is_not_a_whole_sharded_checkpoint_is_refused_in_one_line(fsdp_run,
     shard.write_bytes(shard.read_bytes()[:64])
     refused(cut, r"is damaged \(shards/__\d_0.distcp has 64 bytes")
     save_tiny_model_dir(tmp_path / "other", alphabet="0123456789")  # another vocabulary: other shapes
-    refused(_step(fsdp_run, 1), r"its shards do not fit the model \(.*\): expected the run's --model",
-            model=str(tmp_path / "other"))
+    with pytest.warns(DataWarning, match="its files differ from those the run read"):
+        refused(_step(fsdp_run, 1), r"its shards do not fit the model \(.*\): expected the run's --model",
+                model=str(tmp_path / "other"))
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "empty")  # a link to an empty folder: the folder gets the model
+    consolidate(_step(fsdp_run, 1), tmp_path / "link")
+    assert (tmp_path / "link").is_symlink() and (tmp_path / "empty" / "model.safetensors").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "keep.txt").write_text("mine")
     with pytest.raises(UserError, match="--out .* already holds files"):
@@ -96,17 +105,18 @@ def test_what_is_not_a_whole_sharded_checkpoint_is_refused_in_one_line(fsdp_run,
     assert (tmp_path / "out" / "keep.txt").read_text() == "mine"
 
 
-def test_a_base_model_changed_since_the_run_is_warned_and_a_moved_one_named(fsdp_run, tmp_path):
+def test_a_base_model_changed_since_the_run_is_warned_and_a_gone_one_asked_for(fsdp_run, tmp_path):
     moved = tmp_path / "moved"
     shutil.copytree(fsdp_run / "m", moved, copy_function=shutil.copy)  # without its times: its files read as changed
-    consolidate(_step(fsdp_run, 1), tmp_path / "a", model=str(moved))  # named: no word
+    with pytest.warns(DataWarning, match="its files differ from those the run read"):
+        consolidate(_step(fsdp_run, 1), tmp_path / "a", model=str(moved))  # a copy without its times: said
     assert (tmp_path / "a" / "model.safetensors").is_file()
     run_copy = tmp_path / "run"
     shutil.copytree(_step(fsdp_run, 1), run_copy)
     info = json.loads((run_copy / "trainer.json").read_text())
     info["identity"]["model"] = str(moved)
     (run_copy / "trainer.json").write_text(json.dumps(info))
-    with pytest.warns(DataWarning, match="changed since the run began"):
+    with pytest.warns(DataWarning, match="its files differ from those the run read"):
         consolidate(run_copy, tmp_path / "b")
     shutil.move(moved, tmp_path / "gone")
     with pytest.raises(UserError, match=f"base model {moved} is not there any more .*: expected --model where"):

@@ -316,20 +316,24 @@ def test_warmup_data_under_torchrun_samples_each_problem_once_and_merges_the_par
     assert alone["kept"] > 0
 
 
-def test_parts_an_interrupted_torchrun_left_are_done_and_merged_by_any_later_run(tmp_path):
+@pytest.mark.parametrize("name", ["warmup", "w[1]*?"])  # a name glob would read as a pattern
+def test_parts_an_interrupted_torchrun_left_are_done_and_merged_by_any_later_run(tmp_path, name):
     task = EvenTask("even", [{"a": i} for i in range(6)])
     whole = tmp_path / "whole.jsonl"
     make_warmup_data(base_model(), TOK, task, whole, n=4, sampling=WARMUP_SAMPLING, progress=False)
     lines = whole.read_text().splitlines(keepends=True)
-    out = tmp_path / "warmup.jsonl"
-    out.write_text(lines[1])
-    (tmp_path / "warmup.rank1.jsonl").write_text(lines[3] + lines[5][:20])  # a 2-rank run stopped mid-line
-    (tmp_path / "warmup.rank2.jsonl").write_text(lines[0])  # and one of 3 ranks before it
+    (tmp_path / "real").mkdir()
+    out, real = tmp_path / f"{name}.jsonl", tmp_path / "real" / "target.jsonl"
+    real.write_text(lines[1])
+    out.symlink_to(real)  # written through, as appending to it is
+    (tmp_path / f"{name}.rank1.jsonl").write_text(lines[3] + lines[5][:20])  # a 2-rank run stopped mid-line
+    (tmp_path / f"{name}.rank2.jsonl").write_text(lines[0])  # and one of 3 ranks before it
     stats = make_warmup_data(base_model(), TOK, task, out, n=4, sampling=WARMUP_SAMPLING, progress=False)
     assert stats["sampled_now"] == 3  # problems 2, 4 and the cut 5
     # the file an uninterrupted run writes, line for line (in the problems' order, whatever was written where)
-    assert out.read_bytes() == whole.read_bytes()
-    assert not list(tmp_path.glob("warmup.rank*"))
+    assert out.is_symlink() and real.read_bytes() == whole.read_bytes()
+    left = sorted(p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock"))  # the parts are gone
+    assert left == sorted(["whole.jsonl", "real", f"{name}.jsonl"])
 
 
 def test_interrupted_warmup_data_says_what_it_wrote(tmp_path, monkeypatch, capsys):

@@ -165,7 +165,9 @@ def check_model_folder(name_or_path: str | os.PathLike, weights: bool = False) -
         raise UserError(f"model {name} is a file: expected a model folder (config.json and *.safetensors) or a hub id")
     config = folder / "config.json"
     if not config.is_file():
-        raise UserError(f"model folder {name} has no config.json: expected a folder written by save_pretrained")
+        shards = " (it holds an --fsdp checkpoint's shards: `bridgelm consolidate` makes it one)" if (
+            folder / "shards").is_dir() else ""
+        raise UserError(f"model folder {name} has no config.json: expected a folder written by save_pretrained{shards}")
     read_json_object(config, "a model config")
     for file in _safetensors_files(folder):  # what from_pretrained will read
         try:

@@ -43,16 +43,18 @@ def consolidate(checkpoint: str | os.PathLike, out: str | os.PathLike, model: st
     checkpoint, out = Path(checkpoint), Path(out)
     identity = _sharded_identity(checkpoint)
     _check_out(out)
+    out = out.resolve() if out.is_symlink() else out  # a link to an empty folder: the folder is written
     base = model or identity.get("model")
     if not base:
         raise UserError(f"checkpoint {checkpoint} records no base model: expected --model, the run's --model")
-    if model is None and identity.get("model_digest") is not None:  # a local folder when the run began
-        if not Path(base).is_dir():
+    if identity.get("model_digest") is not None:  # the run read a local folder
+        if model is None and not Path(base).is_dir():
             raise UserError(f"the run's base model {base} is not there any more (moved or removed): expected --model "
                             "where it is now")
         if identity["model_digest"] != model_fingerprint(base):
-            warnings.warn(f"model {base} changed since the run began (its files differ from the ones the run read): "
-                          "its tokenizer and config are written with the run's weights", DataWarning, stacklevel=2)
+            warnings.warn(f"model {base}: its files differ from those the run read (changed since, another model, or "
+                          "a copy without its files' times): its tokenizer and config are written with the run's "
+                          "weights", DataWarning, stacklevel=2)
     policy, tokenizer = ModelSource(base).load()
     _with_run_blocks(policy, identity.get("blocks"), checkpoint)
     _read_weights(policy, checkpoint)
@@ -86,7 +88,7 @@ def _what_instead(folder: Path) -> str:
     """What a folder given for a checkpoint holds instead (it has no trainer.json)."""
     if (folder / CHECKPOINTS).is_dir() or (folder / RUN_FILE).is_file():
         steps = list_checkpoints(folder)
-        return f"is a run folder (its newest checkpoint: {steps[-1]})" if steps else "is a run folder with no checkpoint"
+        return f"is a run folder (its newest checkpoint: {steps[-1]})" if steps else "is a run folder, no checkpoint"
     if folder.name == CHECKPOINTS:
         steps = list_checkpoints(folder.parent)
         return f"holds the run's checkpoints (the newest: {steps[-1]})" if steps else "holds no checkpoint"

@@ -21,6 +21,7 @@ interrupted run as done.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
@@ -72,7 +73,7 @@ def make_warmup_data(
     settings = run_settings("warmup-data", cfg, model_id, blocks, chat, task=task.name)
     own = part_file(out, dist)
     with ExitStack() as locks:  # a second launch on `out` is refused at once: rank 0 locks it, each rank its part
-        for path in {out, own} if dist.is_main else {own}:
+        for path in dict.fromkeys([out, own] if dist.is_main else [own]):  # `out` first: a refusal names it
             locks.enter_context(exclusive(path, folder=False))
         stats = _make(model, tokenizer, task, examples, out, own, cfg, settings, chat, progress and dist.is_main, dist)
         barrier(dist, SLOWEST_RANK_TIMEOUT)  # every part is whole when this returns
@@ -89,7 +90,8 @@ def part_file(out: Path, dist: Dist) -> Path:
 def part_files(out: Path) -> list[Path]:
     """The parts beside `out` that ranks of a run under torchrun wrote (and rank 0 has not merged yet), by rank."""
     pattern = re.compile(rf"{re.escape(out.stem)}\.rank(\d+){re.escape(out.suffix)}")
-    found = {int(m.group(1)): p for p in out.parent.glob(f"{out.stem}.rank*") if (m := pattern.fullmatch(p.name))}
+    found = {int(m.group(1)): p for p in out.parent.glob(f"{glob.escape(out.stem)}.rank*")
+             if (m := pattern.fullmatch(p.name))}
     return [found[r] for r in sorted(found)]
 
 
@@ -101,7 +103,8 @@ def merge_parts(out: Path) -> None:
     if not parts:
         return
     records = {r["index"]: r for p in [*reversed(parts), out] for r in read_records(p)}
-    write_atomic(out, "".join(json.dumps(records[i], ensure_ascii=False) + "\n" for i in sorted(records)))
+    target = out.resolve() if out.is_symlink() else out  # a link stays one: its file is rewritten
+    write_atomic(target, "".join(json.dumps(records[i], ensure_ascii=False) + "\n" for i in sorted(records)))
     for p in parts:
         p.unlink()
 
