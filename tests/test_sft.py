@@ -336,6 +336,27 @@ def test_parts_an_interrupted_torchrun_left_are_done_and_merged_by_any_later_run
     assert left == sorted(["whole.jsonl", "real", f"{name}.jsonl"])
 
 
+def test_a_part_another_launch_wrote_meanwhile_is_refused_at_the_merge(tmp_path, monkeypatch):
+    from bridgelm.train import warmup_data
+
+    task = EvenTask("even", [{"a": i} for i in range(4)])
+    other = tmp_path / "other.jsonl"
+    make_warmup_data(base_model(), TOK, task, other, n=4, sampling=replace(WARMUP_SAMPLING, temperature=0.9),
+                     progress=False)
+    out = tmp_path / "warmup.jsonl"
+    sample = warmup_data._make
+
+    def and_meanwhile(*args, **kwargs):  # a rank of a second launch on the same --out writes its part
+        done = sample(*args, **kwargs)
+        (tmp_path / "warmup.rank3.jsonl").write_bytes(other.read_bytes())
+        return done
+
+    monkeypatch.setattr(warmup_data, "_make", and_meanwhile)
+    with pytest.raises(ValueError, match=r"warmup.rank3.jsonl.*other settings"):
+        make_warmup_data(base_model(), TOK, task, out, n=4, sampling=WARMUP_SAMPLING, progress=False)
+    assert [r["index"] for r in read_records(out)] == [0, 1, 2, 3]  # its own lines kept, nothing mixed in
+
+
 def test_interrupted_warmup_data_says_what_it_wrote(tmp_path, monkeypatch, capsys):
     """Ctrl-C after two problems (waves of 8 rows: two problems of n=4 each): their lines are kept, and the message
     counts them and says why a wave's problems land together."""

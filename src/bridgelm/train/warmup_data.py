@@ -78,7 +78,7 @@ def make_warmup_data(
         stats = _make(model, tokenizer, task, examples, out, own, cfg, settings, chat, progress and dist.is_main, dist)
         barrier(dist, SLOWEST_RANK_TIMEOUT)  # every part is whole when this returns
         if dist.is_main:
-            merge_parts(out)
+            merge_parts(out, settings)
     return {**stats, **_counts(read_records(out if dist.is_main else own))}
 
 
@@ -95,13 +95,16 @@ def part_files(out: Path) -> list[Path]:
     return [found[r] for r in sorted(found)]
 
 
-def merge_parts(out: Path) -> None:
+def merge_parts(out: Path, settings: dict) -> None:
     """`out` with the lines of the parts beside it, each problem once, in the order of the problems (as one process
     writes them: a file, and an SFT run on it, that does not depend on where a run was stopped), in one atomic write;
-    then the parts removed (a crash between the two leaves lines in both, read once)."""
+    then the parts removed (a crash between the two leaves lines in both, read once). Every part's lines are checked
+    against `settings` again: a part another launch wrote meanwhile is refused, not mixed in."""
     parts = part_files(out)
     if not parts:
         return
+    for part in parts:
+        check_lines(part, read_records(part), settings)
     records = {r["index"]: r for p in [*reversed(parts), out] for r in read_records(p)}
     target = out.resolve() if out.is_symlink() else out  # a link stays one: its file is rewritten
     write_atomic(target, "".join(json.dumps(records[i], ensure_ascii=False) + "\n" for i in sorted(records)))
