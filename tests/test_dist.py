@@ -203,3 +203,34 @@ def test_the_compiled_step_samples_the_refreshed_replica_without_compiling_again
     want = torch.cat(teacher_forced_logprobs(replica, prompts, got, 2, 1.0))  # apart, so a token may flip)
     have = torch.cat([torch.tensor(s.logprobs) for r in got for s in r])
     assert (have - want).abs().mean() < 0.05
+
+
+@pytest.mark.parametrize("command", ["eval", "warmup-data"])
+def test_a_cpu_run_under_torchrun_stays_on_the_cpu_where_gpus_are(tmp_path, monkeypatch, command):
+    """--device cpu (the default) under torchrun on a machine with GPUs: each rank loads on the CPU, as asked (the
+    rank's own GPU is for a cuda source)."""
+    from bridgelm.eval.launch import run_evaluate
+    from bridgelm.eval.runner import EvalConfig
+    from bridgelm.launch import run_warmup_data
+    from bridgelm.source import TaskSource
+
+    class Loaded(Exception):
+        pass
+
+    def load(source):
+        raise Loaded(source.device)
+
+    for key, value in {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(ModelSource, "load", load)
+    data = tmp_path / "toy.jsonl"
+    data.write_text(json.dumps({"question": "1+1", "answer": "#### 2"}) + "\n")
+    source = ModelSource(str(tmp_path / "m"), device="cpu")
+    with pytest.raises(Loaded) as loaded:
+        if command == "eval":
+            run_evaluate(EvalConfig(), source, "gsm8k", [str(data)], str(tmp_path / "run"))
+        else:
+            run_warmup_data(source, TaskSource("gsm8k", str(data)), str(tmp_path / "w.jsonl"), 4)
+    assert str(loaded.value) == "cpu"

@@ -53,9 +53,7 @@ def run_warmup_data(
     with settings_checked():
         warmup_sampling(n, sampling, limit)  # before the model loads
     check_out(out, "file")
-    dist = Dist.from_env()
-    if dist.world > 1:
-        source = dataclasses.replace(source, device=str(dist.device))  # each rank on its own GPU
+    dist = Dist.from_env(source.device)  # under torchrun a cuda source loads on each rank's own GPU
     problems = task.load()
     model, tokenizer = source.load()
     count = len(problems.examples) if limit is None else min(limit, len(problems.examples))

@@ -6,7 +6,6 @@ user alike: check the output before any work, load what they name, run, write, a
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from pathlib import Path
 
 from bridgelm.attach import has_block_type
@@ -33,12 +32,10 @@ def run_evaluate(cfg: EvalConfig, source: ModelSource, task: str, data: list[str
     check_out(out, "dir")
     check_run_folder(out, "eval")
     benches = load_benchmarks(task, data, cfg.limit, cfg.split)  # data errors before the model is loaded
-    dist = Dist.from_env()
+    dist = Dist.from_env(source.device)  # under torchrun a cuda source loads on each rank's own GPU
     if dist.is_main:  # another eval (or score) writing the run: refused before the model loads
         check_free(out, folder=True)
     check_free(Path(out) / shard_file_name(dist), folder=False)
-    if dist.world > 1:
-        source = replace(source, device=str(dist.device))
     if dist.is_main and cfg.main_width() != cfg.sampling.width:
         print(f"bridgelm eval: note: --width {cfg.sampling.width} (the width tables report) is not among --widths "
               f"{','.join(map(str, cfg.all_widths()))}: they report w={cfg.main_width()}, the widest")

@@ -76,10 +76,13 @@ def make_warmup_data(
         for path in dict.fromkeys([out, own] if dist.is_main else [own]):  # `out` first: a refusal names it
             locks.enter_context(exclusive(path, folder=False))
         stats = _make(model, tokenizer, task, examples, out, own, cfg, settings, chat, progress and dist.is_main, dist)
+        if not dist.is_main:
+            stats.update(_counts(read_records(own)))  # before the merge takes its part away
         barrier(dist, SLOWEST_RANK_TIMEOUT)  # every part is whole when this returns
         if dist.is_main:
             merge_parts(out, settings)
-    return {**stats, **_counts(read_records(out if dist.is_main else own))}
+            stats.update(_counts(read_records(out)))
+    return stats
 
 
 def part_file(out: Path, dist: Dist) -> Path:
