@@ -245,7 +245,7 @@ def test_blocks_that_cannot_fit_are_refused_before_the_weights_load(tmp_path, mo
     real = models._from_pretrained
     monkeypatch.setattr(models, "_from_pretrained", lambda *a: loads.append(a) or real(*a))
     cases = [
-        ("small", tmp_path / "b.safetensors", r"hidden size 64, 2 layers\) does not fit this model \(hidden size 32"),
+        ("small", tmp_path / "b.safetensors", r"hidden size 64\) does not fit this model \(hidden size 32\)"),
         ("small", tmp_path / "folder", "does not fit this model"),
         ("llama", tmp_path / "b.safetensors", "trained in a qwen2 model .* this model is a llama"),
         ("small", tmp_path / "nope.safetensors", "nope.safetensors does not exist"),

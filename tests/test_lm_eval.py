@@ -187,10 +187,20 @@ def test_generation_shows_progress_unless_lm_eval_disables_it(setup, capsys):
     lm.generate_until(_requests("1+2=", 1), disable_tqdm=True)
     assert "sampling" not in capsys.readouterr().err
     scored = [SimpleNamespace(args=("1+2=", "3"))]
-    lm.loglikelihood(scored)  # bridgelm's bar, which TQDM_DISABLE=1 silences (tests/test_progress.py)
+    lm.loglikelihood(scored)
     assert "loglikelihood: 100%" in capsys.readouterr().err
     lm.loglikelihood(scored, disable_tqdm=True)
     assert capsys.readouterr().err == ""
+
+
+def test_tqdm_disable_silences_the_backends_bars(setup):
+    """The README's TQDM_DISABLE=1 (read when tqdm is imported: a process of its own); lm-eval asks for the bars."""
+    code = ("import types, bridgelm.integrations.lm_eval as b\n"
+            f"lm = b.BridgeLM(pretrained={str(setup / 'model')!r})\n"
+            "lm.loglikelihood([types.SimpleNamespace(args=('1+2=', '3'))])\n")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0 and "loglikelihood" not in proc.stderr, proc.stderr[-2000:]
 
 
 def test_bridgelm_lm_eval_help_is_lm_evals_help(capsys):

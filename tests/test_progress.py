@@ -46,7 +46,8 @@ def test_a_disabled_bar_writes_nothing(capsys):
 def test_tqdm_disable_silences_every_bar():
     """The README's TQDM_DISABLE=1 (tqdm reads it when it is imported: a process of its own)."""
     code = "from bridgelm.progress import bar\nb = bar(3, 'counting', 'it')\nb.update(3)\nb.close()"
-    shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    quiet = {k: v for k, v in os.environ.items() if k != "TQDM_DISABLE"}
+    shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=quiet)
     silent = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                             env={**os.environ, "TQDM_DISABLE": "1"})
     assert "counting: 100%" in shown.stderr and silent.returncode == 0 and silent.stderr == ""

@@ -100,8 +100,8 @@ def check_local_blocks(path: str | os.PathLike, config) -> None:
         if not (p / BLOCKS_FILE).exists():
             return  # load_blocks names what the folder lacks
         p = p / BLOCKS_FILE
-    elif not (p.exists() or p.suffix == ".safetensors" or not _HUB_ID.fullmatch(str(path))):
-        return
+    elif not p.exists() and p.suffix != ".safetensors" and _HUB_ID.fullmatch(str(path)):
+        return  # a hub id: checked once fetched
     blockfile.check_architecture(p, config)
 
 

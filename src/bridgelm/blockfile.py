@@ -121,9 +121,9 @@ _FLOATS = ("F64", "F32", "F16", "BF16")  # safetensors' names of the dtypes a bl
 
 
 def check_architecture(path: str | os.PathLike, config) -> None:
-    """UserError in one line unless the block file `path` is one and was trained in a model of `config`'s type,
-    hidden size and depth: what its header says, checked against the config before the weights load (minutes for
-    a large model). `load_blocks` checks every tensor and the base's digest once the model is there."""
+    """UserError in one line unless the block file `path` is one and was trained in a model of `config`'s type and
+    hidden size: what its header says, checked against the config before the weights load (minutes for a large
+    model). `load_blocks` checks every tensor (the layers too) and the base's digest once the model is there."""
     _, meta = read_block_settings(path)
     text = config.get_text_config()
     if meta["model_type"] != str(config.model_type):
@@ -131,11 +131,10 @@ def check_architecture(path: str | os.PathLike, config) -> None:
             f"{path} holds blocks trained in a {meta['model_type']} model ({meta.get('base_model')!r}), and this model "
             f"is a {config.model_type}: expected blocks of this architecture"
         )
-    if (meta["hidden_size"], meta["num_layers"]) != (str(text.hidden_size), str(text.num_hidden_layers)):
+    if meta["hidden_size"] != str(text.hidden_size):
         raise UserError(
-            f"{path} ({meta['kind']} blocks for base {meta.get('base_model')!r}, hidden size {meta['hidden_size']}, "
-            f"{meta['num_layers']} layers) does not fit this model (hidden size {text.hidden_size}, "
-            f"{text.num_hidden_layers} layers): expected the blocks of this base model"
+            f"{path} ({meta['kind']} blocks for base {meta.get('base_model')!r}, hidden size {meta['hidden_size']}) "
+            f"does not fit this model (hidden size {text.hidden_size}): expected the blocks of this base model"
         )
 
 

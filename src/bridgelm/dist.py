@@ -179,6 +179,7 @@ def barrier(dist: Dist, timeout: timedelta | None = None) -> None:
 
     # In a thread of its own, so that Ctrl-C or SIGTERM ends a rank waiting here at once: Python runs its signal
     # handlers in the main thread, and only between bytecodes (torchrun would kill a rank blocked in C++ after 30 s).
+    # Interrupted, the thread is left waiting: the process is expected to end (the commands do).
     waiting = threading.Thread(target=meet, name="bridgelm-barrier", daemon=True)
     waiting.start()
     while waiting.is_alive():

@@ -11,7 +11,6 @@ bridgelm analyze similarity --run runs/x                 (writes runs/x/similari
 
 from __future__ import annotations
 
-
 from bridgelm.cli.common import add_model_args, add_num_samples, model_source, positive_int, stop_string
 from bridgelm.cli.fields import Flag, Nested, add_fields, build
 from bridgelm.eval import launch

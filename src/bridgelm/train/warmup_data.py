@@ -11,8 +11,8 @@ run, or one over another number of processes, draws each problem as an uninterru
 of other batch shapes).
 
 Under torchrun every rank samples its share of the problems (round-robin) into its own part beside the output
-(warmup.rank{R}.jsonl); when the slowest rank is done, rank 0 appends the parts' lines to the output (one atomic
-write) and removes them. A re-run, with any number of processes, reads the output and any parts left by an
+(warmup.rank{R}.jsonl); when the slowest rank is done, rank 0 writes the output with the parts' lines, in the
+problems' order (one atomic write), and removes them. A re-run, with any number of processes, reads the output and any parts left by an
 interrupted run as done.
 
     bridgelm warmup-data --model M --task gsm8k --data train.jsonl --n 8 --out warmup.jsonl
@@ -106,9 +106,10 @@ def merge_parts(out: Path, settings: dict) -> None:
     parts = part_files(out)
     if not parts:
         return
+    lines = {part: read_records(part) for part in [*reversed(parts), out]}  # `out`'s own line wins
     for part in parts:
-        check_lines(part, read_records(part), settings)
-    records = {r["index"]: r for p in [*reversed(parts), out] for r in read_records(p)}
+        check_lines(part, lines[part], settings)
+    records = {r["index"]: r for found in lines.values() for r in found}
     target = out.resolve() if out.is_symlink() else out  # a link stays one: its file is rewritten
     write_atomic(target, "".join(json.dumps(records[i], ensure_ascii=False) + "\n" for i in sorted(records)))
     for p in parts:
