@@ -12,9 +12,11 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import glob
 import json
 import math
 import os
+import re
 import stat
 import sys
 from collections.abc import Iterator
@@ -123,6 +125,20 @@ def check_regular_file(path: str | os.PathLike, what: str = "file", expected: st
 # What the machine answers when an output cannot be written (a full disk, a quota, a read-only or locked-down
 # place): bad luck of the user's machine, told in one line that says what was kept, not a traceback.
 CANNOT_WRITE = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG}
+
+
+def rank_file(path: Path, rank: int, world: int) -> Path:
+    """The file a process appends its lines to in place of `path`: `path` itself in one process, under torchrun its
+    rank's part beside it (samples.jsonl: samples.rank1.jsonl)."""
+    return path if world == 1 else path.with_name(f"{path.stem}.rank{rank}{path.suffix}")
+
+
+def rank_files(path: Path) -> list[Path]:
+    """The ranks' parts of `path` there are (`rank_file`), in rank order; not `path` itself."""
+    pattern = re.compile(rf"{re.escape(path.stem)}\.rank(\d+){re.escape(path.suffix)}")
+    found = {int(m.group(1)): p for p in path.parent.glob(f"{glob.escape(path.stem)}.rank*")
+             if (m := pattern.fullmatch(p.name))}
+    return [found[r] for r in sorted(found)]
 
 
 def append_record(path: str | os.PathLike, record: dict[str, Any]) -> None:

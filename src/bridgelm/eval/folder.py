@@ -14,7 +14,6 @@ Used by bridgelm.eval.runner, bridgelm.eval.score, bridgelm.eval.report and brid
 from __future__ import annotations
 
 import os
-import re
 import time
 from pathlib import Path
 from typing import Any
@@ -22,7 +21,7 @@ from typing import Any
 from bridgelm.dist import Dist
 from bridgelm.errors import MissingFile, UserError
 from bridgelm.eval.datasets import benchmark_difference
-from bridgelm.jsonl import parse_json, read_records
+from bridgelm.jsonl import parse_json, rank_file, rank_files, read_records
 from bridgelm.runs import (
     RUN_FILE,
     SAMPLED_WITH,
@@ -33,7 +32,7 @@ from bridgelm.runs import (
     source_digests,
 )
 
-_SHARD_RE = re.compile(r"^samples(?:\.rank(\d+))?\.jsonl$")
+SAMPLES = "samples.jsonl"  # an eval run's samples (under torchrun, each rank's part of them: jsonl.rank_file)
 
 # Settings of run.json that decide what is sampled; a re-run must match them all (an eval run records the list of
 # its widths, and which one tables report, in place of one width; the model and blocks by path and by content).
@@ -51,14 +50,13 @@ SAME_RUN = (
 
 def shard_file_name(dist: Dist) -> str:
     """The samples file this process appends to: samples.jsonl, or samples.rank{r}.jsonl under torchrun."""
-    return "samples.jsonl" if dist.world == 1 else f"samples.rank{dist.rank}.jsonl"
+    return rank_file(Path(SAMPLES), dist.rank, dist.world).name
 
 
 def shard_files(run_dir: str | os.PathLike) -> list[Path]:
     """samples.jsonl and samples.rank{r}.jsonl of a run, in rank order."""
-    found = [p for p in Path(run_dir).glob("samples*.jsonl") if _SHARD_RE.match(p.name)]
-    rank = lambda p: int(_SHARD_RE.match(p.name).group(1) or -1)  # noqa: E731
-    return sorted(found, key=rank)
+    whole = Path(run_dir) / SAMPLES
+    return [whole] * whole.is_file() + rank_files(whole)
 
 
 def read_eval_run(run_dir: str | os.PathLike) -> dict[str, Any]:

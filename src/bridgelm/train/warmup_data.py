@@ -21,10 +21,8 @@ interrupted run as done.
 
 from __future__ import annotations
 
-import glob
 import json
 import os
-import re
 import sys
 from contextlib import ExitStack
 from dataclasses import replace
@@ -32,7 +30,7 @@ from pathlib import Path
 
 from bridgelm.dist import SLOWEST_RANK_TIMEOUT, Dist, barrier
 from bridgelm.errors import UserError, check_int
-from bridgelm.jsonl import append_record, exclusive, read_records, write_atomic
+from bridgelm.jsonl import append_record, exclusive, rank_file, rank_files, read_records, write_atomic
 from bridgelm.runs import local_source
 from bridgelm.stop import stop_on_sigterm
 from bridgelm.samples import check_lines, run_settings
@@ -71,7 +69,7 @@ def make_warmup_data(
     model_id = local_source(str(getattr(model.config, "_name_or_path", "") or type(model).__name__))
     # blocks: the file the model's came from
     settings = run_settings("warmup-data", cfg, model_id, blocks, chat, task=task.name)
-    own = part_file(out, dist)
+    own = rank_file(out, dist.rank, dist.world)  # out itself in one process
     with ExitStack() as locks:  # a second launch on `out` is refused at once: rank 0 locks it, each rank its part
         for path in dict.fromkeys([out, own] if dist.is_main else [own]):  # `out` first: a refusal names it
             locks.enter_context(exclusive(path, folder=False))
@@ -85,25 +83,12 @@ def make_warmup_data(
     return stats
 
 
-def part_file(out: Path, dist: Dist) -> Path:
-    """The file this process appends its lines to: `out` itself, or its part under torchrun (warmup.rank{R}.jsonl)."""
-    return out if dist.world == 1 else out.with_name(f"{out.stem}.rank{dist.rank}{out.suffix}")
-
-
-def part_files(out: Path) -> list[Path]:
-    """The parts beside `out` that ranks of a run under torchrun wrote (and rank 0 has not merged yet), by rank."""
-    pattern = re.compile(rf"{re.escape(out.stem)}\.rank(\d+){re.escape(out.suffix)}")
-    found = {int(m.group(1)): p for p in out.parent.glob(f"{glob.escape(out.stem)}.rank*")
-             if (m := pattern.fullmatch(p.name))}
-    return [found[r] for r in sorted(found)]
-
-
 def merge_parts(out: Path, settings: dict) -> None:
     """`out` with the lines of the parts beside it, each problem once, in the order of the problems (as one process
     writes them: a file, and an SFT run on it, that does not depend on where a run was stopped), in one atomic write;
     then the parts removed (a crash between the two leaves lines in both, read once). Every part's lines are checked
     against `settings` again: a part another launch wrote meanwhile is refused, not mixed in."""
-    parts = part_files(out)
+    parts = rank_files(out)
     if not parts:
         return
     lines = {part: read_records(part) for part in [*reversed(parts), out]}  # `out`'s own line wins
@@ -138,7 +123,7 @@ def _make(model, tokenizer, task, examples, out: Path, own: Path, cfg, settings,
     """make_warmup_data's work for this process, under the locks: the lines of `out` and of every part are done,
     this process's share of the others is sampled into `own`."""
     done = []
-    for path in dict.fromkeys([out, own, *part_files(out)]):
+    for path in dict.fromkeys([out, own, *rank_files(out)]):
         mine = path == own or (path == out and dist.is_main)  # another rank's part may be written now: read, not cut
         lines = read_records(path, repair=mine)
         check_lines(path, lines, settings)
