@@ -26,21 +26,35 @@ def _torchrun() -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
 
 
-@pytest.fixture(scope="module")
-def fsdp_run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("fsdp")
+def _fsdp_rl(root, *extra):
+    """A 2-step `rl --fsdp` run of 2 CPU ranks into root/run, a checkpoint a step, from the base root/m."""
     save_tiny_model_dir(root / "m")
     rows = [{"question": f"{i}+{i}=", "answer": f"#### {2 * i}"} for i in range(8)]
     (root / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     args = ["--model", str(root / "m"), "--add", "bridge", "--task", "gsm8k", "--data", str(root / "data.jsonl")]
     args += ["--out", str(root / "run"), "--fsdp", "--steps", "2", "--prompts-per-step", "2", "--rollouts", "2"]
     args += ["--width", "2", "--max-new-tokens", "4", "--save-every", "1", "--keep-last", "3", "--lr", "0.01"]
-    args += ["--weight-decay", "0.1", "--steps-per-rollout", "1"]
+    args += ["--weight-decay", "0.1", "--steps-per-rollout", "1", *extra]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
     proc = subprocess.run(_torchrun() + ["-m", "bridgelm", "rl"] + args, env=env, capture_output=True, text=True,
                           timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return root
+
+
+@pytest.fixture(scope="module")
+def fsdp_run(tmp_path_factory):
+    return _fsdp_rl(tmp_path_factory.mktemp("fsdp"))
+
+
+def test_a_bf16_run_consolidates_to_its_own_bf16_weights(tmp_path):
+    """--dtype bfloat16: the run keeps its weights in bf16, and so does the folder (not an fp32 copy of them)."""
+    root = _fsdp_rl(tmp_path, "--dtype", "bfloat16")
+    consolidate(_step(root, 2), tmp_path / "step2")
+    gathered = load_file(str(_step(root, 2) / "model.safetensors"))
+    mine = load_file(str(tmp_path / "step2" / "model.safetensors"))
+    assert {t.dtype for t in mine.values()} == {torch.bfloat16}
+    assert sorted(mine) == sorted(gathered) and all(torch.equal(mine[k], gathered[k]) for k in mine)
 
 
 def _step(root, n):

@@ -4,8 +4,9 @@ Under `--fsdp` a run's checkpoints before its last hold each rank's shards of mo
 model folder: only a resume at the same world size reads them. Here one process rebuilds the run's model from what
 the checkpoint's trainer.json records (the base model, its blocks), reads every rank's shards of the weights into it
 (bridgelm.shards: nothing unpickled freely, the optimiser's left unread) and writes a model folder as the run's
-last checkpoint holds one: `save_pretrained` weights (the run's fp32 master weights), config, and the base's
-tokenizer. It runs on the CPU, without a process group, in the memory of one fp32 copy of the model.
+last checkpoint holds one: `save_pretrained` weights (in the dtype the run kept them: fp32 master weights, or the
+base's bfloat16 with --dtype bfloat16), config, and the base's tokenizer. It runs on the CPU, without a process
+group, in the memory of one copy of the model.
 
     bridgelm consolidate rl_run/checkpoints/step-00000300 --out rl_run_step300
     bridgelm eval --model rl_run_step300 --task math ...
@@ -55,7 +56,7 @@ def consolidate(checkpoint: str | os.PathLike, out: str | os.PathLike, model: st
             warnings.warn(f"model {base}: its files differ from those the run read (changed since, another model, or "
                           "a copy without its files' times): its tokenizer and config are written with the run's "
                           "weights", DataWarning, stacklevel=2)
-    policy, tokenizer = ModelSource(base).load()
+    policy, tokenizer = ModelSource(base, dtype=_shards_dtype(checkpoint)).load()
     _with_run_blocks(policy, identity.get("blocks"), checkpoint)
     _read_weights(policy, checkpoint)
     from bridgelm.train.weights import save_model
@@ -116,6 +117,20 @@ def _with_run_blocks(policy, recorded: dict | None, checkpoint: Path) -> None:
     elif (None if have is None else asdict(have)) != recorded:
         raise UserError(f"checkpoint {checkpoint} records blocks {recorded}, and its base model holds {have}: "
                         "expected the run's --model")
+
+
+def _shards_dtype(checkpoint: Path) -> str:
+    """The dtype the run kept its weights in (its --dtype: float32 unless the run loaded the base in bfloat16), read
+    from the shards' index: the model folder holds them as they are, as the run's last checkpoint does."""
+    import torch
+
+    from bridgelm.shards import read_metadata
+
+    index = read_metadata(checkpoint / SHARDS).state_dict_metadata
+    kept = {m.properties.dtype for k, m in index.items() if k.startswith("model.") and hasattr(m, "properties")}
+    names = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+    floats = [names[d] for d in kept if d in names]
+    return floats[0] if len(floats) == 1 else "float32"
 
 
 def _read_weights(policy, checkpoint: Path) -> None:
