@@ -55,6 +55,20 @@ def tiny_model(arch: str = "qwen2", seed: int = 0, dtype=torch.float32, **overri
     return model.eval()
 
 
+def tiny_composite(seed: int = 0, vocab_size: int = 97):
+    """A random Gemma 3 with its vision tower, as AutoModelForCausalLM builds it (Gemma3ForConditionalGeneration): a
+    composite config whose language part is its text config."""
+    from transformers import AutoModelForCausalLM, Gemma3Config
+
+    text = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                num_key_value_heads=2, head_dim=16, vocab_size=vocab_size, sliding_window=16)
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                  patch_size=14)
+    torch.manual_seed(seed)
+    config = Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4)
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
 def randomize_blocks(model, std: float = 0.3, seed: int = 1):
     """Give the added blocks non-zero weights (a fresh block contributes nothing)."""
     import bridgelm

@@ -458,15 +458,9 @@ def test_add_bridge_refuses_what_is_not_a_causal_lm_in_one_line(not_a_model):
 def test_a_composite_model_takes_blocks_in_its_language_part(tmp_path):
     """Gemma 3 with its vision tower (AutoModelForCausalLM builds Gemma3ForConditionalGeneration): the block sizes
     come from its text config (the composite config has no hidden_size of its own); saved, it loads with them."""
-    from transformers import AutoModelForCausalLM, Gemma3Config
+    from conftest import tiny_composite
 
-    text = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                num_key_value_heads=2, head_dim=16, vocab_size=97, sliding_window=16)
-    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28,
-                  patch_size=14)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(Gemma3Config(text_config=text, vision_config=vision,
-                                                          mm_tokens_per_image=4)).eval()
+    model = tiny_composite()
     assert not hasattr(model.config, "hidden_size")
     ids = torch.randint(3, 97, (4, 6))
     base = model(input_ids=ids).logits

@@ -21,6 +21,7 @@ blocks. No code from the folder runs: the classes are bridgelm's own.
 from __future__ import annotations
 
 import copy
+import inspect
 from dataclasses import asdict
 
 import torch
@@ -250,6 +251,14 @@ def _unpickle_config(base: type, state: dict):
 
 
 _CONFIG_CLASSES: dict[type, type] = {}
+
+
+def save_with_own_names(model: nn.Module, folder, state_dict: dict | None = None) -> None:
+    """`model.save_pretrained(folder)` with the tensors under the module's own names. By default transformers writes a
+    composite model's (Gemma 3 with its vision tower) under its older names, which from_pretrained renames back but a
+    checkpoint read back tensor by tensor (a resume) would not find; every loader reads the own names."""
+    own = "save_original_format" in inspect.signature(model.save_pretrained).parameters
+    model.save_pretrained(folder, state_dict=state_dict, **({"save_original_format": False} if own else {}))
 
 
 def has_block_type(config) -> bool:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from bridgelm.attach import block_config
+from bridgelm.attach import block_config, save_with_own_names
 from bridgelm.blockfile import check_fits
 from bridgelm.errors import UserError, check_int, check_number
 from bridgelm.rng import derive_seed
@@ -188,7 +188,7 @@ def save_adapter(model: torch.nn.Module, folder: Path) -> None:
 
 def save_folder(model: torch.nn.Module, folder: Path) -> None:
     """A model folder with the LoRA merged into the base's weights (a normal Bridge model), and `lora/` beside."""
-    model.save_pretrained(folder, state_dict=merged_state_dict(model))
+    save_with_own_names(model, folder, merged_state_dict(model))
     save_adapter(model, folder / ADAPTER_DIR)
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from bridgelm import lora
+from bridgelm.attach import save_with_own_names
 from bridgelm.blockfile import check_fits
 from bridgelm.dist import Dist, barrier, full_state_dict, load_model_shards, save_shards
 from bridgelm.errors import MissingFile, UserError
@@ -87,7 +88,7 @@ def save_model(model: torch.nn.Module, tokenizer, folder: Path, state_dict: dict
         if lora.has_lora(model):
             lora.save_folder(model, folder)
         else:
-            model.save_pretrained(folder, state_dict=state_dict)
+            save_with_own_names(model, folder, state_dict)
     tokenizer.save_pretrained(folder)
 
 
