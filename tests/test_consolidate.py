@@ -135,3 +135,22 @@ def test_a_base_model_changed_since_the_run_is_warned_and_a_gone_one_asked_for(f
     shutil.move(moved, tmp_path / "gone")
     with pytest.raises(UserError, match=f"base model {moved} is not there any more .*: expected --model where"):
         consolidate(run_copy, tmp_path / "c")
+
+
+def test_a_composite_fsdp_run_resumes_and_consolidates(tmp_path):
+    """Gemma 3 with its vision tower under --fsdp: the tower's parameters never get a gradient in a text run, so its
+    optimiser shards hold no state for them; a resume keeps their zero state (AdamW passes them over) where it
+    demanded it from the shards (a RuntimeError traceback)."""
+    from conftest import tiny_composite
+
+    from bridgelm.tokenizer import char_tokenizer
+
+    tok = char_tokenizer("0123456789+-=() abc\n")
+    model = tiny_composite(vocab_size=len(tok))
+    model.save_pretrained(tmp_path / "g3")
+    tok.save_pretrained(tmp_path / "g3")
+    run = _fsdp_rl(tmp_path, "--model", str(tmp_path / "g3"))  # the later --model wins over root/m
+    shutil.rmtree(_step(run, 2))
+    _fsdp_rl(tmp_path, "--model", str(tmp_path / "g3"), "--resume")
+    consolidate(_step(run, 1), tmp_path / "step1")
+    assert bridgelm.block_config(bridgelm.load_model(str(tmp_path / "step1"))).kind == "bridge"

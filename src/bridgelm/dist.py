@@ -358,5 +358,7 @@ def load_optimizer_shards(model: torch.nn.Module, optimizer: torch.optim.Optimiz
     from bridgelm.shards import load_shards
 
     state = {"optimizer": get_optimizer_state_dict(model, optimizer)}  # the layout to fill (AdamW's zero state)
-    load_shards(state, folder)
+    # partial: a trainable parameter that never had a gradient (a composite model's vision tower in a text run) has
+    # no state in the shards, and keeps its zero state here: AdamW passes it over, as it did before the stop
+    load_shards(state, folder, partial=True)
     set_optimizer_state_dict(model, optimizer, optim_state_dict=state["optimizer"])

@@ -147,8 +147,8 @@ class SafePlanner(DefaultLoadPlanner):
     """DCP's default load planner with its non-tensor items read by torch.load(weights_only=True): plain values
     (an optimiser's param_groups), never objects."""
 
-    def __init__(self, folder: str | os.PathLike):
-        super().__init__()
+    def __init__(self, folder: str | os.PathLike, allow_partial_load: bool = False):
+        super().__init__(allow_partial_load=allow_partial_load)
         self.folder = folder
 
     def load_bytes(self, read_item, value: io.BytesIO) -> None:
@@ -175,16 +175,16 @@ def _checked_index(folder: str | os.PathLike) -> dcp_metadata.Metadata:
         raise UserError(f"{folder} is damaged ({err}): expected a whole checkpoint") from None
 
 
-def load_shards(state: dict, folder: str | os.PathLike) -> None:
+def load_shards(state: dict, folder: str | os.PathLike, partial: bool = False) -> None:
     """`dcp.load(state)` from `folder` through SafeReader and SafePlanner; the first rank's error re-raised as
     itself (a UserError stays one line). The index is checked first: DCP would take a refusal of its reader for a
-    missing index and look for another."""
+    missing index and look for another. `partial`: entries of `state` the shards lack keep their values."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
 
     _checked_index(folder)
     try:
-        dcp.load(state, storage_reader=SafeReader(folder), planner=SafePlanner(folder))
+        dcp.load(state, storage_reader=SafeReader(folder), planner=SafePlanner(folder, allow_partial_load=partial))
     except CheckpointException as err:
         failures = err.failures
         if not failures:
