@@ -500,3 +500,24 @@ def test_an_interrupted_eval_says_what_it_kept_once(tmp_path, capsys, monkeypatc
     assert noted in said.out
     assert f"bridgelm eval: interrupted; the problems sampled so far are kept in {run}; the same command continues" in (
         err)
+
+
+def test_samples_added_after_a_score_remove_its_stale_metrics(tmp_path, capsys):
+    """A run scored part-way (score --allow-partial), then completed with --no-score: its metrics.json no longer
+    says what the samples hold (report read it as a partial run): removed, and said, when samples are added."""
+    save_tiny_model_dir(tmp_path / "m")
+    run = tmp_path / "run"
+    argv = ["eval", "--model", str(tmp_path / "m"), "--data", str(_toy(tmp_path / "toy.jsonl", 3)), "--n", "2",
+            "--width", "1", "--max-new-tokens", "2", "--no-score", "--out", str(run)]
+    main(argv)
+    lines = (run / "samples.jsonl").read_text().splitlines(keepends=True)
+    (run / "samples.jsonl").write_text("".join(lines[:2]))  # as if stopped before the last problem
+    S.score_run(run, allow_partial=True, progress=False)
+    assert (run / "metrics.json").is_file() and (run / "scores.jsonl").is_file()
+    capsys.readouterr()
+    main(argv)  # the last problem sampled now: the partial scores are stale
+    assert not (run / "metrics.json").exists() and not (run / "scores.jsonl").exists()
+    assert "removed metrics.json, scores.jsonl of the run before these samples" in capsys.readouterr().out
+    main(["score", str(run)])
+    main(argv)  # nothing sampled now: the scores stay
+    assert (run / "metrics.json").is_file()

@@ -63,7 +63,25 @@ def run_evaluate(cfg: EvalConfig, source: ModelSource, task: str, data: list[str
     _say_sampled(done, cfg, out, f"rank {dist.rank}: " if dist.world > 1 else "")
     if dist.is_main and score:
         run_score(out, command="eval")
+    elif dist.is_main:
+        _drop_stale_scores(Path(out))
     return done
+
+
+def _drop_stale_scores(run_dir: Path) -> None:
+    """Scores of an earlier, partial state of the run (`score --allow-partial`, `analyze similarity`) that samples
+    added since make wrong (report would read them): removed, and said; `bridgelm score` writes them again."""
+    from bridgelm.eval.folder import shard_files
+    from bridgelm.eval.score import METRICS_FILE, SCORES_FILE
+
+    newest = max((p.stat().st_mtime_ns for p in shard_files(run_dir)), default=0)
+    stale = [p for p in (run_dir / n for n in (METRICS_FILE, SCORES_FILE, "similarity.json"))
+             if p.is_file() and p.stat().st_mtime_ns < newest]
+    for p in stale:
+        p.unlink()
+    if stale:
+        print(f"bridgelm eval: removed {', '.join(p.name for p in stale)} of the run before these samples (stale "
+              f"now): `bridgelm score {run_dir}` writes them again")
 
 
 def _say_sampled(done: dict, cfg: EvalConfig, out: str, who: str) -> None:
