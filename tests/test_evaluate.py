@@ -1,5 +1,6 @@
 """Eval runs: resumable, sharded under torchrun, refusing mixed settings; scores, majority vote and budgets."""
 
+import copy
 import json
 import os
 import re
@@ -9,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import randomize_blocks, save_tiny_model_dir, tiny_model
 
 import bridgelm
@@ -97,6 +99,8 @@ def test_other_settings_are_refused_and_nothing_is_touched(tmp_path, model_tok):
         E.run_eval(model, tok, "math", data, other_n, run, "tiny", progress=False)
     with pytest.raises(ValueError, match=r"model: run 'tiny' vs now 'other-model'"):
         E.run_eval(model, tok, "math", data, cfg, run, "other-model", progress=False)
+    with pytest.raises(ValueError, match=r"dtype: run 'float32' vs now 'bfloat16'"):  # bf16 samples are others
+        E.run_eval(copy.deepcopy(model).to(torch.bfloat16), tok, "math", data, cfg, run, "tiny", progress=False)
     _toy(tmp_path / "toy.jsonl", 3)  # the data file grew since it was sampled
     with pytest.raises(ValueError, match=r"benchmark 'toy' problems: run 2 vs now 3"):
         E.run_eval(model, tok, "math", data, cfg, run, "tiny", progress=False)

@@ -1,9 +1,11 @@
 """Reports: Table-1 markdown with Avg and the improvement column, coverage table, PNG figures, report.json."""
 
+import copy
 import json
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import tiny_model
 
 import bridgelm
@@ -119,6 +121,8 @@ def test_report_says_when_rows_differ_in_settings(tmp_path, model_tok, capsys):
     report.json and on the terminal."""
     base = _scored_run(tmp_path / "a", model_tok, {"aime24": [1, 0], "amc23": [2, 2]}, [2])
     hot = _scored_run(tmp_path / "b", model_tok, {"aime24": [3, 1]}, [2], temperature=0.7)
+    model, tok = model_tok
+    half = _scored_run(tmp_path / "h", (copy.deepcopy(model).to(torch.bfloat16), tok), {"aime24": [1, 0]}, [2])
     (tmp_path / "c").mkdir()
     other = tmp_path / "c" / "amc23.jsonl"
     other.write_text(json.dumps({"problem": "5+5=", "answer": "10"}) + "\n")
@@ -128,13 +132,15 @@ def test_report_says_when_rows_differ_in_settings(tmp_path, model_tok, capsys):
         tmp_path / "c" / "run", "tiny",
     )
     out = tmp_path / "report"
-    main(["report", str(base), str(hot), str(tmp_path / "c" / "run"), "--names", "base,hot,hot", "--out", str(out)])
+    main(["report", str(base), str(hot), str(tmp_path / "c" / "run"), str(half), "--names", "base,hot,hot,half",
+          "--out", str(out)])
     said = capsys.readouterr().out
     report = json.loads((out / "report.json").read_text())
     assert report["setting_differences"] == [
-        "aime24: temperature differs between rows: base 0.6, hot 0.7",
+        "aime24: temperature differs between rows: base 0.6, hot 0.7, half 0.6",
+        'aime24: dtype differs between rows: base "float32", hot "float32", half "bfloat16"',
         "amc23: problems differs between rows: base 2, hot 1",
-        f"amc23: data (digest) differs between rows: {report['setting_differences'][2].split('rows: ')[1]}",
+        f"amc23: data (digest) differs between rows: {report['setting_differences'][3].split('rows: ')[1]}",
     ]
     assert all(f"bridgelm report: warning: {line}" in said for line in report["setting_differences"])
     assert "**Not like for like**" in (out / "table.md").read_text()

@@ -33,8 +33,9 @@ METRICS = "metrics.jsonl"  # a training run's metrics, one record per step
 # it; every run.json (and every line of a samples file, in its settings) records {"kind": ..., "format": ...}. A
 # folder or file of another version is refused (`check_format`): this bridgelm is unreleased and reads only its own.
 # generate, warmup-data 3 and rl 4: each sample's random stream its own (bridgelm.engine.randomness), so a run of an
-# older version would resume with other draws; eval 4: run.json records the split its data folders were read at.
-FORMATS = {"eval": 4, "sft": 3, "rl": 4, "pretrain": 2, "generate": 3, "warmup-data": 3, "checkpoint": 3}
+# older version would resume with other draws; eval 5: run.json records the split its data folders were read at,
+# and the dtype of the model's weights.
+FORMATS = {"eval": 5, "sft": 3, "rl": 4, "pretrain": 2, "generate": 3, "warmup-data": 3, "checkpoint": 3}
 
 
 def format_of(kind: str) -> dict[str, Any]:

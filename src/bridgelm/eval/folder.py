@@ -40,6 +40,7 @@ SAME_RUN = (
     "model",
     "blocks",
     *SOURCE_DIGESTS,
+    "dtype",
     "task",
     "benchmarks",
     *("widths" if k == "width" else k for k in SAMPLED_WITH),

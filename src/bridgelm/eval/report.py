@@ -120,7 +120,7 @@ def collect_rows(run_dirs: Sequence[str], names: Sequence[str] | None = None) ->
 # those that decide what is sampled, but the width and the seed, which rows compare by design. (A --limit is not one
 # of them: it shows in the benchmark's problem count and digest, compared besides.) foreign_groups marks control (b)
 # of `bridgelm eval --foreign-groups`: groups of samples of different problems.
-LIKE_FOR_LIKE = tuple(k for k in SAMPLED_WITH if k not in ("width", "seed"))
+LIKE_FOR_LIKE = (*(k for k in SAMPLED_WITH if k not in ("width", "seed")), "dtype")  # bf16 samples: other ones
 
 
 def setting_differences(rows: dict[str, dict]) -> list[str]:

@@ -113,7 +113,7 @@ class EvalConfig:
 
 
 def eval_settings(
-    cfg: EvalConfig, benches: Sequence[Benchmark], task_name: str, model_id: str, blocks: str | None
+    cfg: EvalConfig, benches: Sequence[Benchmark], task_name: str, model_id: str, blocks: str | None, dtype: str
 ) -> dict[str, Any]:
     """The content of an eval run's run.json: every setting that decides what is sampled (runs.SAMPLED_WITH, with the
     widths sampled in place of one width), and what a reader needs besides."""
@@ -124,6 +124,7 @@ def eval_settings(
         "model": local_source(model_id),
         "blocks": local_source(blocks),
         **source_digests(model_id, blocks),  # what is in them: a file replaced at the same path is another run
+        "dtype": dtype,  # the model's weights: bf16 samples are other samples than fp32 ones
         "task": task_name,
         "data": [b.path for b in benches if b.path is not None],
         "benchmarks": [b.describe() for b in benches],
@@ -183,7 +184,8 @@ def sample_benchmarks(
     once it has checked the data before loading the model."""
     dist = dist or Dist.from_env()
     run_dir = Path(out_dir)
-    settings = eval_settings(cfg, benches, task_name, model_id, blocks)
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    settings = eval_settings(cfg, benches, task_name, model_id, blocks, dtype)
     budget = prompt_budget(model, cfg.sampling.max_new_tokens)
     if any(b.task.long_field() is not None for b in benches):
         settings["prompt_budget"] = budget  # long documents are cut to this many prompt tokens
