@@ -246,6 +246,10 @@ def test_a_split_named_file_is_named_after_its_folder(tmp_path, model_tok):
     other = str(_write_rows(tmp_path / "gsm8k.jsonl", rows[:1]))  # named "gsm8k" too: refused, as ever
     with pytest.raises(ValueError, match="two data files make the benchmark 'gsm8k'"):
         B.load_benchmarks("gsm8k", [test, other])
+    # a split names a folder's file; with a file it would be recorded and never read
+    with pytest.raises(ValueError, match=rf"--split train is read from a data folder .* and --data {test} is a file"):
+        B.load_benchmarks("gsm8k", [test], split="train")
+    assert [b.name for b in B.load_benchmarks("gsm8k", [str(tmp_path / "gsm8k")], split="train")] == ["gsm8k_train"]
     cfg = E.EvalConfig(sampling=E.eval_sampling(n=2, width=1, max_new_tokens=3))
     run = tmp_path / "run"
     E.run_eval(model, tok, "gsm8k", [test], cfg, run, "tiny", progress=False)
