@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from bridgelm.errors import UserError
+
 KWARG = "bridge_groups"
 
 
@@ -58,13 +60,13 @@ class Groups:
         """Layout for `group_ids [B]` (equal ids interact) and the validity mask `valid [B, S]`."""
         group_ids = torch.as_tensor(group_ids).reshape(-1)
         if group_ids.dtype.is_floating_point:
-            raise ValueError(f"group_ids must be integers, got dtype {group_ids.dtype}")
+            raise UserError(f"group_ids must be integers, got dtype {group_ids.dtype}")
         batch = group_ids.numel()
         if batch == 0:
-            raise ValueError("group_ids is empty: expected one group id per row of the batch")
+            raise UserError("group_ids is empty: expected one group id per row of the batch")
         if valid is not None:
             if valid.dim() != 2 or valid.shape[0] != batch:
-                raise ValueError(
+                raise UserError(
                     f"attention mask of shape {tuple(valid.shape)} does not fit group_ids of length {batch}: "
                     "expected [B, S] with the same B"
                 )
@@ -115,30 +117,32 @@ def _check_aligned(group_ids: list, leading_pads: list[int]) -> None:
     for row, (g, pads) in enumerate(zip(group_ids, leading_pads)):
         other = first.setdefault(g, (row, pads))
         if other[1] != pads:
-            raise ValueError(
+            raise UserError(
                 f"rows {other[0]} and {row} of group {g} start after {other[1]} and {pads} padding tokens: a Bridge "
                 "block meets a group's rows at the same positions, so left padding shifts one against the other; "
                 "expected right-padded rows (tokenizer(..., padding_side='right'))"
             )
 
 
-def grouped_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, group_ids) -> torch.Tensor:
+def grouped_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, group_ids) -> torch.Tensor:
     """Teacher-forced forward of a grouped batch; returns logits [B, S, V].
 
     `input_ids [B, S]` are right-padded; `attention_mask [B, S]` is 1 on real tokens and 0 on the padding
-    after each sequence's end; `group_ids [B]`: rows with equal ids interact through Bridge blocks and share an
+    after each sequence's end (None: no padding); `group_ids [B]`: rows with equal ids interact through Bridge blocks and share an
     identical prompt at the start. At position s a Bridge block lets row b attend to every row of its group
     whose attention mask is 1 at s (b itself included). Logits at padded positions are unspecified but finite.
     """
     if input_ids.dim() != 2:
-        raise ValueError(f"input_ids must be [B, S], got shape {tuple(input_ids.shape)}")
+        raise UserError(f"input_ids must be [B, S], got shape {tuple(input_ids.shape)}")
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
     if attention_mask.shape != input_ids.shape:
-        raise ValueError(
+        raise UserError(
             f"attention_mask shape {tuple(attention_mask.shape)} must equal input_ids shape {tuple(input_ids.shape)}"
         )
     group_ids = torch.as_tensor(group_ids)
     if group_ids.dim() != 1 or group_ids.numel() != input_ids.shape[0]:
-        raise ValueError(
+        raise UserError(
             f"group_ids has {group_ids.numel()} entries (shape {tuple(group_ids.shape)}); "
             f"expected one per row of input_ids, i.e. {input_ids.shape[0]}"
         )
