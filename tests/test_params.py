@@ -90,3 +90,11 @@ def test_a_model_with_its_own_blocks_is_counted_with_them(tmp_path, capsys):
     rows = _rows(capsys.readouterr().out)
     own, fresh = rows[f"{tmp_path / 'with'} (its own bridge blocks, 2 heads)"], rows[str(tmp_path / "without")]
     assert own == fresh and float(own[3]) > 0  # every part, the blocks and the totals alike
+    # the blocks' column is named after what it counts: a model's own P-Match blocks are not "Bridge" ones
+    pmatch = tiny_model()
+    bridgelm.add_pmatch(pmatch, num_heads=2)
+    pmatch.save_pretrained(tmp_path / "pmatch")
+    main(["params", "--model", str(tmp_path / "pmatch")])
+    assert "| P-Match |" in capsys.readouterr().out
+    main(["params", "--model", str(tmp_path / "pmatch"), "--model", str(tmp_path / "without")])
+    assert "| Blocks |" in capsys.readouterr().out

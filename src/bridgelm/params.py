@@ -72,6 +72,7 @@ class ParamCounts:
     ffn: int  # feed-forward blocks
     other: int  # norms and anything else of the original model
     added: int  # the added Bridge / P-Match blocks
+    kind: str = "bridge"  # which (a model's own blocks, or those added)
 
     @property
     def original(self) -> int:
@@ -110,7 +111,7 @@ def count(model, name: str, kind: str = "bridge", num_heads: int = 4) -> ParamCo
     if own is None:
         (add_bridge if kind == "bridge" else add_pmatch)(model, num_heads=num_heads)
     else:
-        name = f"{name} (its own {own.kind} blocks, {own.num_heads} heads)"
+        name, kind = f"{name} (its own {own.kind} blocks, {own.num_heads} heads)", own.kind
 
     def total(params) -> int:
         n = 0
@@ -129,16 +130,18 @@ def count(model, name: str, kind: str = "bridge", num_heads: int = 4) -> ParamCo
     attn = total(p for layer in layers for p in layer.self_attn.parameters())
     ffn = total(p for layer in layers for p in layer.mlp.parameters())
     other = total(model.parameters())
-    return ParamCounts(name, embed_head, attn, ffn, other, added)
+    return ParamCounts(name, embed_head, attn, ffn, other, added, kind)
 
 
 # Units of the table, largest first: the first in which the smallest model's total reads at least 0.1.
 UNITS = ((1e9, "billions"), (1e6, "millions"), (1e3, "thousands"))
 
 
-def table(rows: list[ParamCounts], kind: str = "bridge") -> str:
-    """The Appendix B table as markdown, in billions like the paper's (millions or thousands for small models)."""
-    label = "Bridge" if kind == "bridge" else "P-Match"
+def table(rows: list[ParamCounts]) -> str:
+    """The Appendix B table as markdown, in billions like the paper's (millions or thousands for small models); the
+    blocks' column is named after the rows' kind (Bridge, P-Match; Blocks where they differ)."""
+    kinds = {r.kind for r in rows}
+    label = {"bridge": "Bridge", "pmatch": "P-Match"}[kinds.pop()] if len(kinds) == 1 else "Blocks"
     smallest = min((r.original for r in rows), default=1e9)
     scale, unit = next(((v, n) for v, n in UNITS if smallest >= 0.1 * v), UNITS[-1])
     head = f"| Model (parameters in {unit}) | Embed & Head | Attn | FF | {label} | Orig. Total | New Total | Added % |"

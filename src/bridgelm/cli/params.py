@@ -9,7 +9,7 @@ def _cmd_params(args) -> None:
     names = args.preset or ([] if args.model else list(PRESETS))
     rows = [count(meta_model(preset=p), p, args.add, args.num_heads) for p in names]
     rows += [count(meta_model(model_dir=m), m, args.add, args.num_heads) for m in args.model or []]
-    print(table(rows, args.add))
+    print(table(rows))
 
 
 def add_commands(sub) -> None:
