@@ -57,11 +57,16 @@ def test_a_second_signal_in_an_update_stops_it_at_once():
     assert not reached and stop.value.signum == signal.SIGTERM
 
 
-def test_eval_and_generate_say_what_they_kept_on_sigterm(capsys):
+def test_eval_and_generate_say_what_they_kept_on_sigterm(capsys, tmp_path):
     with pytest.raises(Interrupted) as stop:
-        with kept_on_interrupt("bridgelm eval", "the problems sampled so far are kept in runs/x"):
+        with kept_on_interrupt("bridgelm eval", "problems", tmp_path):
             signal_me(signal.SIGTERM)
-    assert stop.value.said and "bridgelm eval: interrupted; the problems sampled so far" in capsys.readouterr().err
+    said = capsys.readouterr().err
+    assert stop.value.said and f"bridgelm eval: interrupted; the problems sampled so far are kept in {tmp_path}" in said
+    with pytest.raises(Interrupted):
+        with kept_on_interrupt("bridgelm generate", "prompts", tmp_path / "none.jsonl"):
+            signal_me(signal.SIGTERM)
+    assert f"interrupted; nothing was written yet ({tmp_path / 'none.jsonl'} does not exist)" in capsys.readouterr().err
 
 
 def test_sft_stopped_by_sigterm_saves_its_last_step_and_says_how_to_go_on(tmp_path):

@@ -163,7 +163,7 @@ def run_generate(
               "one, so they are drawn independently; --width W (a divisor of --n) draws groups of W that read each "
               "other")
     where = f"--prompts {prompts_file}" if prompts_file else "--prompt"
-    with kept_on_interrupt("bridgelm generate", f"the prompts sampled so far are kept in {out}"):
+    with kept_on_interrupt("bridgelm generate", "prompts", out):
         made = sample_to_file(model, tokenizer, prompts, out, cfg, settings, chat, stop, source=where)
     print(f"bridgelm generate: sampled {_count(made, 'prompt')} now, {len(prompts) - made} were already in {out}")
     texts = [s["text"] for rec in read_records(out) for s in rec["samples"]]
@@ -182,14 +182,16 @@ def empty_note(samples: int, empty: int, chat: bool) -> str | None:
 
 
 @contextlib.contextmanager
-def kept_on_interrupt(name: str, kept: str):
-    """Ctrl-C or SIGTERM in the body said as what was kept and how to go on (the command line adds no line of its
-    own)."""
+def kept_on_interrupt(name: str, what: str, out: str | os.PathLike):
+    """Ctrl-C or SIGTERM in the body said as what was kept (the `what` sampled so far, in `out`; nothing, when `out`
+    was not written yet) and how to go on (the command line adds no line of its own)."""
     try:
         with stop_on_sigterm():
             yield
     except KeyboardInterrupt as err:
-        print(f"\n{name}: interrupted; {kept}; the same command continues after them", file=sys.stderr)
+        kept = (f"the {what} sampled so far are kept in {out}; the same command continues after them"
+                if Path(out).exists() else f"nothing was written yet ({out} does not exist)")
+        print(f"\n{name}: interrupted; {kept}", file=sys.stderr)
         err.said = True
         raise
 

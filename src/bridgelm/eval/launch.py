@@ -58,7 +58,7 @@ def run_evaluate(cfg: EvalConfig, source: ModelSource, task: str, data: list[str
     if dist.is_main and cfg.sampling.foreign_groups and (what or max(cfg.all_widths()) == 1):
         why = f"{what}, so no sample reads another" if what else "at width 1 a sample has no siblings"
         print(f"bridgelm eval: note: --foreign-groups changes nothing here: {why}")
-    with kept_on_interrupt("bridgelm eval", f"the problems sampled so far are kept in {out}"):
+    with kept_on_interrupt("bridgelm eval", "problems", out):
         done = sample_benchmarks(model, tokenizer, benches, task, cfg, out, source.model, source.blocks, dist=dist)
     _say_sampled(done, cfg, out, f"rank {dist.rank}: " if dist.world > 1 else "")
     if dist.is_main and score:
