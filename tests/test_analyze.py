@@ -136,6 +136,18 @@ def test_analyze_commands(tmp_path, capsys):
     (sib / "siblings.json").write_bytes(before)
     main(["analyze", "siblings", "--model", str(tmp_path / "m"), "--run", str(run), "--out", str(sib)])
     assert json.loads((sib / "siblings.json").read_text())["diff"] == siblings["diff"]
+    # another selection of response sets is another analysis (it replaced the first one's file, unsaid), and a part
+    # of the run is not written where report reads the whole run's similarity
+    for flags, message in (
+        (["siblings", "--model", str(tmp_path / "m"), "--out", str(sib), "--width", "2"],
+         f"--out {sib} holds the siblings.json of another analysis (selection "),
+        (["similarity", "--width", "2"], "--width 2 measures part of the run, and RUN/similarity.json"),
+    ):
+        with pytest.raises(SystemExit) as err:
+            main(["analyze", *flags, "--run", str(run)])
+        msg = capsys.readouterr().err
+        assert err.value.code == 2 and message in msg, msg
+    assert json.loads((sib / "siblings.json").read_text())["diff"] == siblings["diff"]
     for flags, message in (
         (["features", "--sets", "0"], "argument --sets: '0' is not a positive integer"),
         (["features", "--sets", "-1"], "argument --sets: '-1' is not a positive integer"),

@@ -139,7 +139,7 @@ def run_report(run_dirs: list[str], out: str, names: list[str] | None = None, ba
 
 def _check_analysis_out(out: str, name: str, identity: dict) -> None:
     """--out of an analysis: a folder of its own (not another command's run folder), and not one holding the same
-    analysis of another model or run (a re-run of the same one replaces it)."""
+    analysis of another model, run or selection of response sets (a re-run of the same one replaces it)."""
     check_out(out, "dir")
     folder = Path(out)
     if (folder / "run.json").is_file():
@@ -153,6 +153,15 @@ def _check_analysis_out(out: str, name: str, identity: dict) -> None:
             raise UserError(f"--out {out} holds the {name} of another analysis ({was}): use another --out")
 
 
+def _require_blocks(source: ModelSource) -> None:
+    """An analysis of blocks refuses a model without any before it loads (the analyses say it again in Python)."""
+    if source.blocks is None and not has_block_type(load_config(source.model)):
+        raise UserError(
+            f"{source.model} has no Bridge or P-Match blocks and no --blocks were given: its samples cannot read each "
+            "other, so there is nothing of blocks to measure; expected a model with blocks"
+        )
+
+
 def run_features(source: ModelSource, run: str, out: str, sets: int = 8, benchmark: str | None = None,
                  width: int | None = None, max_tokens: int = 4096) -> dict:
     """`bridgelm analyze features`: ||block output|| / ||residual|| per layer over `sets` response sets of the eval
@@ -160,13 +169,16 @@ def run_features(source: ModelSource, run: str, out: str, sets: int = 8, benchma
     from bridgelm.eval.analyze import plot_feature_ratios, run_feature_ratios
     from bridgelm.eval.folder import check_run_model
 
-    _check_analysis_out(out, "features.json", {"model": source.model, "blocks": source.blocks, "run": str(run)})
+    selection = {"sets": sets, "benchmark": benchmark, "width": width, "max_tokens": max_tokens}  # as asked
+    identity = {"model": source.model, "blocks": source.blocks, "run": str(run), "selection": selection}
+    _check_analysis_out(out, "features.json", identity)
+    _require_blocks(source)
     check_run_model(run, source.model, source.blocks)
     model = source.load_model()
     folder = Path(out)
     print(f"bridgelm analyze features: {sets} response sets of {run} -> {folder}/features.json, features.png")
     result = run_feature_ratios(model, run, sets, benchmark, width, max_tokens)
-    result.update(model=source.model, blocks=source.blocks, run=str(run))
+    result.update(identity)
     write_json(folder / "features.json", result)
     plot_feature_ratios({f"{result['kind']} ({Path(source.model).name})": result["ratios"]}, folder / "features.png")
     ratios = ", ".join(f"{r:.4f}" for r in result["ratios"])
@@ -183,13 +195,10 @@ def run_siblings(source: ModelSource, out: str, run: str | None = None, data: st
 
     if (run is None) == (data is None):
         raise UserError("give one of --run (an eval run) or --data (a warm-up file)")
-    identity = {"model": source.model, "blocks": source.blocks, "source": str(run or data)}
+    selection = {"sets": sets, "benchmark": benchmark, "width": width, "max_tokens": max_tokens}  # as asked
+    identity = {"model": source.model, "blocks": source.blocks, "source": str(run or data), "selection": selection}
     _check_analysis_out(out, "siblings.json", identity)
-    if source.blocks is None and not has_block_type(load_config(source.model)):
-        raise UserError(  # refused before the model loads (sibling_gain says it again for a model given in Python)
-            f"{source.model} has no Bridge or P-Match blocks and no --blocks were given: its samples cannot read each "
-            "other, so siblings are worth 0 by construction; expected a model with blocks"
-        )
+    _require_blocks(source)
     if run is not None:
         check_run_model(run, source.model, source.blocks)
         response_sets = run_response_sets(run, sets, benchmark, width, max_tokens)
@@ -199,7 +208,7 @@ def run_siblings(source: ModelSource, out: str, run: str | None = None, data: st
     path = Path(out) / "siblings.json"
     print(f"bridgelm analyze siblings: {len(response_sets)} response sets of {run or data} -> {path}")
     result = sibling_gain(model, response_sets)
-    result.update(model=source.model, blocks=source.blocks, source=str(run or data))
+    result.update(identity)
     write_json(path, result)
     d = result["diff"]
     print(
@@ -221,6 +230,11 @@ def run_similarity(run_dir: str, out: str | None = None, benchmark: str | None =
         raise UserError(f"--out {out}: expected a .json file to write (default RUN/similarity.json, which bridgelm "
                         "report reads), not a folder")
     check_out(str(path), "file")
+    subset = [f"--{k.replace('_', '-')} {v}" for k, v in
+              (("benchmark", benchmark), ("width", width), ("max_samples", max_samples)) if v is not None]
+    if subset and not out:
+        raise UserError(f"{', '.join(subset)} measures part of the run, and RUN/similarity.json (the default --out) is "
+                        "what bridgelm report reads as the whole run's: expected --out FILE.json for the part")
     embedder = DEFAULT_EMBEDDER if embedding_model is None else (embedding_model or None)
     result = similarity(run_dir, benchmark, width, max_samples, embedder, path)
     print(f"bridgelm analyze similarity: -> {path}")
