@@ -636,3 +636,24 @@ def test_micro_batches_split_to_another_ranks_count_within_the_budget():
         update._split_to(roll, micro, 7)
     one = SimpleNamespace(fsdp=False, world=1)
     assert update.agreed_micro_batches(roll, [micro], one) == [micro]  # data parallel: each rank's own cut
+
+
+def test_rl_adds_blocks_at_the_placement_asked(tmp_path, capsys):
+    """`rl --add bridge --placement attn`: GRPO on blocks after each attention block (sft had the flag, rl had not);
+    --placement without --add is refused, as --num-heads is."""
+    from conftest import save_tiny_model_dir
+
+    from bridgelm.cli import main
+
+    save_tiny_model_dir(tmp_path / "m")
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"question": f"{a}+{a}", "answer": f"#### {2 * a}"}) + "\n" for a in range(4)))
+    argv = ["rl", "--model", str(tmp_path / "m"), "--task", "gsm8k", "--data", str(data), "--steps", "1",
+            "--prompts-per-step", "2", "--rollouts", "2", "--width", "2", "--max-new-tokens", "3",
+            "--steps-per-rollout", "1"]
+    with pytest.raises(SystemExit) as err:
+        main([*argv, "--placement", "attn", "--out", str(tmp_path / "no")])
+    assert err.value.code == 2 and "--placement attn is read only with --add" in capsys.readouterr().err
+    main([*argv, "--add", "bridge", "--placement", "attn", "--out", str(tmp_path / "run")])
+    final = checkpoints.latest_checkpoint(tmp_path / "run")
+    assert bridgelm.block_config(bridgelm.load_model(str(final))).placement == "attn"

@@ -108,7 +108,7 @@ def run_sft(cfg: SFTConfig, launch: DistConfig, source: ModelSource, data: str, 
 def run_rl(
     cfg: RLConfig, launch: DistConfig, source: ModelSource, task: TaskSource, out: str, *,
     val_task: TaskSource | None = None, add: str | None = None, num_heads: int = BlockConfig.num_heads,
-    no_blocks: bool = False,
+    no_blocks: bool = False, placement: str | None = None,
 ):
     """`bridgelm rl`: GRPO on `task` from the model of `source`, with fresh blocks of kind `add` (seeded alike on
     every rank and resume), or plain GRPO with `no_blocks` (a model with blocks refused); validated on `val_task`.
@@ -127,7 +127,7 @@ def run_rl(
     warn_slow_bf16(cfg.optim.bf16, source.device, "--bf16")
     warn_slow_bf16(cfg.rollout_dtype == "bfloat16", source.device, "--rollout-dtype bfloat16")
     model, tokenizer = source.load()
-    _with_blocks(model, source, cfg, add, num_heads, no_blocks)
+    _with_blocks(model, source, cfg, add, num_heads, no_blocks, placement or BlockConfig.placement)
     _check_lora_targets(model, cfg.lora)
     setup = lambda: rl_setup(model, tokenizer, problems, cfg, source.dtype)  # noqa: E731
     plan_or_refuse(next(model.parameters()).device, "rl", setup)
@@ -162,9 +162,10 @@ def _changed(prefix: str, config, default) -> list[tuple[str, object]]:
     return [(f"{prefix}.{n}", v) for n, v, d in values if v != d and not dataclasses.is_dataclass(v)]
 
 
-def _with_blocks(model, source: ModelSource, cfg: RLConfig, add: str | None, num_heads: int, no_blocks: bool) -> None:
-    """`add`'s fresh blocks added to the loaded model (the same on every rank and on every resume), or, with
-    `no_blocks`, a model that holds blocks refused."""
+def _with_blocks(model, source: ModelSource, cfg: RLConfig, add: str | None, num_heads: int, no_blocks: bool,
+                 placement: str) -> None:
+    """`add`'s fresh blocks (`num_heads`, at `placement`) added to the loaded model (the same on every rank and on
+    every resume), or, with `no_blocks`, a model that holds blocks refused."""
     from bridgelm.attach import add_seeded_blocks, block_config
     from bridgelm.rng import derive_seed
 
@@ -172,7 +173,7 @@ def _with_blocks(model, source: ModelSource, cfg: RLConfig, add: str | None, num
     if no_blocks and have is not None:
         raise UserError(f"--no-blocks, but {source.model} holds {have.kind} blocks; load a model without blocks")
     if add:
-        add_seeded_blocks(model, add, derive_seed(cfg.seed, "rl-blocks"), num_heads=num_heads)
+        add_seeded_blocks(model, add, derive_seed(cfg.seed, "rl-blocks"), num_heads=num_heads, placement=placement)
 
 
 @contextlib.contextmanager

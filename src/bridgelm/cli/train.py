@@ -54,6 +54,9 @@ def _refuse_contradictions(args) -> None:
         given = f"--val-data {args.val_data}" if args.val_data is not None else f"--val-split {args.val_split}"
         raise UserError(f"{given} is read only with --val-task (the task to validate on): expected --val-task "
                         "TASK, or no validation settings")
+    if args.placement and not args.add:
+        raise UserError(f"--placement {args.placement} is read only with --add (where the blocks it adds sit): "
+                        "expected --add bridge or --add pmatch, or no --placement")
     if args.blocks and (args.no_blocks or args.add):
         flag = "--no-blocks" if args.no_blocks else f"--add {args.add}"
         raise UserError(f"--blocks {args.blocks} and {flag} contradict each other: expected one of them")
@@ -74,7 +77,7 @@ def _cmd_rl(args) -> None:
                   "its score on that split is optimistic; --val-split validation (where the task has one) or a "
                   "held-out --val-data keeps the test split for the final evaluation", file=sys.stderr)
         run_rl(cfg, launch, model_source(args), task, args.out, val_task=val, add=args.add,
-               num_heads=block_heads(args), no_blocks=args.no_blocks)
+               num_heads=block_heads(args), no_blocks=args.no_blocks, placement=args.placement)
 
 
 # rl --help shows RLConfig's flags in these groups.
@@ -222,6 +225,8 @@ def _add_rl(sub) -> None:
     kind.add_argument("--add", choices=KINDS, help="add fresh (zero-contribution) blocks")
     kind.add_argument("--no-blocks", action="store_true", help="plain GRPO; refuses a model with blocks")
     p.add_argument("--num-heads", type=int, help=f"heads of blocks added with --add (default: {BlockConfig.num_heads})")
+    p.add_argument("--placement", choices=PLACEMENTS, help=f"where blocks added with --add sit (default: "
+                   f"{BlockConfig.placement}: after each feed-forward block; attn: after each attention block)")
     p.add_argument("--task", required=True)
     p.add_argument("--data", help="training data file/folder")
     p.add_argument("--split", default="train")
