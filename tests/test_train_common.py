@@ -430,5 +430,6 @@ def test_a_composite_models_checkpoint_reads_back_tensor_by_tensor(tmp_path):
     assert all(torch.equal(t, want[k]) for k, t in resumed.state_dict().items())
     ids = torch.randint(3, len(tok), (2, 5))
     logits = bridgelm.grouped_logits(model, ids, torch.ones_like(ids), [0, 0])
-    for loaded in (bridgelm.load_model(str(tmp_path / "ckpt")), AutoModelForCausalLM.from_pretrained(tmp_path / "ckpt")):
+    folder = tmp_path / "ckpt"
+    for loaded in (bridgelm.load_model(str(folder)), AutoModelForCausalLM.from_pretrained(folder)):
         assert torch.equal(bridgelm.grouped_logits(loaded.eval(), ids, torch.ones_like(ids), [0, 0]), logits)

@@ -128,9 +128,10 @@ def grouped_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor 
     """Teacher-forced forward of a grouped batch; returns logits [B, S, V].
 
     `input_ids [B, S]` are right-padded; `attention_mask [B, S]` is 1 on real tokens and 0 on the padding
-    after each sequence's end (None: no padding); `group_ids [B]`: rows with equal ids interact through Bridge blocks and share an
-    identical prompt at the start. At position s a Bridge block lets row b attend to every row of its group
-    whose attention mask is 1 at s (b itself included). Logits at padded positions are unspecified but finite.
+    after each sequence's end (None: no padding); `group_ids [B]`: rows with equal ids interact through Bridge
+    blocks and share an identical prompt at the start. At position s a Bridge block lets row b attend to every row
+    of its group whose attention mask is 1 at s (b itself included). Logits at padded positions are unspecified but
+    finite.
     """
     if input_ids.dim() != 2:
         raise UserError(f"input_ids must be [B, S], got shape {tuple(input_ids.shape)}")

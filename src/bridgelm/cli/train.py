@@ -192,7 +192,7 @@ def _add_warmup_data(sub) -> None:
     add_num_samples(p, "n")
     p.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template")
     p.add_argument("--limit", type=int, help="first problems only")
-    p.add_argument("--out", required=True, help="warm-up JSONL (re-runs resume; under torchrun, ranks' parts beside it)")
+    p.add_argument("--out", required=True, help="warm-up JSONL (re-runs resume; torchrun: ranks' parts beside it)")
     p.set_defaults(func=_cmd_warmup_data)
 
 

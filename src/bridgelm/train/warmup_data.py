@@ -12,8 +12,8 @@ of other batch shapes).
 
 Under torchrun every rank samples its share of the problems (round-robin) into its own part beside the output
 (warmup.rank{R}.jsonl); when the slowest rank is done, rank 0 writes the output with the parts' lines, in the
-problems' order (one atomic write), and removes them. A re-run, with any number of processes, reads the output and any parts left by an
-interrupted run as done.
+problems' order (one atomic write), and removes them. A re-run, with any number of processes, reads the output and
+any parts left by an interrupted run as done.
 
     bridgelm warmup-data --model M --task gsm8k --data train.jsonl --n 8 --out warmup.jsonl
     torchrun --nproc_per_node 8 -m bridgelm warmup-data --model M --device cuda ... --out warmup.jsonl
