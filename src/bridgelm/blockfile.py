@@ -67,7 +67,7 @@ def save_blocks(model: nn.Module, path: str | os.PathLike) -> Path:
     """Write only the added blocks to a safetensors file (atomically), with their settings as metadata."""
     cfg = block_config(model)
     if cfg is None:
-        raise UserError("the model has no Bridge or P-Match blocks to save: call add_bridge/add_pmatch first")
+        raise ValueError("the model has no Bridge or P-Match blocks to save: call add_bridge/add_pmatch first")
     path = Path(path)
     state = {k: v.detach().contiguous().cpu() for k, v in _block_state(model, cfg).items()}
     text_cfg = text_config(model)

@@ -20,8 +20,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from bridgelm.errors import UserError
-
 KWARG = "bridge_groups"
 
 
@@ -60,13 +58,13 @@ class Groups:
         """Layout for `group_ids [B]` (equal ids interact) and the validity mask `valid [B, S]`."""
         group_ids = torch.as_tensor(group_ids).reshape(-1)
         if group_ids.dtype.is_floating_point:
-            raise UserError(f"group_ids must be integers, got dtype {group_ids.dtype}")
+            raise ValueError(f"group_ids must be integers, got dtype {group_ids.dtype}")
         batch = group_ids.numel()
         if batch == 0:
-            raise UserError("group_ids is empty: expected one group id per row of the batch")
+            raise ValueError("group_ids is empty: expected one group id per row of the batch")
         if valid is not None:
             if valid.dim() != 2 or valid.shape[0] != batch:
-                raise UserError(
+                raise ValueError(
                     f"attention mask of shape {tuple(valid.shape)} does not fit group_ids of length {batch}: "
                     "expected [B, S] with the same B"
                 )
@@ -117,7 +115,7 @@ def _check_aligned(group_ids: list, leading_pads: list[int]) -> None:
     for row, (g, pads) in enumerate(zip(group_ids, leading_pads)):
         other = first.setdefault(g, (row, pads))
         if other[1] != pads:
-            raise UserError(
+            raise ValueError(
                 f"rows {other[0]} and {row} of group {g} start after {other[1]} and {pads} padding tokens: a Bridge "
                 "block meets a group's rows at the same positions, so left padding shifts one against the other; "
                 "expected right-padded rows (tokenizer(..., padding_side='right'))"
@@ -134,16 +132,16 @@ def grouped_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor 
     finite.
     """
     if input_ids.dim() != 2:
-        raise UserError(f"input_ids must be [B, S], got shape {tuple(input_ids.shape)}")
+        raise ValueError(f"input_ids must be [B, S], got shape {tuple(input_ids.shape)}")
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
     if attention_mask.shape != input_ids.shape:
-        raise UserError(
+        raise ValueError(
             f"attention_mask shape {tuple(attention_mask.shape)} must equal input_ids shape {tuple(input_ids.shape)}"
         )
     group_ids = torch.as_tensor(group_ids)
     if group_ids.dim() != 1 or group_ids.numel() != input_ids.shape[0]:
-        raise UserError(
+        raise ValueError(
             f"group_ids has {group_ids.numel()} entries (shape {tuple(group_ids.shape)}); "
             f"expected one per row of input_ids, i.e. {input_ids.shape[0]}"
         )
