@@ -73,9 +73,10 @@ def _drop_stale_scores(run_dir: Path) -> None:
     added since make wrong (report would read them): removed, and said; `bridgelm score` writes them again."""
     from bridgelm.eval.folder import shard_files
     from bridgelm.eval.score import METRICS_FILE, SCORES_FILE
+    from bridgelm.eval.tables import SIMILARITY_FILE
 
     newest = max((p.stat().st_mtime_ns for p in shard_files(run_dir)), default=0)
-    stale = [p for p in (run_dir / n for n in (METRICS_FILE, SCORES_FILE, "similarity.json"))
+    stale = [p for p in (run_dir / n for n in (METRICS_FILE, SCORES_FILE, SIMILARITY_FILE))
              if p.is_file() and p.stat().st_mtime_ns < newest]
     for p in stale:
         p.unlink()

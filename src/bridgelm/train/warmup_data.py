@@ -122,18 +122,18 @@ def warmup_sampling(n: int, sampling: SamplingConfig | None = None, limit: int |
 def _make(model, tokenizer, task, examples, out: Path, own: Path, cfg, settings, chat, progress, dist: Dist) -> dict:
     """make_warmup_data's work for this process, under the locks: the lines of `out` and of every part are done,
     this process's share of the others is sampled into `own`."""
-    done = []
+    done, before = [], 0
     for path in dict.fromkeys([out, own, *rank_files(out)]):
         mine = path == own or (path == out and dist.is_main)  # another rank's part may be written now: read, not cut
         lines = read_records(path, repair=mine)
         check_lines(path, lines, settings)
         _check_problems(path, lines, task, examples)
         done += lines
+        before = len(lines) if path == own else before  # this process's lines so far
     have = {rec["index"] for rec in done}
     todo = [i for i in range(len(examples)) if dist.owns(i) and i not in have]
     stats = {"problems": len(examples), "sampled_now": len(todo), "out": str(out)}
     if todo:
-        before = len(read_records(own))
         try:
             with stop_on_sigterm():  # SIGTERM as Ctrl-C: the problems written are said
                 _sample_and_write(model, tokenizer, task, examples, todo, cfg, settings, chat, own, progress)
