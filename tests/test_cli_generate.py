@@ -58,6 +58,10 @@ def test_generate_writes_and_resumes(tmp_path, capsys):
         main(args[:-2] + ["--seed", "9", "--out", str(out)])
     assert "seed: file 0 vs now 9" in capsys.readouterr().err
     assert out.read_bytes() == before
+    with pytest.raises(SystemExit):  # bf16 samples are other samples: not mixed into a float32 file
+        main(args[:-2] + ["--dtype", "bfloat16", "--out", str(out)])
+    assert "dtype: file 'float32' vs now 'bfloat16'" in capsys.readouterr().err
+    assert out.read_bytes() == before and full[0]["settings"]["dtype"] == "float32"
     main([*args[:7], "--width", "1", *args[9:-1], str(tmp_path / "alone.jsonl")])  # Bridge blocks at width 1: said
     assert "note: width 1: each of a prompt's 4 samples is its Bridge blocks' only one" in capsys.readouterr().out
     # other prompts at the same indices: refused, naming the line's index, and the file is untouched

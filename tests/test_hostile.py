@@ -389,11 +389,11 @@ def test_a_samples_file_and_a_training_run_record_what_they_read(tmp_path):
 
     model_dir, blocks = _model_and_blocks(tmp_path)
     cfg = SamplingConfig(n=2, width=2)
-    saved = run_settings("generate", cfg, model_dir, blocks, False)
+    saved = run_settings("generate", cfg, model_dir, blocks, False, "float32")
     assert saved["blocks_digest"] == __import__("bridgelm").runs.file_fingerprint(blocks)
     weights = tmp_path / "m" / "model.safetensors"
     os.utime(weights, ns=(weights.stat().st_atime_ns, weights.stat().st_mtime_ns + 10**9))  # saved over since
-    now = run_settings("generate", cfg, model_dir, blocks, False)
+    now = run_settings("generate", cfg, model_dir, blocks, False, "float32")
     with pytest.raises(UserError, match=r"model: the folder \(its config.json, or a file's size or modification"):
         check_settings("s.jsonl", saved, now, keys=now)
     from bridgelm.models import load_model

@@ -396,7 +396,8 @@ def test_cli_warmup_data_then_sft(tmp_path, capsys, monkeypatch):
         + ["--max-new-tokens", "4", "--out", str(tmp_path / "w.jsonl")]
     )
     assert len(read_records(tmp_path / "w.jsonl")) == 4 and "kept" in capsys.readouterr().out
-    assert read_records(tmp_path / "w.jsonl")[0]["settings"]["blocks"] is None
+    settings = read_records(tmp_path / "w.jsonl")[0]["settings"]
+    assert settings["blocks"] is None and settings["dtype"] == "float32"
     sft_args = ["sft", "--model", str(tmp_path / "m"), "--add", "pmatch", "--out", str(tmp_path / "sft")]
     main([*sft_args, "--data", str(write_warmup(tmp_path / "hand.jsonl")), "--epochs", "1", "--val-count", "2"])
     assert (tmp_path / "sft" / "blocks.safetensors").is_file()

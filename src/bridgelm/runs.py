@@ -34,8 +34,14 @@ METRICS = "metrics.jsonl"  # a training run's metrics, one record per step
 # folder or file of another version is refused (`check_format`): this bridgelm is unreleased and reads only its own.
 # generate, warmup-data 3 and rl 4: each sample's random stream its own (bridgelm.engine.randomness), so a run of an
 # older version would resume with other draws; eval 5: run.json records the split its data folders were read at,
-# and the dtype of the model's weights.
-FORMATS = {"eval": 5, "sft": 3, "rl": 4, "pretrain": 2, "generate": 3, "warmup-data": 3, "checkpoint": 3}
+# and the dtype of the model's weights (`dtype_name`); generate and warmup-data 4: their lines record that dtype too.
+FORMATS = {"eval": 5, "sft": 3, "rl": 4, "pretrain": 2, "generate": 4, "warmup-data": 4, "checkpoint": 3}
+
+
+def dtype_name(model) -> str:
+    """The dtype of `model`'s weights as a run records it ("float32", "bfloat16"): bf16 samples are other samples
+    than fp32 ones, so a re-run in another dtype is refused rather than mixed in."""
+    return str(next(model.parameters()).dtype).removeprefix("torch.")
 
 
 def format_of(kind: str) -> dict[str, Any]:

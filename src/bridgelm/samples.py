@@ -26,13 +26,13 @@ from bridgelm.stop import stop_on_sigterm
 
 
 def run_settings(
-    kind: str, cfg: SamplingConfig, model_id: str, blocks: str | None, chat: bool, **extra
+    kind: str, cfg: SamplingConfig, model_id: str, blocks: str | None, chat: bool, dtype: str, **extra
 ) -> dict[str, Any]:
     """The settings recorded with (and checked against) every line of a samples file of `kind` ("generate",
     "warmup-data"): its format, the engine's settings that decide what is sampled (not the batch bounds), the model
-    and blocks by path and by content (`source_digests`)."""
+    and blocks by path and by content (`source_digests`) and the dtype of its weights (`runs.dtype_name`)."""
     sampled = {k: v for k, v in asdict(cfg).items() if k in SAMPLED_WITH}
-    sources = {"model": model_id, "blocks": blocks, **source_digests(model_id, blocks)}
+    sources = {"model": model_id, "blocks": blocks, **source_digests(model_id, blocks), "dtype": dtype}
     return {**format_of(kind), **sampled, **sources, "chat": chat, **extra}
 
 
@@ -140,7 +140,7 @@ def run_generate(
     bridgelm.source.ModelSource) for each prompt of `prompts_file` (JSONL, a 'prompt' a line) or for `prompt`,
     into `out` (re-runs resume); returns the prompts sampled now."""
     from bridgelm.jsonl import check_free, check_out
-    from bridgelm.runs import local_source
+    from bridgelm.runs import dtype_name, local_source
     from bridgelm.source import width_is_moot
 
     cfg.validate()
@@ -152,7 +152,9 @@ def run_generate(
     check_free(out, folder=False)  # another process writing it: refused before the model loads
     prompts = read_prompts(prompts_file) if prompts_file else [prompt]
     model, tokenizer = source.load()
-    settings = run_settings("generate", cfg, local_source(source.model), local_source(source.blocks), chat, stop=stop)
+    settings = run_settings(
+        "generate", cfg, local_source(source.model), local_source(source.blocks), chat, dtype_name(model), stop=stop
+    )
     print(f"bridgelm generate: {_count(len(prompts), 'prompt')} x {_count(cfg.n, 'sample')} (width {cfg.width}) "
           f"-> {out}")
     moot = width_is_moot(model)

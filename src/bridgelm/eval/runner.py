@@ -43,7 +43,7 @@ from bridgelm.errors import UserError, check_int
 from bridgelm.eval.prompts import fit_prompt, prompt_budget
 from bridgelm.jsonl import append_record, exclusive, write_json
 from bridgelm.progress import bar as progress_bar
-from bridgelm.runs import RUN_FILE, SAMPLED_WITH, format_of, local_source, source_digests
+from bridgelm.runs import RUN_FILE, SAMPLED_WITH, dtype_name, format_of, local_source, source_digests
 from bridgelm.setting import setting
 from bridgelm.tasks import Task
 from bridgelm.tasks.base import check_rewards, is_correct
@@ -184,8 +184,7 @@ def sample_benchmarks(
     once it has checked the data before loading the model."""
     dist = dist or Dist.from_env()
     run_dir = Path(out_dir)
-    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
-    settings = eval_settings(cfg, benches, task_name, model_id, blocks, dtype)
+    settings = eval_settings(cfg, benches, task_name, model_id, blocks, dtype_name(model))
     budget = prompt_budget(model, cfg.sampling.max_new_tokens)
     if any(b.task.long_field() is not None for b in benches):
         settings["prompt_budget"] = budget  # long documents are cut to this many prompt tokens

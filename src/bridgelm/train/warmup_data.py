@@ -31,7 +31,7 @@ from pathlib import Path
 from bridgelm.dist import SLOWEST_RANK_TIMEOUT, Dist, barrier
 from bridgelm.errors import UserError, check_int
 from bridgelm.jsonl import append_record, exclusive, rank_file, rank_files, read_records, write_atomic
-from bridgelm.runs import local_source
+from bridgelm.runs import dtype_name, local_source
 from bridgelm.stop import stop_on_sigterm
 from bridgelm.samples import check_lines, run_settings
 from bridgelm.engine import SamplingConfig, stream_text
@@ -68,7 +68,7 @@ def make_warmup_data(
         raise UserError(f"task {task.name!r} has no examples to sample warm-up data from")
     model_id = local_source(str(getattr(model.config, "_name_or_path", "") or type(model).__name__))
     # blocks: the file the model's came from
-    settings = run_settings("warmup-data", cfg, model_id, blocks, chat, task=task.name)
+    settings = run_settings("warmup-data", cfg, model_id, blocks, chat, dtype_name(model), task=task.name)
     own = rank_file(out, dist.rank, dist.world)  # out itself in one process
     with ExitStack() as locks:  # a second launch on `out` is refused at once: rank 0 locks it, each rank its part
         for path in dict.fromkeys([out, own] if dist.is_main else [own]):  # `out` first: a refusal names it
