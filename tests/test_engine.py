@@ -260,6 +260,16 @@ def test_a_stop_string_that_is_a_special_token_ends_the_sample():
     assert not stop(ids) and stop(ids + [tok.convert_tokens_to_ids("<|user|>")])
 
 
+def test_a_stop_string_is_not_found_inside_a_special_token():
+    """"user" is text the sample writes, not a part of the special token "<|user|>": it stops at the letters, and
+    not at the token (whose text the sample does not show)."""
+    tok = char_tokenizer("0123456789+=user")
+    stop = text.stop_checker(tok, ["user", "<|assistant|>"])
+    ids = tok("1+2=3")["input_ids"]
+    assert not stop(ids + [tok.convert_tokens_to_ids("<|user|>")])
+    assert stop(ids + tok("user")["input_ids"]) and stop(ids + [tok.convert_tokens_to_ids("<|assistant|>")])
+
+
 def test_a_prompt_that_starts_with_bos_gets_no_second_one():
     """A tokenizer that adds BOS adds it to a plain prompt, but not to one that already starts with it (a chat
     template's output, as lm-eval hands it over)."""

@@ -133,17 +133,26 @@ def check_stop_strings(stop_strings: Sequence[str]) -> None:
 def stop_checker(tokenizer, stop_strings: Sequence[str]) -> Callable[[list[int]], bool] | None:
     """A `stop(token_ids)` that looks for any stop string in the decoded tail of a sample: the last (longest stop
     string's UTF-8 bytes + 4) tokens. A token holds at least a byte in every tokenizer (byte-level BPE splits a
-    Chinese character into up to three), so the tail holds the whole string whenever the sample ends with it."""
+    Chinese character into up to three), so the tail holds the whole string whenever the sample ends with it.
+
+    A stop string is looked for in the text as the sample's text shows it (special tokens left out), so that "end"
+    does not stop at "<|im_end|>"; one that holds a special token ("<|user|>": a turn's end) in the text with them."""
     if isinstance(stop_strings, str):
         stop_strings = [stop_strings]  # one stop string, not its characters
     check_stop_strings(stop_strings)
     if not stop_strings:
         return None
     longest = max(len(s.encode("utf-8")) for s in stop_strings)  # bytes, not characters
+    specials = [t for t in getattr(tokenizer, "all_special_tokens", ()) if t]
+    marked = [s for s in stop_strings if any(t in s for t in specials)]
+    plain = [s for s in stop_strings if s not in marked]
+
+    def found(strings: list[str], tail: list[int], skip: bool) -> bool:
+        return bool(strings) and any(s in tokenizer.decode(tail, skip_special_tokens=skip) for s in strings)
 
     def stop(token_ids: list[int]) -> bool:
-        tail = tokenizer.decode(token_ids[-(longest + 4) :])  # special tokens kept: a stop string may be one
-        return any(s in tail for s in stop_strings)
+        tail = token_ids[-(longest + 4) :]
+        return found(plain, tail, skip=True) or found(marked, tail, skip=False)
 
     return stop
 
