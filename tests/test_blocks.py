@@ -8,6 +8,7 @@ import torch
 from conftest import ARCHS, randomize_blocks, tiny_model
 
 import bridgelm
+from bridgelm.errors import UserError
 from bridgelm.grouped import Groups
 from bridgelm.models import enable_checkpointing
 
@@ -387,6 +388,94 @@ def test_unsupported_architecture_is_named():
     model = GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=50))
     with pytest.raises(ValueError, match="GPT2LMHeadModel"):
         bridgelm.add_bridge(model)
+
+
+_COMMON = dict(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+               num_key_value_heads=2, max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+_LINEAR = dict(head_dim=16, linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
+               linear_value_head_dim=16)
+_MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32)
+# Layouts Bridge blocks do not fit: (config, model, settings, the words of the refusal)
+_OTHER_LAYOUTS = {
+    "parallel residual": ("StableLmConfig", "StableLmForCausalLM", {"use_parallel_residual": True},
+                          "lacks ['post_attention_layernorm'] (a parallel-residual layer"),
+    "norm without eps": ("OlmoConfig", "OlmoForCausalLM", {}, "which OlmoLayerNorm does not take"),
+    "hybrid, attention first": ("Qwen3NextConfig", "Qwen3NextForCausalLM",
+                                {**_LINEAR, **_MOE, "layer_types": ["full_attention", "linear_attention"]},
+                                "it has 'linear_attention' layers"),
+    "hybrid, linear first": ("Qwen3NextConfig", "Qwen3NextForCausalLM",
+                             {**_LINEAR, **_MOE, "layer_types": ["linear_attention", "full_attention"]},
+                             "it has 'linear_attention' layers"),
+    "AltUp": ("Gemma3nTextConfig", "Gemma3nForCausalLM",
+              {"head_dim": 16, "sliding_window": 4, "num_kv_shared_layers": 0, "intermediate_size": [128, 128],
+               "layer_types": ["sliding_attention", "full_attention"], "activation_sparsity_pattern": [0.0, 0.0],
+               "hidden_size_per_layer_input": 8, "vocab_size_per_layer_input": 97},
+              "its layers carry several residual streams (AltUp)"),
+}
+
+
+def _other(config_name: str, model_name: str, settings: dict):
+    import transformers
+
+    config_cls, model_cls = getattr(transformers, config_name, None), getattr(transformers, model_name, None)
+    if config_cls is None or model_cls is None:
+        pytest.skip(f"transformers {transformers.__version__} has no {model_name}")
+    torch.manual_seed(0)
+    return model_cls(config_cls(**{**_COMMON, **settings})).eval()
+
+
+@pytest.mark.parametrize("layout", list(_OTHER_LAYOUTS))
+def test_a_layout_blocks_do_not_fit_is_refused_by_what_differs(layout):
+    """Refused in one line naming the class and what differs, the model untouched (a hybrid model was accepted when
+    its first layer attends, and its engine then failed; a parallel-residual layer was refused as a norm 'NoneType')."""
+    config_name, model_name, settings, words = _OTHER_LAYOUTS[layout]
+    model = _other(config_name, model_name, settings)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(UserError, match="unsupported architecture") as err:
+        bridgelm.add_bridge(model)
+    assert words in str(err.value) and "\n" not in str(err.value)
+    assert model.state_dict().keys() == before.keys()
+
+
+@pytest.mark.parametrize(
+    "config_name, model_name, settings, words",
+    [
+        ("Qwen3NextConfig", "Qwen3NextForCausalLM", {**_LINEAR, **_MOE, "layer_types": ["full_attention",
+         "linear_attention"]}, "its 'linear_attention' layers keep a state its key/value cache lacks"),
+        ("DeepseekV3Config", "DeepseekV3ForCausalLM", {"n_routed_experts": 4, "num_experts_per_tok": 2,
+         "moe_intermediate_size": 32, "first_k_dense_replace": 1, "kv_lora_rank": 16, "q_lora_rank": 32,
+         "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 16, "n_group": 1, "topk_group": 1},
+         "multi-head latent attention (kv_lora_rank=16) fails"),
+    ],
+)
+def test_the_engine_refuses_a_model_its_cache_cannot_serve(config_name, model_name, settings, words):
+    """A base model the engine cannot sample is refused before any prompt runs (it failed with transformers'
+    traceback in the first prefill or decode step)."""
+    from bridgelm.engine import SamplingConfig, generate_ids
+
+    model = _other(config_name, model_name, settings)
+    with pytest.raises(UserError, match="the engine cannot sample") as err:
+        generate_ids(model, [[1, 5, 6]], SamplingConfig(n=2, width=1, max_new_tokens=3), [2], 0)
+    assert words in str(err.value)
+
+
+def test_a_config_with_per_layer_head_dims_takes_blocks_of_its_top_level_head_dim(tmp_path):
+    """Gemma 4's config refuses to read head_dim as one value (its full-attention layers have others): the blocks
+    take the value it states at the top, and load_model, params and plan read its folder (they raised
+    transformers' error)."""
+    from bridgelm.cli import main
+    from bridgelm.plan import shape_of
+
+    model = _other("Gemma4TextConfig", "Gemma4ForCausalLM", {"head_dim": 16, "sliding_window": 4})
+    base = model(torch.tensor([[1, 5, 6, 7]])).logits
+    bridgelm.add_bridge(model)
+    assert bridgelm.block_config(model).head_dim == 16
+    assert torch.equal(model(torch.tensor([[1, 5, 6, 7]])).logits, base)  # fresh blocks change nothing
+    model.save_pretrained(tmp_path / "m")
+    again = bridgelm.load_model(str(tmp_path / "m"))
+    assert bridgelm.block_config(again).head_dim == 16 and shape_of(again).head_dim == 16
+    main(["params", "--model", str(tmp_path / "m")])
+    main(["plan", "--model", str(tmp_path / "m"), "--gpu-memory-gib", "80"])
 
 
 def test_adding_twice_is_refused():

@@ -92,22 +92,52 @@ def _swapped_class(cls: type, kind: str, placement: str) -> type:
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:
-    """The decoder layers of a Hugging Face causal LM in the usual layout, or a ValueError naming its class."""
+    """The decoder layers of a Hugging Face causal LM in the usual layout, or a UserError naming its class and what
+    differs: every layer attends (no linear-attention or state-space layers) and has the usual sub-modules, a norm
+    before the feed-forward (not a parallel-residual layer) and one residual stream (not Gemma 3n's AltUp)."""
+    name = type(model).__name__
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
     layers = getattr(decoder, "layers", None)
     if not isinstance(layers, nn.ModuleList) or len(layers) == 0:
         raise UserError(
-            f"unsupported architecture {type(model).__name__}: expected a decoder with a `layers` list "
+            f"unsupported architecture {name}: expected a decoder with a `layers` list "
             "(Qwen2, Qwen3, Llama, Mistral and other models in the usual layout)"
         )
-    first = layers[0]
-    missing = [a for a in _USUAL_LAYOUT if not hasattr(first, a)]
-    if missing:
-        raise UserError(
-            f"unsupported architecture {type(model).__name__}: its layer {type(first).__name__} lacks {missing}; "
-            f"expected the usual layout {list(_USUAL_LAYOUT)}"
-        )
+    if other := other_layer_types(model):
+        raise UserError(f"unsupported architecture {name}: it has {other} layers; Bridge blocks need attention layers")
+    for i, layer in enumerate(layers):
+        missing = [a for a in _USUAL_LAYOUT if not isinstance(getattr(layer, a, None), nn.Module)]
+        if missing:
+            raise UserError(
+                f"unsupported architecture {name}: its layer {i} ({type(layer).__name__}) lacks {missing} (a "
+                f"parallel-residual layer has no norm after attention); expected the usual layout {list(_USUAL_LAYOUT)}"
+            )
+        if hasattr(layer, "altup"):
+            raise UserError(f"unsupported architecture {name}: its layers carry several residual streams (AltUp)")
     return layers
+
+
+# The kinds of layer a config's layer_types may name that attend with a plain key/value cache, and those that name
+# a layer's feed-forward (a mixture of experts or not) instead.
+ATTENTION_LAYER_TYPES = ("full_attention", "sliding_attention", "chunked_attention")
+FEED_FORWARD_LAYER_TYPES = ("dense", "sparse")
+
+
+def other_layer_types(model: nn.Module) -> str | None:
+    """The kinds of layer of a hybrid model other than attention ones ('linear_attention', 'conv', ...), listed;
+    None when every layer attends."""
+    types = config_value(text_config(model), "layer_types") or ()
+    other = sorted({str(t) for t in types if t not in ATTENTION_LAYER_TYPES + FEED_FORWARD_LAYER_TYPES})
+    return ", ".join(repr(t) for t in other) or None
+
+
+def config_value(config, key: str):
+    """`config.key` (None: the config has no such key). A heterogeneous config (one with per-layer values, Gemma 4's
+    head_dim) refuses to read a per-layer key as one value: its top-level value is read then."""
+    try:
+        return getattr(config, key, None)
+    except RuntimeError:  # transformers' AmbiguousGlobalPerLayerAttributeError
+        return vars(config).get(key)
 
 
 def block_config(model: nn.Module) -> BlockConfig | None:
@@ -131,7 +161,7 @@ def _resolve(model: nn.Module, kind: str, num_heads: int, head_dim: int | None, 
     if head_dim is not None:
         check_int("head_dim", head_dim, note=" (None: the model's own head dim)")
     if head_dim is None:
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        head_dim = config_value(cfg, "head_dim") or cfg.hidden_size // cfg.num_attention_heads
     return BlockConfig(kind=kind, num_heads=num_heads, head_dim=int(head_dim), placement=placement)
 
 
@@ -141,8 +171,10 @@ def new_norm(src: nn.Module, hidden_size: int, default_eps: float) -> nn.Module:
     try:
         return type(src)(hidden_size, eps=eps)
     except TypeError as err:
+        cls = type(src).__name__
         raise UserError(
-            f"cannot build an input norm of class {type(src).__name__} as {type(src).__name__}(hidden_size, eps=...)"
+            f"unsupported architecture: a block's input norm is built as its layer's own, {cls}(hidden_size, "
+            f"eps=...), which {cls} does not take"
         ) from err
 
 

@@ -14,7 +14,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from bridgelm.attach import MODEL_TYPE, has_block_type
+from bridgelm.attach import MODEL_TYPE, config_value, has_block_type
 from bridgelm.adapter import check_local_blocks, load_blocks
 from bridgelm.blockfile import check_finite
 from bridgelm.dist import check_device
@@ -107,10 +107,11 @@ def check_model_config(config, name: str | os.PathLike) -> None:
     split evenly into heads (unless head_dim is given), the heads into key/value groups. The one check of
     load_model, plan and params (transformers accepts 0 heads, or 14 heads in groups of 3, until a forward fails)."""
     text = config.get_text_config()  # a composite model's (Gemma 3, Mistral 3) language part
-    sizes = {key: getattr(text, key, None) for key in _SIZES}
+    sizes = {key: config_value(text, key) for key in _SIZES}
     for key, value in sizes.items():
-        if value is not None:
-            check_int(f"model {name}: config.json has {key}", value)
+        for each in value if isinstance(value, list) and key == "intermediate_size" else [value]:  # or one a layer
+            if each is not None:
+                check_int(f"model {name}: config.json has {key}", each)
     heads, kv = sizes["num_attention_heads"], sizes["num_key_value_heads"]
     hidden, head_dim = sizes["hidden_size"], sizes["head_dim"]
     if heads and hidden and head_dim is None and hidden % heads:

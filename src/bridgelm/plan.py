@@ -68,7 +68,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from bridgelm.attach import added_parameters, block_config, decoder_layers
+from bridgelm.attach import added_parameters, block_config, config_value, decoder_layers
 from bridgelm.engine.cache import slab_capacity
 from bridgelm.errors import UserError
 
@@ -108,7 +108,7 @@ class Shape:
 def shape_of(model) -> Shape:
     """The Shape of a (meta-device) model."""
     c = model.config.get_text_config()  # a composite model's (Gemma 3, Mistral 3) language part
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    head_dim = config_value(c, "head_dim") or c.hidden_size // c.num_attention_heads
     kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
     unique = {id(p): p.numel() for p in model.parameters()}
     blocks = sum(p.numel() for p in added_parameters(model).values())

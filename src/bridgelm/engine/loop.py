@@ -29,6 +29,7 @@ from typing import NamedTuple
 
 import torch
 
+from bridgelm.attach import config_value, other_layer_types
 from bridgelm.attention import fast_attention
 from bridgelm.engine import sampler
 from bridgelm.engine.batch import Batch, GeneratedIds, Outputs, expand, prefill, share_pays
@@ -210,6 +211,20 @@ def run_stream(model, prompts, first: Wave, waiting: list[Job], cfg: SamplingCon
     yield from harvest(out, owners, [slot for slot, owner in enumerate(owners) if owner is not None], on_step)
 
 
+def check_model(model) -> None:
+    """UserError unless the engine's cache (keys and values, a slab per layer) and its padded decode steps serve
+    `model`: hybrid models' recurrent layers keep another state, and transformers' multi-head latent attention
+    (DeepSeek V2/V3) fails on a padded batch's decode step."""
+    name, config = type(model).__name__, model.config.get_text_config()
+    if other := other_layer_types(model):
+        raise UserError(f"the engine cannot sample {name}: its {other} layers keep a state its key/value cache lacks")
+    if rank := config_value(config, "kv_lora_rank"):
+        raise UserError(
+            f"the engine cannot sample {name}: transformers' multi-head latent attention (kv_lora_rank={rank}) fails "
+            "on its padded decode steps"
+        )
+
+
 def check_prompts(model, prompts: Sequence[Sequence[int]], cfg: SamplingConfig) -> None:
     """UserError unless there are prompts (whole blocks of `width` with foreign groups), none empty, each with room
     for max_new_tokens in the model's context: the one check of the prompts, of generate and generate_ids."""
@@ -256,6 +271,7 @@ def stream_ids(
     the rounding differences of other batch shapes).
     """
     cfg.validate()
+    check_model(model)
     check_prompts(model, prompts, cfg)
     device = next(model.parameters()).device
     eos = torch.tensor(list(eos_token_ids) or [-1], dtype=torch.long, device=device)  # [-1]: only max_new_tokens
