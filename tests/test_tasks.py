@@ -187,6 +187,25 @@ def test_gsm8k_every_gold_accepted_in_four_forms(gsm8k_test):
     assert refused == []
 
 
+@pytest.mark.parametrize(
+    "text, number",
+    [
+        ("So, the answer is 2 * 2 = 4 pens.", "4"),  # was 2: a small model's usual last line
+        ("#### 3+2=5", "5"),
+        ("The answer is: $3 + $2 = $5", "5"),
+        ("the final answer is 160 - 160 = 0.", "0"),
+        ("The answer is -4 + 1 = -3.", "-3"),
+        ("The answer is 18. Before that, 3 + 2 = 5.", "18"),  # a later sentence's sum is not the answer
+        ("The answer is 3.5 = 7/2", "3.5"),  # a fraction after "=" is not one number
+        ("The answer is 7 = seven", "7"),
+    ],
+)
+def test_a_sum_worked_out_after_the_marker_gives_its_result(text, number):
+    from bridgelm.tasks.answers import extract_number_answer
+
+    assert extract_number_answer(text) == number
+
+
 def test_gsm8k_wrong_number_refused(gsm8k_test):
     for ex in gsm8k_test.examples[:200]:
         wrong = str(int(gsm8k_test.answer(ex)) + 1)

@@ -141,15 +141,25 @@ def last_number(text: str | None) -> str | None:
     return matches[-1].replace(",", "") if matches else None
 
 
+# Where the sentence after a marker ends: a line's end, or a full stop that no digit follows ("3.5" goes on).
+_SENTENCE_END_RE = re.compile(r"\n|\.(?!\d)")
+
+
 def after_marker(text: str, marker_re: str) -> str | None:
-    """The first number following the last match of `marker_re` (e.g. "####"), or None."""
+    """The number following the last match of `marker_re` (e.g. "####"), or None: the first one, or where the
+    sentence after the marker works a sum out ("the answer is 2 * 4 = 8 pens."), the first after its last "="."""
     hits = list(re.finditer(marker_re, text, flags=re.IGNORECASE))
     if not hits:
         return None
     tail = text[hits[-1].end() :]
     # Only look a short way ahead: "the answer is 18." and not a number three paragraphs later.
-    tail = tail.split("\n\n", 1)[0][:200]
-    found = _NUMBER_IN_TEXT_RE.search(_strip_text_commands(tail).replace("\\$", "$"))
+    tail = _strip_text_commands(tail.split("\n\n", 1)[0][:200]).replace("\\$", "$")
+    sentence = _SENTENCE_END_RE.split(tail, maxsplit=1)[0]
+    result = sentence.rsplit("=", 1)[1].strip(" $") if "=" in sentence else ""
+    worked = _NUMBER_IN_TEXT_RE.match(result)
+    if worked and result[worked.end() :].startswith("/"):
+        worked = None  # a fraction (= 7/2): not one number
+    found = worked or _NUMBER_IN_TEXT_RE.search(tail)
     return found.group(0).replace(",", "") if found else None
 
 
