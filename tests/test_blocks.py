@@ -478,6 +478,38 @@ def test_a_config_with_per_layer_head_dims_takes_blocks_of_its_top_level_head_di
     main(["plan", "--model", str(tmp_path / "m"), "--gpu-memory-gib", "80"])
 
 
+# Layers beyond the usual ones, for placement "attn": (config, model, settings, refused)
+_ATTN_HOSTS = {
+    "phi3 (dropout)": ("Phi3Config", "Phi3ForCausalLM", {}, False),
+    "stablelm": ("StableLmConfig", "StableLmForCausalLM", {}, False),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", {"num_local_experts": 4, "num_experts_per_tok": 2}, False),
+    "granite": ("GraniteConfig", "GraniteForCausalLM", {"residual_multiplier": 0.5}, True),
+    "glm4": ("Glm4Config", "Glm4ForCausalLM", {"head_dim": 16}, True),
+    "minimax": ("MiniMaxConfig", "MiniMaxForCausalLM",
+                {"head_dim": 16, "layer_types": ["full_attention"] * 2, "num_local_experts": 2}, True),
+}
+
+
+@pytest.mark.parametrize("host", list(_ATTN_HOSTS))
+def test_placement_attn_joins_the_residual_stream_as_it_is_or_is_refused(host):
+    """With placement "attn" the stream after the attention residual is s + block(s), s the stream without the block
+    (App. D), where the feed-forward's norm reads it; a layer that scales, weighs or normalises its attention's output
+    before adding it (Granite, MiniMax, GLM-4) is refused: the hook there computed another architecture."""
+    config_name, model_name, settings, refused = _ATTN_HOSTS[host]
+    model = _other(config_name, model_name, settings)
+    if refused:
+        with pytest.raises(UserError, match="placement 'attn' on .*use placement 'ffn'"):
+            bridgelm.add_bridge(model, placement="attn")
+        return
+    randomize_blocks(bridgelm.add_bridge(model, placement="attn"))
+    layer, seen = model.model.layers[0], {}
+    norm = getattr(layer, "pre_feedforward_layernorm", layer.post_attention_layernorm)
+    norm.register_forward_pre_hook(lambda mod, args: seen.update(stream=args[0]))
+    layer.bridge.register_forward_hook(lambda mod, args, out: seen.update(into=args[0], update=out))
+    bridgelm.grouped_logits(model, torch.randint(5, 97, (2, 6)), None, [0, 0])
+    torch.testing.assert_close(seen["stream"], seen["into"] + seen["update"])
+
+
 def test_adding_twice_is_refused():
     model = bridgelm.add_bridge(tiny_model())
     n = len(bridgelm.added_parameters(model))

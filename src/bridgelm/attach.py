@@ -4,8 +4,9 @@ Each decoder layer keeps its modules and weights; it gains one submodule (`bridg
 is swapped for a subclass with the same name that runs the layer's own forward and adds the block's update to
 the residual stream: to the layer's output, i.e. after the feed-forward residual ("ffn", the paper's default), or
 after the attention residual ("attn", App. D), through a forward hook on the attention branch whose output the
-layer adds to its input (`attention_branch`). Neither re-implements the layer, so both fit every layout
-`decoder_layers` accepts (Gemma's extra norms included).
+layer adds to its input (`attention_branch`). Neither re-implements the layer: "ffn" fits every layout
+`decoder_layers` accepts (Gemma's extra norms included), "attn" those that add the attention's output as it is
+(`check_attn_placement`: not Granite's, MiniMax's or GLM-4's).
 The model keeps its whole interface (`model(...)`, `generate`, `save_pretrained`, gradient checkpointing):
 the subclass is checkpointed like the original layer, and the group layout arrives as the keyword argument
 `bridge_groups` that Hugging Face decoders pass down to their layers (see grouped.py).
@@ -56,6 +57,37 @@ class _BlockLayer:
             return super().forward(hidden_states, *args, **kwargs)
         finally:
             branch._bridgelm_pending = None
+
+
+# The sub-modules of a layer whose attention branch's output is added to its input as it is (the usual layout, and
+# Gemma's with norms before and after the feed-forward): where placement "attn" is what it says.
+_ADDS_ATTENTION_AS_IS = (*_USUAL_LAYOUT, "pre_feedforward_layernorm", "post_feedforward_layernorm")
+
+
+# What a layer whose attention branch does not join the residual as it is has: a config value that scales it
+# (Granite), attributes that weigh it against a residual taken after the input norm (MiniMax).
+_RESIDUAL_SCALE = "residual_multiplier"
+_RESIDUAL_WEIGHTS = ("attn_alpha_factor", "attn_beta_factor")
+
+
+def check_attn_placement(model: nn.Module, layer: nn.Module) -> None:
+    """UserError unless `layer` adds its attention branch's output to its input unchanged, which the "attn"
+    placement's hook assumes: a layer that scales it (Granite's residual_multiplier), weighs it against its normed
+    input (MiniMax) or normalises it (GLM-4's post_self_attn_layernorm) would take the block's update scaled or normalised, another architecture than
+    App. D's, silently."""
+    other = [
+        name
+        for name, child in layer.named_children()
+        if name not in _ADDS_ATTENTION_AS_IS and not isinstance(child, nn.Dropout)  # Phi-3's: as the attention's own
+    ]
+    scale = config_value(text_config(model), _RESIDUAL_SCALE)
+    weights = [name for name in _RESIDUAL_WEIGHTS if hasattr(layer, name)]
+    if other or weights or scale not in (None, 1, 1.0):
+        what = f"modules {other}" if other else f"weights {weights}" if weights else f"{_RESIDUAL_SCALE}={scale}"
+        raise UserError(
+            f"placement 'attn' on {type(model).__name__}: its layers have {what} beside the usual layout, so the "
+            "block's update would not join the residual stream as it is; use placement 'ffn' (the paper's default)"
+        )
 
 
 def attention_branch(layer: nn.Module) -> nn.Module:
@@ -186,6 +218,8 @@ def attach_blocks(model: nn.Module, cfg: BlockConfig) -> nn.Module:
             f"the model already has {existing.kind} blocks (placement {existing.placement!r}); "
             "blocks can be added once. Load a fresh model to change them."
         )
+    if cfg.placement == "attn":
+        check_attn_placement(model, layers[0])
     text_cfg = text_config(model)
     hidden = text_cfg.hidden_size
     init_std = getattr(text_cfg, "initializer_range", 0.02)
