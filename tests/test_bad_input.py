@@ -439,6 +439,28 @@ def test_an_argument_no_command_takes_is_refused_by_its_command(capsys, argv, ex
     assert _fails(capsys, argv).startswith(expected)
 
 
+@pytest.mark.parametrize("argv, expected", [
+    (["generate", "--model", "m", "--prompt", "3+4=", "--prompt", "1+2=", "--out", "o"], "--prompt given twice"),
+    (["analyze", "siblings", "--model", "m", "--model", "n", "--run", "r", "--out", "o"], "--model given twice"),
+    (["generate", "--model", "m", "--prompt", "a", "--out=o", "--ou", "p"], "--out and --ou both given"),
+    (["eval", "--model", "m", "--task", "math", "--widths", "1,2", "--widths=2", "--out", "o"], "--widths given twice"),
+    (["rl", "--model", "m", "--task", "gsm8k", "--bf16", "--no-bf16", "--out", "o"], "--bf16 and --no-bf16 both"),
+])
+def test_a_flag_of_one_value_given_twice_is_refused(capsys, argv, expected):
+    """argparse keeps the last of a repeated flag: `--prompt A --prompt B` sampled B alone, without a word."""
+    assert expected in _fails(capsys, argv)
+
+
+def test_flags_that_repeat_or_repeat_a_switch_still_run(models, tmp_path):
+    """Repeatable flags (--stop, --data) and a switch given twice (the same thing said twice) are not refused."""
+    from bridgelm.cli import main
+
+    out = tmp_path / "s.jsonl"
+    main(["generate", "--model", str(models / "m"), "--prompt", "1+2=", "--stop", "9", "--stop", "=", "--chat",
+          "--chat", "--n", "2", "--max-new-tokens", "2", "--out", str(out)])
+    assert out.is_file()
+
+
 @pytest.mark.parametrize("command", ["eval", "sft", "rl"])
 def test_a_folder_of_files_no_run_wrote_is_left_alone(models, tmp_path, capsys, command):
     """--out holding files but no run.json (blocks saved by hand, notes, another output) is refused before the model

@@ -55,12 +55,7 @@ def _in_flag_words(parser: argparse.ArgumentParser, args: argparse.Namespace, me
 
     if re.match(r"[a-z_]+=\S", message) is None:
         return message
-    command = parser
-    for name in (args.command, getattr(args, "analysis", None)):
-        sub = next((a for a in command._actions if isinstance(a, argparse._SubParsersAction)), None)
-        if name is None or sub is None or name not in sub.choices:
-            break
-        command = sub.choices[name]
+    command = _command_parser(parser, args)
     if command is parser:
         return message
     flags = flag_names(command)
@@ -76,6 +71,48 @@ def _in_flag_words(parser: argparse.ArgumentParser, args: argparse.Namespace, me
         return f"{flag} {m.group(2)}{' (its default)' if left else ''}"
 
     return re.sub(r"(?<![\w.-])([a-z_][\w.]*)=([^\s:;,)]+)", in_words, message)
+
+
+def _command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the command `args` ran (`analyze`'s analysis too); `parser` itself when there is none."""
+    command = parser
+    for name in (args.command, getattr(args, "analysis", None)):
+        sub = next((a for a in command._actions if isinstance(a, argparse._SubParsersAction)), None)
+        if name is None or sub is None or name not in sub.choices:
+            break
+        command = sub.choices[name]
+    return command
+
+
+# Flags that may be given several times (each adds values); argparse keeps the last of any other, silently.
+_REPEATABLE = (argparse._AppendAction, argparse._ExtendAction, argparse._HelpAction, argparse._VersionAction)
+
+
+def refuse_repeats(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str]) -> None:
+    """Exit 2 in one line when a flag of one value is given twice (`--prompt A --prompt B` sampled B alone), or two
+    flags set one setting (`--chat --no-chat`). A --config file's settings are only those the line does not give."""
+    command = _command_parser(parser, args)
+    options = {o: a for a in command._actions for o in a.option_strings}
+    if any(a.nargs == argparse.REMAINDER for a in command._actions):
+        return  # lm-eval's own arguments follow
+    seen: dict[str, str] = {}
+    tokens = iter(argv)
+    for token in tokens:
+        name = token.split("=", 1)[0]
+        if not token.startswith("--"):
+            continue
+        found = [a for o, a in options.items() if o == name] or [a for o, a in options.items() if o.startswith(name)]
+        if len(set(map(id, found))) != 1:
+            continue  # not a flag of the command (argparse has refused it already), or an ambiguous prefix
+        action = found[0]
+        if action.nargs != 0 and "=" not in token:
+            next(tokens, None)  # its value: "--stop --x" is a stop string
+        if isinstance(action, _REPEATABLE) or (action.nargs == 0 and seen.get(action.dest) == name):
+            continue  # (a switch given twice says the same thing twice)
+        if action.dest in seen:
+            again = f"{name} given twice" if seen[action.dest] == name else f"{seen[action.dest]} and {name} both given"
+            command.error(f"{again}: expected one value (argparse would keep the last one, silently)")
+        seen[action.dest] = name
 
 
 TEXT_ARGS = ("prompt", "stop")  # flags whose values are text, not paths
@@ -136,7 +173,9 @@ def main(argv: list[str] | None = None) -> None:
 
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     parser = build_parser()
-    args = parse(parser, config_file.expand(parser, sys.argv[1:] if argv is None else list(argv)))
+    argv = config_file.expand(parser, sys.argv[1:] if argv is None else list(argv))
+    args = parse(parser, argv)
+    refuse_repeats(parser, args, argv)
     expand_home(args)
     refuse_empty_paths(args)
     prog = " ".join(["bridgelm", args.command, *([args.analysis] if getattr(args, "analysis", None) else [])])
