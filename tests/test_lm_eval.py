@@ -148,6 +148,22 @@ def test_model_arguments_are_checked_in_one_line(setup, args, words):
     assert words in str(err.value) and "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize("gen_kwargs, temperature", [
+    ({"until": ["Question:"]}, 0.0),  # lm-eval's backends: no temperature and no do_sample is greedy
+    ({"do_sample": True}, 1.0),
+    ({"temperature": 0.6}, 0.6),
+    ({"do_sample": False, "temperature": 0.6}, 0.0),
+    ({"do_sample": True, "temperature": 0.0}, 0.0),
+])
+def test_a_task_samples_as_lm_evals_own_backends_sample_it(gen_kwargs, temperature):
+    """A task that names no temperature was sampled at 1.0 here and greedily by `--model hf`: its scores differed."""
+    from lm_eval.models.utils import normalize_gen_kwargs
+
+    assert backend.sampling_settings(gen_kwargs, 8)["temperature"] == temperature
+    theirs = normalize_gen_kwargs(gen_kwargs, 8)
+    assert (temperature == 0.0) == (not theirs["do_sample"] or theirs.get("temperature", 1.0) == 0.0)
+
+
 @pytest.mark.parametrize("gen_kwargs, words", [
     ({"temperature": "abc"}, "temperature='abc': expected a finite number"),
     ({"num_beams": 4}, "num_beams=4 is not one bridgelm's engine takes"),

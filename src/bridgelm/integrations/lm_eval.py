@@ -85,7 +85,9 @@ def encode_pair(tokenizer, context: str, continuation: str) -> tuple[list[int], 
 
 def sampling_settings(gen_kwargs: dict, default_max_new_tokens: int) -> dict:
     """bridgelm.generate's settings from a task's generation_kwargs (until, max_gen_toks, do_sample, temperature,
-    top_p, top_k); do_sample false (or temperature 0) is greedy."""
+    top_p, top_k), read as lm-eval's own backends read them (`normalize_gen_kwargs`): greedy unless the task samples
+    (a temperature above 0, or do_sample true: at temperature 1.0 where it gives none), so that a task scores alike
+    under `--model hf` and `--model bridgelm`."""
     kwargs = dict(gen_kwargs or {})
     for key, value in kwargs.items():
         if key not in SAMPLING_KEYS and not (key in NO_OPS and value == NO_OPS[key]):
@@ -95,8 +97,9 @@ def sampling_settings(gen_kwargs: dict, default_max_new_tokens: int) -> dict:
             )
     until = kwargs.pop("until", None) or []
     until = [until] if isinstance(until, str) else list(until)
-    temperature = number(OWNER, "temperature", kwargs.get("temperature", 1.0))
-    greedy = kwargs.get("do_sample") is False or temperature == 0.0
+    sample = kwargs.get("do_sample")
+    temperature = number(OWNER, "temperature", kwargs.get("temperature", 1.0 if sample is True else 0.0))
+    greedy = sample is False or temperature == 0.0
     return {
         "stop_strings": tuple(s for s in until if s),
         "max_new_tokens": _positive("max_gen_toks", kwargs.get("max_gen_toks", default_max_new_tokens)),
