@@ -595,6 +595,40 @@ def test_a_composite_model_takes_blocks_in_its_language_part(tmp_path):
     assert torch.allclose(got, bridgelm.grouped_logits(model, ids, torch.ones_like(ids), [0, 0, 1, 1]), atol=1e-6)
 
 
+@pytest.mark.parametrize("kind", ["llava", "mistral3"])
+def test_a_composite_model_only_image_text_to_text_builds_saves_and_loads(tmp_path, kind):
+    """LLaVA and Mistral 3 are not AutoModelForCausalLM's: a folder of one (with blocks, or without) loads through
+    AutoModelForImageTextToText, under the names save_pretrained writes (LLaVA's lm_head as
+    language_model.lm_head), and samples (load_model refused them with transformers' error, and a saved LLaVA with
+    blocks lacked its lm_head)."""
+    import transformers
+
+    from bridgelm.engine import SamplingConfig, generate_ids
+
+    text = {k: _COMMON[k] for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                                     "num_attention_heads", "num_key_value_heads", "max_position_embeddings")}
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                  patch_size=14)
+    if kind == "llava":
+        config = transformers.LlavaConfig(text_config=transformers.LlamaConfig(**text), image_token_id=96,
+                                          vision_config=transformers.CLIPVisionConfig(**vision))
+    else:
+        config = transformers.Mistral3Config(text_config=transformers.MistralConfig(**text, sliding_window=None),
+                                             vision_config=transformers.PixtralVisionConfig(**vision, head_dim=16),
+                                             image_token_id=96)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForImageTextToText.from_config(config).eval()
+    model.save_pretrained(tmp_path / "base")
+    assert bridgelm.load_model(str(tmp_path / "base")).state_dict().keys() == model.state_dict().keys()
+    randomize_blocks(bridgelm.add_bridge(model))
+    model.save_pretrained(tmp_path / "b")
+    again = bridgelm.load_model(str(tmp_path / "b"))
+    assert bridgelm.block_config(again) == bridgelm.block_config(model)
+    assert all(torch.equal(v, again.state_dict()[k]) for k, v in model.state_dict().items())
+    cfg = SamplingConfig(n=4, width=2, max_new_tokens=4, temperature=0.0)
+    assert generate_ids(again, [[1, 5, 6]], cfg, [2], 0) == generate_ids(model, [[1, 5, 6]], cfg, [2], 0)
+
+
 def test_grouped_logits_takes_no_mask():
     """attention_mask None: no padding (as transformers takes it), not an AttributeError; wrong group ids stay a
     ValueError naming them (the API misused: tests/test_bad_input.py tells it from the command line's bad input)."""

@@ -26,12 +26,13 @@ def _torchrun() -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
 
 
-def _fsdp_rl(root, *extra):
-    """A 2-step `rl --fsdp` run of 2 CPU ranks into root/run, a checkpoint a step, from the base root/m."""
+def _fsdp_rl(root, *extra, model=None):
+    """A 2-step `rl --fsdp` run of 2 CPU ranks into root/run, a checkpoint a step, from the base root/m (or
+    `model`)."""
     save_tiny_model_dir(root / "m")
     rows = [{"question": f"{i}+{i}=", "answer": f"#### {2 * i}"} for i in range(8)]
     (root / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    args = ["--model", str(root / "m"), "--add", "bridge", "--task", "gsm8k", "--data", str(root / "data.jsonl")]
+    args = ["--model", str(model or root / "m"), "--add", "bridge", "--task", "gsm8k", "--data", str(root / "data.jsonl")]
     args += ["--out", str(root / "run"), "--fsdp", "--steps", "2", "--prompts-per-step", "2", "--rollouts", "2"]
     args += ["--width", "2", "--max-new-tokens", "4", "--save-every", "1", "--keep-last", "3", "--lr", "0.01"]
     args += ["--weight-decay", "0.1", "--steps-per-rollout", "1", *extra]
@@ -149,8 +150,8 @@ def test_a_composite_fsdp_run_resumes_and_consolidates(tmp_path):
     model = tiny_composite(vocab_size=len(tok))
     model.save_pretrained(tmp_path / "g3")
     tok.save_pretrained(tmp_path / "g3")
-    run = _fsdp_rl(tmp_path, "--model", str(tmp_path / "g3"))  # the later --model wins over root/m
+    run = _fsdp_rl(tmp_path, model=tmp_path / "g3")
     shutil.rmtree(_step(run, 2))
-    _fsdp_rl(tmp_path, "--model", str(tmp_path / "g3"), "--resume")
+    _fsdp_rl(tmp_path, "--resume", model=tmp_path / "g3")
     consolidate(_step(run, 1), tmp_path / "step1")
     assert bridgelm.block_config(bridgelm.load_model(str(tmp_path / "step1"))).kind == "bridge"

@@ -13,10 +13,12 @@ the subclass is checkpointed like the original layer, and the group layout arriv
 
 The settings are recorded in `model.config.bridgelm`, and the config becomes a subclass of its own class that
 `save_pretrained` writes with `"model_type": "bridgelm"` (the base's type kept as `base_model_type`). Importing
-bridgelm registers that type with transformers' AutoConfig and AutoModelForCausalLM, so such a folder loads with its
-blocks through `AutoModelForCausalLM.from_pretrained` (and so through every tool that loads models that way); without
-bridgelm imported, transformers refuses the unknown model type instead of returning the base model without its
-blocks. No code from the folder runs: the classes are bridgelm's own.
+bridgelm registers that type with transformers' AutoConfig and AutoModelForCausalLM (AutoModelForImageTextToText for
+the composite models only it builds: LLaVA, Mistral 3), so such a folder loads with its blocks through
+`AutoModelForCausalLM.from_pretrained` (and so through every tool that loads models that way); without bridgelm
+imported, transformers refuses the unknown model type instead of returning the base model without its blocks (a base
+class named outright, `Qwen2ForCausalLM.from_pretrained`, still loads the base alone and lists the blocks' tensors as
+unexpected). No code from the folder runs: the classes are bridgelm's own.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import copy
 import inspect
 from dataclasses import asdict
+from typing import Any
 
 import torch
 from torch import nn
@@ -332,19 +335,35 @@ def has_block_type(config) -> bool:
     return isinstance(config, _BridgeConfig)
 
 
+def _auto_classes() -> list[tuple[type, Any]]:
+    """The Auto classes that build a text-generating model, each with its mapping (config class -> model class):
+    AutoModelForCausalLM, then AutoModelForImageTextToText for composite models the first lacks (LLaVA, Mistral 3)."""
+    from transformers import AutoModelForCausalLM, AutoModelForImageTextToText
+    from transformers.models.auto import modeling_auto as auto
+
+    return [
+        (AutoModelForCausalLM, auto.MODEL_FOR_CAUSAL_LM_MAPPING),
+        (AutoModelForImageTextToText, auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING),
+    ]
+
+
+def auto_class(config) -> type:
+    """The Auto class that builds the model of `config`: AutoModelForCausalLM where it can (its error names a type
+    none of them knows), else AutoModelForImageTextToText (Mistral 3, LLaVA: a language model and a vision tower)."""
+    return next((auto for auto, mapping in _auto_classes() if type(config) in mapping), _auto_classes()[0][0])
+
+
 def bridge_config_class(base: type) -> type:
-    """The subclass of config class `base` that saves as the "bridgelm" model type, registered with
-    AutoModelForCausalLM (when `base` has a causal LM) so that `from_pretrained`/`from_config` build the blocks."""
+    """The subclass of config class `base` that saves as the "bridgelm" model type, registered with the Auto class
+    that builds a model of `base` (`auto_class`) so that `from_pretrained`/`from_config` build the blocks."""
     if issubclass(base, _BridgeConfig):
         return base
     if base not in _CONFIG_CLASSES:
-        from transformers import AutoModelForCausalLM
-        from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
-
         cls = type(f"Bridge{base.__name__}", (_BridgeConfig, base), {"__module__": __name__})
         _CONFIG_CLASSES[base] = cls
-        if base in MODEL_FOR_CAUSAL_LM_MAPPING:
-            AutoModelForCausalLM.register(cls, _bridge_model_class(MODEL_FOR_CAUSAL_LM_MAPPING[base], cls))
+        auto, mapping = next(((a, m) for a, m in _auto_classes() if base in m), (None, None))
+        if auto is not None:
+            auto.register(cls, _bridge_model_class(mapping[base], cls))
     return _CONFIG_CLASSES[base]
 
 
@@ -369,9 +388,23 @@ def _bridge_model_class(base: type, config_class: type) -> type:
         base.__init__(self, config, *args, **kwargs)
         attach_blocks(self, _recorded(config))
 
-    return type(
+    cls = type(
         ARCH_PREFIX + base.__name__, (base,), {"__init__": __init__, "config_class": config_class, "__module__": __name__}
     )
+    _rename_as(cls, base)
+    return cls
+
+
+def _rename_as(cls: type, base: type) -> None:
+    """Give class `cls` the renaming of tensors that transformers applies to `base` (found by the class's name, or
+    its model type), so that a folder written under a composite model's older names (LLaVA's lm_head as
+    language_model.lm_head, which save_pretrained writes) loads into `cls` too."""
+    from transformers import conversion_mapping as mapping
+
+    known = mapping.get_checkpoint_conversion_mapping
+    renames = known(base.__name__) or known(getattr(base.config_class, "model_type", None))
+    if renames:
+        mapping.register_checkpoint_conversion_mapping(cls.__name__, renames, overwrite=True)
 
 
 def _base_config_class(config_dict: dict) -> type:

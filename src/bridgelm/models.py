@@ -14,7 +14,7 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from bridgelm.attach import MODEL_TYPE, config_value, has_block_type
+from bridgelm.attach import MODEL_TYPE, auto_class, config_value, has_block_type
 from bridgelm.adapter import check_local_blocks, load_blocks
 from bridgelm.blockfile import check_finite
 from bridgelm.dist import check_device
@@ -46,7 +46,7 @@ def load_model(name_or_path: str, blocks: str | os.PathLike | None = None, dtype
         )
     if blocks is not None:
         check_local_blocks(blocks, config)  # a wrong --blocks is said before the weights load
-    # A config with blocks is a "bridgelm" model type: AutoModelForCausalLM builds them and loads their tensors.
+    # A config with blocks is a "bridgelm" model type: its Auto class builds them and loads their tensors.
     model = _from_pretrained(name_or_path, config, dtype, kwargs).to(device)
     if blocks is not None:
         load_blocks(model, blocks)
@@ -184,8 +184,8 @@ def check_model_folder(name_or_path: str | os.PathLike, weights: bool = False) -
 
 
 def _from_pretrained(name_or_path: str, config, dtype, kwargs: dict):
-    """AutoModelForCausalLM.from_pretrained, with weights that do not fit the config reported as a UserError."""
-    from transformers import AutoModelForCausalLM
+    """`from_pretrained` of the config's Auto class (`attach.auto_class`: AutoModelForCausalLM for all but a few
+    composite models), with weights that do not fit the config reported as a UserError."""
 
     def misfit(detail: str) -> UserError:
         return UserError(
@@ -202,7 +202,7 @@ def _from_pretrained(name_or_path: str, config, dtype, kwargs: dict):
         if found:
             raise misfit("; ".join(found[:3]))
     try:
-        model, info = AutoModelForCausalLM.from_pretrained(
+        model, info = auto_class(config).from_pretrained(
             name_or_path, dtype=dtype, output_loading_info=True, **{**NO_REMOTE_CODE, **kwargs}
         )
     except RuntimeError as err:  # other weight formats (*.bin), and the options above
@@ -220,13 +220,11 @@ def _from_pretrained(name_or_path: str, config, dtype, kwargs: dict):
 
 def _shape_mismatches(folder: Path, config) -> list[str]:
     """'file: tensor is [a, b], config.json makes it [c, d]' for each weight whose shape the config contradicts."""
-    from transformers import AutoModelForCausalLM
-
     files = _safetensors_files(folder)
     if not files:
         return []
     with torch.device("meta"):
-        shapes = {k: list(v.shape) for k, v in AutoModelForCausalLM.from_config(config).state_dict().items()}
+        shapes = {k: list(v.shape) for k, v in auto_class(config).from_config(config).state_dict().items()}
     found = []
     for file in files:
         with safe_open(str(file), framework="pt") as f:

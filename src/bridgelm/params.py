@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
-from bridgelm.attach import add_bridge, add_pmatch, added_parameters, block_config, decoder_layers
+from bridgelm.attach import add_bridge, add_pmatch, added_parameters, auto_class, block_config, decoder_layers
 from bridgelm.errors import UserError
 from bridgelm.models import load_config
 
@@ -86,7 +86,7 @@ class ParamCounts:
 def meta_model(preset: str | None = None, model_dir: str | None = None, config=None):
     """A model with the preset's, the directory's or the given transformers `config`, on the meta device (no
     weights): what `bridgelm plan` reads a model's shapes from."""
-    from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
+    from transformers import LlamaConfig, Qwen2Config
 
     if config is not None:
         preset = model_dir = None  # the config given is the model's
@@ -100,7 +100,7 @@ def meta_model(preset: str | None = None, model_dir: str | None = None, config=N
     elif config is None:
         raise UserError("give a preset, a model directory or a config")
     with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(config)
+        return auto_class(config).from_config(config)
 
 
 def count(model, name: str, kind: str = "bridge", num_heads: int = 4) -> ParamCounts:
