@@ -385,6 +385,23 @@ def test_models_and_devices_that_cannot_work(models, tmp_path, capsys, case):
     assert not out.exists()
 
 
+def test_weights_this_user_may_not_read_are_said_so(models, tmp_path, capsys, monkeypatch):
+    """A weights file without read permission (root reads every file, so the refusal is simulated): safetensors
+    says "No such file or directory", which was passed on with "a truncated or damaged weights file?"."""
+    import pathlib
+
+    weights, real_open = models / "m" / "model.safetensors", pathlib.Path.open
+
+    def no_permission(self, *args, **kwargs):
+        if self == weights:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_open(self, *args, **kwargs)
+
+    monkeypatch.setattr(pathlib.Path, "open", no_permission)
+    line = _fails(capsys, ["generate", "--model", models / "m", "--prompt", "1=", "--out", tmp_path / "s.jsonl"])
+    assert line.endswith(f"cannot read {weights}: Permission denied")
+
+
 def test_misfit_weights_are_found_before_transformers_loads_them(models, monkeypatch):
     """Found from the safetensors headers: transformers never loads the weights (its report of every misfit tensor
     would come before the one-line error)."""

@@ -127,13 +127,21 @@ def test_a_check_failing_before_any_sample_leaves_no_run_behind(tmp_path, model_
 
 
 def test_widths_must_divide_n(tmp_path, capsys):
-    with pytest.raises(ValueError, match="widths entry 3 does not divide n=4"):
+    with pytest.raises(ValueError, match="widths=1,3: width 3 does not divide n=4"):
         E.EvalConfig(sampling=E.eval_sampling(n=4), widths=[1, 3]).validate()
     data = str(_toy(tmp_path / "toy.jsonl", 2))
     base = ["eval", "--model", str(tmp_path / "no-model"), "--data", data, "--n", "4", "--out", str(tmp_path / "r")]
     with pytest.raises(SystemExit):
         main(base + ["--widths", "1,3"])
-    assert "widths entry 3 does not divide n=4" in capsys.readouterr().err
+    assert "error: --widths 1,3: width 3 does not divide --n 4" in capsys.readouterr().err  # the flags as typed
+    for widths, words in [("1,0", "--widths 1,0: expected positive integers, not 0"),
+                          ("2,2", "--widths 2,2 lists 2 more than once")]:
+        with pytest.raises(SystemExit):
+            main(base + ["--widths", widths])
+        assert words in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(base + ["--widths", "1,2", "--limit", "0"])
+    assert "--limit 0: expected a positive integer (left unset: every problem)" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(base)  # no --widths: the default width 8 alone
     assert "--width 8 (its default) does not divide --n 4: every width must divide n" in capsys.readouterr().err

@@ -172,6 +172,10 @@ def check_model_folder(name_or_path: str | os.PathLike, weights: bool = False) -
     read_json_object(config, "a model config")
     for file in _safetensors_files(folder):  # what from_pretrained will read
         try:
+            file.open("rb").close()  # safetensors says a file it may not read is not there
+        except OSError as err:
+            raise UserError(f"cannot read {file}: {err.strerror}") from err
+        try:
             with safe_open(str(file), framework="pt"):
                 pass
         except Exception as err:  # safetensors raises its own error type for every kind of damage

@@ -91,17 +91,20 @@ class EvalConfig:
         n, n_name = self.sampling.n, names.get("n", "n")
         check_int(n_name, n)
         widths = self.all_widths()
+        given = f"widths={','.join(map(str, widths))}" if self.widths else None  # None samples `width` alone
         for w in widths:
-            which = "widths entry" if self.widths else names.get("width", "width")  # None samples `width` alone
-            check_int(which, w)
+            if given is None:
+                check_int(names.get("width", "width"), w)
+            elif isinstance(w, bool) or not isinstance(w, int) or w < 1:
+                raise UserError(f"{given}: expected positive integers, not {w!r}")
             if n % w:
-                which = f"widths entry {w}" if self.widths else f"{which}={w}"
+                which = f"{given}: width {w}" if given else f"{names.get('width', 'width')}={w}"
                 raise UserError(f"{which} does not divide {n_name}={n}: every width must divide {n_name}")
         dup = sorted({w for w in widths if widths.count(w) > 1})
         if dup:
-            raise UserError(f"widths lists {dup[0]} more than once: {widths}")
+            raise UserError(f"{given} lists {dup[0]} more than once: expected each width once")
         if self.limit is not None:
-            check_int(names.get("limit", "limit"), self.limit, note=" (or None: all problems)")
+            check_int(names.get("limit", "limit"), self.limit, note=" (left unset: every problem)")
         check_int("gpass_k", self.gpass_k)
         for w in widths:
             self.sampling_at(w).validate(names)

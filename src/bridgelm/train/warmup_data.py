@@ -115,7 +115,7 @@ def warmup_sampling(n: int, sampling: SamplingConfig | None = None, limit: int |
     cfg = replace(base, n=n, width=1)
     cfg.validate()
     if limit is not None:
-        check_int("limit", limit, note=" (or None: every problem)")
+        check_int("limit", limit, note=" (left unset: every problem)")
     return cfg
 
 
