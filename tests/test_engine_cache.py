@@ -169,3 +169,58 @@ def test_the_cache_goes_by_the_name_the_models_forward_takes():
     after = generate_ids(model, prompts, cfg, eos_token_ids=EOS, pad_token_id=0)
     assert seen and all(isinstance(c, SlabCache) for c in seen)  # prefill and every decode step
     assert [[s.token_ids for s in r] for r in after] == [[s.token_ids for s in r] for r in before]
+
+
+_MOE = {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}
+# (config, model, settings) of each layout whose attention PASSES_CACHE_THROUGH names, and of two it leaves out
+_SHARING = {
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {}),
+    "mistral": ("MistralConfig", "MistralForCausalLM", {"sliding_window": None}),
+    "mixtral": ("MixtralConfig", "MixtralForCausalLM", {"num_local_experts": 4, "num_experts_per_tok": 2}),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {}),
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM", {**_MOE, "shared_expert_intermediate_size": 32}),
+    "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", {"head_dim": 16}),
+    "qwen3_moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM", {**_MOE, "head_dim": 16}),
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", {"head_dim": 16}),
+    "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM", {"head_dim": 16, "layer_types": ["full_attention"] * 2}),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", {}),
+    "granite": ("GraniteConfig", "GraniteForCausalLM", {"residual_multiplier": 0.5, "attention_multiplier": 0.3}),
+    "glm4": ("Glm4Config", "Glm4ForCausalLM", {"head_dim": 16}),
+    "smollm3": ("SmolLM3Config", "SmolLM3ForCausalLM", {"no_rope_layer_interval": 2}),
+    "diffllama": ("DiffLlamaConfig", "DiffLlamaForCausalLM", {}),  # splits its values after the cache
+    "doge": ("DogeConfig", "DogeForCausalLM", {}),  # masks by its values after the cache
+}
+
+
+@pytest.mark.parametrize("arch", list(_SHARING))
+def test_prompts_are_shared_only_where_the_attention_takes_the_cache_as_it_is(arch, monkeypatch):
+    """bridgelm's attention (as on a GPU) with prompts shared: a listed layout samples what it samples with the
+    prompts copied; DiffLlama and Doge change the cache's values before attending (wrong samples, a crash), so their
+    prompts are copied."""
+    import transformers
+
+    from bridgelm.engine.step import PASSES_CACHE_THROUGH
+    from bridgelm.prompt_attention import SharedPrompt
+
+    config_name, model_name, settings = _SHARING[arch]
+    config_cls, model_cls = getattr(transformers, config_name, None), getattr(transformers, model_name, None)
+    if config_cls is None or model_cls is None:
+        pytest.skip(f"transformers {transformers.__version__} has no {model_name}")
+    common = dict(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+    torch.manual_seed(0)
+    model = model_cls(config_cls(**{**common, **settings}, attn_implementation="sdpa")).eval()
+    monkeypatch.setattr(attention, "wins", lambda m: True)
+    calls = []  # each attention call that reads a shared prompt (through bridgelm's kernel, or expanded for sdpa)
+    real, expanded = attention.shared_prompt_attention, SharedPrompt.expanded
+    monkeypatch.setattr(attention, "shared_prompt_attention", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(SharedPrompt, "expanded", lambda *a: calls.append(1) or expanded(*a))
+    prompts = [torch.randint(7, 97, (n,), generator=torch.Generator().manual_seed(n)).tolist() for n in (5, 9)]
+    cfg = SamplingConfig(n=4, width=1, max_new_tokens=6, temperature=1.0, top_p=1.0, seed=3)
+    copied = generate_ids(model, prompts, replace(cfg, share_prompts=False), EOS, 0)
+    shared = generate_ids(model, prompts, replace(cfg, share_prompts=True), EOS, 0)
+    assert [[s.token_ids for s in r] for r in shared] == [[s.token_ids for s in r] for r in copied]
+    got, want = ([x for r in out for s in r for x in s.logprobs] for out in (shared, copied))
+    assert torch.allclose(torch.tensor(got), torch.tensor(want), atol=1e-4)
+    kind = type(model.model.layers[0].self_attn).__name__
+    assert bool(calls) == (kind in PASSES_CACHE_THROUGH) == (arch not in ("diffllama", "doge"))

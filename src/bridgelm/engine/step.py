@@ -158,12 +158,26 @@ def reads_whole(model) -> bool:
     return _static_mask_ok(model)
 
 
+# The attention classes known to hand the cache's keys and values to the attention function as the cache returns
+# them, which a shared prompt needs (tests/test_engine_cache.py samples each alike with prompts shared and copied),
+# among those that attend through sdpa (the only ones bridgelm's attention serves). Others change them after the
+# cache (DiffLlama splits its values, Doge masks by them) or were not tried: their prompts are copied.
+PASSES_CACHE_THROUGH = frozenset({
+    "LlamaAttention", "MistralAttention", "MixtralAttention", "Qwen2Attention", "Qwen2MoeAttention", "Qwen3Attention",
+    "Qwen3MoeAttention", "GemmaAttention", "Gemma3Attention", "Phi3Attention", "GraniteAttention",
+    "Glm4Attention", "SmolLM3Attention",
+})  # fmt: skip
+
+
 def shares_prompts(model, compiled: bool) -> bool:
     """Whether a wave's cache holds each prompt's keys and values once, not once per sample
     (`bridgelm.prompt_attention`): eager steps that read the whole slab, under bridgelm's attention (the model
-    switched to it by `fast_attention`), which reads the shared prompt."""
+    switched to it by `fast_attention`), which reads the shared prompt, in layers that pass the cache's tensors to
+    it (`PASSES_CACHE_THROUGH`)."""
     impl = getattr(model.config.get_text_config(), "_attn_implementation", None)
-    return not compiled and reads_whole(model) and impl == ATTENTION
+    kinds = {type(m).__name__ for name, m in model.named_modules() if name.endswith("self_attn")}
+    known = bool(kinds) and kinds <= PASSES_CACHE_THROUGH
+    return not compiled and reads_whole(model) and impl == ATTENTION and known
 
 
 def _static_mask_ok(model) -> bool:
