@@ -123,10 +123,10 @@ def test_rl_joins_the_group_with_dist_timeout_before_training(tmp_path, monkeypa
 def test_a_dist_timeout_that_cannot_work_is_refused_before_the_model_loads(tmp_path, capsys, command, value):
     from bridgelm.cli import main
 
-    model = ["--model", str(tmp_path / "no-such-model")]  # never reached
-    args = _rl_args(tmp_path) if command == "rl" else ["sft", "--data", str(tmp_path / "d.jsonl"), "--out", "o"]
+    sft = ["sft", "--model", str(tmp_path / "no-such-model"), "--data", str(tmp_path / "d.jsonl"), "--out", "o"]
+    args = _rl_args(tmp_path) if command == "rl" else sft  # (the model is never reached)
     with pytest.raises(SystemExit) as err:
-        main([*args, *model, "--dist-timeout", value])
+        main([*args, "--dist-timeout", value])
     assert err.value.code == 2
     assert f"--dist-timeout {float(value)}: expected a finite number in (0, 525600.0] (minutes)" in capsys.readouterr().err
 

@@ -327,6 +327,20 @@ def test_a_cut_math_sample_counts_only_with_a_box():
     assert task.graded_text(boxed, finished=False) == boxed
 
 
+def test_a_math_answer_graded_correct_without_a_box_votes_with_it():
+    """math-verify grades "So the answer is 5." correct; its answer was None (the box only), so it never voted, and a
+    problem whose samples were all correct, unboxed, had a wrong majority vote."""
+    from bridgelm.eval.metrics import majority_vote
+    from bridgelm.tasks.math import MathTask
+
+    task = MathTask(name="math", examples=[])
+    texts = ["So the answer is 5.", "The answer is $5$.", "We get \\boxed{4}.", ""]
+    correct = [task.reward(t, {"answer": "5"}) == 1.0 for t in texts]
+    answers = [task.extract(t) for t in texts]
+    assert correct == [True, True, False, False] and answers == ["5", "5", "4", None]
+    assert majority_vote(answers, correct)
+
+
 def _math_rows(shared_data):
     math = [json.loads(x) for x in (shared_data / "math" / "math500.jsonl").read_text().splitlines()]
     math = sorted((r for r in math if r["answer"].strip().isdigit()), key=lambda r: len(r["problem"]))[:2]

@@ -18,7 +18,8 @@ Design notes:
   bound runaway or hostile arithmetic; they are not a sandbox (see the README's security paragraph).
 - Gold answers are wrapped as `\\boxed{gold}` (then `$gold$` if that does not parse) so that
   math-verify reads them as LaTeX; the prediction is the whole completion (math-verify finds the
-  last boxed answer itself), with the bare `\\boxed{}` content as a second chance.
+  last boxed answer itself), with the bare `\\boxed{}` content as a second chance. A sample's answer (what majority
+  votes count) is its boxed one, else the text math-verify reads as its answer (`MathGrader.answers`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from pathlib import Path
 from bridgelm.errors import check_number
 from bridgelm.tasks.answers import last_boxed
 from bridgelm.tasks.base import Task, load_rows, require_text, with_instruction
+from bridgelm.tasks.math_worker import CPU_MARGIN, DEFAULT_TIMEOUT, MEMORY_LIMIT
 
 # Fields every row must have.
 FIELDS = ("problem", "answer")
@@ -45,130 +47,9 @@ FIELDS = ("problem", "answer")
 # Hub fallback when no local path is given.
 HUB_ID = "HuggingFaceH4/MATH-500"
 
-# Default bound on one grading call, in seconds.
-DEFAULT_TIMEOUT = 5.0
-
 # Bound on starting the worker (importing sympy and math-verify), in seconds.
 START_TIMEOUT = 120.0
 
-# Address space the grading worker may add to what it holds at start-up, in bytes (grading needs < 100 MB).
-MEMORY_LIMIT = 2 * 1024**3
-
-# CPU seconds a request may use beyond its timeout before the kernel ends the worker (SIGXCPU).
-CPU_MARGIN = 5.0
-
-
-# ----------------------------------------------------------------------------- worker side
-
-
-def _parsed_gold(gold: str):
-    """math-verify parse of a gold answer, wrapped so that it is read as LaTeX."""
-    from math_verify import parse
-
-    text = gold.strip()
-    if "\\boxed" in text or text.startswith("$"):
-        return parse(text, parsing_timeout=None)
-    parsed = parse(f"\\boxed{{{text}}}", parsing_timeout=None)
-    return parsed or parse(f"${text}$", parsing_timeout=None)
-
-
-def _grade_one(gold: str, completion: str) -> float:
-    """1.0 if math-verify finds `completion` equivalent to `gold` (runs inside the worker)."""
-    from math_verify import parse, verify
-
-    gold_parsed = _parsed_gold(gold)
-    if not gold_parsed:
-        return 0.0
-    pred = parse(completion, parsing_timeout=None)
-    if pred and verify(gold_parsed, pred, timeout_seconds=None):
-        return 1.0
-    boxed = last_boxed(completion)
-    if boxed:
-        pred = parse(f"\\boxed{{{boxed}}}", parsing_timeout=None)
-        if pred and verify(gold_parsed, pred, timeout_seconds=None):
-            return 1.0
-    return 0.0
-
-
-def _handle(request: dict) -> dict:
-    """One request -> one reply; grading errors count as a wrong answer."""
-    op = request.get("op")
-    if op == "ping":
-        return {"ok": True}
-    if op == "grade":
-        try:
-            return {"score": _grade_one(request["gold"], request["completion"])}
-        except Exception as exc:  # a crash in sympy is a wrong answer, not a dead worker
-            return {"score": 0.0, "error": f"{type(exc).__name__}: {exc}"[:500]}
-    if op == "sleep":  # test hook: a grading call that takes `seconds`
-        time.sleep(float(request["seconds"]))
-        return {"score": 0.0}
-    if op == "burn":  # test hook: a grading call that computes for `seconds` of CPU time
-        end = time.process_time() + float(request["seconds"])
-        while time.process_time() < end:
-            pass
-        return {"score": 0.0}
-    if op == "limits":  # test hook: the worker's resource limits
-        import resource
-
-        return {name: resource.getrlimit(getattr(resource, name))[0] for name in ("RLIMIT_AS", "RLIMIT_CPU")}
-    return {"error": f"unknown op {op!r}: expected ping, grade, sleep, burn or limits"}
-
-
-def _address_space() -> int | None:
-    """Bytes of address space this process maps now (Linux), else None."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _set_limits(memory: int | None, cpu_seconds: float | None) -> None:
-    """Let this process map `memory` more bytes than now, compute `cpu_seconds` more, and write no core files.
-
-    (The address space is counted from now because imports differ in size: a CUDA build of torch maps GBs.)
-    """
-    import resource
-
-    def limit(kind: int, soft: int, fixed: bool) -> None:
-        _, hard = resource.getrlimit(kind)
-        if hard != resource.RLIM_INFINITY:
-            soft = min(soft, hard)
-        resource.setrlimit(kind, (soft, soft if fixed else hard))
-
-    if memory is not None:
-        now = _address_space()
-        if now is not None:
-            limit(resource.RLIMIT_AS, now + int(memory), fixed=True)
-        limit(resource.RLIMIT_CORE, 0, fixed=True)
-    if cpu_seconds is not None:
-        used = resource.getrusage(resource.RUSAGE_SELF)
-        limit(resource.RLIMIT_CPU, int(used.ru_utime + used.ru_stime + cpu_seconds) + 1, fixed=False)
-
-
-def serve(memory: int | None = MEMORY_LIMIT, cpu_seconds: float | None = DEFAULT_TIMEOUT + CPU_MARGIN) -> None:
-    """Worker main loop: JSON requests on stdin, JSON replies on the original stdout.
-
-    Anything the grading code prints goes to stderr, so it cannot corrupt the protocol. Each request may use
-    `cpu_seconds` of CPU time, and the process `memory` bytes of address space beyond its start-up size (None:
-    no limit).
-    """
-    import logging
-
-    _set_limits(memory, cpu_seconds)
-    logging.getLogger("math_verify").setLevel(logging.ERROR)  # silences "timeout disabled"
-    out = os.fdopen(os.dup(1), "w", encoding="utf-8")
-    os.dup2(2, 1)
-    import math_verify  # noqa: F401  (import once, before the first timed call)
-
-    for line in sys.stdin:
-        if not line.strip():
-            continue
-        _set_limits(None, cpu_seconds)  # a fresh CPU budget for every request
-        reply = _handle(json.loads(line))
-        out.write(json.dumps(reply) + "\n")
-        out.flush()
 
 
 # ----------------------------------------------------------------------------- caller side
@@ -207,7 +88,7 @@ class MathGrader:
         # this bridgelm package is put first explicitly.
         src = str(Path(__file__).resolve().parents[2])
         code = (
-            f"import sys; sys.path.insert(0, {src!r}); from bridgelm.tasks.math import serve; "
+            f"import sys; sys.path.insert(0, {src!r}); from bridgelm.tasks.math_worker import serve; "
             f"serve({self.memory_limit!r}, {self.cpu_limit!r})"
         )
         self._proc = subprocess.Popen(
@@ -278,13 +159,16 @@ class MathGrader:
             self.restarts += 1
             raise GradingTimeout(str(exc)) from exc
 
-    def _score(self, request: dict, timeout: float | None) -> float:
+    def _reply(self, request: dict, timeout: float | None) -> dict:
+        """The worker's reply to `request`; {} when it did not come within the timeout (the worker is killed)."""
         self._ensure_started()
         try:
-            reply = self._request(request, self.timeout if timeout is None else timeout)
+            return self._request(request, self.timeout if timeout is None else timeout)
         except GradingTimeout:
-            return 0.0
-        return float(reply.get("score", 0.0))
+            return {}
+
+    def _score(self, request: dict, timeout: float | None) -> float:
+        return float(self._reply(request, timeout).get("score", 0.0))
 
     # -- public API
 
@@ -297,6 +181,11 @@ class MathGrader:
         pairs = list(pairs)
         with self._lock:
             return [self._score({"op": "grade", "gold": str(g), "completion": str(c)}, timeout) for g, c in pairs]
+
+    def answers(self, completions: Iterable[str], timeout: float | None = None) -> list[str | None]:
+        """The final answer math-verify reads in each completion, as it grades it (None: none, or not in time)."""
+        with self._lock:
+            return [self._reply({"op": "extract", "completion": str(c)}, timeout).get("answer") for c in completions]
 
     def debug_sleep(self, seconds: float, timeout: float | None = None) -> float:
         """Test hook: a grading call that sleeps `seconds` in the worker (0.0 either way)."""
@@ -355,7 +244,12 @@ class MathTask(Task):
         return str(example["answer"])
 
     def extract(self, completion: str) -> str | None:
-        return last_boxed(completion)
+        # the boxed answer, else what math-verify reads as the answer when it grades ("So the answer is 5."): a
+        # sample graded correct without a box votes in the majority with its answer
+        boxed = last_boxed(completion)
+        if boxed is not None or not completion.strip():
+            return boxed
+        return default_grader().answers([completion], timeout=self.timeout)[0]
 
     def answered(self, completion: str) -> bool:
         # a boxed answer; math-verify would fall back on a bare number ("Step 2: the total number of")
