@@ -543,7 +543,10 @@ def test_score_reads_a_hand_edited_run_as_one_line(models, tmp_path, capsys):
         (run / "samples.jsonl").write_text(json.dumps(record) + "\n" + "".join(samples.splitlines(True)[1:]))
         assert expected in _fails(capsys, ["score", run])
     (run / "samples.jsonl").write_text(samples)
-    for edit, expected in (({"widths": None}, "field 'widths' is None"), ({"n": "2"}, "field 'n' is '2'")):
+    edits = [({"widths": None}, "field 'widths' is None"), ({"n": "2"}, "field 'n' is '2'"),
+             ({"gpass_k": 0}, "field 'gpass_k' is 0: expected a positive integer"),  # were tracebacks
+             ({"gpass_k": None}, "field 'gpass_k' is None"), ({"format": 99}, "(written by a newer bridgelm)")]
+    for edit, expected in edits:
         (run / "run.json").write_text(json.dumps({**settings, **edit}))
         assert expected in _fails(capsys, ["score", run])
     (run / "run.json").write_text(json.dumps(settings))

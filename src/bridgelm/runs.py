@@ -103,9 +103,10 @@ def check_format(where: str | os.PathLike, recorded: Any, kind: str, expected: s
         raise UserError(f"{where} is a bridgelm {found} {what}: expected {expected}")
     if version != FORMATS[kind]:
         has = "no format version" if version is None else f"format version {version!r}"
+        newer = isinstance(version, int) and not isinstance(version, bool) and version > FORMATS[kind]
         raise UserError(
-            f"{where} has {has} (written by an older bridgelm), and bridgelm {kind} reads version {FORMATS[kind]} "
-            "only: start a new --out"
+            f"{where} has {has} (written by {'a newer' if newer else 'an older'} bridgelm), and bridgelm {kind} reads "
+            f"version {FORMATS[kind]} only: start a new --out"
         )
 
 

@@ -88,6 +88,7 @@ def _check_run_fields(run: dict, path: Path) -> None:
         ),
         ("width", positive(run.get("width")), "a positive integer"),
         ("max_new_tokens", positive(run.get("max_new_tokens")), "a positive integer"),
+        ("gpass_k", positive(run.get("gpass_k")), "a positive integer"),
         ("task", isinstance(run.get("task"), str), "a task name"),
         (
             "benchmarks",

@@ -126,7 +126,7 @@ def _score_locked(run_dir: Path, task: Task | None, allow_partial: bool, progres
         scores = [s for b in benches for s in _grade_benchmark(b, widths, records, bar)]
     finally:
         bar.close()
-    gpass_k = min(int(run.get("gpass_k", 8)), int(run["n"]))  # the k used: capped at n
+    gpass_k = min(run["gpass_k"], run["n"])  # the k used: capped at n
     result: dict[str, Any] = {
         "format": FORMATS["eval"],
         "run": {k: run.get(k) for k in ("model", "blocks", "task", "n", "widths", "width", "max_new_tokens", "chat")},
