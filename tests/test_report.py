@@ -10,6 +10,7 @@ from conftest import tiny_model
 
 import bridgelm
 from bridgelm.eval import runner as E
+from bridgelm.eval import report as R
 from bridgelm.eval import score as S
 from bridgelm.cli import main
 from bridgelm.jsonl import read_records
@@ -195,3 +196,27 @@ def test_one_markdown_table_for_every_report():
     got = markdown_table(["Run", "benchmark", "accuracy (%)"], rows, labels=2)
     assert got == "| Run | benchmark | accuracy (%) |\n|---|---|---:|\n| base | math | 50.00 |\n| b | aime | – |"
     assert markdown_table(["Method", "1"], []) == "| Method | 1 |\n|---|---:|"
+
+
+def test_report_writes_into_its_own_folder_only(tmp_path, model_tok, capsys):
+    """--out holding what no report wrote (notes, another tool's report.json) or a run's own folder is refused in one
+    line and left as it was (report replaced table.md, report.json and figures there); a report's own folder is
+    written again, a figure it no longer draws removed."""
+    run = _scored_run(tmp_path / "a", model_tok, {"aime24": [1, 0]}, [1, 2])
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "table.md").write_text("keep me\n")
+    for out, words in [(notes, "holds table.md but no report.json of bridgelm report"), (run, "is a run's folder")]:
+        before = sorted(p.name for p in out.iterdir())
+        with pytest.raises(SystemExit) as err:
+            main(["report", str(run), "--out", str(out)])
+        assert err.value.code == 2 and words in capsys.readouterr().err
+        assert sorted(p.name for p in out.iterdir()) == before
+    assert (notes / "table.md").read_text() == "keep me\n"
+    out = tmp_path / "report"
+    main(["report", str(run), "--out", str(out)])
+    assert json.loads((out / "report.json").read_text())["kind"] == "report" and (out / "width.png").exists()
+    one_width = _scored_run(tmp_path / "b", model_tok, {"aime24": [1, 0]}, [1])
+    main(["report", str(one_width), "--out", str(out)])  # its own folder: written again, without a width figure
+    files = {Path(f).name for f in json.loads((out / "report.json").read_text())["files"]}
+    assert "width.png" not in files and not (out / "width.png").exists() and files <= set(R.FIGURES)

@@ -35,7 +35,7 @@ METRICS = "metrics.jsonl"  # a training run's metrics, one record per step
 # generate, warmup-data 3 and rl 4: each sample's random stream its own (bridgelm.engine.randomness), so a run of an
 # older version would resume with other draws; eval 5: run.json records the split its data folders were read at,
 # and the dtype of the model's weights (`dtype_name`); generate and warmup-data 4: their lines record that dtype too.
-FORMATS = {"eval": 5, "sft": 3, "rl": 4, "pretrain": 2, "generate": 4, "warmup-data": 4, "checkpoint": 3}
+FORMATS = {"eval": 5, "sft": 3, "rl": 4, "pretrain": 2, "generate": 4, "warmup-data": 4, "checkpoint": 3, "report": 1}
 
 
 def dtype_name(model) -> str:

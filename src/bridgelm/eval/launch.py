@@ -115,9 +115,10 @@ def run_score(run_dir: str, allow_partial: bool = False, command: str = "score")
 def run_report(run_dirs: list[str], out: str, names: list[str] | None = None, base: str | None = None) -> Path:
     """`bridgelm report`: tables (markdown) and figures (PNG) over scored runs into the folder `out`; `names` names
     the rows (equal names merge runs), `base` the row the improvement column compares with. Returns table.md."""
-    from bridgelm.eval.report import write_report
+    from bridgelm.eval.report import check_report_out, write_report
 
     check_out(out, "dir")
+    check_report_out(out, run_dirs)
     path = write_report(run_dirs, out, names=names, base=base)
     report = json.loads((Path(out) / "report.json").read_text())
     files = ", ".join(Path(f).name for f in report["files"])

@@ -36,7 +36,7 @@ from bridgelm.eval.tables import (
     table_numbers,
 )
 from bridgelm.jsonl import parse_json, write_atomic, write_json
-from bridgelm.runs import SAMPLED_WITH
+from bridgelm.runs import RUN_FILE, SAMPLED_WITH, format_of, run_kind
 
 # ---------------------------------------------------------------------------------------------- rows
 
@@ -328,12 +328,40 @@ def _metric_sections(report: dict[str, Any]) -> list[str]:
     return out
 
 
+REPORT_FILE = "report.json"
+FIGURES = ("gpass.png", "width.png", "length.png")  # what a report may draw
+
+
+def check_report_out(out_dir: str | os.PathLike, run_dirs: Sequence[str]) -> None:
+    """UserError unless `out_dir` is a new or empty folder or a report's own (its report.json says so): a run's
+    folder, or one holding other files (which table.md, report.json or a figure would replace), is refused."""
+    out = Path(out_dir)
+    if any(out.resolve() == Path(d).resolve() for d in run_dirs) or (out / RUN_FILE).exists():
+        raise UserError(f"--out {out_dir} is a run's folder: expected a folder of the report's own")
+    if not out.is_dir() or run_kind(_read_report(out)) == "report":
+        return
+    found = sorted(e.name for e in out.iterdir() if not e.name.startswith("."))
+    if found:
+        raise UserError(
+            f"--out {out_dir} holds {', '.join(found[:4])}{' and more' if len(found) > 4 else ''} but no report.json of "
+            "bridgelm report: expected a new or empty folder, or a report's own to write again"
+        )
+
+
+def _read_report(out: Path) -> Any:
+    try:
+        return json.loads((out / REPORT_FILE).read_bytes())
+    except (OSError, ValueError, RecursionError):
+        return None
+
+
 def write_report(
     run_dirs: Sequence[str], out_dir: str | os.PathLike, names: Sequence[str] | None = None, base: str | None = None
 ) -> Path:
-    """Write OUT/table.md, OUT/report.json and the PNG figures for scored runs; returns the table.md path."""
+    """Write OUT/table.md, OUT/report.json and the PNG figures for scored runs (a figure of an earlier report that
+    this one does not draw is removed); returns the table.md path."""
     out = Path(out_dir)
-    report = build_report(run_dirs, names, base)
+    report = {**format_of("report"), **build_report(run_dirs, names, base)}
     figures = []
     gpass = {n: c["values"] for n, c in report["gpass"].items() if c["values"]}
     if gpass:
@@ -344,5 +372,7 @@ def write_report(
     if any(report["length"].values()):
         figures.append(plot_length(report["length"], out / "length.png"))
     report["files"] = [str(f) for f in figures]
-    write_json(out / "report.json", report)
+    for stale in set(FIGURES) - {Path(f).name for f in figures}:
+        (out / stale).unlink(missing_ok=True)
+    write_json(out / REPORT_FILE, report)
     return write_atomic(out / "table.md", render_markdown(report, [str(f) for f in figures]))
