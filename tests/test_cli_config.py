@@ -63,6 +63,8 @@ def test_every_command_that_parses_flags_has_it_and_lm_eval_keeps_its_own():
         ("progress: 3\n", ["progress=3", "expected true or false"]),
         ("steps: [1, 2]\n", ["steps=[1, 2]", "expected one value"]),
         ("task: null\n", ["task=None", "expected a value for --task"]),
+        ("rollouts: 2\nrollouts: 3\n", ["key 'rollouts' is given twice"]),  # yaml kept the last, silently
+        ("max-new-tokens: 3\nmax_new_tokens: 5\n", ["keys 'max-new-tokens' and 'max_new_tokens' name one flag"]),
     ],
 )
 def test_a_bad_file_is_one_line_naming_what_is_wrong(tmp_path, capsys, text, words):
@@ -76,7 +78,10 @@ def test_a_bad_file_is_one_line_naming_what_is_wrong(tmp_path, capsys, text, wor
 
 
 def test_a_missing_or_odd_file_is_refused(tmp_path, capsys):
-    for path, words in ((tmp_path / "no.yaml", "does not exist"), (tmp_path, "is a folder")):
+    (tmp_path / "bytes.yaml").write_bytes(b"\xff\xfe\n")
+    odd = [(tmp_path / "no.yaml", "does not exist"), (tmp_path, "is a folder"), ("", "--config '': expected a path"),
+           (tmp_path / "bytes.yaml", "bytes.yaml is not UTF-8 text (byte 0xff at offset 0)")]
+    for path, words in odd:
         with pytest.raises(SystemExit) as exit_:
             main(["rl", "--config", str(path)])
         err = capsys.readouterr().err

@@ -75,17 +75,45 @@ def _load(parser: argparse.ArgumentParser, path: str) -> dict:
     from bridgelm.errors import UserError
     from bridgelm.jsonl import check_regular_file
 
+    if not path:
+        parser.error(f"{FLAG} '': expected a path, not an empty string")
     try:
-        settings = yaml.safe_load(check_regular_file(Path(path).expanduser(), f"{FLAG}").read_text())
-    except (OSError, UserError, UnicodeDecodeError) as err:
+        settings = yaml.load(check_regular_file(Path(path).expanduser(), f"{FLAG}").read_text(), _unique_keys_loader())
+    except (OSError, UserError) as err:
         parser.error(str(err))
+    except UnicodeDecodeError as err:
+        parser.error(f"{FLAG} {path} is not UTF-8 text (byte {err.object[err.start]:#04x} at offset {err.start})")
     except yaml.YAMLError as err:
         parser.error(f"{FLAG} {path} is not YAML: {' '.join(str(err).split())}")
     if settings is None:
         return {}
     if not isinstance(settings, dict):
         parser.error(f"{FLAG} {path}: expected a mapping of flag names to values, not a {type(settings).__name__}")
+    spelled: dict[str, str] = {}
+    for key in settings:  # max-new-tokens and max_new_tokens name one flag: the file would give it twice
+        other = spelled.setdefault(str(key).replace("_", "-"), str(key))
+        if other != str(key):
+            parser.error(f"{FLAG} {path}: keys {other!r} and {key!r} name one flag: expected it once")
     return settings
+
+
+def _unique_keys_loader():
+    """yaml's safe loader refusing a key given twice in one mapping (safe_load keeps the last one, silently)."""
+    import yaml
+
+    class UniqueKeys(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if key in seen:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {key!r} is given twice", key_node.start_mark
+                    )
+                seen.add(key)
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeys
 
 
 def _tokens(parser, path: str, key, flag: str, action: argparse.Action, value) -> list[str]:
