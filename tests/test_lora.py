@@ -81,6 +81,26 @@ def test_a_block_file_of_a_model_with_lora_loads_onto_its_base(tmp_path):
         bridgelm.load_blocks(policy(seed=1), path)
 
 
+def test_peft_lora_on_every_linear_reaches_a_row_alone_in_its_group(tmp_path):
+    """peft's all-linear LoRA wraps the blocks' projections too: a row alone in its group (width 1, transformers'
+    generate) is W_O W_V h with the LoRA's update (the shortcut read W_V's plain weight, dropping it), so two equal
+    rows give what one group of them gives; a block file of such blocks is refused (peft's names, no model loads
+    it) until the LoRA is merged."""
+    from peft import LoraConfig, get_peft_model
+
+    model = randomize_blocks(bridgelm.add_bridge(tiny_model()))
+    wrapped = get_peft_model(model, LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
+    ids = torch.randint(5, 97, (1, 6)).repeat(2, 1)
+    alone = bridgelm.grouped_logits(wrapped, ids, None, [0, 1])
+    torch.testing.assert_close(alone, bridgelm.grouped_logits(wrapped, ids, None, [0, 0]))
+    with pytest.raises(ValueError, match="wrapped by peft's LoRA .*merge it into them first"):
+        bridgelm.save_blocks(wrapped, tmp_path / "b.safetensors")
+    assert not (tmp_path / "b.safetensors").exists()
+    merged = wrapped.merge_and_unload()
+    torch.testing.assert_close(bridgelm.grouped_logits(merged, ids, None, [0, 1]), alone)
+    bridgelm.save_blocks(merged, tmp_path / "b.safetensors")
+
+
 def test_saved_folder_is_one_unit_merged_with_its_blocks_and_the_adapter(tmp_path):
     model = lora.add_lora(policy(), LORA, seed=0)
     with torch.no_grad():

@@ -70,6 +70,12 @@ def save_blocks(model: nn.Module, path: str | os.PathLike) -> Path:
         raise ValueError("the model has no Bridge or P-Match blocks to save: call add_bridge/add_pmatch first")
     path = Path(path)
     state = {k: v.detach().contiguous().cpu() for k, v in _block_state(model, cfg).items()}
+    wrapped = next((k for k in state if "lora_" in k or ".base_layer." in k), None)
+    if wrapped is not None:  # a file no model could load: its tensors under peft's names
+        raise ValueError(
+            f"the blocks are wrapped by peft's LoRA ({wrapped}): merge it into them first (merge_and_unload), so "
+            "that the file holds the blocks' own weights"
+        )
     text_cfg = text_config(model)
     meta = {
         **{k: str(v) for k, v in asdict(cfg).items()},

@@ -62,8 +62,11 @@ class BridgeBlock(nn.Module):
         h = self.norm(x)  # [B, S, D]
         H, Dh = self.num_heads, self.head_dim
         if groups is None or (groups.contiguous and groups.width == 1):
-            # Each row alone in its group: softmax over one key is 1, the block is W_O W_V h.
-            return self.o_proj(F.linear(h, self.qkv_proj.weight[2 * H * Dh :]))
+            # Each row alone in its group: softmax over one key is 1, the block is W_O W_V h: W_V's rows alone of a
+            # plain Linear, the whole module's output where it is wrapped (peft's LoRA adds to every row)
+            if type(self.qkv_proj) is nn.Linear:
+                return self.o_proj(F.linear(h, self.qkv_proj.weight[2 * H * Dh :]))
+            return self.o_proj(self.qkv_proj(h)[..., 2 * H * Dh :])
         B, S, _ = h.shape
         assert groups.batch_size == B, f"bridge_groups describes {groups.batch_size} rows but the batch has {B}"
         qkv = self.qkv_proj(h)  # [B, S, 3*H*Dh]
