@@ -18,6 +18,7 @@ import torch
 from conftest import save_tiny_model_dir
 from safetensors.torch import save_file
 
+import bridgelm
 from bridgelm import jsonl, tasks
 from bridgelm.cli import main
 from bridgelm.errors import DataWarning, UserError, user_message
@@ -400,6 +401,17 @@ def test_weights_this_user_may_not_read_are_said_so(models, tmp_path, capsys, mo
     monkeypatch.setattr(pathlib.Path, "open", no_permission)
     line = _fails(capsys, ["generate", "--model", models / "m", "--prompt", "1=", "--out", tmp_path / "s.jsonl"])
     assert line.endswith(f"cannot read {weights}: Permission denied")
+
+
+def test_load_model_takes_dtype_by_name_or_torch_dtype_only(models):
+    """dtype="fp16" was an AttributeError; torch_dtype= (transformers' older name) was overridden by dtype's default
+    and the model came back in float32, silently."""
+    assert next(bridgelm.load_model(str(models / "m"), dtype="bfloat16").parameters()).dtype == torch.bfloat16
+    for kwargs, words in [({"dtype": "fp16"}, "dtype='fp16': expected one of float32, bfloat16, float16"),
+                          ({"dtype": torch.int8}, "dtype=torch.int8: expected one of"),
+                          ({"torch_dtype": torch.bfloat16}, "torch_dtype=torch.bfloat16: give it as dtype=")]:
+        with pytest.raises(UserError, match=re.escape(words)):
+            bridgelm.load_model(str(models / "m"), **kwargs)
 
 
 def test_misfit_weights_are_found_before_transformers_loads_them(models, monkeypatch):

@@ -278,6 +278,20 @@ def test_a_prompt_that_starts_with_bos_gets_no_second_one():
     assert plain == templated and plain.count(tok.bos_token_id) == 1 and plain[0] == tok.bos_token_id
 
 
+def test_prompts_as_a_generator_and_ids_outside_the_vocabulary():
+    """A generator of prompts is read once (it was read by the length check, then found empty: "prompts is empty");
+    an id the embedding lacks is refused by prompt and id (an IndexError of the embedding)."""
+    tok = char_tokenizer("0123456789+=")
+    model = tiny_model(vocab_size=len(tok))
+    cfg = dict(n=2, width=1, max_new_tokens=3, temperature=0.0)
+    listed = bridgelm.generate(model, tok, ["1+2=", "3="], **cfg)
+    made = bridgelm.generate(model, tok, (p for p in ["1+2=", "3="]), **cfg)
+    assert [[s.token_ids for s in r] for r in made] == [[s.token_ids for s in r] for r in listed]
+    for ids, bad in (([5, len(tok)], len(tok)), ([-1, 5], -1)):
+        with pytest.raises(UserError, match=rf"prompt 0 holds token id {bad}: expected ids in \[0, {len(tok)}\)"):
+            generate_ids(model, [ids], SamplingConfig(**cfg), [2], 0)
+
+
 def test_generate_takes_one_sampling_config_and_changes_of_it():
     """`cfg` and keyword changes make one SamplingConfig (its defaults written once); a name that is no setting is
     refused in one line naming it, before anything is sampled."""

@@ -24,6 +24,9 @@ from bridgelm.jsonl import read_json_object
 # Every load says it: a model folder's own code (auto_map) is never run, and transformers never asks whether to.
 NO_REMOTE_CODE = {"trust_remote_code": False}
 
+# The dtypes a model loads in, by name (every front end's --dtype / dtype=).
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
 
 def load_model(name_or_path: str, blocks: str | os.PathLike | None = None, dtype=torch.float32, device="cpu", **kwargs):
     """Load a causal LM (local dir or hub id), rebuilding blocks recorded in its config, then `blocks` if given.
@@ -32,6 +35,11 @@ def load_model(name_or_path: str, blocks: str | os.PathLike | None = None, dtype
     a device this machine lacks) is a UserError naming the file or value.
     """
     check_device(device)
+    if "torch_dtype" in kwargs:  # transformers' older name: dtype would win over it, silently
+        raise UserError(f"torch_dtype={kwargs['torch_dtype']!r}: give it as dtype= (load_model's own argument)")
+    dtype = DTYPES.get(dtype, dtype) if isinstance(dtype, str) else dtype
+    if dtype not in DTYPES.values():
+        raise UserError(f"dtype={dtype!r}: expected one of {', '.join(DTYPES)} (a name or the torch dtype)")
     config = load_config(name_or_path, weights=True, **kwargs)
     recorded = getattr(config, "bridgelm", None)
     if recorded is not None and not has_block_type(config):

@@ -83,9 +83,9 @@ class ModelSource:
 
 
 def dtype_of(name: str):
-    import torch
+    from bridgelm.models import DTYPES
 
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[name]
+    return DTYPES[name]
 
 
 def width_is_moot(model) -> str | None:

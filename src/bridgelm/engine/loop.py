@@ -233,9 +233,14 @@ def check_prompts(model, prompts: Sequence[Sequence[int]], cfg: SamplingConfig) 
     if cfg.foreign_groups and len(prompts) % cfg.width:
         raise UserError(f"foreign_groups: {len(prompts)} prompts is not a multiple of width={cfg.width}")
     context = getattr(model.config.get_text_config(), "max_position_embeddings", None)
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    vocab = getattr(embeddings, "num_embeddings", None)
     for i, p in enumerate(prompts):
         if len(p) == 0:
             raise UserError(f"prompt {i} is empty: expected at least one token")
+        if vocab is not None and not all(0 <= t < vocab for t in p):
+            bad = next(t for t in p if not 0 <= t < vocab)
+            raise UserError(f"prompt {i} holds token id {bad}: expected ids in [0, {vocab}), the model's vocabulary")
         if context is not None and len(p) + cfg.max_new_tokens > context:
             room = context - max(map(len, prompts))  # what the longest prompt leaves
             fix = f"lower max_new_tokens (--max-new-tokens) to at most {room}, or shorten the prompts"

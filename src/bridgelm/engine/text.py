@@ -173,6 +173,7 @@ def stream_text(
     progress-bar title, or a callable fed the number of completed samples.
     """
     cfg.validate()  # the prompts are checked as token ids, by stream_ids' check_prompts
+    texts = texts if isinstance(texts, str) else list(texts)  # a generator is read once, here
     check_prompt_chars(model, tokenizer, texts, cfg.max_new_tokens)  # before tokenizing a line of megabytes
     ids = encode_prompts(tokenizer, texts, chat)
     eos = eos_ids(model, tokenizer, eos_token_id)

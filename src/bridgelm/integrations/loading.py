@@ -12,10 +12,9 @@ import torch
 import bridgelm
 from bridgelm.dist import check_device
 from bridgelm.errors import DataWarning, UserError, check_choice, check_int, check_number
-from bridgelm.models import load_model
+from bridgelm.models import DTYPES, load_model
 from bridgelm.tokenizer import load_tokenizer
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def positive_int(owner: str, name: str, value) -> int:
