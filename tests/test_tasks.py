@@ -198,6 +198,9 @@ def test_gsm8k_every_gold_accepted_in_four_forms(gsm8k_test):
         ("The answer is 18. Before that, 3 + 2 = 5.", "18"),  # a later sentence's sum is not the answer
         ("The answer is 3.5 = 7/2", "3.5"),  # a fraction after "=" is not one number
         ("The answer is 7 = seven", "7"),
+        ("#### 1\nWait, that is wrong. So the answer is 2.", "2"),  # the later marker says it last (was 1)
+        ("So the answer is 2.\n#### 3", "3"),
+        ("#### 4\nThe answer is below.", "4"),  # a marker no number follows: the one before it
     ],
 )
 def test_a_sum_worked_out_after_the_marker_gives_its_result(text, number):

@@ -146,29 +146,29 @@ _SENTENCE_END_RE = re.compile(r"\n|\.(?!\d)")
 
 
 def after_marker(text: str, marker_re: str) -> str | None:
-    """The number following the last match of `marker_re` (e.g. "####"), or None: the first one, or where the
-    sentence after the marker works a sum out ("the answer is 2 * 4 = 8 pens."), the first after its last "="."""
-    hits = list(re.finditer(marker_re, text, flags=re.IGNORECASE))
-    if not hits:
-        return None
-    tail = text[hits[-1].end() :]
-    # Only look a short way ahead: "the answer is 18." and not a number three paragraphs later.
-    tail = _strip_text_commands(tail.split("\n\n", 1)[0][:200]).replace("\\$", "$")
-    sentence = _SENTENCE_END_RE.split(tail, maxsplit=1)[0]
-    result = sentence.rsplit("=", 1)[1].strip(" $") if "=" in sentence else ""
-    worked = _NUMBER_IN_TEXT_RE.match(result)
-    if worked and result[worked.end() :].startswith("/"):
-        worked = None  # a fraction (= 7/2): not one number
-    found = worked or _NUMBER_IN_TEXT_RE.search(tail)
-    return found.group(0).replace(",", "") if found else None
+    """The number following the last match of `marker_re` (e.g. "####") that a number follows, or None: the first
+    one, or where the sentence after the marker works a sum out ("the answer is 2 * 4 = 8 pens."), the first after
+    its last "="."""
+    for hit in reversed(list(re.finditer(marker_re, text, flags=re.IGNORECASE))):  # the last one with a number
+        # Only look a short way ahead: "the answer is 18." and not a number three paragraphs later.
+        tail = _strip_text_commands(text[hit.end() :].split("\n\n", 1)[0][:200]).replace("\\$", "$")
+        sentence = _SENTENCE_END_RE.split(tail, maxsplit=1)[0]
+        result = sentence.rsplit("=", 1)[1].strip(" $") if "=" in sentence else ""
+        worked = _NUMBER_IN_TEXT_RE.match(result)
+        if worked and result[worked.end() :].startswith("/"):
+            worked = None  # a fraction (= 7/2): not one number
+        found = worked or _NUMBER_IN_TEXT_RE.search(tail)
+        if found:
+            return found.group(0).replace(",", "")
+    return None
 
 
 def extract_number_answer(text: str | None, fallback: bool = True) -> str | None:
     """Final numeric answer of a GSM8K-style completion, as canonical decimal text.
 
     Order: the last `\\boxed{}` (the number in it, or its last number when it holds a small
-    expression like "2 \\times 9 = 18"), then `#### N`, then "the answer is N", then (when `fallback`) the last
-    number anywhere in the text.
+    expression like "2 \\times 9 = 18"), then the last of `#### N` and "the answer is N", then (when `fallback`)
+    the last number anywhere in the text.
     """
     if not text:
         return None
@@ -180,10 +180,9 @@ def extract_number_answer(text: str | None, fallback: bool = True) -> str | None
         inner = last_number(_strip_text_commands(boxed))
         if inner is not None:
             return canonical_number(inner)
-    for marker in (r"####", r"the\s+(?:final\s+)?answer\s+is\s*:?"):
-        found = after_marker(text, marker)
-        if found is not None:
-            return canonical_number(found)
+    found = after_marker(text, r"####|the\s+(?:final\s+)?answer\s+is\s*:?")  # the later of the two says it last
+    if found is not None:
+        return canonical_number(found)
     found = last_number(text) if fallback else None
     return canonical_number(found) if found is not None else None
 
