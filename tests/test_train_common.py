@@ -433,3 +433,14 @@ def test_a_composite_models_checkpoint_reads_back_tensor_by_tensor(tmp_path):
     folder = tmp_path / "ckpt"
     for loaded in (bridgelm.load_model(str(folder)), AutoModelForCausalLM.from_pretrained(folder)):
         assert torch.equal(bridgelm.grouped_logits(loaded.eval(), ids, torch.ones_like(ids), [0, 0]), logits)
+
+
+def test_a_resume_from_other_starting_weights_says_what_may_differ():
+    """rl records the sum of the weights it started from; a resume from others said only "initial_checksum: saved
+    7173.37 vs now 7173.99"."""
+    from bridgelm.errors import UserError
+    from bridgelm.runs import check_settings
+
+    with pytest.raises(UserError, match=r"initial_checksum: the weights the run started from summed to 1.5, the ones "
+                                        r"given now to 2.5: another --blocks file, or a model or block file changed"):
+        check_settings("run", {"initial_checksum": 1.5}, {"initial_checksum": 2.5})

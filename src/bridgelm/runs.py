@@ -264,6 +264,10 @@ DESCRIBE: dict[str, Callable[[Any, Any], str]] = {
         f"processes: the run ran in {saved} process(es), now {now}: each rank draws its own rollouts, so another "
         "count would not continue the same run"
     ),
+    "initial_checksum": lambda saved, now: (
+        f"initial_checksum: the weights the run started from summed to {saved}, the ones given now to {now}: "
+        "another --blocks file, or a model or block file changed since"
+    ),
 }
 
 
