@@ -383,6 +383,30 @@ def test_interrupted_warmup_data_says_what_it_wrote(tmp_path, monkeypatch, capsy
     assert "--max-batch-sequences 8 rows are sampled together" in said
 
 
+def test_warmup_data_says_when_every_sample_is_empty(tmp_path, capsys, monkeypatch):
+    """An Instruct model sampled without --chat often ends at once: warm-up data of none but empty samples said
+    only "0 problems kept"; it says what generate and eval say (the dropped responses are not in the file)."""
+    from conftest import save_tiny_model_dir
+
+    from bridgelm.cli import main
+    from bridgelm.engine.text import Sample
+    from bridgelm.train import warmup_data
+
+    def ends_at_once(model, tokenizer, texts, cfg, keys=None, **kwargs):
+        for k in range(len(texts)):
+            yield k, [Sample([1], [2], [0.0], "", True) for _ in range(cfg.n)]
+
+    monkeypatch.setattr(warmup_data, "stream_text", ends_at_once)
+    save_tiny_model_dir(tmp_path / "m")
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"question": f"{a}+{a}", "answer": f"#### {2 * a}"}) + "\n" for a in range(3)))
+    main(["warmup-data", "--model", str(tmp_path / "m"), "--task", "gsm8k", "--data", str(data), "--n", "2",
+          "--out", str(tmp_path / "w.jsonl")])
+    said = capsys.readouterr().out
+    assert "0 problems kept" in said and "note: every one of the 6 samples is empty: an Instruct model" in said
+    assert [r["empty"] for r in read_records(tmp_path / "w.jsonl")] == [2, 2, 2]
+
+
 def test_cli_warmup_data_then_sft(tmp_path, capsys, monkeypatch):
     from conftest import save_tiny_model_dir
 

@@ -48,6 +48,7 @@ def run_warmup_data(
     """`bridgelm warmup-data`: sample `n` answers of the model to each problem of `task` (the first `limit`), grade
     and filter them into the warm-up JSONL `out` (re-runs resume); returns make_warmup_data's counts."""
     from bridgelm.runs import local_source
+    from bridgelm.samples import empty_note
     from bridgelm.train.warmup_data import make_warmup_data, warmup_sampling
 
     with settings_checked():
@@ -70,6 +71,8 @@ def run_warmup_data(
         f"bridgelm warmup-data: {stats['kept']} problems kept with {stats['responses']} correct responses, "
         f"{stats['dropped']} dropped{cut}; accuracy over all samples {stats['accuracy']:.3f}; in {out}"
     )
+    if note := empty_note(stats["samples"], stats["empty"], chat):
+        print(f"bridgelm warmup-data: {note}")
     return stats
 
 

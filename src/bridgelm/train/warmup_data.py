@@ -154,13 +154,16 @@ def _make(model, tokenizer, task, examples, out: Path, own: Path, cfg, settings,
 
 
 def _counts(records: list[dict]) -> dict:
-    """Problems kept and dropped, their kept responses, correct ones cut, accuracy over all samples."""
+    """Problems kept and dropped, their kept responses, correct ones cut, samples and empty ones, accuracy over all
+    samples."""
     kept = [r for r in records if r.get("kept")]
     return {
         "kept": len(kept),
         "dropped": len(records) - len(kept),
         "responses": sum(len(r["responses"]) for r in kept),
         "cut": sum(r.get("cut", 0) for r in records),
+        "empty": sum(r.get("empty", 0) for r in records),
+        "samples": sum(r["n"] for r in records),
         "accuracy": sum(r["correct"] for r in records) / max(1, sum(r["n"] for r in records)),
     }
 
@@ -197,6 +200,8 @@ def _sample_and_write(model, tokenizer, task, examples, todo, cfg, settings, cha
         good = [j for j in correct if samples[j].finished]
         record = {"index": i, "problem": task.digest([example])}  # its fingerprint: checked when the file resumes
         record.update(kept=len(good) >= MIN_CORRECT, correct=len(correct), n=cfg.n)
+        if empty := sum(not s.text.strip() for s in samples):
+            record["empty"] = empty  # (an Instruct model sampled without --chat often ends at once)
         if len(good) < len(correct):
             record["cut"] = len(correct) - len(good)  # correct but cut by max_new_tokens: not kept
         if record["kept"]:
