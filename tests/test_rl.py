@@ -107,6 +107,23 @@ def test_run_writes_metrics_checkpoints_and_best(tmp_path):
     assert (res.final_dir / "tokenizer.json").is_file() and (res.best_dir / "best.json").is_file()
 
 
+def test_rollouts_that_all_end_at_once_are_said_once(tmp_path, monkeypatch, capsys):
+    """Every rollout empty (an Instruct model without --chat): the record counts them and the run says so once (it
+    trained on nothing, silently)."""
+    from bridgelm.engine.batch import GeneratedIds
+    from bridgelm.train import rollouts as R
+
+    def at_once(model, prompts, cfg, eos, pad, *args, **kwargs):
+        return [[GeneratedIds([eos[0]], [0.0], True) for _ in range(cfg.n)] for _ in prompts]
+
+    monkeypatch.setattr(R, "generate_ids", at_once)
+    res = train_rl(policy(), TOK, TASK, replace(CFG, steps=2), tmp_path)
+    assert [r["empty"] for r in res.history] == [1.0, 1.0]
+    said = capsys.readouterr().out
+    assert said.count("note: every rollout of step 1 ended at once (empty): an Instruct model") == 1
+    assert "of step 2" not in said
+
+
 def test_minibatches_never_split_a_group(tmp_path, monkeypatch):
     seen = []
     original = logprobs.forward_logits

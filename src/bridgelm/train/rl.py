@@ -156,7 +156,8 @@ def train_rl(model, tokenizer, task, cfg: RLConfig, out_dir: str | os.PathLike, 
     was_training = model.training
     try:
         with run.running(cfg.steps, "GRPO"):
-            for step in range(run.step, cfg.steps):
+            first = run.step
+            for step in range(first, cfg.steps):
                 t0 = time.perf_counter()
                 examples = step_examples(task, cfg, step, dist)
                 rollouts = collect_rollouts(sampler.current(), tokenizer, task, examples, cfg, step, dist)
@@ -171,6 +172,9 @@ def train_rl(model, tokenizer, task, cfg: RLConfig, out_dir: str | os.PathLike, 
                         record.update(_validate(model, sampler, tokenizer, val_task, cfg, run.state, out_dir, dist))
                     val = record.get("val_accuracy", "")
                     run.log(record, reward=f"{record['reward']:.3f}", kl=record["kl"], val=val)
+                    if record["empty"] == 1 and not cfg.chat and step == first:  # said once
+                        run.say(f"bridgelm rl: note: every rollout of step {step + 1} ended at once (empty): an "
+                                "Instruct model sampled without --chat often does, and equal rewards train nothing")
                 run.save_if_due()
     finally:
         model.train(was_training)

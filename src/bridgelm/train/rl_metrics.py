@@ -32,6 +32,7 @@ class StepSums:
     prompts: float
     response_tokens: float
     truncated: float  # rollouts cut at max_new_tokens
+    empty: float  # rollouts that ended at once (no token before their EOS)
     clipped: float  # trained tokens whose clipped term is active (grpo.PolicyStats), over the update's passes
     kl: float  # k3 KL to the reference over the trained tokens
     entropy: float  # over the response tokens that had a forward
@@ -51,6 +52,7 @@ class StepSums:
             prompts=float(per_prompt.shape[0]),
             response_tokens=float(sum(len(row.response) for row in rollouts.rows)),
             truncated=float(sum(not f for f in rollouts.finished)),
+            empty=float(sum(len(row.response) <= f for row, f in zip(rollouts.rows, rollouts.finished, strict=True))),
             clipped=sums.clipped,
             kl=sums.kl,
             entropy=sums.entropy,
@@ -83,6 +85,7 @@ def step_record(
         "entropy": s.entropy / s.entropy_tokens if s.entropy_tokens else None,
         "response_length": length / n,
         "truncated": s.truncated / n,
+        "empty": s.empty / n,
         "grad_norm": update.grad_norm / n_opt,
         **{f"grad_norm_{k}": v / n_opt for k, v in update.parts.items()},
         "tokens_per_s": length / max(now - t0, 1e-9),
