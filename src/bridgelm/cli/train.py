@@ -29,6 +29,8 @@ from bridgelm.train.sft import SFTConfig
 
 VAL_SPLIT = "test"  # --val-split's default
 
+SPLIT_HELP = "split read from a data folder (FOLDER/SPLIT.jsonl) or the hub's copy (default: %(default)s)"
+
 
 def _cmd_warmup_data(args) -> None:
     from bridgelm.launch import run_warmup_data
@@ -180,7 +182,7 @@ def _add_warmup_data(sub) -> None:
     add_model_args(p)
     p.add_argument("--task", required=True, help="gsm8k, math, countdown, ...")
     p.add_argument("--data", help="local data file/folder (default: the task's own source)")
-    p.add_argument("--split", default="train")
+    p.add_argument("--split", default="train", help=SPLIT_HELP)
     add_fields(
         p,
         SamplingConfig,
@@ -229,7 +231,7 @@ def _add_rl(sub) -> None:
                    f"{BlockConfig.placement}: after each feed-forward block; attn: after each attention block)")
     p.add_argument("--task", required=True)
     p.add_argument("--data", help="training data file/folder")
-    p.add_argument("--split", default="train")
+    p.add_argument("--split", default="train", help=SPLIT_HELP)
     p.add_argument("--val-task", help="validation task (periodic accuracy; best checkpoint kept)")
     p.add_argument("--val-data")
     p.add_argument("--val-split", default=VAL_SPLIT)
