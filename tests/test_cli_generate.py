@@ -188,3 +188,14 @@ def test_under_torchrun_each_rank_names_itself_in_its_warnings_and_errors(tmp_pa
     with pytest.raises(SystemExit):
         main(args + ["--max-new-tokens", "0", "--out", str(tmp_path / "b.jsonl")])
     assert capsys.readouterr().err.startswith("bridgelm generate [rank 1]: error: --max-new-tokens 0")
+
+
+def test_greedy_decoding_of_several_samples_is_said(tmp_path, capsys):
+    """--temperature 0 with --n 2: the samples are alike, which a user asking for several may not expect."""
+    save_tiny_model_dir(tmp_path / "m")
+    out = tmp_path / "g.jsonl"
+    main(["generate", "--model", str(tmp_path / "m"), "--prompt", "1+2=", "--n", "2", "--temperature", "0",
+          "--max-new-tokens", "3", "--out", str(out)])
+    assert "note: --temperature 0 is greedy decoding: a prompt's 2 samples are alike" in capsys.readouterr().out
+    first, second = read_records(out)[0]["samples"]
+    assert first["token_ids"] == second["token_ids"]

@@ -157,6 +157,8 @@ def run_generate(
     )
     print(f"bridgelm generate: {_count(len(prompts), 'prompt')} x {_count(cfg.n, 'sample')} (width {cfg.width}) "
           f"-> {out}")
+    if note := greedy_note(cfg):
+        print(f"bridgelm generate: {note}")
     moot = width_is_moot(model)
     if moot and cfg.width > 1:
         print(f"bridgelm generate: note: {moot}, so width {cfg.width} samples like width 1: independently")
@@ -172,6 +174,14 @@ def run_generate(
     if note := empty_note(len(texts), sum(not t.strip() for t in texts), chat):
         print(f"bridgelm generate: {note}")
     return made
+
+
+def greedy_note(cfg: SamplingConfig) -> str | None:
+    """A note when sampling is greedy with more than one sample a prompt (None otherwise): its samples are alike."""
+    if cfg.temperature != 0 or cfg.n == 1:
+        return None
+    return (f"note: --temperature 0 is greedy decoding: a prompt's {cfg.n} samples are alike (a group's rows read "
+            "alike siblings); a temperature above 0 draws different ones")
 
 
 def empty_note(samples: int, empty: int, chat: bool) -> str | None:

@@ -14,7 +14,7 @@ from bridgelm.eval.runner import EvalConfig
 from bridgelm.jsonl import check_out, read_json_object, write_json
 from bridgelm.models import load_config
 from bridgelm.runs import check_run_folder, run_kind
-from bridgelm.samples import kept_on_interrupt
+from bridgelm.samples import greedy_note, kept_on_interrupt
 from bridgelm.source import ModelSource, width_is_moot
 
 
@@ -36,6 +36,8 @@ def run_evaluate(cfg: EvalConfig, source: ModelSource, task: str, data: list[str
     if dist.is_main:  # another eval (or score) writing the run: refused before the model loads
         check_free(out, folder=True)
     check_free(Path(out) / shard_file_name(dist), folder=False)
+    if dist.is_main and (note := greedy_note(cfg.sampling)):
+        print(f"bridgelm eval: {note}")
     if dist.is_main and cfg.main_width() != cfg.sampling.width:
         print(f"bridgelm eval: note: --width {cfg.sampling.width} (the width tables report) is not among --widths "
               f"{','.join(map(str, cfg.all_widths()))}: they report w={cfg.main_width()}, the widest")
