@@ -27,7 +27,8 @@ from pathlib import Path
 import pytest
 
 from bridgelm import plan
-from bridgelm.attach import add_bridge, decoder_layers
+from bridgelm.attach import add_bridge
+from bridgelm.layout import decoder_layers
 from bridgelm.engine import encode_prompts
 from bridgelm.params import meta_model
 

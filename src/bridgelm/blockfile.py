@@ -23,7 +23,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from bridgelm.attach import FORMAT, added_parameters, attach_blocks, block_config, decoder_layers, new_norm, text_config
+from bridgelm.attach import FORMAT, added_parameters, attach_blocks, block_config, new_norm
+from bridgelm.layout import decoder_layers, text_config
 from bridgelm.blocks import BlockConfig, make_block
 from bridgelm.errors import UserError
 from bridgelm.jsonl import as_umask, check_regular_file

@@ -262,7 +262,7 @@ def shard_model(model: torch.nn.Module, dist: Dist, bf16: bool = False) -> torch
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-    from bridgelm.attach import decoder_layers
+    from bridgelm.layout import decoder_layers
 
     mesh = init_device_mesh(dist.device.type, (dist.world,))
     mixed = bf16 and bf16_supported(dist.device)

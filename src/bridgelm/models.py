@@ -14,7 +14,8 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from bridgelm.attach import MODEL_TYPE, auto_class, config_value, has_block_type
+from bridgelm.attach import MODEL_TYPE, auto_class, has_block_type
+from bridgelm.layout import config_value
 from bridgelm.adapter import check_local_blocks, load_blocks
 from bridgelm.blockfile import check_finite
 from bridgelm.dist import check_device

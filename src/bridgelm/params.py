@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from bridgelm.attach import add_bridge, add_pmatch, added_parameters, auto_class, block_config, decoder_layers
+from bridgelm.attach import add_bridge, add_pmatch, added_parameters, auto_class, block_config
+from bridgelm.layout import decoder_layers
 from bridgelm.errors import UserError
 from bridgelm.models import load_config
 

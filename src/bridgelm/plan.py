@@ -68,7 +68,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from bridgelm.attach import added_parameters, block_config, config_value, decoder_layers
+from bridgelm.attach import added_parameters, block_config
+from bridgelm.layout import config_value, decoder_layers
 from bridgelm.engine.cache import slab_capacity
 from bridgelm.errors import UserError
 

@@ -95,7 +95,7 @@ class SavedForBackward:
 
     def __init__(self, model):
         from bridgelm import attention
-        from bridgelm.attach import decoder_layers
+        from bridgelm.layout import decoder_layers
 
         self.model, self.batches, self.where, self.seen = model, [], "embed", set()
         layers = decoder_layers(model)
@@ -147,7 +147,7 @@ class Gathered:
     def __init__(self, model):
         from torch.distributed.fsdp import FSDPModule
 
-        from bridgelm.attach import decoder_layers
+        from bridgelm.layout import decoder_layers
 
         self.groups = [g for m in model.modules() if isinstance(m, FSDPModule)
                        for g in [m._get_fsdp_state()._fsdp_param_group] if g is not None]  # fmt: skip

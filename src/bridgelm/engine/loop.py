@@ -29,7 +29,7 @@ from typing import NamedTuple
 
 import torch
 
-from bridgelm.attach import config_value, other_layer_types
+from bridgelm.layout import config_value, other_layer_types
 from bridgelm.attention import fast_attention
 from bridgelm.engine import sampler
 from bridgelm.engine.batch import Batch, GeneratedIds, Outputs, expand, prefill, share_pays

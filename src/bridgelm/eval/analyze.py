@@ -29,7 +29,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from bridgelm.attach import block_config, decoder_layers
+from bridgelm.attach import block_config
+from bridgelm.layout import decoder_layers
 from bridgelm.errors import UserError, check_int
 from bridgelm.eval.folder import read_samples
 from bridgelm.grouped import KWARG, Groups
