@@ -600,7 +600,9 @@ def test_cli_rl_runs_and_reports_bad_input(tmp_path, capsys):
     main([*common_args, str(tmp_path / "plain"), *small])
     assert "(width 2; no blocks: plain GRPO (RLVR only))" in capsys.readouterr().out
     with pytest.raises(SystemExit) as err:
-        main([*common_args, str(tmp_path / "bad"), *small, "--width", "3"])
+        wide = list(small)
+        wide[wide.index("--width") + 1] = "3"
+        main([*common_args, str(tmp_path / "bad"), *wide])
     assert err.value.code == 2 and "--width 3 must divide --rollouts 4" in capsys.readouterr().err
 
 
