@@ -278,6 +278,16 @@ def test_a_prompt_that_starts_with_bos_gets_no_second_one():
     assert plain == templated and plain.count(tok.bos_token_id) == 1 and plain[0] == tok.bos_token_id
 
 
+@pytest.mark.parametrize("template, words", [("{% for m in messages %}{{ m.content", "TemplateSyntaxError"),
+                                              ("{{ raise_exception('no system role') }}", "no system role")])
+def test_a_chat_template_that_fails_is_one_line(template, words):
+    """A broken chat_template.jinja (or one that raises) was jinja2's traceback, announced as a bridgelm bug."""
+    tok = char_tokenizer("0123456789+=")
+    tok.chat_template = template
+    with pytest.raises(UserError, match=f"chat: the tokenizer's chat template fails .*{words}.*leave out --chat"):
+        encode_prompts(tok, ["1+2="], chat=True)
+
+
 def test_prompts_as_a_generator_and_ids_outside_the_vocabulary():
     """A generator of prompts is read once (it was read by the length check, then found empty: "prompts is empty");
     an id the embedding lacks is refused by prompt and id (an IndexError of the embedding)."""

@@ -383,6 +383,17 @@ def test_interrupted_warmup_data_says_what_it_wrote(tmp_path, monkeypatch, capsy
     assert "--max-batch-sequences 8 rows are sampled together" in said
 
 
+def test_a_warmup_line_whose_kept_is_not_a_boolean_is_refused(tmp_path):
+    """"kept": "false" (a string) was read as kept, and trained on."""
+    from bridgelm.errors import UserError
+    from bridgelm.warmup_file import load_warmup
+
+    good = json.loads(write_warmup(tmp_path / "w.jsonl").read_text().splitlines()[0])
+    (tmp_path / "odd.jsonl").write_text(json.dumps({**good, "kept": "false"}) + "\n")
+    with pytest.raises(UserError, match=r"odd.jsonl, line 1: field 'kept' is 'false': expected true or false"):
+        load_warmup(tmp_path / "odd.jsonl")
+
+
 def test_warmup_data_says_when_every_sample_is_empty(tmp_path, capsys, monkeypatch):
     """An Instruct model sampled without --chat often ends at once: warm-up data of none but empty samples said
     only "0 problems kept"; it says what generate and eval say (the dropped responses are not in the file)."""

@@ -68,6 +68,8 @@ def load_warmup(path: str | os.PathLike) -> WarmupData:
     for number, rec in enumerate(records, start=1):
         if not isinstance(rec, dict) or "kept" not in rec:
             raise UserError(f"{path}, line {number}: expected an object with a 'kept' field")
+        if not isinstance(rec["kept"], bool):  # "false" would be read as kept
+            raise UserError(f"{path}, line {number}: field 'kept' is {rec['kept']!r}: expected true or false")
         if not rec["kept"]:
             continue
         prompt, responses = rec.get("prompt_ids"), rec.get("responses")

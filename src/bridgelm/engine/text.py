@@ -100,9 +100,7 @@ def encode_prompts(tokenizer, prompts: Sequence[str], chat: bool = False, warn: 
         if chat:
             if not getattr(tokenizer, "chat_template", None):
                 raise UserError("chat: the tokenizer has no chat template: leave out --chat (chat=False in Python)")
-            ids = tokenizer.apply_chat_template(
-                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
-            )
+            ids = _chat_ids(tokenizer, text)
             if isinstance(ids, dict) or hasattr(ids, "input_ids"):
                 ids = ids["input_ids"]
         else:
@@ -120,6 +118,22 @@ def encode_prompts(tokenizer, prompts: Sequence[str], chat: bool = False, warn: 
             stacklevel=2,
         )
     return out
+
+
+def _chat_ids(tokenizer, text: str):
+    """The tokenizer's chat template applied to one user turn; a template that fails (a syntax error, or one that
+    raises: a role it refuses) is bad input in one line."""
+    from jinja2 import TemplateError
+
+    try:
+        return tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True
+        )
+    except TemplateError as err:
+        raise UserError(
+            f"chat: the tokenizer's chat template fails ({type(err).__name__}: {err}): fix its chat_template.jinja "
+            "(or tokenizer_config.json), or leave out --chat"
+        ) from err
 
 
 def check_stop_strings(stop_strings: Sequence[str]) -> None:
