@@ -883,6 +883,8 @@ def test_training_in_bf16_on_a_cpu_without_bf16_instructions_is_warned(tmp_path,
         (["--lora-r", "4", "--lora-alpha", "0"], "--lora-alpha 0.0: expected"),
         (["--lora-r", "4", "--lora-alpha", "nan"], "--lora-alpha nan: expected"),
         (["--lora-alpha", "8"], "--lora-alpha 8.0 is read only with a LoRA rank: expected --lora-r R"),
+        (["--lora-targets", "q_proj"], "--lora-targets 'q_proj' is read only with a LoRA rank"),  # was ignored
+        (["--lora-targets", ""], "--lora-targets '' is read only with a LoRA rank"),
         (["--lora-r", "4", "--lora-targets", "q_proj;v_proj"], "--lora-targets 'q_proj;v_proj': expected a comma list"),
         (["--lora-r", "4", "--lora-targets", ","], "--lora-targets ',': expected a comma list"),
         (["--lora-r", "4", "--lora-targets", "q_proj,nosuch"], "--lora-targets 'q_proj,nosuch': 'nosuch' names no module"),

@@ -50,9 +50,10 @@ class LoraSettings:
     def validate(self) -> None:
         """ValueError (naming lora_r, lora_alpha, lora_targets) for settings that cannot work."""
         if self.r is None:
-            if self.alpha is not None:
-                raise UserError(f"lora_alpha={self.alpha} is read only with a LoRA rank: expected lora_r=R too, or "
-                                 "no lora_alpha")
+            for name, value, unset in (("alpha", self.alpha, None), ("targets", self.targets, DEFAULT_TARGETS)):
+                if value != unset:  # it would be ignored, silently
+                    raise UserError(f"lora_{name}={value!r} is read only with a LoRA rank: expected lora_r=R too, "
+                                    f"or no lora_{name}")
             return
         check_int("lora_r", self.r)
         if self.alpha is not None:

@@ -124,12 +124,12 @@ RL_OPTIM_FLAGS = Nested(
     },
 )
 # RLConfig.run's flags: --save-every, --keep-last, --resume, --progress, --tensorboard
-RL_RUN_FLAGS = Nested(flags={"keep_last": Flag(help="checkpoints kept (best/ is kept apart)")})
+RL_RUN_FLAGS = Nested(flags={"keep_last": Flag(help="checkpoints kept, best/ apart (0: all)")})
 # SFTConfig.run's flags, the same names
 SFT_RUN_FLAGS = Nested(
     flags={
         "save_every": Flag(help="optimiser steps between resumable checkpoints (0: at the end of each epoch)"),
-        "keep_last": Flag(help="resumable checkpoints kept"),
+        "keep_last": Flag(help="resumable checkpoints kept (0: all)"),
     },
 )
 # RLConfig.lora's and SFTConfig.lora's flags: --lora-r, --lora-alpha, --lora-targets

@@ -85,7 +85,7 @@ class RunControl:
     tensorboard: bool = setting(False, "also log to OUT/tensorboard (when tensorboard is installed)")
 
     def validate(self) -> None:
-        check_int("save_every", self.save_every, low=0, note=" (0: only at the end and on Ctrl-C)")
+        check_int("save_every", self.save_every, low=0)  # (what 0 means is each trainer's: see its --help)
         check_int("keep_last", self.keep_last, low=0, note=" (0: all)")
 
 
