@@ -874,6 +874,21 @@ def test_training_in_bf16_on_a_cpu_without_bf16_instructions_is_warned(tmp_path,
     assert "test split" not in _fails.stderr
 
 
+@pytest.mark.parametrize("command", ["warmup-data", "rl"])
+def test_a_split_beside_a_data_file_is_refused(models, tmp_path, capsys, command):
+    """A data file is read whole: --split (and --val-split beside --val-data) was ignored, silently; eval refused
+    it already."""
+    data = _jsonl(tmp_path / "d.jsonl", [{"question": f"{a}+1", "answer": f"#### {a + 1}"} for a in range(4)])
+    argv = [command, "--model", models / "m", "--task", "gsm8k", "--data", data, "--out", tmp_path / "o"]
+    line = _fails(capsys, [*argv, "--split", "validation"])
+    assert f"--split validation is read from a data folder (FOLDER/validation.jsonl) or the hub's copy, and --data " \
+           f"{data} is a file" in line
+    if command == "rl":
+        line = _fails(capsys, [*argv, "--val-task", "gsm8k", "--val-data", data, "--val-split", "train"])
+        assert "--val-split train is read from a data folder" in line and f"--val-data {data} is a file" in line
+    assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.parametrize("command", ["rl", "sft"])
 @pytest.mark.parametrize(
     "flags, words",

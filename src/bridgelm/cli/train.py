@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from bridgelm.blocks import KINDS, PLACEMENTS, BlockConfig
 from bridgelm.cli.common import add_model_args, add_num_samples, add_threads_arg, block_heads, model_source
@@ -30,12 +31,22 @@ from bridgelm.train.sft import SFTConfig
 VAL_SPLIT = "test"  # --val-split's default
 
 SPLIT_HELP = "split read from a data folder (FOLDER/SPLIT.jsonl) or the hub's copy (default: %(default)s)"
+SPLIT = "train"  # --split's default
+
+
+def _task_source(name: str, data: str | None, split: str, default: str, flags=("--split", "--data")) -> TaskSource:
+    """The TaskSource of the flags; a split other than the default beside a data file is refused (a file is read
+    whole: the split was ignored, silently), as eval refuses it."""
+    if data is not None and split != default and Path(data).expanduser().is_file():
+        raise UserError(f"{flags[0]} {split} is read from a data folder (FOLDER/{split}.jsonl) or the hub's copy, and "
+                        f"{flags[1]} {data} is a file, read as it is: expected a data folder, or no {flags[0]}")
+    return TaskSource(name, data, split)
 
 
 def _cmd_warmup_data(args) -> None:
     from bridgelm.launch import run_warmup_data
 
-    sampling, task = build(SamplingConfig, args, width=1), TaskSource(args.task, args.data, args.split)
+    sampling, task = build(SamplingConfig, args, width=1), _task_source(args.task, args.data, args.split, SPLIT)
     with flag_words({"n": "--n", "limit": "--limit"}):
         run_warmup_data(model_source(args), task, args.out, args.n, sampling, args.chat, args.limit)
 
@@ -72,8 +83,10 @@ def _cmd_rl(args) -> None:
     cfg = fit_steps_per_rollout(cfg, args, here.world, say=here.is_main)
     with flag_words(args.flags):  # a refused setting of RLConfig in the words of its flag (--steps-per-rollout 8)
         _refuse_contradictions(args)
-        task = TaskSource(args.task, args.data, args.split)
-        val = TaskSource(args.val_task, args.val_data, args.val_split) if args.val_task else None
+        task = _task_source(args.task, args.data, args.split, SPLIT)
+        val = None
+        if args.val_task:
+            val = _task_source(args.val_task, args.val_data, args.val_split, VAL_SPLIT, ("--val-split", "--val-data"))
         if val is not None and val.split == "test" and args.val_data is None and here.is_main:
             print(f"bridgelm rl: note: the best checkpoint (best/) is chosen on {val.name}'s test split (the paper's protocol): "
                   "its score on that split is optimistic; --val-split validation (where the task has one) or a "
@@ -182,7 +195,7 @@ def _add_warmup_data(sub) -> None:
     add_model_args(p)
     p.add_argument("--task", required=True, help="gsm8k, math, countdown, ...")
     p.add_argument("--data", help="local data file/folder (default: the task's own source)")
-    p.add_argument("--split", default="train", help=SPLIT_HELP)
+    p.add_argument("--split", default=SPLIT, help=SPLIT_HELP)
     add_fields(
         p,
         SamplingConfig,
@@ -231,7 +244,7 @@ def _add_rl(sub) -> None:
                    f"{BlockConfig.placement}: after each feed-forward block; attn: after each attention block)")
     p.add_argument("--task", required=True)
     p.add_argument("--data", help="training data file/folder")
-    p.add_argument("--split", default="train", help=SPLIT_HELP)
+    p.add_argument("--split", default=SPLIT, help=SPLIT_HELP)
     p.add_argument("--val-task", help="validation task (periodic accuracy; best checkpoint kept)")
     p.add_argument("--val-data")
     p.add_argument("--val-split", default=VAL_SPLIT)
