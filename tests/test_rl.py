@@ -124,6 +124,13 @@ def test_rollouts_that_all_end_at_once_are_said_once(tmp_path, monkeypatch, caps
     assert "of step 2" not in said
 
 
+def test_a_step_of_more_prompts_than_problems_is_said(tmp_path, capsys):
+    """--prompts-per-step above the data's problems repeats problems within a step, without a word before."""
+    few = AddTask("add", TASK.examples[:3])
+    train_rl(policy(), TOK, few, replace(CFG, steps=1, prompts_per_step=4), tmp_path)
+    assert "note: a step's 4 prompts are more than the task's 3 problems" in capsys.readouterr().out
+
+
 def test_minibatches_never_split_a_group(tmp_path, monkeypatch):
     seen = []
     original = logprobs.forward_logits

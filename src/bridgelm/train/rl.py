@@ -122,15 +122,17 @@ def _learner(model, tokenizer, cfg: RLConfig, run: Run, dist: Dist) -> Learner:
     return Learner(model, ref_model, params, optimizer, scheduler, parts)
 
 
-def _banner(model, cfg: RLConfig, dist: Dist, out_dir: Path) -> str:
-    """What the run does, in a line."""
+def _banner(model, cfg: RLConfig, dist: Dist, out_dir: Path, problems: int) -> str:
+    """What the run does, in a line (and a note when a step holds more prompts than the task has problems)."""
     blocks = block_config(model)
     trained = f"{blocks.kind} blocks" if blocks else "no blocks: plain GRPO (RLVR only)"
     trained += ", base frozen" if cfg.freeze_base else ""
     trained += f", LoRA r={cfg.lora.r} on the base" if cfg.lora.enabled else ""
+    repeats = (f"\nbridgelm rl: note: a step's {cfg.prompts_per_step} prompts are more than the task's {problems} "
+               "problems: each step holds some of them more than once") if cfg.prompts_per_step > problems else ""
     return (
         f"bridgelm rl: {cfg.steps} steps of {cfg.prompts_per_step} prompts x {cfg.rollout.n} rollouts "
-        f"(width {cfg.rollout.width}; {trained}), {dist.world} process(es) -> {out_dir}"
+        f"(width {cfg.rollout.width}; {trained}), {dist.world} process(es) -> {out_dir}{repeats}"
     )
 
 
@@ -151,7 +153,7 @@ def train_rl(model, tokenizer, task, cfg: RLConfig, out_dir: str | os.PathLike, 
     run = Run(out_dir, "rl", identity, cfg.run, dist, best_accuracy=None, best_step=None)
     sampler = RolloutPolicy(model, cfg.replica_dtype())  # made before the policy is sharded
     learner = _learner(model, tokenizer, cfg, run, dist)
-    run.say(_banner(model, cfg, dist, out_dir))
+    run.say(_banner(model, cfg, dist, out_dir, len(task.examples)))
     pad = pad_id(tokenizer, eos_ids(model, tokenizer))
     was_training = model.training
     try:
