@@ -198,6 +198,14 @@ def test_gsm8k_every_gold_accepted_in_four_forms(gsm8k_test):
         ("The answer is 18. Before that, 3 + 2 = 5.", "18"),  # a later sentence's sum is not the answer
         ("The answer is 3.5 = 7/2", "3.5"),  # a fraction after "=" is not one number
         ("The answer is 7 = seven", "7"),
+        ("The answer is 2 * 4 = **8**", "8"),
+        ("The answer is 3 * 4 = 12 + 1 = 13.", "13"),  # a chain of sums: its last result
+        # the answer first, then how it is made or what it equals: the answer stands
+        ("The answer is $1,200 = 12 * $100.", "1200"),
+        ("The answer is 6 = 2 x 3.", "6"),
+        ("The answer is 64 = 8^2.", "64"),
+        ("The answer is 15 because 20 - 5 = 15, and 15 + 3 = 18 is the total.", "15"),
+        ("The answer is 120 minutes = 2 hours.", "120"),
         ("#### 1\nWait, that is wrong. So the answer is 2.", "2"),  # the later marker says it last (was 1)
         ("So the answer is 2.\n#### 3", "3"),
         ("#### 4\nThe answer is below.", "4"),  # a marker no number follows: the one before it

@@ -143,21 +143,37 @@ def last_number(text: str | None) -> str | None:
 
 # Where the sentence after a marker ends: a line's end, or a full stop that no digit follows ("3.5" goes on).
 _SENTENCE_END_RE = re.compile(r"\n|\.(?!\d)")
+# A sum written out: numbers (with $ and commas) joined by arithmetic operators, an operator between two operands.
+_SUM_RE = re.compile(r"[\s\d.,$+\-*/x×·^()]*\d\s*[-+*/x×·^]\s*[\d($][\s\d.,$+\-*/x×·^()]*")
+# What may stand before a result after "=": spaces, a dollar, markdown bold, an opening bracket or math delimiter.
+_RESULT_LEAD = " $*({\\"
+
+
+def _worked_result(sentence: str) -> re.Match | None:
+    """The result of a sum the sentence opens with ("2 * 4 = 8 pens": 8; "7 + 1 = 8 = eight": 8), or None when it
+    opens with anything else ("6 = 2 x 3", "15 because 20 - 5 = 15": the number after the marker is the answer)."""
+    first, *rest = sentence.split("=")
+    if not rest or not _SUM_RE.fullmatch(first.strip(" :")):
+        return None
+    result = None
+    for part in rest:  # a chain of "=": each link a number (the last one the result) or a sum again
+        found = _NUMBER_IN_TEXT_RE.match(part.lstrip(_RESULT_LEAD))
+        if found is None or part.lstrip(_RESULT_LEAD)[found.end() :].startswith("/"):  # "= 7/2": not one number
+            break
+        result = found
+        if not _SUM_RE.fullmatch(part.strip(" $*")) and part.strip(" $*.") != found.group(0):
+            break  # words after the number end the chain
+    return result
 
 
 def after_marker(text: str, marker_re: str) -> str | None:
     """The number following the last match of `marker_re` (e.g. "####") that a number follows, or None: the first
-    one, or where the sentence after the marker works a sum out ("the answer is 2 * 4 = 8 pens."), the first after
-    its last "="."""
+    one, or where the sentence after the marker opens with a sum worked out ("the answer is 2 * 4 = 8 pens."), its
+    result."""
     for hit in reversed(list(re.finditer(marker_re, text, flags=re.IGNORECASE))):  # the last one with a number
         # Only look a short way ahead: "the answer is 18." and not a number three paragraphs later.
         tail = _strip_text_commands(text[hit.end() :].split("\n\n", 1)[0][:200]).replace("\\$", "$")
-        sentence = _SENTENCE_END_RE.split(tail, maxsplit=1)[0]
-        result = sentence.rsplit("=", 1)[1].strip(" $") if "=" in sentence else ""
-        worked = _NUMBER_IN_TEXT_RE.match(result)
-        if worked and result[worked.end() :].startswith("/"):
-            worked = None  # a fraction (= 7/2): not one number
-        found = worked or _NUMBER_IN_TEXT_RE.search(tail)
+        found = _worked_result(_SENTENCE_END_RE.split(tail, maxsplit=1)[0]) or _NUMBER_IN_TEXT_RE.search(tail)
         if found:
             return found.group(0).replace(",", "")
     return None
