@@ -136,10 +136,8 @@ def _banner(model, cfg: RLConfig, dist: Dist, out_dir: Path, problems: int) -> s
     )
 
 
-def train_rl(model, tokenizer, task, cfg: RLConfig, out_dir: str | os.PathLike, val_task=None) -> RLResult:
-    """GRPO on `task` starting from `model` (with or without blocks); see the module docstring for the outputs."""
-    out_dir = Path(out_dir)
-    dist = setup_distributed(next(model.parameters()).device)
+def _check_run(model, task, cfg: RLConfig, val_task, dist: Dist) -> None:
+    """UserError for a run that cannot work, before anything is written."""
     cfg.validate(dist.world)
     if cfg.eval_every and val_task is None:
         raise UserError(f"eval_every={cfg.eval_every} needs a val_task (--val-task): the problems to validate on")
@@ -148,6 +146,13 @@ def train_rl(model, tokenizer, task, cfg: RLConfig, out_dir: str | os.PathLike, 
     check_reward_task(cfg.reward, task)
     if cfg.block_lr is not None and not added_parameters(model):
         raise UserError(f"block_lr={cfg.block_lr}, but the model has no added blocks to train at that rate")
+
+
+def train_rl(model, tokenizer, task, cfg: RLConfig, out_dir: str | os.PathLike, val_task=None) -> RLResult:
+    """GRPO on `task` starting from `model` (with or without blocks); see the module docstring for the outputs."""
+    out_dir = Path(out_dir)
+    dist = setup_distributed(next(model.parameters()).device)
+    _check_run(model, task, cfg, val_task, dist)
     prepare_lora(model, cfg.lora, cfg.seed, "rl")
     identity = _identity(model, task, cfg, val_task, dist.world)
     run = Run(out_dir, "rl", identity, cfg.run, dist, best_accuracy=None, best_step=None)
