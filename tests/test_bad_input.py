@@ -471,7 +471,9 @@ def test_an_argument_no_command_takes_is_refused_by_its_command(capsys, argv, ex
 @pytest.mark.parametrize("argv, expected", [
     (["generate", "--model", "m", "--prompt", "3+4=", "--prompt", "1+2=", "--out", "o"], "--prompt given twice"),
     (["analyze", "siblings", "--model", "m", "--model", "n", "--run", "r", "--out", "o"], "--model given twice"),
-    (["generate", "--model", "m", "--prompt", "a", "--out=o", "--ou", "p"], "--out and --ou both given"),
+    (["generate", "--model", "m", "--prompt", "a", "--out=o", "--ou", "p"], "--out given twice"),  # abbreviated
+    (["eval", "--model", "m", "--task", "math", "--n", "4", "--num-samples", "2", "--out", "o"],
+     "--n and --num-samples both given"),
     (["eval", "--model", "m", "--task", "math", "--widths", "1,2", "--widths=2", "--out", "o"], "--widths given twice"),
     (["rl", "--model", "m", "--task", "gsm8k", "--bf16", "--no-bf16", "--out", "o"], "--bf16 and --no-bf16 both"),
 ])

@@ -32,6 +32,22 @@ def test_the_file_gives_the_flags_and_the_command_line_overrides_them(tmp_path):
     assert parse(["rl", f"--config={path}", "--out", "o"])["steps"] == 5  # --config=FILE too
 
 
+def test_the_line_overrides_a_key_under_any_spelling_of_its_flag(tmp_path):
+    """An abbreviation (--max-new) or another flag of the same setting (--num-samples for n) on the line overrides
+    the file's key, as --config's help says (they were refused as the same flag given twice)."""
+    from bridgelm.cli import parse as parse_args
+    from bridgelm.cli import refuse_repeats
+
+    path = write(tmp_path, "n: 4\nmax-new-tokens: 4\n")
+    parser = build_parser()
+    line = ["eval", "--config", path, "--model", "m", "--num-samples", "8", "--max-new", "9", "--out", "o"]
+    argv = config_file.expand(parser, line)
+    assert "--n" not in argv and "--max-new-tokens" not in argv
+    args = parse_args(parser, argv)
+    refuse_repeats(parser, args, argv)  # nothing given twice
+    assert (getattr(args, "sampling.n"), getattr(args, "sampling.max_new_tokens")) == (8, 9)
+
+
 def test_lists_and_repeatable_flags(tmp_path):
     path = write(tmp_path, "model: m\nout: o\nprompt: '1+2='\nstop: ['a,b', c]\n")
     assert parse(["generate", "--config", path]) == parse(

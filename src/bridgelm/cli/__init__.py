@@ -76,11 +76,10 @@ def _in_flag_words(parser: argparse.ArgumentParser, args: argparse.Namespace, me
 def _command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
     """The parser of the command `args` ran (`analyze`'s analysis too); `parser` itself when there is none."""
     command = parser
-    for name in (args.command, getattr(args, "analysis", None)):
-        sub = next((a for a in command._actions if isinstance(a, argparse._SubParsersAction)), None)
-        if name is None or sub is None or name not in sub.choices:
+    while subs := [a for a in command._actions if isinstance(a, argparse._SubParsersAction)]:
+        if getattr(args, subs[0].dest, None) not in subs[0].choices:
             break
-        command = sub.choices[name]
+        command = subs[0].choices[getattr(args, subs[0].dest)]
     return command
 
 
@@ -90,29 +89,21 @@ _REPEATABLE = (argparse._AppendAction, argparse._ExtendAction, argparse._HelpAct
 
 def refuse_repeats(parser: argparse.ArgumentParser, args: argparse.Namespace, argv: list[str]) -> None:
     """Exit 2 in one line when a flag of one value is given twice (`--prompt A --prompt B` sampled B alone), or two
-    flags set one setting (`--chat --no-chat`). A --config file's settings are only those the line does not give."""
+    flags set one setting (`--chat --no-chat`, `--n 4 --num-samples 2`). A --config file's settings are only those the
+    line does not set (`config_file.expand`)."""
     command = _command_parser(parser, args)
-    options = {o: a for a in command._actions for o in a.option_strings}
     if any(a.nargs == argparse.REMAINDER for a in command._actions):
         return  # lm-eval's own arguments follow
-    seen: dict[str, str] = {}
-    tokens = iter(argv)
-    for token in tokens:
-        name = token.split("=", 1)[0]
-        if not token.startswith("--"):
+    seen: dict[str, tuple[argparse.Action, str]] = {}
+    for action, flag in config_file.given_flags(command, argv):
+        if isinstance(action, _REPEATABLE) or action.dest not in seen:
+            seen.setdefault(action.dest, (action, flag))
             continue
-        found = [a for o, a in options.items() if o == name] or [a for o, a in options.items() if o.startswith(name)]
-        if len(set(map(id, found))) != 1:
-            continue  # not a flag of the command (argparse has refused it already), or an ambiguous prefix
-        action = found[0]
-        if action.nargs != 0 and "=" not in token:
-            next(tokens, None)  # its value: "--stop --x" is a stop string
-        if isinstance(action, _REPEATABLE) or (action.nargs == 0 and seen.get(action.dest) == name):
-            continue  # (a switch given twice says the same thing twice)
-        if action.dest in seen:
-            again = f"{name} given twice" if seen[action.dest] == name else f"{seen[action.dest]} and {name} both given"
-            command.error(f"{again}: expected one value (argparse would keep the last one, silently)")
-        seen[action.dest] = name
+        before, spelled = seen[action.dest]
+        if before is action and action.nargs == 0 and spelled == flag:
+            continue  # a switch given twice says the same thing twice (--chat --no-chat do not)
+        again = f"{flag} given twice" if spelled == flag else f"{spelled} and {flag} both given"
+        command.error(f"{again}: expected one value (argparse would keep the last one, silently)")
 
 
 TEXT_ARGS = ("prompt", "stop")  # flags whose values are text, not paths
@@ -149,12 +140,7 @@ def parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespac
     error: unrecognized arguments: ...`), where argparse names the top parser."""
     args, extra = parser.parse_known_args(argv)
     if extra:
-        command = parser
-        while subs := [a for a in command._actions if isinstance(a, argparse._SubParsersAction)]:
-            if getattr(args, subs[0].dest, None) not in subs[0].choices:
-                break
-            command = subs[0].choices[getattr(args, subs[0].dest)]
-        command.error(f"unrecognized arguments: {' '.join(extra)}")
+        _command_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
     return args
 
 

@@ -41,20 +41,40 @@ def expand(top: argparse.ArgumentParser, argv: list[str]) -> list[str]:
         return argv
     settings = _load(parser, path)
     flags = _flags(parser)
-    given = {a.split("=", 1)[0] for a in argv[1:] if a.startswith("--")}
+    given = {action.dest for action, _ in given_flags(parser, argv[1:])}  # what the line sets, however spelled
     tokens = []
     for key, value in settings.items():
         flag = "--" + str(key).replace("_", "-")
         action = flags.get(flag)
         if action is None or flag in (FLAG, "--help"):
             parser.error(f"{FLAG} {path}: unknown key {key!r}: not a flag of bridgelm {argv[0]}")
-        if not given & set(action.option_strings):
+        if action.dest not in given:
             tokens += _tokens(parser, path, key, flag, action, value)
     return [argv[0], *tokens, *argv[1:]]
 
 
 def _flags(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:
     return {flag: a for a in parser._actions for flag in a.option_strings}
+
+
+def given_flags(parser: argparse.ArgumentParser, argv: list[str]) -> list[tuple[argparse.Action, str]]:
+    """The flags of `parser` that `argv` gives, in order, each as (its action, the option it names: "--prompt" for
+    an abbreviated "--prom"), resolved as argparse resolves them (an exact option, else the one it abbreviates);
+    a flag's value is passed over ("--stop --x": a stop string)."""
+    flags, found = _flags(parser), []
+    tokens = iter(argv)
+    for token in tokens:
+        name = token.split("=", 1)[0]
+        if not token.startswith("--"):
+            continue
+        options = [name] if name in flags else [o for o in flags if o.startswith(name)]
+        if len({id(flags[o]) for o in options}) != 1:
+            continue  # not a flag of the command (argparse refuses it), or an ambiguous abbreviation
+        action = flags[options[0]]
+        if action.nargs != 0 and "=" not in token:
+            next(tokens, None)  # its value
+        found.append((action, options[0]))
+    return found
 
 
 def _config_path(args: list[str]) -> str | None:
