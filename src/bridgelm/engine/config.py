@@ -56,7 +56,8 @@ class SamplingConfig:
                                        "for oneDNN once per wave (bridgelm.packed)")
     share_prompts: bool | None = setting(None, "the eager step holds each prompt's keys and values once, not once "
                                                "per sample (bridgelm.prompt_attention); None: where it pays "
-                                               "(engine.batch.share_pays); False: a copy per sample")
+                                               "(engine.batch.share_pays); False: a copy per sample; only "
+                                               "where the model allows (engine.step.shares_prompts)")
 
     def validate(self, names: Mapping[str, str] | None = None, greedy: bool = True, why: str = "") -> None:
         """UserError unless these settings can be sampled. `names`: how the messages name a field (its flag's words,

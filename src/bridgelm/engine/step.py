@@ -29,7 +29,9 @@ from bridgelm.attention import NAME as ATTENTION
 from bridgelm.engine import sampler
 from bridgelm.engine.cache import SlabCache
 from bridgelm.engine.config import SamplingConfig
+from bridgelm.errors import UserError
 from bridgelm.grouped import KWARG, Groups
+from bridgelm.layout import decoder_layers
 
 _COMPILED: dict[tuple[str, str], Callable] = {}
 _CACHE_ARG: dict[type, str] = {}  # a plain dict: torch.compile reads it as a constant inside the decode step
@@ -175,9 +177,13 @@ def shares_prompts(model, compiled: bool) -> bool:
     switched to it by `fast_attention`), which reads the shared prompt, in layers that pass the cache's tensors to
     it (`PASSES_CACHE_THROUGH`)."""
     impl = getattr(model.config.get_text_config(), "_attn_implementation", None)
-    kinds = {type(m).__name__ for name, m in model.named_modules() if name.endswith("self_attn")}
-    known = bool(kinds) and kinds <= PASSES_CACHE_THROUGH
-    return not compiled and reads_whole(model) and impl == ATTENTION and known
+    if compiled or not reads_whole(model) or impl != ATTENTION:
+        return False
+    try:  # the decoder's own layers (a composite model's vision tower attends otherwise, and has no cache)
+        kinds = {type(layer.self_attn).__name__ for layer in decoder_layers(model)}
+    except UserError:
+        return False
+    return kinds <= PASSES_CACHE_THROUGH
 
 
 def _static_mask_ok(model) -> bool:
