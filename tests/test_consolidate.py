@@ -32,7 +32,8 @@ def _fsdp_rl(root, *extra, model=None):
     save_tiny_model_dir(root / "m")
     rows = [{"question": f"{i}+{i}=", "answer": f"#### {2 * i}"} for i in range(8)]
     (root / "data.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    args = ["--model", str(model or root / "m"), "--add", "bridge", "--task", "gsm8k", "--data", str(root / "data.jsonl")]
+    args = ["--model", str(model or root / "m"), "--add", "bridge", "--task", "gsm8k"]
+    args += ["--data", str(root / "data.jsonl")]
     args += ["--out", str(root / "run"), "--fsdp", "--steps", "2", "--prompts-per-step", "2", "--rollouts", "2"]
     args += ["--width", "2", "--max-new-tokens", "4", "--save-every", "1", "--keep-last", "3", "--lr", "0.01"]
     args += ["--weight-decay", "0.1", "--steps-per-rollout", "1", *extra]

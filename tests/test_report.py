@@ -206,7 +206,12 @@ def test_report_writes_into_its_own_folder_only(tmp_path, model_tok, capsys):
     notes = tmp_path / "notes"
     notes.mkdir()
     (notes / "table.md").write_text("keep me\n")
-    for out, words in [(notes, "holds table.md but no report.json of bridgelm report"), (run, "is a run's folder")]:
+    older = tmp_path / "older"  # a report of another tool (or an older bridgelm): report.json of no kind
+    older.mkdir()
+    (older / "report.json").write_text('{"accuracy": {}}')
+    cases = [(notes, "holds table.md, and no report.json of bridgelm report"), (run, "is a run's folder"),
+             (older, "holds report.json, and its report.json is not one this bridgelm wrote")]
+    for out, words in cases:
         before = sorted(p.name for p in out.iterdir())
         with pytest.raises(SystemExit) as err:
             main(["report", str(run), "--out", str(out)])

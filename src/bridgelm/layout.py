@@ -81,8 +81,8 @@ _RESIDUAL_WEIGHTS = ("attn_alpha_factor", "attn_beta_factor")
 def check_attn_placement(model: nn.Module, layer: nn.Module) -> None:
     """UserError unless `layer` adds its attention branch's output to its input unchanged, which the "attn"
     placement's hook assumes: a layer that scales it (Granite's residual_multiplier), weighs it against its normed
-    input (MiniMax) or normalises it (GLM-4's post_self_attn_layernorm) would take the block's update scaled or normalised, another architecture than
-    App. D's, silently."""
+    input (MiniMax) or normalises it (GLM-4's post_self_attn_layernorm) would take the block's update scaled or
+    normalised, another architecture than App. D's, silently."""
     other = [
         name
         for name, child in layer.named_children()

@@ -342,10 +342,10 @@ def check_report_out(out_dir: str | os.PathLike, run_dirs: Sequence[str]) -> Non
         return
     found = sorted(e.name for e in out.iterdir() if not e.name.startswith("."))
     if found:
-        raise UserError(
-            f"--out {out_dir} holds {', '.join(found[:4])}{' and more' if len(found) > 4 else ''} but no report.json of "
-            "bridgelm report: expected a new or empty folder, or a report's own to write again"
-        )
+        held = ", ".join(found[:4]) + (" and more" if len(found) > 4 else "")
+        why = ("its report.json is not one this bridgelm wrote (an older one's, or another tool's)"
+               if REPORT_FILE in found else f"no {REPORT_FILE} of bridgelm report")
+        raise UserError(f"--out {out_dir} holds {held}, and {why}: expected a new or empty folder, or a report's own")
 
 
 def _read_report(out: Path) -> Any:
