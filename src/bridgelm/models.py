@@ -39,8 +39,8 @@ def load_model(name_or_path: str, blocks: str | os.PathLike | None = None, dtype
     if "torch_dtype" in kwargs:  # transformers' older name: dtype would win over it, silently
         raise UserError(f"torch_dtype={kwargs['torch_dtype']!r}: give it as dtype= (load_model's own argument)")
     dtype = DTYPES.get(dtype, dtype) if isinstance(dtype, str) else dtype
-    if dtype not in DTYPES.values():
-        raise UserError(f"dtype={dtype!r}: expected one of {', '.join(DTYPES)} (a name or the torch dtype)")
+    if dtype != "auto" and dtype not in DTYPES.values():  # "auto": the dtype the weights were saved in
+        raise UserError(f"dtype={dtype!r}: expected one of {', '.join(DTYPES)} (a name or the torch dtype) or 'auto'")
     config = load_config(name_or_path, weights=True, **kwargs)
     recorded = getattr(config, "bridgelm", None)
     if recorded is not None and not has_block_type(config):

@@ -14,6 +14,7 @@ value. A key that names no flag of the command is refused in one line naming it.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Hashable
 from pathlib import Path
 
 from bridgelm.cli.fields import _Commas as Commas
@@ -123,9 +124,12 @@ def _unique_keys_loader():
 
     class UniqueKeys(yaml.SafeLoader):
         def construct_mapping(self, node, deep=False):
+            self.flatten_mapping(node)  # merge keys (<<: *base) first, as safe_load does
             seen = set()
             for key_node, _ in node.value:
                 key = self.construct_object(key_node, deep=deep)
+                if not isinstance(key, Hashable):
+                    break  # the base loader says what is wrong with it
                 if key in seen:
                     raise yaml.constructor.ConstructorError(
                         None, None, f"key {key!r} is given twice", key_node.start_mark

@@ -86,8 +86,8 @@ def encode_pair(tokenizer, context: str, continuation: str) -> tuple[list[int], 
 def sampling_settings(gen_kwargs: dict, default_max_new_tokens: int) -> dict:
     """bridgelm.generate's settings from a task's generation_kwargs (until, max_gen_toks, do_sample, temperature,
     top_p, top_k), read as lm-eval's own backends read them (`normalize_gen_kwargs`): greedy unless the task samples
-    (a temperature above 0, or do_sample true: at temperature 1.0 where it gives none), so that a task scores alike
-    under `--model hf` and `--model bridgelm`."""
+    (a temperature above 0), so that a task scores alike under `--model hf` and `--model bridgelm`. do_sample true
+    without a temperature samples at 1.0, transformers' default (lm-eval's hf backend passes 0 there, which fails)."""
     kwargs = dict(gen_kwargs or {})
     for key, value in kwargs.items():
         if key not in SAMPLING_KEYS and not (key in NO_OPS and value == NO_OPS[key]):
