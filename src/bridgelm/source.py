@@ -11,8 +11,17 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 
 from bridgelm.errors import DataWarning, UserError
+
+
+def refuse_split_of_file(split: str, default: str, data: str | None, flags=("--split", "--data")) -> None:
+    """UserError when a split other than `default` is given beside a data file: a file is read whole, and the split
+    would be recorded, never read (`flags`: the words that name the two)."""
+    if data is not None and split != default and Path(data).expanduser().is_file():
+        raise UserError(f"{flags[0]} {split} is read from a data folder (FOLDER/{split}.jsonl) or the hub's copy, and "
+                        f"{flags[1]} {data} is a file, read as it is: expected a data folder, or no {flags[0]}")
 
 
 @dataclass(frozen=True)

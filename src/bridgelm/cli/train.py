@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
 from bridgelm.blocks import KINDS, PLACEMENTS, BlockConfig
 from bridgelm.cli.common import add_model_args, add_num_samples, add_threads_arg, block_heads, model_source
@@ -21,7 +20,7 @@ from bridgelm.dist import Dist, DistConfig
 from bridgelm.engine import SamplingConfig
 from bridgelm.errors import UserError
 from bridgelm.grpo import ADVANTAGES
-from bridgelm.source import TaskSource
+from bridgelm.source import TaskSource, refuse_split_of_file
 from bridgelm.train import warmup_data
 from bridgelm.train.rl_config import RLConfig
 from bridgelm.train.set_rewards import REWARDS
@@ -35,11 +34,9 @@ SPLIT = "train"  # --split's default
 
 
 def _task_source(name: str, data: str | None, split: str, default: str, flags=("--split", "--data")) -> TaskSource:
-    """The TaskSource of the flags; a split other than the default beside a data file is refused (a file is read
-    whole: the split was ignored, silently), as eval refuses it."""
-    if data is not None and split != default and Path(data).expanduser().is_file():
-        raise UserError(f"{flags[0]} {split} is read from a data folder (FOLDER/{split}.jsonl) or the hub's copy, and "
-                        f"{flags[1]} {data} is a file, read as it is: expected a data folder, or no {flags[0]}")
+    """The TaskSource of the flags; a split other than the default beside a data file is refused (it was ignored,
+    silently), as eval refuses it."""
+    refuse_split_of_file(split, default, data, flags)
     return TaskSource(name, data, split)
 
 

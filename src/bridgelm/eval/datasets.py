@@ -16,6 +16,7 @@ from typing import Any
 
 from bridgelm.errors import UserError
 from bridgelm.runs import local_source
+from bridgelm.source import refuse_split_of_file
 from bridgelm.tasks import Task
 
 
@@ -75,11 +76,8 @@ def load_benchmarks(task_or_name: Task | str, data_paths: Sequence[str] | None =
         if not paths:
             found = [(task_or_name, None, tasks.load(task_or_name, split=split))]
         else:
-            files = [p for p in paths if Path(p).is_file()]
-            if files and split != "test":  # a file is read whole: the split would be recorded, never read
-                raise UserError(f"--split {split} is read from a data folder (FOLDER/{split}.jsonl) or the hub's copy, "
-                                f"and --data {files[0]} is a file, read as it is: expected a data folder, or no "
-                                "--split")
+            for path in paths:
+                refuse_split_of_file(split, "test", path)
             found = [(benchmark_name(task_or_name, p, split), local_source(p), tasks.load(task_or_name, p, split))
                      for p in paths]
     else:
