@@ -202,7 +202,7 @@ def test_report_writes_into_its_own_folder_only(tmp_path, model_tok, capsys):
     """--out holding what no report wrote (notes, another tool's report.json) or a run's own folder is refused in one
     line and left as it was (report replaced table.md, report.json and figures there); a report's own folder is
     written again, a figure it no longer draws removed."""
-    run = _scored_run(tmp_path / "a", model_tok, {"aime24": [1, 0]}, [1, 2])
+    run = _scored_run(tmp_path / "a", model_tok, {"aime24": [1, 0]}, [1])  # one width: no width figure
     notes = tmp_path / "notes"
     notes.mkdir()
     (notes / "table.md").write_text("keep me\n")
@@ -220,8 +220,8 @@ def test_report_writes_into_its_own_folder_only(tmp_path, model_tok, capsys):
     assert (notes / "table.md").read_text() == "keep me\n"
     out = tmp_path / "report"
     main(["report", str(run), "--out", str(out)])
-    assert json.loads((out / "report.json").read_text())["kind"] == "report" and (out / "width.png").exists()
-    one_width = _scored_run(tmp_path / "b", model_tok, {"aime24": [1, 0]}, [1])
-    main(["report", str(one_width), "--out", str(out)])  # its own folder: written again, without a width figure
+    assert json.loads((out / "report.json").read_text())["kind"] == "report"
+    (out / "width.png").write_bytes(b"a figure of an earlier report, of runs at several widths")
+    main(["report", str(run), "--out", str(out)])  # its own folder: written again, without a width figure
     files = {Path(f).name for f in json.loads((out / "report.json").read_text())["files"]}
     assert "width.png" not in files and not (out / "width.png").exists() and files <= set(R.FIGURES)
