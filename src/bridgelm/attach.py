@@ -266,7 +266,8 @@ def _auto_classes() -> list[tuple[type, Any]]:
 def auto_class(config) -> type:
     """The Auto class that builds the model of `config`: AutoModelForCausalLM where it can (its error names a type
     none of them knows), else AutoModelForImageTextToText (Mistral 3, LLaVA: a language model and a vision tower)."""
-    return next((auto for auto, mapping in _auto_classes() if type(config) in mapping), _auto_classes()[0][0])
+    classes = _auto_classes()
+    return next((auto for auto, mapping in classes if type(config) in mapping), classes[0][0])
 
 
 def bridge_config_class(base: type) -> type:

@@ -29,7 +29,6 @@ from typing import NamedTuple
 
 import torch
 
-from bridgelm.layout import config_value, other_layer_types
 from bridgelm.attention import fast_attention
 from bridgelm.engine import sampler
 from bridgelm.engine.batch import Batch, GeneratedIds, Outputs, expand, prefill, share_pays
@@ -40,6 +39,7 @@ from bridgelm.engine.refill import admit, freed_groups, refill_plan
 from bridgelm.engine.step import Stepper, bucket_keep, decodes_compiled, group_rows, reads_whole, shares_prompts
 from bridgelm.engine.waves import Job, Wave, plan_waves
 from bridgelm.errors import UserError
+from bridgelm.layout import config_value, other_layer_types
 from bridgelm.packed import packed_linears
 
 
@@ -238,8 +238,8 @@ def check_prompts(model, prompts: Sequence[Sequence[int]], cfg: SamplingConfig) 
     for i, p in enumerate(prompts):
         if len(p) == 0:
             raise UserError(f"prompt {i} is empty: expected at least one token")
-        if vocab is not None and not all(0 <= t < vocab for t in p):
-            bad = next(t for t in p if not 0 <= t < vocab)
+        bad = None if vocab is None else next((t for t in p if not 0 <= t < vocab), None)
+        if bad is not None:
             raise UserError(f"prompt {i} holds token id {bad}: expected ids in [0, {vocab}), the model's vocabulary")
         if context is not None and len(p) + cfg.max_new_tokens > context:
             room = context - max(map(len, prompts))  # what the longest prompt leaves

@@ -162,7 +162,10 @@ def stop_checker(tokenizer, stop_strings: Sequence[str]) -> Callable[[list[int]]
     plain = [s for s in stop_strings if s not in marked]
 
     def found(strings: list[str], tail: list[int], skip: bool) -> bool:
-        return bool(strings) and any(s in tokenizer.decode(tail, skip_special_tokens=skip) for s in strings)
+        if not strings:
+            return False
+        text = tokenizer.decode(tail, skip_special_tokens=skip)  # once for every string (it ran once per string)
+        return any(s in text for s in strings)
 
     def stop(token_ids: list[int]) -> bool:
         tail = token_ids[-(longest + 4) :]

@@ -157,8 +157,9 @@ def _worked_result(sentence: str) -> re.Match | None:
         return None
     result = None
     for part in rest:  # a chain of "=": each link a number (the last one the result) or a sum again
-        found = _NUMBER_IN_TEXT_RE.match(part.lstrip(_RESULT_LEAD))
-        if found is None or part.lstrip(_RESULT_LEAD)[found.end() :].startswith("/"):  # "= 7/2": not one number
+        value = part.lstrip(_RESULT_LEAD)
+        found = _NUMBER_IN_TEXT_RE.match(value)
+        if found is None or value[found.end() :].startswith("/"):  # "= 7/2": not one number
             break
         result = found
         if not _SUM_RE.fullmatch(part.strip(" $*")) and part.strip(" $*.") != found.group(0):

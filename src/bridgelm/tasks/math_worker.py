@@ -14,7 +14,6 @@ from bridgelm.tasks.answers import last_boxed
 # Default bound on one grading call, in seconds.
 DEFAULT_TIMEOUT = 5.0
 
-
 # Address space the grading worker may add to what it holds at start-up, in bytes (grading needs < 100 MB).
 MEMORY_LIMIT = 2 * 1024**3
 
