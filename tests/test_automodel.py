@@ -131,3 +131,33 @@ def test_a_config_with_blocks_pickles_and_copies():
     config = bridgelm.add_bridge(tiny_model()).config
     for other in (pickle.loads(pickle.dumps(config)), copy.deepcopy(config)):
         assert type(other) is type(config) and other.to_dict() == config.to_dict() and other.bridgelm == config.bridgelm
+
+
+def test_blocks_left_out_of_the_weights_start_fresh_through_the_auto_class(tmp_path):
+    """transformers fills a missing tensor by the model's init; a block's output projection starts at zero, so a
+    block the weights lack changes nothing (bridgelm.load_model refuses such weights, above)."""
+    from safetensors.torch import load_file, save_file
+
+    model = bridgelm.add_bridge(tiny_model("qwen2")).eval()
+    model.save_pretrained(tmp_path)
+    weights = tmp_path / "model.safetensors"
+    save_file({k: v for k, v in load_file(weights).items() if ".bridge." not in k}, weights, metadata={"format": "pt"})
+    auto = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    block = auto.model.layers[0].bridge
+    assert block.qkv_proj.weight.std() > 0 and not block.o_proj.weight.any()
+    ids = torch.randint(3, 97, (4, 6))
+    assert torch.equal(_logits(auto, ids), _logits(model, ids))
+
+
+@pytest.mark.parametrize("kind", ["bridge", "pmatch"])
+def test_init_weights_leaves_the_blocks(kind):
+    """transformers' init_weights() re-draws what it has not drawn itself: not the blocks (a fresh one stays zero)."""
+    for trained in (False, True):
+        model = tiny_model("llama")
+        (bridgelm.add_bridge if kind == "bridge" else bridgelm.add_pmatch)(model)
+        if trained:
+            randomize_blocks(model)
+        before = {k: v.clone() for k, v in model.state_dict().items() if f".{kind}." in k}
+        model.init_weights()
+        after = model.state_dict()
+        assert all(torch.equal(after[k], v) for k, v in before.items())

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from bridgelm.blocks import BlockConfig, make_block
+from bridgelm.blocks import OUTPUT, BlockConfig, make_block
 from bridgelm.errors import UserError, check_int
 from bridgelm.grouped import KWARG
 from bridgelm.layout import check_attn_placement, config_value, decoder_layers, text_config
@@ -151,6 +151,8 @@ def attach_blocks(model: nn.Module, cfg: BlockConfig) -> nn.Module:
             norm = new_norm(layer.post_attention_layernorm, hidden, default_eps)
             block = make_block(cfg, hidden, norm, init_std)
         block.to(device=ref.device, dtype=ref.dtype)
+        for p in block.parameters():  # drawn here: transformers' init_weights() leaves them (and a fresh block zero)
+            p._is_hf_initialized = not p.is_meta
         block.requires_grad_(any(p.requires_grad for p in layer.parameters()))
         layer.add_module(cfg.kind, block)
         layer.__class__ = _swapped_class(type(layer), cfg.kind, cfg.placement)
@@ -305,11 +307,29 @@ def _bridge_model_class(base: type, config_class: type) -> type:
         base.__init__(self, config, *args, **kwargs)
         attach_blocks(self, _recorded(config))
 
-    cls = type(
-        ARCH_PREFIX + base.__name__, (base,), {"__init__": __init__, "config_class": config_class, "__module__": __name__}
-    )
+    def initialize_weights(self):
+        _zero_fresh_outputs(self)
+        base.initialize_weights(self)
+
+    body = {"__init__": __init__, "initialize_weights": initialize_weights, "config_class": config_class,
+            "__module__": __name__}
+    cls = type(ARCH_PREFIX + base.__name__, (base,), body)
     _rename_as(cls, base)
     return cls
+
+
+@torch.no_grad()
+def _zero_fresh_outputs(model: nn.Module) -> None:
+    """Zero the output projection of every block that nothing loaded (`from_pretrained` of weights that lack them), so
+    that such a block starts fresh and changes nothing, where transformers' own init would draw it at random."""
+    cfg = block_config(model)
+    if cfg is None:  # the base's own post_init, before the blocks are attached
+        return
+    for layer in decoder_layers(model):
+        weight = getattr(getattr(layer, cfg.kind), OUTPUT[cfg.kind]).weight
+        if not weight.is_meta and not getattr(weight, "_is_hf_initialized", False):
+            weight.zero_()
+            weight._is_hf_initialized = True
 
 
 def _rename_as(cls: type, base: type) -> None:

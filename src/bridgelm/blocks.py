@@ -28,6 +28,7 @@ if TYPE_CHECKING:  # the layout object is built one level up, in grouped.py
     from bridgelm.grouped import Groups
 
 KINDS = ("bridge", "pmatch")
+OUTPUT = {"bridge": "o_proj", "pmatch": "down_proj"}  # each kind's output projection: zero in a fresh block
 PLACEMENTS = ("ffn", "attn")
 
 
@@ -128,7 +129,7 @@ def make_block(cfg: BlockConfig, hidden_size: int, norm: nn.Module, init_std: fl
     """A block of `cfg.kind` with its input `norm`; inputs drawn N(0, init_std), output projection zero."""
     cls = BridgeBlock if cfg.kind == "bridge" else PMatchBlock
     block = cls(hidden_size, cfg.num_heads, cfg.head_dim, norm)
-    out_name = "o_proj" if cfg.kind == "bridge" else "down_proj"
+    out_name = OUTPUT[cfg.kind]
     for name, module in block.named_children():
         if isinstance(module, nn.Linear) and module.weight.device.type != "meta":
             with torch.no_grad():
