@@ -350,3 +350,34 @@ def test_recommended_command_names_block_heads_only_when_given(capsys):
     assert "--add bridge" in command and "--num-heads" not in command
     main([*base, "--num-heads", "8"])
     assert "--add bridge --num-heads 8" in json.loads(capsys.readouterr().out.splitlines()[-1])["recommended"]["command"]
+
+
+_GEMMA4 = {"model_type": "gemma4_text", "head_dim": 16, "global_head_dim": 32, "sliding_window": 8,
+           "vocab_size_per_layer_input": 97, "hidden_size_per_layer_input": 8}
+
+
+@pytest.mark.parametrize("settings", [
+    {"model_type": "llama"},
+    {**_GEMMA4},
+    {**_GEMMA4, "num_hidden_layers": 4, "layer_types": ["sliding_attention", "full_attention"] * 2,
+     "num_kv_shared_layers": 2},
+])
+def test_the_cache_width_is_what_transformers_cache_keeps_a_token(settings):
+    """Key and value elements a token keeps, summed over layers, against transformers' own cache after a prompt:
+    Gemma 4's full-attention layers keep another head dim, and its last layers read earlier layers' caches (the plan
+    counted every layer at the top-level head dim)."""
+    import transformers
+
+    settings = dict(settings)
+    kind = settings.pop("model_type")
+    if kind not in transformers.models.auto.configuration_auto.CONFIG_MAPPING:
+        pytest.skip(f"transformers {transformers.__version__} has no {kind}")
+    config = transformers.AutoConfig.for_model(kind, vocab_size=97, hidden_size=64, intermediate_size=128,
+                                               num_attention_heads=4, num_key_value_heads=2,
+                                               **{"num_hidden_layers": 2, **settings})
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    cache = model(torch.tensor([[1, 5, 6]]), use_cache=True).past_key_values
+    kept = [layer.keys for layer in cache.layers if getattr(layer, "keys", None) is not None and layer.keys.numel()]
+    width = sum(2 * k.shape[1] * k.shape[3] for k in kept)
+    assert plan.shape_of(model).cache_width == width

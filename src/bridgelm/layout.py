@@ -62,6 +62,14 @@ def config_value(config, key: str):
         return vars(config).get(key)
 
 
+def layer_configs(config) -> list:
+    """Each decoder layer's config: a heterogeneous config's per-layer ones (Gemma 4's full-attention layers have
+    another head_dim and key/value heads), else `config` for every layer."""
+    if getattr(config, "is_heterogeneous", False):
+        return list(config.per_layer_config)
+    return [config] * config.num_hidden_layers
+
+
 def text_config(model):
     """The config of the model's language part: its own, or a composite model's text config (Gemma 3, Mistral 3)."""
     return model.config.get_text_config()

@@ -13,7 +13,8 @@ size, i intermediate size, n layers, V vocabulary, L = prompt tokens + max_new_t
                   --bf16), P x its bytes, kept between steps (rollouts.RolloutPolicy; with or without FSDP)
 - rollout model   without a replica under FSDP, what sampling gathers: the rest of the model in fp32,
                   P x b x (W - 1) / W, during the rollout phase only
-- KV cache        n x 2 x kv_heads x head_dim x rows x C x bytes of the sampling dtype (the replica's, else b),
+- KV cache        2 x kv_heads x head_dim summed over the layers that keep a cache (n x 2 x kv_heads x head_dim where
+                  every layer keeps its own alike) x rows x C x bytes of the sampling dtype (the replica's, else b),
                   rows = a rank's rollouts (prompts_per_step / W x G) bounded by max_batch_sequences and
                   max_batch_tokens / L (whole groups), C the slab's positions: where the decode step is compiled (on a
                   GPU, the replica or an unsharded policy) the smallest bucket of at least L (64, 96, 128, 192, ...,
@@ -69,7 +70,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from bridgelm.attach import added_parameters, block_config
-from bridgelm.layout import config_value, decoder_layers
+from bridgelm.layout import config_value, decoder_layers, layer_configs
 from bridgelm.engine.cache import slab_capacity
 from bridgelm.errors import UserError
 
@@ -99,6 +100,11 @@ class Shape:
     block_kind: str | None = None  # the added blocks' kind ("bridge", "pmatch"), None without
     block_inner: int = 0  # D, their inner width: heads x head_dim (a Bridge block's attention, half P-Match's MLP)
     layer_params: int = 0  # one decoder layer's, its block included (FSDP's unit)
+    cache_width: int = 0  # key and value elements a token keeps in the cache, all layers (0: n x 2 x kv_heads x head_dim)
+
+    def __post_init__(self):
+        if not self.cache_width:
+            self.cache_width = self.layers * 2 * self.kv_heads * self.head_dim
 
     @property
     def root_params(self) -> int:
@@ -117,7 +123,18 @@ def shape_of(model) -> Shape:
     kind, inner = (None, 0) if added is None else (added.kind, added.num_heads * added.head_dim)
     layer = sum({id(p): p.numel() for p in decoder_layers(model)[0].parameters()}.values())
     return Shape(sum(unique.values()), blocks, c.num_hidden_layers, c.hidden_size, c.intermediate_size, kv_heads,
-                 head_dim, c.vocab_size, kind, inner, layer)  # fmt: skip
+                 head_dim, c.vocab_size, kind, inner, layer, _cache_width(c))  # fmt: skip
+
+
+def _cache_width(c) -> int:
+    """Key and value elements a token keeps in the cache: each layer's own heads and head dim (Gemma 4's differ by
+    layer), none for a layer that reads an earlier layer's (Gemma 4's num_kv_shared_layers)."""
+    owners = layer_configs(c)[: c.num_hidden_layers - (getattr(c, "num_kv_shared_layers", 0) or 0)]
+    width = 0
+    for lc in owners:
+        head_dim = config_value(lc, "head_dim") or lc.hidden_size // lc.num_attention_heads
+        width += 2 * (getattr(lc, "num_key_value_heads", None) or lc.num_attention_heads) * head_dim
+    return width
 
 
 @dataclass
@@ -219,7 +236,7 @@ def _cache(setup: Setup, rows: int, tokens: int, sampling) -> float:
     s, cfg = setup.shape, setup.cfg
     compiled = sampling.compile is not False and (cfg.replica_dtype() is not None or not cfg.fsdp)
     cache_bytes = DTYPE_BYTES[cfg.replica_dtype() or setup.dtype]
-    return s.layers * 2 * s.kv_heads * s.head_dim * rows * slab_capacity(tokens, compiled) * cache_bytes
+    return s.cache_width * rows * slab_capacity(tokens, compiled) * cache_bytes
 
 
 def kv_cache(setup: Setup) -> float:
