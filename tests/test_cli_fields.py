@@ -269,7 +269,9 @@ def test_version(capsys):
 # whitespace collapsed): the move to help data kept every word.
 RL_HELP = [
     "--rollouts ROLLOUTS G, rollouts per prompt: the GRPO group (paper: 8) (default: 8)",
-    "--eval-n EVAL_N samples per validation problem (paper: 4 on MATH-500) (default: 4)",
+    "--eval-n EVAL_N samples per validation problem (paper: 4 on MATH-500, every 100 optimiser steps) (default: 4)",
+    "--steps STEPS rollout steps; each samples P x G rollouts, then takes K optimiser steps (paper: 125 of K = 8, its "
+    "1000 optimiser steps) (default: 100)",
     "--temperature TEMPERATURE sampling temperature; log-probs use logits / temperature as well (default: 0.6)",
     '--rollout-dtype ROLLOUT_DTYPE sample from a copy of the policy in this dtype ("bfloat16"), refreshed before each '
     "step (1.3-1.5x faster sampling on CPU); the update recomputes every log-prob. None: the policy itself",

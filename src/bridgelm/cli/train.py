@@ -119,7 +119,7 @@ ROLLOUT_FLAGS = Nested(
     flags={
         "n": Flag("--rollouts", help="G, rollouts per prompt: the GRPO group (paper: 8)"),
         "width": Flag(help="w, Bridge group width while sampling; divides G (paper: 4 or 8)"),
-        "max_new_tokens": Flag(help="tokens per rollout, at most"),
+        "max_new_tokens": Flag(help="tokens per rollout, at most (paper: 4096)"),
         "temperature": Flag(help="sampling temperature; log-probs use logits / temperature as well"),
         "top_p": Flag(help="nucleus of the rollouts (1: exactly the policy the ratios assume)"),
     },
@@ -130,7 +130,7 @@ RL_OPTIM_FLAGS = Nested(
         "lr": Flag(help="AdamW learning rate after warm-up (constant)"),
         "bf16": Flag(help="bf16 autocast of the training forwards; with fsdp, mixed precision (bf16 compute, fp32 "
                           "master weights and reductions) where the device has bf16, and rollouts from a bf16 copy "
-                          "(rollout_dtype's default)"),
+                          "(rollout_dtype's default) (paper: on)"),
     },
 )
 # RLConfig.run's flags: --save-every, --keep-last, --resume, --progress, --tensorboard
@@ -152,7 +152,7 @@ VALIDATION_FLAGS = Nested(
         "sampling": Nested(
             only=["n", "width", "max_new_tokens", "temperature", "top_p"],
             flags={
-                "n": Flag(help="samples per validation problem (paper: 4 on MATH-500)"),
+                "n": Flag(help="samples per validation problem (paper: 4 on MATH-500, every 100 optimiser steps)"),
                 "width": Flag(help="Bridge width of validation sampling (divides --eval-n)"),
                 "max_new_tokens": Flag(help="tokens per validation sample, at most (None: --max-new-tokens)"),
                 "temperature": Flag(help="validation sampling temperature (paper: 0.6)"),

@@ -244,8 +244,9 @@ def departures(cfg) -> list[str]:
     lines = [
         f"SFT lr {cfg.sft.optim.lr:g} (paper 2e-5) and RL lr {cfg.rl.optim.lr:g} (paper 1e-6): the paper's rates are "
         "for 1.5B-8B models; a model of a few million parameters needs larger steps",
-        f"RL: {cfg.rl.steps} steps of {cfg.rl.prompts_per_step} prompts x {cfg.rl.rollout.n} rollouts (paper: 1000 steps of "
-        f"56 x 8), Bridge width {cfg.rl.rollout.width} while training",
+        f"RL: {cfg.rl.steps} rollout steps of {cfg.rl.prompts_per_step} prompts x {cfg.rl.rollout.n} rollouts, "
+        f"{cfg.rl.steps_per_rollout} optimiser steps each (paper: 125 of 56 x 8, 8 each: 1000 optimiser steps), "
+        f"Bridge width {cfg.rl.rollout.width} while training",
         f"Block heads {cfg.blocks.num_heads} of dim {cfg.blocks.head_dim} (paper: 4 heads of the host's head dim)",
     ]
     if cfg.rl.block_lr is not None:

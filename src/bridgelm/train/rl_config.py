@@ -33,11 +33,15 @@ MAX_SIBLING_WEIGHT = 1e6  # L of reward "sibling", at most: (1 + L)^2 stays far 
 
 @dataclass
 class RLConfig:
-    """GRPO settings; defaults follow the paper's Appendix A where it gives one (per-device sizes are smaller)."""
+    """GRPO settings. The paper's Appendix A where it gives a rate or a ratio (lr, warm-up, beta, clip, K, G,
+    temperature); its sizes are smaller here and bf16 is off, for a first run on any machine (paper: steps 125 of 56
+    prompts, 4096 tokens a rollout, bf16): docs/scale.md runs the paper's."""
 
-    steps: int = setting(100, "rollout steps; each samples P x G rollouts, then takes K optimiser steps")
-    prompts_per_step: int = setting(8, "P, over all ranks (divisible by the number of processes)")
-    chat: bool = setting(False, "wrap prompts in the tokenizer's chat template")
+    steps: int = setting(100, "rollout steps; each samples P x G rollouts, then takes K optimiser steps "
+                                 "(paper: 125 of K = 8, its 1000 optimiser steps)")
+    prompts_per_step: int = setting(8, "P, over all ranks (divisible by the number of processes) (paper: 56)")
+    chat: bool = setting(False, "wrap prompts in the tokenizer's chat template (the paper's "
+                                                "R1-Distill models need it)")
     seed: int = setting(0, "seeds data order, sampling and mini-batch shuffles (with the step)")
 
     rollout: SamplingConfig = setting(
@@ -76,7 +80,8 @@ class RLConfig:
     fsdp: bool = setting(False, "shard parameters, gradients and optimiser state with FSDP2 (torchrun only)")
     lora: LoraSettings = setting(default_factory=LoraSettings, help="LoRA of the base (bridgelm.lora); off by default")
 
-    eval_every: int = setting(0, "steps between validations (0: only after the last step); needs a val_task")
+    eval_every: int = setting(0, "rollout steps between validations (0: only after the last step); needs a "
+                                   "val_task (paper: every 100 optimiser steps, 12 of K = 8)")
     validation: EvalConfig = setting(
         default_factory=default_validation,
         help="how the val_task is sampled: n, width, limit (None: all problems), max_new_tokens "

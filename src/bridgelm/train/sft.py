@@ -63,7 +63,8 @@ class SFTConfig:
     epochs: int = setting(5, "passes over the training problems")
     optim: OptimConfig = setting(default_factory=lambda: OptimConfig(lr=SFT_LR), help="AdamW and its schedule "
                                  "(linear decay after the warm-up), clipping, bf16, gradient checkpointing")
-    batch_groups: int = setting(8, "groups per optimiser step, over all ranks (paper: 32 responses)")
+    batch_groups: int = setting(8, "groups per optimiser step, over all ranks (paper: 32 responses; 8 "
+                                                "groups of 2-4 hold about 24)")
     micro_batch_groups: int = setting(8, "groups per forward/backward on a rank (gradient accumulation)")
     min_width: int = setting(2, "smallest group")
     max_width: int = setting(4, "largest group")

@@ -37,7 +37,7 @@ from bridgelm.samples import check_lines, run_settings
 from bridgelm.engine import SamplingConfig, stream_text
 from bridgelm.tasks.base import check_rewards, is_correct
 
-MAX_NEW_TOKENS = 1024  # tokens per warm-up response, at most (the CLI's default too)
+MAX_NEW_TOKENS = 2048  # tokens per warm-up response, at most: the paper's (App. A), the CLI's default too
 # Problems need at least this many correct responses to be kept (a Bridge group has >= 2 rows).
 MIN_CORRECT = 2
 
