@@ -161,3 +161,23 @@ def test_init_weights_leaves_the_blocks(kind):
         model.init_weights()
         after = model.state_dict()
         assert all(torch.equal(after[k], v) for k, v in before.items())
+
+
+def test_transformers_generate_on_a_bridge_model_says_its_rows_are_drawn_alone(monkeypatch):
+    """transformers' generate gives a Bridge model no groups: its samples are width 1's. It says so once; the engine,
+    which passes the layout at every width (None at width 1, prompts of one token too), never does."""
+    import warnings
+
+    from bridgelm.attach import RowsAloneWarning
+    from bridgelm.engine import SamplingConfig, generate_ids
+
+    model = randomize_blocks(bridgelm.add_bridge(tiny_model("qwen2"))).eval()
+    monkeypatch.setattr(bridgelm.attach, "_ROWS_ALONE_SAID", False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RowsAloneWarning)
+        for width in (1, 2):
+            generate_ids(model, [[1, 5, 6], [7]], SamplingConfig(n=4, width=width, max_new_tokens=4), [2], 0)
+    with pytest.warns(RowsAloneWarning, match=r"drawn alone.*bridgelm.generate") as said:
+        model.generate(torch.tensor([[1, 5, 6]]), do_sample=True, num_return_sequences=4, max_new_tokens=3)
+        model.generate(torch.tensor([[1, 5, 6]]), do_sample=True, num_return_sequences=4, max_new_tokens=3)
+    assert len([w for w in said if w.category is RowsAloneWarning]) == 1

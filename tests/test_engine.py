@@ -593,3 +593,13 @@ def test_an_uncompilable_model_says_why_once_and_samples_eagerly():
         warnings.simplefilter("error")  # said once per process, not at every wave
         assert step.decodes_compiled(model, cfg, "cpu") is False
     assert step.uncompiled_reason(tiny_model()) is None
+
+
+def test_a_torch_compiled_model_samples_as_the_model_itself():
+    """torch.compile(model) given to the engine (which compiles its own step where it pays): its module is sampled,
+    the same draws (it failed in inductor's lowering of the packed CPU weights)."""
+    model = randomize_blocks(bridgelm.add_bridge(tiny_model("qwen2"))).eval()
+    cfg = SamplingConfig(n=4, width=2, max_new_tokens=5)
+    want = generate_ids(model, [[1, 5, 6], [7, 8]], cfg, [2], 0)
+    got = generate_ids(torch.compile(model), [[1, 5, 6], [7, 8]], cfg, [2], 0)
+    assert [[s.token_ids for s in g] for g in got] == [[s.token_ids for s in g] for g in want]

@@ -80,6 +80,40 @@ def test_refuses_settings_that_split_groups(tmp_path, kwargs, words):
     assert "\n" not in message and all(w in message for w in words), message
 
 
+def a_tool(x: int) -> int:
+    """Doubles x.
+
+    Args:
+        x: a number
+    """
+    return 2 * x
+
+
+@pytest.mark.parametrize("given, words", [
+    ({"tools": [a_tool]}, ["tools at bridge_width=4", "bridge_width=1"]),
+    ({"eval_dataset": Dataset.from_list([{"prompt": p} for p in PROMPTS])},  # eval_strategy "no": evaluate() by hand
+     ["num_generations_eval=2", "width 4"]),
+])
+def test_refuses_arguments_whose_rollouts_would_leave_their_groups(tmp_path, given, words):
+    """Tool calls (TRL samples the turns after one row by row) and an eval set whose batches split groups, whatever
+    eval_strategy says (trainer.evaluate() by hand raised a bare assert, or under -O scored one prompt's completions
+    against another's answer)."""
+    model, tok = tiny_policy()
+    args = config(tmp_path, num_generations_eval=2, per_device_eval_batch_size=4)
+    with pytest.raises(UserError) as err:
+        BridgeGRPOTrainer(model, length_reward, args, Dataset.from_list([{"prompt": p} for p in PROMPTS]),
+                          processing_class=tok, **given)
+    assert "\n" not in str(err.value) and all(w in str(err.value) for w in words), str(err.value)
+
+
+def test_an_evaluate_of_batches_that_split_groups_is_refused_not_sampled(tmp_path):
+    """evaluate(eval_dataset) of a set the trainer was not given, at eval batch settings that split a group: refused
+    in one line before any sample (it sampled the first prompt's group for both prompts)."""
+    t = trainer(tmp_path, num_generations_eval=2, per_device_eval_batch_size=4)
+    with pytest.raises(UserError, match="a batch split a Bridge group.*bridge_width=4"):
+        t.evaluate(Dataset.from_list([{"prompt": p} for p in PROMPTS[:4]]))
+
+
 @pytest.mark.parametrize("width", [2.7, "two", True, -2])
 def test_width_must_be_a_positive_integer(tmp_path, width):
     """Not rounded (2.7 would have become 2), not a bare ValueError: one line naming the field, at construction."""

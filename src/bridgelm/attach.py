@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import warnings
 from dataclasses import asdict
 from typing import Any
 
@@ -47,6 +48,8 @@ class _BlockLayer:
     _bridgelm_placement: str
 
     def forward(self, hidden_states, *args, **kwargs):
+        if KWARG not in kwargs and self._bridgelm_kind == "bridge":
+            _note_rows_alone(hidden_states)
         groups = kwargs.pop(KWARG, None)
         block = getattr(self, self._bridgelm_kind)
         if self._bridgelm_placement == "ffn":
@@ -61,6 +64,27 @@ class _BlockLayer:
             return super().forward(hidden_states, *args, **kwargs)
         finally:
             branch._bridgelm_pending = None
+
+
+class RowsAloneWarning(UserWarning):
+    """A Bridge model decodes several rows with no group layout (transformers' generate): each row alone."""
+
+
+_ROWS_ALONE_SAID = False
+
+
+def _note_rows_alone(hidden_states: torch.Tensor) -> None:
+    """Warn once a process when a Bridge model decodes a step of several rows without `bridge_groups`: what
+    transformers' `generate` (and pipelines built on it) does, whose samples are then drawn at width 1, each alone.
+    bridgelm's own callers always pass the layout (None at width 1)."""
+    global _ROWS_ALONE_SAID
+    if _ROWS_ALONE_SAID or hidden_states.dim() != 3 or hidden_states.shape[0] < 2 or hidden_states.shape[1] != 1:
+        return
+    _ROWS_ALONE_SAID = True
+    warnings.warn(RowsAloneWarning(
+        "a Bridge model decodes rows with no Bridge groups (transformers' generate, or a forward without "
+        "bridge_groups): each row is drawn alone, as at width 1; bridgelm.generate(model, tokenizer, prompts, n=N, "
+        "width=W) samples groups of W that read each other"), stacklevel=3)
 
 
 def attention_branch(layer: nn.Module) -> nn.Module:

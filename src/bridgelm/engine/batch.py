@@ -16,7 +16,7 @@ import torch
 
 from bridgelm.engine.cache import SlabCache
 from bridgelm.engine.config import SamplingConfig
-from bridgelm.engine.step import cache_arg, reads_whole
+from bridgelm.engine.step import cache_arg, layout_arg, reads_whole
 from bridgelm.engine.waves import Wave
 from bridgelm.errors import UserError
 
@@ -121,6 +121,7 @@ def prefill(model, prompts: Sequence[Sequence[int]], wave: Wave, pad_id: int, ca
         attention_mask=mask[:, :L].long(),
         position_ids=positions,
         **{cache_arg(model): cache},
+        **layout_arg(model, None),
         use_cache=True,
         logits_to_keep=1,
     )

@@ -276,6 +276,7 @@ def stream_ids(
     the rounding differences of other batch shapes).
     """
     cfg.validate()
+    model = getattr(model, "_orig_mod", model)  # a torch.compile'd module: the engine compiles its own step (cfg)
     check_model(model)
     check_prompts(model, prompts, cfg)
     device = next(model.parameters()).device

@@ -46,10 +46,15 @@ def cache_arg(model) -> str:
     return _CACHE_ARG[kind]
 
 
+def layout_arg(model, groups) -> dict:
+    """The forward's Bridge layout argument: `groups`; a model with blocks is given it even where it is None (rows
+    alone, width 1), since without it a Bridge model warns of a decode step without groups (attach.py)."""
+    return {KWARG: groups} if groups is not None or hasattr(model.config, "bridgelm") else {}
+
+
 def decode_step(model, cache: Cache, tokens: torch.Tensor, positions: torch.Tensor, mask, groups) -> torch.Tensor:
     """One token per row through the model. tokens, positions [B] -> next-token logits [B, V]."""
-    extra = {KWARG: groups} if groups is not None else {}
-    extra[cache_arg(model)] = cache
+    extra = {**layout_arg(model, groups), cache_arg(model): cache}
     out = model(input_ids=tokens[:, None], position_ids=positions[:, None], attention_mask=mask, use_cache=True,
                 **extra)
     return out.logits[:, -1]

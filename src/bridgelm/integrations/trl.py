@@ -36,12 +36,16 @@ What changes against GRPOTrainer, and nothing else (rewards, advantages and the 
   checkpoints write one model folder, LoRA merged into the base with the blocks, and the adapter in `lora/`
   (bridgelm.lora), which a resumed run reads back.
 Settings it cannot honour are refused at construction, in one line naming the setting: batch settings that would
-split a group, a width that is not a positive integer, temperature 0, FSDP and DeepSpeed ZeRO-3 (rollouts would
-decode on sharded weights), vLLM, continuous batching and `rollout_func` (their rollouts would not be Bridge groups),
-sampling settings the engine does not take (min_p, repetition_penalty, generation_kwargs), mask_truncated_completions
-at a width above 1 (a truncated sibling would be hidden from its group in training, not while sampling), and
-sync_ref_model with peft_config (as GRPOTrainer refuses it). Rollout seeds are keyed by the optimizer step, so a
-resumed run draws what the run it resumes would have drawn. Text prompts, plain or conversational; no images.
+split a group (the eval batch settings too where an eval set is given, whatever eval_strategy says), a width that is
+not a positive integer, temperature 0, FSDP and DeepSpeed ZeRO-3 (rollouts would decode on sharded weights), vLLM,
+continuous batching, `rollout_func`, and `tools` or `environment_factory` at a width above 1 (their rollouts, or the
+turns after a tool call, would not be Bridge groups), sampling settings the engine does not take (min_p,
+repetition_penalty, generation_kwargs), mask_truncated_completions at a width above 1 (a truncated sibling would be
+hidden from its group in training, not while sampling), and sync_ref_model with peft_config (as GRPOTrainer refuses
+it). Rollout seeds are keyed by the optimizer step, so a run resumed from a checkpoint at a rollout boundary
+(save_steps a multiple of steps_per_generation / gradient_accumulation_steps) draws what the run it resumes would
+have drawn; TRL keeps no rollouts in a checkpoint, so one saved inside a generation batch samples it anew. Text
+prompts, plain or conversational; no images.
 TRL's private methods are wrapped with their arguments forwarded as given.
 """
 
@@ -114,8 +118,25 @@ def check_sharding(args) -> None:
         )
 
 
-def check_group_settings(args, width: int) -> None:
-    """Refuse TRL settings that cannot keep Bridge groups of `width` whole (one line, naming the numbers)."""
+def check_arguments(given: dict, width: int) -> None:
+    """Refuse GRPOTrainer arguments (`given` by name) whose rollouts would not be Bridge groups of `width`."""
+    name = "BridgeGRPOTrainer"
+    if given.get("rollout_func") is not None:
+        raise UserError(f"{name}: rollout_func is not supported: rollouts come from bridgelm's engine")
+    if width > 1:
+        for key in ("tools", "environment_factory"):
+            if given.get(key):
+                raise UserError(f"{name}: {key} at bridge_width={width}: TRL samples the turns after a tool call row "
+                                f"by row, outside their Bridge group: use bridge_width=1, or no {key}")
+    args = given.get("args")
+    if given.get("peft_config") is not None and args is not None and args.beta != 0.0 and args.sync_ref_model:
+        raise UserError(f"{name}: sync_ref_model=True with peft_config is not supported (the reference is the base "
+                        "without LoRA): use sync_ref_model=False")  # as GRPOTrainer refuses it
+
+
+def check_group_settings(args, width: int, evaluates: bool = False) -> None:
+    """Refuse TRL settings that cannot keep Bridge groups of `width` whole (one line, naming the numbers);
+    `evaluates`: an eval set was given (the eval batch settings count whatever eval_strategy says)."""
     name = "BridgeGRPOTrainer"
     check_number(f"{name}: temperature", args.temperature, 0, open_low=True, note=" (GRPO samples)")
     try:  # top_p, top_k, max_completion_length: what the engine would refuse at the first rollout
@@ -124,7 +145,7 @@ def check_group_settings(args, width: int) -> None:
         raise UserError(f"{name}: {err}") from None
     # the counts of rows that groups of `width` must fill whole (a batch that splits a group mixes its prompts)
     counts = {"num_generations": args.num_generations, "per_device_train_batch_size": args.per_device_train_batch_size}
-    if args.eval_strategy != "no":
+    if evaluates or args.eval_strategy != "no":
         counts["num_generations_eval"] = args.num_generations_eval or args.num_generations
         counts["per_device_eval_batch_size"] = args.per_device_eval_batch_size
     split = [key for key, count in counts.items() if count % width]
@@ -167,29 +188,28 @@ class BridgeGRPOTrainer(GRPOTrainer):
     """TRL's GRPOTrainer with Bridge groups of `args.bridge_width` (default `num_generations`) rows of one prompt."""
 
     def __init__(self, model, reward_funcs, args: GRPOConfig | None = None, *rest, **kwargs):
+        bound = inspect.signature(GRPOTrainer.__init__).bind(self, model, reward_funcs, args, *rest, **kwargs)
+        given = bound.arguments  # GRPOTrainer's arguments by name, however they were passed
         if args is not None:  # checked before TRL loads anything; TRL's default config after
             check_sharding(args)
-            check_group_settings(args, bridge_width_of(args))
-        if kwargs.get("rollout_func") is not None:
-            raise UserError("BridgeGRPOTrainer: rollout_func is not supported: rollouts come from bridgelm's engine")
-        if kwargs.get("peft_config") is not None:
-            if args is not None and args.beta != 0.0 and args.sync_ref_model:  # as GRPOTrainer refuses it
-                raise UserError("BridgeGRPOTrainer: sync_ref_model=True with peft_config is not supported (the "
-                                "reference is the base without LoRA): use sync_ref_model=False")
-            kwargs["peft_config"] = lora_on_base(kwargs["peft_config"], model)
+            check_group_settings(args, bridge_width_of(args), evaluates=given.get("eval_dataset") is not None)
+        check_arguments(given, 1 if args is None else bridge_width_of(args))
+        if given.get("peft_config") is not None:
+            given["peft_config"] = lora_on_base(given["peft_config"], model)
         own_reference = isinstance(model, torch.nn.Module) and args is not None and args.beta != 0.0
         if own_reference:  # TRL would reload the model's folder for a reference: it gets a frozen copy instead
             beta, sync = args.beta, args.sync_ref_model
             args.beta, args.sync_ref_model = 0.0, False
             reference = copy.deepcopy(model)  # before TRL patches the policy's forward (see frozen_reference)
         try:
-            super().__init__(model, reward_funcs, args, *rest, **kwargs)
+            super().__init__(*bound.args[1:], **bound.kwargs)
         finally:
             if own_reference:
                 args.beta, args.sync_ref_model = beta, sync
         check_sharding(self.args)
         self.bridge_width = bridge_width_of(self.args)
-        check_group_settings(self.args, self.bridge_width)
+        check_group_settings(self.args, self.bridge_width, evaluates=self.eval_dataset is not None)
+        check_arguments(given, self.bridge_width)
         policy = self.accelerator.unwrap_model(self.model)
         has_blocks = block_config(policy) is not None
         for p in added_parameters(policy).values():  # peft froze everything but its adapter: the blocks train too
@@ -214,9 +234,12 @@ class BridgeGRPOTrainer(GRPOTrainer):
         if given.get("images") is not None or given.get("multimodal_fields") or len(prompt_ids) % width:
             raise UserError(f"BridgeGRPOTrainer: {len(prompt_ids)} text prompt rows expected in runs of {width}")
         firsts = prompt_ids[::width]  # one prompt per group
-        # TRL repeats each prompt num_generations times, which the width divides (checked at __init__)
-        assert all(prompt_ids[i] == firsts[i // width] for i in range(len(prompt_ids))), (
-            f"BridgeGRPOTrainer: a run of {width} rows holds different prompts: groups were split")
+        # TRL repeats each prompt num_generations times, which the width divides (checked at __init__, and here: an
+        # evaluate() of an eval set the trainer was not given, with other batch settings, could split a group)
+        if any(prompt_ids[i] != firsts[i // width] for i in range(len(prompt_ids))):
+            raise UserError(f"BridgeGRPOTrainer: a run of {width} rows holds different prompts: a batch split a Bridge "
+                            "group; num_generations(_eval) and per_device_(train|eval)_batch_size must be multiples "
+                            f"of bridge_width={width}")
         sampling = rollout_sampling(self.args, width, self._rollout_seed())
         model = base_of(self.accelerator.unwrap_model(self.model))  # with peft: the model its LoRA layers are in
         training = model.training
