@@ -2,14 +2,16 @@
 
 - `group_advantages`: A_i = (r_i - mean) / (std + eps) over the G rollouts of a prompt (std with Bessel's
   correction, as TRL and verl compute it); exactly 0 in a group whose rewards are all equal. A prompt sampled as
-  several Bridge groups (G = k x w) is normalised over all its G rollouts, across its groups.
-- `between_group_advantages`: App. C as written, advantages *between* a prompt's Bridge groups. A rollout's baseline
-  is the mean reward of the prompt's *other* groups (leave-own-group-out), scaled by the std of all G rewards: the
-  baseline is independent of the rollout's own group, so no sibling's reward enters it. Needs >= 2 groups a prompt.
+  several Bridge groups (G = k x w) is normalised over all its G rollouts, across its groups: this project's reading
+  of App. A (G = 8 at width 4), where eq. 3 has one group of all G.
+- `between_group_advantages`: one reading of App. C (which gives no formula), advantages *between* a prompt's Bridge
+  groups. A rollout's baseline is the mean reward of the prompt's *other* groups (leave-own-group-out), scaled by the
+  std of all G rewards: the baseline is independent of the rollout's own group, so no sibling's reward enters it.
+  Needs >= 2 groups a prompt.
 - `policy_loss`: -J. Per token, min(R A, clip(R, 1 - eps, 1 + eps_high) A) - beta * KL_k3(pi || pi_ref), summed
-  over unmasked tokens and divided by the token count of the whole mini-batch. A mini-batch split into
-  micro-batches (or over ranks) passes that global count as `num_tokens`, so the pieces add up to the loss of
-  the whole mini-batch.
+  over unmasked tokens and divided by the token count of the whole mini-batch (DAPO's token-level mean; eq. 3 as
+  written divides by one prompt's tokens, sum_i |o_i|). A mini-batch split into micro-batches (or over ranks)
+  passes that global count as `num_tokens`, so the pieces add up to the loss of the whole mini-batch.
   It returns the loss with its token sums for logging (`PolicyStats`: clipped tokens, KL, ratios), computed from the
   same ratio and KL; sums add over micro-batches and ranks.
 

@@ -4,9 +4,11 @@ A step takes P prompts of an epoch-wise shuffled stream (sharded over ranks; a p
 rank) and samples G rollouts per prompt with the engine, in Bridge groups of width w (w divides G), from the policy
 or, with `rollout_dtype`, from a copy of it in that dtype refreshed before the step. The rollouts are graded
 (reward = correctness, or with `reward` a set-level reward of each Bridge group: train/set_rewards.py) and their
-advantages computed over the G rollouts of a prompt: with G = k x w, across its k groups (paper App. C). The
-sampling seed derives from (seed, step, rank), the data order from (seed, epoch): a resumed run draws what an
-uninterrupted one would.
+advantages computed over the G rollouts of a prompt: with G = k x w, across its k groups. That is this project's
+reading of App. A (G = 8 rollouts at width 4), not the paper's eq. 3 (one group of all G) nor App. C (advantages
+between groups, which the paper did not use; `advantage="between-groups"` is one reading of it). The sampling seed
+derives from (seed, step, rank), the data order from (seed, epoch): a resumed run draws what an uninterrupted one
+would.
 
 Used by bridgelm.train.rl; tested by tests/test_rl.py and tests/test_set_rewards.py.
 """
