@@ -48,7 +48,7 @@ ARMS: dict[str, Arm] = {
     # App. C at the Bridge arm's rollouts per step: prompt-wide advantages over 2 groups (the first reading)
     "bridge_2groups": Arm("Bridge, 2 groups per prompt", "bridge", "bridge", groups=2),
     "bridge_majority": Arm("Bridge, group-majority reward", "bridge", "bridge", groups=2, rl={"reward": "majority"}),
-    # App. C as written: advantages between a prompt's groups, at the Bridge arm's prompts per step
+    # one reading of App. C: advantages between a prompt's groups, at the Bridge arm's prompts per step
     "bridge_appc": Arm(
         "Bridge, App. C (between groups)", "bridge", "bridge", groups=2, equal="prompts",
         rl={"advantage": "between-groups"},

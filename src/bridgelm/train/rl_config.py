@@ -61,8 +61,9 @@ class RLConfig:
                                                  "credits each rollout with its whole group's reward, "
                                                  "the exact policy gradient of a group's summed reward)")
     advantage: str = setting("prompt", "\"prompt\": over all G rollouts of a prompt, across its groups (the "
-                                       "paper's); \"between-groups\": each rollout against the mean of its "
-                                       "prompt's other Bridge groups (App. C; rollouts >= 2 x width)")
+                                       "paper's GRPO, G = 8 at w = 4 as App. A reads); \"between-groups\": each "
+                                       "rollout against the mean of its prompt's other Bridge groups (one reading "
+                                       "of App. C; rollouts >= 2 x width)")
 
     steps_per_rollout: int = setting(8, "K: optimiser steps per rollout batch, on K mini-batches of whole groups")
     epochs_per_rollout: int = setting(1, "passes over the rollout batch (K steps each)")
