@@ -463,3 +463,27 @@ def test_blocks_the_model_has_are_warmed_up_only_as_described():
                           ({"blocks": "pmatch"}, "blocks='pmatch' (the model's: 'bridge')")]:
         with pytest.raises(UserError, match=re.escape(named)):
             sft.ensure_blocks(model, replace(same, **change))
+
+
+def test_a_run_sweeps_what_a_killed_process_left_in_its_folder(tmp_path, monkeypatch):
+    """kill -9 while a checkpoint is written or pruned left folders named by the dead pid (never reused) or a
+    checkpoint without its trainer.json (never listed): pruning renames first, and the next run of the folder
+    removes every leftover of that kind, and nothing else."""
+    out = tmp_path / "out"
+    killed = lambda path, ignore_errors=False: None  # noqa: E731 - rmtree of a process killed before it ran
+    monkeypatch.setattr(checkpoints.shutil, "rmtree", killed)
+    run = replace(CFG, epochs=3, run=RunControl(progress=False, save_every=1, keep_last=1))
+    with pytest.raises(RuntimeError):
+        with monkeypatch.context() as m:  # killed at the third epoch's end, after two prunes
+            m.setattr(sft, "_stats", lambda *a: (_ for _ in ()).throw(RuntimeError("killed")))
+            train_sft(base_model(), TOK, write_warmup(tmp_path / "w.jsonl"), run, out)
+    monkeypatch.undo()
+    left = sorted(p.name for p in (out / checkpoints.CHECKPOINTS).iterdir() if p.name.startswith("."))
+    assert left and all(re.fullmatch(r"\.step-[0-9]{8}\.old[0-9]+", name) for name in left), left
+    assert len(checkpoints.list_checkpoints(out)) == 1  # pruned ones are not checkpoints, even half deleted
+    for name in (".step-00000009.tmp123", ".step-00000009.shards", ".model.tmp7"):
+        (out / checkpoints.CHECKPOINTS if name.startswith(".step") else out).joinpath(name).mkdir()
+    (out / ".mine").mkdir()  # the user's own
+    train_sft(base_model(), TOK, tmp_path / "w.jsonl", replace(run, run=replace(run.run, resume=True)), out)
+    assert not [p for p in (out / checkpoints.CHECKPOINTS).iterdir() if p.name.startswith(".")]
+    assert {p.name for p in out.iterdir() if p.name.startswith(".")} - {".lock"} == {".mine"}

@@ -89,11 +89,29 @@ def latest_checkpoint(out_dir: str | os.PathLike) -> Path | None:
 
 
 def prune_checkpoints(out_dir: str | os.PathLike, keep_last: int) -> None:
-    """Delete all but the newest `keep_last` checkpoints (keep_last <= 0 keeps all)."""
+    """Delete all but the newest `keep_last` checkpoints (keep_last <= 0 keeps all): each renamed out of the
+    checkpoints' names first, so that a process killed while deleting leaves a leftover `sweep_leftovers` removes,
+    not a checkpoint without its trainer.json that nothing lists."""
     if keep_last <= 0:
         return
     for old in list_checkpoints(out_dir)[:-keep_last]:
-        shutil.rmtree(old, ignore_errors=True)
+        gone = old.with_name(f".{old.name}.old{os.getpid()}")
+        os.replace(old, gone)
+        shutil.rmtree(gone, ignore_errors=True)
+
+
+# what a process killed while writing or pruning leaves: write_dir_atomic's and prune's folders (of a checkpoint, rl's
+# best/, sft's best model/), FSDP's staged shards
+_LEFTOVER = re.compile(r"\.(step-[0-9]{8,}|best|model)\.(tmp[0-9]+|old[0-9]+|shards)")
+
+
+def sweep_leftovers(out_dir: str | os.PathLike) -> None:
+    """Remove the folders an earlier process of this run left half-written or half-deleted when it was killed (they
+    carry its pid, so no later process would reuse them). Called by the run folder's one writer, under its lock."""
+    for folder in (Path(out_dir), Path(out_dir) / CHECKPOINTS):
+        for entry in folder.iterdir() if folder.is_dir() else ():
+            if _LEFTOVER.fullmatch(entry.name) and entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
 
 
 def save_trainer_state(

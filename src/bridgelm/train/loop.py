@@ -68,6 +68,7 @@ from bridgelm.train.checkpoints import (
     prune_checkpoints,
     read_info,
     save_trainer_state,
+    sweep_leftovers,
 )
 from bridgelm.train.optim import Diverged
 from bridgelm.train.weights import write_checkpoint
@@ -203,6 +204,7 @@ class Run:
         self.total = total
         if self.dist.is_main:  # first: a folder with a run's files but no run.json is refused as not a run's
             write_json(self.out_dir / RUN_FILE, {**format_of(self.kind), "identity": self.identity})
+            sweep_leftovers(self.out_dir)
         self.metrics = MetricsLog(
             self.out_dir / METRICS, enabled=self.dist.is_main, tensorboard=self.control.tensorboard
         )
