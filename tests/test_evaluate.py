@@ -268,6 +268,30 @@ def test_a_split_named_file_is_named_after_its_folder(tmp_path, model_tok):
     assert set(S.score_run(run, progress=False)["benchmarks"]) == {"gsm8k"}
 
 
+def test_a_run_continues_from_its_data_moved_elsewhere_and_records_where_it_is(tmp_path, model_tok):
+    """A data file moved with its content unchanged continues its run, as rl's and sft's do (it was refused by path);
+    run.json then names the new place, which score reads; other content is still refused."""
+    model, tok = model_tok
+    rows = [{"question": "What is 1+2?", "answer": "#### 3"}, {"question": "What is 2+2?", "answer": "#### 4"}]
+    (tmp_path / "a").mkdir()
+    data = _write_rows(tmp_path / "a" / "gsm8k.jsonl", rows)
+    cfg = E.EvalConfig(sampling=E.eval_sampling(n=2, width=1, max_new_tokens=3))
+    run = tmp_path / "run"
+    E.run_eval(model, tok, "gsm8k", [str(data)], replace(cfg, limit=1), run, "tiny", progress=False)
+    moved = tmp_path / "b" / "gsm8k.jsonl"
+    moved.parent.mkdir()
+    data.rename(moved)
+    with pytest.raises(UserError, match="limit"):  # a longer run is another run: its fingerprint differs
+        E.run_eval(model, tok, "gsm8k", [str(moved)], cfg, run, "tiny", progress=False)
+    assert E.run_eval(model, tok, "gsm8k", [str(moved)], replace(cfg, limit=1), run, "tiny", progress=False)[
+        "sampled"] == 0
+    assert json.loads((run / "run.json").read_text())["benchmarks"][0]["path"] == str(moved)
+    assert set(S.score_run(run, progress=False)["benchmarks"]) == {"gsm8k"}
+    _write_rows(moved, [rows[1], rows[0]])
+    with pytest.raises(UserError, match="the data changed since it was sampled"):
+        E.run_eval(model, tok, "gsm8k", [str(moved)], replace(cfg, limit=1), run, "tiny", progress=False)
+
+
 def test_a_folder_of_an_older_format_is_refused_in_one_line(tmp_path, model_tok, capsys):
     """An eval run, a training run and a samples file written by an older bridgelm (another format version, or none)
     are refused in one line naming the version found and the one expected, with exit code 2 from the CLI."""

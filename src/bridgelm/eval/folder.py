@@ -145,11 +145,13 @@ def check_run_model(run_dir: str | os.PathLike, model_id: str, blocks: str | Non
 
 
 def check_same_run(path: Path, old: dict, new: dict) -> None:
-    """UserError naming every setting of `new` that decides what is sampled and differs from the run's."""
+    """UserError naming every setting of `new` that decides what is sampled and differs from the run's. A benchmark
+    is its content (name, problems, fingerprint): a data file moved elsewhere continues the run, which then records
+    where it is now."""
     check_settings(
         path,
-        old,
-        new,
+        _by_content(old),
+        _by_content(new),
         keys=SAME_RUN,
         saved_as="run",
         describe={"benchmarks": lambda a, b: benchmark_difference(a or [], b)},
@@ -157,6 +159,15 @@ def check_same_run(path: Path, old: dict, new: dict) -> None:
         "was written",
         fix="use another --out to compare runs",
     )
+
+
+def _by_content(settings: dict) -> dict:
+    """`settings` with its benchmarks' paths left out."""
+    benches = settings.get("benchmarks")
+    if not isinstance(benches, list):
+        return settings
+    return {**settings, "benchmarks": [{k: v for k, v in b.items() if k != "path"} if isinstance(b, dict) else b
+                                       for b in benches]}
 
 
 def _key(rec: dict) -> tuple[str, int, int]:
