@@ -181,3 +181,23 @@ def test_transformers_generate_on_a_bridge_model_says_its_rows_are_drawn_alone(m
         model.generate(torch.tensor([[1, 5, 6]]), do_sample=True, num_return_sequences=4, max_new_tokens=3)
         model.generate(torch.tensor([[1, 5, 6]]), do_sample=True, num_return_sequences=4, max_new_tokens=3)
     assert len([w for w in said if w.category is RowsAloneWarning]) == 1
+
+
+def test_a_peft_adapter_on_a_saved_bridge_model_loads_back_with_its_blocks(tmp_path, monkeypatch):
+    """peft reads the folder's config through the model's config class when it saves an adapter (transformers then
+    warned of a model of another type), and AutoPeftModelForCausalLM loads base and blocks through the Auto class."""
+    peft = pytest.importorskip("peft", reason="peft is not installed (pip install 'bridgelm[lora]')")
+    import transformers.configuration_utils as config_utils
+
+    model = randomize_blocks(bridgelm.add_bridge(tiny_model("qwen2"))).eval()
+    model.save_pretrained(tmp_path / "base")
+    said = []
+    monkeypatch.setattr(config_utils.logger, "warning", lambda msg, *a, **k: said.append(str(msg)))
+    lora = peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM")
+    adapted = peft.get_peft_model(AutoModelForCausalLM.from_pretrained(tmp_path / "base"), lora)
+    adapted.save_pretrained(tmp_path / "adapter")
+    assert not [m for m in said if "to instantiate a model of type" in m], said
+    again = peft.AutoPeftModelForCausalLM.from_pretrained(tmp_path / "adapter").eval()
+    assert bridgelm.block_config(again.base_model.model) == bridgelm.block_config(model)
+    ids = torch.randint(3, 97, (4, 6))
+    assert torch.equal(_logits(again, ids), _logits(model, ids))  # a fresh LoRA changes nothing

@@ -250,6 +250,16 @@ class _BridgeConfig:
         out["architectures"] = [a if a.startswith(ARCH_PREFIX) else ARCH_PREFIX + a for a in names]
         return out
 
+    @classmethod
+    def get_config_dict(cls, *args, **kwargs):
+        """A "bridgelm" config.json read by this class (peft does, through the model's config class) reads as its
+        base type's, which this class is: transformers warned of a model of another type."""
+        config_dict, rest = super().get_config_dict(*args, **kwargs)
+        if config_dict.get("model_type") == MODEL_TYPE and config_dict.get("base_model_type") == cls.model_type:
+            config_dict = {**config_dict, "model_type": cls.model_type}
+            del config_dict["base_model_type"]
+        return config_dict, rest
+
     def __reduce__(self):  # the class is made at run time: pickle names its base class instead
         base = next(c for c in type(self).__mro__[1:] if not issubclass(c, _BridgeConfig))
         return _unpickle_config, (base, self.__dict__)
