@@ -96,6 +96,38 @@ def test_sft_stopped_by_sigterm_saves_its_last_step_and_says_how_to_go_on(tmp_pa
     assert "Traceback" not in err
 
 
+def test_ranks_end_when_their_launcher_is_killed(tmp_path):
+    """kill -9 of torchrun: its ranks end (SIGTERM on the launcher's death) instead of running on, then waiting at
+    the slowest rank's barrier for the whole timeout with the output's lock held."""
+    script = ROOT / "tests" / "dist_scripts" / "barrier_interrupt.py"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src")}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script)]
+    proc = subprocess.Popen(cmd + [str(tmp_path)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "rank1-waiting").exists() or not (tmp_path / "rank0.pid").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.2)
+    ranks = [int((tmp_path / f"rank{r}.pid").read_text()) for r in (0, 1)]
+    proc.kill()
+    proc.communicate()
+    deadline = time.monotonic() + 60
+    while any(_running(pid) for pid in ranks) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    alive = [pid for pid in ranks if _running(pid)]
+    for pid in alive:
+        os.kill(pid, signal.SIGKILL)
+    assert not alive, "ranks outlived their launcher"
+
+
+def _running(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie has ended)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def test_a_rank_waiting_for_the_slowest_leaves_at_ctrl_c(tmp_path):
     """eval and warmup-data ranks whose share is done wait for the slowest: Ctrl-C there reaches Python at once (the
     wait runs in a thread), where a blocking wait held it until torchrun killed the rank (SIGKILL after 30 s)."""

@@ -26,6 +26,7 @@ Used by bridgelm.eval.runner and bridgelm.train; tested by tests/test_train_dist
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -85,7 +86,23 @@ class Dist:
         place = torch.device(place)
         if world == 1:
             return Dist(device=place)
+        end_with_launcher()
         return Dist(rank, world, local, place)
+
+
+def end_with_launcher() -> None:
+    """Under torchrun on Linux: SIGTERM this rank when its launcher dies (kill -9 of torchrun would leave the ranks
+    running on, then waiting at the slowest rank's barrier for the whole timeout, holding the output's lock). A
+    SIGTERM ends a rank as Ctrl-C does: what it finished is kept."""
+    if not sys.platform.startswith("linux") or "TORCHELASTIC_RUN_ID" not in os.environ:
+        return
+    import ctypes
+    import signal
+
+    launcher = os.getppid()
+    ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: a signal when the parent ends
+    if os.getppid() != launcher:  # it ended before the call
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _torchrun_env() -> tuple[int, int, int]:

@@ -5,6 +5,7 @@ torchrun; rank 1 writes OUT/rank1-interrupted when its KeyboardInterrupt arrives
     torchrun --nproc_per_node 2 tests/dist_scripts/barrier_interrupt.py OUT_DIR
 """
 
+import os
 import sys
 import time
 from datetime import timedelta
@@ -15,6 +16,7 @@ from bridgelm.dist import Dist, barrier
 
 def main(out: Path) -> None:
     dist = Dist.from_env()
+    (out / f"rank{dist.rank}.pid").write_text(str(os.getpid()))
     if dist.rank == 0:
         time.sleep(600)  # still sampling its share
     (out / "rank1-waiting").write_text("")
