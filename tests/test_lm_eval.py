@@ -39,13 +39,14 @@ def setup(tmp_path_factory):
     return root
 
 
-def _direct(model_dir, width):
-    """The same samples straight from the engine: each problem's REPEATS samples in groups of `width`."""
+def _direct(model_dir, width, seed=1234):
+    """The same samples straight from the engine: each problem's REPEATS samples in groups of `width` (seed: by
+    default lm-eval's torch seed, which seeds the backend lm-eval makes)."""
     from bridgelm.models import load_model
     from bridgelm.tokenizer import load_tokenizer
 
     model, tok = load_model(str(model_dir)), load_tokenizer(str(model_dir))
-    drawn = bridgelm.generate(model, tok, [q for q, _ in PROBLEMS], n=REPEATS, width=width, seed=0,
+    drawn = bridgelm.generate(model, tok, [q for q, _ in PROBLEMS], n=REPEATS, width=width, seed=seed,
                               max_new_tokens=TOKENS, temperature=1.0, top_p=1.0, stop_strings=("\n",))
     return [[backend.cut_at_stop(s.text, ["\n"]) for s in samples] for samples in drawn]
 
@@ -65,6 +66,35 @@ def test_simple_evaluate_draws_each_requests_repeats_as_bridge_groups(setup, gen
     want = _direct(setup / "model", WIDTH)
     assert [got[q] for q, _ in PROBLEMS] == want
     assert want != _direct(setup / "model", 1)  # the siblings matter: drawn alone, the samples differ
+
+
+def test_lm_evals_seed_seeds_the_samples_and_a_model_object_is_taken(setup):
+    """simple_evaluate's torch seed (the CLI's --seed) reaches the backend it makes (every seed drew the same samples);
+    a seed model argument wins; a model object of this process is evaluated as it is (it failed with a raw OSError)."""
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    from bridgelm.models import load_model
+    from bridgelm.tokenizer import load_tokenizer
+
+    def samples(model, torch_seed=None, **given):
+        results = lm_eval.simple_evaluate(
+            model=model, model_args=given or None, tasks=["tiny_repeat"], log_samples=True,
+            task_manager=TaskManager(include_path=str(setup / "tasks")), torch_random_seed=torch_seed,
+        )
+        got = {s["arguments"][0][0]: s["resps"][0] for s in results["samples"]["tiny_repeat"]}
+        return [got[q] for q, _ in PROBLEMS]
+
+    args = {"pretrained": str(setup / "model"), "width": WIDTH}
+    assert samples("bridgelm", 1, **args) == _direct(setup / "model", WIDTH, seed=1)
+    assert samples("bridgelm", 2, **args) == _direct(setup / "model", WIDTH, seed=2) != _direct(setup / "model",
+                                                                                              WIDTH, seed=1)
+    assert samples("bridgelm", 2, **args, seed=7) == _direct(setup / "model", WIDTH, seed=7)
+    model, tok = load_model(str(setup / "model")), load_tokenizer(str(setup / "model"))
+    lm = backend.BridgeLM(pretrained=model, tokenizer=tok, width=WIDTH, seed=1)
+    assert samples(lm) == _direct(setup / "model", WIDTH, seed=1)
+    with pytest.raises(UserError, match="pretrained is a model object .*expected its tokenizer too"):
+        backend.BridgeLM(pretrained=model, width=WIDTH)
 
 
 def test_bridgelm_lm_eval_runs_lm_evals_command_line(setup, tmp_path):

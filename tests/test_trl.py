@@ -394,3 +394,20 @@ def test_a_resumed_run_draws_the_rollouts_of_the_run_it_resumes(tmp_path, monkey
     torch.manual_seed(0)
     trainer(tmp_path / "resumed", **settings).train(resume_from_checkpoint=str(tmp_path / "whole/checkpoint-1"))
     assert drawn == [whole[1]]
+
+
+def test_lora_stays_outside_the_blocks_of_a_model_given_by_its_folder_or_refused_inside_them(tmp_path):
+    """peft_config with the model as a folder (TRL loads it): the blocks were left in the targets (all-linear wrapped
+    them, and the run's own checkpoints then failed to load); a PeftModel with LoRA inside the blocks is refused."""
+    peft = pytest.importorskip("peft")
+    model, tok = tiny_policy()
+    model.save_pretrained(tmp_path / "model")
+    data = Dataset.from_list([{"prompt": p} for p in PROMPTS])
+    lora_all = peft.LoraConfig(r=4, target_modules="all-linear")
+    t = BridgeGRPOTrainer(str(tmp_path / "model"), length_reward, config(tmp_path), data, processing_class=tok,
+                          peft_config=lora_all)
+    wrapped = [n for n, m in t.model.named_modules() if hasattr(m, "lora_A")]
+    assert wrapped and not [n for n in wrapped if ".bridge." in n], wrapped
+    inside = peft.get_peft_model(tiny_policy()[0], peft.LoraConfig(r=4, target_modules="all-linear"))
+    with pytest.raises(UserError, match=r"LoRA inside the Bridge blocks \(.*bridge.*\)"):
+        BridgeGRPOTrainer(inside, length_reward, config(tmp_path), data, processing_class=tok)

@@ -14,8 +14,9 @@ generation settings and repeats are sampled in one engine call. `loglikelihood` 
 group of one: what Bridge changes is sampling), tokenized as lm-eval's hf backend tokenizes it (its BOS included);
 `loglikelihood_rolling` (perplexity) is not offered.
 
-Model arguments: pretrained (folder or hub id), blocks (a block file; a folder saved with its blocks needs none),
-width (default 1), seed, dtype (float32, bfloat16, float16), device, max_new_tokens (when a task gives no
+Model arguments: pretrained (folder or hub id; from Python also a model object, used as it is, with its tokenizer),
+blocks (a block file; a folder saved with its blocks needs none), width (default 1), seed (default: lm-eval's torch
+seed, `--seed`'s third value, where lm-eval makes the backend; 0 otherwise), dtype (float32, bfloat16, float16), device, max_new_tokens (when a task gives no
 max_gen_toks), revision (of a hub id), tokenizer (another folder or id for it), max_length (the positions
 loglikelihood scores: longer contexts lose their first tokens, as in the hf backend; default the model's), and
 batch_size 1 or auto (the engine sizes its own waves: another value is refused); chat is lm-eval's own
@@ -29,6 +30,7 @@ import itertools
 from collections.abc import Sequence
 
 import lm_eval.models  # noqa: F401 - lm-eval's own backends (hf, vllm, ...): registered first, or never in this process
+import torch
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 
@@ -39,6 +41,7 @@ from bridgelm.integrations.loading import (
     cut_at_stop,
     integer,
     load_bridge_model,
+    model_in_memory,
     number,
     positive_int,
     score_ids,
@@ -129,18 +132,25 @@ class BridgeLM(LM):
         self.width, self.seed = _positive("width", width), integer(OWNER, "seed", seed)
         self.max_new_tokens = _positive("max_new_tokens", max_new_tokens)
         self.max_length = None if max_length is None else _positive("max_length", max_length)
-        self.model, self.tokenizer, self._device = load_bridge_model(
-            OWNER, pretrained, blocks, self.width, dtype, device, revision=revision, tokenizer=tokenizer
-        )
+        if isinstance(pretrained, torch.nn.Module):  # a model of this process, as lm-eval's hf backend takes one
+            self.model, self.tokenizer, self._device = model_in_memory(OWNER, pretrained, tokenizer, blocks, self.width)
+        else:
+            self.model, self.tokenizer, self._device = load_bridge_model(
+                OWNER, pretrained, blocks, self.width, dtype, device, revision=revision, tokenizer=tokenizer
+            )
         if self.max_length is None:
             self.max_length = getattr(self.model.config.get_text_config(), "max_position_embeddings", None)
-        self.pretrained = pretrained
+        self.pretrained = getattr(self.model, "name_or_path", None) or type(self.model).__name__ \
+            if isinstance(pretrained, torch.nn.Module) else pretrained
 
     @classmethod
     def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None) -> BridgeLM:
         """lm-eval's command line hands its --device and --batch_size (their defaults too: cuda:0, 1) beside the
-        model arguments; device or batch_size given as a model argument is the one meant, and wins."""
+        model arguments; device or batch_size given as a model argument is the one meant, and wins. The sampling
+        seed, unless a model argument gives it, is lm-eval's torch seed (--seed's third value, default 1234)."""
         extra = {k: v for k, v in (additional_config or {}).items() if v is not None and k not in arg_dict}
+        if "seed" not in arg_dict:  # lm-eval's --seed (simple_evaluate's torch_random_seed) seeds torch just before
+            extra["seed"] = torch.initial_seed()
         return cls(**arg_dict, **extra)
 
     @classmethod

@@ -4,6 +4,7 @@ each integration needs only its own."""
 
 from __future__ import annotations
 
+import os
 import warnings
 from collections.abc import Sequence
 
@@ -66,6 +67,23 @@ def load_bridge_model(owner: str, pretrained: str, blocks: str | None, width: in
             "give blocks=FILE, or width=1"
         )
     return model, load_tokenizer(tokenizer or pretrained, **at), torch.device(device)
+
+
+def model_in_memory(owner: str, model: torch.nn.Module, tokenizer, blocks: str | None, width: int):
+    """(model in eval mode, tokenizer, device) of a model object (one trained in this process), used as it is: its
+    dtype, its device, its blocks. `tokenizer`: a tokenizer object, or a folder or hub id to load one from."""
+    if blocks:
+        raise UserError(f"{owner}: blocks={blocks!r} beside a model object: load them onto it first "
+                        "(bridgelm.load_blocks(model, FILE)), or give pretrained as a folder")
+    if tokenizer is None:
+        raise UserError(f"{owner}: pretrained is a model object ({type(model).__name__}): expected its tokenizer "
+                        "too (tokenizer=a tokenizer object, folder or hub id)")
+    if width > 1 and bridgelm.block_config(model) is None:
+        raise UserError(f"{owner}: width={width} needs a model with Bridge blocks, and the {type(model).__name__} "
+                        "given has none: attach them (bridgelm.add_bridge, load_blocks), or width=1")
+    if isinstance(tokenizer, (str, os.PathLike)):
+        tokenizer = load_tokenizer(str(tokenizer))
+    return model.eval(), tokenizer, next(model.parameters()).device
 
 
 def _sampling_device(owner: str, device: str) -> str:

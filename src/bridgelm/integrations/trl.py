@@ -68,6 +68,7 @@ from trl.trainer.utils import add_fused_lm_head, disable_dropout_in_model, split
 
 from bridgelm import lora
 from bridgelm.attach import added_parameters, block_config
+from bridgelm.blocks import KINDS
 from bridgelm.engine import SamplingConfig, generate_ids
 from bridgelm.errors import UserError, check_int, check_number
 from bridgelm.grouped import KWARG, Groups
@@ -194,6 +195,7 @@ class BridgeGRPOTrainer(GRPOTrainer):
             check_sharding(args)
             check_group_settings(args, bridge_width_of(args), evaluates=given.get("eval_dataset") is not None)
         check_arguments(given, 1 if args is None else bridge_width_of(args))
+        check_lora_outside_blocks(model)
         if given.get("peft_config") is not None:
             given["peft_config"] = lora_on_base(given["peft_config"], model)
         own_reference = isinstance(model, torch.nn.Module) and args is not None and args.beta != 0.0
@@ -341,6 +343,18 @@ def base_of(model: torch.nn.Module) -> torch.nn.Module:
     return model.get_base_model() if is_peft(model) else model
 
 
+def check_lora_outside_blocks(model) -> None:
+    """UserError for a PeftModel whose LoRA wraps modules inside the Bridge blocks (its checkpoints would not load
+    back: bridgelm keeps the blocks whole beside LoRA on the base)."""
+    pattern = lora.block_pattern(base_of(model)) if is_peft(model) else None
+    inside = pattern and next((n for n, m in base_of(model).named_modules()
+                               if hasattr(m, "lora_A") and re.fullmatch(pattern, n)), None)
+    if inside:
+        raise UserError(f"BridgeGRPOTrainer: the PeftModel given has LoRA inside the Bridge blocks ({inside}): give "
+                        "the model without LoRA and a peft_config (LoRA on the base, the blocks trained whole), or "
+                        "leave the blocks out of its targets (exclude_modules)")
+
+
 def lora_on_base(config, model):
     """A copy of peft config `config` whose targets leave out every module inside the Bridge blocks (a block's
     o_proj is not the attention's); a config that is not LoRA is refused."""
@@ -348,7 +362,8 @@ def lora_on_base(config, model):
     if not isinstance(config, peft.LoraConfig):
         raise UserError(f"BridgeGRPOTrainer: peft_config of type {type(config).__name__}: expected a peft.LoraConfig "
                         "(LoRA on the base beside the trainable blocks)")
-    blocks = lora.block_pattern(model) if isinstance(model, torch.nn.Module) else None
+    # a model given by its folder or hub id is loaded by TRL: the blocks' names, whichever kind it has
+    blocks = lora.block_pattern(model) if isinstance(model, torch.nn.Module) else rf"(.*\.)?({'|'.join(KINDS)})(\..*)?"
     if blocks is None:
         return config
     exclude = config.exclude_modules
