@@ -68,6 +68,7 @@ def trainer(tmp_path, blocks: bool = True, reward=length_reward, saved: bool = F
         ({"temperature": 0.0}, ["temperature=0.0", "> 0"]),
         ({"top_p": 0.0}, ["BridgeGRPOTrainer: top_p=0.0", "(0, 1]"]),  # at construction, not at the first rollout
         ({"top_k": -1}, ["BridgeGRPOTrainer: top_k=-1", ">= 0"]),
+        ({"max_completion_length": None}, ["BridgeGRPOTrainer: max_completion_length=None"]),
         ({"use_vllm": True}, ["use_vllm=True"]),
         ({"mask_truncated_completions": True}, ["mask_truncated_completions=True", "bridge_width=4"]),
         ({"bridge_width": 0}, ["bridge_width=0", "positive integer"]),

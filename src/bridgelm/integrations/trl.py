@@ -142,8 +142,8 @@ def check_group_settings(args, width: int, evaluates: bool = False) -> None:
     check_number(f"{name}: temperature", args.temperature, 0, open_low=True, note=" (GRPO samples)")
     try:  # top_p, top_k, max_completion_length: what the engine would refuse at the first rollout
         rollout_sampling(args, width, seed=0).validate()
-    except UserError as err:
-        raise UserError(f"{name}: {err}") from None
+    except UserError as err:  # said in TRL's words: the engine's max_new_tokens is max_completion_length
+        raise UserError(f"{name}: {str(err).replace('max_new_tokens', 'max_completion_length')}") from None
     # the counts of rows that groups of `width` must fill whole (a batch that splits a group mixes its prompts)
     counts = {"num_generations": args.num_generations, "per_device_train_batch_size": args.per_device_train_batch_size}
     if evaluates or args.eval_strategy != "no":
