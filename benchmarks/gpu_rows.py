@@ -179,12 +179,13 @@ def planned_gib(model, s: dict) -> float:
     from dataclasses import replace
 
     from bridgelm import plan
+    from bridgelm.shape import shape_of
     from bridgelm.train.rl_config import RLConfig, default_rollout
 
     rollout = replace(default_rollout(), n=4, width=4, max_new_tokens=s["tokens"])
     cfg = RLConfig(prompts_per_step=s["rows"] // 4, rollout=rollout, beta=0.0)
     dtype = "bfloat16" if s["dtype"] == torch.bfloat16 else "float32"
-    setup = plan.Setup(plan.shape_of(model), cfg, world=1, dtype=dtype, prompt_tokens=11)  # ragged_prompts: <= 11
+    setup = plan.Setup(shape_of(model), cfg, world=1, dtype=dtype, prompt_tokens=11)  # ragged_prompts: <= 11
     return round((plan.weights(setup) + plan.kv_cache(setup)) / plan.GIB, 3)
 
 

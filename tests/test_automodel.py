@@ -168,11 +168,11 @@ def test_transformers_generate_on_a_bridge_model_says_its_rows_are_drawn_alone(m
     which passes the layout at every width (None at width 1, prompts of one token too), never does."""
     import warnings
 
-    from bridgelm.attach import RowsAloneWarning
+    from bridgelm.grouped import RowsAloneWarning
     from bridgelm.engine import SamplingConfig, generate_ids
 
     model = randomize_blocks(bridgelm.add_bridge(tiny_model("qwen2"))).eval()
-    monkeypatch.setattr(bridgelm.attach, "_ROWS_ALONE_SAID", False)
+    monkeypatch.setattr(bridgelm.grouped, "_ROWS_ALONE_SAID", False)
     with warnings.catch_warnings():
         warnings.simplefilter("error", RowsAloneWarning)
         for width in (1, 2):

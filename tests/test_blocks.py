@@ -464,7 +464,7 @@ def test_a_config_with_per_layer_head_dims_takes_blocks_of_its_top_level_head_di
     take the value it states at the top, and load_model, params and plan read its folder (they raised
     transformers' error)."""
     from bridgelm.cli import main
-    from bridgelm.plan import shape_of
+    from bridgelm.shape import shape_of
 
     model = _other("Gemma4TextConfig", "Gemma4ForCausalLM", {"head_dim": 16, "sliding_window": 4})
     base = model(torch.tensor([[1, 5, 6, 7]])).logits

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from bridgelm import plan, plan_fit
+from bridgelm.shape import shape_of
 from bridgelm.cli import main
 
 GIB = 2**30
@@ -222,7 +223,7 @@ def test_sft_plan_matches_the_hand_calculation():
     model = add_bridge(meta_model(preset="ds-qwen-7b"), num_heads=4)
     bf16 = dataclasses.replace(SFTConfig().optim, bf16=True)
     cfg = SFTConfig(optim=bf16, batch_groups=8, micro_batch_groups=2, max_width=4, max_length=2048)
-    rows = plan.SFTSetup(plan.shape_of(model), cfg, world=8, dtype="float32").rows()
+    rows = plan.SFTSetup(shape_of(model), cfg, world=8, dtype="float32").rows()
     m = 1 * 4  # a rank's share of 8 groups over 8 GPUs is one group (micro_batch_groups 2 bounded by it), 4 rows
     buffers = 2 * (2**26 // V) * V * 4  # token_logprobs' two float32 chunk buffers
     kvd = SHAPES["ds-qwen-7b"][4] * 128
@@ -233,7 +234,7 @@ def test_sft_plan_matches_the_hand_calculation():
     want["overhead"] = 1.5 * GIB + 0.05 * peak
     assert rows == pytest.approx({name: want.get(name, 0) for name in [*plan.ROWS, "overhead"]}, rel=1e-12)
     assert plan.per_gpu(rows) == pytest.approx(peak + want["overhead"], rel=1e-12)
-    text = plan_fit.table(plan.SFTSetup(plan.shape_of(model), cfg, 8, "float32"), rows, 80)
+    text = plan_fit.table(plan.SFTSetup(shape_of(model), cfg, 8, "float32"), rows, 80)
     assert "micro-batches of 4 rows x 2048 tokens" in text and "(205.62M trained: the blocks)" in text
 
 
@@ -299,7 +300,7 @@ def test_plan_recommends_bf16_rollouts_and_equal_waves_when_one_does_not_fit(cap
     optim = OptimConfig(bf16=True, gradient_checkpointing=True)
     cfg = RLConfig(prompts_per_step=8, beta=0, micro_batch_groups=1, optim=optim)
     cfg.rollout.max_new_tokens = 4096
-    setup = plan.Setup(plan.shape_of(meta_model(preset="ds-qwen-1.5b")), cfg, 1, "float32", 512)
+    setup = plan.Setup(shape_of(meta_model(preset="ds-qwen-1.5b")), cfg, 1, "float32", 512)
     whole = plan_fit.filled_waves(setup, 1e9)
     assert whole.waves == 1 and whole.peak_gib == pytest.approx(one["per_gpu_gib"], rel=1e-12)
     # 16 prompts and only blocks trained (the rollout phase the largest), a GPU just short of one wave's peak: two
@@ -380,4 +381,4 @@ def test_the_cache_width_is_what_transformers_cache_keeps_a_token(settings):
     cache = model(torch.tensor([[1, 5, 6]]), use_cache=True).past_key_values
     kept = [layer.keys for layer in cache.layers if getattr(layer, "keys", None) is not None and layer.keys.numel()]
     width = sum(2 * k.shape[1] * k.shape[3] for k in kept)
-    assert plan.shape_of(model).cache_width == width
+    assert shape_of(model).cache_width == width

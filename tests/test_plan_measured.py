@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 
 from bridgelm import plan
+from bridgelm.shape import shape_of
 from bridgelm.attach import add_bridge
 from bridgelm.layout import decoder_layers
 from bridgelm.engine import encode_prompts
@@ -56,7 +57,7 @@ def planned():
     shape_model = add_bridge(meta_model(config=policy(blocks=False).config))  # the blocks as policy() adds them
     cfg = run_config()
     prompts = encode_prompts(TOK, [TASK.prompt(ex) for ex in TASK.examples], cfg.chat)
-    setup = plan.Setup(plan.shape_of(shape_model), cfg, W, "float32", max(map(len, prompts)))
+    setup = plan.Setup(shape_of(shape_model), cfg, W, "float32", max(map(len, prompts)))
     return setup.rows(), shape_model
 
 
@@ -126,7 +127,7 @@ def test_activations_are_what_autograd_keeps(measured, planned):
     the GRPO loss's few float32 values a response position, a row (its advantage) and a micro-batch (scalars). The attention's own are the CPU's (scores, and a Bridge
     block's sdpa in float32 under CPU autocast), not the GPU sdpa's that the plan counts: measured, not compared."""
     _, shape_model = planned
-    s, a = plan.shape_of(shape_model), 2  # bf16
+    s, a = shape_of(shape_model), 2  # bf16
     kept, _ = plan.layer_bytes(s, a)
     batches = [b for m in measured for b in m["saved"]]
     assert len(batches) == 2 * 4  # 2 ranks x 2 steps x 2 mini-batches of one micro-batch
@@ -145,7 +146,7 @@ def test_gathered_weights_bound_what_fsdp_holds_whole_in_the_update(measured, pl
     on CUDA its all-gather runs ahead; the CPU ranks here gather it when it computes) and at most the root's and a
     layer's trained gradients."""
     rows, shape_model = planned
-    s, a = plan.shape_of(shape_model), 2  # bf16
+    s, a = shape_of(shape_model), 2  # bf16
     for m in measured:
         params, grads = m["gathered"]["params"], m["gathered"]["grads"]
         assert params == a * (s.root_params + s.layer_params)  # the root and the layer computing, exactly

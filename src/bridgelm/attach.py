@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import copy
 import inspect
-import warnings
 from dataclasses import asdict
 from typing import Any
 
@@ -34,7 +33,7 @@ from torch import nn
 
 from bridgelm.blocks import OUTPUT, BlockConfig, make_block
 from bridgelm.errors import UserError, check_int
-from bridgelm.grouped import KWARG
+from bridgelm.grouped import KWARG, note_rows_alone
 from bridgelm.layout import check_attn_placement, config_value, decoder_layers, text_config
 
 FORMAT = "bridgelm-blocks-1"
@@ -49,7 +48,7 @@ class _BlockLayer:
 
     def forward(self, hidden_states, *args, **kwargs):
         if KWARG not in kwargs and self._bridgelm_kind == "bridge":
-            _note_rows_alone(hidden_states)
+            note_rows_alone(hidden_states)
         groups = kwargs.pop(KWARG, None)
         block = getattr(self, self._bridgelm_kind)
         if self._bridgelm_placement == "ffn":
@@ -64,27 +63,6 @@ class _BlockLayer:
             return super().forward(hidden_states, *args, **kwargs)
         finally:
             branch._bridgelm_pending = None
-
-
-class RowsAloneWarning(UserWarning):
-    """A Bridge model decodes several rows with no group layout (transformers' generate): each row alone."""
-
-
-_ROWS_ALONE_SAID = False
-
-
-def _note_rows_alone(hidden_states: torch.Tensor) -> None:
-    """Warn once a process when a Bridge model decodes a step of several rows without `bridge_groups`: what
-    transformers' `generate` (and pipelines built on it) does, whose samples are then drawn at width 1, each alone.
-    bridgelm's own callers always pass the layout (None at width 1)."""
-    global _ROWS_ALONE_SAID
-    if _ROWS_ALONE_SAID or hidden_states.dim() != 3 or hidden_states.shape[0] < 2 or hidden_states.shape[1] != 1:
-        return
-    _ROWS_ALONE_SAID = True
-    warnings.warn(RowsAloneWarning(
-        "a Bridge model decodes rows with no Bridge groups (transformers' generate, or a forward without "
-        "bridge_groups): each row is drawn alone, as at width 1; bridgelm.generate(model, tokenizer, prompts, n=N, "
-        "width=W) samples groups of W that read each other"), stacklevel=3)
 
 
 def attention_branch(layer: nn.Module) -> nn.Module:

@@ -11,11 +11,13 @@ position (`valid [B, S]`, the attention mask). Its layout is computed once per f
 - "gathered": any other assignment; rows are gathered into [G, w_max] slots (padding slots masked).
 Either way the cost per layer is O(B * w * S * D), never a dense B x B matrix over the whole batch.
 
-Without `bridge_groups` every row is its own group (width 1), which is independent generation.
+Without `bridge_groups` every row is its own group (width 1), which is independent generation; a Bridge model that
+decodes several rows without it (transformers' generate) says so once (`note_rows_alone`).
 """
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -151,3 +153,24 @@ def grouped_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor 
     groups = Groups.build(group_ids, attention_mask)
     out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **{KWARG: groups})
     return out.logits
+
+
+class RowsAloneWarning(UserWarning):
+    """A Bridge model decodes several rows with no group layout (transformers' generate): each row alone."""
+
+
+_ROWS_ALONE_SAID = False
+
+
+def note_rows_alone(hidden_states: torch.Tensor) -> None:
+    """Warn once a process when a Bridge model decodes a step of several rows without `bridge_groups`: what
+    transformers' `generate` (and pipelines built on it) does, whose samples are then drawn at width 1, each alone.
+    bridgelm's own callers always pass the layout (None at width 1); attach.py's layers call this."""
+    global _ROWS_ALONE_SAID
+    if _ROWS_ALONE_SAID or hidden_states.dim() != 3 or hidden_states.shape[0] < 2 or hidden_states.shape[1] != 1:
+        return
+    _ROWS_ALONE_SAID = True
+    warnings.warn(RowsAloneWarning(
+        "a Bridge model decodes rows with no Bridge groups (transformers' generate, or a forward without "
+        "bridge_groups): each row is drawn alone, as at width 1; bridgelm.generate(model, tokenizer, prompts, n=N, "
+        "width=W) samples groups of W that read each other"), stacklevel=3)

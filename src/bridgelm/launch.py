@@ -80,6 +80,7 @@ def run_sft(cfg: SFTConfig, launch: DistConfig, source: ModelSource, data: str, 
     """`bridgelm sft`: warm up `cfg.blocks` blocks added to the model of `source` (its base frozen) on the warm-up
     file `data`, read once; writes the run folder `out`. Returns train_sft's SFTResult."""
     from bridgelm import plan
+    from bridgelm.shape import shape_of
     from bridgelm.tokenizer import check_vocab
     from bridgelm.train.sft import ensure_blocks, train_sft
     from bridgelm.warmup_file import load_warmup
@@ -96,7 +97,7 @@ def run_sft(cfg: SFTConfig, launch: DistConfig, source: ModelSource, data: str, 
     _check_lora_targets(model, cfg.lora)
     tokenizer = source.load_tokenizer()
     check_vocab(model, tokenizer, source.model)
-    setup = lambda: plan.SFTSetup(plan.shape_of(model), cfg, Dist.from_env().world, source.dtype)  # noqa: E731
+    setup = lambda: plan.SFTSetup(shape_of(model), cfg, Dist.from_env().world, source.dtype)  # noqa: E731
     plan_or_refuse(next(model.parameters()).device, "sft", setup)
     with _joined(model, launch):
         res = train_sft(model, tokenizer, warmup, cfg, out)
@@ -227,7 +228,8 @@ def plan_or_refuse(device, command: str, make_setup) -> None:
 def rl_setup(model, tokenizer, task, cfg: RLConfig, dtype: str):
     """The plan's setup of an rl run; its prompts' length is the task's longest prompt."""
     from bridgelm import plan
+    from bridgelm.shape import shape_of
     from bridgelm.engine import encode_prompts
 
     prompts = encode_prompts(tokenizer, [task.prompt(ex) for ex in task.examples], cfg.chat)
-    return plan.Setup(plan.shape_of(model), cfg, Dist.from_env().world, dtype, max(map(len, prompts)))
+    return plan.Setup(shape_of(model), cfg, Dist.from_env().world, dtype, max(map(len, prompts)))

@@ -69,10 +69,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from bridgelm.attach import added_parameters, block_config
-from bridgelm.layout import config_value, decoder_layers, layer_configs
 from bridgelm.engine.cache import slab_capacity
 from bridgelm.errors import UserError
+from bridgelm.shape import Shape
 
 if TYPE_CHECKING:
     from bridgelm.train.rl_config import RLConfig
@@ -83,58 +82,6 @@ DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 OVERHEAD_BYTES = 1.5 * GIB  # CUDA context, NCCL buffers, CUDA graphs (the docstring's "overhead")
 FRAGMENTATION = 0.05  # of the largest phase
 CHUNK_VALUES = 2**26  # float32 values of one of token_logprobs' chunk buffers on an accelerator (logprobs.chunk_rows)
-
-
-@dataclass
-class Shape:
-    """What the arithmetic needs of a model."""
-
-    params: int  # P: every parameter (added blocks included), tied ones once
-    blocks: int  # of which the added Bridge / P-Match blocks'
-    layers: int  # n, decoder layers
-    hidden: int  # h
-    intermediate: int  # i, the feed-forward's inner size
-    kv_heads: int  # key/value heads
-    head_dim: int  # per head
-    vocab: int  # V
-    block_kind: str | None = None  # the added blocks' kind ("bridge", "pmatch"), None without
-    block_inner: int = 0  # D, their inner width: heads x head_dim (a Bridge block's attention, half P-Match's MLP)
-    layer_params: int = 0  # one decoder layer's, its block included (FSDP's unit)
-    cache_width: int = 0  # key and value elements a token keeps in the cache, all layers (0: n x 2 x kv_heads x head_dim)
-
-    def __post_init__(self):
-        if not self.cache_width:
-            self.cache_width = self.layers * 2 * self.kv_heads * self.head_dim
-
-    @property
-    def root_params(self) -> int:
-        """What no decoder layer holds (embeddings, head, final norm): FSDP's root unit."""
-        return self.params - self.layers * self.layer_params
-
-
-def shape_of(model) -> Shape:
-    """The Shape of a (meta-device) model."""
-    c = model.config.get_text_config()  # a composite model's (Gemma 3, Mistral 3) language part
-    head_dim = config_value(c, "head_dim") or c.hidden_size // c.num_attention_heads
-    kv_heads = getattr(c, "num_key_value_heads", None) or c.num_attention_heads
-    unique = {id(p): p.numel() for p in model.parameters()}
-    blocks = sum(p.numel() for p in added_parameters(model).values())
-    added = block_config(model)
-    kind, inner = (None, 0) if added is None else (added.kind, added.num_heads * added.head_dim)
-    layer = sum({id(p): p.numel() for p in decoder_layers(model)[0].parameters()}.values())
-    return Shape(sum(unique.values()), blocks, c.num_hidden_layers, c.hidden_size, c.intermediate_size, kv_heads,
-                 head_dim, c.vocab_size, kind, inner, layer, _cache_width(c))  # fmt: skip
-
-
-def _cache_width(c) -> int:
-    """Key and value elements a token keeps in the cache: each layer's own heads and head dim (Gemma 4's differ by
-    layer), none for a layer that reads an earlier layer's (Gemma 4's num_kv_shared_layers)."""
-    owners = layer_configs(c)[: c.num_hidden_layers - (getattr(c, "num_kv_shared_layers", 0) or 0)]
-    width = 0
-    for lc in owners:
-        head_dim = config_value(lc, "head_dim") or lc.hidden_size // lc.num_attention_heads
-        width += 2 * (getattr(lc, "num_key_value_heads", None) or lc.num_attention_heads) * head_dim
-    return width
 
 
 @dataclass

@@ -68,6 +68,7 @@ def _model(args):
 
 def _cmd_plan(args) -> None:
     from bridgelm import plan, plan_fit
+    from bridgelm.shape import shape_of
 
     cfg = build(RLConfig, args)
     if cfg.fsdp and args.world_size < 2:  # what rl says of --fsdp in one process, in plan's own flags
@@ -79,7 +80,7 @@ def _cmd_plan(args) -> None:
     budget = args.gpu_memory_gib if args.gpu_memory_gib is not None else plan_fit.device_memory_gib()
     if budget is None:
         raise UserError("no CUDA device here to read the GPU's memory from: give it, e.g. --gpu-memory-gib 80")
-    setup = plan.Setup(plan.shape_of(model), cfg, args.world_size, args.dtype, args.prompt_tokens)
+    setup = plan.Setup(shape_of(model), cfg, args.world_size, args.dtype, args.prompt_tokens)
     rows = plan.plan_rows(setup)
     total = plan.per_gpu(rows) / plan.GIB
     print(plan_fit.table(setup, rows, budget))
