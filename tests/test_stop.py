@@ -119,6 +119,27 @@ def test_ranks_end_when_their_launcher_is_killed(tmp_path):
     assert not alive, "ranks outlived their launcher"
 
 
+def test_a_collective_that_fails_because_another_rank_ended_is_one_line(tmp_path):
+    """kill -9 of one rank: the others' next collective fails (gloo: connection reset by peer); that is said in one
+    line, not announced as a bug in bridgelm with a traceback."""
+    import socket
+
+    script = ROOT / "tests" / "dist_scripts" / "peer_lost.py"
+    with socket.socket() as s:  # a free port for the two processes to meet at
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT / "src"), "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port), "WORLD_SIZE": "2"}
+    # launched by hand: torchrun would stop rank 0 itself as soon as rank 1 ended
+    ranks = [subprocess.Popen([sys.executable, str(script), str(tmp_path)], env={**env, "RANK": str(r)},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in (0, 1)]
+    for proc in ranks:
+        proc.communicate(timeout=300)
+    kind, message = (tmp_path / "rank0-error").read_text().split("\n", 1)
+    assert message.startswith("another process of this launch stopped"), (kind, message)
+    assert "\n" not in message
+
+
 def _running(pid: int) -> bool:
     """Whether process `pid` runs (a zombie has ended)."""
     try:

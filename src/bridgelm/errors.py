@@ -13,6 +13,8 @@ raised:
 - An OSError about a file (permission denied, is a folder, disk full) is the machine's answer to a path the
   user gave, reported with the path; a full disk (or quota, or read-only file system) even without a path.
   bridgelm.jsonl's writers say which file, and what of it was kept.
+- A collective that fails because another rank's process ended (`peer_lost`) is said in one line too: that rank's
+  own output says why.
 - Any other exception (a plain ValueError included) is a bug.
 
 `DataWarning` is for input that is accepted but probably not meant (a data file that repeats a problem); the
@@ -102,4 +104,19 @@ def user_message(err: BaseException) -> str | None:
         return f"cannot use {err.filename}: {err.strerror or err}"
     if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
         return f"cannot write an output: {err.strerror or err}; what was written before is kept"
+    if peer_lost(err):
+        first = next((line.strip() for line in str(err).splitlines() if line.strip()), type(err).__name__)
+        return (f"another process of this launch stopped (its own output says why), so this one cannot go on "
+                f"({first}); what was saved is kept: the same command (sft and rl: with --resume) continues from it")
     return None
+
+
+# What torch.distributed says when another rank's process ended: gloo's and NCCL's words, DistBackendError's type
+_PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "remote process exited")
+
+
+def peer_lost(err: BaseException) -> bool:
+    """Whether `err` is a collective's failure because another rank's process ended (kill -9, its own error)."""
+    if type(err).__name__ in ("DistBackendError", "DistNetworkError"):
+        return True
+    return isinstance(err, RuntimeError) and any(words in str(err) for words in _PEER_LOST)

@@ -51,7 +51,7 @@ class Diverged(UserError):
         """The one line of a `kind` run stopped at `step` (unless known), `last` its last checkpoint (None: none)."""
         good = f"the last good checkpoint is {last}" if last else "no checkpoint was written"
         return (
-            f"bridgelm {kind}: step {self.step or step} diverged ({self}); stopped, and nothing of that step was "
+            f"step {self.step or step} diverged ({self}); the {kind} run stopped, and nothing of that step was "
             f"written: {good}; expected finite weights: start again with a lower --lr"
         )
 
