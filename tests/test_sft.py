@@ -487,3 +487,20 @@ def test_a_run_sweeps_what_a_killed_process_left_in_its_folder(tmp_path, monkeyp
     train_sft(base_model(), TOK, tmp_path / "w.jsonl", replace(run, run=replace(run.run, resume=True)), out)
     assert not [p for p in (out / checkpoints.CHECKPOINTS).iterdir() if p.name.startswith(".")]
     assert {p.name for p in out.iterdir() if p.name.startswith(".")} - {".lock"} == {".mine"}
+
+
+def test_a_resume_of_a_run_stopped_before_its_first_checkpoint_says_it_starts_afresh(tmp_path, monkeypatch, capsys):
+    """Killed before its first checkpoint (metrics.jsonl written, no checkpoint), the run re-run with --resume starts
+    afresh with the new command's settings: said, not done silently."""
+    path = write_warmup(tmp_path / "w.jsonl")
+    from bridgelm.train import loop
+
+    with monkeypatch.context() as m:  # the process dies in its first save (kill -9 leaves the same)
+        m.setattr(loop, "save_trainer_state", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("killed")))
+        with pytest.raises(RuntimeError, match="killed"):
+            train_sft(base_model(), TOK, path, CFG, tmp_path / "out")
+    assert (tmp_path / "out" / "metrics.jsonl").exists() and checkpoints.latest_checkpoint(tmp_path / "out") is None
+    capsys.readouterr()
+    train_sft(base_model(), TOK, path, replace(CFG, optim=OptimConfig(lr=2e-2), run=replace(CFG.run, resume=True)),
+              tmp_path / "out")
+    assert "holds no checkpoint yet (its run stopped before the first): starting afresh" in capsys.readouterr().out

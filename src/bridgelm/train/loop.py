@@ -138,6 +138,9 @@ class Run:
         if dist.is_main:  # a second process on this folder is refused now, before the model is placed
             check_free(self.out_dir, folder=True)
         self.resume_from = agreed_resume_point(self.out_dir, control.resume, dist)  # rank 0's, on every rank
+        if self.resume_from is None and control.resume and (self.out_dir / METRICS).exists() and dist.is_main:
+            print(f"bridgelm {kind}: {self.out_dir} holds no checkpoint yet (its run stopped before the first): "
+                  "starting afresh, with this command's settings")
         if self.resume_from is not None:
             saved = read_info(self.resume_from).get("identity", {})
             fix = "use another --out, or the settings of that run"
