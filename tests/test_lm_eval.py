@@ -133,6 +133,13 @@ def test_width_that_does_not_divide_the_repeats_is_refused(setup):
         backend.BridgeLM(pretrained=str(setup / "model"), widht=4)
 
 
+def test_a_task_whose_answers_overflow_the_context_is_refused_in_lm_evals_words(setup):
+    lm = backend.BridgeLM(pretrained=str(setup / "model"), width=4)
+    with pytest.raises(UserError, match=r"^bridgelm backend: prompt 0 .*the task's max_gen_toks") as err:
+        lm.generate_until(_requests("1+2=", 4, {"until": ["\n"], "max_gen_toks": 10**6}))
+    assert "--max-new-tokens" not in str(err.value)
+
+
 def test_width_needs_bridge_blocks(tmp_path):
     save_tiny_model_dir(tmp_path / "plain")
     with pytest.raises(UserError, match="width=2 needs a model with Bridge blocks"):

@@ -184,10 +184,15 @@ class BridgeLM(LM):
                 )
             prompts = [requests[start].args[0] for start, _ in runs]
             kwargs = dict(settings)
-            samples = bridgelm.generate(
-                self.model, self.tokenizer, prompts, n=count, width=self.width, seed=self.seed,
-                progress=not disable_tqdm, **kwargs
-            )
+            try:
+                samples = bridgelm.generate(
+                    self.model, self.tokenizer, prompts, n=count, width=self.width, seed=self.seed,
+                    progress=not disable_tqdm, **kwargs
+                )
+            except UserError as err:  # in lm-eval's words: max_new_tokens is the task's max_gen_toks here
+                said = str(err).replace("(--max-new-tokens)", "(the task's max_gen_toks, or the max_new_tokens "
+                                        "model argument where the task gives none)")
+                raise UserError(f"bridgelm backend: {said}") from None
             for (start, _), drawn in zip(runs, samples):
                 for j, sample in enumerate(drawn):
                     out[start + j] = cut_at_stop(sample.text, kwargs["stop_strings"])
