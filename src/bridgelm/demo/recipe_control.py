@@ -4,7 +4,7 @@ The positive control (demo/control.py) trains fresh blocks alone at a block lr o
 a recipe of its own. A Bridge arm that shows no sibling use on the main task says something about Bridge only if its
 own recipe can learn one where one is worth having: an outside audit found the Bridge arm's recipe (full model at
 1e-4, KL 1e-3, temperature 0.6, 80 steps) learns under 2 of the ~47 points a group's majority offers on the control's
-task. So each Bridge arm's recipe runs here on the control's task and model, exactly as on the main task: the same
+task. So each Bridge arm's recipe runs here on the control's task and model, trained as on the main task: the same
 SFT warm-up where the arm has one (on warm-up data the control's base model makes, as the demo's does), its
 learning rates (a searched arm's chosen ones), KL weight, rollout temperature, steps, K, groups and rewards; only
 the rollouts' length is the control's. Each seed's model is then evaluated as the control's is (w = 1, w = 8, and

@@ -34,6 +34,9 @@ def _interval_claim(text: str, key: str, ctl: dict, sign: int = 1) -> list[str]:
         word = (f"{'above' if low > 0 else 'below'} 0 for this one training run; seed-to-seed variation is not "
                 "measured, so this does not test the method")
     role = "primary" if key == ctl.get("primary", "bridge-rlvr") else "secondary"
+    if role == "secondary" and (word in ("reproduced", "reversed") or word.startswith("shown")):  # one of many
+        word = f"{'above' if low > 0 else 'below'} 0, uncorrected: a lead, not a finding" + (
+            " (below the paper's effect)" if word.startswith("shown") else "")
     line = f"- ({role}) {text}: **{word}** ({diff_text(d)}, paired 95% interval: {d.get('interval', 'bootstrap')}"
     smallest = ctl.get("power", {}).get(key)
     line += f"; found 80% of the time at {smallest:.1f} points)" if smallest is not None else ")"
