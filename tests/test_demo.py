@@ -400,6 +400,12 @@ def test_paper_effects_are_scaled_by_this_runs_rlvr_gain_and_placed_against_the_
     # a secondary comparison is one of many, uncorrected: never "reproduced" (it was, beside a closing line that
     # called such results leads, not findings)
     assert "**above 0, uncorrected: a lead, not a finding**" in consistent and "(secondary)" in consistent
+    for interval, word in (((-0.08, -0.02), "**below 0, uncorrected: a lead, not a finding**"),  # the claim: below
+                           ((0.02, 0.08), "**reversed (above 0), uncorrected: one comparison of many**")):
+        foreign = dict(ctl, diffs={**ctl["diffs"], "foreign-w1": {"mean": sum(interval) / 2, "low": interval[0],
+                                                                  "high": interval[1]}})
+        said = next(x for x in verdict(arms, foreign, DemoConfig()).splitlines() if "foreign siblings" in x)
+        assert word in said, said
     small = dict(ctl, diffs={**diffs, "bridge-rlvr": {"mean": 0.01, "low": 0.0001, "high": 0.012}})
     small["paper_effects"] = paper_effects(small["diffs"], gain)
     line = next(x for x in verdict(arms, small, DemoConfig()).splitlines() if "more than RLVR alone" in x)

@@ -1,7 +1,10 @@
 """Warm-up data and the SFT warm-up of the new blocks on a tiny model."""
 
 import json
+import os
 import re
+import subprocess
+import sys
 from dataclasses import dataclass, replace
 
 import pytest
@@ -481,12 +484,16 @@ def test_a_run_sweeps_what_a_killed_process_left_in_its_folder(tmp_path, monkeyp
     left = sorted(p.name for p in (out / checkpoints.CHECKPOINTS).iterdir() if p.name.startswith("."))
     assert left and all(re.fullmatch(r"\.step-[0-9]{8}\.old[0-9]+", name) for name in left), left
     assert len(checkpoints.list_checkpoints(out)) == 1  # pruned ones are not checkpoints, even half deleted
-    for name in (".step-00000009.tmp123", ".step-00000009.shards", ".model.tmp7"):
+    ended = subprocess.Popen([sys.executable, "-c", ""])
+    ended.wait()  # a pid whose process is gone, as a killed writer's
+    for name in (f".step-00000009.tmp{ended.pid}", ".step-00000009.shards", f".model.tmp{ended.pid}"):
         (out / checkpoints.CHECKPOINTS if name.startswith(".step") else out).joinpath(name).mkdir()
     (out / ".mine").mkdir()  # the user's own
+    (out / f".model.tmp{os.getppid()}").mkdir()  # a process that runs (consolidate --out into the folder) writes it
     train_sft(base_model(), TOK, tmp_path / "w.jsonl", replace(run, run=replace(run.run, resume=True)), out)
     assert not [p for p in (out / checkpoints.CHECKPOINTS).iterdir() if p.name.startswith(".")]
-    assert {p.name for p in out.iterdir() if p.name.startswith(".")} - {".lock"} == {".mine"}
+    left = {p.name for p in out.iterdir() if p.name.startswith(".")} - {".lock"}
+    assert left == {".mine", f".model.tmp{os.getppid()}"}
 
 
 def test_a_resume_of_a_run_stopped_before_its_first_checkpoint_says_it_starts_afresh(tmp_path, monkeypatch, capsys):

@@ -34,7 +34,7 @@ from torch import nn
 from bridgelm.blocks import OUTPUT, BlockConfig, make_block
 from bridgelm.errors import UserError, check_int
 from bridgelm.grouped import KWARG, note_rows_alone
-from bridgelm.layout import check_attn_placement, config_value, decoder_layers, text_config
+from bridgelm.layout import check_attn_placement, decoder_layers, head_dim_of, text_config
 
 FORMAT = "bridgelm-blocks-1"
 
@@ -114,7 +114,7 @@ def _resolve(model: nn.Module, kind: str, num_heads: int, head_dim: int | None, 
     if head_dim is not None:
         check_int("head_dim", head_dim, note=" (None: the model's own head dim)")
     if head_dim is None:
-        head_dim = config_value(cfg, "head_dim") or cfg.hidden_size // cfg.num_attention_heads
+        head_dim = head_dim_of(cfg)
     return BlockConfig(kind=kind, num_heads=num_heads, head_dim=int(head_dim), placement=placement)
 
 

@@ -111,12 +111,11 @@ def user_message(err: BaseException) -> str | None:
     return None
 
 
-# What torch.distributed says when another rank's process ended: gloo's and NCCL's words, DistBackendError's type
-_PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "remote process exited")
+# What torch.distributed says when another rank's process ended (gloo's words, NCCL's): by its words only, since
+# the same error types also carry a collective's timeout or a desync, which keep their traceback
+_PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "remote process exited")
 
 
 def peer_lost(err: BaseException) -> bool:
     """Whether `err` is a collective's failure because another rank's process ended (kill -9, its own error)."""
-    if type(err).__name__ in ("DistBackendError", "DistNetworkError"):
-        return True
     return isinstance(err, RuntimeError) and any(words in str(err) for words in _PEER_LOST)

@@ -62,6 +62,17 @@ def config_value(config, key: str):
         return vars(config).get(key)
 
 
+def head_dim_of(config) -> int:
+    """A config's attention head dim: its `head_dim` (the top-level one of a heterogeneous config), else
+    hidden_size / heads."""
+    return config_value(config, "head_dim") or config.hidden_size // config.num_attention_heads
+
+
+def kv_heads_of(config) -> int:
+    """A config's key/value heads (the top-level value of a heterogeneous config), else its attention heads."""
+    return config_value(config, "num_key_value_heads") or config.num_attention_heads
+
+
 def layer_configs(config) -> list:
     """Each decoder layer's config: a heterogeneous config's per-layer ones (Gemma 4's full-attention layers have
     another head_dim and key/value heads), else `config` for every layer."""

@@ -1,5 +1,5 @@
-"""Run by tests/test_stop.py as 2 CPU processes (launched by hand, with torchrun's variables): rank 1's process ends (as kill -9 ends it) while rank 0
-goes on to a collective; rank 0 writes OUT/rank0-error: the type of the error it got, then its one-line message
+"""Run by tests/test_stop.py as 2 CPU processes (launched by hand, with torchrun's variables): rank 1's process ends
+(as kill -9 ends it) while rank 0 goes on to a collective; rank 0 writes OUT/rank0-error: the type of the error it got, then its one-line message
 (bridgelm.errors.user_message; "None" where it would be announced as a bug).
 
     MASTER_ADDR=127.0.0.1 MASTER_PORT=P WORLD_SIZE=2 RANK=R python tests/dist_scripts/peer_lost.py OUT_DIR

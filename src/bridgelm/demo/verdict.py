@@ -30,13 +30,16 @@ def _interval_claim(text: str, key: str, ctl: dict, sign: int = 1) -> list[str]:
     word = "reproduced" if low > 0 else "reversed" if high < 0 else "not shown: the interval holds 0"
     if low > 0 and effect is not None and effect["position_unscaled"] == "above":
         word = "shown, but smaller than the paper's effect, which lies above the interval"
+    side = "above" if d["low"] > 0 else "below"  # of the difference itself, whichever way the claim reads it
     if ctl["seeds"] < 2 and not SAME_WEIGHTS.fullmatch(key) and (low > 0 or high < 0):
-        word = (f"{'above' if low > 0 else 'below'} 0 for this one training run; seed-to-seed variation is not "
-                "measured, so this does not test the method")
+        word = f"{side} 0 for this one training run; seed-to-seed variation is not measured, so this does not test " \
+               "the method"
     role = "primary" if key == ctl.get("primary", "bridge-rlvr") else "secondary"
-    if role == "secondary" and (word in ("reproduced", "reversed") or word.startswith("shown")):  # one of many
-        word = f"{'above' if low > 0 else 'below'} 0, uncorrected: a lead, not a finding" + (
-            " (below the paper's effect)" if word.startswith("shown") else "")
+    if role == "secondary" and word == "reversed":  # one of many, uncorrected
+        word = f"reversed ({side} 0), uncorrected: one comparison of many"
+    elif role == "secondary" and (word == "reproduced" or word.startswith("shown")):
+        below_paper = " (below the paper's effect)" if word.startswith("shown") else ""
+        word = f"{side} 0, uncorrected: a lead, not a finding{below_paper}"
     line = f"- ({role}) {text}: **{word}** ({diff_text(d)}, paired 95% interval: {d.get('interval', 'bootstrap')}"
     smallest = ctl.get("power", {}).get(key)
     line += f"; found 80% of the time at {smallest:.1f} points)" if smallest is not None else ")"

@@ -98,12 +98,12 @@ def load_benchmarks(task_or_name: Task | str, data_paths: Sequence[str] | None =
 
 def benchmark_difference(old: list[dict], new: list[dict]) -> str:
     """What differs between two lists of benchmarks as run.json records them (`Benchmark.describe`): their names, or
-    the first path, problem count or fingerprint."""
+    the first problem count or fingerprint (a path is not compared: a moved file is the same data)."""
     old_names, new_names = [b["name"] for b in old], [b["name"] for b in new]
     if old_names != new_names:
         return f"benchmarks: run {old_names} vs now {new_names}"
     for a, b in zip(old, new):
-        for key in ("path", "problems", "digest"):
+        for key in ("problems", "digest"):
             if a.get(key) != b.get(key):
                 why = " (the data changed since it was sampled)" if key == "digest" else ""
                 return f"benchmark {a['name']!r} {key}: run {a.get(key)!r} vs now {b.get(key)!r}{why}"

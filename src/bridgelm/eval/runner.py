@@ -54,8 +54,9 @@ RUN_WAIT_SECONDS = 600.0
 
 
 def eval_sampling(**changes: Any) -> SamplingConfig:
-    """The evaluation's sampling (paper Sec. 4): 32 samples per problem, Bridge width 8, up to 4096 new tokens, at
-    SamplingConfig's 0.6 / 0.95; `changes` set other values."""
+    """The evaluation's sampling: 32 samples per problem in Bridge groups of 8 at 0.6 / 0.95 (paper Sec. 4.1; its
+    MATH-500: 4 at width 4), up to 4096 new tokens (this project's: the paper gives no evaluation length, 4096 is its
+    RL's); `changes` set other values."""
     return SamplingConfig(**{"n": 32, "width": 8, "max_new_tokens": 4096, **changes})
 
 

@@ -15,13 +15,13 @@ group of one: what Bridge changes is sampling), tokenized as lm-eval's hf backen
 `loglikelihood_rolling` (perplexity) is not offered.
 
 Model arguments: pretrained (folder or hub id; from Python also a model object, used as it is, with its tokenizer),
-blocks (a block file; a folder saved with its blocks needs none), width (default 1), seed (default: lm-eval's torch
-seed, `--seed`'s third value, where lm-eval makes the backend; 0 otherwise), dtype (float32, bfloat16, float16), device, max_new_tokens (when a task gives no
-max_gen_toks), revision (of a hub id), tokenizer (another folder or id for it), max_length (the positions
-loglikelihood scores: longer contexts lose their first tokens, as in the hf backend; default the model's), and
-batch_size 1 or auto (the engine sizes its own waves: another value is refused); chat is lm-eval's own
-`--apply_chat_template`. Generation settings a task gives that the engine does not take (num_beams > 1,
-repetition_penalty != 1, ...) are refused, not ignored.
+blocks (a block file; a folder saved with its blocks needs none), width (default 1), seed (default: the torch seed
+lm-eval set before it made the backend, `--seed`'s third value, 1234 unless given; 0 for a backend made by hand),
+dtype (float32, bfloat16, float16), device, max_new_tokens (when a task gives no max_gen_toks), revision (of a hub
+id), tokenizer (another folder or id for it), max_length (the positions loglikelihood scores: longer contexts lose
+their first tokens, as in the hf backend; default the model's), and batch_size 1 or auto (the engine sizes its own
+waves: another value is refused); chat is lm-eval's own `--apply_chat_template`. Generation settings a task gives
+that the engine does not take (num_beams > 1, repetition_penalty != 1, ...) are refused, not ignored.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from bridgelm.errors import UserError
 from bridgelm.integrations.loading import (
     cut_at_stop,
     integer,
+    in_own_words,
     load_bridge_model,
     model_in_memory,
     number,
@@ -140,8 +141,10 @@ class BridgeLM(LM):
             )
         if self.max_length is None:
             self.max_length = getattr(self.model.config.get_text_config(), "max_position_embeddings", None)
-        self.pretrained = getattr(self.model, "name_or_path", None) or type(self.model).__name__ \
-            if isinstance(pretrained, torch.nn.Module) else pretrained
+        if isinstance(pretrained, torch.nn.Module):  # named by its folder where it has one
+            self.pretrained = getattr(self.model, "name_or_path", None) or type(self.model).__name__
+        else:
+            self.pretrained = pretrained
 
     @classmethod
     def create_from_arg_obj(cls, arg_dict: dict, additional_config: dict | None = None) -> BridgeLM:
@@ -189,10 +192,8 @@ class BridgeLM(LM):
                     self.model, self.tokenizer, prompts, n=count, width=self.width, seed=self.seed,
                     progress=not disable_tqdm, **kwargs
                 )
-            except UserError as err:  # in lm-eval's words: max_new_tokens is the task's max_gen_toks here
-                said = str(err).replace("(--max-new-tokens)", "(the task's max_gen_toks, or the max_new_tokens "
-                                        "model argument where the task gives none)")
-                raise UserError(f"bridgelm backend: {said}") from None
+            except UserError as err:  # in lm-eval's words
+                raise in_own_words(err, OWNER, "the task's max_gen_toks") from None
             for (start, _), drawn in zip(runs, samples):
                 for j, sample in enumerate(drawn):
                     out[start + j] = cut_at_stop(sample.text, kwargs["stop_strings"])

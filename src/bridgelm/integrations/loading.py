@@ -86,6 +86,13 @@ def model_in_memory(owner: str, model: torch.nn.Module, tokenizer, blocks: str |
     return model.eval(), tokenizer, next(model.parameters()).device
 
 
+def in_own_words(err: UserError, owner: str, length: str) -> UserError:
+    """The engine's refusal `err` as `owner` says it: its length setting (max_new_tokens, the command line's
+    --max-new-tokens) named `length`, the tool's own."""
+    said = str(err).replace("max_new_tokens (--max-new-tokens)", length).replace("max_new_tokens", length)
+    return UserError(f"{owner}: {said}")
+
+
 def _sampling_device(owner: str, device: str) -> str:
     """`device` checked as a device name of this machine, a CUDA one without a GPU turned into the CPU."""
     try:

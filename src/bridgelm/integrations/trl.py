@@ -72,6 +72,7 @@ from bridgelm.blocks import KINDS
 from bridgelm.engine import SamplingConfig, generate_ids
 from bridgelm.errors import UserError, check_int, check_number
 from bridgelm.grouped import KWARG, Groups
+from bridgelm.integrations.loading import in_own_words
 from bridgelm.rng import derive_seed
 
 
@@ -142,8 +143,8 @@ def check_group_settings(args, width: int, evaluates: bool = False) -> None:
     check_number(f"{name}: temperature", args.temperature, 0, open_low=True, note=" (GRPO samples)")
     try:  # top_p, top_k, max_completion_length: what the engine would refuse at the first rollout
         rollout_sampling(args, width, seed=0).validate()
-    except UserError as err:  # said in TRL's words: the engine's max_new_tokens is max_completion_length
-        raise UserError(f"{name}: {str(err).replace('max_new_tokens', 'max_completion_length')}") from None
+    except UserError as err:  # said in TRL's words
+        raise in_own_words(err, name, "max_completion_length") from None
     # the counts of rows that groups of `width` must fill whole (a batch that splits a group mixes its prompts)
     counts = {"num_generations": args.num_generations, "per_device_train_batch_size": args.per_device_train_batch_size}
     if evaluates or args.eval_strategy != "no":
@@ -250,7 +251,10 @@ class BridgeGRPOTrainer(GRPOTrainer):
             with torch.no_grad():
                 pad = self._tokenizer.pad_token_id
                 pad = self.eos_token_ids[0] if pad is None else pad
-                drawn = generate_ids(model, firsts, sampling, self.eos_token_ids, pad)
+                try:
+                    drawn = generate_ids(model, firsts, sampling, self.eos_token_ids, pad)
+                except UserError as err:  # a prompt with no room for max_completion_length, in TRL's words
+                    raise in_own_words(err, "BridgeGRPOTrainer", "max_completion_length") from None
         finally:
             model.train(training)
         return [sample.token_ids for group in drawn for sample in group], None

@@ -96,22 +96,43 @@ def prune_checkpoints(out_dir: str | os.PathLike, keep_last: int) -> None:
         return
     for old in list_checkpoints(out_dir)[:-keep_last]:
         gone = old.with_name(f".{old.name}.old{os.getpid()}")
-        os.replace(old, gone)
+        try:
+            if gone.exists():  # an earlier process of this pid left it
+                shutil.rmtree(gone, ignore_errors=True)
+            os.replace(old, gone)
+        except OSError:  # pruning is best-effort: a folder that cannot be renamed is deleted where it is
+            gone = old
         shutil.rmtree(gone, ignore_errors=True)
 
 
 # what a process killed while writing or pruning leaves: write_dir_atomic's and prune's folders (of a checkpoint, rl's
-# best/, sft's best model/), FSDP's staged shards
-_LEFTOVER = re.compile(r"\.(step-[0-9]{8,}|best|model)\.(tmp[0-9]+|old[0-9]+|shards)")
+# best/, sft's best model/: named by the writer's pid) and FSDP's staged shards (weights.write_checkpoint)
+_LEFTOVER = re.compile(r"\.(step-[0-9]{8,}|best|model)\.(?:(tmp|old)([0-9]+)|shards)")
 
 
 def sweep_leftovers(out_dir: str | os.PathLike) -> None:
-    """Remove the folders an earlier process of this run left half-written or half-deleted when it was killed (they
-    carry its pid, so no later process would reuse them). Called by the run folder's one writer, under its lock."""
+    """Remove the folders an earlier process of this run left half-written or half-deleted when it was killed: a
+    later process would not reuse them. Called by the run folder's one writer, under its lock, before any checkpoint
+    of the run is written (so before the ranks stage shards); a folder named by a process that still runs (another
+    command writing there, `consolidate --out` into the run folder) is left alone."""
     for folder in (Path(out_dir), Path(out_dir) / CHECKPOINTS):
         for entry in folder.iterdir() if folder.is_dir() else ():
-            if _LEFTOVER.fullmatch(entry.name) and entry.is_dir() and not entry.is_symlink():
+            m = _LEFTOVER.fullmatch(entry.name)
+            if m and entry.is_dir() and not entry.is_symlink() and not (m[3] and _running(int(m[3]))):
                 shutil.rmtree(entry, ignore_errors=True)
+
+
+def _running(pid: int) -> bool:
+    """Whether a process of that pid runs on this machine (this one's own leftovers are not)."""
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
 
 
 def save_trainer_state(

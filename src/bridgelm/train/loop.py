@@ -138,9 +138,9 @@ class Run:
         if dist.is_main:  # a second process on this folder is refused now, before the model is placed
             check_free(self.out_dir, folder=True)
         self.resume_from = agreed_resume_point(self.out_dir, control.resume, dist)  # rank 0's, on every rank
-        if self.resume_from is None and control.resume and (self.out_dir / METRICS).exists() and dist.is_main:
-            print(f"bridgelm {kind}: {self.out_dir} holds no checkpoint yet (its run stopped before the first): "
-                  "starting afresh, with this command's settings")
+        if self.resume_from is None and control.resume and (self.out_dir / METRICS).exists():
+            self.say(f"{self.name}: {self.out_dir} holds no checkpoint yet (its run stopped before the first): "
+                     "starting afresh, with this command's settings")
         if self.resume_from is not None:
             saved = read_info(self.resume_from).get("identity", {})
             fix = "use another --out, or the settings of that run"
@@ -168,6 +168,11 @@ class Run:
     def step(self) -> int:
         """Optimiser steps done (the step a resumed run starts from)."""
         return self.state["step"]
+
+    @property
+    def name(self) -> str:
+        """How the run's messages name it."""
+        return "bridgelm demo: pre-training" if self.kind == "pretrain" else f"bridgelm {self.kind}"
 
     def say(self, text: str) -> None:
         """Print on the main process only."""
@@ -221,10 +226,9 @@ class Run:
                 self.save()
         except KeyboardInterrupt as err:
             err.said = True  # what was saved is said below: the command line adds no second line
-            name = "bridgelm demo: pre-training" if self.kind == "pretrain" else f"bridgelm {self.kind}"
             if self.in_update or (self.dist.world > 1 and not isinstance(err, StoppedTogether)):  # ranks apart
                 where = "inside step {}'s update" if self.in_update else "at once in step {}"
-                self.say(f"\n{name}: stopped {where.format(self.step + 1)}; not saved (last: {self.saved_at})")
+                self.say(f"\n{self.name}: stopped {where.format(self.step + 1)}; not saved (last: {self.saved_at})")
             else:
                 if self.step != self.saved_at:
                     self.save()
@@ -232,8 +236,8 @@ class Run:
                 # A run that resumes by itself (the demo's stages, a command given --resume) continues when run again.
                 again = "running the same command again" if self.control.resume else "the same command with --resume"
                 self.say(
-                    f"\n{name}: interrupted; checkpoint of step {self.step} in {self.out_dir / CHECKPOINTS} ({again} "
-                    f"continues from it){note}"
+                    f"\n{self.name}: interrupted; checkpoint of step {self.step} in {self.out_dir / CHECKPOINTS} "
+                    f"({again} continues from it){note}"
                 )
             raise
         except Diverged as err:  # nothing of the step written: no record, no checkpoint
