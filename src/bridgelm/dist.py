@@ -90,12 +90,18 @@ class Dist:
         return Dist(rank, world, local, place)
 
 
+_ENDS_WITH_LAUNCHER = False
+
+
 def end_with_launcher() -> None:
-    """Under torchrun on Linux: SIGTERM this rank when its launcher dies (kill -9 of torchrun would leave the ranks
-    running on, then waiting at the slowest rank's barrier for the whole timeout, holding the output's lock). A
-    SIGTERM ends a rank as Ctrl-C does: what it finished is kept."""
-    if not sys.platform.startswith("linux") or "TORCHELASTIC_RUN_ID" not in os.environ:
+    """Under torchrun on Linux, once a process: SIGTERM this rank when its launcher dies (kill -9 of torchrun would
+    leave the ranks running on, then waiting at the slowest rank's barrier for the whole timeout, holding the output's
+    lock). A SIGTERM ends a rank as Ctrl-C does: what it finished is kept. The launcher is the rank's parent process:
+    with a wrapper between them (`torchrun --no-python bash -c ...`) it is the wrapper that is watched."""
+    global _ENDS_WITH_LAUNCHER
+    if _ENDS_WITH_LAUNCHER or not sys.platform.startswith("linux") or "TORCHELASTIC_RUN_ID" not in os.environ:
         return
+    _ENDS_WITH_LAUNCHER = True
     import ctypes
     import signal
 
