@@ -86,7 +86,8 @@ def g_pass_at_k(n: int, c: int, k: int, tau: float) -> float:
 def mg_pass_at_k(n: int, c: int, k: int) -> float:
     """mG-Pass@k = (2/k) sum_{i=ceil(k/2)+1}^{k} G-Pass@k_{i/k}, the mean over tau in (0.5, 1].
 
-    Liu et al.'s discretisation; note that the sum is empty for k = 1, which gives 0.
+    Liu et al.'s discretisation, meant for even k: its sum has k/2 terms only where k is even, so a model always right
+    scores 1 at even k, (k - 1) / k at odd k (2/3 at k = 3), and 0 at k = 1 (an empty sum).
     """
     _check_counts(n, c, k)
     total = sum(prob_at_least(n, c, k, i) for i in range(math.ceil(k / 2) + 1, k + 1))
