@@ -90,14 +90,15 @@ def make_model(name: str):
     return backend.BridgeLightevalModel(CustomModelConfig(model_name=name, model_definition_file_path="unused.py"))
 
 
-def _direct(model_dir: Path, prompts: list[str], width: int) -> list[list[str]]:
-    """The same samples straight from the engine: each prompt's SAMPLES samples in groups of `width`."""
+def _direct(model_dir: Path, prompts: list[str], width: int, keys=None) -> list[list[str]]:
+    """The same samples straight from the engine: each prompt's SAMPLES samples in groups of `width` (each document's
+    random stream keyed by `keys`, as the model keys it: its task and prompt)."""
     from bridgelm.models import load_model
     from bridgelm.tokenizer import load_tokenizer
 
     model, tok = load_model(str(model_dir)), load_tokenizer(str(model_dir))
     drawn = bridgelm.generate(model, tok, prompts, n=SAMPLES, width=width, seed=0, max_new_tokens=TOKENS,
-                              temperature=1.0, top_p=1.0, stop_strings=("\n",))
+                              temperature=1.0, top_p=1.0, stop_strings=("\n",), keys=keys)
     return [[cut_at_stop(s.text, ["\n"]) for s in samples] for samples in drawn]
 
 
@@ -124,9 +125,10 @@ def test_pipeline_draws_each_documents_samples_as_bridge_groups(setup, tmp_path,
     details = pipeline.evaluation_tracker.details_logger.details["tiny_bridge|0"]
     got = {d.doc.query: d.model_response.text for d in details}
     prompts = calls[0][0]  # in lighteval's order (it sorts documents by length)
-    want = _direct(setup / "model", prompts, WIDTH)
+    keys = [(next(d.doc.task_name for d in details if d.doc.query == q), q) for q in prompts]
+    want = _direct(setup / "model", prompts, WIDTH, keys)
     assert [got[q] for q in prompts] == want
-    assert want != _direct(setup / "model", prompts, 1)  # the siblings matter: drawn alone, the samples differ
+    assert want != _direct(setup / "model", prompts, 1, keys)  # the siblings matter: drawn alone, they differ
     # lighteval scored these samples: pass@1 = the mean share of samples equal to the gold (0 when none is met)
     golds = dict(PROBLEMS)
     share = [sum(t.strip() == golds[q] for t in texts) / SAMPLES for q, texts in zip(prompts, want)]
@@ -167,6 +169,26 @@ def test_bad_model_arguments_are_refused(setup):
     doc = Doc(query="1+2=", choices=["3"], gold_index=0, num_samples=3, task_name="t")
     with pytest.raises(UserError, match="width=4 does not divide the 3 sample"):
         model.greedy_until([doc])
+
+
+def test_a_documents_samples_are_its_own_and_max_new_tokens_wins_over_the_tasks(setup):
+    """A document draws from a stream of its own: its samples do not move with its position or the other documents
+    (they followed the position in the engine call: another task in the run changed every sample); max_new_tokens
+    given wins over a task's generation_size, as in lighteval's backends; temperature 0 with several samples is
+    refused, as lighteval's transformers backend refuses it."""
+    from lighteval.tasks.requests import Doc
+
+    def doc(query, task="t", size=6):
+        return Doc(query=query, choices=["3"], gold_index=0, num_samples=SAMPLES, task_name=task, generation_size=size)
+
+    model = make_model(model_name(setup, extra=",temperature=1.0"))
+    alone = model.greedy_until([doc("1+2=")])[0].text
+    assert model.greedy_until([doc("2+2="), doc("1+2=")])[1].text == alone
+    assert model.greedy_until([doc("1+2="), doc("1+2=", task="other")])[0].text == alone
+    capped = make_model(model_name(setup, extra=",temperature=1.0,max_new_tokens=2")).greedy_until([doc("1+2=")])[0]
+    assert max(map(len, capped.output_tokens)) <= 2 < max(len(t) for t in model.greedy_until([doc("1+2=")])[0].text)
+    with pytest.raises(UserError, match=r"temperature=0 draws the same sample 4 times .* of t \(num_samples 4\)"):
+        make_model(model_name(setup, extra=",temperature=0")).greedy_until([doc("1+2=")])
 
 
 def test_prompts_use_the_chat_template_where_the_tokenizer_has_one(setup, tmp_path):

@@ -22,7 +22,8 @@ def _refusal(text: str) -> str:
         ("width=0", "width=0: expected a positive integer"),
         ("width=1.5", "width=1.5: expected a positive integer"),  # refused, not truncated, as in lm-eval
         ("max_new_tokens=0", "max_new_tokens=0: expected a positive integer"),
-        ("seed=abc", "seed='abc': expected an integer"),
+        ("seed=abc", "seed='abc': expected an integer >= 0"),
+        ("seed=-1", "seed=-1: expected an integer >= 0"),  # was refused only at the first batch
         ("temperature=nan", "temperature=nan: expected a finite number"),  # was accepted (float('nan'))
         ("temperature=inf", "temperature=inf: expected a finite number"),
         ("temperature=-1", "temperature=-1.0: expected a finite number >= 0 (0 = greedy)"),  # was accepted
@@ -53,9 +54,13 @@ def test_a_repeated_argument_is_refused_not_overwritten():
 
 
 def test_good_arguments_are_typed():
-    got = sampling_args(parse_model_args("pretrained=DIR,width=2,seed=-3,temperature=0.7,top_p=0.9,top_k=5"))
-    assert got == {"width": 2, "seed": -3, "max_new_tokens": 256, "temperature": 0.7, "top_p": 0.9, "top_k": 5}
-    assert sampling_args(parse_model_args("pretrained=DIR"))["temperature"] is None  # by the documents' samples
+    got = sampling_args(parse_model_args("pretrained=DIR,width=2,seed=3,temperature=0.7,top_p=0.9,top_k=5"))
+    assert got == {"width": 2, "seed": 3, "max_new_tokens": None, "temperature": 0.7, "top_p": 0.9, "top_k": 5}
+    default = sampling_args(parse_model_args("pretrained=DIR"))
+    assert default["temperature"] is None and default["max_new_tokens"] is None  # by the documents, by the task
+    assert sampling_args(parse_model_args("pretrained=DIR,max_new_tokens=7"))["max_new_tokens"] == 7
+    with pytest.raises(UserError, match="seed=-1: expected an integer >= 0"):  # before the model loads (was: after)
+        sampling_args(parse_model_args("pretrained=DIR,seed=-1"))
 
 
 def test_the_system_prompt_comes_last_and_keeps_its_commas():

@@ -15,8 +15,10 @@ backend encodes it (`encode_choice`); perplexity is not offered. Responses
 are not cached by lighteval: a folder may hold new weights under the same name.
 
 Model arguments: pretrained (folder or hub id), blocks (a block file; a folder saved with its blocks needs none),
-width (default 1), seed, dtype (float32, bfloat16, float16), device, max_new_tokens (when a task gives no
-generation size), temperature (default: 0, greedy, for a document of one sample; 1.0 for several), top_p, top_k,
+width (default 1), seed (each document's samples drawn from a stream of its own: its task and prompt, whatever else
+the run holds), dtype (float32, bfloat16, float16), device, max_new_tokens (given, it wins over a task's generation
+size, as in lighteval's own backends; else the task's, else 256), temperature (default: 0, greedy, for a document of
+one sample; 1.0 for several; 0 with several samples is refused), top_p, top_k,
 chat (1: prompts in the tokenizer's chat template, 0: plain; by default, as lighteval's own backends, the
 template where the tokenizer has one), system_prompt (last: it takes the rest of the name, commas included).
 """
@@ -33,7 +35,7 @@ from lighteval.tasks.requests import Doc
 import bridgelm
 from bridgelm.engine import encode_text
 from bridgelm.errors import DataWarning, UserError
-from bridgelm.integrations.lighteval_args import OWNER, parse_model_args, sampling_args
+from bridgelm.integrations.lighteval_args import DEFAULT_NEW_TOKENS, OWNER, parse_model_args, sampling_args
 from bridgelm.integrations.loading import cut_at_stop, load_bridge_model, score_ids
 
 def encode_choice(tokenizer, context: str, choice: str) -> tuple[list[int], list[int]]:
@@ -97,9 +99,13 @@ class BridgeLightevalModel(LightevalModel):
                 f"{OWNER}: width={self.width} does not divide the {n} sample(s) of {doc.task_name or 'a task'}'s "
                 "documents: expected num_samples (the n of its sampling metrics) that is a multiple of the width"
             )
+        if n > 1 and self.temperature == 0:  # as lighteval's own transformers backend refuses it
+            raise UserError(f"{OWNER}: temperature=0 draws the same sample {n} times for the sampling metrics of "
+                            f"{doc.task_name or 'a task'} (num_samples {n}): expected temperature > 0")
         temperature = self.temperature if self.temperature is not None else (0.0 if n == 1 else 1.0)
         stops = () if self.chat else tuple(s for s in doc.stop_sequences or () if s)  # chat: EOS ends a turn
-        return {"n": n, "max_new_tokens": self.new_tokens(doc, prompt, doc.generation_size or self.max_new_tokens),
+        wanted = self.max_new_tokens or doc.generation_size or DEFAULT_NEW_TOKENS
+        return {"n": n, "max_new_tokens": self.new_tokens(doc, prompt, wanted),
                 "stop_strings": stops, "temperature": temperature, "top_p": self.top_p, "top_k": self.top_k}
 
     def new_tokens(self, doc: Doc, prompt: str, wanted: int) -> int:
@@ -127,7 +133,10 @@ class BridgeLightevalModel(LightevalModel):
         for settings, indices in calls.items():
             kwargs = dict(settings)
             texts = [prompts[i] for i in indices]
-            drawn = bridgelm.generate(self.model, self._tokenizer, texts, width=self.width, seed=self.seed, **kwargs)
+            # a document's random stream is its own (task and prompt), whatever else the call or the run holds
+            keys = [(docs[i].task_name, prompts[i]) for i in indices]
+            drawn = bridgelm.generate(self.model, self._tokenizer, texts, width=self.width, seed=self.seed, keys=keys,
+                                      **kwargs)
             for i, prompt, samples in zip(indices, texts, drawn):
                 out[i] = ModelResponse(
                     input=prompt,

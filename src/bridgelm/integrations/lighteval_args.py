@@ -9,9 +9,10 @@ import re
 
 from bridgelm.engine.config import check_sampling
 from bridgelm.errors import UserError, check_int
-from bridgelm.integrations.loading import integer, number, positive_int
+from bridgelm.integrations.loading import integer, number, positive_int, seed_arg
 
 OWNER = "bridgelm lighteval model"  # how errors name this model
+DEFAULT_NEW_TOKENS = 256  # a sample's new tokens where neither max_new_tokens nor the task gives them
 ARGUMENTS = ("pretrained", "blocks", "width", "seed", "dtype", "device", "max_new_tokens", "temperature", "top_p",
              "top_k", "chat", "system_prompt")
 
@@ -52,13 +53,15 @@ def typed(text: str):
 
 
 def sampling_args(args: dict[str, str]) -> dict:
-    """width, seed, max_new_tokens, temperature (None: by the document's sample count), top_p and top_k of the
-    parsed `args`, each checked as the lm-eval backend and the engine check it."""
+    """width, seed, max_new_tokens (None: by the task), temperature (None: by the document's sample count), top_p and
+    top_k of the parsed `args`, each checked as the lm-eval backend and the engine check it."""
     args = {k: typed(v) for k, v in args.items()}
     out = {
         "width": positive_int(OWNER, "width", args.get("width", 1)),
-        "seed": integer(OWNER, "seed", args.get("seed", 0)),
-        "max_new_tokens": positive_int(OWNER, "max_new_tokens", args.get("max_new_tokens", 256)),
+        "seed": seed_arg(OWNER, args.get("seed", 0)),
+        # None: the task's generation_size, else DEFAULT_NEW_TOKENS (given, it wins, as in lighteval's own backends)
+        "max_new_tokens": positive_int(OWNER, "max_new_tokens", args["max_new_tokens"]) if "max_new_tokens" in args
+        else None,
         "temperature": number(OWNER, "temperature", args["temperature"]) if "temperature" in args else None,
         "top_p": number(OWNER, "top_p", args.get("top_p", 1.0)),
         "top_k": integer(OWNER, "top_k", args.get("top_k", 0)),

@@ -43,6 +43,7 @@ from bridgelm.integrations.loading import (
     in_own_words,
     load_bridge_model,
     model_in_memory,
+    seed_arg,
     number,
     positive_int,
     score_ids,
@@ -130,7 +131,7 @@ class BridgeLM(LM):
         if str(batch_size) not in ("1", "auto") and not str(batch_size).startswith("auto:"):
             raise UserError(f"bridgelm backend: batch_size={batch_size!r}: the engine sizes its own waves of rows "
                             "(Bridge groups kept whole): expected batch_size 1 or auto")
-        self.width, self.seed = _positive("width", width), integer(OWNER, "seed", seed)
+        self.width, self.seed = _positive("width", width), seed_arg(OWNER, seed)
         self.max_new_tokens = _positive("max_new_tokens", max_new_tokens)
         self.max_length = None if max_length is None else _positive("max_length", max_length)
         if isinstance(pretrained, torch.nn.Module):  # a model of this process, as lm-eval's hf backend takes one

@@ -37,6 +37,13 @@ def integer(owner: str, name: str, value, expected: str = "an integer") -> int:
     return value
 
 
+def seed_arg(owner: str, value) -> int:
+    """A sampling seed: an integer >= 0, refused before any model loads (the engine refused it at the first batch)."""
+    seed = integer(owner, "seed", value, "an integer >= 0")
+    check_int(f"{owner}: seed", seed, low=0)
+    return seed
+
+
 def number(owner: str, name: str, value) -> float:
     """`value` as a finite float (a number, or its digits as text), or a UserError naming it."""
     try:
