@@ -41,12 +41,14 @@ def setup(tmp_path_factory):
 
 def _direct(model_dir, width, seed=1234):
     """The same samples straight from the engine: each problem's REPEATS samples in groups of `width` (seed: by
-    default lm-eval's torch seed, which seeds the backend lm-eval makes)."""
+    default lm-eval's torch seed, which seeds the backend lm-eval makes), each request's stream keyed as the backend
+    keys it (its task and prompt)."""
     from bridgelm.models import load_model
     from bridgelm.tokenizer import load_tokenizer
 
     model, tok = load_model(str(model_dir)), load_tokenizer(str(model_dir))
     drawn = bridgelm.generate(model, tok, [q for q, _ in PROBLEMS], n=REPEATS, width=width, seed=seed,
+                              keys=[("tiny_repeat", q) for q, _ in PROBLEMS],
                               max_new_tokens=TOKENS, temperature=1.0, top_p=1.0, stop_strings=("\n",))
     return [[backend.cut_at_stop(s.text, ["\n"]) for s in samples] for samples in drawn]
 
@@ -130,6 +132,15 @@ def test_width_that_does_not_divide_the_repeats_is_refused(setup):
         lm.generate_until(_requests("1+2=", 3))
     with pytest.raises(UserError, match="unknown model argument.*widht"):
         backend.BridgeLM(pretrained=str(setup / "model"), widht=4)
+
+
+def test_a_requests_samples_are_its_own_whatever_else_the_call_holds(setup):
+    """A request draws from a stream of its own (its task and prompt): another request before it in the same engine
+    call (another task of the run, the data reordered) does not change its samples (they followed its position)."""
+    lm = backend.BridgeLM(pretrained=str(setup / "model"), width=4)
+    gen = {"until": ["\n"], "max_gen_toks": 3, "do_sample": True, "temperature": 1.0}
+    alone = lm.generate_until(_requests("1+2=", 4, gen))
+    assert lm.generate_until(_requests("2+2=", 4, gen) + _requests("1+2=", 4, gen))[4:] == alone
 
 
 def test_a_task_whose_answers_overflow_the_context_is_refused_in_lm_evals_words(setup):

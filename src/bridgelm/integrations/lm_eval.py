@@ -10,7 +10,8 @@ or from the shell, lm-eval's own command line with the backend registered:
 A task with `repeats: N` hands `generate_until` the N copies of each request side by side (the same Instance
 object). They are regrouped here: the N samples of a request are drawn together by the engine, in Bridge groups of
 `width` (which must divide N), so that siblings read each other as in `bridgelm eval`. Requests with equal
-generation settings and repeats are sampled in one engine call. `loglikelihood` scores each request alone (a
+generation settings and repeats are sampled in one engine call, each from a random stream of its own (its task and
+prompt), so that its samples do not change with the other requests of the run. `loglikelihood` scores each request alone (a
 group of one: what Bridge changes is sampling), tokenized as lm-eval's hf backend tokenizes it (its BOS included);
 `loglikelihood_rolling` (perplexity) is not offered.
 
@@ -187,10 +188,12 @@ class BridgeLM(LM):
                     "expected repeats that are a multiple of the width (set the task's `repeats`, or width=1)"
                 )
             prompts = [requests[start].args[0] for start, _ in runs]
+            # a request's random stream is its own (task and prompt), whatever else the call or the run holds
+            keys = [(getattr(requests[start], "task_name", None), requests[start].args[0]) for start, _ in runs]
             kwargs = dict(settings)
             try:
                 samples = bridgelm.generate(
-                    self.model, self.tokenizer, prompts, n=count, width=self.width, seed=self.seed,
+                    self.model, self.tokenizer, prompts, n=count, width=self.width, seed=self.seed, keys=keys,
                     progress=not disable_tqdm, **kwargs
                 )
             except UserError as err:  # in lm-eval's words
