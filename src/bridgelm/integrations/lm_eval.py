@@ -7,12 +7,12 @@ or from the shell, lm-eval's own command line with the backend registered:
 
     bridgelm lm-eval run --model bridgelm --model_args pretrained=DIR,blocks=FILE,width=8 --tasks gsm8k
 
-A task with `repeats: N` hands `generate_until` the N copies of each request side by side (the same Instance
-object). They are regrouped here: the N samples of a request are drawn together by the engine, in Bridge groups of
-`width` (which must divide N), so that siblings read each other as in `bridgelm eval`. Requests with equal
-generation settings and repeats are sampled in one engine call, each from a random stream of its own (its task and
-prompt), so that its samples do not change with the other requests of the run. `loglikelihood` scores each request alone (a
-group of one: what Bridge changes is sampling), tokenized as lm-eval's hf backend tokenizes it (its BOS included);
+A task with `repeats: N` hands `generate_until` the N copies of each request side by side (the same Instance object).
+They are regrouped here: the N samples of a request are drawn together by the engine, in Bridge groups of `width`
+(which must divide N), so that siblings read each other as in `bridgelm eval`. Requests with equal generation settings
+and repeats are sampled in one engine call, each from a random stream of its own (its task and prompt), so that its
+samples do not change with the other requests of the run. `loglikelihood` scores each request alone (a group of one:
+what Bridge changes is sampling), tokenized as lm-eval's hf backend tokenizes it (its BOS included);
 `loglikelihood_rolling` (perplexity) is not offered.
 
 Model arguments: pretrained (folder or hub id; from Python also a model object, used as it is, with its tokenizer),
