@@ -278,3 +278,31 @@ def test_a_long_prompt_gets_the_new_tokens_that_fit(setup):
     full = Doc(query="1+2=" * 64, choices=["3"], gold_index=0, task_name="t", generation_size=16, stop_sequences=[])
     with pytest.raises(UserError, match="a document of t has a prompt of 256 tokens, which fills the model's 256"):
         model.greedy_until([full])
+
+
+def test_long_reasoning_samples_composite_models_and_arguments_out_of_place(setup, tmp_path):
+    """The paper's setting on a long-context model (32768 new tokens at width 8) was refused for a wave bound no
+    argument sets: a wave holds one group at least; a composite model's positions are its text config's (it read
+    2048); chat=1 without a template, and arguments after system_prompt (read as its text, Bridge off), are refused
+    before the model samples."""
+    from lighteval.tasks.requests import Doc
+
+    from conftest import tiny_composite
+    from bridgelm.tokenizer import char_tokenizer
+
+    model = make_model(model_name(setup, width=4, extra=",temperature=1.0,max_new_tokens=70000"))
+    model.model.config.max_position_embeddings = 80000  # as a long-context model's
+    doc = Doc(query="1+2=", choices=["3"], gold_index=0, num_samples=4, task_name="t", stop_sequences=["+"])
+    assert len(model.greedy_until([doc])[0].text) == 4  # 4 x 70004 tokens > the engine's default bound
+    tok = char_tokenizer("0123456789+-=() abc\n")
+    composite = tiny_composite(vocab_size=len(tok))
+    composite.save_pretrained(tmp_path / "composite")
+    tok.save_pretrained(tmp_path / "composite")
+    want = composite.config.get_text_config().max_position_embeddings
+    assert make_model(f"pretrained={tmp_path / 'composite'},chat=0").max_length == want != 2048
+    shutil.copytree(setup / "model", tmp_path / "bare")
+    (tmp_path / "bare" / "chat_template.jinja").unlink()
+    with pytest.raises(UserError, match="chat=1, but the tokenizer of .* has no chat template"):
+        make_model(f"pretrained={tmp_path / 'bare'},chat=1")
+    with pytest.raises(UserError, match=r"system_prompt must come last: .* holds width=, temperature="):
+        make_model(f"pretrained={setup / 'model'},system_prompt=Be brief,width=4,temperature=0.6")

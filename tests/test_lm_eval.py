@@ -143,6 +143,15 @@ def test_a_requests_samples_are_its_own_whatever_else_the_call_holds(setup):
     assert lm.generate_until(_requests("2+2=", 4, gen) + _requests("1+2=", 4, gen))[4:] == alone
 
 
+def test_a_wave_holds_a_group_of_long_answers(setup):
+    """4 samples of up to 70000 tokens on a long-context model: beyond the engine's default wave bound, which no model
+    argument sets (refused before); a wave holds one group at least."""
+    lm = backend.BridgeLM(pretrained=str(setup / "model"), width=4)
+    lm.model.config.max_position_embeddings = 80000  # as a long-context model's
+    gen = {"until": ["+"], "max_gen_toks": 70000, "do_sample": True, "temperature": 1.0}
+    assert len(lm.generate_until(_requests("1+2=", 4, gen))) == 4
+
+
 def test_a_task_whose_answers_overflow_the_context_is_refused_in_lm_evals_words(setup):
     lm = backend.BridgeLM(pretrained=str(setup / "model"), width=4)
     with pytest.raises(UserError, match=r"^bridgelm backend: prompt 0 .*the task's max_gen_toks") as err:

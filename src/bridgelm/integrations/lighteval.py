@@ -36,7 +36,7 @@ import bridgelm
 from bridgelm.engine import encode_text
 from bridgelm.errors import DataWarning, UserError
 from bridgelm.integrations.lighteval_args import DEFAULT_NEW_TOKENS, OWNER, parse_model_args, sampling_args
-from bridgelm.integrations.loading import cut_at_stop, load_bridge_model, score_ids
+from bridgelm.integrations.loading import cut_at_stop, load_bridge_model, one_group_at_least, score_ids
 
 def encode_choice(tokenizer, context: str, choice: str) -> tuple[list[int], list[int]]:
     """(context ids, choice ids) as lighteval's transformers backend encodes a loglikelihood request (pairwise): the
@@ -76,6 +76,9 @@ class BridgeLightevalModel(LightevalModel):
         # as lighteval's own backends decide: the chat template where the tokenizer has one, unless chat= says
         has_template = getattr(self._tokenizer, "chat_template", None) is not None
         self.chat = has_template if "chat" not in args else args["chat"] == "1"
+        if self.chat and not has_template:
+            raise UserError(f"{OWNER}: chat=1, but the tokenizer of {args['pretrained']} has no chat template: "
+                            "expected chat=0, or a tokenizer with one")
         self.prompts = PromptManager(self.chat, self._tokenizer, args.get("system_prompt"))
         self._cache = _NoCache()
 
@@ -89,7 +92,7 @@ class BridgeLightevalModel(LightevalModel):
 
     @property
     def max_length(self) -> int:
-        return int(getattr(self.model.config, "max_position_embeddings", 2048))
+        return int(getattr(self.model.config.get_text_config(), "max_position_embeddings", None) or 2048)
 
     def settings(self, doc: Doc, prompt: str) -> dict:
         """bridgelm.generate's settings for `doc` (its sample count, generation size and stop sequences)."""
@@ -135,8 +138,9 @@ class BridgeLightevalModel(LightevalModel):
             texts = [prompts[i] for i in indices]
             # a document's random stream is its own (task and prompt), whatever else the call or the run holds
             keys = [(docs[i].task_name, prompts[i]) for i in indices]
+            bound = one_group_at_least(self._tokenizer, texts, self.width, kwargs["max_new_tokens"])
             drawn = bridgelm.generate(self.model, self._tokenizer, texts, width=self.width, seed=self.seed, keys=keys,
-                                      **kwargs)
+                                      max_batch_tokens=bound, **kwargs)
             for i, prompt, samples in zip(indices, texts, drawn):
                 out[i] = ModelResponse(
                     input=prompt,

@@ -24,6 +24,10 @@ def parse_model_args(text: str) -> dict[str, str]:
     prompt = re.search(r"(?:^|,)\s*system_prompt=", text)
     if prompt:
         text, args["system_prompt"] = text[: prompt.start()], text[prompt.end():].strip()
+        swallowed = re.findall(rf",\s*({'|'.join(ARGUMENTS)})=", args["system_prompt"])
+        if swallowed:  # an argument after it would be read as part of the prompt, and its setting lost
+            raise UserError(f"{OWNER}: system_prompt must come last: its text {args['system_prompt']!r} holds "
+                            f"{', '.join(a + '=' for a in swallowed)}; move system_prompt to the end")
     for part in filter(None, (p.strip() for p in text.split(","))):
         key, eq, value = part.partition("=")
         if not eq:

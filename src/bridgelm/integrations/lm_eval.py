@@ -44,6 +44,7 @@ from bridgelm.integrations.loading import (
     in_own_words,
     load_bridge_model,
     model_in_memory,
+    one_group_at_least,
     seed_arg,
     number,
     positive_int,
@@ -191,6 +192,8 @@ class BridgeLM(LM):
             # a request's random stream is its own (task and prompt), whatever else the call or the run holds
             keys = [(getattr(requests[start], "task_name", None), requests[start].args[0]) for start, _ in runs]
             kwargs = dict(settings)
+            kwargs["max_batch_tokens"] = one_group_at_least(self.tokenizer, prompts, self.width,
+                                                            kwargs["max_new_tokens"])
             try:
                 samples = bridgelm.generate(
                     self.model, self.tokenizer, prompts, n=count, width=self.width, seed=self.seed, keys=keys,

@@ -93,6 +93,16 @@ def model_in_memory(owner: str, model: torch.nn.Module, tokenizer, blocks: str |
     return model.eval(), tokenizer, next(model.parameters()).device
 
 
+def one_group_at_least(tokenizer, prompts: Sequence[str], width: int, new_tokens: int) -> int:
+    """A wave bound (max_batch_tokens) that holds at least one Bridge group of the longest prompt: the engine's
+    default, raised where a group of `width` rows of (prompt + `new_tokens`) tokens exceeds it (a reasoning task's
+    32768 new tokens at width 8), since these front ends have no bound of their own to set."""
+    from bridgelm.engine import SamplingConfig, encode_text
+
+    longest = max(len(encode_text(tokenizer, p)) for p in prompts)
+    return max(SamplingConfig.max_batch_tokens, width * (longest + new_tokens))
+
+
 def in_own_words(err: UserError, owner: str, length: str) -> UserError:
     """The engine's refusal `err` as `owner` says it: its length setting (max_new_tokens, the command line's
     --max-new-tokens) named `length`, the tool's own."""
