@@ -306,3 +306,25 @@ def test_long_reasoning_samples_composite_models_and_arguments_out_of_place(setu
         make_model(f"pretrained={tmp_path / 'bare'},chat=1")
     with pytest.raises(UserError, match=r"system_prompt must come last: .* holds width=, temperature="):
         make_model(f"pretrained={setup / 'model'},system_prompt=Be brief,width=4,temperature=0.6")
+
+
+def test_the_model_configs_generation_parameters_are_read_not_ignored(setup):
+    """lighteval's way to set sampling, GenerationParameters on the model config (and its system_prompt), was ignored
+    silently (temperature 0, seed 7, 2 tokens there sampled as if unset): read now, recorded as sampled with; one the
+    engine does not take, or one given otherwise in the model name, is refused."""
+    from lighteval.models.custom.custom_model import CustomModelConfig
+    from lighteval.models.model_input import GenerationParameters
+
+    def model(name, system_prompt=None, **generation):
+        config = CustomModelConfig(model_name=name, model_definition_file_path="unused.py", system_prompt=system_prompt,
+                                   generation_parameters=GenerationParameters(**generation))
+        return backend.BridgeLightevalModel(config), config
+
+    made, config = model(model_name(setup), system_prompt="Be brief.", temperature=0.7, seed=7, max_new_tokens=2)
+    assert (made.temperature, made.seed, made.max_new_tokens) == (0.7, 7, 2)
+    assert made.prompts.system_prompt == "Be brief."
+    assert config.generation_parameters.seed == 7 and config.generation_parameters.top_p == 1.0  # as sampled
+    with pytest.raises(UserError, match="repetition_penalty=1.2: the engine samples with .* only"):
+        model(model_name(setup), repetition_penalty=1.2)
+    with pytest.raises(UserError, match="seed is '3' in the model name and 7 in the model config"):
+        model(model_name(setup, extra=",seed=3"), seed=7)

@@ -20,7 +20,10 @@ the run holds), dtype (float32, bfloat16, float16), device, max_new_tokens (give
 size, as in lighteval's own backends; else the task's, else 256), temperature (default: 0, greedy, for a document of
 one sample; 1.0 for several; 0 with several samples is refused), top_p, top_k,
 chat (1: prompts in the tokenizer's chat template, 0: plain; by default, as lighteval's own backends, the
-template where the tokenizer has one), system_prompt (last: it takes the rest of the name, commas included).
+template where the tokenizer has one), system_prompt (last: it takes the rest of the name, commas included). The
+model config's own `generation_parameters` (temperature, top_p, top_k, seed, max_new_tokens) and `system_prompt`,
+lighteval's way to set them, are read as well (one given both ways must agree; one the engine does not take, such as
+repetition_penalty, is refused), and the config records the values sampled with.
 """
 
 from __future__ import annotations
@@ -35,8 +38,21 @@ from lighteval.tasks.requests import Doc
 import bridgelm
 from bridgelm.engine import encode_text
 from bridgelm.errors import DataWarning, UserError
-from bridgelm.integrations.lighteval_args import DEFAULT_NEW_TOKENS, OWNER, parse_model_args, sampling_args
-from bridgelm.integrations.loading import cut_at_stop, load_bridge_model, one_group_at_least, score_ids
+from bridgelm.integrations.lighteval_args import (
+    DEFAULT_NEW_TOKENS,
+    OWNER,
+    TAKEN,
+    parse_model_args,
+    sampling_args,
+    with_config,
+)
+from bridgelm.integrations.loading import (
+    cut_at_stop,
+    in_own_words,
+    load_bridge_model,
+    one_group_at_least,
+    score_ids,
+)
 
 def encode_choice(tokenizer, context: str, choice: str) -> tuple[list[int], list[int]]:
     """(context ids, choice ids) as lighteval's transformers backend encodes a loglikelihood request (pairwise): the
@@ -65,8 +81,13 @@ class BridgeLightevalModel(LightevalModel):
 
     def __init__(self, config):
         self.config = config  # lighteval's CustomModelConfig; its model_name holds the model arguments
-        args = parse_model_args(config.model_name)
+        generation = config.generation_parameters  # what lighteval's own model configs set sampling with
+        set_there = {k: getattr(generation, k) for k in generation.model_fields_set}
+        args = with_config(parse_model_args(config.model_name), set_there, getattr(config, "system_prompt", None))
         sampling = sampling_args(args)  # checked before the model loads
+        for key in TAKEN:  # lighteval records the config's: the values sampled with (temperature: by document)
+            if sampling[key] is not None:
+                setattr(generation, key, sampling[key])
         self.width, self.seed, self.max_new_tokens = sampling["width"], sampling["seed"], sampling["max_new_tokens"]
         self.temperature, self.top_p, self.top_k = sampling["temperature"], sampling["top_p"], sampling["top_k"]
         self.model, self._tokenizer, _ = load_bridge_model(
@@ -139,8 +160,11 @@ class BridgeLightevalModel(LightevalModel):
             # a document's random stream is its own (task and prompt), whatever else the call or the run holds
             keys = [(docs[i].task_name, prompts[i]) for i in indices]
             bound = one_group_at_least(self._tokenizer, texts, self.width, kwargs["max_new_tokens"])
-            drawn = bridgelm.generate(self.model, self._tokenizer, texts, width=self.width, seed=self.seed, keys=keys,
-                                      max_batch_tokens=bound, **kwargs)
+            try:
+                drawn = bridgelm.generate(self.model, self._tokenizer, texts, width=self.width, seed=self.seed,
+                                          keys=keys, max_batch_tokens=bound, **kwargs)
+            except UserError as err:  # the engine's refusal, as this model says it
+                raise in_own_words(err, OWNER, "max_new_tokens") from None
             for i, prompt, samples in zip(indices, texts, drawn):
                 out[i] = ModelResponse(
                     input=prompt,

@@ -45,6 +45,29 @@ def parse_model_args(text: str) -> dict[str, str]:
     return args
 
 
+# lighteval's GenerationParameters the engine takes (the model config's way to set sampling), by their model argument
+TAKEN = ("temperature", "top_p", "top_k", "seed", "max_new_tokens")
+
+
+def with_config(args: dict[str, str], generation: dict, system_prompt: str | None) -> dict[str, str]:
+    """`args` (the model name's) with what the user set on lighteval's model config: `generation` (the
+    GenerationParameters fields set) and its system_prompt. A setting given both ways must agree; one the engine does
+    not take is refused, not ignored."""
+    out = dict(args)
+    given = {**generation, **({"system_prompt": system_prompt} if system_prompt else {})}
+    for key, value in given.items():
+        if value is None:
+            continue
+        if key not in (*TAKEN, "system_prompt"):
+            raise UserError(f"{OWNER}: generation_parameters {key}={value!r}: the engine samples with "
+                            f"{', '.join(TAKEN)} only: leave {key} unset")
+        if key in out and typed(out[key]) != value:
+            raise UserError(f"{OWNER}: {key} is {out[key]!r} in the model name and {value!r} in the model config: "
+                            "expected one of them")
+        out[key] = str(value)
+    return out
+
+
 def typed(text: str):
     """A model argument's text as lm-eval types its own (handle_arg_string): digits an int, a float's text a float,
     anything else text; so that both integrations name a value alike ("width=1.5", "seed='abc'")."""
