@@ -184,7 +184,8 @@ def test_a_documents_samples_are_its_own_and_max_new_tokens_wins_over_the_tasks(
     model = make_model(model_name(setup, extra=",temperature=1.0"))
     alone = model.greedy_until([doc("1+2=")])[0].text
     assert model.greedy_until([doc("2+2="), doc("1+2=")])[1].text == alone
-    assert model.greedy_until([doc("1+2="), doc("1+2=", task="other")])[0].text == alone
+    other, again = model.greedy_until([doc("1+2=", task="other"), doc("1+2=")])
+    assert again.text == alone != other.text  # the task is part of a document's key
     capped = make_model(model_name(setup, extra=",temperature=1.0,max_new_tokens=2")).greedy_until([doc("1+2=")])[0]
     assert max(map(len, capped.output_tokens)) <= 2 < max(len(t) for t in model.greedy_until([doc("1+2=")])[0].text)
     with pytest.raises(UserError, match=r"temperature=0 draws the same sample 4 times .* of t \(num_samples 4\)"):
@@ -304,8 +305,11 @@ def test_long_reasoning_samples_composite_models_and_arguments_out_of_place(setu
     (tmp_path / "bare" / "chat_template.jinja").unlink()
     with pytest.raises(UserError, match="chat=1, but the tokenizer of .* has no chat template"):
         make_model(f"pretrained={tmp_path / 'bare'},chat=1")
-    with pytest.raises(UserError, match=r"system_prompt must come last: .* holds width=, temperature="):
+    with pytest.raises(UserError, match=r"system_prompt must come last: .* ends in model arguments \(width=, "
+                                        r"temperature=\)"):
         make_model(f"pretrained={setup / 'model'},system_prompt=Be brief,width=4,temperature=0.6")
+    words = "A rectangle, width=3 cm, is drawn."  # a prompt that merely holds an argument's name in its words
+    assert make_model(f"pretrained={setup / 'model'},chat=0,system_prompt={words}").prompts.system_prompt == words
 
 
 def test_the_model_configs_generation_parameters_are_read_not_ignored(setup):
@@ -326,5 +330,8 @@ def test_the_model_configs_generation_parameters_are_read_not_ignored(setup):
     assert config.generation_parameters.seed == 7 and config.generation_parameters.top_p == 1.0  # as sampled
     with pytest.raises(UserError, match="repetition_penalty=1.2: the engine samples with .* only"):
         model(model_name(setup), repetition_penalty=1.2)
-    with pytest.raises(UserError, match="seed is '3' in the model name and 7 in the model config"):
+    assert model(model_name(setup), repetition_penalty=1.0, stop_tokens=[])[0].seed == 0  # values that change nothing
+    with pytest.raises(UserError, match="seed is 3 in the model name and 7 in the model config: expected the same"):
         model(model_name(setup, extra=",seed=3"), seed=7)
+    with pytest.raises(UserError, match="system_prompt is 'A' in the model name and 'B' in the model config"):
+        model(model_name(setup, extra=",system_prompt=A"), system_prompt="B")

@@ -22,8 +22,9 @@ one sample; 1.0 for several; 0 with several samples is refused), top_p, top_k,
 chat (1: prompts in the tokenizer's chat template, 0: plain; by default, as lighteval's own backends, the
 template where the tokenizer has one), system_prompt (last: it takes the rest of the name, commas included). The
 model config's own `generation_parameters` (temperature, top_p, top_k, seed, max_new_tokens) and `system_prompt`,
-lighteval's way to set them, are read as well (one given both ways must agree; one the engine does not take, such as
-repetition_penalty, is refused), and the config records the values sampled with.
+lighteval's way to set them from Python, are read as well (one given both ways must agree; one the engine does not
+take, such as repetition_penalty 1.2, is refused), and the config records the values given (a temperature left unset
+is chosen by document: 0 for one sample, 1.0 for several).
 """
 
 from __future__ import annotations

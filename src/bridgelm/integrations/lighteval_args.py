@@ -24,10 +24,7 @@ def parse_model_args(text: str) -> dict[str, str]:
     prompt = re.search(r"(?:^|,)\s*system_prompt=", text)
     if prompt:
         text, args["system_prompt"] = text[: prompt.start()], text[prompt.end():].strip()
-        swallowed = re.findall(rf",\s*({'|'.join(ARGUMENTS)})=", args["system_prompt"])
-        if swallowed:  # an argument after it would be read as part of the prompt, and its setting lost
-            raise UserError(f"{OWNER}: system_prompt must come last: its text {args['system_prompt']!r} holds "
-                            f"{', '.join(a + '=' for a in swallowed)}; move system_prompt to the end")
+        _refuse_arguments_in(args["system_prompt"])
     for part in filter(None, (p.strip() for p in text.split(","))):
         key, eq, value = part.partition("=")
         if not eq:
@@ -45,8 +42,25 @@ def parse_model_args(text: str) -> dict[str, str]:
     return args
 
 
+def _refuse_arguments_in(prompt: str) -> None:
+    """UserError where the system prompt ends in model arguments (`...,width=4,temperature=0.6`): arguments given after
+    it, which would be read as its text and their settings lost. A prompt that merely holds "width=3" in its words
+    passes: only a tail of known key=value parts to its end reads as misplaced arguments."""
+    first = re.search(rf",\s*(?:{'|'.join(ARGUMENTS)})=", prompt)
+    if first is None:
+        return
+    parts = [p.strip() for p in prompt[first.start() + 1:].split(",")]
+    if all(re.fullmatch(rf"(?:{'|'.join(ARGUMENTS)})=[^=]*", p) for p in parts):
+        raise UserError(f"{OWNER}: system_prompt must come last: its text {prompt!r} ends in model arguments "
+                        f"({', '.join(p.split('=')[0] + '=' for p in parts)}), which would be read as its words: "
+                        "give them before system_prompt")
+
+
 # lighteval's GenerationParameters the engine takes (the model config's way to set sampling), by their model argument
 TAKEN = ("temperature", "top_p", "top_k", "seed", "max_new_tokens")
+# GenerationParameters at the values that change nothing (a config copied from another backend's may hold them)
+NEUTRAL = {"repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0, "min_p": 0.0,
+           "min_new_tokens": 0, "stop_tokens": [], "truncate_prompt": False, "early_stopping": False}
 
 
 def with_config(args: dict[str, str], generation: dict, system_prompt: str | None) -> dict[str, str]:
@@ -54,16 +68,20 @@ def with_config(args: dict[str, str], generation: dict, system_prompt: str | Non
     GenerationParameters fields set) and its system_prompt. A setting given both ways must agree; one the engine does
     not take is refused, not ignored."""
     out = dict(args)
-    given = {**generation, **({"system_prompt": system_prompt} if system_prompt else {})}
-    for key, value in given.items():
-        if value is None:
+    if system_prompt and out.get("system_prompt", system_prompt.strip()) != system_prompt.strip():
+        raise UserError(f"{OWNER}: system_prompt is {out['system_prompt']!r} in the model name and "
+                        f"{system_prompt!r} in the model config: expected the same text both ways, or one of them")
+    if system_prompt:
+        out["system_prompt"] = system_prompt.strip()
+    for key, value in generation.items():
+        if value is None or NEUTRAL.get(key, object()) == value:  # unset, or a value that changes nothing
             continue
-        if key not in (*TAKEN, "system_prompt"):
+        if key not in TAKEN:
             raise UserError(f"{OWNER}: generation_parameters {key}={value!r}: the engine samples with "
                             f"{', '.join(TAKEN)} only: leave {key} unset")
         if key in out and typed(out[key]) != value:
-            raise UserError(f"{OWNER}: {key} is {out[key]!r} in the model name and {value!r} in the model config: "
-                            "expected one of them")
+            raise UserError(f"{OWNER}: {key} is {typed(out[key])!r} in the model name and {value!r} in the model "
+                            "config: expected the same value both ways, or one of them")
         out[key] = str(value)
     return out
 
