@@ -76,13 +76,17 @@ def test_lm_evals_seed_seeds_the_samples_and_a_model_object_is_taken(setup):
     import lm_eval
     from lm_eval.tasks import TaskManager
 
+    import torch
+
     from bridgelm.models import load_model
     from bridgelm.tokenizer import load_tokenizer
+
+    tasks = TaskManager(include_path=str(setup / "tasks"))  # once: it indexes every task lm-eval has
 
     def samples(model, torch_seed=None, **given):
         results = lm_eval.simple_evaluate(
             model=model, model_args=given or None, tasks=["tiny_repeat"], log_samples=True,
-            task_manager=TaskManager(include_path=str(setup / "tasks")), torch_random_seed=torch_seed,
+            task_manager=tasks, torch_random_seed=torch_seed,
         )
         got = {s["arguments"][0][0]: s["resps"][0] for s in results["samples"]["tiny_repeat"]}
         return [got[q] for q, _ in PROBLEMS]
@@ -90,7 +94,9 @@ def test_lm_evals_seed_seeds_the_samples_and_a_model_object_is_taken(setup):
     args = {"pretrained": str(setup / "model"), "width": WIDTH}
     first = samples("bridgelm", 1, **args)
     assert first == _direct(setup / "model", WIDTH, seed=1) != _direct(setup / "model", WIDTH, seed=0)
-    assert samples("bridgelm", 2, **args, seed=1) == first  # the model argument wins
+    torch.manual_seed(5)  # as lm-eval seeds torch before it makes the backend
+    assert backend.BridgeLM.create_from_arg_obj(args).seed == 5
+    assert backend.BridgeLM.create_from_arg_obj({**args, "seed": 1}).seed == 1  # the model argument wins
     model, tok = load_model(str(setup / "model")), load_tokenizer(str(setup / "model"))
     assert samples(backend.BridgeLM(pretrained=model, tokenizer=tok, width=WIDTH, seed=2)) == _direct(
         setup / "model", WIDTH, seed=2)
