@@ -330,7 +330,8 @@ def test_the_model_configs_generation_parameters_are_read_not_ignored(setup):
     assert config.generation_parameters.seed == 7 and config.generation_parameters.top_p == 1.0  # as sampled
     with pytest.raises(UserError, match="repetition_penalty=1.2: the engine samples with .* only"):
         model(model_name(setup), repetition_penalty=1.2)
-    assert model(model_name(setup), repetition_penalty=1.0, stop_tokens=[])[0].seed == 0  # values that change nothing
+    neutral = model(model_name(setup), repetition_penalty=1.0, stop_tokens=[], max_new_tokens=0)[0]  # change nothing
+    assert neutral.seed == 0 and neutral.max_new_tokens is None  # max_new_tokens 0: the task's, as lighteval reads it
     with pytest.raises(UserError, match="seed is 3 in the model name and 7 in the model config: expected the same"):
         model(model_name(setup, extra=",seed=3"), seed=7)
     with pytest.raises(UserError, match="system_prompt is 'A' in the model name and 'B' in the model config"):

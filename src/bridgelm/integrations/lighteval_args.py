@@ -58,9 +58,11 @@ def _refuse_arguments_in(prompt: str) -> None:
 
 # lighteval's GenerationParameters the engine takes (the model config's way to set sampling), by their model argument
 TAKEN = ("temperature", "top_p", "top_k", "seed", "max_new_tokens")
-# GenerationParameters at the values that change nothing (a config copied from another backend's may hold them)
+# GenerationParameters at the values that change nothing (a config copied from another backend's may hold them);
+# max_new_tokens 0 is lighteval's "the task's generation_size", as its own backends read it
 NEUTRAL = {"repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0, "min_p": 0.0,
-           "min_new_tokens": 0, "stop_tokens": [], "truncate_prompt": False, "early_stopping": False}
+           "min_new_tokens": 0, "stop_tokens": [], "truncate_prompt": False, "early_stopping": False,
+           "max_new_tokens": 0}
 
 
 def with_config(args: dict[str, str], generation: dict, system_prompt: str | None) -> dict[str, str]:
